@@ -1,0 +1,169 @@
+"""Settings, read from the environment and an optional `.env` (django-environ).
+
+With nothing set, Mailroom runs on the embedded default: a SQLite file and a
+file-system Celery broker under `var/`. `DATABASE_URL` and `CELERY_BROKER_URL`
+switch it to PostgreSQL and Redis/RabbitMQ.
+"""
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(environ.Env().str("MAILROOM_VAR_DIR", default=str(BASE_DIR / "var")))
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+DEBUG = env.bool("DEBUG", default=False)
+SECRET_KEY = env.str("SECRET_KEY", default="insecure-development-key-set-SECRET_KEY-in-production")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_celery_beat",
+    "intake",
+    "ticketing",
+    "reconciliation",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'mailroom.sqlite3'}"),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, worker, beat, relay) share the file: WAL lets
+    # readers run beside the writer, IMMEDIATE takes the write lock up front so
+    # two writers queue instead of deadlocking on a lock upgrade.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+    }
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+USING_POSTGRES = DATABASES["default"]["ENGINE"].startswith("django.db.backends.postgresql")
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# --- Mailroom -------------------------------------------------------------
+MAILROOM_MAX_MESSAGE_BYTES = env.int("MAILROOM_MAX_MESSAGE_BYTES", default=25 * 1024 * 1024)
+# The webhook reads the body itself and enforces the limit above.
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAILROOM_MAX_MESSAGE_BYTES + 1
+MAILROOM_SIGNATURE_TOLERANCE_SECONDS = env.int("MAILROOM_SIGNATURE_TOLERANCE_SECONDS", default=300)
+# An event in `received` with no progress for this long is enqueued again.
+MAILROOM_STALE_EVENT_SECONDS = env.int("MAILROOM_STALE_EVENT_SECONDS", default=300)
+# Past this many dispatches without progress an event is a poison message.
+MAILROOM_MAX_DISPATCHES = env.int("MAILROOM_MAX_DISPATCHES", default=10)
+MAILROOM_CLAIM_SECONDS = env.int("MAILROOM_CLAIM_SECONDS", default=120)
+MAILROOM_RELAY_BATCH = env.int("MAILROOM_RELAY_BATCH", default=500)
+MAILROOM_RELAY_GROUP = env.int("MAILROOM_RELAY_GROUP", default=50)
+MAILROOM_RELAY_SWEEP_SECONDS = env.float("MAILROOM_RELAY_SWEEP_SECONDS", default=2.0)
+MAILROOM_OUTBOX_RETENTION_DAYS = env.int("MAILROOM_OUTBOX_RETENTION_DAYS", default=7)
+MAILROOM_SWEEP_SECONDS = env.float("MAILROOM_SWEEP_SECONDS", default=60.0)
+
+# --- Celery ---------------------------------------------------------------
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker_dir = VAR_DIR / "broker"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "control_folder": str(_broker_dir / "control"),
+        "store_processed": False,
+        "polling_interval": 0.2,
+    }
+else:
+    # An unacked task is redelivered after this long when a whole worker dies.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env.int("MAILROOM_BROKER_VISIBILITY_TIMEOUT", default=3600),
+        "unacked_restore_interval": 2,
+        "unacked_restore_throttle": 1,
+    }
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+# At-least-once: acknowledge after the task ran, run again if the worker died.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = TIME_ZONE
+# Celery's Django fixup closes the DB connection after every task unless this
+# is set; reconnecting per task halves throughput (see docs/performance.md).
+CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
+CELERY_BEAT_SCHEDULE = {
+    "relay-outbox": {"task": "intake.tasks.relay_outbox", "schedule": MAILROOM_RELAY_SWEEP_SECONDS * 5},
+    "requeue-stale-events": {"task": "intake.tasks.requeue_stale_events", "schedule": MAILROOM_SWEEP_SECONDS},
+    "purge-published-outbox": {"task": "intake.tasks.purge_published_outbox", "schedule": 3600.0},
+}
+
+# --- Logging: never bodies, never full addresses ---------------------------
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"mask_addresses": {"()": "intake.logging.MaskAddressesFilter"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["mask_addresses"]},
+    },
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+}

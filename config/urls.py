@@ -1,0 +1,11 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from intake import views as intake_views
+
+urlpatterns = [
+    path("healthz", intake_views.healthz, name="healthz"),
+    path("readyz", intake_views.readyz, name="readyz"),
+    path("webhooks/", include("intake.urls")),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,49 @@
+"""Stable keys: the same message always yields the same key, whichever channel brought it."""
+import hashlib
+from email.parser import BytesHeaderParser
+from email import policy
+
+_SEP = "\x1f"
+_MAX_ID_LENGTH = 900
+
+
+def stable_key(*parts) -> str:
+    return hashlib.sha256(_SEP.join(str(p) for p in parts).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def dedupe_key(tenant_id: int, mailbox_id: int, provider_message_id: str, action_type: str = "ingest") -> str:
+    return stable_key(tenant_id, mailbox_id, provider_message_id, action_type)
+
+
+def _header_block(raw: bytes) -> bytes:
+    for separator in (b"\r\n\r\n", b"\n\n"):
+        end = raw.find(separator)
+        if end != -1:
+            return raw[: end + len(separator)]
+    return raw
+
+
+def message_id_from_raw(raw: bytes) -> str:
+    """The RFC 5322 Message-ID without angle brackets, or "" when absent or unusable."""
+    try:
+        headers = BytesHeaderParser(policy=policy.compat32).parsebytes(_header_block(raw))
+        value = headers.get("Message-ID")
+    except Exception:  # hostile header blocks must not stop intake
+        return ""
+    if value is None:
+        return ""
+    value = "".join(str(value).split()).strip("<>")
+    return value
+
+
+def provider_message_id_for_raw(raw: bytes, claimed: str = "") -> str:
+    """For raw and inbound-parse mail and IMAP: the Message-ID, else sha256 of the bytes.
+
+    Never subject + sender: two real requests may look identical.
+    """
+    candidate = (claimed or "").strip() or message_id_from_raw(raw)
+    if not candidate:
+        return "sha256:" + hashlib.sha256(raw).hexdigest()
+    if len(candidate) > _MAX_ID_LENGTH:
+        return "sha256-id:" + hashlib.sha256(candidate.encode("utf-8", "surrogateescape")).hexdigest()
+    return candidate

@@ -1,0 +1,150 @@
+"""Where mail enters: tenants, mailboxes, the inbox events, the outbox and the audit trail."""
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="mailroom_tenants")
+
+    def __str__(self):
+        return self.slug
+
+
+class Mailbox(models.Model):
+    class Provider(models.TextChoices):
+        RAW = "raw"
+        IMAP = "imap"
+        GMAIL = "gmail"
+        GRAPH = "graph"
+        MAILGUN = "mailgun"
+        POSTMARK = "postmark"
+        SENDGRID = "sendgrid"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="mailboxes")
+    slug = models.SlugField(unique=True)
+    address = models.EmailField()
+    provider = models.CharField(max_length=20, choices=Provider.choices, default=Provider.RAW)
+    # References (`env:NAME` or `file:/path`), never the secret itself.
+    webhook_secret_ref = models.CharField(max_length=300, blank=True)
+    credentials_ref = models.CharField(max_length=300, blank=True)
+    settings = models.JSONField(default=dict, blank=True)
+    allowed_recipients = models.JSONField(default=list, blank=True)
+    poll_enabled = models.BooleanField(default=False)
+    paused = models.BooleanField(default=False, help_text="Intake still stores mail; processing waits.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "mailboxes"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(webhook_secret_ref="") | Q(webhook_secret_ref__startswith="env:")
+                | Q(webhook_secret_ref__startswith="file:"),
+                name="mailbox_webhook_secret_is_a_reference",
+            ),
+            models.CheckConstraint(
+                condition=Q(credentials_ref="") | Q(credentials_ref__startswith="env:")
+                | Q(credentials_ref__startswith="file:"),
+                name="mailbox_credentials_is_a_reference",
+            ),
+        ]
+
+    def __str__(self):
+        return self.slug
+
+
+class PollCursor(models.Model):
+    mailbox = models.OneToOneField(Mailbox, on_delete=models.CASCADE, related_name="poll_cursor")
+    value = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class InboxEvent(models.Model):
+    class State(models.TextChoices):
+        RECEIVED = "received"
+        READY = "ready"
+        WRITE_PENDING = "write_pending"
+        COMPLETED = "completed"
+        SUPPRESSED = "suppressed"
+        AWAITING_REVIEW = "awaiting_review"
+        QUARANTINED = "quarantined"
+        FAILED = "failed"
+        UNKNOWN = "unknown"
+
+    RECOVERY_STATES = (State.AWAITING_REVIEW, State.QUARANTINED, State.FAILED, State.UNKNOWN)
+    # States in which a worker still has something to do.
+    OPEN_STATES = (State.RECEIVED, State.READY, State.WRITE_PENDING)
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    mailbox = models.ForeignKey(Mailbox, on_delete=models.PROTECT, related_name="events")
+    provider_message_id = models.CharField(max_length=998)
+    dedupe_key = models.CharField(max_length=64, unique=True)
+    source = models.CharField(max_length=20)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.RECEIVED)
+    reason_code = models.CharField(max_length=50, blank=True)
+    reason_detail = models.TextField(blank=True)
+    received_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    raw = models.BinaryField(null=True, editable=False)
+    size = models.PositiveIntegerField()
+    message_id_header = models.CharField(max_length=998, blank=True)
+    sender = models.CharField(max_length=320, blank=True)
+    subject = models.CharField(max_length=998, blank=True)
+    thread_key = models.CharField(max_length=64, blank=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    escalate_at = models.DateTimeField(null=True, blank=True)
+    # How often the event was handed to the broker; a cap catches poison messages.
+    dispatch_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["mailbox", "provider_message_id"], name="inbox_event_unique_per_mailbox"),
+            models.CheckConstraint(
+                condition=Q(state__in=["received", "ready", "write_pending", "completed"]) | ~Q(reason_code=""),
+                name="inbox_event_off_path_needs_reason",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "updated_at"], name="inbox_event_state_updated"),
+            models.Index(fields=["mailbox", "received_at"], name="inbox_event_mailbox_received"),
+        ]
+
+    def __str__(self):
+        return f"event {self.pk} ({self.state})"
+
+
+class OutboxMessage(models.Model):
+    topic = models.CharField(max_length=100)
+    payload = models.JSONField()
+    created_at = models.DateTimeField()
+    published_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [
+            # The relay reads only the unpublished head; keep that index small.
+            models.Index(fields=["id"], condition=Q(published_at__isnull=True), name="outbox_unpublished"),
+        ]
+
+    def __str__(self):
+        return f"{self.topic} #{self.pk}"
+
+
+class AuditEvent(models.Model):
+    """Append-only: who did what to which event, and when."""
+
+    inbox_event = models.ForeignKey(InboxEvent, on_delete=models.PROTECT, related_name="audit_events")
+    actor = models.CharField(max_length=150)
+    kind = models.CharField(max_length=50)
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["inbox_event", "at"], name="audit_event_by_event")]
+
+    def __str__(self):
+        return f"{self.kind} by {self.actor}"

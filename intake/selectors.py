@@ -1,0 +1,8 @@
+"""Reads of the intake app."""
+from .models import Mailbox
+
+
+def mailbox_by_slug(slug: str) -> Mailbox | None:
+    return Mailbox.objects.filter(slug=slug).only(
+        "pk", "tenant_id", "slug", "provider", "webhook_secret_ref", "paused"
+    ).first()

@@ -1,0 +1,128 @@
+"""Writes of the intake app. Every state change and its audit row share one transaction."""
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from .keys import dedupe_key
+from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
+
+logger = logging.getLogger(__name__)
+
+PROCESS_TOPIC = "inbox_event.process"
+NOTIFY_CHANNEL = "mailroom_outbox"
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    inbox_event_id: int
+    duplicate: bool
+
+
+def record_audit(inbox_event_id: int, kind: str, actor: str, detail: dict | None = None, at=None) -> AuditEvent:
+    return AuditEvent.objects.create(
+        inbox_event_id=inbox_event_id, kind=kind, actor=actor, detail=detail or {}, at=at or timezone.now()
+    )
+
+
+def enqueue_outbox(topic: str, payload: dict, now=None) -> OutboxMessage:
+    """Write an outbox row; call inside the transaction whose change it announces."""
+    message = OutboxMessage.objects.create(topic=topic, payload=payload, created_at=now or timezone.now())
+    if settings.USING_POSTGRES:
+        # Delivered at commit (and dropped on rollback): the relay's fast path.
+        with connection.cursor() as cursor:
+            cursor.execute(f"NOTIFY {NOTIFY_CHANNEL}")
+    return message
+
+
+def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str) -> IngestResult:
+    """Persist a message once per (mailbox, provider message id), with its outbox row.
+
+    Returns only after the commit, so a caller that acknowledges the provider
+    afterwards never acknowledges something we could lose.
+    """
+    now = timezone.now()
+    key = dedupe_key(mailbox.tenant_id, mailbox.pk, provider_message_id)
+    try:
+        with transaction.atomic():
+            event = InboxEvent.objects.create(
+                tenant_id=mailbox.tenant_id,
+                mailbox=mailbox,
+                provider_message_id=provider_message_id,
+                dedupe_key=key,
+                source=source,
+                received_at=now,
+                updated_at=now,
+                raw=raw,
+                size=len(raw),
+                dispatch_count=1,
+            )
+            record_audit(event.pk, "received", actor=f"provider:{source}", detail={"size": len(raw)}, at=now)
+            enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=now)
+    except IntegrityError:
+        existing = InboxEvent.objects.filter(dedupe_key=key).values_list("pk", flat=True).first()
+        if existing is None:  # an integrity error of another kind: not ours to hide
+            raise
+        logger.info("duplicate delivery for event %s via %s", existing, source)
+        return IngestResult(existing, duplicate=True)
+    logger.info("stored event %s via %s (%d bytes)", event.pk, source, len(raw))
+    return IngestResult(event.pk, duplicate=False)
+
+
+def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 1000) -> dict:
+    """Find events that made no progress and hand them to the broker again.
+
+    Whatever was lost between the database and the broker (a relay that died
+    after publishing, a message dropped by a broker, a worker killed while it
+    held the task) is found here. Past `MAILROOM_MAX_DISPATCHES` the event is a
+    poison message and goes to the recovery queue instead.
+    """
+    stale_after = older_than_seconds if older_than_seconds is not None else settings.MAILROOM_STALE_EVENT_SECONDS
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=stale_after)
+    requeued = poisoned = 0
+    candidates = list(
+        InboxEvent.objects.filter(state__in=InboxEvent.OPEN_STATES, updated_at__lt=cutoff, mailbox__paused=False)
+        .order_by("updated_at")
+        .values_list("pk", "state", "dispatch_count")[:limit]
+    )
+    for event_id, state, dispatches in candidates:
+        with transaction.atomic():
+            stale = InboxEvent.objects.filter(pk=event_id, state=state, updated_at__lt=cutoff)
+            if dispatches >= settings.MAILROOM_MAX_DISPATCHES:
+                if stale.update(state=InboxEvent.State.FAILED, reason_code="poison",
+                                reason_detail=f"dispatched {dispatches} times without progress", updated_at=now):
+                    record_audit(event_id, "poison", actor="system:sweep", detail={"dispatches": dispatches}, at=now)
+                    poisoned += 1
+                continue
+            if stale.update(updated_at=now, dispatch_count=F("dispatch_count") + 1):
+                enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
+                record_audit(event_id, "requeued", actor="system:sweep", detail={"state": state}, at=now)
+                requeued += 1
+    if requeued or poisoned:
+        logger.warning("stale-event sweep: requeued %d, poisoned %d", requeued, poisoned)
+    return {"requeued": requeued, "poisoned": poisoned}
+
+
+def transition_event(event_id: int, from_states, to_state: str, *, actor: str, kind: str,
+                     reason_code: str = "", reason_detail: str = "", detail: dict | None = None,
+                     extra: dict | None = None) -> bool:
+    """Move an event between states with a conditional UPDATE and its audit row, atomically.
+
+    Returns False, changing nothing, when the event is no longer in one of
+    `from_states`: someone else moved it, and the caller stops.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        moved = InboxEvent.objects.filter(pk=event_id, state__in=list(from_states)).update(
+            state=to_state, reason_code=reason_code, reason_detail=reason_detail[:2000], updated_at=now,
+            **(extra or {}),
+        )
+        if moved:
+            record_audit(event_id, kind, actor=actor,
+                         detail={"state": to_state, "reason": reason_code, **(detail or {})}, at=now)
+    return bool(moved)

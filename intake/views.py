@@ -1,0 +1,99 @@
+"""HTTP entry points of intake. Thin: verify, hand to `services.ingest`, answer."""
+import logging
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from . import selectors, services, signing
+from .keys import provider_message_id_for_raw
+from .secrets import SecretUnavailable, resolve_secret
+
+logger = logging.getLogger(__name__)
+
+
+def _error(status: int, message: str) -> JsonResponse:
+    return JsonResponse({"error": message}, status=status)
+
+
+def _read_body(request, limit: int) -> bytes | None:
+    """The body, or None when it is larger than `limit` (read no further than that)."""
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:
+        return None
+    body = request.read(limit + 1)
+    return None if len(body) > limit else body
+
+
+@csrf_exempt
+@require_POST
+def raw_webhook(request, mailbox_slug: str):
+    mailbox = selectors.mailbox_by_slug(mailbox_slug)
+    if mailbox is None:
+        return _error(404, "unknown mailbox")
+    body = _read_body(request, settings.MAILROOM_MAX_MESSAGE_BYTES)
+    if body is None:
+        return _error(413, f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
+    try:
+        secret = resolve_secret(mailbox.webhook_secret_ref)
+    except SecretUnavailable as exc:
+        # Fail closed: without a secret nothing can be verified, so nothing is stored.
+        logger.error("mailbox %s has no usable webhook secret: %s", mailbox.slug, exc)
+        return _error(401, "signature cannot be verified")
+    try:
+        signing.verify(
+            secret,
+            request.headers.get("X-Mailroom-Timestamp"),
+            request.headers.get("X-Mailroom-Signature"),
+            body,
+            settings.MAILROOM_SIGNATURE_TOLERANCE_SECONDS,
+        )
+    except signing.SignatureError as exc:
+        logger.warning("rejected webhook for mailbox %s: %s", mailbox.slug, exc)
+        return _error(401, "invalid signature")
+    if not body:
+        return _error(400, "empty body: expected an RFC 5322 message")
+    provider_message_id = provider_message_id_for_raw(body, request.headers.get("X-Mailroom-Message-Id", ""))
+    result = services.ingest(mailbox, provider_message_id, body, source="raw")
+    return JsonResponse(
+        {"inbox_event_id": result.inbox_event_id, "duplicate": result.duplicate},
+        status=200 if result.duplicate else 202,
+    )
+
+
+@require_GET
+def healthz(request):
+    return HttpResponse("ok", content_type="text/plain")
+
+
+def _broker_reachable() -> str | None:
+    from config.celery import app
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+    except Exception as exc:
+        return f"broker: {type(exc).__name__}"
+    return None
+
+
+def _database_reachable() -> str | None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:
+        return f"database: {type(exc).__name__}"
+    return None
+
+
+@require_GET
+def readyz(request):
+    problems = [p for p in (_database_reachable(), _broker_reachable()) if p]
+    if problems:
+        return JsonResponse({"ready": False, "problems": problems}, status=503)
+    return JsonResponse({"ready": True})

@@ -1,0 +1,12 @@
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from reconciliation.services import do_bootstrap_demo
+
+
+class Command(BaseCommand):
+    help = "Create the demo tenant, mailbox `demo`, the built-in destination and an admin user (idempotent)."
+
+    def handle(self, *args, **options):
+        result = do_bootstrap_demo(settings.BASE_DIR / ".env")
+        self.stdout.write(f"demo ready: mailbox {result['mailbox']}, admin user {result['username']}")

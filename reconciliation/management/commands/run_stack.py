@@ -1,0 +1,78 @@
+"""Run web, worker, beat and the outbox relay in the foreground; Ctrl-C stops them all."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from reconciliation.services import DEMO_PASSWORD_VAR
+
+
+class Command(BaseCommand):
+    help = "Start web (gunicorn), a Celery worker, beat and the relay; stop all of them on Ctrl-C."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--web-workers", type=int, default=2)
+        parser.add_argument("--worker-concurrency", type=int, default=2)
+
+    def _commands(self, options):
+        python = sys.executable
+        bin_dir = os.path.dirname(python)
+        celery = [python, "-m", "celery", "-A", "config"]
+        return {
+            "web": [os.path.join(bin_dir, "gunicorn"), "config.wsgi", "--bind", f"{options['host']}:{options['port']}",
+                    "--workers", str(options["web_workers"]), "--access-logfile", "-", "--no-control-socket"],
+            "worker": celery + ["worker", "--loglevel", "INFO", "--concurrency", str(options["worker_concurrency"])],
+            "beat": celery + ["beat", "--loglevel", "INFO", "--scheduler",
+                              "django_celery_beat.schedulers:DatabaseScheduler"],
+            "relay": [python, "manage.py", "run_relay"],
+        }
+
+    def _banner(self, options):
+        base = f"http://{options['host']}:{options['port']}"
+        password = os.environ.get(DEMO_PASSWORD_VAR, "(see .env)")
+        self.stdout.write(self.style.SUCCESS("\nMailroom is starting (Ctrl-C stops everything)\n"))
+        self.stdout.write(f"  admin:     {base}/admin/")
+        self.stdout.write(f"  user:      admin\n  password:  {password}")
+        self.stdout.write(f"  database:  {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
+                          f"   broker: {settings.CELERY_BROKER_URL.split('://')[0]}")
+        self.stdout.write("\n  send a signed sample email to the webhook:")
+        self.stdout.write(f"    PORT={options['port']} .venv/bin/python manage.py send_test_email demo\n")
+        self.stdout.flush()
+
+    def handle(self, *args, **options):
+        if settings.CELERY_BROKER_URL.startswith("filesystem://"):
+            for folder in ("data_folder_in", "processed_folder", "control_folder"):
+                os.makedirs(settings.CELERY_BROKER_TRANSPORT_OPTIONS[folder], exist_ok=True)
+        processes = {}
+        stopping = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stopping.append(True))
+        try:
+            for name, command in self._commands(options).items():
+                # Each child in its own process group: Ctrl-C reaches us, and we stop them in order.
+                processes[name] = subprocess.Popen(command, cwd=settings.BASE_DIR, start_new_session=True)
+            self._banner(options)
+            while not stopping:
+                for name, process in processes.items():
+                    if process.poll() is not None:
+                        self.stderr.write(f"{name} exited with {process.returncode}; stopping the rest")
+                        stopping.append(True)
+                        break
+                time.sleep(0.5)
+        finally:
+            for process in processes.values():
+                if process.poll() is None:
+                    process.terminate()  # the parent shuts its own children down (Celery: warm shutdown)
+            deadline = time.monotonic() + 15
+            for process in processes.values():
+                try:
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+        self.stdout.write("stopped")

@@ -1,0 +1,44 @@
+from django.contrib import admin
+
+from intake.admin import ReadOnlyAdminMixin
+
+from .models import Destination, Intent, ThreadLease, Ticket, TicketMapping
+
+
+@admin.register(Destination)
+class DestinationAdmin(admin.ModelAdmin):
+    list_display = ("slug", "tenant", "kind", "base_url", "is_default", "paused")
+    list_filter = ("kind", "is_default", "paused", "tenant")
+    search_fields = ("slug", "base_url")
+
+
+@admin.register(Intent)
+class IntentAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("id", "inbox_event", "action", "action_version", "destination", "state", "attempts",
+                    "next_attempt_at", "last_error_kind", "result_ref", "created_at")
+    list_filter = ("state", "action", "last_error_kind", "destination")
+    search_fields = ("=inbox_event__id", "idempotency_key", "external_ref", "result_ref")
+    ordering = ("-created_at",)
+
+
+@admin.register(TicketMapping)
+class TicketMappingAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("inbox_event", "action", "destination", "ticket_id", "ticket_url", "created_at")
+    list_filter = ("action", "destination")
+    search_fields = ("=inbox_event__id", "ticket_id")
+
+
+@admin.register(ThreadLease)
+class ThreadLeaseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("mailbox", "thread_key", "owner", "token", "expires_at")
+
+
+@admin.register(Ticket)
+class TicketAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "destination", "subject", "status", "created_at")
+    list_filter = ("status", "destination")
+    search_fields = ("subject", "external_ref")
+    readonly_fields = ("destination", "idempotency_key", "external_ref", "requester", "created_at")
+
+    def has_delete_permission(self, request, obj=None):
+        return False

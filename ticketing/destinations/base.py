@@ -1,0 +1,57 @@
+"""The one interface every destination adapter implements (DESIGN.md §6).
+
+Adapters raise only `TransientError`, `PermanentError` or `AmbiguousOutcome`;
+what each capability flag allows when an outcome is unknown is decided in
+`ticketing.services`, not here.
+"""
+from dataclasses import dataclass, field
+
+from intake.failures import AmbiguousOutcome, PermanentError, TransientError
+
+__all__ = [
+    "AmbiguousOutcome",
+    "DestinationAdapter",
+    "PermanentError",
+    "TicketRequest",
+    "TicketResult",
+    "TransientError",
+]
+
+
+@dataclass(frozen=True)
+class TicketRequest:
+    subject: str
+    description: str
+    requester: str
+    tags: tuple[str, ...] = ()
+    fields: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TicketResult:
+    ticket_id: str
+    url: str = ""
+
+
+class DestinationAdapter:
+    # The destination keeps our Idempotency-Key and answers a replay with the original record.
+    honours_idempotency_key = False
+    # How long it keeps that key, in seconds (None: not at all).
+    idempotency_window_seconds: int | None = None
+    # find_by_external_ref sees a record as soon as its create returned.
+    consistent_lookup = False
+    # The create runs inside our own database transaction (the built-in store):
+    # it commits or rolls back together with the mapping, so it is never ambiguous.
+    transactional = False
+
+    def __init__(self, destination):
+        self.destination = destination
+
+    def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
+        raise NotImplementedError
+
+    def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
+        raise NotImplementedError
+
+    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+        raise NotImplementedError

@@ -1,0 +1,31 @@
+"""The built-in ticket store: tickets are rows in our own database."""
+from django.utils import timezone
+
+from ..models import Ticket
+from .base import DestinationAdapter, TicketRequest, TicketResult
+
+
+class BuiltinDestination(DestinationAdapter):
+    honours_idempotency_key = True
+    consistent_lookup = True
+    transactional = True
+
+    def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
+        # Called inside the caller's transaction; the unique idempotency key makes
+        # a second create for the same intent impossible.
+        ticket = Ticket.objects.create(
+            destination=self.destination,
+            idempotency_key=idempotency_key,
+            external_ref=external_ref,
+            subject=request.subject[:998],
+            requester=request.requester[:320],
+            description=request.description,
+            created_at=timezone.now(),
+        )
+        return TicketResult(ticket_id=str(ticket.pk), url=f"/admin/ticketing/ticket/{ticket.pk}/change/")
+
+    def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
+        ticket = Ticket.objects.filter(destination=self.destination, external_ref=external_ref).first()
+        if ticket is None:
+            return None
+        return TicketResult(ticket_id=str(ticket.pk), url=f"/admin/ticketing/ticket/{ticket.pk}/change/")

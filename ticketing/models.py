@@ -1,0 +1,143 @@
+"""Where tickets are made: destinations, durable intents, mappings and the built-in ticket store."""
+from django.db import models
+from django.db.models import Q
+
+from intake.models import InboxEvent, Mailbox, Tenant
+
+
+class Destination(models.Model):
+    class Kind(models.TextChoices):
+        BUILTIN = "builtin"
+        ZENDESK = "zendesk"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="destinations")
+    slug = models.SlugField()
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.BUILTIN)
+    base_url = models.URLField(blank=True)
+    credentials_ref = models.CharField(max_length=300, blank=True, help_text="env:NAME or file:/path")
+    settings = models.JSONField(default=dict, blank=True)
+    is_default = models.BooleanField(default=False)
+    paused = models.BooleanField(default=False, help_text="Workers make no writes to a paused destination.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "slug"], name="destination_slug_per_tenant"),
+            models.UniqueConstraint(
+                fields=["tenant"], condition=Q(is_default=True), name="destination_one_default_per_tenant"
+            ),
+            models.CheckConstraint(
+                condition=Q(credentials_ref="") | Q(credentials_ref__startswith="env:")
+                | Q(credentials_ref__startswith="file:"),
+                name="destination_credentials_is_a_reference",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.tenant.slug}/{self.slug}"
+
+
+class Intent(models.Model):
+    """One external action we mean to take, exactly once, under a stable idempotency key."""
+
+    class Action(models.TextChoices):
+        CREATE_TICKET = "create_ticket"
+        ADD_COMMENT = "add_comment"
+        NOTIFY_REQUESTER = "notify_requester"
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        IN_FLIGHT = "in_flight"
+        RETRY_WAIT = "retry_wait"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        UNKNOWN = "unknown"
+        HELD = "held"
+
+    idempotency_key = models.CharField(max_length=64, unique=True)
+    inbox_event = models.ForeignKey(InboxEvent, on_delete=models.PROTECT, related_name="intents")
+    action = models.CharField(max_length=30, choices=Action.choices)
+    action_version = models.PositiveIntegerField(default=1)
+    destination = models.ForeignKey(Destination, on_delete=models.PROTECT, related_name="intents")
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=200, blank=True)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    last_error_kind = models.CharField(max_length=50, blank=True)
+    last_error = models.TextField(blank=True)
+    external_ref = models.CharField(max_length=200)
+    result_ref = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["inbox_event", "action", "action_version"], name="intent_one_per_event_action_version"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state="in_flight") | Q(claimed_until__isnull=False),
+                name="intent_in_flight_has_claim",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "next_attempt_at"], name="intent_due"),
+            models.Index(fields=["state", "claimed_until"], name="intent_claims"),
+        ]
+
+    def __str__(self):
+        return f"{self.action} v{self.action_version} for event {self.inbox_event_id} ({self.state})"
+
+
+class TicketMapping(models.Model):
+    """The proof of completion: this event's action produced that ticket."""
+
+    inbox_event = models.ForeignKey(InboxEvent, on_delete=models.PROTECT, related_name="mappings")
+    action = models.CharField(max_length=30)
+    destination = models.ForeignKey(Destination, on_delete=models.PROTECT, related_name="+")
+    ticket_id = models.CharField(max_length=200)
+    ticket_url = models.URLField(max_length=500, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["inbox_event", "action"], name="ticket_mapping_one_per_event_action"),
+        ]
+
+    def __str__(self):
+        return f"event {self.inbox_event_id} -> {self.destination.slug}#{self.ticket_id}"
+
+
+class ThreadLease(models.Model):
+    mailbox = models.ForeignKey(Mailbox, on_delete=models.CASCADE, related_name="+")
+    thread_key = models.CharField(max_length=64)
+    owner = models.CharField(max_length=200)
+    token = models.BigIntegerField(default=0)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["mailbox", "thread_key"], name="thread_lease_one_per_thread"),
+        ]
+
+
+class Ticket(models.Model):
+    """The built-in ticket store: the embedded default destination."""
+
+    class Status(models.TextChoices):
+        NEW = "new"
+        OPEN = "open"
+        SOLVED = "solved"
+
+    destination = models.ForeignKey(Destination, on_delete=models.PROTECT, related_name="tickets")
+    # Our intent key: a second create for the same intent cannot insert a second row.
+    idempotency_key = models.CharField(max_length=64, unique=True)
+    external_ref = models.CharField(max_length=200, db_index=True)
+    subject = models.CharField(max_length=998, blank=True)
+    requester = models.CharField(max_length=320, blank=True)
+    description = models.TextField(blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.NEW)
+    created_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"MR-{self.pk}"

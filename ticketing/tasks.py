@@ -1,0 +1,31 @@
+"""Celery tasks of the ticketing app: thin, take ids, safe to run twice."""
+import logging
+
+from celery import shared_task
+
+from . import services
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task
+def process_inbox_events(inbox_event_ids: list[int]) -> dict:
+    """Process a group of events (the relay publishes groups); each keeps its own guarantees."""
+    worker = services.worker_identity()
+    destinations: dict = {}  # one lookup per tenant per group
+    outcomes: dict = {}
+    for event_id in inbox_event_ids:
+        try:
+            outcome = services.process_inbox_event(event_id, worker=worker, destinations=destinations)
+        except Exception:
+            # One bad event must not stall its group; the stale-event sweep
+            # brings it back and, past the dispatch cap, to the recovery queue.
+            logger.exception("processing event %s failed", event_id)
+            outcome = "error"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return outcomes
+
+
+@shared_task
+def process_inbox_event(inbox_event_id: int) -> dict:
+    return process_inbox_events([inbox_event_id])
