@@ -1,10 +1,10 @@
-import os
-
 import pytest
+from django.conf import settings
 
-# The suite runs on PostgreSQL, as production does (`make test` sets these too).
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/mailroom")
-os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+
+def pytest_configure(config):
+    # The promise is made on PostgreSQL; a suite that quietly ran on SQLite would prove less.
+    assert settings.USING_POSTGRES, "the test suite runs on PostgreSQL (see config/test_settings.py)"
 
 
 @pytest.fixture
@@ -12,3 +12,32 @@ def tenant(db):
     from intake.models import Tenant
 
     return Tenant.objects.create(slug="acme", name="Acme")
+
+
+WEBHOOK_SECRET = "test-webhook-secret"
+
+
+@pytest.fixture
+def mailbox(tenant, monkeypatch):
+    """A raw mailbox whose secret is referenced from the environment, and a built-in default destination."""
+    from intake.models import Mailbox
+    from ticketing.models import Destination
+
+    monkeypatch.setenv("MAILROOM_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)
+    Destination.objects.create(tenant=tenant, slug="builtin", kind="builtin", is_default=True)
+    return Mailbox.objects.create(
+        tenant=tenant, slug="support", address="support@acme.test", provider="raw",
+        webhook_secret_ref="env:MAILROOM_TEST_WEBHOOK_SECRET",
+    )
+
+
+@pytest.fixture
+def count_rows():
+    """Row counts of every table the pipeline writes, for 'nothing was stored' assertions."""
+    def count():
+        from intake.models import AuditEvent, InboxEvent, OutboxMessage
+        from ticketing.models import Intent, Ticket, TicketMapping
+
+        return {m.__name__: m.objects.count()
+                for m in (InboxEvent, OutboxMessage, AuditEvent, Intent, Ticket, TicketMapping)}
+    return count
