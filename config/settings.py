@@ -149,6 +149,9 @@ CELERY_BEAT_SCHEDULE = {
     "relay-outbox": {"task": "intake.tasks.relay_outbox", "schedule": MAILROOM_RELAY_SWEEP_SECONDS * 5},
     "requeue-stale-events": {"task": "intake.tasks.requeue_stale_events", "schedule": MAILROOM_SWEEP_SECONDS},
     "purge-published-outbox": {"task": "intake.tasks.purge_published_outbox", "schedule": 3600.0},
+    "expire-intent-claims": {"task": "ticketing.tasks.expire_claims", "schedule": 15.0},
+    "enqueue-due-intents": {"task": "ticketing.tasks.enqueue_due_intents", "schedule": 2.0},
+    "resolve-unknown-intents": {"task": "ticketing.tasks.resolve_unknown_intents", "schedule": 30.0},
 }
 
 # --- Logging: never bodies, never full addresses ---------------------------

@@ -15,6 +15,7 @@ logger = logging.getLogger(__name__)
 
 PROCESS_TOPIC = "inbox_event.process"
 NOTIFY_CHANNEL = "mailroom_outbox"
+STALE_CANDIDATE_STATES = (InboxEvent.State.RECEIVED, InboxEvent.State.READY)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
     cutoff = now - timedelta(seconds=stale_after)
     requeued = poisoned = 0
     candidates = list(
-        InboxEvent.objects.filter(state__in=InboxEvent.OPEN_STATES, updated_at__lt=cutoff, mailbox__paused=False)
+        # write_pending events belong to their intent, whose own sweeps watch them.
+        InboxEvent.objects.filter(state__in=STALE_CANDIDATE_STATES, updated_at__lt=cutoff, mailbox__paused=False)
         .order_by("updated_at")
         .values_list("pk", "state", "dispatch_count")[:limit]
     )

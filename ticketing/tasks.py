@@ -3,7 +3,7 @@ import logging
 
 from celery import shared_task
 
-from . import services
+from . import intents, services
 
 logger = logging.getLogger(__name__)
 
@@ -29,3 +29,18 @@ def process_inbox_events(inbox_event_ids: list[int]) -> dict:
 @shared_task
 def process_inbox_event(inbox_event_id: int) -> dict:
     return process_inbox_events([inbox_event_id])
+
+
+@shared_task
+def expire_claims() -> int:
+    return intents.expire_claims()
+
+
+@shared_task
+def enqueue_due_intents() -> int:
+    return intents.enqueue_due()
+
+
+@shared_task
+def resolve_unknown_intents() -> dict:
+    return intents.resolve_unknown_intents()
