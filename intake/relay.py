@@ -83,6 +83,10 @@ def _wait_for_notify(timeout: float) -> None:
     pg = connection.connection  # psycopg 3 connection, in autocommit outside atomic()
     for _ in pg.notifies(timeout=timeout, stop_after=1):
         pass
+    # Notifications that arrived while we were publishing wait in a backlog:
+    # one publish round covers them all, so drain it instead of looping per NOTIFY.
+    for _ in pg.notifies(timeout=0):
+        pass
 
 
 def run_relay(stop, sweep_seconds: float | None = None) -> None:

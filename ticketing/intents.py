@@ -15,7 +15,7 @@ import random
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -44,14 +44,13 @@ def intent_key(event: InboxEvent, action: str, action_version: int) -> str:
 def ensure_intent(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> Intent:
     """The intent for this event, action and version: created once, whoever asks first."""
     key = intent_key(event, action, action_version)
-    try:
-        with transaction.atomic():
-            return Intent.objects.create(
-                idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
-                destination=destination, external_ref=f"mailroom-{key[:40]}", created_at=timezone.now(),
-            )
-    except IntegrityError:
-        return Intent.objects.select_related("destination").get(idempotency_key=key)
+    # INSERT ... ON CONFLICT DO NOTHING, then read: no savepoint, and the
+    # unique key decides who created it.
+    Intent.objects.bulk_create([Intent(
+        idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
+        destination=destination, external_ref=f"mailroom-{key[:40]}", created_at=timezone.now(),
+    )], ignore_conflicts=True)
+    return Intent.objects.select_related("destination").get(idempotency_key=key)
 
 
 # --- claiming -------------------------------------------------------------
@@ -85,7 +84,8 @@ def record_success(intent: Intent, result: TicketResult, actor: str,
                    from_states=(IntentState.IN_FLIGHT,)) -> bool:
     """-> succeeded, with the mapping, the event's `completed` state and the audit row, atomically."""
     now = timezone.now()
-    with transaction.atomic():
+    # savepoint=False: inside the built-in store's transaction this is one unit with the create.
+    with transaction.atomic(savepoint=False):
         moved = Intent.objects.filter(pk=intent.pk, state__in=list(from_states)).update(
             state=IntentState.SUCCEEDED, result_ref=result.ticket_id, completed_at=now, claimed_until=None,
             next_attempt_at=None, last_error_kind="", last_error="")

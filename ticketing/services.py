@@ -34,9 +34,8 @@ def default_destination(tenant_id: int) -> Destination | None:
     return Destination.objects.filter(tenant_id=tenant_id, is_default=True).first()
 
 
-def _normalize(event: InboxEvent):
-    """Parse what routing needs and mark the event `ready` (once)."""
-    parsed = parse_message(bytes(event.raw or b""))
+def _normalize(event: InboxEvent, parsed) -> None:
+    """Store what routing needs and mark the event `ready` (once)."""
     if event.state == State.RECEIVED:
         InboxEvent.objects.filter(pk=event.pk, state=State.RECEIVED).update(
             state=State.READY,
@@ -46,7 +45,6 @@ def _normalize(event: InboxEvent):
             updated_at=timezone.now(),
         )
         event.state = State.READY
-    return parsed
 
 
 def _ticket_request(parsed) -> TicketRequest:
@@ -69,13 +67,14 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
     if event.mailbox.paused:
         return "paused"
 
-    parsed = _normalize(event)
+    parsed = parse_message(bytes(event.raw or b""))
 
     cache = destinations if destinations is not None else {}
     if event.tenant_id not in cache:
         cache[event.tenant_id] = default_destination(event.tenant_id)
     destination = cache[event.tenant_id]
     if destination is None:
+        _normalize(event, parsed)
         transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=f"worker:{worker}",
                          kind="routed_to_review", reason_code="no_destination",
                          reason_detail="the tenant has no default destination and no rule matched")
@@ -83,24 +82,34 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
     if destination.paused:
         return "paused"
 
-    intent = intents.ensure_intent(event, Intent.Action.CREATE_TICKET, destination)
-    if intent.state == Intent.State.SUCCEEDED:
-        return "done"
-    return execute_intent(intent, _ticket_request(parsed), worker)
+    request = _ticket_request(parsed)
+    adapter = adapter_for(destination)
+    with transaction.atomic():
+        _normalize(event, parsed)
+        intent = intents.ensure_intent(event, Intent.Action.CREATE_TICKET, destination)
+        if intent.state == Intent.State.SUCCEEDED:
+            return "done"
+        if adapter.transactional:
+            # The built-in store: normalize, claim, create and record commit
+            # together or not at all, in one transaction.
+            return _attempt_in_transaction(adapter, intent, request, worker)
+    return execute_intent(intent, request, worker, adapter)
 
 
-def execute_intent(intent: Intent, request: TicketRequest, worker: str) -> str:
+def _attempt_in_transaction(adapter, intent: Intent, request: TicketRequest, worker: str) -> str:
+    if not intents.claim(intent.pk, worker):
+        return "busy"
+    result = adapter.create_ticket(request, intent.idempotency_key, intent.external_ref)
+    intents.record_success(intent, result, f"worker:{worker}")
+    return "created"
+
+
+def execute_intent(intent: Intent, request: TicketRequest, worker: str, adapter=None) -> str:
     """One attempt: claim, call the destination, record what happened."""
-    adapter = adapter_for(intent.destination)
-    actor = f"worker:{worker}"
+    adapter = adapter or adapter_for(intent.destination)
     if adapter.transactional:
-        # The built-in store: claim, create and record commit together or not at all.
         with transaction.atomic():
-            if not intents.claim(intent.pk, worker):
-                return "busy"
-            result = adapter.create_ticket(request, intent.idempotency_key, intent.external_ref)
-            intents.record_success(intent, result, actor)
-        return "created"
+            return _attempt_in_transaction(adapter, intent, request, worker)
 
     if not intents.claim(intent.pk, worker):
         return "busy"
@@ -118,7 +127,7 @@ def execute_intent(intent: Intent, request: TicketRequest, worker: str) -> str:
         return intents.record_failure(intent, exc, worker) or "claim_lost"
     pause_point("after_destination_success")
     # A claim that expired meanwhile was moved to `unknown`; the success we hold settles it.
-    if intents.record_success(intent, result, actor, (Intent.State.IN_FLIGHT, Intent.State.UNKNOWN)):
+    if intents.record_success(intent, result, f"worker:{worker}", (Intent.State.IN_FLIGHT, Intent.State.UNKNOWN)):
         return "created"
     logger.error("intent %s: success for ticket %s could not be recorded; reconciliation will look",
                  intent.pk, result.ticket_id)
