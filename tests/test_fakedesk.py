@@ -1,0 +1,433 @@
+"""FakeDesk, the fault-injecting Zendesk stand-in, spoken to over real HTTP on 127.0.0.1."""
+import email.utils
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from ticketing.fakedesk import FakeDesk, parse_fault
+
+REPO = Path(__file__).resolve().parent.parent
+TOKEN = "sekrit"
+AUTH = ("agent@example.com/token", TOKEN)
+
+
+@pytest.fixture
+def desk():
+    server = FakeDesk(token=TOKEN).start()
+    yield server
+    server.stop()
+
+
+def ticket_body(external_id="ext-1", subject="Printer on fire", body="It is on fire.", **extra):
+    return {"ticket": {"subject": subject, "comment": {"body": body}, "external_id": external_id,
+                       "requester": {"email": "jane@example.com", "name": "Jane"}, **extra}}
+
+
+def create(desk, key=None, timeout=5, **kwargs):
+    headers = {"Idempotency-Key": key} if key else {}
+    return requests.post(f"{desk.url}/api/v2/tickets.json", json=ticket_body(**kwargs), headers=headers,
+                         auth=AUTH, timeout=timeout)
+
+
+def comment(desk, ticket_id, text, key=None, timeout=5):
+    headers = {"Idempotency-Key": key} if key else {}
+    return requests.put(f"{desk.url}/api/v2/tickets/{ticket_id}.json",
+                        json={"ticket": {"comment": {"body": text, "public": True}}},
+                        headers=headers, auth=AUTH, timeout=timeout)
+
+
+def control(desk, path, payload=None):
+    if payload is None:
+        response = requests.get(f"{desk.url}/_control/{path}", timeout=5)
+    else:
+        response = requests.post(f"{desk.url}/_control/{path}", json=payload, timeout=5)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def tickets(desk):
+    return control(desk, "tickets")["tickets"]
+
+
+def plan(desk, *faults, random_spec=None):
+    control(desk, "plan", {"faults": list(faults), **({"random": random_spec} if random_spec else {})})
+
+
+# --- Creating tickets and idempotency keys ------------------------------------
+
+def test_create_answers_201_with_the_ticket_and_ids_count_from_one(desk):
+    first = create(desk, key="k-1", external_id="ext-1", tags=["email"])
+    second = create(desk, key="k-2", external_id="ext-2")
+
+    assert first.status_code == 201
+    ticket = first.json()["ticket"]
+    assert ticket["id"] == 1
+    assert ticket["status"] == "new"
+    assert ticket["external_id"] == "ext-1"
+    assert ticket["subject"] == "Printer on fire"
+    assert ticket["tags"] == ["email"]
+    assert ticket["url"] == f"{desk.url}/api/v2/tickets/1.json"
+    assert first.headers["x-idempotency-lookup"] == "miss"
+    assert second.json()["ticket"]["id"] == 2
+    # The description is the ticket's first comment, as in Zendesk.
+    assert [c["body"] for c in tickets(desk)[0]["comments"]] == ["It is on fire."]
+
+
+def test_replay_with_the_same_key_and_body_returns_the_original_ticket(desk):
+    first = create(desk, key="k-1")
+    replay = create(desk, key="k-1")
+
+    assert replay.status_code == 201
+    assert replay.headers["x-idempotency-lookup"] == "hit"
+    assert replay.json() == first.json()
+    assert len(tickets(desk)) == 1
+    log = control(desk, "requests")["requests"]
+    assert [(r["idempotency_lookup"], r["committed"]) for r in log] == [("miss", True), ("hit", False)]
+
+
+def test_same_key_with_another_body_is_an_idempotent_request_error(desk):
+    create(desk, key="k-1", subject="one")
+    other = create(desk, key="k-1", subject="another")
+
+    assert other.status_code == 400
+    assert other.json()["error"] == "IdempotentRequestError"
+    assert [t["subject"] for t in tickets(desk)] == ["one"]
+
+
+def test_key_is_forgotten_after_the_retention_window(desk):
+    control(desk, "idempotency", {"retention_seconds": 0.3})
+    first = create(desk, key="k-1")
+    time.sleep(0.4)
+    late = create(desk, key="k-1")
+
+    assert late.status_code == 201
+    assert late.headers["x-idempotency-lookup"] == "miss"
+    assert late.json()["ticket"]["id"] != first.json()["ticket"]["id"]
+    assert len(tickets(desk)) == 2
+
+
+def test_with_idempotency_off_every_post_creates(desk):
+    settings = control(desk, "idempotency", {"enabled": False})
+    assert settings == {"enabled": False, "retention_seconds": 7200.0}
+
+    first, second = create(desk, key="k-1"), create(desk, key="k-1")
+
+    assert first.status_code == second.status_code == 201
+    assert "x-idempotency-lookup" not in second.headers
+    assert [t["id"] for t in tickets(desk)] == [1, 2]
+
+
+def test_two_clients_racing_with_one_key_make_one_ticket(desk):
+    answers = []
+
+    def post():
+        answers.append(create(desk, key="raced"))
+
+    threads = [threading.Thread(target=post) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert {a.status_code for a in answers} == {201}
+    assert {a.json()["ticket"]["id"] for a in answers} == {1}
+    assert sorted(a.headers["x-idempotency-lookup"] for a in answers) == ["hit"] * 7 + ["miss"]
+    assert len(tickets(desk)) == 1
+
+
+def test_an_invalid_ticket_is_refused_with_record_invalid_and_its_key_stays_free(desk):
+    bad = requests.post(f"{desk.url}/api/v2/tickets.json", auth=AUTH, headers={"Idempotency-Key": "k-1"},
+                        json={"ticket": {"subject": "no body", "comment": {"body": " "}}}, timeout=5)
+    assert bad.status_code == 422
+    assert bad.json()["error"] == "RecordInvalid"
+    assert "description" in bad.json()["details"]
+    assert tickets(desk) == []
+    # Only a success is remembered: the corrected request may use the same key.
+    assert create(desk, key="k-1").status_code == 201
+
+
+# --- Reading tickets ----------------------------------------------------------------
+
+def test_list_by_external_id_show_and_not_found(desk):
+    create(desk, external_id="dup")
+    create(desk, external_id="other")
+    create(desk, external_id="dup")
+
+    listed = requests.get(f"{desk.url}/api/v2/tickets.json", params={"external_id": "dup"}, auth=AUTH, timeout=5)
+    assert listed.status_code == 200
+    assert listed.json()["count"] == 2
+    assert [t["id"] for t in listed.json()["tickets"]] == [1, 3]
+
+    shown = requests.get(f"{desk.url}/api/v2/tickets/3.json", auth=AUTH, timeout=5)
+    assert shown.status_code == 200 and shown.json()["ticket"]["external_id"] == "dup"
+    assert requests.get(f"{desk.url}/api/v2/tickets/99.json", auth=AUTH, timeout=5).status_code == 404
+
+
+def test_comments_are_added_listed_and_idempotent(desk):
+    ticket_id = create(desk).json()["ticket"]["id"]
+
+    added = comment(desk, ticket_id, "Still on fire.", key="c-1")
+    replay = comment(desk, ticket_id, "Still on fire.", key="c-1")
+    listed = requests.get(f"{desk.url}/api/v2/tickets/{ticket_id}/comments.json", auth=AUTH, timeout=5)
+
+    assert added.status_code == 200
+    assert added.json()["ticket"]["id"] == ticket_id
+    [event] = added.json()["audit"]["events"]
+    assert event["type"] == "Comment" and event["body"] == "Still on fire."
+    assert replay.headers["x-idempotency-lookup"] == "hit"
+    assert replay.json()["audit"]["events"][0]["id"] == event["id"]
+    assert [c["body"] for c in listed.json()["comments"]] == ["It is on fire.", "Still on fire."]
+    assert comment(desk, 99, "nobody home").status_code == 404
+
+
+# --- Authentication -------------------------------------------------------------------
+
+def test_a_token_server_requires_basic_auth_with_that_token(desk):
+    url = f"{desk.url}/api/v2/tickets.json"
+    no_auth = requests.post(url, json=ticket_body(), timeout=5)
+    wrong = requests.post(url, json=ticket_body(), auth=("agent@example.com/token", "nope"), timeout=5)
+    password = requests.post(url, json=ticket_body(), auth=("agent@example.com", TOKEN), timeout=5)
+
+    for answer in (no_auth, wrong, password):
+        assert answer.status_code == 401
+        assert answer.json() == {"error": "Couldn't authenticate you"}
+    assert requests.get(f"{url}?external_id=x", timeout=5).status_code == 401
+    assert tickets(desk) == []  # the control API needs no auth
+    assert create(desk).status_code == 201
+
+
+def test_without_a_token_any_auth_is_accepted():
+    with FakeDesk() as open_desk:
+        answer = requests.post(f"{open_desk.url}/api/v2/tickets.json", json=ticket_body(), timeout=5)
+        assert answer.status_code == 201
+
+
+# --- Faults ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "fault, status, error",
+    [
+        ("rate_limit:2", 429, "TooManyRequests"),
+        ("unavailable_503:5", 503, "ServiceUnavailable"),
+        ("unavailable_503", 503, "ServiceUnavailable"),
+        ("error_500", 500, "InternalServerError"),
+        ("reject_422", 422, "RecordInvalid"),
+        ("unauthorized_401", 401, "Couldn't authenticate you"),
+    ],
+)
+def test_refusing_faults_answer_and_write_nothing(desk, fault, status, error):
+    plan(desk, fault)
+    answer = create(desk, key="k-1")
+
+    assert answer.status_code == status
+    assert answer.json()["error"] == error
+    assert tickets(desk) == []
+    [entry] = control(desk, "requests")["requests"]
+    assert (entry["fault"], entry["status"], entry["committed"]) == (fault, status, False)
+    # The plan is used up: the next request is answered normally, and its key was never taken.
+    assert create(desk, key="k-1").headers["x-idempotency-lookup"] == "miss"
+
+
+def test_fault_headers_and_details(desk):
+    plan(desk, "rate_limit:2", "rate_limit_date:30", "unavailable_503:5", "unavailable_503", "reject_422")
+
+    assert create(desk).headers["Retry-After"] == "2"
+    dated = email.utils.parsedate_to_datetime(create(desk).headers["Retry-After"])
+    assert 25 <= dated.timestamp() - time.time() <= 31
+    assert create(desk).headers["Retry-After"] == "5"
+    assert "Retry-After" not in create(desk).headers
+    assert create(desk).json()["details"] == {"requester": [{"description": "Requester email is invalid"}]}
+
+
+def test_drop_before_commit_closes_the_connection_and_writes_nothing(desk):
+    plan(desk, "drop_before_commit")
+    with pytest.raises(requests.ConnectionError):
+        create(desk, key="k-1")
+
+    assert tickets(desk) == []
+    [entry] = control(desk, "requests")["requests"]
+    assert (entry["fault"], entry["status"], entry["committed"]) == ("drop_before_commit", None, False)
+
+
+def test_drop_after_commit_writes_then_closes_and_a_replay_hits(desk):
+    plan(desk, "drop_after_commit")
+    with pytest.raises(requests.ConnectionError):
+        create(desk, key="k-1")
+
+    [ticket] = tickets(desk)
+    assert ticket["external_id"] == "ext-1"
+    replay = create(desk, key="k-1")
+    assert replay.headers["x-idempotency-lookup"] == "hit"
+    assert replay.json()["ticket"]["id"] == ticket["id"]
+    assert len(tickets(desk)) == 1
+
+
+def test_faults_also_apply_to_comments(desk):
+    ticket_id = create(desk).json()["ticket"]["id"]
+    plan(desk, "error_500", "drop_after_commit")
+
+    assert comment(desk, ticket_id, "first try", key="c-1").status_code == 500
+    with pytest.raises(requests.ConnectionError):
+        comment(desk, ticket_id, "second try", key="c-2")
+
+    assert [c["body"] for c in tickets(desk)[0]["comments"]] == ["It is on fire.", "second try"]
+
+
+def test_stall_after_commit_outlasts_the_client_but_the_ticket_exists(desk):
+    plan(desk, "stall_after_commit:3")
+    started = time.monotonic()
+    with pytest.raises(requests.ReadTimeout):
+        create(desk, key="k-1", timeout=(1, 0.3))
+
+    assert time.monotonic() - started < 2
+    assert [t["external_id"] for t in tickets(desk)] == ["ext-1"]
+
+
+def test_stall_before_commit_writes_after_the_client_gave_up(desk):
+    plan(desk, "stall_before_commit:0.6")
+    with pytest.raises(requests.ReadTimeout):
+        create(desk, key="k-1", timeout=(1, 0.2))
+
+    assert tickets(desk) == []  # the write is still on its way
+    time.sleep(0.8)
+    assert [t["external_id"] for t in tickets(desk)] == ["ext-1"]
+
+
+def test_the_plan_is_fifo_then_ok_and_reads_do_not_consume_it(desk):
+    plan(desk, "error_500", "rate_limit:1")
+    assert control(desk, "plan") == {"faults": ["error_500", "rate_limit:1"], "random": None}
+
+    requests.get(f"{desk.url}/api/v2/tickets.json", auth=AUTH, timeout=5)
+    assert [create(desk).status_code for _ in range(3)] == [500, 429, 201]
+    assert control(desk, "plan")["faults"] == []
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"faults": ["explode"]},
+        {"faults": ["rate_limit"]},
+        {"faults": ["error_500:3"]},
+        {"random": {"seed": 1, "weights": {"error_500": 0.8, "reject_422": 0.5}}},
+        {"random": {"seed": "x", "weights": {}}},
+    ],
+)
+def test_a_bad_plan_is_refused(desk, payload):
+    answer = requests.post(f"{desk.url}/_control/plan", json=payload, timeout=5)
+    assert answer.status_code == 400
+    assert answer.json()["error"] == "BadPlan"
+
+
+def test_parse_fault():
+    assert parse_fault("stall_after_commit:2.5").seconds == 2.5
+    assert parse_fault("ok").name == "ok"
+    with pytest.raises(ValueError):
+        parse_fault("rate_limit:-1")
+
+
+def run_random_plan(desk, seed, requests_count=40):
+    control(desk, "reset", {})
+    weights = {"error_500": 0.2, "reject_422": 0.1, "rate_limit:1": 0.1, "drop_after_commit": 0.1}
+    plan(desk, random_spec={"seed": seed, "weights": weights})
+    statuses = []
+    for index in range(requests_count):
+        try:
+            statuses.append(create(desk, key=f"k-{index}").status_code)
+        except requests.ConnectionError:
+            statuses.append("dropped")
+    faults = [entry["fault"] for entry in control(desk, "requests")["requests"]]
+    return faults, statuses, len(tickets(desk))
+
+
+def test_the_random_plan_is_deterministic_for_a_seed(desk):
+    faults, statuses, ticket_count = run_random_plan(desk, seed=7)
+    again = run_random_plan(desk, seed=7)
+    other = run_random_plan(desk, seed=8)
+
+    assert (faults, statuses, ticket_count) == again
+    assert faults != other[0]
+    assert {"ok", "error_500", "drop_after_commit"} <= set(faults)
+    # drop_after_commit writes; the refusing faults do not.
+    assert ticket_count == faults.count("ok") + faults.count("drop_after_commit")
+
+
+def test_reset_forgets_everything_and_ids_start_again(desk):
+    create(desk, key="k-1")
+    plan(desk, "error_500", "error_500")
+    create(desk, key="k-2")
+
+    assert control(desk, "reset", {}) == {"reset": True}
+
+    assert tickets(desk) == []
+    assert control(desk, "requests")["requests"] == []
+    assert control(desk, "plan")["faults"] == []
+    answer = create(desk, key="k-1")
+    assert answer.json()["ticket"]["id"] == 1
+    assert answer.headers["x-idempotency-lookup"] == "miss"
+
+
+# --- Persistence and the command line -------------------------------------------------
+
+def test_tickets_and_keys_survive_a_restart_on_the_same_file(tmp_path):
+    db = str(tmp_path / "desk.sqlite3")
+    with FakeDesk(db_path=db) as first:
+        create(first, key="k-1", external_id="kept")
+    with FakeDesk(db_path=db) as second:
+        replay = create(second, key="k-1", external_id="kept")
+        assert replay.headers["x-idempotency-lookup"] == "hit"
+        assert [t["external_id"] for t in tickets(second)] == ["kept"]
+        assert create(second, external_id="new").json()["ticket"]["id"] == 2
+
+
+def start_process(command):
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    line = process.stdout.readline()
+    if not line.startswith("FakeDesk listening on "):
+        process.kill()
+        pytest.fail(f"fakedesk did not start: {line!r} {process.stderr.read()}")
+    return process, line.split()[-1]
+
+
+def stop_process(process):
+    process.send_signal(signal.SIGTERM)
+    try:
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "FakeDesk stopped" in process.stdout.read()
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        [sys.executable, "manage.py", "fakedesk"],
+        [sys.executable, "-m", "ticketing.fakedesk"],
+    ],
+    ids=["manage.py", "python -m"],
+)
+def test_the_server_runs_as_a_process_until_sigterm_and_keeps_its_file(tmp_path, launcher):
+    command = launcher + ["--port", "0", "--db", str(tmp_path / "desk.sqlite3"), "--token", TOKEN]
+
+    process, url = start_process(command)
+    try:
+        server = type("Remote", (), {"url": url})  # what create() needs of a desk
+        assert requests.post(f"{url}/api/v2/tickets.json", json=ticket_body(), timeout=5).status_code == 401
+        assert create(server, key="k-1", external_id="proc").status_code == 201
+    finally:
+        stop_process(process)
+
+    process, url = start_process(command)
+    try:
+        listed = requests.get(f"{url}/api/v2/tickets.json", params={"external_id": "proc"}, auth=AUTH, timeout=5)
+        assert listed.json()["count"] == 1
+    finally:
+        stop_process(process)

@@ -1,0 +1,267 @@
+"""Zendesk destination: tickets through the Zendesk Support API (DESIGN.md §6).
+
+Zendesk keeps our `Idempotency-Key` for two hours and answers a replay with the
+original ticket (`x-idempotency-lookup: hit`); the same key with another body is
+a 400 `IdempotentRequestError`. `external_id` is not unique, but listing by it
+finds whatever a lost create left behind. This module only maps each HTTP
+outcome to exactly one of TransientError / PermanentError / AmbiguousOutcome;
+what to do about an ambiguous one is decided in `ticketing.services`.
+
+`Destination.settings` (all optional):
+    connect_timeout (3.05 s), read_timeout (10 s),
+    idempotency_supported (true), idempotency_window_seconds (7200),
+    lookup_supported (true), email (the agent for a bare API token),
+    comment_public (true).
+`Destination.credentials_ref` resolves to `email/token:APITOKEN` or to the bare token.
+
+Nothing logged here contains a ticket body or a full email address.
+"""
+import email.utils
+import json
+import logging
+import time
+from datetime import datetime, timezone
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.exceptions import NewConnectionError
+
+from intake.logging import mask_address
+from intake.secrets import SecretUnavailable, resolve_secret
+
+from .base import AmbiguousOutcome, DestinationAdapter, PermanentError, TicketRequest, TicketResult, TransientError
+
+log = logging.getLogger(__name__)
+
+TICKETS_PATH = "/api/v2/tickets.json"
+MAX_DETAIL_CHARS = 2000
+MAX_LOOKUP_PAGES = 10
+
+
+class ZendeskDestination(DestinationAdapter):
+    honours_idempotency_key = True
+    idempotency_window_seconds = 7200
+    # Listing by external_id is treated as consistent: it sees a ticket once its create returned.
+    consistent_lookup = True
+
+    def __init__(self, destination):
+        super().__init__(destination)
+        settings = destination.settings or {}
+        self.base_url = (destination.base_url or "").rstrip("/")
+        self.timeout = (float(settings.get("connect_timeout", 3.05)), float(settings.get("read_timeout", 10)))
+        self.honours_idempotency_key = bool(settings.get("idempotency_supported", True))
+        self.idempotency_window_seconds = (
+            int(settings.get("idempotency_window_seconds", 7200)) if self.honours_idempotency_key else None
+        )
+        self.consistent_lookup = bool(settings.get("lookup_supported", True))
+        self.agent_email = settings.get("email") or "mailroom"
+        self.comment_public = bool(settings.get("comment_public", True))
+        self.session = requests.Session()
+        # No automatic retries: every retry is decided (and recorded) by the intent state machine.
+        no_retries = HTTPAdapter(max_retries=0)
+        self.session.mount("http://", no_retries)
+        self.session.mount("https://", no_retries)
+        self.session.headers.update({"Accept": "application/json", "User-Agent": "mailroom-zendesk/1"})
+
+    # --- The interface ------------------------------------------------------
+
+    def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
+        response = self._send("POST", TICKETS_PATH, write=True, idempotency_key=idempotency_key,
+                              json_body={"ticket": ticket_payload(request, external_ref)})
+        ticket = _json(response, write=True).get("ticket") or {}
+        if "id" not in ticket:
+            # It answered 2xx, so the ticket probably exists; only a lookup can tell which.
+            raise AmbiguousOutcome("unreadable_response", f"HTTP {response.status_code} without a ticket id")
+        log.info("zendesk: created ticket %s for %s (idempotency lookup: %s)", ticket["id"], external_ref,
+                 response.headers.get("x-idempotency-lookup", "none"))
+        return self._result(ticket)
+
+    def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
+        if not self.consistent_lookup:
+            raise NotImplementedError("this Zendesk destination declares lookup_supported = false")
+        # external_id is not unique: the lowest id is the first ticket a create made, the one to keep.
+        matches, path, params = [], TICKETS_PATH, {"external_id": external_ref}
+        for _ in range(MAX_LOOKUP_PAGES):
+            body = _json(self._send("GET", path, write=False, params=params), write=False)
+            matches += [t for t in body.get("tickets") or [] if str(t.get("external_id")) == external_ref]
+            # Follow pages only on the same desk: the credentials go with every request.
+            if not str(body.get("next_page") or "").startswith(self.base_url + "/"):
+                break
+            path, params = body["next_page"], None
+        if not matches:
+            return None
+        ticket = min(matches, key=lambda t: int(t["id"]))
+        if len(matches) > 1:
+            log.warning("zendesk: %d tickets carry external_id %s; keeping the lowest id %s",
+                        len(matches), external_ref, ticket["id"])
+        return self._result(ticket)
+
+    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+        if not str(ticket_id).isdigit():
+            raise PermanentError("not_found", "a Zendesk ticket id is a number")
+        comment = {"body": body, "public": self.comment_public}
+        if str(author).isdigit():
+            comment["author_id"] = int(author)  # a Zendesk user id; otherwise the API user is the author
+        payload = {"ticket": {"comment": comment, "metadata": {"external_ref": external_ref}}}
+        response = self._send("PUT", f"/api/v2/tickets/{ticket_id}.json", write=True,
+                              idempotency_key=idempotency_key, json_body=payload)
+        audit = _json(response, write=True).get("audit") or {}
+        comment_ids = [e.get("id") for e in audit.get("events") or [] if e.get("type") == "Comment" and e.get("id")]
+        log.info("zendesk: commented on ticket %s for %s (idempotency lookup: %s)", ticket_id, external_ref,
+                 response.headers.get("x-idempotency-lookup", "none"))
+        # The comment id when Zendesk reports it, else the ticket: the comment is on it either way.
+        return str(comment_ids[0]) if comment_ids else str(ticket_id)
+
+    # --- HTTP and error mapping ---------------------------------------------
+
+    def _result(self, ticket: dict) -> TicketResult:
+        return TicketResult(ticket_id=str(ticket["id"]), url=f"{self.base_url}/agent/tickets/{ticket['id']}")
+
+    def _auth(self):
+        ref = self.destination.credentials_ref
+        if not ref:
+            return None
+        try:
+            secret = resolve_secret(ref)
+        except SecretUnavailable as exc:
+            raise PermanentError("credentials", str(exc)) from None
+        user, sep, token = secret.partition(":")
+        if sep and user.endswith("/token"):
+            return user, token
+        return f"{self.agent_email}/token", secret
+
+    def _send(self, method: str, path: str, *, write: bool, idempotency_key: str | None = None,
+              json_body=None, params=None) -> requests.Response:
+        """One HTTP call, no retries. Returns a 2xx response or raises one of the three failure kinds."""
+        url = path if path.startswith(("http://", "https://")) else self.base_url + path
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        auth = self._auth()
+        started = time.monotonic()
+        try:
+            response = self.session.request(method, url, json=json_body, params=params, headers=headers,
+                                            auth=auth, timeout=self.timeout, allow_redirects=False)
+        except requests.RequestException as exc:
+            raise self._network_error(exc, write) from exc
+        log.debug("zendesk: %s %s -> %s in %.0f ms", method, path.split("?")[0], response.status_code,
+                  (time.monotonic() - started) * 1000)
+        if 200 <= response.status_code < 300:
+            return response
+        raise self._http_error(response, write)
+
+    def _network_error(self, exc: requests.RequestException, write: bool):
+        if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                            requests.exceptions.InvalidSchema)):
+            return PermanentError("configuration", f"bad base_url: {type(exc).__name__}")
+        if _nothing_sent(exc):
+            return TransientError("connection", type(exc).__name__)
+        reason = "timeout" if isinstance(exc, requests.exceptions.Timeout) else "connection_lost"
+        if not write:
+            return TransientError(reason, type(exc).__name__)  # a read that failed changed nothing
+        # The request went out; whether Zendesk acted on it is unknown.
+        return AmbiguousOutcome(reason, type(exc).__name__)
+
+    def _http_error(self, response: requests.Response, write: bool):
+        status = response.status_code
+        body = _json_or_empty(response)
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        if status == 429:
+            return TransientError("rate_limited", f"HTTP {status}", retry_after=retry_after)
+        if status == 503 and retry_after is not None:
+            return TransientError("unavailable", f"HTTP {status}", retry_after=retry_after)
+        if status in (401, 403):
+            return PermanentError("credentials", f"HTTP {status}")
+        if status == 400 and body.get("error") == "IdempotentRequestError":
+            # Our key was used with another body: whether our ticket exists is for a lookup to say.
+            return AmbiguousOutcome("idempotent_request_error", f"HTTP {status}")
+        if status in (400, 422):
+            return PermanentError("invalid_fields", _field_errors(body, status))
+        if status == 409:
+            return TransientError("conflict", f"HTTP {status}", retry_after=retry_after)
+        if status >= 500:
+            # A 5xx may come after the write. With the key honoured a retry only replays it.
+            if not write or self.honours_idempotency_key:
+                return TransientError("server_error", f"HTTP {status}", retry_after=retry_after)
+            return AmbiguousOutcome("server_error", f"HTTP {status}")
+        if status == 404:
+            return PermanentError("not_found", f"HTTP {status}")
+        return PermanentError("rejected", f"HTTP {status}")
+
+
+def ticket_payload(request: TicketRequest, external_ref: str) -> dict:
+    """The Zendesk ticket for a request. Deterministic: a retry must send the very same body under its key."""
+    ticket = {
+        "subject": request.subject,
+        "comment": {"body": request.description},
+        "external_id": external_ref,
+        "tags": list(request.tags),
+    }
+    name, address = email.utils.parseaddr(request.requester)
+    address = address or request.requester
+    if address:
+        # Zendesk finds or creates the end user by email; a new one needs a name.
+        ticket["requester"] = {"email": address, "name": name or address.split("@")[0]}
+    custom_fields = []
+    for key, value in sorted((request.fields or {}).items(), key=lambda item: str(item[0])):
+        if str(key).isdigit():
+            custom_fields.append({"id": int(key), "value": value})  # a custom ticket field, by id
+        else:
+            ticket[key] = value  # a standard field: priority, type, group_id, ...
+    if custom_fields:
+        ticket["custom_fields"] = custom_fields
+    return ticket
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds from now: either a number of seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        at = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=timezone.utc)
+    return max(0.0, (at - datetime.now(timezone.utc)).total_seconds())
+
+
+def _nothing_sent(exc: requests.RequestException) -> bool:
+    """Did the call fail before a byte of the request left? (refused, unresolvable, connect timeout)"""
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return True
+    if isinstance(exc, requests.exceptions.SSLError):
+        return True  # the TLS handshake comes before the request
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        reason = getattr(exc.args[0], "reason", None) if exc.args else None
+        return isinstance(reason, NewConnectionError)  # includes NameResolutionError
+    return False
+
+
+def _json(response: requests.Response, write: bool) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        if write:
+            raise AmbiguousOutcome("unreadable_response", f"HTTP {response.status_code}, body is not JSON")
+        raise TransientError("unreadable_response", f"HTTP {response.status_code}, body is not JSON")
+    return body
+
+
+def _json_or_empty(response: requests.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _field_errors(body: dict, status: int) -> str:
+    """Zendesk's field errors, kept as JSON for the operator; addresses masked, size capped."""
+    errors = body.get("details") or body or {"status": status}
+    return mask_address(json.dumps(errors, sort_keys=True))[:MAX_DETAIL_CHARS]
