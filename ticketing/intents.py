@@ -76,7 +76,8 @@ def still_claimed(intent_id: int, worker: str, margin_seconds: float = 0) -> boo
 # --- outcomes -------------------------------------------------------------
 
 def _move_event(event_id: int, to_state: str, now, reason_code: str = "", reason_detail: str = "") -> None:
-    InboxEvent.objects.filter(pk=event_id).exclude(state=to_state).exclude(state=EventState.COMPLETED).update(
+    # A completed event stays completed: its mapping is the proof, whatever happens later.
+    InboxEvent.objects.filter(pk=event_id).exclude(state=EventState.COMPLETED).update(
         state=to_state, reason_code=reason_code, reason_detail=reason_detail[:2000], updated_at=now)
 
 
