@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -45,6 +46,17 @@ class Command(BaseCommand):
         self.stdout.write(f"    PORT={options['port']} .venv/bin/python manage.py send_test_email demo\n")
         self.stdout.flush()
 
+    def _wait_until_serving(self, options, web, timeout: float = 20.0) -> None:
+        """Print the copy-paste command only once it can work."""
+        url = f"http://{options['host']}:{options['port']}/healthz"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and web.poll() is None:
+            try:
+                with urllib.request.urlopen(url, timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+
     def handle(self, *args, **options):
         if settings.CELERY_BROKER_URL.startswith("filesystem://"):
             for folder in ("data_folder_in", "processed_folder", "control_folder"):
@@ -57,6 +69,7 @@ class Command(BaseCommand):
             for name, command in self._commands(options).items():
                 # Each child in its own process group: Ctrl-C reaches us, and we stop them in order.
                 processes[name] = subprocess.Popen(command, cwd=settings.BASE_DIR, start_new_session=True)
+            self._wait_until_serving(options, processes["web"])
             self._banner(options)
             while not stopping:
                 for name, process in processes.items():
