@@ -1,0 +1,393 @@
+"""Every failure window of DESIGN.md §9, with real worker processes and FakeDesk over HTTP.
+
+FakeDesk runs as its own process (`manage.py fakedesk`), workers are real Celery
+workers on Redis, the relay is the real relay. Where the design has beat run a
+sweep, the test runs that same service function from a sweeper thread, so the
+timing is the test's and not the scheduler's.
+"""
+import json
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+
+import pytest
+import requests
+from django.db import connection
+
+from intake.keys import provider_message_id_for_raw
+from intake.services import ingest, requeue_stale_events
+from intake.signing import signed_headers
+from tests.live import (  # noqa: F401  (fixtures)
+    LIVE_SECRET,
+    MANAGE,
+    PYTHON,
+    REPO_ROOT,
+    free_port,
+    kill_group,
+    live_broker,
+    live_mailbox,
+    live_processes,
+    make_email,
+    subprocess_env,
+    wait_for,
+)
+from ticketing import intents
+
+pytestmark = pytest.mark.live
+
+DESK_TOKEN = "failure-window-token"
+
+
+class Desk:
+    """FakeDesk in its own process, driven through its control API."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def control(self, path, payload=None):
+        if payload is None:
+            response = requests.get(f"{self.url}/_control/{path}", timeout=5)
+        else:
+            response = requests.post(f"{self.url}/_control/{path}", json=payload, timeout=5)
+        response.raise_for_status()
+        return response.json()
+
+    def plan(self, *faults, random_spec=None):
+        self.control("plan", {"faults": list(faults), **({"random": random_spec} if random_spec else {})})
+
+    def idempotency(self, enabled: bool):
+        self.control("idempotency", {"enabled": enabled})
+
+    def tickets(self) -> list[dict]:
+        return self.control("tickets")["tickets"]
+
+    def creates(self) -> list[dict]:
+        return [r for r in self.control("requests")["requests"] if r["method"] == "POST"]
+
+
+@pytest.fixture
+def desk(live_processes, tmp_path):
+    port = free_port()
+    process = live_processes.start("fakedesk", [PYTHON, MANAGE, "fakedesk", "--port", str(port), "--db",
+                                                str(tmp_path / "desk.sqlite3"), "--token", DESK_TOKEN],
+                                   subprocess_env())
+    desk = Desk(f"http://127.0.0.1:{port}")
+
+    def answers():
+        try:
+            return requests.get(f"{desk.url}/_control/plan", timeout=1).ok
+        except requests.ConnectionError:
+            return False
+
+    wait_for(answers, timeout=20, describe=lambda: process.tail())
+    return desk
+
+
+@pytest.fixture
+def zendesk(live_mailbox, desk, monkeypatch):
+    """FakeDesk, spoken to as Zendesk, is the live tenant's default destination."""
+    from ticketing.models import Destination
+
+    monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@acme.test/token:{DESK_TOKEN}")
+    Destination.objects.filter(tenant=live_mailbox.tenant).update(is_default=False)
+    return Destination.objects.create(
+        tenant=live_mailbox.tenant, slug="desk", kind="zendesk", base_url=desk.url, is_default=True,
+        credentials_ref="env:FAKEDESK_CREDENTIALS",
+        settings={"read_timeout": 1.0, "retry_base_seconds": 0.05, "retry_cap_seconds": 0.5},
+    )
+
+
+def worker_env(broker, **extra):
+    # Short claims so a killed worker's claim expires within the test.
+    return subprocess_env(broker.url, MAILROOM_CLAIM_SECONDS=4, MAILROOM_BROKER_VISIBILITY_TIMEOUT=10, **extra)
+
+
+@contextmanager
+def sweeper(stale_seconds: float = 3.0, every: float = 0.3):
+    """What beat does, on a short period: stale events, expired claims, due retries, unknown outcomes."""
+    stop = threading.Event()
+    errors = []
+
+    def run():
+        try:
+            while not stop.is_set():
+                requeue_stale_events(older_than_seconds=stale_seconds)
+                intents.expire_claims()
+                intents.enqueue_due(lost_after_seconds=stale_seconds)
+                intents.resolve_unknown_intents()
+                stop.wait(every)
+        except Exception as exc:  # surfaced by the test, not swallowed by the thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not errors, errors
+
+
+def new_event(mailbox, subject="Help") -> int:
+    raw = make_email(subject)
+    return ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
+
+
+def state_of(event_id):
+    from intake.models import InboxEvent
+    from ticketing.models import Intent
+
+    event = InboxEvent.objects.get(pk=event_id)
+    intent = Intent.objects.filter(inbox_event_id=event_id).first()
+    return event.state, event.reason_code, intent.state if intent else None
+
+
+def settled(event_id):
+    event_state, _, intent_state = state_of(event_id)
+    return event_state in ("completed", "failed", "awaiting_review", "quarantined") or intent_state == "held"
+
+
+def mapped_ticket_ids():
+    from ticketing.models import TicketMapping
+
+    return sorted(int(t) for t in TicketMapping.objects.values_list("ticket_id", flat=True))
+
+
+def wait_settled(ids, live_processes, timeout=40):
+    wait_for(lambda: all(settled(i) for i in ids), timeout=timeout, interval=0.2,
+             describe=lambda: f"{[state_of(i) for i in ids]}\n{live_processes.logs(15)}")
+
+
+def send(event_ids, broker):
+    """Publish the task straight to the broker, as a relay (or a redelivery) would."""
+    from celery import Celery
+
+    app = Celery("failure-window-probe", broker=broker.url)
+    try:
+        for event_id in event_ids:
+            app.send_task("ticketing.tasks.process_inbox_events", args=[[event_id]])
+    finally:
+        app.close()
+
+
+# --- the windows ---------------------------------------------------------------------
+
+def test_same_action_requested_twice_makes_one_ticket(zendesk, live_mailbox, live_broker, live_processes, desk,
+                                                      monkeypatch):
+    monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
+    live_processes.worker(worker_env(live_broker))
+    event_id = new_event(live_mailbox)
+    send([event_id, event_id, event_id], live_broker)
+    wait_settled([event_id], live_processes)
+    assert state_of(event_id) == ("completed", "", "succeeded")
+    assert len(desk.tickets()) == 1 and len(desk.creates()) == 1
+
+
+RACE_SCRIPT = r"""
+import os, sys, time, django
+django.setup()
+from django.db import connection
+from ticketing import services
+from ticketing.destinations import zendesk  # noqa: F401  (warm the import)
+connection.ensure_connection()
+ready, go, event_id = sys.argv[1], sys.argv[2], int(sys.argv[3])
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.001)
+print(services.process_inbox_event(event_id))
+"""
+
+
+def test_two_workers_racing_for_one_key_make_one_call(zendesk, live_mailbox, desk, tmp_path):
+    import subprocess
+
+    for round_ in range(5):
+        event_id = new_event(live_mailbox, subject=f"Race {round_}")
+        go = tmp_path / f"go-{round_}"
+        racers = []
+        for n in range(2):
+            ready = tmp_path / f"ready-{round_}-{n}"
+            racers.append((ready, subprocess.Popen(
+                [PYTHON, "-c", RACE_SCRIPT, str(ready), str(go), str(event_id)], cwd=REPO_ROOT,
+                env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        wait_for(lambda: all(ready.exists() for ready, _ in racers), timeout=30)
+        go.write_text("go")  # the barrier: both are set up and waiting for this file
+        outcomes = sorted(p.communicate(timeout=30)[0].strip() for _, p in racers)
+        assert "created" in outcomes and set(outcomes) <= {"created", "busy", "done"}, outcomes
+        assert state_of(event_id)[0] == "completed"
+    assert len(desk.creates()) == 5 and len(desk.tickets()) == 5
+    assert len(set(t["external_id"] for t in desk.tickets())) == 5
+
+
+@pytest.mark.parametrize("fault,reason", [("reject_422", "invalid_fields"), ("unauthorized_401", "credentials")])
+def test_rejection_before_the_write_fails_without_retry(zendesk, live_mailbox, live_broker, live_processes, desk,
+                                                         monkeypatch, fault, reason):
+    from intake.models import InboxEvent
+
+    monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
+    desk.plan(fault)
+    live_processes.worker(worker_env(live_broker))
+    live_processes.relay(worker_env(live_broker))
+    with sweeper():
+        event_id = new_event(live_mailbox)
+        wait_settled([event_id], live_processes)
+        time.sleep(1.5)  # several sweeps: none may retry it
+    assert state_of(event_id) == ("failed", reason, "failed")
+    if reason == "invalid_fields":
+        assert "Requester email is invalid" in InboxEvent.objects.get(pk=event_id).reason_detail
+    assert len(desk.creates()) == 1 and desk.tickets() == []
+
+
+def test_rate_limit_retry_after_is_honoured(zendesk, live_mailbox, live_broker, live_processes, desk, monkeypatch):
+    monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
+    desk.plan("rate_limit:2")
+    live_processes.worker(worker_env(live_broker))
+    live_processes.relay(worker_env(live_broker))
+    with sweeper():
+        event_id = new_event(live_mailbox)
+        wait_settled([event_id], live_processes, timeout=30)
+    first, second = desk.creates()
+    gap = second["at"] - first["at"]  # FakeDesk's own clock, in seconds
+    assert first["status"] == 429 and second["status"] == 201
+    assert gap >= 2.0, gap
+    assert state_of(event_id) == ("completed", "", "succeeded") and len(desk.tickets()) == 1
+
+
+@pytest.mark.parametrize("idempotency", [True, False])
+def test_success_with_a_lost_response(zendesk, live_mailbox, live_broker, live_processes, desk, monkeypatch,
+                                      idempotency):
+    monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
+    if not idempotency:
+        zendesk.settings["idempotency_supported"] = False
+        zendesk.save()
+        desk.idempotency(False)
+    desk.plan("drop_after_commit")
+    live_processes.worker(worker_env(live_broker))
+    live_processes.relay(worker_env(live_broker))
+    with sweeper():
+        event_id = new_event(live_mailbox)
+        wait_settled([event_id], live_processes, timeout=30)
+    assert state_of(event_id) == ("completed", "", "succeeded")
+    [ticket] = desk.tickets()
+    assert mapped_ticket_ids() == [ticket["id"]]
+    creates = desk.creates()
+    if idempotency:  # retried with the same key; FakeDesk answered with the original ticket
+        assert [c["idempotency_lookup"] for c in creates] == ["miss", "hit"]
+        assert creates[0]["idempotency_key"] == creates[1]["idempotency_key"]
+    else:  # found by external_id: no second create
+        assert len(creates) == 1
+
+
+@pytest.mark.parametrize("idempotency", [True, False])
+def test_worker_killed_between_destination_success_and_our_commit(zendesk, live_mailbox, live_broker,
+                                                                  live_processes, desk, monkeypatch, tmp_path,
+                                                                  idempotency):
+    monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
+    if not idempotency:
+        zendesk.settings["idempotency_supported"] = False
+        zendesk.save()
+        desk.idempotency(False)
+    pause = tmp_path / "pause"
+    doomed = live_processes.worker(worker_env(live_broker, MAILROOM_PAUSE_AT=f"after_destination_success:{pause}"),
+                                   concurrency=1)
+    event_id = new_event(live_mailbox)
+    send([event_id], live_broker)
+    wait_for(lambda: pause.with_name("pause.reached").exists(), timeout=30, describe=lambda: doomed.tail())
+    assert len(desk.tickets()) == 1  # the destination has it; we have not recorded it
+    assert state_of(event_id) == ("write_pending", "", "in_flight")
+    kill_group(doomed.pid, signal.SIGKILL)
+    doomed.popen.wait(10)
+
+    live_processes.worker(worker_env(live_broker))
+    live_processes.relay(worker_env(live_broker))
+    with sweeper():  # the claim expires -> unknown -> resolved (same key, or lookup) -> completed
+        wait_for(lambda: state_of(event_id)[0] == "completed", timeout=40,
+                 describe=lambda: f"{state_of(event_id)}\n{live_processes.logs(15)}")
+    [ticket] = desk.tickets()
+    assert mapped_ticket_ids() == [ticket["id"]]
+    assert len(desk.creates()) == (2 if idempotency else 1)
+
+
+def test_ambiguous_outcome_without_idempotency_or_lookup_is_held(zendesk, live_mailbox, live_broker, live_processes,
+                                                                 desk, monkeypatch):
+    from reconciliation.selectors import recovery_queue
+
+    monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
+    zendesk.settings.update({"idempotency_supported": False, "lookup_supported": False})
+    zendesk.save()
+    desk.idempotency(False)
+    desk.plan("stall_after_commit:2")
+    live_processes.worker(worker_env(live_broker))
+    live_processes.relay(worker_env(live_broker))
+    with sweeper():
+        event_id = new_event(live_mailbox)
+        wait_settled([event_id], live_processes, timeout=30)
+        time.sleep(1.5)  # sweeps keep running: none may write again
+    assert state_of(event_id) == ("unknown", "outcome_unknown", "held")
+    assert [e.pk for e in recovery_queue()] == [event_id]
+    assert len(desk.creates()) == 1
+
+
+def test_seeded_soak_with_faults_and_killed_workers(zendesk, live_server, live_mailbox, live_broker, live_processes,
+                                                    desk, monkeypatch):
+    from intake.models import InboxEvent
+    from reconciliation.selectors import recovery_queue
+    from ticketing.models import TicketMapping
+
+    n_emails, seed = 300, 20261129
+    monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
+    desk.plan(random_spec={"seed": seed, "weights": {
+        "drop_after_commit": 0.1, "rate_limit:1": 0.1, "error_500": 0.1, "stall_after_commit:2": 0.1}})
+    env = worker_env(live_broker)
+    live_processes.relay(env)
+    workers = [live_processes.worker(env, concurrency=1), live_processes.worker(env, concurrency=1)]
+    url = f"{live_server.url}/webhooks/raw/{live_mailbox.slug}/"
+    rng = random.Random(seed)
+    ids, kills = [], 0
+    with sweeper(stale_seconds=5):
+        for n in range(n_emails):
+            body = make_email(f"Soak #{n}")
+            response = requests.post(url, data=body, timeout=15, headers=signed_headers(LIVE_SECRET, body))
+            assert response.status_code == 202
+            ids.append(response.json()["inbox_event_id"])
+            if n in (100, 200):  # SIGKILL a whole worker mid-run, then start a fresh one
+                victim = workers.pop(rng.randrange(len(workers)))
+                kill_group(victim.pid, signal.SIGKILL)
+                victim.popen.wait(10)
+                kills += 1
+                workers.append(live_processes.worker(env, concurrency=1))
+            time.sleep(0.01)
+        wait_for(lambda: all(settled(i) for i in ids), timeout=150, interval=0.5,
+                 describe=lambda: f"{Counter(state_of(i) for i in ids)}\n{live_processes.logs(10)}")
+
+    states = Counter(InboxEvent.objects.filter(pk__in=ids).values_list("state", flat=True))
+    tickets = desk.tickets()
+    by_external_id = Counter(t["external_id"] for t in tickets)
+    mappings = {m.inbox_event_id: m for m in TicketMapping.objects.filter(inbox_event_id__in=ids)}
+    faults = Counter(r["fault"] for r in desk.control("requests")["requests"])
+    print(f"\nsoak: {n_emails} emails, seed {seed}, workers killed {kills}; event states {dict(states)}; "
+          f"fakedesk tickets {len(tickets)}, mappings {len(mappings)}, create calls {sum(faults.values())}, "
+          f"faults {dict(faults)}")
+
+    from ticketing.models import Intent
+
+    for event_id in ids:
+        state = InboxEvent.objects.get(pk=event_id).state
+        intent = Intent.objects.get(inbox_event_id=event_id)
+        if state == "completed":
+            assert by_external_id[intent.external_ref] == 1, (event_id, intent.external_ref)
+            assert mappings[event_id].ticket_id == str(next(t["id"] for t in tickets
+                                                         if t["external_id"] == intent.external_ref))
+    assert len(tickets) == len(mappings), "a FakeDesk ticket without a mapping, or the reverse"
+    assert {str(t["id"]) for t in tickets} == {m.ticket_id for m in mappings.values()}
+    not_completed = [i for i in ids if InboxEvent.objects.get(pk=i).state != "completed"]
+    queue = {e.pk: e for e in recovery_queue()}
+    for event_id in not_completed:
+        assert event_id in queue and queue[event_id].reason_code, state_of(event_id)
+    assert states["completed"] + len(not_completed) == n_emails
