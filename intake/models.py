@@ -36,6 +36,18 @@ class Mailbox(models.Model):
     paused = models.BooleanField(default=False, help_text="Intake still stores mail; processing waits.")
     created_at = models.DateTimeField(auto_now_add=True)
 
+    class Health(models.TextChoices):
+        OK = "ok"
+        BACKOFF = "backoff"
+        CREDENTIALS_INVALID = "credentials_invalid"
+
+    # Polling's view of the provider: a mailbox whose credentials were refused is not polled again
+    # until an admin fixes them; a throttled one waits until poll_backoff_until.
+    health = models.CharField(max_length=30, choices=Health.choices, default=Health.OK)
+    health_detail = models.CharField(max_length=500, blank=True)
+    last_polled_at = models.DateTimeField(null=True, blank=True)
+    poll_backoff_until = models.DateTimeField(null=True, blank=True)
+
     class Meta:
         verbose_name_plural = "mailboxes"
         constraints = [
@@ -99,8 +111,20 @@ class InboxEvent(models.Model):
     escalate_at = models.DateTimeField(null=True, blank=True)
     # How often the event was handed to the broker; a cap catches poison messages.
     dispatch_count = models.PositiveIntegerField(default=0)
+    # Sender-authentication signals from the trusted authserv-id only: they inform, never authorize.
+    auth_results = models.JSONField(default=dict, blank=True)
+    # What normalization found: attachments (name, types, size, sha256), parser defects, flags.
+    details = models.JSONField(default=dict, blank=True)
+    # An event-level wait (for example while the malware scanner is unreachable).
+    retry_at = models.DateTimeField(null=True, blank=True)
+    # An operator's correction of the route: destination, queue, priority, request type.
+    route_override = models.JSONField(default=dict, blank=True)
 
     class Meta:
+        permissions = [
+            ("view_message_body", "Can view message bodies and attachments"),
+            ("release_quarantine", "Can release quarantined messages"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["mailbox", "provider_message_id"], name="inbox_event_unique_per_mailbox"),
             models.CheckConstraint(
@@ -111,6 +135,8 @@ class InboxEvent(models.Model):
         indexes = [
             models.Index(fields=["state", "updated_at"], name="inbox_event_state_updated"),
             models.Index(fields=["mailbox", "received_at"], name="inbox_event_mailbox_received"),
+            models.Index(fields=["mailbox", "sender", "received_at"], name="inbox_event_sender_rate"),
+            models.Index(fields=["mailbox", "thread_key"], name="inbox_event_thread"),
         ]
 
     def __str__(self):
@@ -148,3 +174,34 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.kind} by {self.actor}"
+
+
+class WebhookNonce(models.Model):
+    """A provider's one-time token (for example Mailgun's), kept so a replayed webhook is refused."""
+
+    mailbox = models.ForeignKey(Mailbox, on_delete=models.CASCADE, related_name="+")
+    provider = models.CharField(max_length=20)
+    nonce = models.CharField(max_length=200)
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "nonce"], name="webhook_nonce_once_per_provider"),
+        ]
+
+
+class ProviderSubscription(models.Model):
+    """A push subscription held at the provider (Graph change notifications, Gmail watch)."""
+
+    mailbox = models.ForeignKey(Mailbox, on_delete=models.CASCADE, related_name="subscriptions")
+    provider = models.CharField(max_length=20)
+    external_id = models.CharField(max_length=300)
+    resource = models.CharField(max_length=500, blank=True)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    renewed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["mailbox", "provider"], name="provider_subscription_one_per_mailbox"),
+        ]

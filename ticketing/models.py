@@ -141,3 +141,31 @@ class Ticket(models.Model):
 
     def __str__(self):
         return f"MR-{self.pk}"
+
+
+class TicketComment(models.Model):
+    """A comment on a built-in ticket (a reply in its thread)."""
+
+    ticket = models.ForeignKey(Ticket, on_delete=models.PROTECT, related_name="comments")
+    idempotency_key = models.CharField(max_length=64, unique=True)
+    external_ref = models.CharField(max_length=200)
+    author = models.CharField(max_length=320, blank=True)
+    body = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"comment {self.pk} on MR-{self.ticket_id}"
+
+
+class Switch(models.Model):
+    """Operational switches (the global pause), edited by admins; checked by workers before any write."""
+
+    GLOBAL_PAUSE = "global_pause"
+
+    name = models.SlugField(unique=True)
+    on = models.BooleanField(default=False)
+    changed_by = models.CharField(max_length=150, blank=True)
+    changed_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.name}={'on' if self.on else 'off'}"
