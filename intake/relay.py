@@ -5,6 +5,7 @@ publishes it again, which the tasks absorb (they re-read state and no-op).
 On PostgreSQL, rows are claimed with FOR UPDATE SKIP LOCKED so that two relays
 (or the relay and the beat sweep) never publish the same row at the same time.
 """
+import json
 import logging
 import time
 from collections import defaultdict
@@ -17,23 +18,31 @@ from django.db.models import F
 from django.utils import timezone
 
 from .models import OutboxMessage
-from .services import NOTIFY_CHANNEL, PROCESS_TOPIC
+from .services import NOTIFY_CHANNEL, POLL_TOPIC, PROCESS_TOPIC
 
 logger = logging.getLogger(__name__)
 
 
 # Topic -> task name. By name, so intake need not import the apps above it.
-TOPIC_TASKS = {PROCESS_TOPIC: "ticketing.tasks.process_inbox_events"}
+TOPIC_TASKS = {
+    PROCESS_TOPIC: "ticketing.tasks.process_inbox_events",
+    POLL_TOPIC: "intake.tasks.poll_mailbox",
+}
 
 
 def _publish(topic: str, payloads: list[dict], group_size: int) -> None:
-    """Publish event ids in groups: one task per group amortises the broker round trip."""
     task_name = TOPIC_TASKS.get(topic)
     if task_name is None:
         raise ValueError(f"no task for outbox topic {topic!r}")
-    ids = sorted({p["inbox_event_id"] for p in payloads})
-    for start in range(0, len(ids), group_size):
-        current_app.send_task(task_name, args=[ids[start : start + group_size]])
+    if topic == PROCESS_TOPIC:
+        # Event ids in groups: one task per group amortises the broker round trip.
+        ids = sorted({p["inbox_event_id"] for p in payloads})
+        for start in range(0, len(ids), group_size):
+            current_app.send_task(task_name, args=[ids[start : start + group_size]])
+        return
+    # Other topics: one task per distinct payload (a burst of pushes for one mailbox is one poll).
+    for payload in {json.dumps(p, sort_keys=True): p for p in payloads}.values():
+        current_app.send_task(task_name, kwargs=payload)
 
 
 def publish_pending(batch_size: int | None = None, group_size: int | None = None) -> int:

@@ -14,6 +14,7 @@ from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
 logger = logging.getLogger(__name__)
 
 PROCESS_TOPIC = "inbox_event.process"
+POLL_TOPIC = "mailbox.poll"
 NOTIFY_CHANNEL = "mailroom_outbox"
 STALE_CANDIDATE_STATES = (InboxEvent.State.RECEIVED, InboxEvent.State.READY)
 
