@@ -110,6 +110,8 @@ MAILROOM_RELAY_GROUP = env.int("MAILROOM_RELAY_GROUP", default=50)
 MAILROOM_RELAY_SWEEP_SECONDS = env.float("MAILROOM_RELAY_SWEEP_SECONDS", default=2.0)
 MAILROOM_OUTBOX_RETENTION_DAYS = env.int("MAILROOM_OUTBOX_RETENTION_DAYS", default=7)
 MAILROOM_SWEEP_SECONDS = env.float("MAILROOM_SWEEP_SECONDS", default=60.0)
+# While paused, an event is looked at again this often (a resume enqueues it at once).
+MAILROOM_PAUSE_RECHECK_SECONDS = env.int("MAILROOM_PAUSE_RECHECK_SECONDS", default=300)
 
 # --- Celery ---------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")

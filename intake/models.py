@@ -205,3 +205,21 @@ class ProviderSubscription(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["mailbox", "provider"], name="provider_subscription_one_per_mailbox"),
         ]
+
+
+class Switch(models.Model):
+    """Operational switches (the global pause), edited by admins.
+
+    It lives here, at the bottom of the app graph, because intake's sweeps must
+    respect it as much as ticketing's workers.
+    """
+
+    GLOBAL_PAUSE = "global_pause"
+
+    name = models.SlugField(unique=True)
+    on = models.BooleanField(default=False)
+    changed_by = models.CharField(max_length=150, blank=True)
+    changed_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.name}={'on' if self.on else 'off'}"

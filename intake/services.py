@@ -5,9 +5,10 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
+from . import selectors
 from .keys import dedupe_key
 from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
 
@@ -81,21 +82,32 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
     Whatever was lost between the database and the broker (a relay that died
     after publishing, a message dropped by a broker, a worker killed while it
     held the task) is found here. Past `MAILROOM_MAX_DISPATCHES` the event is a
-    poison message and goes to the recovery queue instead.
+    poison message and goes to the recovery queue instead. An event that waits
+    on purpose (`retry_at`: a pause, an unreachable scanner) is requeued when
+    its wait is over, and that does not count as a failed dispatch.
     """
+    if selectors.global_pause_on():
+        return {"requeued": 0, "poisoned": 0, "paused": True}
     stale_after = older_than_seconds if older_than_seconds is not None else settings.MAILROOM_STALE_EVENT_SECONDS
     now = timezone.now()
     cutoff = now - timedelta(seconds=stale_after)
     requeued = poisoned = 0
     candidates = list(
         # write_pending events belong to their intent, whose own sweeps watch them.
-        InboxEvent.objects.filter(state__in=STALE_CANDIDATE_STATES, updated_at__lt=cutoff, mailbox__paused=False)
+        InboxEvent.objects.filter(state__in=STALE_CANDIDATE_STATES, mailbox__paused=False)
+        .filter(Q(retry_at__isnull=True, updated_at__lt=cutoff) | Q(retry_at__lte=now))
         .order_by("updated_at")
-        .values_list("pk", "state", "dispatch_count")[:limit]
+        .values_list("pk", "state", "dispatch_count", "retry_at")[:limit]
     )
-    for event_id, state, dispatches in candidates:
+    for event_id, state, dispatches, retry_at in candidates:
         with transaction.atomic():
-            stale = InboxEvent.objects.filter(pk=event_id, state=state, updated_at__lt=cutoff)
+            if retry_at is not None:
+                if InboxEvent.objects.filter(pk=event_id, state=state, retry_at=retry_at).update(
+                        retry_at=None, updated_at=now):
+                    enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
+                    requeued += 1
+                continue
+            stale = InboxEvent.objects.filter(pk=event_id, state=state, retry_at__isnull=True, updated_at__lt=cutoff)
             if dispatches >= settings.MAILROOM_MAX_DISPATCHES:
                 if stale.update(state=InboxEvent.State.FAILED, reason_code="poison",
                                 reason_detail=f"dispatched {dispatches} times without progress", updated_at=now):
@@ -109,6 +121,28 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
     if requeued or poisoned:
         logger.warning("stale-event sweep: requeued %d, poisoned %d", requeued, poisoned)
     return {"requeued": requeued, "poisoned": poisoned}
+
+
+def wait_event(event_id: int, seconds: float) -> None:
+    """Park an open event on purpose (a pause, an unreachable scanner) until `seconds` from now."""
+    now = timezone.now()
+    InboxEvent.objects.filter(pk=event_id, state__in=InboxEvent.OPEN_STATES).update(
+        retry_at=now + timedelta(seconds=seconds), updated_at=now)
+
+
+def release_waiting_events(mailbox_id: int | None = None) -> int:
+    """End every deliberate wait now (after a resume) and enqueue those events: the backlog drains."""
+    now = timezone.now()
+    waiting = InboxEvent.objects.filter(state__in=InboxEvent.OPEN_STATES, retry_at__isnull=False)
+    if mailbox_id is not None:
+        waiting = waiting.filter(mailbox_id=mailbox_id)
+    released = 0
+    for event_id, retry_at in waiting.values_list("pk", "retry_at").iterator():
+        with transaction.atomic():
+            if InboxEvent.objects.filter(pk=event_id, retry_at=retry_at).update(retry_at=None, updated_at=now):
+                enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
+                released += 1
+    return released
 
 
 def transition_event(event_id: int, from_states, to_state: str, *, actor: str, kind: str,

@@ -156,16 +156,3 @@ class TicketComment(models.Model):
     def __str__(self):
         return f"comment {self.pk} on MR-{self.ticket_id}"
 
-
-class Switch(models.Model):
-    """Operational switches (the global pause), edited by admins; checked by workers before any write."""
-
-    GLOBAL_PAUSE = "global_pause"
-
-    name = models.SlugField(unique=True)
-    on = models.BooleanField(default=False)
-    changed_by = models.CharField(max_length=150, blank=True)
-    changed_at = models.DateTimeField(null=True, blank=True)
-
-    def __str__(self):
-        return f"{self.name}={'on' if self.on else 'off'}"

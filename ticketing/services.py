@@ -7,12 +7,14 @@ import logging
 import os
 import socket
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from intake.mime import parse_message
 from intake.models import InboxEvent
-from intake.services import transition_event
+from intake.selectors import global_pause_on
+from intake.services import transition_event, wait_event
 
 from . import intents
 from .destinations import adapter_for
@@ -47,6 +49,12 @@ def _normalize(event: InboxEvent, parsed) -> None:
         event.state = State.READY
 
 
+def _wait_for_resume(event: InboxEvent) -> str:
+    """Paused: no destination write. The event waits; a resume (or the recheck) enqueues it again."""
+    wait_event(event.pk, settings.MAILROOM_PAUSE_RECHECK_SECONDS)
+    return "paused"
+
+
 def _ticket_request(parsed) -> TicketRequest:
     # Built only from the stored message, so every attempt sends the same body
     # (a destination that keeps our key rejects the same key with another body).
@@ -64,8 +72,8 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
         return "missing"
     if event.state not in InboxEvent.OPEN_STATES:
         return "done"
-    if event.mailbox.paused:
-        return "paused"
+    if event.mailbox.paused or global_pause_on():
+        return _wait_for_resume(event)
 
     parsed = parse_message(bytes(event.raw or b""))
 
@@ -80,7 +88,7 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
                          reason_detail="the tenant has no default destination and no rule matched")
         return "review"
     if destination.paused:
-        return "paused"
+        return _wait_for_resume(event)
 
     request = _ticket_request(parsed)
     adapter = adapter_for(destination)
