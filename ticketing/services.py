@@ -36,6 +36,16 @@ def default_destination(tenant_id: int) -> Destination | None:
     return Destination.objects.filter(tenant_id=tenant_id, is_default=True).first()
 
 
+def route(event: InboxEvent, cache: dict) -> Destination | None:
+    """An operator's corrected route wins; otherwise the tenant's default (cached per task group)."""
+    override = (event.route_override or {}).get("destination_id")
+    if override:
+        return Destination.objects.filter(pk=override, tenant_id=event.tenant_id).first()
+    if event.tenant_id not in cache:
+        cache[event.tenant_id] = default_destination(event.tenant_id)
+    return cache[event.tenant_id]
+
+
 def _normalize(event: InboxEvent, parsed) -> None:
     """Store what routing needs and mark the event `ready` (once)."""
     if event.state == State.RECEIVED:
@@ -77,10 +87,7 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
 
     parsed = parse_message(bytes(event.raw or b""))
 
-    cache = destinations if destinations is not None else {}
-    if event.tenant_id not in cache:
-        cache[event.tenant_id] = default_destination(event.tenant_id)
-    destination = cache[event.tenant_id]
+    destination = route(event, destinations if destinations is not None else {})
     if destination is None:
         _normalize(event, parsed)
         transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=f"worker:{worker}",
@@ -91,12 +98,13 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
         return _wait_for_resume(event)
 
     request = _ticket_request(parsed)
-    adapter = adapter_for(destination)
     with transaction.atomic():
         _normalize(event, parsed)
         intent = intents.ensure_intent(event, Intent.Action.CREATE_TICKET, destination)
         if intent.state == Intent.State.SUCCEEDED:
             return "done"
+        # An existing intent keeps its own destination (a reviewer may have corrected it).
+        adapter = adapter_for(intent.destination)
         if adapter.transactional:
             # The built-in store: normalize, claim, create and record commit
             # together or not at all, in one transaction.
