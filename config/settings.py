@@ -113,6 +113,19 @@ MAILROOM_SWEEP_SECONDS = env.float("MAILROOM_SWEEP_SECONDS", default=60.0)
 # While paused, an event is looked at again this often (a resume enqueues it at once).
 MAILROOM_PAUSE_RECHECK_SECONDS = env.int("MAILROOM_PAUSE_RECHECK_SECONDS", default=300)
 
+# --- Outgoing mail (acknowledgments) ---------------------------------------
+# EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=True. Without it the
+# embedded default writes acknowledgments to files under var/sent-mail.
+if env.str("EMAIL_URL", default=""):
+    vars().update(env.email_url("EMAIL_URL"))
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    EMAIL_FILE_PATH = VAR_DIR / "sent-mail"
+MAILROOM_SMTP_TIMEOUT = env.float("MAILROOM_SMTP_TIMEOUT", default=10.0)
+# Set on everything we send and recognised on everything we receive: our own mail is never a request.
+MAILROOM_LOOP_HEADER = env.str("MAILROOM_LOOP_HEADER", default="X-Mailroom-Loop")
+MAILROOM_INSTANCE_ID = env.str("MAILROOM_INSTANCE_ID", default="mailroom")
+
 # --- Celery ---------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
@@ -154,6 +167,7 @@ CELERY_BEAT_SCHEDULE = {
     "expire-intent-claims": {"task": "ticketing.tasks.expire_claims", "schedule": 15.0},
     "enqueue-due-intents": {"task": "ticketing.tasks.enqueue_due_intents", "schedule": 2.0},
     "resolve-unknown-intents": {"task": "ticketing.tasks.resolve_unknown_intents", "schedule": 30.0},
+    "renew-provider-subscriptions": {"task": "intake.tasks.renew_provider_subscriptions", "schedule": 900.0},
 }
 
 # --- Logging: never bodies, never full addresses ---------------------------

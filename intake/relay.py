@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 TOPIC_TASKS = {
     PROCESS_TOPIC: "ticketing.tasks.process_inbox_events",
     POLL_TOPIC: "intake.tasks.poll_mailbox",
+    "intent.notify": "ticketing.tasks.send_acknowledgment",
 }
 
 

@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 EventState = InboxEvent.State
 IntentState = Intent.State
 
+AUDIT_KIND = {Intent.Action.CREATE_TICKET: "ticket_created", Intent.Action.ADD_COMMENT: "comment_added"}
+NOTIFY_TOPIC = "intent.notify"
+
 DEFAULT_MAX_ATTEMPTS = 8
 DEFAULT_RETRY_BASE_SECONDS = 2.0
 DEFAULT_RETRY_CAP_SECONDS = 600.0
@@ -96,9 +99,14 @@ def record_success(intent: Intent, result: TicketResult, actor: str,
             inbox_event_id=intent.inbox_event_id, action=intent.action, destination_id=intent.destination_id,
             ticket_id=result.ticket_id, ticket_url=result.url, created_at=now)
         _move_event(intent.inbox_event_id, EventState.COMPLETED, now)
-        record_audit(intent.inbox_event_id, "ticket_created", actor=actor, at=now, detail={
-            "intent": intent.pk, "action": intent.action, "destination": intent.destination_id,
-            "ticket_id": result.ticket_id})
+        record_audit(intent.inbox_event_id, AUDIT_KIND.get(intent.action, intent.action), actor=actor, at=now,
+                     detail={"intent": intent.pk, "action": intent.action, "destination": intent.destination_id,
+                             "ticket_id": result.ticket_id})
+        if intent.action == Intent.Action.CREATE_TICKET:
+            from . import acknowledgments  # it builds on this module
+
+            acknowledgments.plan(InboxEvent.objects.select_related("mailbox").get(pk=intent.inbox_event_id),
+                                 intent.destination)
     return True
 
 
@@ -149,6 +157,14 @@ def record_failure(intent: Intent, exc, worker: str) -> str:
 
 # --- sweeps (beat; safe to run from two processes at once) -----------------
 
+def _enqueue(intent: Intent, now) -> None:
+    """Hand an intent to the task that carries out its action."""
+    if intent.action == Intent.Action.NOTIFY_REQUESTER:
+        enqueue_outbox(NOTIFY_TOPIC, {"intent_id": intent.pk}, now=now)
+    else:
+        enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": intent.inbox_event_id}, now=now)
+
+
 def _locked_batch(queryset, limit: int):
     return list(queryset.select_for_update(skip_locked=True).order_by("pk")[:limit])
 
@@ -188,7 +204,7 @@ def enqueue_due(limit: int = 500, lost_after_seconds: float | None = None) -> in
             # now says when it was handed over, so a lost hand-over is seen.
             Intent.objects.filter(pk=intent.pk, state=intent.state).update(
                 state=IntentState.PENDING, next_attempt_at=now)
-            enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": intent.inbox_event_id}, now=now)
+            _enqueue(intent, now)
     return len(intents)
 
 
@@ -200,8 +216,11 @@ def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str
     intent = Intent.objects.select_related("destination").filter(pk=intent_id, state=IntentState.UNKNOWN).first()
     if intent is None:
         return ""
-    adapter = adapter_for(intent.destination)
     now = timezone.now()
+    if intent.action == Intent.Action.NOTIFY_REQUESTER:
+        # Mail servers keep no key and offer no lookup: whether it went out is unknowable.
+        return _hold(intent, now, actor, event_reason=None)
+    adapter = adapter_for(intent.destination)
     window = adapter.idempotency_window_seconds
     key_still_kept = (
         adapter.honours_idempotency_key and window is not None
@@ -220,12 +239,19 @@ def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str
         if found is not None:
             return IntentState.SUCCEEDED if record_success(intent, found, actor, (IntentState.UNKNOWN,)) else ""
         return _reopen(intent, now, actor, "lookup_found_nothing")
+    return _hold(intent, now, actor, event_reason="outcome_unknown")
+
+
+def _hold(intent: Intent, now, actor: str, event_reason: str | None) -> str:
+    """unknown -> held: no safe way to know, so a person investigates; no second write."""
     with transaction.atomic():
         if not Intent.objects.filter(pk=intent.pk, state=IntentState.UNKNOWN).update(state=IntentState.HELD):
             return ""
-        _move_event(intent.inbox_event_id, EventState.UNKNOWN, now, "outcome_unknown",
-                    "the destination offers neither idempotency nor a lookup: investigate before replaying")
-        record_audit(intent.inbox_event_id, "intent_held", actor=actor, at=now, detail={"intent": intent.pk})
+        if event_reason:
+            _move_event(intent.inbox_event_id, EventState.UNKNOWN, now, event_reason,
+                        "the destination offers neither idempotency nor a lookup: investigate before replaying")
+        record_audit(intent.inbox_event_id, "intent_held", actor=actor, at=now,
+                     detail={"intent": intent.pk, "action": intent.action})
     return IntentState.HELD
 
 
@@ -236,7 +262,7 @@ def _reopen(intent: Intent, now, actor: str, why: str) -> str:
                 state=IntentState.PENDING, next_attempt_at=now):
             return ""
         _move_event(intent.inbox_event_id, EventState.WRITE_PENDING, now)
-        enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": intent.inbox_event_id}, now=now)
+        _enqueue(intent, now)
         record_audit(intent.inbox_event_id, "intent_pending", actor=actor, at=now,
                      detail={"intent": intent.pk, "reason": why})
     return IntentState.PENDING

@@ -44,3 +44,10 @@ def enqueue_due_intents() -> int:
 @shared_task
 def resolve_unknown_intents() -> dict:
     return intents.resolve_unknown_intents()
+
+
+@shared_task
+def send_acknowledgment(intent_id: int) -> str:
+    from . import acknowledgments
+
+    return acknowledgments.send(intent_id, services.worker_identity())

@@ -1,0 +1,80 @@
+"""Acknowledgments reach a real SMTP server: one per completed ticket, never for anything else."""
+import pytest
+from django.test import Client
+
+from intake.models import AuditEvent, InboxEvent
+from ticketing import acknowledgments
+from ticketing.models import Intent, TicketMapping
+from ticketing.services import process_inbox_event
+from tests.conftest import WEBHOOK_SECRET
+from tests.mail import make_message, webhook_headers
+from tests.smtp import smtp_server  # noqa: F401  (fixture)
+
+
+def post(body) -> int:
+    response = Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
+                             **webhook_headers(WEBHOOK_SECRET, body))
+    assert response.status_code == 202
+    return response.json()["inbox_event_id"]
+
+
+def notify_intent(event_id) -> Intent:
+    return Intent.objects.get(inbox_event_id=event_id, action="notify_requester")
+
+
+def test_one_acknowledgment_per_ticket_even_when_sent_twice(mailbox, smtp_server, settings):
+    event_id = post(make_message(subject="Printer on fire", sender="jane@example.com",
+                                 message_id="<orig-1@example.com>"))
+    assert process_inbox_event(event_id) == "created"
+    intent = notify_intent(event_id)
+    assert acknowledgments.send(intent.pk, "worker-a") == "sent"
+    assert acknowledgments.send(intent.pk, "worker-b") == "busy"
+    [ack] = smtp_server.messages
+    mapping = TicketMapping.objects.get(inbox_event_id=event_id)
+    assert ack["To"] == "jane@example.com"
+    assert ack["Subject"] == f"[#MR-{mapping.pk}] Re: Printer on fire"
+    assert ack["Auto-Submitted"] == "auto-replied"
+    assert ack[settings.MAILROOM_LOOP_HEADER] == settings.MAILROOM_INSTANCE_ID
+    assert ack["In-Reply-To"] == "<orig-1@example.com>"
+    assert "within" not in ack.get_content()  # no SLA on the route: no promise
+    assert notify_intent(event_id).state == "succeeded"
+    assert AuditEvent.objects.filter(inbox_event_id=event_id, kind="acknowledged").count() == 1
+
+
+def test_sla_on_the_route_is_stated(mailbox, smtp_server):
+    from ticketing.models import Destination
+
+    Destination.objects.update(settings={"sla_hours": 8})
+    event_id = post(make_message())
+    process_inbox_event(event_id)
+    acknowledgments.send(notify_intent(event_id).pk, "worker-a")
+    assert "We aim to answer within 8 hours." in smtp_server.messages[0].get_content()
+
+
+def test_no_acknowledgment_without_a_ticket(mailbox, smtp_server):
+    event_id = post(make_message())
+    InboxEvent.objects.filter(pk=event_id).update(state="suppressed", reason_code="auto_submitted")
+    assert process_inbox_event(event_id) == "done"
+    assert not Intent.objects.filter(action="notify_requester").exists()
+    assert smtp_server.messages == []
+
+
+def test_smtp_down_is_retried_later_not_lost(mailbox, smtp_server, settings):
+    from tests.live import free_port
+
+    event_id = post(make_message())
+    process_inbox_event(event_id)
+    intent = notify_intent(event_id)
+    settings.EMAIL_PORT = free_port()  # nothing listens there
+    assert acknowledgments.send(intent.pk, "worker-a") == "retry_wait"
+    assert notify_intent(event_id).state == "retry_wait"
+    assert InboxEvent.objects.get(pk=event_id).state == "completed"  # the ticket stands
+    assert smtp_server.messages == []
+
+
+def test_mailbox_can_turn_acknowledgments_off(mailbox, smtp_server):
+    mailbox.settings = {"acknowledge": False}
+    mailbox.save()
+    event_id = post(make_message())
+    assert process_inbox_event(event_id) == "created"
+    assert not Intent.objects.filter(action="notify_requester").exists()
