@@ -105,6 +105,8 @@ MAILROOM_STALE_EVENT_SECONDS = env.int("MAILROOM_STALE_EVENT_SECONDS", default=3
 # Past this many dispatches without progress an event is a poison message.
 MAILROOM_MAX_DISPATCHES = env.int("MAILROOM_MAX_DISPATCHES", default=10)
 MAILROOM_CLAIM_SECONDS = env.int("MAILROOM_CLAIM_SECONDS", default=120)
+# How long a worker may hold a thread (mailbox, thread_key) while it decides and writes.
+MAILROOM_THREAD_LEASE_SECONDS = env.int("MAILROOM_THREAD_LEASE_SECONDS", default=60)
 MAILROOM_RELAY_BATCH = env.int("MAILROOM_RELAY_BATCH", default=500)
 MAILROOM_RELAY_GROUP = env.int("MAILROOM_RELAY_GROUP", default=50)
 MAILROOM_RELAY_SWEEP_SECONDS = env.float("MAILROOM_RELAY_SWEEP_SECONDS", default=2.0)
@@ -121,6 +123,14 @@ if env.str("EMAIL_URL", default=""):
 else:
     EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
     EMAIL_FILE_PATH = VAR_DIR / "sent-mail"
+# --- Malware scanning (clamd) -----------------------------------------------
+# tcp://host:port or unix:///path/clamd.sock; "off" is an explicit, logged opt-out
+# that only the embedded default (SQLite) takes unless told otherwise.
+MAILROOM_CLAMD = env.str("MAILROOM_CLAMD", default="tcp://127.0.0.1:3310" if USING_POSTGRES else "off")
+MAILROOM_CLAMD_TIMEOUT = env.float("MAILROOM_CLAMD_TIMEOUT", default=30.0)
+# While clamd is unreachable an event waits and retries, then goes to review; it never passes unscanned.
+MAILROOM_SCAN_ATTEMPTS = env.int("MAILROOM_SCAN_ATTEMPTS", default=5)
+MAILROOM_SCAN_RETRY_SECONDS = env.int("MAILROOM_SCAN_RETRY_SECONDS", default=30)
 MAILROOM_SMTP_TIMEOUT = env.float("MAILROOM_SMTP_TIMEOUT", default=10.0)
 # Set on everything we send and recognised on everything we receive: our own mail is never a request.
 MAILROOM_LOOP_HEADER = env.str("MAILROOM_LOOP_HEADER", default="X-Mailroom-Loop")

@@ -41,3 +41,7 @@ def count_rows():
         return {m.__name__: m.objects.count()
                 for m in (InboxEvent, OutboxMessage, AuditEvent, Intent, Ticket, TicketMapping)}
     return count
+
+
+# Session-scoped real clamd (started once, on first use).
+from tests.clamd import clamd  # noqa: E402,F401

@@ -14,7 +14,7 @@ from intake.scanning import (
     scanner_from_setting,
 )
 from intake.validation import MALWARE, QUARANTINED, malware_finding, validate
-from tests.clamd import EICAR, EICAR_SIGNATURE, STREAM_MAX_LENGTH, clamd, start_clamd  # noqa: F401 (fixture)
+from tests.clamd import EICAR, EICAR_SIGNATURE, STREAM_MAX_LENGTH, start_clamd
 
 FOUND = ScanResult(clean=False, signature=EICAR_SIGNATURE)
 CLEAN = ScanResult(clean=True, signature=None)

@@ -58,15 +58,25 @@ def ensure_intent(event: InboxEvent, action: str, destination: Destination, acti
 
 # --- claiming -------------------------------------------------------------
 
-def claim(intent_id: int, worker: str) -> bool:
-    """pending/retry_wait (and due) -> in_flight, owned by `worker` until the claim expires."""
+def claim(intent_id: int, worker: str, lease=None) -> bool:
+    """pending/retry_wait (and due) -> in_flight, owned by `worker` until the claim expires.
+
+    With a thread lease, the lease is checked (and its row locked) in the same
+    transaction: a worker that lost its lease claims nothing.
+    """
+    from . import leases
+
     now = timezone.now()
-    return bool(
-        Intent.objects.filter(pk=intent_id, state__in=[IntentState.PENDING, IntentState.RETRY_WAIT])
-        .exclude(next_attempt_at__gt=now)
-        .update(state=IntentState.IN_FLIGHT, claimed_by=worker, attempts=F("attempts") + 1,
-                claimed_until=now + timedelta(seconds=settings.MAILROOM_CLAIM_SECONDS))
-    )
+    with transaction.atomic(savepoint=False):
+        if lease is not None and not leases.holds(lease, lock=True):
+            logger.warning("intent %s: thread lease lost; not claiming", intent_id)
+            return False
+        return bool(
+            Intent.objects.filter(pk=intent_id, state__in=[IntentState.PENDING, IntentState.RETRY_WAIT])
+            .exclude(next_attempt_at__gt=now)
+            .update(state=IntentState.IN_FLIGHT, claimed_by=worker, attempts=F("attempts") + 1,
+                    claimed_until=now + timedelta(seconds=settings.MAILROOM_CLAIM_SECONDS))
+        )
 
 
 def still_claimed(intent_id: int, worker: str, margin_seconds: float = 0) -> bool:
@@ -230,7 +240,8 @@ def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str
     if key_still_kept and not adapter.transactional:
         # A retry with the same key is answered with the original record, if there is one.
         return _reopen(intent, now, actor, "idempotency_key_retained")
-    if adapter.consistent_lookup:
+    # A lookup by external_ref finds tickets, not comments: it can settle only a create.
+    if adapter.consistent_lookup and intent.action == Intent.Action.CREATE_TICKET:
         try:
             found = adapter.find_by_external_ref(intent.external_ref)
         except (TransientError, AmbiguousOutcome, PermanentError) as exc:

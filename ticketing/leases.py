@@ -41,12 +41,17 @@ def acquire(mailbox_id: int, thread_key: str, owner: str, seconds: float) -> Lea
     return Lease(mailbox_id, thread_key, owner, row[0]) if row else None
 
 
-def holds(lease: Lease) -> bool:
-    """Still ours and not expired. Call inside the transaction that claims the intent."""
-    return ThreadLease.objects.filter(
+def holds(lease: Lease, lock: bool = False) -> bool:
+    """Still ours and not expired. Call inside the transaction that claims the intent;
+    with `lock`, the row stays locked until that transaction ends, so no takeover
+    can slip between this check and the claim."""
+    current = ThreadLease.objects.filter(
         mailbox_id=lease.mailbox_id, thread_key=lease.thread_key, token=lease.token, owner=lease.owner,
         expires_at__gt=timezone.now(),
-    ).exists()
+    )
+    if lock:
+        current = current.select_for_update()
+    return current.exists()
 
 
 def release(lease: Lease) -> bool:

@@ -1,7 +1,8 @@
-"""Turning an inbox event into exactly one ticket, through a durable intent.
+"""Turning an inbox event into exactly one ticket (or one comment), through a durable intent.
 
-The state machine itself lives in `ticketing.intents`; this module decides
-what an event needs (normalize, route) and carries out one attempt.
+process_inbox_event: normalize and validate (intake) -> route -> thread
+(comment on the thread's ticket, under the thread's lease) -> one attempt of
+the intent. The state machine itself lives in `ticketing.intents`.
 """
 import logging
 import os
@@ -11,20 +12,21 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from intake.mime import parse_message
 from intake.models import InboxEvent
+from intake.normalize import normalize
 from intake.selectors import global_pause_on
-from intake.services import transition_event, wait_event
+from intake.services import record_audit, transition_event, wait_event
 
-from . import intents
+from . import intents, leases, threads
 from .destinations import adapter_for
-from .destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
-from .models import Destination, Intent
+from .destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
+from .models import Destination, Intent, TicketMapping
 from .testhooks import pause_point
 
 logger = logging.getLogger(__name__)
 
 State = InboxEvent.State
+THREAD_RETRY_SECONDS = 2
 
 
 def worker_identity() -> str:
@@ -46,29 +48,29 @@ def route(event: InboxEvent, cache: dict) -> Destination | None:
     return cache[event.tenant_id]
 
 
-def _normalize(event: InboxEvent, parsed) -> None:
-    """Store what routing needs and mark the event `ready` (once)."""
-    if event.state == State.RECEIVED:
-        InboxEvent.objects.filter(pk=event.pk, state=State.RECEIVED).update(
-            state=State.READY,
-            message_id_header=parsed.message_id[:998],
-            sender=parsed.sender[:320],
-            subject=parsed.subject[:998],
-            updated_at=timezone.now(),
-        )
-        event.state = State.READY
+def _wait(event: InboxEvent, seconds: float, outcome: str) -> str:
+    wait_event(event.pk, seconds)
+    return outcome
 
 
-def _wait_for_resume(event: InboxEvent) -> str:
-    """Paused: no destination write. The event waits; a resume (or the recheck) enqueues it again."""
-    wait_event(event.pk, settings.MAILROOM_PAUSE_RECHECK_SECONDS)
-    return "paused"
+class Work:
+    """One attempt's payload: what to send for the intent's action."""
 
+    def __init__(self, action: str, parsed, target: TicketMapping | None = None, flags=()):
+        self.action, self.parsed, self.target, self.flags = action, parsed, target, list(flags)
 
-def _ticket_request(parsed) -> TicketRequest:
-    # Built only from the stored message, so every attempt sends the same body
-    # (a destination that keeps our key rejects the same key with another body).
-    return TicketRequest(subject=parsed.subject or "(no subject)", description=parsed.text, requester=parsed.sender)
+    def perform(self, adapter, intent: Intent) -> TicketResult:
+        # Built only from the stored message, so every attempt sends the same body
+        # (a destination that keeps our key rejects the same key with another body).
+        parsed = self.parsed
+        if self.action == Intent.Action.ADD_COMMENT:
+            adapter.add_comment(self.target.ticket_id, parsed.text, parsed.sender, intent.idempotency_key,
+                                intent.external_ref)
+            return TicketResult(ticket_id=self.target.ticket_id, url=self.target.ticket_url)
+        tags = ("mailroom",) + tuple(f"mailroom-{flag.replace('_', '-')}" for flag in self.flags)
+        request = TicketRequest(subject=parsed.subject or "(no subject)", description=parsed.text,
+                                requester=parsed.sender, tags=tags)
+        return adapter.create_ticket(request, intent.idempotency_key, intent.external_ref)
 
 
 def process_inbox_event(event_id: int, worker: str | None = None, destinations: dict | None = None) -> str:
@@ -83,51 +85,83 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
     if event.state not in InboxEvent.OPEN_STATES:
         return "done"
     if event.mailbox.paused or global_pause_on():
-        return _wait_for_resume(event)
+        return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, "paused")
 
-    parsed = parse_message(bytes(event.raw or b""))
+    outcome = normalize(event, actor=f"worker:{worker}")
+    if outcome.state != State.READY:
+        return outcome.state  # waiting (scanner), or suppressed / awaiting_review / quarantined
+    parsed = outcome.parsed
 
     destination = route(event, destinations if destinations is not None else {})
     if destination is None:
-        _normalize(event, parsed)
         transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=f"worker:{worker}",
-                         kind="routed_to_review", reason_code="no_destination",
+                         kind="awaiting_review", reason_code="no_destination",
                          reason_detail="the tenant has no default destination and no rule matched")
         return "review"
-    if destination.paused:
-        return _wait_for_resume(event)
 
-    request = _ticket_request(parsed)
+    if not threads.is_thread_work(parsed):
+        return _act(event, destination, Work(Intent.Action.CREATE_TICKET, parsed), worker)
+
+    lease = leases.acquire(event.mailbox_id, event.thread_key, worker, settings.MAILROOM_THREAD_LEASE_SECONDS)
+    if lease is None:
+        return _wait(event, THREAD_RETRY_SECONDS, "thread_busy")
+    try:
+        pause_point("thread_analysis")
+        plan = threads.plan(event, parsed)
+        if plan.wait_for_earlier:
+            return _wait(event, THREAD_RETRY_SECONDS, "waiting_for_thread")
+        if plan.flags:
+            _flag(event, plan.flags, worker)
+        if plan.target is not None:
+            work = Work(Intent.Action.ADD_COMMENT, parsed, target=plan.target)
+            return _act(event, plan.target.destination, work, worker, lease)
+        return _act(event, destination, Work(Intent.Action.CREATE_TICKET, parsed, flags=plan.flags), worker, lease)
+    finally:
+        leases.release(lease)
+
+
+def _flag(event: InboxEvent, flags: list[str], worker: str) -> None:
+    details = event.details or {}
+    if set(flags) <= set(details.get("flags", [])):
+        return
+    details["flags"] = sorted(set(details.get("flags", [])) | set(flags))
     with transaction.atomic():
-        _normalize(event, parsed)
-        intent = intents.ensure_intent(event, Intent.Action.CREATE_TICKET, destination)
+        InboxEvent.objects.filter(pk=event.pk).update(details=details)
+        record_audit(event.pk, "flagged", actor=f"worker:{worker}", detail={"flags": flags})
+    event.details = details
+
+
+def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, lease=None) -> str:
+    if destination.paused:
+        return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, "paused")
+    with transaction.atomic():
+        intent = intents.ensure_intent(event, work.action, destination)
         if intent.state == Intent.State.SUCCEEDED:
             return "done"
         # An existing intent keeps its own destination (a reviewer may have corrected it).
         adapter = adapter_for(intent.destination)
         if adapter.transactional:
-            # The built-in store: normalize, claim, create and record commit
-            # together or not at all, in one transaction.
-            return _attempt_in_transaction(adapter, intent, request, worker)
-    return execute_intent(intent, request, worker, adapter)
+            # The built-in store: claim, write and record commit together or not at all.
+            return _attempt_in_transaction(adapter, intent, work, worker, lease)
+    return execute_intent(intent, work, worker, adapter, lease)
 
 
-def _attempt_in_transaction(adapter, intent: Intent, request: TicketRequest, worker: str) -> str:
-    if not intents.claim(intent.pk, worker):
+def _attempt_in_transaction(adapter, intent: Intent, work: Work, worker: str, lease=None) -> str:
+    if not intents.claim(intent.pk, worker, lease):
         return "busy"
-    result = adapter.create_ticket(request, intent.idempotency_key, intent.external_ref)
+    result = work.perform(adapter, intent)
     intents.record_success(intent, result, f"worker:{worker}")
     return "created"
 
 
-def execute_intent(intent: Intent, request: TicketRequest, worker: str, adapter=None) -> str:
-    """One attempt: claim, call the destination, record what happened."""
+def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=None) -> str:
+    """One attempt: claim (checking the thread lease in the same transaction), call, record."""
     adapter = adapter or adapter_for(intent.destination)
     if adapter.transactional:
         with transaction.atomic():
-            return _attempt_in_transaction(adapter, intent, request, worker)
+            return _attempt_in_transaction(adapter, intent, work, worker, lease)
 
-    if not intents.claim(intent.pk, worker):
+    if not intents.claim(intent.pk, worker, lease):
         return "busy"
     InboxEvent.objects.filter(pk=intent.inbox_event_id, state__in=[State.RECEIVED, State.READY]).update(
         state=State.WRITE_PENDING, updated_at=timezone.now())
@@ -138,7 +172,7 @@ def execute_intent(intent: Intent, request: TicketRequest, worker: str, adapter=
         logger.warning("intent %s: claim lost before the call; no request sent", intent.pk)
         return "claim_lost"
     try:
-        result = adapter.create_ticket(request, intent.idempotency_key, intent.external_ref)
+        result = work.perform(adapter, intent)
     except (TransientError, PermanentError, AmbiguousOutcome) as exc:
         return intents.record_failure(intent, exc, worker) or "claim_lost"
     pause_point("after_destination_success")

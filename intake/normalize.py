@@ -1,0 +1,152 @@
+"""Normalize and validate one inbox event: the stage between intake and routing.
+
+Parse the stored MIME, apply the mailbox's policy (validation, loop and noise
+rules, sender rate limit, attachment types), scan attachments with clamd, and
+record the outcome: `ready` for routing, or `awaiting_review` / `suppressed` /
+`quarantined` with a reason. Nothing is ever deleted, and no exception leaves
+this stage: a message we cannot read goes to review with a reason.
+"""
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from . import scanning, validation
+from .mime import ParsedMessage, iter_attachment_payloads, parse_message
+from .models import InboxEvent
+from .services import record_audit, wait_event
+
+logger = logging.getLogger(__name__)
+
+State = InboxEvent.State
+SENDER_RATE_LIMITED = "sender_rate_limited"
+DEFAULT_SENDER_LIMIT = {"count": 20, "seconds": 600}
+
+
+@dataclass
+class Outcome:
+    """What normalization decided. `parsed` is there for routing when `state` is ready."""
+
+    state: str
+    reason_code: str = ""
+    parsed: ParsedMessage | None = None
+
+
+def policy_for(mailbox) -> validation.MailboxPolicy:
+    return validation.MailboxPolicy.from_settings(
+        {"loop_header": settings.MAILROOM_LOOP_HEADER, **(mailbox.settings or {})},
+        allowed_recipients=mailbox.allowed_recipients or ())
+
+
+def _sender_over_limit(event: InboxEvent, sender: str) -> validation.Finding | None:
+    if not sender:
+        return None
+    limit = {**DEFAULT_SENDER_LIMIT, **((event.mailbox.settings or {}).get("sender_rate_limit") or {})}
+    since = event.received_at - timedelta(seconds=int(limit["seconds"]))
+    earlier = InboxEvent.objects.filter(mailbox_id=event.mailbox_id, sender__iexact=sender,
+                                        received_at__gte=since, pk__lt=event.pk).count()
+    if earlier >= int(limit["count"]):
+        return validation.Finding(validation.SUPPRESSED, SENDER_RATE_LIMITED,
+                                  f"{earlier} earlier messages from this sender within {limit['seconds']} s")
+    return None
+
+
+def _scan(event: InboxEvent, parsed: ParsedMessage) -> list[validation.Finding] | None:
+    """Malware findings, [] when clean, None when the scanner could not answer (try again later)."""
+    if not parsed.attachments:
+        return []
+    client = scanning.scanner_from_setting(settings.MAILROOM_CLAMD, timeout=settings.MAILROOM_CLAMD_TIMEOUT)
+    if client is None:
+        logger.warning("event %s: %d attachments not scanned: MAILROOM_CLAMD=off", event.pk, len(parsed.attachments))
+        return []
+    found = []
+    try:
+        for attachment, payload in iter_attachment_payloads(parsed):
+            result = client.scan(payload)
+            if not result.clean:
+                found.append(validation.malware_finding(attachment.filename, result.signature or "unknown"))
+    except scanning.ScanLimitExceeded as exc:
+        return [validation.scanner_unavailable_finding(f"too large for the scanner: {exc}")]
+    except scanning.ScannerUnavailable as exc:
+        logger.warning("event %s: scanner unavailable (%s)", event.pk, type(exc).__name__)
+        return None
+    return found
+
+
+def _details(parsed: ParsedMessage, verdict: validation.Verdict, flags=()) -> dict:
+    return {
+        "attachments": [
+            {"filename": a.filename, "declared_type": a.declared_type, "sniffed_type": a.sniffed_type,
+             "size": a.size, "sha256": a.sha256, "inline": a.is_inline}
+            for a in parsed.attachments[:200]
+        ],
+        "attachment_count": len(parsed.attachments),
+        "defects": sorted(set(parsed.defects))[:50],
+        "findings": [{"state": f.state, "reason": f.reason_code, "detail": f.detail[:300]}
+                     for f in verdict.findings[:20]],
+        "flags": list(flags),
+    }
+
+
+def normalize(event: InboxEvent, actor: str) -> Outcome:
+    """Decide what `event` is. Idempotent: an event already past `received` is re-parsed, not re-judged."""
+    try:
+        parsed = parse_message(bytes(event.raw or b""), loop_header=settings.MAILROOM_LOOP_HEADER)
+    except Exception:  # parse_message promises not to raise; keep the promise here too
+        logger.exception("event %s: parser failed", event.pk)
+        parsed = None
+    if event.state != State.RECEIVED:
+        return Outcome(State.READY, parsed=parsed or ParsedMessage())
+    if parsed is None:
+        return _record(event, ParsedMessage(), validation.Verdict(State.AWAITING_REVIEW, "unparseable"), actor)
+
+    try:
+        policy = policy_for(event.mailbox)
+    except ValueError as exc:
+        verdict = validation.Verdict(State.AWAITING_REVIEW, "mailbox_misconfigured", str(exc)[:300])
+        return _record(event, parsed, verdict, actor)
+
+    extra = []
+    rate = _sender_over_limit(event, parsed.sender)
+    if rate:
+        extra.append(rate)
+    verdict = validation.validate(parsed, policy, extra=extra)
+    if verdict.state != State.QUARANTINED:
+        scan_findings = _scan(event, parsed)
+        if scan_findings is None:
+            attempts = int((event.details or {}).get("scan_attempts", 0)) + 1
+            if attempts < settings.MAILROOM_SCAN_ATTEMPTS:
+                InboxEvent.objects.filter(pk=event.pk).update(details={**(event.details or {}),
+                                                                       "scan_attempts": attempts})
+                wait_event(event.pk, settings.MAILROOM_SCAN_RETRY_SECONDS * attempts)
+                return Outcome("waiting", "scanner_unavailable")
+            scan_findings = [validation.scanner_unavailable_finding(f"scanner unreachable after {attempts} attempts")]
+        if scan_findings:
+            verdict = validation.validate(parsed, policy, extra=[*extra, *scan_findings])
+    return _record(event, parsed, verdict, actor, policy=policy)
+
+
+def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdict, actor: str,
+            policy: validation.MailboxPolicy | None = None) -> Outcome:
+    now = timezone.now()
+    to_state = State.READY if verdict.ok else verdict.state
+    auth = validation.authentication_results(parsed, policy.trusted_authserv_id) if policy else {}
+    with transaction.atomic():
+        moved = InboxEvent.objects.filter(pk=event.pk, state=State.RECEIVED).update(
+            state=to_state, reason_code=verdict.reason_code, reason_detail=verdict.detail[:2000],
+            message_id_header=parsed.message_id[:998], sender=parsed.sender[:320], subject=parsed.subject[:998],
+            thread_key=validation.thread_key(parsed), auth_results=auth,
+            details={**(event.details or {}), **_details(parsed, verdict)}, retry_at=None, updated_at=now,
+        )
+        if moved and not verdict.ok:
+            record_audit(event.pk, verdict.state, actor=actor, at=now,
+                         detail={"reason": verdict.reason_code, "findings": [f.reason_code for f in verdict.findings]})
+    if moved:
+        event.state, event.sender, event.subject = to_state, parsed.sender[:320], parsed.subject[:998]
+        event.thread_key, event.message_id_header = validation.thread_key(parsed), parsed.message_id[:998]
+        if not verdict.ok:
+            logger.info("event %s: %s/%s", event.pk, verdict.state, verdict.reason_code)
+    return Outcome(to_state if moved else event.state, verdict.reason_code, parsed)

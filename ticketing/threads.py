@@ -1,0 +1,76 @@
+"""Which ticket a message belongs to: a reply in a known thread becomes a comment on that ticket.
+
+A thread is `(mailbox, thread_key)`, the key being the root of References (or
+In-Reply-To, or the message's own Message-ID). A ticket token in the subject
+(`[#MR-12]`, added to every acknowledgment) also points at a ticket, but is
+trusted only from a participant of that ticket: anyone can type a token, and it
+must not attach their mail to a stranger's ticket.
+"""
+from dataclasses import dataclass, field
+
+from django.db.models import Q
+
+from intake.mime import ParsedMessage
+from intake.models import InboxEvent
+from intake.validation import subject_ticket_token
+
+from .models import Intent, TicketMapping
+
+TOKEN_PREFIX = "MR"
+UNTRUSTED_TOKEN = "untrusted_ticket_token"
+
+
+@dataclass
+class ThreadPlan:
+    target: TicketMapping | None = None     # the ticket to comment on; None: a new ticket
+    wait_for_earlier: bool = False          # an earlier message of this thread is still open
+    needs_lease: bool = False               # thread work: serialize it under the thread's lease
+    flags: list[str] = field(default_factory=list)
+
+
+def is_thread_work(parsed: ParsedMessage) -> bool:
+    return bool(parsed.in_reply_to or parsed.references or subject_ticket_token(parsed.subject, TOKEN_PREFIX))
+
+
+def participants(mapping: TicketMapping) -> set[str]:
+    """The requester and everyone whose mail was already added to that ticket."""
+    senders = InboxEvent.objects.filter(
+        Q(pk=mapping.inbox_event_id)
+        | Q(mappings__destination_id=mapping.destination_id, mappings__ticket_id=mapping.ticket_id,
+            mappings__action=Intent.Action.ADD_COMMENT)
+    ).values_list("sender", flat=True)
+    return {s.lower() for s in senders if s}
+
+
+def _earlier_in_thread(event: InboxEvent):
+    return InboxEvent.objects.filter(mailbox_id=event.mailbox_id, thread_key=event.thread_key).filter(
+        Q(received_at__lt=event.received_at) | Q(received_at=event.received_at, pk__lt=event.pk))
+
+
+def plan(event: InboxEvent, parsed: ParsedMessage) -> ThreadPlan:
+    if not is_thread_work(parsed):
+        return ThreadPlan()
+    result = ThreadPlan(needs_lease=True)
+    if parsed.in_reply_to or parsed.references:
+        earlier = _earlier_in_thread(event)
+        if earlier.filter(state__in=InboxEvent.OPEN_STATES).exists():
+            result.wait_for_earlier = True  # arrival order: the earlier one goes first
+            return result
+        result.target = (
+            TicketMapping.objects.select_related("destination")
+            .filter(inbox_event__in=earlier, action=Intent.Action.CREATE_TICKET)
+            .order_by("created_at", "pk").first()
+        )
+        if result.target is not None:
+            return result
+    token = subject_ticket_token(parsed.subject, TOKEN_PREFIX)
+    if token:
+        number = token.rsplit("-", 1)[1]
+        mapping = (TicketMapping.objects.select_related("destination")
+                   .filter(pk=int(number), action=Intent.Action.CREATE_TICKET, inbox_event__tenant_id=event.tenant_id)
+                   .first())
+        if mapping is not None and parsed.sender.lower() in participants(mapping):
+            result.target = mapping
+        elif mapping is not None:
+            result.flags.append(UNTRUSTED_TOKEN)
+    return result
