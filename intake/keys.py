@@ -47,3 +47,12 @@ def provider_message_id_for_raw(raw: bytes, claimed: str = "") -> str:
     if len(candidate) > _MAX_ID_LENGTH:
         return "sha256-id:" + hashlib.sha256(candidate.encode("utf-8", "surrogateescape")).hexdigest()
     return candidate
+
+
+def thread_key_for_raw(raw: bytes) -> str:
+    """The thread key `intake.validation.thread_key` gives the parsed message, from headers alone."""
+    from .mime import thread_ids
+    from .validation import thread_key_of
+
+    message_id, in_reply_to, references = thread_ids(raw)
+    return thread_key_of(message_id, in_reply_to, references, hashlib.sha256(raw).hexdigest())

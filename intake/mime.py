@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from email import quoprimime
 from email.generator import BytesGenerator
 from email.parser import BytesParser
-from email.policy import EmailPolicy
+from email.policy import EmailPolicy, compat32
 from email.utils import getaddresses
 from typing import Any, Iterator
 
@@ -73,6 +73,8 @@ MAX_DEPTH = 32
 MAX_PARTS = 2000
 MAX_BOUNDARY_LINES = 20_000  # lines starting with "--" beyond which only the headers are parsed
 MAX_HEADER_CHARS = 64 * 1024
+# Thread ids are read from at most this much of the header block at ingest.
+MAX_HEADER_BLOCK_FOR_IDS = 256 * 1024
 MAX_HEADER_INSTANCES = 50   # per header name: Authentication-Results, Received, ...
 MAX_REFERENCES = 200
 MAX_DEFECTS = 100
@@ -540,6 +542,37 @@ def _header_map(message) -> dict[str, list[str]]:
     return headers
 
 
+def _reference_ids(value: str | None) -> list[str]:
+    references = _unescape_surrogates((value or "")[:MAX_HEADER_CHARS])
+    ids = _ANGLE_ID.findall(references)
+    if not ids:
+        ids = [r.strip("<>") for r in references.translate(_HEADER_CONTROL).split() if r.strip("<>")]
+    return [i[:998] for i in ids[:MAX_REFERENCES]]
+
+
+def thread_ids(raw: bytes) -> tuple[str, str, list[str]]:
+    """(Message-ID, In-Reply-To, References) from the header block alone, cleaned exactly as
+    `parse_message` cleans them: cheap enough for intake to key the thread at ingest."""
+    end = -1
+    for separator in (b"\r\n\r\n", b"\n\n"):
+        end = raw.find(separator)
+        if end != -1:
+            break
+    block = raw if end == -1 else raw[:end + 2]
+    try:
+        message = BytesParser(policy=compat32).parsebytes(block[:MAX_HEADER_BLOCK_FOR_IDS], headersonly=True)
+        headers = _header_map(message)
+    except Exception:
+        return "", "", []
+
+    def first(name):
+        values = headers.get(name)
+        return values[0] if values else None
+
+    return (_clean_id(first("message-id") or ""), _clean_id(first("in-reply-to") or ""),
+            _reference_ids(first("references")))
+
+
 def _fill_headers(parsed: ParsedMessage, message, loop_header: str) -> None:
     headers = _header_map(message)
     defects = parsed.defects
@@ -565,11 +598,7 @@ def _fill_headers(parsed: ParsedMessage, message, loop_header: str) -> None:
     parsed.subject = decode_header_value(first("subject") or "")
     parsed.date = decode_header_value(first("date") or "", 200)
     parsed.in_reply_to = _clean_id(first("in-reply-to") or "")
-    references = _unescape_surrogates((first("references") or "")[:MAX_HEADER_CHARS])
-    ids = _ANGLE_ID.findall(references)
-    if not ids:
-        ids = [r.strip("<>") for r in references.translate(_HEADER_CONTROL).split() if r.strip("<>")]
-    parsed.references = [i[:998] for i in ids[:MAX_REFERENCES]]
+    parsed.references = _reference_ids(first("references"))
 
     return_path = first("return-path")
     if return_path is not None:

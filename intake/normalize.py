@@ -138,7 +138,7 @@ def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdic
         moved = InboxEvent.objects.filter(pk=event.pk, state=State.RECEIVED).update(
             state=to_state, reason_code=verdict.reason_code, reason_detail=verdict.detail[:2000],
             message_id_header=parsed.message_id[:998], sender=parsed.sender[:320], subject=parsed.subject[:998],
-            thread_key=validation.thread_key(parsed), auth_results=auth,
+            thread_key=event.thread_key or validation.thread_key(parsed), auth_results=auth,
             details={**(event.details or {}), **_details(parsed, verdict)}, retry_at=None, updated_at=now,
         )
         if moved and not verdict.ok:
@@ -146,7 +146,8 @@ def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdic
                          detail={"reason": verdict.reason_code, "findings": [f.reason_code for f in verdict.findings]})
     if moved:
         event.state, event.sender, event.subject = to_state, parsed.sender[:320], parsed.subject[:998]
-        event.thread_key, event.message_id_header = validation.thread_key(parsed), parsed.message_id[:998]
+        event.thread_key = event.thread_key or validation.thread_key(parsed)
+        event.message_id_header = parsed.message_id[:998]
         if not verdict.ok:
             logger.info("event %s: %s/%s", event.pk, verdict.state, verdict.reason_code)
     return Outcome(to_state if moved else event.state, verdict.reason_code, parsed)

@@ -9,7 +9,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from . import selectors
-from .keys import dedupe_key
+from .keys import dedupe_key, thread_key_for_raw
 from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ def enqueue_outbox(topic: str, payload: dict, now=None) -> OutboxMessage:
     return message
 
 
-def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str) -> IngestResult:
+def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str,
+           thread_key: str | None = None) -> IngestResult:
     """Persist a message once per (mailbox, provider message id), with its outbox row.
 
     Returns only after the commit, so a caller that acknowledges the provider
@@ -62,6 +63,8 @@ def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str) 
                 updated_at=now,
                 raw=raw,
                 size=len(raw),
+                # Keyed now, so a reply that is processed first can see its thread's earlier mail.
+                thread_key=thread_key if thread_key is not None else thread_key_for_raw(raw),
                 dispatch_count=1,
             )
             record_audit(event.pk, "received", actor=f"provider:{source}", detail={"size": len(raw)}, at=now)

@@ -488,9 +488,13 @@ def thread_key(parsed: ParsedMessage) -> str:
     Message-ID; a reply and the message it answers get the same key. Without any
     of them the message is a thread of its own: the key comes from the raw bytes.
     """
-    root = (parsed.references[0] if parsed.references else "") or parsed.in_reply_to or parsed.message_id
+    return thread_key_of(parsed.message_id, parsed.in_reply_to, parsed.references, parsed.raw_sha256)
+
+
+def thread_key_of(message_id: str, in_reply_to: str, references: list[str], raw_sha256: str) -> str:
+    root = (references[0] if references else "") or in_reply_to or message_id
     if not root:
-        root = "raw:" + (parsed.raw_sha256 or "")
+        root = "raw:" + (raw_sha256 or "")
     return hashlib.sha256(root.encode("utf-8", "surrogatepass")).hexdigest()
 
 
