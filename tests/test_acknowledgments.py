@@ -78,3 +78,27 @@ def test_mailbox_can_turn_acknowledgments_off(mailbox, smtp_server):
     event_id = post(make_message())
     assert process_inbox_event(event_id) == "created"
     assert not Intent.objects.filter(action="notify_requester").exists()
+
+
+def test_through_the_pipeline_only_completed_tickets_are_acknowledged_once(mailbox, smtp_server, settings):
+    from ticketing.tasks import send_acknowledgment
+
+    settings.MAILROOM_CLAMD = "off"
+    mailbox.allowed_recipients = ["support@acme.test"]
+    mailbox.save()
+    bodies = [
+        make_message(sender="a@example.com"),
+        make_message(sender="b@example.com"),
+        make_message(sender="c@example.com", extra_headers={"Auto-Submitted": "auto-replied"}),  # suppressed
+        make_message(sender="d@example.com", to="elsewhere@acme.test"),                          # review
+        make_message(sender="e@example.com", extra_headers={"Precedence": "bulk"}),              # suppressed
+    ]
+    ids = [post(body) for body in bodies]
+    for event_id in ids:
+        process_inbox_event(event_id)
+    for intent in Intent.objects.filter(action="notify_requester"):
+        send_acknowledgment(intent.pk)
+        send_acknowledgment(intent.pk)  # delivered twice
+    assert sorted(m["To"] for m in smtp_server.messages) == ["a@example.com", "b@example.com"]
+    states = sorted(InboxEvent.objects.values_list("state", flat=True))
+    assert states == ["awaiting_review", "completed", "completed", "suppressed", "suppressed"]
