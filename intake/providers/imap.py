@@ -1,0 +1,242 @@
+"""IMAP polling with `imapclient`, strictly read-only.
+
+The folder is opened with EXAMINE and messages are fetched with `BODY.PEEK[]`:
+nothing ever sets `\\Seen`, moves, expunges or deletes anything on the server.
+
+Settings (`Mailbox.settings`): `host`, `port` (993 with ssl, else 143), `ssl`
+(default true), `starttls` (default false), `username`, `folder` (default
+INBOX); optional `batch_size` (200), `max_batch_bytes` (64 MiB), `overlap` (20),
+`sync_days` (7), `timeout` (60 s). `credentials_ref` resolves to the password.
+
+The cursor (stored by the polling service only after the batch is committed):
+
+    {"uidvalidity": V, "last_uid": U, "seen": [UIDs ingested in (U - overlap, U]],
+     "sync_since": "YYYY-MM-DD", "sync_max_uid": M}     # the last two only while they matter
+
+* Each poll re-reads an overlap: it searches from `U - overlap + 1`, so a
+  message that became visible late under a UID at or below `U` is still found.
+  UIDs of the overlap already in `seen` are not fetched again; the others are
+  (and the dedupe key makes a message fetched twice free).
+* UIDs mean nothing across a UIDVALIDITY change (a folder deleted and recreated,
+  a server migration). When the server's UIDVALIDITY differs from the cursor's
+  (or there is no cursor yet), the poll resyncs: it takes the messages that
+  existed at that moment (UID <= M) only if their internal date is within the
+  last `sync_days` days, and every message that arrives afterwards. The
+  provider message id is the RFC 5322 Message-ID (sha256 of the bytes without
+  one), so messages already ingested under their old UIDs are duplicates.
+* Batches are bounded by `batch_size` messages and `max_batch_bytes` (but
+  always at least one message), using RFC822.SIZE before fetching bodies.
+"""
+import imaplib
+import logging
+import ssl as ssl_module
+from datetime import date, timedelta
+
+from imapclient import IMAPClient
+from imapclient import exceptions as imap_errors
+
+from intake.keys import provider_message_id_for_raw
+from intake.logging import mask_address
+from intake.secrets import SecretUnavailable, resolve_secret
+
+from .base import FetchedMessage, PermanentError, PollBatch, Provider, TransientError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 200
+DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
+DEFAULT_OVERLAP = 20
+DEFAULT_SYNC_DAYS = 7
+DEFAULT_TIMEOUT = 60.0
+
+# Login response codes (RFC 5530) that say "try later", not "wrong password".
+_TRANSIENT_LOGIN_CODES = (b"[UNAVAILABLE]", b"[INUSE]", b"[LIMIT]", b"[SERVERBUG]")
+_TRANSIENT_LOGIN_TEXT = tuple(code.decode() for code in _TRANSIENT_LOGIN_CODES)
+
+
+def _text(value) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+class ImapProvider(Provider):
+    name = "imap"
+    supports_webhook = False
+    supports_polling = True
+
+    def __init__(self, mailbox):
+        super().__init__(mailbox)
+        options = mailbox.settings or {}
+        self.host = options.get("host") or ""
+        self.use_ssl = bool(options.get("ssl", True))
+        self.starttls = bool(options.get("starttls", False))
+        self.port = int(options.get("port") or (993 if self.use_ssl else 143))
+        self.username = options.get("username") or mailbox.address
+        self.folder = options.get("folder") or "INBOX"
+        self.batch_size = max(1, int(options.get("batch_size") or DEFAULT_BATCH_SIZE))
+        self.max_batch_bytes = max(1, int(options.get("max_batch_bytes") or DEFAULT_MAX_BATCH_BYTES))
+        self.overlap = max(0, int(options.get("overlap", DEFAULT_OVERLAP)))
+        self.sync_days = max(0, int(options.get("sync_days", DEFAULT_SYNC_DAYS)))
+        self.timeout = float(options.get("timeout") or DEFAULT_TIMEOUT)
+        self._client: IMAPClient | None = None
+        self._folder_status: dict | None = None
+
+    # --- connection ---------------------------------------------------------------------------
+
+    def _connect(self) -> IMAPClient:
+        if self._client is not None:
+            return self._client
+        if not self.host:
+            raise PermanentError("settings", "no IMAP host configured")
+        try:
+            password = resolve_secret(self.mailbox.credentials_ref)
+        except SecretUnavailable as exc:
+            raise PermanentError("credentials", f"password reference: {exc}") from None
+        try:
+            client = IMAPClient(self.host, port=self.port, ssl=self.use_ssl, timeout=self.timeout,
+                                ssl_context=ssl_module.create_default_context() if self.use_ssl else None)
+        except (OSError, imaplib.IMAP4.error) as exc:  # refused, unreachable, TLS, timeout, greeting
+            raise TransientError("connection", f"{type(exc).__name__}: {exc}") from None
+        try:
+            if self.starttls:
+                try:
+                    client.starttls(ssl_module.create_default_context())
+                except imap_errors.CapabilityError:
+                    raise PermanentError("settings", "the server does not offer STARTTLS") from None
+            client.login(self.username, password)
+        except imap_errors.LoginError as exc:
+            self._drop(client)
+            text = _text(exc)
+            if any(code in text for code in _TRANSIENT_LOGIN_TEXT):
+                raise TransientError("login unavailable", mask_address(text)) from None
+            raise PermanentError("credentials", mask_address(text) or "login refused") from None
+        except PermanentError:
+            self._drop(client)
+            raise
+        except (OSError, imaplib.IMAP4.error) as exc:
+            self._drop(client)
+            raise TransientError("connection", f"{type(exc).__name__}: {mask_address(_text(exc))}") from None
+        self._client = client
+        return client
+
+    @staticmethod
+    def _drop(client: IMAPClient) -> None:
+        try:
+            client.shutdown()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        client, self._client, self._folder_status = self._client, None, None
+        if client is None:
+            return
+        try:
+            client.logout()
+        except Exception:
+            self._drop(client)
+
+    def _examine(self) -> dict:
+        """Open the folder read-only (EXAMINE) once per poll, and keep its status."""
+        if self._folder_status is None:
+            client = self._connect()
+            try:
+                self._folder_status = client.select_folder(self.folder, readonly=True)
+            except imap_errors.IMAPClientAbortError as exc:
+                raise TransientError("connection", _text(exc)) from None
+            except imap_errors.IMAPClientError as exc:
+                text = _text(exc)
+                if "[NONEXISTENT]" in text or "doesn't exist" in text.lower() or "not exist" in text.lower():
+                    raise PermanentError("folder", f"folder {self.folder!r} does not exist") from None
+                raise TransientError("examine", text) from None
+        return self._folder_status
+
+    # --- polling ------------------------------------------------------------------------------
+
+    def poll(self, cursor: dict) -> PollBatch:
+        try:
+            return self._poll(cursor)
+        except (TransientError, PermanentError):
+            self.close()
+            raise
+        except (imap_errors.IMAPClientAbortError, OSError) as exc:  # the connection broke mid-way
+            self.close()
+            raise TransientError("connection", f"{type(exc).__name__}: {_text(exc)}") from None
+        except imap_errors.IMAPClientError as exc:  # a NO/BAD answer to a command we sent
+            self.close()
+            raise TransientError("imap", mask_address(_text(exc))) from None
+
+    def _poll(self, cursor: dict) -> PollBatch:
+        client = self._connect()
+        status = self._examine()
+        uidvalidity = int(status[b"UIDVALIDITY"])
+        if cursor.get("uidvalidity") != uidvalidity:
+            # First poll, or the UIDs we knew are void: resync by date.
+            if cursor:
+                logger.warning("UIDVALIDITY of mailbox %s changed (%s -> %s): resync of the last %d days",
+                               self.mailbox.slug, cursor.get("uidvalidity"), uidvalidity, self.sync_days)
+            uidnext = int(status.get(b"UIDNEXT") or 0)
+            sync_max = uidnext - 1 if uidnext else max(client.search(["ALL"]) or [0])
+            cursor = {"uidvalidity": uidvalidity, "last_uid": 0, "seen": [],
+                      "sync_since": (date.today() - timedelta(days=self.sync_days)).isoformat(),
+                      "sync_max_uid": sync_max}
+        last_uid = int(cursor.get("last_uid") or 0)
+        seen = set(cursor.get("seen") or [])
+        low = max(1, last_uid - self.overlap + 1)
+        candidates = [uid for uid in self._search_from(client, low, cursor)
+                      if uid > last_uid or uid not in seen]
+        candidates.sort()
+
+        chosen = self._bounded(client, candidates[: self.batch_size])
+        messages = []
+        if chosen:
+            fetched = client.fetch(chosen, ["BODY.PEEK[]"])
+            for uid in chosen:
+                data = fetched.get(uid)
+                if data is None or b"BODY[]" not in data:
+                    # Expunged between SEARCH and FETCH: nothing to take, never anything to skip silently
+                    # that still exists (the next poll searches again).
+                    continue
+                raw = bytes(data[b"BODY[]"])
+                messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid}))
+            if len(messages) < len(chosen):
+                present = {m.metadata["uid"] for m in messages}
+                # A UID that vanished mid-batch was expunged: moving past it loses nothing.
+                logger.info("%d messages vanished between search and fetch", len(set(chosen) - present))
+
+        new_last = max([last_uid, *chosen])
+        new_seen = sorted(uid for uid in seen.union(chosen) if uid > new_last - self.overlap)
+        new_cursor = {"uidvalidity": uidvalidity, "last_uid": new_last, "seen": new_seen}
+        sync_max = int(cursor.get("sync_max_uid") or 0)
+        if "sync_since" in cursor and sync_max and new_last - self.overlap < sync_max:
+            # The overlap still reaches messages that predate the resync: keep filtering those by date.
+            new_cursor["sync_since"] = cursor["sync_since"]
+            new_cursor["sync_max_uid"] = cursor["sync_max_uid"]
+        more = len(candidates) > len(chosen)
+        return PollBatch(messages=messages, cursor=new_cursor, more=more)
+
+    def _search_from(self, client: IMAPClient, low: int, cursor: dict) -> list[int]:
+        """UIDs >= `low`; those up to `sync_max_uid` only when dated within the resync window."""
+        sync_since = cursor.get("sync_since")
+        sync_max = int(cursor.get("sync_max_uid") or 0)
+        # "n:*" always includes the highest UID, even one below n: keep only what was asked for.
+        if not sync_since or low > sync_max:
+            return [int(uid) for uid in client.search(["UID", f"{low}:*"]) if int(uid) >= low]
+        since = date.fromisoformat(sync_since)
+        older = [int(uid) for uid in client.search(["UID", f"{low}:{sync_max}", "SINCE", since])]
+        newer = [int(uid) for uid in client.search(["UID", f"{sync_max + 1}:*"]) if int(uid) > sync_max]
+        return [uid for uid in older if low <= uid <= sync_max] + newer
+
+    def _bounded(self, client: IMAPClient, uids: list[int]) -> list[int]:
+        """The longest prefix of `uids` within `max_batch_bytes` (at least one message)."""
+        if not uids:
+            return []
+        sizes = client.fetch(uids, ["RFC822.SIZE"])
+        chosen, total = [], 0
+        for uid in uids:
+            size = int((sizes.get(uid) or {}).get(b"RFC822.SIZE") or 0)
+            if chosen and total + size > self.max_batch_bytes:
+                break
+            chosen.append(uid)
+            total += size
+        return chosen

@@ -1,0 +1,261 @@
+"""OAuth access tokens and an authorized JSON client for the API providers (Gmail, Microsoft Graph).
+
+`Mailbox.credentials_ref` resolves to a JSON object (the secret never enters the
+database), for example
+
+    {"refresh_token": "...", "client_secret": "...", "client_id": "..."}   # refresh-token grant
+    {"client_secret": "...", "client_id": "..."}                           # client credentials (Graph, app-only)
+
+`client_id` may also come from `Mailbox.settings["client_id"]`. Access tokens are
+obtained from the token endpoint when missing or about to expire and kept in
+process memory only (never in the database, never in a log line). The cache key
+includes a hash of the credentials, so rotating the secret takes effect at once.
+
+`ApiClient` makes one HTTP call without automatic retries and maps every outcome
+to the failure kinds of `intake.failures`:
+  - connection refused / reset / timeout, 429, 5xx  -> TransientError (retry_after from Retry-After)
+  - 401 (after one refresh and retry), invalid_grant -> PermanentError("credentials")
+  - anything else                                    -> PermanentError(reason)
+All calls here are reads or idempotent, so a failure after sending is still transient.
+"""
+import email.utils
+import hashlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from urllib.parse import urlsplit
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from intake.failures import PermanentError, TransientError
+from intake.secrets import SecretUnavailable, resolve_secret
+
+log = logging.getLogger(__name__)
+
+# Refresh a little before the provider says the token expires: clocks drift, requests take time.
+EXPIRY_SKEW_SECONDS = 60
+DEFAULT_TIMEOUT = (3.05, 20.0)
+MAX_DETAIL_CHARS = 300
+
+_cache: dict[str, tuple[str, float]] = {}
+_cache_lock = threading.Lock()
+
+
+def clear_token_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+def load_credentials(ref: str) -> dict:
+    """The JSON credentials blob a `credentials_ref` points at; PermanentError("credentials") if unusable."""
+    try:
+        secret = resolve_secret(ref)
+    except SecretUnavailable as exc:
+        raise PermanentError("credentials", str(exc)) from None
+    try:
+        blob = json.loads(secret)
+    except ValueError:
+        raise PermanentError("credentials", "the credentials secret is not a JSON object") from None
+    if not isinstance(blob, dict):
+        raise PermanentError("credentials", "the credentials secret is not a JSON object")
+    return blob
+
+
+@dataclass
+class TokenSource:
+    """Access tokens for one set of credentials, refreshed when expired."""
+
+    token_url: str
+    credentials_ref: str
+    client_id: str = ""
+    scope: str = ""
+    refresh_scope: str = ""
+    timeout: tuple = DEFAULT_TIMEOUT
+    session: requests.Session | None = None
+
+    def _grant(self) -> tuple[str, dict]:
+        blob = load_credentials(self.credentials_ref)
+        client_id = str(blob.get("client_id") or self.client_id or "")
+        client_secret = blob.get("client_secret")
+        refresh_token = blob.get("refresh_token")
+        if refresh_token:
+            form = {"grant_type": "refresh_token", "refresh_token": str(refresh_token)}
+            if self.refresh_scope:
+                form["scope"] = self.refresh_scope
+        elif client_secret:
+            form = {"grant_type": "client_credentials"}
+            if self.scope:
+                form["scope"] = self.scope
+        else:
+            raise PermanentError("credentials", "credentials hold neither refresh_token nor client_secret")
+        if not client_id:
+            raise PermanentError("credentials", "no client_id in the credentials or the mailbox settings")
+        form["client_id"] = client_id
+        if client_secret:
+            form["client_secret"] = str(client_secret)
+        key = hashlib.sha256(json.dumps([self.token_url, form], sort_keys=True).encode()).hexdigest()
+        return key, form
+
+    def token(self) -> str:
+        key, form = self._grant()
+        with _cache_lock:
+            cached = _cache.get(key)
+        if cached and cached[1] - EXPIRY_SKEW_SECONDS > time.time():
+            return cached[0]
+        access_token, expires_at = self._refresh(form)
+        with _cache_lock:
+            _cache[key] = (access_token, expires_at)
+        return access_token
+
+    def invalidate(self) -> None:
+        """Forget the cached token (the API refused it): the next `token()` refreshes."""
+        try:
+            key, _ = self._grant()
+        except PermanentError:
+            return
+        with _cache_lock:
+            _cache.pop(key, None)
+
+    def _refresh(self, form: dict) -> tuple[str, float]:
+        session = self.session or requests
+        try:
+            response = session.post(self.token_url, data=form, timeout=self.timeout, allow_redirects=False,
+                                    headers={"Accept": "application/json"})
+        except requests.RequestException as exc:
+            raise network_error(exc, "token endpoint") from None
+        body = json_or_empty(response)
+        if response.status_code == 200 and body.get("access_token"):
+            try:
+                lifetime = float(body.get("expires_in") or 3600)
+            except (TypeError, ValueError):
+                lifetime = 3600.0
+            log.info("oauth: refreshed an access token at %s (valid %.0f s)", _origin(self.token_url), lifetime)
+            return str(body["access_token"]), time.time() + lifetime
+        error = str(body.get("error") or "")
+        if response.status_code == 429 or response.status_code >= 500:
+            raise TransientError("token_endpoint", f"HTTP {response.status_code}",
+                                 retry_after=parse_retry_after(response.headers.get("Retry-After")))
+        if response.status_code == 200:
+            raise TransientError("token_endpoint", "HTTP 200 without an access_token")
+        # 400 invalid_grant / invalid_client / unauthorized_client, 401: the credentials are refused.
+        detail = f"token endpoint HTTP {response.status_code} {error}".strip()
+        raise PermanentError("credentials", detail[:MAX_DETAIL_CHARS])
+
+
+class ApiClient:
+    """Bearer-authorized calls to one API, no automatic retries; errors mapped to the failure kinds."""
+
+    label = "api"
+
+    def __init__(self, api_base: str, tokens: TokenSource, *, timeout=DEFAULT_TIMEOUT, headers: dict | None = None):
+        self.api_base = api_base.rstrip("/")
+        self.origin = _origin(self.api_base)
+        self.tokens = tokens
+        self.timeout = timeout
+        self.session = requests.Session()
+        no_retries = HTTPAdapter(max_retries=0)
+        self.session.mount("http://", no_retries)
+        self.session.mount("https://", no_retries)
+        self.session.headers.update({"User-Agent": "mailroom/1", **(headers or {})})
+        tokens.session = tokens.session or self.session
+
+    def url(self, path_or_url: str) -> str:
+        if path_or_url.startswith(("http://", "https://")):
+            # The bearer token goes with every request: follow links only on the API's own origin.
+            if _origin(path_or_url) != self.origin:
+                raise PermanentError("configuration", f"{self.label}: refusing a link to another origin")
+            return path_or_url
+        return self.api_base + path_or_url
+
+    def get(self, path_or_url: str, *, params=None, headers=None, handle: tuple[int, ...] = ()) -> requests.Response:
+        return self.request("GET", path_or_url, params=params, headers=headers, handle=handle)
+
+    def request(self, method: str, path_or_url: str, *, params=None, json_body=None, headers=None,
+                handle: tuple[int, ...] = ()) -> requests.Response:
+        """Returns a 2xx response, or one whose status is in `handle`; otherwise raises a failure kind."""
+        url = self.url(path_or_url)
+        for attempt in (1, 2):
+            request_headers = {"Authorization": f"Bearer {self.tokens.token()}", **(headers or {})}
+            started = time.monotonic()
+            try:
+                response = self.session.request(method, url, params=params, json=json_body, headers=request_headers,
+                                                timeout=self.timeout, allow_redirects=False)
+            except requests.RequestException as exc:
+                raise network_error(exc, self.label) from None
+            log.debug("%s: %s %s -> %s in %.0f ms", self.label, method, urlsplit(url).path, response.status_code,
+                      (time.monotonic() - started) * 1000)
+            if response.status_code == 401 and attempt == 1:
+                # Revoked or expired early: refresh once; a second 401 means the credentials are refused.
+                self.tokens.invalidate()
+                continue
+            break
+        status = response.status_code
+        if 200 <= status < 300 or status in handle:
+            return response
+        raise self.http_error(response)
+
+    def http_error(self, response: requests.Response):
+        status = response.status_code
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        code = error_code(response)
+        if status == 429:
+            return TransientError("rate_limited", f"{self.label} HTTP 429 {code}".strip(), retry_after=retry_after)
+        if status >= 500:
+            return TransientError("server_error", f"{self.label} HTTP {status} {code}".strip(), retry_after=retry_after)
+        if status in (401, 403):
+            return PermanentError("credentials", f"{self.label} HTTP {status} {code}".strip())
+        if status == 404:
+            return PermanentError("not_found", f"{self.label} HTTP 404 {code}".strip())
+        return PermanentError("rejected", f"{self.label} HTTP {status} {code}".strip())
+
+
+def network_error(exc: requests.RequestException, label: str):
+    if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                        requests.exceptions.InvalidSchema)):
+        return PermanentError("configuration", f"{label}: bad URL ({type(exc).__name__})")
+    reason = "timeout" if isinstance(exc, requests.exceptions.Timeout) else "connection"
+    return TransientError(reason, f"{label}: {type(exc).__name__}")
+
+
+def json_or_empty(response: requests.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def error_code(response: requests.Response) -> str:
+    """The API's own error code (Google: error.status / errors[].reason; Graph: error.code), for details."""
+    error = json_or_empty(response).get("error")
+    if isinstance(error, dict):
+        reasons = [e.get("reason") for e in error.get("errors") or [] if isinstance(e, dict) and e.get("reason")]
+        return str((reasons[0] if reasons else None) or error.get("code") or error.get("status") or "")[:100]
+    return str(error or "")[:100]
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds from now: either a number of seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        at = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=timezone.utc)
+    return max(0.0, (at - datetime.now(timezone.utc)).total_seconds())
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
