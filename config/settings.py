@@ -111,7 +111,9 @@ MAILROOM_RELAY_BATCH = env.int("MAILROOM_RELAY_BATCH", default=500)
 MAILROOM_RELAY_GROUP = env.int("MAILROOM_RELAY_GROUP", default=50)
 MAILROOM_RELAY_SWEEP_SECONDS = env.float("MAILROOM_RELAY_SWEEP_SECONDS", default=2.0)
 MAILROOM_OUTBOX_RETENTION_DAYS = env.int("MAILROOM_OUTBOX_RETENTION_DAYS", default=7)
-MAILROOM_SWEEP_SECONDS = env.float("MAILROOM_SWEEP_SECONDS", default=60.0)
+MAILROOM_SWEEP_SECONDS = env.float("MAILROOM_SWEEP_SECONDS", default=10.0)
+# How many items one bulk replay in the recovery queue may touch.
+MAILROOM_BULK_REPLAY_CAP = env.int("MAILROOM_BULK_REPLAY_CAP", default=20)
 # While paused, an event is looked at again this often (a resume enqueues it at once).
 MAILROOM_PAUSE_RECHECK_SECONDS = env.int("MAILROOM_PAUSE_RECHECK_SECONDS", default=300)
 

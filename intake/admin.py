@@ -1,4 +1,5 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.http import Http404
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -19,22 +20,106 @@ class ReadOnlyAdminMixin:
         return False
 
 
+class TenantScopedAdminMixin:
+    """A user sees only the tenants they are a member of (a superuser sees all): in lists, filters,
+    search, form choices and by URL (another tenant's object is a 404, not a redirect).
+
+    `tenant_path` is the lookup from the model to its Tenant ("pk" for Tenant itself).
+    """
+
+    tenant_path = "tenant"
+
+    @staticmethod
+    def member_tenant_ids(user):
+        return Tenant.objects.filter(members=user).values("pk")
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        if request.user.is_superuser:
+            return queryset
+        return queryset.filter(**{f"{self.tenant_path}__in": self.member_tenant_ids(request.user)})
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        model = db_field.related_model
+        if not request.user.is_superuser:
+            tenants = self.member_tenant_ids(request.user)
+            if model is Tenant:
+                kwargs["queryset"] = Tenant.objects.filter(pk__in=tenants)
+            elif any(f.name == "tenant" for f in model._meta.fields):
+                kwargs["queryset"] = model._default_manager.filter(tenant__in=tenants)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def _get_obj_does_not_exist_redirect(self, request, opts, object_id):
+        raise Http404(f"no {opts.verbose_name} {object_id}")
+
+
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
+    tenant_path = "pk"
     list_display = ("slug", "name")
     search_fields = ("slug", "name")
     filter_horizontal = ("members",)
 
 
 @admin.register(Mailbox)
-class MailboxAdmin(admin.ModelAdmin):
-    list_display = ("slug", "tenant", "address", "provider", "poll_enabled", "paused")
-    list_filter = ("provider", "poll_enabled", "paused", "tenant")
+class MailboxAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
+    list_display = ("slug", "tenant", "address", "provider", "poll_enabled", "paused", "health_status",
+                    "last_polled_at")
+    list_filter = ("provider", "poll_enabled", "paused", "health", ("tenant", admin.RelatedOnlyFieldListFilter))
     search_fields = ("slug", "address")
+    readonly_fields = ("health_status", "health_detail", "last_polled_at", "poll_backoff_until")
+    exclude = ("health",)
+    actions = ("poll_now", "reset_health")
+
+    _HEALTH_COLOURS = {"ok": "#1a7f37", "backoff": "#9a6700", "credentials_invalid": "#cf222e"}
+
+    @admin.display(description="health", ordering="health")
+    def health_status(self, obj):
+        label = obj.get_health_display()
+        if obj.health == Mailbox.Health.BACKOFF and obj.poll_backoff_until:
+            label = f"{label} until {obj.poll_backoff_until:%Y-%m-%d %H:%M:%S}"
+        if obj.health == Mailbox.Health.CREDENTIALS_INVALID:
+            label = f"{label}: polling stopped"
+        return format_html('<span style="color:{}" title="{}">{}</span>',
+                           self._HEALTH_COLOURS.get(obj.health, "inherit"), obj.health_detail, label)
+
+    @admin.action(description="Poll now (queued; runs even while backing off)")
+    def poll_now(self, request, queryset):
+        from . import polling, schedules
+
+        queued, refused = [], []
+        for mailbox in queryset:
+            if not schedules.provider_polls(mailbox.provider):
+                refused.append(f"{mailbox.slug} (provider {mailbox.provider} does not poll)")
+            elif mailbox.health == Mailbox.Health.CREDENTIALS_INVALID:
+                refused.append(f"{mailbox.slug} (credentials invalid: fix them, then reset health)")
+            else:
+                polling.request_poll(mailbox.pk, trigger=polling.MANUAL)
+                queued.append(mailbox.slug)
+        if queued:
+            self.message_user(request, f"Poll queued for {', '.join(queued)}.", messages.SUCCESS)
+        if refused:
+            self.message_user(request, f"Not polled: {'; '.join(refused)}.", messages.WARNING)
+
+    @admin.action(description="Reset health (poll again after fixing credentials or settings)")
+    def reset_health(self, request, queryset):
+        from . import polling
+
+        count = polling.reset_health(queryset.values_list("pk", flat=True))
+        self.message_user(request, f"Health reset for {count} mailbox(es).", messages.SUCCESS)
+
+    def save_model(self, request, obj, form, change):
+        # New credentials or settings deserve a new attempt: a refused login is not held against them.
+        if change and obj.health == Mailbox.Health.CREDENTIALS_INVALID:
+            stored = Mailbox.objects.filter(pk=obj.pk).values("credentials_ref", "settings").first() or {}
+            if (stored.get("credentials_ref"), stored.get("settings")) != (obj.credentials_ref, obj.settings):
+                obj.health, obj.health_detail, obj.poll_backoff_until = Mailbox.Health.OK, "", None
+        super().save_model(request, obj, form, change)
 
 
 @admin.register(PollCursor)
-class PollCursorAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class PollCursorAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "mailbox__tenant"
     list_display = ("mailbox", "value", "updated_at")
 
 
@@ -51,9 +136,10 @@ class AuditEventInline(admin.TabularInline):
 
 
 @admin.register(InboxEvent)
-class InboxEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class InboxEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("id", "state", "mailbox", "masked_sender", "subject", "received_at", "ticket_link", "reason_code")
-    list_filter = ("state", "reason_code", "source", "mailbox", "tenant")
+    list_filter = ("state", "reason_code", "source", ("mailbox", admin.RelatedOnlyFieldListFilter),
+                   ("tenant", admin.RelatedOnlyFieldListFilter))
     search_fields = ("=id", "provider_message_id", "message_id_header", "subject", "sender")
     date_hierarchy = "received_at"
     ordering = ("-received_at",)
@@ -82,9 +168,17 @@ class OutboxMessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("id", "topic", "payload", "created_at", "published_at", "attempts")
     list_filter = ("topic", ("published_at", admin.EmptyFieldListFilter))
 
+    # Outbox rows belong to no tenant: only superusers see them.
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_module_permission(self, request):
+        return request.user.is_superuser
+
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class AuditEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "inbox_event__tenant"
     list_display = ("at", "inbox_event", "kind", "actor")
     list_filter = ("kind",)
     search_fields = ("=inbox_event__id", "actor", "kind")

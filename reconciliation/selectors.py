@@ -1,15 +1,181 @@
 """Reads for operators: the recovery queue and what it shows."""
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
-from intake.models import InboxEvent
-from ticketing.models import Intent
+from intake.models import AuditEvent, InboxEvent, Mailbox, Switch, Tenant
+from ticketing.models import Destination, Intent, TicketMapping
+
+# The intents that carry an event's ticket work (an acknowledgment is its own business).
+WORK_ACTIONS = (Intent.Action.CREATE_TICKET, Intent.Action.ADD_COMMENT)
+
+# Audit kinds that mark an attempt at the destination (its outcome).
+ATTEMPT_KINDS = ("intent_retry_wait", "intent_failed", "intent_unknown", "ticket_created")
+
+# What a reason code means, for the person reading the queue.
+REASON_TEXT = {
+    # destination outcomes (ticketing)
+    "credentials": "The destination refused our credentials (HTTP 401/403). Fix the destination, then replay.",
+    "invalid_fields": "The destination rejected the ticket's fields (HTTP 400/422). Correct the route, then replay.",
+    "retries_exhausted": "Temporary failures (rate limits, 5xx, refused connections) went on past the retry cap.",
+    "configuration": "The destination is misconfigured (for example its base URL).",
+    "not_found": "The destination answered 'not found'.",
+    "rejected": "The destination rejected the request.",
+    "claim_expired": "A worker stopped answering during an attempt: whether the ticket exists is unknown.",
+    "timeout": "The destination did not answer in time after the request was sent: the outcome is unknown.",
+    "connection_lost": "The connection dropped after the request was sent: the outcome is unknown.",
+    "server_error": "The destination failed after the request was sent: the outcome is unknown.",
+    "unreadable_response": "The destination's answer could not be read: the outcome is unknown.",
+    "idempotent_request_error": "Our idempotency key was used with another body: a lookup must decide.",
+    "outcome_unknown": "The destination offers neither idempotency nor a lookup: investigate before replaying.",
+    "no_destination": "No destination: the tenant has no default and no rule matched.",
+    "poison": "Handed to workers again and again without progress (poison message).",
+    # validation (intake)
+    "malware": "An attachment matched a malware signature.",
+    "attachment_type": "An attachment's type or extension is not allowed.",
+    "too_large": "The message is larger than the mailbox allows.",
+    "too_many_attachments": "The message has more attachments than the mailbox allows.",
+    "too_complex": "The message is nested too deeply or has too many parts to analyse.",
+    "missing_sender": "The message has no usable sender address.",
+    "recipient_not_allowed": "The message was not addressed to an allowed recipient of this mailbox.",
+    "empty": "The message has neither text nor attachments.",
+    "scanner_unavailable": "The malware scanner could not be reached.",
+    # operator decisions
+    "not_a_request": "Closed by a reviewer as not-a-request.",
+    # not a reason code: an acknowledgment held on a completed event
+    "acknowledgment_held": "The ticket exists, but whether the acknowledgment email went out is unknown.",
+}
 
 
-def recovery_queue() -> QuerySet:
-    """Every event that needs a person: a recovery state, or an intent held for investigation. Oldest first."""
-    held = Intent.objects.filter(inbox_event=OuterRef("pk"), state=Intent.State.HELD)
+def reason_text(code: str) -> str:
+    return REASON_TEXT.get(code or "", "")
+
+
+def visible_tenants(user) -> QuerySet:
+    """The tenants a user may see: the ones they are a member of (a superuser sees every tenant)."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return Tenant.objects.none()
+    if user.is_superuser:
+        return Tenant.objects.all()
+    return Tenant.objects.filter(members=user)
+
+
+def visible_events(user, model=InboxEvent) -> QuerySet:
+    """Every event of the user's tenants (detail pages show events that have left the queue too)."""
+    return model._default_manager.filter(tenant__in=visible_tenants(user).values("pk"))
+
+
+def held_intents() -> QuerySet:
+    """Held intents that are the current version of their action (a replay as a new action supersedes one)."""
+    newer = Intent.objects.filter(inbox_event=OuterRef("inbox_event"), action=OuterRef("action"),
+                                  action_version__gt=OuterRef("action_version"))
+    return Intent.objects.filter(state=Intent.State.HELD).exclude(Exists(newer))
+
+
+def recovery_queue(model=InboxEvent) -> QuerySet:
+    """Every event that needs a person: a recovery state, or an intent held for investigation. Oldest first.
+
+    A held intent counts while it is the current version of its action and its
+    event was not closed (suppressed). Written as a UNION of two indexed reads
+    (events by state, intents by state), not an OR, so it stays fast on a big inbox.
+    """
+    in_recovery = InboxEvent.objects.filter(state__in=InboxEvent.RECOVERY_STATES).values("pk")
+    held = held_intents().exclude(inbox_event__state=InboxEvent.State.SUPPRESSED).values("inbox_event_id")
     return (
-        InboxEvent.objects.filter(Q(state__in=InboxEvent.RECOVERY_STATES) | Q(Exists(held)))
+        model._default_manager.filter(pk__in=in_recovery.union(held))
         .select_related("mailbox", "owner")
         .order_by("received_at", "pk")
     )
+
+
+def recovery_queue_for(user, model=InboxEvent) -> QuerySet:
+    return recovery_queue(model).filter(tenant__in=visible_tenants(user).values("pk"))
+
+
+def with_queue_columns(queryset: QuerySet) -> QuerySet:
+    """The queue's computed columns as subqueries: one query for the whole page, whatever its length."""
+    current = Intent.objects.filter(inbox_event=OuterRef("pk"), action__in=WORK_ACTIONS).order_by(
+        "-action_version", "-pk")
+    attempts = (Intent.objects.filter(inbox_event=OuterRef("pk"), action__in=WORK_ACTIONS).order_by()
+                .values("inbox_event").annotate(total=Sum("attempts")).values("total"))
+    latest_attempt = (AuditEvent.objects.filter(inbox_event=OuterRef("pk"), kind__in=ATTEMPT_KINDS)
+                      .order_by("-at").values("at")[:1])
+    held = held_intents().filter(inbox_event=OuterRef("pk"))
+    return queryset.annotate(
+        attempt_count=Coalesce(Subquery(attempts, output_field=IntegerField()), 0),
+        latest_attempt_at=Subquery(latest_attempt),
+        intent_state=Subquery(current.values("state")[:1]),
+        intent_version=Subquery(current.values("action_version")[:1]),
+        destination_slug=Subquery(current.values("destination__slug")[:1]),
+        destination_kind=Subquery(current.values("destination__kind")[:1]),
+        external_ref=Subquery(current.values("external_ref")[:1]),
+        result_ref=Subquery(current.values("result_ref")[:1]),
+        has_held_intent=Exists(held),
+        held_action=Subquery(held.order_by("-action_version").values("action")[:1]),
+    )
+
+
+def queue_summary(user) -> dict:
+    """The head of the queue page: how many items are open and how old the oldest one is."""
+    totals = recovery_queue_for(user).order_by().aggregate(open=Count("pk"), oldest=Min("received_at"))
+    oldest = totals["oldest"]
+    return {"open": totals["open"], "oldest_received_at": oldest,
+            "oldest_age": (timezone.now() - oldest) if oldest else None}
+
+
+def search_queue(queryset: QuerySet, term: str) -> QuerySet:
+    """Sender, subject, Message-ID (header or provider id) or ticket id (mapping, result or external ref)."""
+    term = (term or "").strip()
+    if not term:
+        return queryset
+    bare = term.strip("<>")
+    ticket = Q(Exists(TicketMapping.objects.filter(inbox_event=OuterRef("pk"), ticket_id=bare))) | Q(Exists(
+        Intent.objects.filter(inbox_event=OuterRef("pk")).filter(Q(result_ref=bare) | Q(external_ref=bare))))
+    match = (Q(sender__icontains=term) | Q(subject__icontains=term) | Q(message_id_header__iexact=bare)
+             | Q(provider_message_id=bare) | ticket)
+    if term.isdigit():
+        match |= Q(pk=int(term))
+    return queryset.filter(match)
+
+
+def queue_reason_codes(user) -> list[str]:
+    return sorted(set(recovery_queue_for(user).order_by().values_list("reason_code", flat=True)) - {""})
+
+
+def visible_mailboxes(user) -> QuerySet:
+    return Mailbox.objects.filter(tenant__in=visible_tenants(user).values("pk")).select_related("tenant")
+
+
+def visible_destinations(user) -> QuerySet:
+    return Destination.objects.filter(tenant__in=visible_tenants(user).values("pk")).select_related("tenant")
+
+
+def pause_status(user) -> dict:
+    """What is paused, as far as this user may see: the global switch, their mailboxes and destinations."""
+    switch = Switch.objects.filter(name=Switch.GLOBAL_PAUSE).first()
+    return {
+        "global": bool(switch and switch.on),
+        "global_switch": switch,
+        "mailboxes": list(visible_mailboxes(user).filter(paused=True).order_by("slug")),
+        "destinations": list(visible_destinations(user).filter(paused=True).order_by("tenant__slug", "slug")),
+    }
+
+
+def waiting_counts(user) -> dict:
+    """Open events parked by a pause (their backlog), per visible mailbox id."""
+    rows = (visible_events(user).filter(state__in=InboxEvent.OPEN_STATES, retry_at__isnull=False)
+            .order_by().values("mailbox_id").annotate(n=Count("pk")))
+    return {row["mailbox_id"]: row["n"] for row in rows}
+
+
+def event_timeline(event_id: int) -> QuerySet:
+    return AuditEvent.objects.filter(inbox_event_id=event_id).order_by("at", "pk")
+
+
+def event_intents(event_id: int) -> QuerySet:
+    return Intent.objects.filter(inbox_event_id=event_id).select_related("destination").order_by(
+        "action", "action_version", "pk")
+
+
+def event_mappings(event_id: int) -> QuerySet:
+    return TicketMapping.objects.filter(inbox_event_id=event_id).select_related("destination").order_by("pk")

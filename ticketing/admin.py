@@ -1,42 +1,46 @@
 from django.contrib import admin
 
-from intake.admin import ReadOnlyAdminMixin
+from intake.admin import ReadOnlyAdminMixin, TenantScopedAdminMixin
 
 from .models import Destination, Intent, ThreadLease, Ticket, TicketMapping
 
 
 @admin.register(Destination)
-class DestinationAdmin(admin.ModelAdmin):
+class DestinationAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     list_display = ("slug", "tenant", "kind", "base_url", "is_default", "paused")
-    list_filter = ("kind", "is_default", "paused", "tenant")
+    list_filter = ("kind", "is_default", "paused", ("tenant", admin.RelatedOnlyFieldListFilter))
     search_fields = ("slug", "base_url")
 
 
 @admin.register(Intent)
-class IntentAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class IntentAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "inbox_event__tenant"
     list_display = ("id", "inbox_event", "action", "action_version", "destination", "state", "attempts",
                     "next_attempt_at", "last_error_kind", "result_ref", "created_at")
-    list_filter = ("state", "action", "last_error_kind", "destination")
+    list_filter = ("state", "action", "last_error_kind", ("destination", admin.RelatedOnlyFieldListFilter))
     search_fields = ("=inbox_event__id", "idempotency_key", "external_ref", "result_ref")
     ordering = ("-created_at",)
 
 
 @admin.register(TicketMapping)
-class TicketMappingAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class TicketMappingAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "inbox_event__tenant"
     list_display = ("inbox_event", "action", "destination", "ticket_id", "ticket_url", "created_at")
-    list_filter = ("action", "destination")
+    list_filter = ("action", ("destination", admin.RelatedOnlyFieldListFilter))
     search_fields = ("=inbox_event__id", "ticket_id")
 
 
 @admin.register(ThreadLease)
-class ThreadLeaseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ThreadLeaseAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "mailbox__tenant"
     list_display = ("mailbox", "thread_key", "owner", "token", "expires_at")
 
 
 @admin.register(Ticket)
-class TicketAdmin(admin.ModelAdmin):
+class TicketAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
+    tenant_path = "destination__tenant"
     list_display = ("__str__", "destination", "subject", "status", "created_at")
-    list_filter = ("status", "destination")
+    list_filter = ("status", ("destination", admin.RelatedOnlyFieldListFilter))
     search_fields = ("subject", "external_ref")
     readonly_fields = ("destination", "idempotency_key", "external_ref", "requester", "created_at")
 

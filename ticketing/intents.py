@@ -46,14 +46,24 @@ def intent_key(event: InboxEvent, action: str, action_version: int) -> str:
 
 def ensure_intent(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> Intent:
     """The intent for this event, action and version: created once, whoever asks first."""
+    key = create_if_missing(event, action, destination, action_version)
+    return Intent.objects.select_related("destination").get(idempotency_key=key)
+
+
+def create_if_missing(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> str:
+    """INSERT ... ON CONFLICT DO NOTHING: no savepoint, and the unique key decides who created it."""
     key = intent_key(event, action, action_version)
-    # INSERT ... ON CONFLICT DO NOTHING, then read: no savepoint, and the
-    # unique key decides who created it.
     Intent.objects.bulk_create([Intent(
         idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
         destination=destination, external_ref=f"mailroom-{key[:40]}", created_at=timezone.now(),
     )], ignore_conflicts=True)
-    return Intent.objects.select_related("destination").get(idempotency_key=key)
+    return key
+
+
+def current_intent(event_id: int, action: str) -> Intent | None:
+    """The version of an action a worker carries out: the highest (a reviewer may have added one)."""
+    return (Intent.objects.select_related("destination").filter(inbox_event_id=event_id, action=action)
+            .order_by("-action_version", "-pk").first())
 
 
 # --- claiming -------------------------------------------------------------

@@ -132,17 +132,24 @@ def _flag(event: InboxEvent, flags: list[str], worker: str) -> None:
 
 
 def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, lease=None) -> str:
-    if destination.paused:
-        return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, "paused")
     with transaction.atomic():
-        intent = intents.ensure_intent(event, work.action, destination)
+        intents.create_if_missing(event, work.action, destination)
+        # The highest version of the action is the one to carry out (a reviewer may have
+        # added one), and an existing intent keeps its own destination (a reviewer may have
+        # corrected it).
+        intent = intents.current_intent(event.pk, work.action)
         if intent.state == Intent.State.SUCCEEDED:
             return "done"
-        # An existing intent keeps its own destination (a reviewer may have corrected it).
-        adapter = adapter_for(intent.destination)
-        if adapter.transactional:
-            # The built-in store: claim, write and record commit together or not at all.
-            return _attempt_in_transaction(adapter, intent, work, worker, lease)
+        if intent.destination.paused:
+            paused = True
+        else:
+            paused = False
+            adapter = adapter_for(intent.destination)
+            if adapter.transactional:
+                # The built-in store: claim, write and record commit together or not at all.
+                return _attempt_in_transaction(adapter, intent, work, worker, lease)
+    if paused:
+        return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, "paused")
     return execute_intent(intent, work, worker, adapter, lease)
 
 

@@ -1,0 +1,220 @@
+"""The recovery queue in a real browser: Debian's Chromium, headless, driven by Playwright, against
+pytest-django's live server, with FakeDesk as the destination.
+
+An operator logs in, sees three seeded items oldest first, assigns one to
+themself, corrects its route to FakeDesk and replays it: exactly one ticket
+there (FakeDesk's own list), the item leaves the queue, the audit names the
+operator; replaying it again from a stale page makes no second ticket.
+'Confirm existing ticket' completes another item with zero calls to FakeDesk.
+The operator sees no body and cannot release the quarantined one.
+
+Screenshots go to $MAILROOM_SCREENSHOT_DIR or test-artifacts/screenshots/<time>/
+(git-ignored); the run prints the folder.
+"""
+import contextlib
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from intake.models import AuditEvent, InboxEvent, Mailbox, Tenant
+from intake.services import transition_event
+from tests.test_recovery_queue import (  # noqa: F401  (fixtures)
+    PASSWORD,
+    QUEUE_URL,
+    desk,
+    desk_calls,
+    intent_of,
+    make_user,
+    new_event,
+    seed_three,
+    tickets_for,
+    zendesk_destinations,
+)
+from ticketing.models import Destination
+from ticketing.services import process_inbox_event
+
+from playwright import sync_api  # noqa: E402  (the test extra installs it)
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.live
+
+
+def _install_chromium() -> str:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+    result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:  # a fresh machine may have no package lists yet
+        subprocess.run(["apt-get", "update"], env=env, capture_output=True, text=True, timeout=900)
+        result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
+    return (result.stdout + result.stderr)[-2000:]
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    """Debian's Chromium (Playwright's own download cannot work here); installed on first use."""
+    if not CHROMIUM.exists():
+        output = _install_chromium()
+        if not CHROMIUM.exists():
+            pytest.fail(f"apt-get could not install chromium:\n{output}")
+    return str(CHROMIUM)
+
+
+@pytest.fixture(scope="session")
+def screenshot_dir(request) -> Path:
+    folder = Path(os.environ.get("MAILROOM_SCREENSHOT_DIR")
+                  or REPO_ROOT / "test-artifacts" / "screenshots" / time.strftime("%Y%m%d-%H%M%S"))
+    folder.mkdir(parents=True, exist_ok=True)
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+
+    def say():
+        if reporter is None:
+            return
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            reporter.write_line("")
+            reporter.write_sep("-", f"recovery queue screenshots: {folder}")
+
+    say()
+    request.addfinalizer(say)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_path):
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are plain sync code.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        with sync_api.sync_playwright() as playwright:
+            launched = playwright.chromium.launch(executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS)
+            try:
+                yield launched
+            finally:
+                launched.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1920, "height": 1080})
+    context.set_default_timeout(15_000)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def log_in(page, base_url, username, next_url=QUEUE_URL):
+    page.goto(f"{base_url}/admin/login/?next={next_url}")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{next_url}")
+
+
+def queue_rows(page) -> list[int]:
+    return [int(text.lstrip("#")) for text in page.locator("#result_list tbody th.field-item a").all_inner_texts()]
+
+
+def success_message(page) -> str:
+    return " ".join(page.locator("ul.messagelist li").all_inner_texts())
+
+
+def test_an_operator_works_the_queue_in_a_browser(live_server, page, screenshot_dir, tenant, mailbox, desk,
+                                                  desk_calls, monkeypatch):
+    good, bad = zendesk_destinations(tenant, desk.url, monkeypatch)
+    failed, quarantined, unknown = seed_three(mailbox, good, bad, desk)
+    # Another tenant's item: never shown, never counted.
+    globex = Tenant.objects.create(slug="globex")
+    Destination.objects.create(tenant=globex, slug="builtin", kind="builtin", is_default=True)
+    hidden = new_event(Mailbox.objects.create(tenant=globex, slug="globex-support", address="help@globex.test"),
+                       subject="Globex outage", to="help@globex.test")
+    transition_event(hidden, InboxEvent.OPEN_STATES, "failed", actor="system:test", kind="failed",
+                     reason_code="poison")
+    make_user("oper", groups=["operator"], tenants=[tenant])
+    base = live_server.url
+
+    # The queue: three items, oldest first, with the head of the page.
+    log_in(page, base, "oper")
+    assert queue_rows(page) == [failed, quarantined, unknown]
+    assert page.inner_text("#open-count") == "3"
+    assert re.fullmatch(r"3\s+hours", page.inner_text("#oldest-age"))
+    assert "Globex" not in page.content()
+    page.screenshot(path=screenshot_dir / "01-queue.png", full_page=True)
+
+    # The failed item: assign it to me, correct its route to FakeDesk and replay.
+    page.click(f"#result_list a:text-is('#{failed}')")
+    page.wait_for_url(f"**{QUEUE_URL}{failed}/change/")
+    assert "needs the message-body permission" in page.inner_text("#item-body")
+    assert page.locator("#view-body").count() == 0
+    page.click("#assign-me")
+    assert "Assigned to you." in success_message(page)
+    assert page.inner_text("#item-owner") == "oper"
+    stale = page.context.new_page()  # a second tab, opened before the replay: it will try again later
+    stale.goto(f"{base}{QUEUE_URL}{failed}/change/")
+    page.select_option("#form-correct select[name=destination]", label=str(good))
+    page.select_option("#form-correct select[name=priority]", "high")
+    page.click("#correct-replay")
+    assert "Route corrected to desk and replayed with the original idempotency key" in success_message(page)
+    page.screenshot(path=screenshot_dir / "02-detail-after-replay.png", full_page=True)
+
+    # A worker picks up the outbox row the replay wrote.
+    assert process_inbox_event(failed) == "created"
+    intent = intent_of(failed)
+    assert intent.destination == good and len(tickets_for(desk, intent)) == 1
+
+    # Replaying the same item again (the stale tab) is refused and makes no second ticket.
+    stale.click("#replay")
+    assert "Not done: the event is completed" in success_message(stale)
+    assert process_inbox_event(failed) == "done"
+    assert len(tickets_for(desk, intent)) == 1
+    stale.close()
+
+    page.goto(f"{base}{QUEUE_URL}{failed}/change/")
+    assert page.inner_text("#item-state") == "completed"
+    assert page.locator("#mappings a.ticket-link").inner_text() == f"#{intent.result_ref}"
+    timeline = page.inner_text("#timeline")
+    assert "assigned" in timeline and "replayed" in timeline and "user:oper" in timeline
+    page.screenshot(path=screenshot_dir / "03-detail-completed.png", full_page=True)
+    actors = dict(AuditEvent.objects.filter(inbox_event_id=failed, kind__in=["assigned", "replayed"])
+                  .values_list("kind", "actor"))
+    assert actors == {"assigned": "user:oper", "replayed": "user:oper"}
+
+    # The item left the queue.
+    page.goto(f"{base}{QUEUE_URL}")
+    assert queue_rows(page) == [quarantined, unknown]
+    assert page.inner_text("#open-count") == "2"
+
+    # 'Confirm existing ticket': the unknown item's ticket exists at FakeDesk; zero calls to link it.
+    [orphan] = [t for t in desk.tickets() if t["external_id"] == intent_of(unknown).external_ref]
+    page.goto(f"{base}{QUEUE_URL}{unknown}/change/")
+    calls = len(desk_calls)
+    page.fill("#form-confirm input[name=ticket_id]", str(orphan["id"]))
+    page.click("#confirm-ticket")
+    assert "confirmed" in success_message(page)
+    assert len(desk_calls) == calls
+    assert InboxEvent.objects.get(pk=unknown).state == "completed"
+    assert len(desk.tickets()) == 2  # the orphan and the replayed item's: nothing new
+
+    # The quarantined item: no body, no release (absent in the page, 403 by URL).
+    page.goto(f"{base}{QUEUE_URL}{quarantined}/change/")
+    assert page.locator("#form-release").count() == 0 and page.locator("#view-body").count() == 0
+    page.screenshot(path=screenshot_dir / "04-quarantined-as-operator.png", full_page=True)
+    assert page.goto(f"{base}{QUEUE_URL}{quarantined}/body/").status == 403
+    csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    release = page.request.post(f"{base}{QUEUE_URL}{quarantined}/act/release/", form={"note": "x"},
+                                headers={"X-CSRFToken": csrf, "Referer": f"{base}{QUEUE_URL}"})
+    assert release.status == 403
+    assert InboxEvent.objects.get(pk=quarantined).state == "quarantined"
+    assert page.goto(f"{base}{QUEUE_URL}{hidden}/change/").status == 404
+
+    page.goto(f"{base}{QUEUE_URL}")
+    assert queue_rows(page) == [quarantined]
+    page.screenshot(path=screenshot_dir / "05-queue-after.png", full_page=True)
+    assert sorted(p.name for p in screenshot_dir.iterdir()) >= ["01-queue.png", "02-detail-after-replay.png"]

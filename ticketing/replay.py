@@ -1,0 +1,389 @@
+"""Operator-driven writes on intents: what the recovery queue's actions need from ticketing.
+
+Each write is one transaction: conditional UPDATEs on the states it expects
+(zero rows: someone else moved it, nothing is written and `ReplayRefused`
+says why), the event's new state, the outbox row that hands the event to a
+worker, and an audit row naming the actor. Intents are updated before their
+event, the order the workers use.
+
+    replay_same_key          failed/held -> pending under the original idempotency key,
+                             optionally with a corrected destination; an event without an
+                             intent goes back to `ready` (routing takes `route_override`)
+    replay_as_new_action     a new action_version with its own key; the previous intent
+                             stays as evidence (an `unknown` one is held, so no sweep acts on it)
+    confirm_existing_ticket  failed/unknown/held -> succeeded with the ticket a reviewer found;
+                             no destination call
+    close_not_a_request      event -> suppressed with the reviewer's reason; its open intents held
+    settle_acknowledgment    a held/failed acknowledgment (notify_requester) of a completed event marked
+                             handled: no email
+    lookup_existing          a read: the destination's record for an intent's external_ref
+
+The "current" intent of an event is its ticket work (create_ticket or, in a
+thread, add_comment) at the highest action_version. A completed event whose
+acknowledgment is held or failed is replayed by reopening that acknowledgment.
+
+A quarantined event is never replayed or confirmed from here: it leaves
+quarantine only through a release (security's permission).
+"""
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from intake.models import InboxEvent
+from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit
+
+from . import intents
+from .destinations import adapter_for
+from .destinations.base import AmbiguousOutcome, PermanentError, TicketResult, TransientError
+from .models import Destination, Intent, Ticket
+
+logger = logging.getLogger(__name__)
+
+EventState = InboxEvent.State
+IntentState = Intent.State
+
+# Event states from which an operator may send an event on again (not quarantined: that is a release).
+REPLAYABLE_EVENT_STATES = (EventState.AWAITING_REVIEW, EventState.FAILED, EventState.UNKNOWN, EventState.SUPPRESSED)
+CLOSABLE_EVENT_STATES = InboxEvent.RECOVERY_STATES
+REPLAYABLE_INTENT_STATES = (IntentState.FAILED, IntentState.HELD)
+SUPERSEDABLE_INTENT_STATES = (IntentState.FAILED, IntentState.HELD, IntentState.UNKNOWN)
+CONFIRMABLE_INTENT_STATES = (IntentState.FAILED, IntentState.UNKNOWN, IntentState.HELD)
+ROUTE_KEYS = ("destination_id", "queue", "priority", "request_type")
+WORK_ACTIONS = (Intent.Action.CREATE_TICKET, Intent.Action.ADD_COMMENT)
+MAX_TICKET_ID_CHARS = 200
+
+
+class ReplayRefused(Exception):
+    """The action does not apply (any more): nothing was written."""
+
+
+# --- reads ---------------------------------------------------------------------
+
+def current_intent(event_id: int, actions=WORK_ACTIONS) -> Intent | None:
+    """The intent a worker should carry out for this event: its ticket work at the highest action_version."""
+    return (Intent.objects.select_related("destination")
+            .filter(inbox_event_id=event_id, action__in=list(actions)).order_by("-action_version", "-pk").first())
+
+
+def stuck_acknowledgment(event_id: int) -> Intent | None:
+    """A completed event's acknowledgment that a person must decide on (held or failed)."""
+    return (Intent.objects.filter(inbox_event_id=event_id, action=Intent.Action.NOTIFY_REQUESTER,
+                                  state__in=REPLAYABLE_INTENT_STATES).order_by("-action_version", "-pk").first())
+
+
+def override_destination(event: InboxEvent) -> Destination | None:
+    """The destination an operator chose for this event (`route_override`), if it is still the tenant's."""
+    destination_id = (event.route_override or {}).get("destination_id")
+    if not destination_id:
+        return None
+    return Destination.objects.filter(pk=destination_id, tenant_id=event.tenant_id).first()
+
+
+def ticket_fields(route_override: dict | None) -> dict:
+    """The destination fields a corrected route asks for (Zendesk names; other adapters may map them).
+
+    Deterministic, so every attempt under one key sends the same body.
+    """
+    route = route_override or {}
+    fields = {}
+    if route.get("priority"):
+        fields["priority"] = str(route["priority"])
+    if route.get("request_type"):
+        fields["type"] = str(route["request_type"])
+    queue = str(route.get("queue") or "")
+    if queue.isdigit():
+        fields["group_id"] = int(queue)
+    return fields
+
+
+def ticket_url_for(destination: Destination, ticket_id: str) -> str:
+    if destination.kind == Destination.Kind.ZENDESK and destination.base_url:
+        return f"{destination.base_url.rstrip('/')}/agent/tickets/{ticket_id}"
+    if destination.kind == Destination.Kind.BUILTIN:
+        return f"/admin/ticketing/ticket/{ticket_id}/change/"
+    return ""
+
+
+@dataclass(frozen=True)
+class Lookup:
+    status: str                 # "found", "not_found", "unsupported", "no_intent", "error"
+    ticket: TicketResult | None = None
+    detail: str = ""
+
+
+def lookup_existing(intent: Intent | None) -> Lookup:
+    """Ask the intent's destination for the record carrying its external_ref. A read: nothing is written."""
+    if intent is None:
+        return Lookup("no_intent", detail="never sent to a destination")
+    adapter = adapter_for(intent.destination)
+    if not adapter.consistent_lookup:
+        return Lookup("unsupported", detail=f"{intent.destination.slug} offers no consistent lookup")
+    try:
+        found = adapter.find_by_external_ref(intent.external_ref)
+    except NotImplementedError:
+        return Lookup("unsupported", detail=f"{intent.destination.slug} offers no lookup")
+    except (TransientError, PermanentError, AmbiguousOutcome) as exc:
+        return Lookup("error", detail=f"{exc.kind}:{exc.reason}")
+    if found is None:
+        return Lookup("not_found", detail=f"no record with external_id {intent.external_ref}")
+    return Lookup("found", ticket=found)
+
+
+# --- helpers -------------------------------------------------------------------
+
+def _event(event_id: int) -> InboxEvent:
+    event = InboxEvent.objects.filter(pk=event_id).only(
+        "pk", "tenant_id", "mailbox_id", "provider_message_id", "state", "route_override").first()
+    if event is None:
+        raise ReplayRefused("no such event")
+    return event
+
+
+def _not_replayable(state: str) -> str:
+    return f"the event is {state}; only {', '.join(REPLAYABLE_EVENT_STATES)} can be replayed"
+
+
+def _clean_route(route: dict | None, tenant_id: int) -> tuple[dict | None, Destination | None]:
+    if route is None:
+        return None, None
+    clean = {key: route[key] for key in ROUTE_KEYS if route.get(key) not in (None, "")}
+    destination = None
+    if clean.get("destination_id"):
+        destination = Destination.objects.filter(pk=clean["destination_id"], tenant_id=tenant_id).first()
+        if destination is None:
+            raise ReplayRefused("that destination does not belong to the event's tenant")
+        clean["destination_id"] = destination.pk
+    for key in ("queue", "priority", "request_type"):
+        if key in clean:
+            clean[key] = str(clean[key])[:100]
+    return clean, destination
+
+
+def _send_on(event: InboxEvent, to_state: str, now, route: dict | None) -> None:
+    """The event back on the worker path, announced by an outbox row, in the caller's transaction."""
+    extra = {"route_override": route} if route is not None else {}
+    moved = InboxEvent.objects.filter(pk=event.pk, state=event.state).update(
+        state=to_state, reason_code="", reason_detail="", retry_at=None, dispatch_count=1, updated_at=now, **extra)
+    if not moved:
+        raise ReplayRefused("the event changed meanwhile")
+    enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=now)
+
+
+# --- writes --------------------------------------------------------------------
+
+def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> str:
+    """Send the event's current action again under its original idempotency key.
+
+    `route` (destination_id, queue, priority, request_type) is stored as the
+    event's `route_override`; its destination becomes the intent's. Returns
+    "reopened" (an intent went failed/held -> pending) or "rerouted" (no
+    intent yet: the event went back to `ready`).
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        event = _event(event_id)
+        if event.state == EventState.COMPLETED and route is None and stuck_acknowledgment(event_id):
+            return _reopen_acknowledgment(event_id, actor, now)
+        if event.state not in REPLAYABLE_EVENT_STATES:
+            raise ReplayRefused(_not_replayable(event.state))
+        route, destination = _clean_route(route, event.tenant_id)
+        intent = current_intent(event_id)
+        if intent is not None and intent.action == Intent.Action.ADD_COMMENT and destination is not None \
+                and destination.pk != intent.destination_id:
+            raise ReplayRefused("a comment goes to its thread's ticket: its destination cannot be changed")
+        detail = {"event_state": event.state, "route": route}
+        if intent is None:
+            outcome, to_state = "rerouted", EventState.READY
+        else:
+            if intent.state not in REPLAYABLE_INTENT_STATES:
+                raise ReplayRefused(f"its intent is {intent.state}; only a failed or held intent is replayed "
+                                    "with its key")
+            changes = {"destination_id": destination.pk} if destination is not None else {}
+            moved = Intent.objects.filter(pk=intent.pk, state__in=REPLAYABLE_INTENT_STATES).update(
+                state=IntentState.PENDING, next_attempt_at=now, attempts=0, claimed_by="", claimed_until=None,
+                completed_at=None, **changes)
+            if not moved:
+                raise ReplayRefused("someone else moved its intent meanwhile")
+            outcome, to_state = "reopened", EventState.WRITE_PENDING
+            detail.update({
+                "intent": intent.pk, "action_version": intent.action_version, "intent_state": intent.state,
+                "previous_attempts": intent.attempts, "idempotency_key": intent.idempotency_key[:12],
+                "destination": destination.pk if destination is not None else intent.destination_id,
+                "previous_destination": intent.destination_id,
+            })
+        _send_on(event, to_state, now, route)
+        record_audit(event_id, "replayed", actor=actor, at=now, detail={"outcome": outcome, **detail})
+    return outcome
+
+
+def _reopen_acknowledgment(event_id: int, actor: str, now) -> str:
+    """A held or failed acknowledgment -> pending, same key (same Message-ID), handed to its task."""
+    ack = stuck_acknowledgment(event_id)
+    if ack is None or not Intent.objects.filter(pk=ack.pk, state__in=REPLAYABLE_INTENT_STATES).update(
+            state=IntentState.PENDING, next_attempt_at=now, attempts=0, claimed_by="", claimed_until=None,
+            completed_at=None):
+        raise ReplayRefused("someone else moved the acknowledgment meanwhile")
+    enqueue_outbox(intents.NOTIFY_TOPIC, {"intent_id": ack.pk}, now=now)
+    record_audit(event_id, "replayed", actor=actor, at=now, detail={
+        "outcome": "acknowledgment_reopened", "intent": ack.pk, "intent_state": ack.state,
+        "previous_attempts": ack.attempts, "idempotency_key": ack.idempotency_key[:12]})
+    return "acknowledgment_reopened"
+
+
+def settle_acknowledgment(event_id: int, *, actor: str, note: str = "") -> None:
+    """A completed event's held or failed acknowledgment: a person says it needs no (more) email."""
+    now = timezone.now()
+    with transaction.atomic():
+        ack = stuck_acknowledgment(event_id)
+        if ack is None:
+            raise ReplayRefused("no held or failed acknowledgment")
+        if not Intent.objects.filter(pk=ack.pk, state__in=REPLAYABLE_INTENT_STATES).update(
+                state=IntentState.SUCCEEDED, result_ref="handled-by-operator", completed_at=now, claimed_until=None,
+                next_attempt_at=None):
+            raise ReplayRefused("someone else moved the acknowledgment meanwhile")
+        record_audit(event_id, "acknowledgment_handled", actor=actor, at=now, detail={
+            "intent": ack.pk, "previous_state": ack.state, "note": note[:500]})
+
+
+def replay_as_new_action(event_id: int, *, actor: str, approved_by: str, route: dict | None = None,
+                         reason: str = "") -> Intent:
+    """A new action_version of the current action, with its own key and external reference.
+
+    For when the original write must not be answered from the destination's
+    idempotency store (a changed body, a key that is known to be burnt). The
+    previous intent keeps its state as evidence; an `unknown` one becomes
+    `held`, so reconciliation does not also act on it.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        event = _event(event_id)
+        if event.state not in REPLAYABLE_EVENT_STATES:
+            raise ReplayRefused(_not_replayable(event.state))
+        route, destination = _clean_route(route, event.tenant_id)
+        current = current_intent(event_id)
+        if current is None:
+            raise ReplayRefused("nothing was attempted yet: use a plain replay")
+        action = current.action
+        locked = list(Intent.objects.select_for_update().select_related("destination")
+                      .filter(inbox_event_id=event_id, action=action).order_by("-action_version"))
+        previous = locked[0]
+        # A fresh statement sees a version another approver committed while we waited for the lock.
+        if Intent.objects.filter(inbox_event_id=event_id, action=action,
+                                 action_version__gt=previous.action_version).exists():
+            raise ReplayRefused("another new action was approved meanwhile")
+        if previous.state not in SUPERSEDABLE_INTENT_STATES:
+            raise ReplayRefused(f"its intent is {previous.state}; only a failed, held or unknown intent can be "
+                                "superseded")
+        if previous.state == IntentState.UNKNOWN:
+            Intent.objects.filter(pk=previous.pk, state=IntentState.UNKNOWN).update(
+                state=IntentState.HELD, last_error_kind="superseded")
+        new_version = previous.action_version + 1
+        if action == Intent.Action.ADD_COMMENT and destination is not None \
+                and destination.pk != previous.destination_id:
+            raise ReplayRefused("a comment goes to its thread's ticket: its destination cannot be changed")
+        target = destination or previous.destination
+        event_row = InboxEvent.objects.get(pk=event_id)
+        new = intents.ensure_intent(event_row, action, target, action_version=new_version)
+        if new.state != IntentState.PENDING or new.attempts:
+            raise ReplayRefused("the new action already exists")
+        Intent.objects.filter(pk=new.pk).update(next_attempt_at=now)
+        _send_on(event, EventState.WRITE_PENDING, now, route)
+        record_audit(event_id, "replayed_as_new_action", actor=actor, at=now, detail={
+            "approved_by": approved_by, "reason": reason[:500], "route": route,
+            "previous_intent": previous.pk, "previous_version": previous.action_version,
+            "previous_state": previous.state, "previous_key": previous.idempotency_key[:12],
+            "intent": new.pk, "action_version": new_version, "idempotency_key": new.idempotency_key[:12],
+            "destination": target.pk,
+        })
+    new.refresh_from_db()
+    return new
+
+
+def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket_url: str = "",
+                            destination_id: int | None = None) -> Intent:
+    """Complete the event with a ticket the reviewer found: mapping + success, and no destination call."""
+    ticket_id = (ticket_id or "").strip()
+    if not ticket_id or len(ticket_id) > MAX_TICKET_ID_CHARS:
+        raise ReplayRefused("a ticket id is required")
+    now = timezone.now()
+    with transaction.atomic():
+        event = _event(event_id)
+        if event.state not in REPLAYABLE_EVENT_STATES:
+            raise ReplayRefused(f"the event is {event.state}; a ticket can be confirmed only for "
+                                f"{', '.join(REPLAYABLE_EVENT_STATES)}")
+        intent = current_intent(event_id)
+        if destination_id:
+            destination = Destination.objects.filter(pk=destination_id, tenant_id=event.tenant_id).first()
+            if destination is None:
+                raise ReplayRefused("that destination does not belong to the event's tenant")
+        elif intent is not None:
+            destination = intent.destination
+        else:
+            destination = (override_destination(event)
+                           or Destination.objects.filter(tenant_id=event.tenant_id, is_default=True).first())
+        if destination is None:
+            raise ReplayRefused("choose the destination that holds the ticket")
+        if destination.kind in (Destination.Kind.ZENDESK, Destination.Kind.BUILTIN) and not ticket_id.isdigit():
+            raise ReplayRefused(f"a {destination.kind} ticket id is a number")
+        if destination.kind == Destination.Kind.BUILTIN and not Ticket.objects.filter(
+                pk=int(ticket_id), destination=destination).exists():
+            raise ReplayRefused(f"{destination.slug} has no ticket {ticket_id}")
+        if intent is None:
+            # Never attempted: the intent is created held, then settled like any other.
+            event_row = InboxEvent.objects.get(pk=event_id)
+            key = intents.intent_key(event_row, Intent.Action.CREATE_TICKET, 1)
+            Intent.objects.bulk_create([Intent(
+                idempotency_key=key, inbox_event_id=event_id, action=Intent.Action.CREATE_TICKET, action_version=1,
+                destination=destination, state=IntentState.HELD, external_ref=f"mailroom-{key[:40]}",
+                created_at=now)], ignore_conflicts=True)
+            intent = Intent.objects.select_related("destination").get(idempotency_key=key)
+        if intent.state not in CONFIRMABLE_INTENT_STATES:
+            raise ReplayRefused(f"its intent is {intent.state}; only a failed, unknown or held intent can be "
+                                "confirmed")
+        if intent.destination_id != destination.pk:
+            if not Intent.objects.filter(pk=intent.pk, state__in=CONFIRMABLE_INTENT_STATES).update(
+                    destination_id=destination.pk):
+                raise ReplayRefused("someone else moved its intent meanwhile")
+            intent.destination_id, intent.destination = destination.pk, destination
+        result = TicketResult(ticket_id=ticket_id, url=(ticket_url or ticket_url_for(destination, ticket_id))[:500])
+        if not intents.record_success(intent, result, actor, from_states=CONFIRMABLE_INTENT_STATES):
+            raise ReplayRefused("someone else moved its intent meanwhile")
+        record_audit(event_id, "ticket_confirmed", actor=actor, at=now, detail={
+            "intent": intent.pk, "ticket_id": ticket_id, "destination": destination.pk,
+            "previous_event_state": event.state, "previous_intent_state": intent.state, "destination_calls": 0})
+    intent.refresh_from_db()
+    return intent
+
+
+def close_not_a_request(event_id: int, *, actor: str, reason: str) -> int:
+    """Close an event as not-a-request: `suppressed`, with the reason. Returns how many intents were held.
+
+    Its pending, retry_wait and unknown intents are held first, so no worker or
+    sweep writes for it afterwards; an intent in flight refuses the close.
+    """
+    reason = (reason or "").strip()
+    if not reason:
+        raise ReplayRefused("a reason is required")
+    now = timezone.now()
+    with transaction.atomic():
+        event = _event(event_id)
+        current = current_intent(event_id)
+        held_current = current is not None and current.state == IntentState.HELD
+        if event.state not in CLOSABLE_EVENT_STATES and not (
+                held_current and event.state not in (EventState.SUPPRESSED, EventState.COMPLETED)):
+            raise ReplayRefused(f"the event is {event.state}; only items of the recovery queue can be closed")
+        held = Intent.objects.filter(
+            inbox_event_id=event_id, state__in=[IntentState.PENDING, IntentState.RETRY_WAIT, IntentState.UNKNOWN],
+        ).update(state=IntentState.HELD, next_attempt_at=None)
+        if Intent.objects.filter(inbox_event_id=event_id, state=IntentState.IN_FLIGHT).exists():
+            raise ReplayRefused("a worker is writing for this event right now; try again in a moment")
+        moved = InboxEvent.objects.filter(pk=event_id, state=event.state).update(
+            state=EventState.SUPPRESSED, reason_code="not_a_request", reason_detail=reason[:2000], retry_at=None,
+            updated_at=now)
+        if not moved:
+            raise ReplayRefused("the event changed meanwhile")
+        record_audit(event_id, "closed_not_a_request", actor=actor, at=now, detail={
+            "reason": reason[:500], "previous_state": event.state, "intents_held": held})
+    return held
