@@ -111,6 +111,9 @@ MAILROOM_RELAY_BATCH = env.int("MAILROOM_RELAY_BATCH", default=500)
 MAILROOM_RELAY_GROUP = env.int("MAILROOM_RELAY_GROUP", default=50)
 MAILROOM_RELAY_SWEEP_SECONDS = env.float("MAILROOM_RELAY_SWEEP_SECONDS", default=2.0)
 MAILROOM_OUTBOX_RETENTION_DAYS = env.int("MAILROOM_OUTBOX_RETENTION_DAYS", default=7)
+# Polling backoff after a provider failure: doubles per failure in a row, up to the maximum.
+MAILROOM_POLL_BACKOFF_SECONDS = env.int("MAILROOM_POLL_BACKOFF_SECONDS", default=30)
+MAILROOM_POLL_BACKOFF_MAX_SECONDS = env.int("MAILROOM_POLL_BACKOFF_MAX_SECONDS", default=3600)
 MAILROOM_SWEEP_SECONDS = env.float("MAILROOM_SWEEP_SECONDS", default=10.0)
 # How many items one bulk replay in the recovery queue may touch.
 MAILROOM_BULK_REPLAY_CAP = env.int("MAILROOM_BULK_REPLAY_CAP", default=20)
@@ -176,6 +179,7 @@ CELERY_BEAT_SCHEDULE = {
     "relay-outbox": {"task": "intake.tasks.relay_outbox", "schedule": MAILROOM_RELAY_SWEEP_SECONDS * 5},
     "requeue-stale-events": {"task": "intake.tasks.requeue_stale_events", "schedule": MAILROOM_SWEEP_SECONDS},
     "purge-published-outbox": {"task": "intake.tasks.purge_published_outbox", "schedule": 3600.0},
+    "purge-webhook-nonces": {"task": "intake.tasks.purge_webhook_nonces", "schedule": 3600.0},
     "expire-intent-claims": {"task": "ticketing.tasks.expire_claims", "schedule": 15.0},
     "enqueue-due-intents": {"task": "ticketing.tasks.enqueue_due_intents", "schedule": 2.0},
     "resolve-unknown-intents": {"task": "ticketing.tasks.resolve_unknown_intents", "schedule": 30.0},

@@ -5,6 +5,7 @@ from django.utils.html import format_html
 
 from .logging import mask_address
 from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage, PollCursor, Tenant
+from .selectors import visible_tenants
 
 
 class ReadOnlyAdminMixin:
@@ -29,20 +30,16 @@ class TenantScopedAdminMixin:
 
     tenant_path = "tenant"
 
-    @staticmethod
-    def member_tenant_ids(user):
-        return Tenant.objects.filter(members=user).values("pk")
-
     def get_queryset(self, request):
         queryset = super().get_queryset(request)
         if request.user.is_superuser:
             return queryset
-        return queryset.filter(**{f"{self.tenant_path}__in": self.member_tenant_ids(request.user)})
+        return queryset.filter(**{f"{self.tenant_path}__in": visible_tenants(request.user).values("pk")})
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         model = db_field.related_model
         if not request.user.is_superuser:
-            tenants = self.member_tenant_ids(request.user)
+            tenants = visible_tenants(request.user).values("pk")
             if model is Tenant:
                 kwargs["queryset"] = Tenant.objects.filter(pk__in=tenants)
             elif any(f.name == "tenant" for f in model._meta.fields):

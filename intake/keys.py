@@ -43,7 +43,9 @@ def provider_message_id_for_raw(raw: bytes, claimed: str = "") -> str:
     """
     candidate = (claimed or "").strip() or message_id_from_raw(raw)
     if not candidate:
-        return "sha256:" + hashlib.sha256(raw).hexdigest()
+        # Line endings differ by channel (IMAP servers answer CRLF, webhooks often send
+        # LF): hash the message with one convention so both channels meet at one key.
+        return "sha256:" + hashlib.sha256(raw.replace(b"\r\n", b"\n")).hexdigest()
     if len(candidate) > _MAX_ID_LENGTH:
         return "sha256-id:" + hashlib.sha256(candidate.encode("utf-8", "surrogateescape")).hexdigest()
     return candidate

@@ -121,6 +121,7 @@ class InboxEvent(models.Model):
     route_override = models.JSONField(default=dict, blank=True)
 
     class Meta:
+        default_permissions = ("add", "change", "view")  # evidence: nobody deletes events
         permissions = [
             ("view_message_body", "Can view message bodies and attachments"),
             ("release_quarantine", "Can release quarantined messages"),
@@ -170,6 +171,7 @@ class AuditEvent(models.Model):
     at = models.DateTimeField()
 
     class Meta:
+        default_permissions = ("add", "view")  # append-only
         indexes = [models.Index(fields=["inbox_event", "at"], name="audit_event_by_event")]
 
     def __str__(self):

@@ -150,4 +150,10 @@ def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdic
         event.message_id_header = parsed.message_id[:998]
         if not verdict.ok:
             logger.info("event %s: %s/%s", event.pk, verdict.state, verdict.reason_code)
-    return Outcome(to_state if moved else event.state, verdict.reason_code, parsed)
+        return Outcome(to_state, verdict.reason_code, parsed)
+    # Another worker judged it first: go on from what it decided.
+    current = InboxEvent.objects.filter(pk=event.pk).values_list("state", flat=True).first()
+    if current in (State.READY, State.WRITE_PENDING):
+        event.state = current
+        return Outcome(State.READY, parsed=parsed)
+    return Outcome(current or event.state, verdict.reason_code, parsed)

@@ -1,5 +1,7 @@
 """Reads of the intake app."""
-from .models import Mailbox, Switch
+from django.db.models import QuerySet
+
+from .models import Mailbox, Switch, Tenant
 
 
 def mailbox_by_slug(slug: str) -> Mailbox | None:
@@ -10,3 +12,12 @@ def mailbox_by_slug(slug: str) -> Mailbox | None:
 
 def global_pause_on() -> bool:
     return Switch.objects.filter(name=Switch.GLOBAL_PAUSE, on=True).exists()
+
+
+def visible_tenants(user) -> QuerySet:
+    """The tenants a user may see: the ones they are a member of (a superuser sees every tenant)."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return Tenant.objects.none()
+    if user.is_superuser:
+        return Tenant.objects.all()
+    return Tenant.objects.filter(members=user)

@@ -166,3 +166,12 @@ def transition_event(event_id: int, from_states, to_state: str, *, actor: str, k
             record_audit(event_id, kind, actor=actor,
                          detail={"state": to_state, "reason": reason_code, **(detail or {})}, at=now)
     return bool(moved)
+
+
+def purge_webhook_nonces(older_than_seconds: int | None = None) -> int:
+    """One-time tokens outlive their use only as long as a replay could still be fresh."""
+    from .models import WebhookNonce
+
+    keep = older_than_seconds if older_than_seconds is not None else 2 * settings.MAILROOM_SIGNATURE_TOLERANCE_SECONDS
+    deleted, _ = WebhookNonce.objects.filter(seen_at__lt=timezone.now() - timedelta(seconds=keep)).delete()
+    return deleted

@@ -20,6 +20,11 @@ def purge_published_outbox() -> int:
 
 
 @shared_task
+def purge_webhook_nonces() -> int:
+    return services.purge_webhook_nonces()
+
+
+@shared_task
 def poll_mailbox(mailbox_id: int, trigger: str = "push") -> dict:
     """One poll of one mailbox (beat: trigger="schedule"; outbox `mailbox.poll`: "push"; admin: "manual")."""
     from . import polling

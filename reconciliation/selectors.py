@@ -4,6 +4,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent, Mailbox, Switch, Tenant
+from intake.selectors import visible_tenants
 from ticketing.models import Destination, Intent, TicketMapping
 
 # The intents that carry an event's ticket work (an acknowledgment is its own business).
@@ -49,15 +50,6 @@ REASON_TEXT = {
 
 def reason_text(code: str) -> str:
     return REASON_TEXT.get(code or "", "")
-
-
-def visible_tenants(user) -> QuerySet:
-    """The tenants a user may see: the ones they are a member of (a superuser sees every tenant)."""
-    if user is None or not user.is_authenticated or not user.is_active:
-        return Tenant.objects.none()
-    if user.is_superuser:
-        return Tenant.objects.all()
-    return Tenant.objects.filter(members=user)
 
 
 def visible_events(user, model=InboxEvent) -> QuerySet:

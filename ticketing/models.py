@@ -71,6 +71,7 @@ class Intent(models.Model):
     completed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        default_permissions = ("add", "change", "view")  # evidence: nobody deletes intents
         constraints = [
             models.UniqueConstraint(
                 fields=["inbox_event", "action", "action_version"], name="intent_one_per_event_action_version"
@@ -100,6 +101,7 @@ class TicketMapping(models.Model):
     created_at = models.DateTimeField()
 
     class Meta:
+        default_permissions = ("add", "change", "view")  # evidence: nobody deletes mappings
         constraints = [
             models.UniqueConstraint(fields=["inbox_event", "action"], name="ticket_mapping_one_per_event_action"),
         ]
