@@ -1,0 +1,334 @@
+"""Ingest benchmark: signed raw webhooks against the app served by gunicorn on PostgreSQL.
+
+Prints requests/s, p50/p99 latency and errors for 4 concurrent clients, checks that every 202
+answer left exactly one InboxEvent, and, in the same run, measures a raw psycopg 3 baseline:
+single-row INSERT + COMMIT into a table with a unique text index from the same number of
+concurrent connections. No Celery worker and no relay run here: outbox rows accumulate.
+
+    .venv/bin/python bench/ingest.py              # ~10 s timed, 4 clients (about 1 minute in all)
+    .venv/bin/python bench/ingest.py --quick      # smoke run
+    .venv/bin/python bench/ingest.py --web-workers 2,4,6   # try several gunicorn worker counts
+
+Needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust) and Redis on 6379; creates and drops
+the database `mailroom_bench_ingest`. See bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import uuid
+
+import psycopg
+
+import _common as c
+
+DB_NAME = "mailroom_bench_ingest"
+
+
+# --------------------------------------------------------------------------- raw psycopg baseline
+BASELINE_DDL = """
+CREATE TABLE bench_baseline (id bigserial PRIMARY KEY, k text NOT NULL, payload bytea, at timestamptz NOT NULL);
+CREATE UNIQUE INDEX bench_baseline_k ON bench_baseline (k);
+CREATE TABLE bench_event (id bigserial PRIMARY KEY, dedupe_key text NOT NULL UNIQUE, mailbox_id int NOT NULL,
+                          provider_message_id text NOT NULL, raw bytea, size int NOT NULL,
+                          received_at timestamptz NOT NULL, state text NOT NULL);
+CREATE UNIQUE INDEX bench_event_mailbox_pmid ON bench_event (mailbox_id, provider_message_id);
+CREATE TABLE bench_audit (id bigserial PRIMARY KEY, event_id bigint NOT NULL REFERENCES bench_event (id)
+                          DEFERRABLE INITIALLY DEFERRED, kind text NOT NULL, detail jsonb NOT NULL,
+                          at timestamptz NOT NULL);
+CREATE INDEX bench_audit_event ON bench_audit (event_id, at);
+CREATE TABLE bench_outbox (id bigserial PRIMARY KEY, topic text NOT NULL, payload jsonb NOT NULL,
+                           created_at timestamptz NOT NULL, published_at timestamptz);
+"""
+
+
+def _baseline_proc(dsn, kind, worker, deadline, start_evt, out_q, payload):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    latencies = []
+    # autocommit off: INSERT, then an explicit COMMIT ("cte": one autocommitted statement)
+    with psycopg.connect(dsn, autocommit=(kind == "cte")) as conn:
+        cur = conn.cursor()
+        start_evt.wait()
+        i = 0
+        tag = uuid.uuid4().hex[:8]
+        while True:
+            t0 = time.perf_counter()
+            if time.time() >= deadline:
+                break
+            key = f"{tag}-{worker}-{i}"
+            if kind == "row":
+                cur.execute("INSERT INTO bench_baseline (k, payload, at) VALUES (%s, %s, now())", (key, payload))
+            elif kind == "cte":  # the same three rows and NOTIFY as one statement, autocommitted
+                cur.execute("WITH ev AS (INSERT INTO bench_event (dedupe_key, mailbox_id, provider_message_id, raw, "
+                            "size, received_at, state) VALUES (%s, 1, %s, %s, %s, now(), 'received') "
+                            "ON CONFLICT DO NOTHING RETURNING id), "
+                            "au AS (INSERT INTO bench_audit (event_id, kind, detail, at) "
+                            "SELECT id, 'received', '{\"size\": 1}', now() FROM ev), "
+                            "ob AS (INSERT INTO bench_outbox (topic, payload, created_at) "
+                            "SELECT 'inbox_event.process', jsonb_build_object('inbox_event_id', id), now() FROM ev) "
+                            "SELECT id, pg_notify('bench_outbox', '') FROM ev", (key, key, payload, len(payload)))
+                cur.fetchone()
+            else:  # the shape of one ingest transaction: event + audit + outbox + NOTIFY
+                cur.execute("INSERT INTO bench_event (dedupe_key, mailbox_id, provider_message_id, raw, size, "
+                            "received_at, state) VALUES (%s, 1, %s, %s, %s, now(), 'received') RETURNING id",
+                            (key, key, payload, len(payload)))
+                event_id = cur.fetchone()[0]
+                cur.execute("INSERT INTO bench_audit (event_id, kind, detail, at) VALUES (%s, 'received', "
+                            "'{\"size\": 1}', now())", (event_id,))
+                cur.execute("INSERT INTO bench_outbox (topic, payload, created_at) VALUES "
+                            "('inbox_event.process', %s, now())", (f'{{"inbox_event_id": {event_id}}}',))
+                cur.execute("NOTIFY bench_outbox")
+            if kind != "cte":
+                conn.commit()
+            latencies.append(time.perf_counter() - t0)
+            i += 1
+    out_q.put(latencies)
+
+
+def run_baseline(kind: str, connections: int, duration: float, payload: bytes) -> dict:
+    ctx = multiprocessing.get_context("fork")
+    start_evt, out_q = ctx.Event(), ctx.Queue()
+    deadline = time.time() + 0.5 + duration
+    procs = [ctx.Process(target=_baseline_proc, args=(c.db_url(DB_NAME), kind, w, deadline, start_evt, out_q,
+                                                      payload), daemon=True) for w in range(connections)]
+    latencies: list[float] = []
+    try:
+        for p in procs:
+            p.start()
+        time.sleep(0.5)
+        t0 = time.time()
+        start_evt.set()
+        for _ in procs:
+            latencies.extend(out_q.get(timeout=duration + 60))
+        wall = time.time() - t0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(5)
+    latencies.sort()
+    return {"rows": len(latencies), "rate": len(latencies) / wall, "p50": c.percentile(latencies, 50),
+            "p99": c.percentile(latencies, 99)}
+
+
+def prepare_baseline_tables(preload: int, payload: bytes) -> None:
+    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+        conn.execute(BASELINE_DDL)
+        # Tables that already hold rows, as for the app's tables (then ANALYZE).
+        conn.execute("INSERT INTO bench_baseline (k, payload, at) SELECT 'pre-' || g, %s, now() "
+                     "FROM generate_series(1, %s) g", (payload[:64], preload))
+        conn.execute("INSERT INTO bench_event (dedupe_key, mailbox_id, provider_message_id, raw, size, received_at, "
+                     "state) SELECT 'pre-' || g, 1, 'pre-' || g, %s, 64, now(), 'completed' "
+                     "FROM generate_series(1, %s) g", (payload[:64], preload))
+        conn.execute("INSERT INTO bench_audit (event_id, kind, detail, at) SELECT id, 'received', '{}', now() "
+                     "FROM bench_event")
+        conn.execute("INSERT INTO bench_outbox (topic, payload, created_at, published_at) "
+                     "SELECT 'inbox_event.process', '{}', now(), now() FROM generate_series(1, %s)", (preload,))
+        conn.execute("VACUUM ANALYZE")
+
+
+# --------------------------------------------------------------------------- the app
+def count_events(tag: str) -> tuple[int, int]:
+    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+        events = conn.execute("SELECT count(*) FROM intake_inboxevent WHERE provider_message_id LIKE %s",
+                              (f"{tag}.%",)).fetchone()[0]
+        unpublished = conn.execute("SELECT count(*) FROM intake_outboxmessage WHERE published_at IS NULL").fetchone()[0]
+    return events, unpublished
+
+
+def timed_phase(args, wrk: str | None, port: int, stack: c.Stack, web_workers: int, tmp) -> dict:
+    tag = "m" + uuid.uuid4().hex[:10]
+    if args.requests:
+        count = args.requests
+        duration = None
+    else:
+        duration = args.duration
+        # Enough unique messages for `max_rate` requests/s; a client that runs out stops and says so.
+        count = int(args.duration * args.max_rate)
+    t0 = time.monotonic()
+    messages = c.make_messages(tag, count, args.body_bytes)
+    c.log(f"precomputed {count} unique signed messages of {len(messages[0][0])} bytes "
+          f"({time.monotonic() - t0:.1f} s, not timed)")
+    groups = {"gunicorn": stack.procs[0][1].pid}
+    box: dict = {}
+
+    def on_start(proc):
+        groups["client(wrk)"] = proc.pid
+        box["cpu0"] = c.cpu_by_group(groups, DB_NAME)
+
+    def on_end(proc):
+        box["cpu1"] = c.cpu_by_group(groups, DB_NAME)
+
+    what = f"{args.clients} clients, " + (f"{count} requests" if args.requests else f"{duration:g} s")
+    box["quiet"] = c.wait_for_quiet(args.quiet_wait)
+    profiler = c.Profiler(tmp / f"profile-{web_workers}") if args.profile else None
+    if profiler:
+        profiler.outdir.mkdir(exist_ok=True)
+        profiler.start("gunicorn", groups["gunicorn"], subprocesses=True)
+        time.sleep(1)
+    if wrk:
+        c.log(f"timed phase: wrk, {what}, gunicorn {web_workers} sync workers")
+        result = c.post_with_wrk(wrk, port, messages, args.clients, duration, tmp / f"wrk-{tag}",
+                                 on_start=on_start, on_end=on_end)
+        if args.requests:
+            result["exhausted_threads"] = 0  # expected: every client sends its share, then stops
+    else:
+        c.log(f"timed phase: Python http.client processes, {what}, gunicorn {web_workers} sync workers")
+        groups["client(python)"] = os.getpgid(0)  # this script's group: the client processes are forked from it
+        box["cpu0"] = c.cpu_by_group(groups, DB_NAME)
+        result = c.post_with_python_clients(port, messages, args.clients, duration)
+        box["cpu1"] = c.cpu_by_group(groups, DB_NAME)
+        result["errors"] = sum(v for k, v in result["statuses"].items() if k not in (200, 202))
+        result["exhausted_threads"] = 0
+    cpu = c.cpu_delta(box["cpu0"], box["cpu1"])
+    if profiler:
+        profiler.stop()
+        result["profile"] = profiler.report()
+    result["busy_before"] = box["quiet"]
+    events, unpublished = count_events(tag)
+    result.update(tag=tag, events=events, unpublished=unpublished, cpu=cpu, web_workers=web_workers,
+                  client="wrk" if wrk else "python", count=count)
+    return result
+
+
+def print_result(r: dict) -> None:
+    accepted = r["statuses"].get(202, 0)
+    rate = r["requests"] / r["wall"]
+    print(f"  gunicorn sync workers : {r['web_workers']}")
+    print(f"  client                : {r['client']}, {r['requests']} requests in {r['wall']:.2f} s")
+    print(f"  requests/s            : {rate:,.0f}")
+    print(f"  latency               : p50 {c.ms(r['p50'])}, p99 {c.ms(r['p99'])}, max {c.ms(r['max'])}")
+    print(f"  answers               : 202 x {accepted}, 200 (duplicate) x {r['statuses'].get(200, 0)}, "
+          f"errors {r['errors']}" + (f" {r.get('socket_errors')}" if r.get("socket_errors") else ""))
+    ok = r["events"] == accepted
+    print(f"  InboxEvent rows       : {r['events']} for {accepted} answers 202 -> {'OK' if ok else 'MISMATCH'}")
+    print(f"  outbox rows waiting   : {r['unpublished']} (no relay runs in this benchmark)")
+    if r.get("exhausted_threads"):
+        print(f"  NOTE: {r['exhausted_threads']} client(s) ran out of precomputed messages before the end; "
+              f"raise --max-rate")
+    print("  " + c.format_cpu(r["cpu"], r["wall"], r["requests"]))
+    per, ceiling = c.cpu_ceiling(r["cpu"], r["requests"])
+    other = r["cpu"].get("other", 0) / r["wall"] * 100
+    print(f"  CPU per request (app + client + its PostgreSQL backends): {per:.2f} ms -> an idle 2-core machine "
+          f"would saturate near {ceiling:,.0f} requests/s (estimate; other work used {other:.0f}% of a core here)")
+    print(f"  machine load from other work just before timing: {r['busy_before'] * 100:.0f}% of one core")
+    if r.get("profile"):
+        print(r["profile"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=10.0, help="timed phase length in seconds (default 10)")
+    parser.add_argument("--requests", type=int, default=0, help="a fixed number of requests instead of --duration")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent clients/connections (default 4)")
+    parser.add_argument("--web-workers", default="4",
+                        help="gunicorn sync workers; a comma list (e.g. 2,4,6) runs the timed phase for each")
+    parser.add_argument("--warmup", type=int, default=600, help="warm-up requests before the timed phase")
+    parser.add_argument("--body-bytes", type=int, default=3000, help="size of each message (default 3000)")
+    parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
+                        help="auto: wrk if installed (installing it with apt-get as root), else Python processes")
+    parser.add_argument("--no-install", action="store_true", help="never apt-get install wrk")
+    parser.add_argument("--max-rate", type=float, default=2500,
+                        help="messages precomputed per second of --duration (default 2500)")
+    parser.add_argument("--baseline-duration", type=float, default=3.0, help="seconds per raw psycopg baseline")
+    parser.add_argument("--preload", type=int, default=10000, help="completed events of history loaded first")
+    parser.add_argument("--log-level", default="INFO", help="the app's LOG_LEVEL (default INFO, the app default)")
+    parser.add_argument("--quiet-wait", type=float, default=15,
+                        help="wait up to this long for other work on the machine to stop before timing (default 15)")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy the gunicorn workers during the timed phase and print where their CPU goes "
+                             "(needs .venv/bin/pip install py-spy; lowers the figures a little)")
+    parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run (about 20 s)")
+    args = parser.parse_args()
+    if args.quick:
+        args.duration, args.warmup, args.baseline_duration, args.preload = 3.0, 100, 1.0, 2000
+        args.quiet_wait = min(args.quiet_wait, 5)
+    web_workers = [int(w) for w in str(args.web_workers).split(",") if w.strip()]
+
+    c.install_signal_handlers()
+    tmp = c.make_tmp("mailroom-bench-ingest-")
+    env = c.app_env(DB_NAME, tmp, args.log_level)
+    stack = c.Stack(tmp)
+    results = []
+    try:
+        wrk = None
+        if args.client in ("auto", "wrk"):
+            wrk = c.ensure_wrk(allow_install=not args.no_install)
+            if wrk is None and args.client == "wrk":
+                raise SystemExit("wrk is not installed and could not be installed")
+            if wrk is None:
+                c.log("wrk unavailable: falling back to Python http.client processes (they use CPU of their own)")
+        print(f"Mailroom ingest benchmark — revision {c.git_revision()}, {os.cpu_count()} cores")
+        c.prepare_database(DB_NAME, env, args.preload)
+        c.flush_broker()
+        port = c.free_port()
+        for n in web_workers:
+            c.start_gunicorn(stack, env, n, port)
+            warm = c.make_messages("w" + uuid.uuid4().hex[:10], args.warmup, args.body_bytes)
+            w = c.post_with_python_clients(port, warm, args.clients)
+            bad = {k: v for k, v in w["statuses"].items() if k != 202}
+            c.log(f"warm-up: {w['requests']} requests, {w['requests'] / w['wall']:.0f}/s (Python clients), "
+                  f"answers {w['statuses']}")
+            if bad:
+                raise RuntimeError(f"warm-up got answers other than 202: {bad}\n" + stack.tail("gunicorn"))
+            c.analyze(DB_NAME)
+            results.append(timed_phase(args, wrk, port, stack, n, tmp))
+            stack.check_alive()
+            stack.stop("gunicorn")
+
+        payload = c.make_body("baseline", 0, args.body_bytes)
+        prepare_baseline_tables(args.preload, payload)
+        c.wait_for_quiet(args.quiet_wait)
+        c.log(f"baseline: raw psycopg 3, {args.clients} connections (processes), {args.baseline_duration:g} s each")
+        row = run_baseline("row", args.clients, args.baseline_duration, payload)
+        shape = run_baseline("shape", args.clients, args.baseline_duration, payload)
+        cte = run_baseline("cte", args.clients, args.baseline_duration, payload)
+
+        print()
+        print("=" * 78)
+        print(f"INGEST — POST /webhooks/raw/<mailbox>/ (signed, unique, {args.body_bytes}-byte messages), "
+              f"{args.clients} concurrent clients")
+        print("  Django app under gunicorn on PostgreSQL 127.0.0.1; no Celery worker and no relay run")
+        print(f"  (outbox rows accumulate); app LOG_LEVEL={args.log_level}; {args.preload} events preloaded, ANALYZEd")
+        for r in results:
+            print("-" * 78)
+            print_result(r)
+        print("-" * 78)
+        print(f"BASELINE (same run) — raw psycopg 3, {args.clients} concurrent connections, durability on:")
+        print(f"  single-row INSERT + COMMIT, unique text index   : {row['rate']:,.0f} rows/s "
+              f"(p50 {c.ms(row['p50'])}, p99 {c.ms(row['p99'])})")
+        print(f"  ingest-shaped txn (BEGIN, 3 INSERTs, NOTIFY, COMMIT): {shape['rate']:,.0f} txn/s "
+              f"(p50 {c.ms(shape['p50'])}, p99 {c.ms(shape['p99'])})")
+        print(f"  the same rows as ONE statement (CTE, autocommit): {cte['rate']:,.0f} txn/s "
+              f"(p50 {c.ms(cte['p50'])}, p99 {c.ms(cte['p99'])})")
+        best = max(results, key=lambda r: r["requests"] / r["wall"])
+        rate = best["requests"] / best["wall"]
+        print("-" * 78)
+        print(f"RESULT: {rate:,.0f} requests/s with {best['web_workers']} gunicorn workers "
+              f"(p50 {c.ms(best['p50'])}, p99 {c.ms(best['p99'])}) = {rate / row['rate'] * 100:.0f}% of the raw "
+              f"INSERT+COMMIT baseline; target >= 1,000 requests/s: {'MET' if rate >= 1000 else 'MISSED'}")
+        consistent = all(r["events"] == r["statuses"].get(202, 0) for r in results)
+        print(f"CHECK: InboxEvent rows == 202 answers in every timed phase: {'yes' if consistent else 'NO'}")
+        print("=" * 78)
+        return 0 if consistent else 1
+    except KeyboardInterrupt:
+        c.log("interrupted: stopping what this run started")
+        return 130
+    finally:
+        stack.stop()
+        if not args.keep:
+            try:
+                c.drop_database(DB_NAME)
+            except psycopg.Error as exc:
+                c.log(f"could not drop {DB_NAME}: {exc}")
+        c.remove_tmp(tmp, keep=args.keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
