@@ -110,6 +110,8 @@ MAILROOM_THREAD_LEASE_SECONDS = env.int("MAILROOM_THREAD_LEASE_SECONDS", default
 MAILROOM_RELAY_BATCH = env.int("MAILROOM_RELAY_BATCH", default=500)
 MAILROOM_RELAY_GROUP = env.int("MAILROOM_RELAY_GROUP", default=50)
 MAILROOM_RELAY_SWEEP_SECONDS = env.float("MAILROOM_RELAY_SWEEP_SECONDS", default=2.0)
+# After a wake-up the relay waits this long so that concurrent commits publish as one group.
+MAILROOM_RELAY_LINGER_SECONDS = env.float("MAILROOM_RELAY_LINGER_SECONDS", default=0.02)
 MAILROOM_OUTBOX_RETENTION_DAYS = env.int("MAILROOM_OUTBOX_RETENTION_DAYS", default=7)
 # Polling backoff after a provider failure: doubles per failure in a row, up to the maximum.
 MAILROOM_POLL_BACKOFF_SECONDS = env.int("MAILROOM_POLL_BACKOFF_SECONDS", default=30)

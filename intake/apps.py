@@ -7,8 +7,13 @@ class IntakeConfig(AppConfig):
     verbose_name = "Intake"
 
     def ready(self):
-        from . import schedules
+        from . import schedules, selectors
         from .models import Mailbox
+
+        # This process forgets a mailbox it cached as soon as it changes (others within seconds).
+        for signal in (post_save, post_delete):
+            signal.connect(lambda **_: selectors.forget_cached_mailboxes(), sender=Mailbox, weak=False,
+                           dispatch_uid=f"intake.mailbox_cache_{signal is post_save}")
 
         # Beat follows the mailbox: its periodic poll is created, updated and disabled with it.
         post_save.connect(schedules.on_mailbox_saved, sender=Mailbox, dispatch_uid="intake.mailbox_schedule")

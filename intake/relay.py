@@ -23,25 +23,26 @@ from .services import NOTIFY_CHANNEL, POLL_TOPIC, PROCESS_TOPIC
 logger = logging.getLogger(__name__)
 
 
-# Topic -> task name. By name, so intake need not import the apps above it.
+# Topic -> (task name, id field). By name, so intake need not import the apps above it.
+# Topics with an id field are published as lists of ids (one task per group amortises
+# the broker round trip and the worker's per-task cost); others one task per payload.
 TOPIC_TASKS = {
-    PROCESS_TOPIC: "ticketing.tasks.process_inbox_events",
-    POLL_TOPIC: "intake.tasks.poll_mailbox",
-    "intent.notify": "ticketing.tasks.send_acknowledgment",
+    PROCESS_TOPIC: ("ticketing.tasks.process_inbox_events", "inbox_event_id"),
+    "intent.notify": ("ticketing.tasks.send_acknowledgments", "intent_id"),
+    POLL_TOPIC: ("intake.tasks.poll_mailbox", None),
 }
 
 
 def _publish(topic: str, payloads: list[dict], group_size: int) -> None:
-    task_name = TOPIC_TASKS.get(topic)
-    if task_name is None:
+    if topic not in TOPIC_TASKS:
         raise ValueError(f"no task for outbox topic {topic!r}")
-    if topic == PROCESS_TOPIC:
-        # Event ids in groups: one task per group amortises the broker round trip.
-        ids = sorted({p["inbox_event_id"] for p in payloads})
+    task_name, id_field = TOPIC_TASKS[topic]
+    if id_field:
+        ids = sorted({p[id_field] for p in payloads})
         for start in range(0, len(ids), group_size):
             current_app.send_task(task_name, args=[ids[start : start + group_size]])
         return
-    # Other topics: one task per distinct payload (a burst of pushes for one mailbox is one poll).
+    # A burst of identical payloads (pushes for one mailbox) is one task.
     for payload in {json.dumps(p, sort_keys=True): p for p in payloads}.values():
         current_app.send_task(task_name, kwargs=payload)
 
@@ -107,13 +108,16 @@ def run_relay(stop, sweep_seconds: float | None = None) -> None:
         with connection.cursor() as cursor:
             cursor.execute(f"LISTEN {NOTIFY_CHANNEL}")
     logger.info("outbox relay started")
+    batch_size = settings.MAILROOM_RELAY_BATCH
     while not stop():
         try:
-            published = publish_all_pending()
-            if published:
-                logger.debug("relay published %d outbox rows", published)
-                continue
+            published = publish_pending(batch_size)
+            if published >= batch_size:
+                continue  # a full batch: more are waiting
             _wait_for_notify(sweep_seconds)
+            # Let the rows of concurrent commits gather: groups instead of one task per row,
+            # for a few milliseconds of latency.
+            time.sleep(settings.MAILROOM_RELAY_LINGER_SECONDS)
         except Exception:
             logger.exception("relay iteration failed; retrying")
             connection.close()

@@ -1,13 +1,34 @@
 """Reads of the intake app."""
+import time
+
 from django.db.models import QuerySet
 
 from .models import Mailbox, Switch, Tenant
 
 
+# Webhooks look their mailbox up on every request; a few seconds of staleness (a changed
+# secret reference takes effect within MAILBOX_CACHE_SECONDS) buys a query per request.
+MAILBOX_CACHE_SECONDS = 5.0
+_mailbox_cache: dict[str, tuple[float, Mailbox | None]] = {}
+
+
 def mailbox_by_slug(slug: str) -> Mailbox | None:
-    return Mailbox.objects.filter(slug=slug).only(
-        "pk", "tenant_id", "slug", "provider", "webhook_secret_ref", "paused"
+    now = time.monotonic()
+    cached = _mailbox_cache.get(slug)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    mailbox = Mailbox.objects.filter(slug=slug).only(
+        "pk", "tenant_id", "slug", "provider", "webhook_secret_ref", "settings", "paused"
     ).first()
+    if mailbox is not None:  # an unknown slug is not cached: a new mailbox answers at once
+        if len(_mailbox_cache) > 1000:
+            _mailbox_cache.clear()
+        _mailbox_cache[slug] = (now + MAILBOX_CACHE_SECONDS, mailbox)
+    return mailbox
+
+
+def forget_cached_mailboxes() -> None:
+    _mailbox_cache.clear()
 
 
 def global_pause_on() -> bool:

@@ -1,4 +1,5 @@
 """Writes of the intake app. Every state change and its audit row share one transaction."""
+import json
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -44,39 +45,81 @@ def enqueue_outbox(topic: str, payload: dict, now=None) -> OutboxMessage:
 
 def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str,
            thread_key: str | None = None) -> IngestResult:
-    """Persist a message once per (mailbox, provider message id), with its outbox row.
+    """Persist a message once per (mailbox, provider message id), with its audit and outbox rows.
 
-    Returns only after the commit, so a caller that acknowledges the provider
-    afterwards never acknowledges something we could lose.
+    Returns only after the commit (or inside the caller's transaction), so a
+    caller that acknowledges the provider afterwards never acknowledges
+    something we could lose.
     """
     now = timezone.now()
     key = dedupe_key(mailbox.tenant_id, mailbox.pk, provider_message_id)
+    # Keyed now, so a reply that is processed first can see its thread's earlier mail.
+    thread_key = thread_key if thread_key is not None else thread_key_for_raw(raw)
+    if settings.USING_POSTGRES:
+        event_id = _insert_event_postgres(mailbox, provider_message_id, key, raw, source, thread_key, now)
+    else:
+        event_id = _insert_event_orm(mailbox, provider_message_id, key, raw, source, thread_key, now)
+    if event_id is None:
+        existing = InboxEvent.objects.filter(dedupe_key=key).values_list("pk", flat=True).first()
+        if existing is None:  # a conflict that is not ours to hide
+            raise IntegrityError(f"event for {source} message not stored and not found")
+        logger.info("duplicate delivery for event %s via %s", existing, source)
+        return IngestResult(existing, duplicate=True)
+    logger.info("stored event %s via %s (%d bytes)", event_id, source, len(raw))
+    return IngestResult(event_id, duplicate=False)
+
+
+# One statement (so, on its own, one transaction and one round trip): the event, its
+# `received` audit row, its outbox row and the relay's NOTIFY, or nothing at all when
+# the message is already stored (either unique key).
+_INGEST_SQL = """
+WITH event AS (
+    INSERT INTO {event} (tenant_id, mailbox_id, provider_message_id, dedupe_key, source, state,
+                         reason_code, reason_detail, received_at, updated_at, raw, size, message_id_header,
+                         sender, subject, thread_key, dispatch_count, auth_results, details, route_override)
+    VALUES (%(tenant)s, %(mailbox)s, %(pmid)s, %(key)s, %(source)s, 'received', '', '', %(now)s, %(now)s,
+            %(raw)s, %(size)s, '', '', '', %(thread)s, 1, '{{}}', '{{}}', '{{}}')
+    ON CONFLICT DO NOTHING
+    RETURNING id
+), audit AS (
+    INSERT INTO {audit} (inbox_event_id, actor, kind, detail, at)
+    SELECT id, %(actor)s, 'received', %(detail)s::jsonb, %(now)s FROM event
+), outbox AS (
+    INSERT INTO {outbox} (topic, payload, created_at, attempts)
+    SELECT %(topic)s, jsonb_build_object('inbox_event_id', id), %(now)s, 0 FROM event
+)
+SELECT id, pg_notify(%(channel)s, '') FROM event
+"""
+
+
+def _insert_event_postgres(mailbox, provider_message_id, key, raw, source, thread_key, now) -> int | None:
+    sql = _INGEST_SQL.format(event=InboxEvent._meta.db_table, audit=AuditEvent._meta.db_table,
+                             outbox=OutboxMessage._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {
+            "tenant": mailbox.tenant_id, "mailbox": mailbox.pk, "pmid": provider_message_id, "key": key,
+            "source": source, "now": now, "raw": raw, "size": len(raw), "thread": thread_key,
+            "actor": f"provider:{source}", "detail": json.dumps({"size": len(raw)}), "topic": PROCESS_TOPIC,
+            "channel": NOTIFY_CHANNEL,
+        })
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _insert_event_orm(mailbox, provider_message_id, key, raw, source, thread_key, now) -> int | None:
+    """The embedded default (SQLite): the same three rows in one transaction."""
     try:
         with transaction.atomic():
             event = InboxEvent.objects.create(
-                tenant_id=mailbox.tenant_id,
-                mailbox=mailbox,
-                provider_message_id=provider_message_id,
-                dedupe_key=key,
-                source=source,
-                received_at=now,
-                updated_at=now,
-                raw=raw,
-                size=len(raw),
-                # Keyed now, so a reply that is processed first can see its thread's earlier mail.
-                thread_key=thread_key if thread_key is not None else thread_key_for_raw(raw),
-                dispatch_count=1,
+                tenant_id=mailbox.tenant_id, mailbox=mailbox, provider_message_id=provider_message_id,
+                dedupe_key=key, source=source, received_at=now, updated_at=now, raw=raw, size=len(raw),
+                thread_key=thread_key, dispatch_count=1,
             )
             record_audit(event.pk, "received", actor=f"provider:{source}", detail={"size": len(raw)}, at=now)
             enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=now)
     except IntegrityError:
-        existing = InboxEvent.objects.filter(dedupe_key=key).values_list("pk", flat=True).first()
-        if existing is None:  # an integrity error of another kind: not ours to hide
-            raise
-        logger.info("duplicate delivery for event %s via %s", existing, source)
-        return IngestResult(existing, duplicate=True)
-    logger.info("stored event %s via %s (%d bytes)", event.pk, source, len(raw))
-    return IngestResult(event.pk, duplicate=False)
+        return None
+    return event.pk
 
 
 def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 1000) -> dict:

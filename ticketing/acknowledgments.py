@@ -35,7 +35,8 @@ def plan(event: InboxEvent, destination) -> Intent | None:
     """Inside the transaction that stores the ticket mapping: the intent and its outbox row."""
     if not wants_acknowledgment(event):
         return None
-    intent = intents.ensure_intent(event, Intent.Action.NOTIFY_REQUESTER, destination)
+    # Planned once: the mapping just inserted in this transaction is unique per event.
+    intent = intents.create_intent(event, Intent.Action.NOTIFY_REQUESTER, destination)
     enqueue_outbox(intents.NOTIFY_TOPIC, {"intent_id": intent.pk})
     return intent
 

@@ -50,6 +50,14 @@ def ensure_intent(event: InboxEvent, action: str, destination: Destination, acti
     return Intent.objects.select_related("destination").get(idempotency_key=key)
 
 
+def create_intent(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> Intent:
+    """A plain INSERT, for callers whose own unique write already proves it is the first."""
+    key = intent_key(event, action, action_version)
+    return Intent.objects.create(
+        idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
+        destination=destination, external_ref=f"mailroom-{key[:40]}", created_at=timezone.now())
+
+
 def create_if_missing(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> str:
     """INSERT ... ON CONFLICT DO NOTHING: no savepoint, and the unique key decides who created it."""
     key = intent_key(event, action, action_version)
@@ -105,7 +113,7 @@ def _move_event(event_id: int, to_state: str, now, reason_code: str = "", reason
 
 
 def record_success(intent: Intent, result: TicketResult, actor: str,
-                   from_states=(IntentState.IN_FLIGHT,)) -> bool:
+                   from_states=(IntentState.IN_FLIGHT,), event: InboxEvent | None = None) -> bool:
     """-> succeeded, with the mapping, the event's `completed` state and the audit row, atomically."""
     now = timezone.now()
     # savepoint=False: inside the built-in store's transaction this is one unit with the create.
@@ -125,8 +133,9 @@ def record_success(intent: Intent, result: TicketResult, actor: str,
         if intent.action == Intent.Action.CREATE_TICKET:
             from . import acknowledgments  # it builds on this module
 
-            acknowledgments.plan(InboxEvent.objects.select_related("mailbox").get(pk=intent.inbox_event_id),
-                                 intent.destination)
+            if event is None:
+                event = InboxEvent.objects.select_related("mailbox").get(pk=intent.inbox_event_id)
+            acknowledgments.plan(event, intent.destination)
     return True
 
 

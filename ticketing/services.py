@@ -16,12 +16,12 @@ from intake.models import InboxEvent
 from intake.normalize import normalize
 from intake.selectors import global_pause_on
 from intake.services import record_audit, transition_event, wait_event
+from intake.testhooks import pause_point
 
 from . import intents, leases, threads
 from .destinations import adapter_for
 from .destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
 from .models import Destination, Intent, TicketMapping
-from .testhooks import pause_point
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +43,10 @@ def route(event: InboxEvent, cache: dict) -> Destination | None:
     override = (event.route_override or {}).get("destination_id")
     if override:
         return Destination.objects.filter(pk=override, tenant_id=event.tenant_id).first()
-    if event.tenant_id not in cache:
-        cache[event.tenant_id] = default_destination(event.tenant_id)
-    return cache[event.tenant_id]
+    key = ("default_destination", event.tenant_id)
+    if key not in cache:
+        cache[key] = default_destination(event.tenant_id)
+    return cache[key]
 
 
 def _wait(event: InboxEvent, seconds: float, outcome: str) -> str:
@@ -56,8 +57,8 @@ def _wait(event: InboxEvent, seconds: float, outcome: str) -> str:
 class Work:
     """One attempt's payload: what to send for the intent's action."""
 
-    def __init__(self, action: str, parsed, target: TicketMapping | None = None, flags=()):
-        self.action, self.parsed, self.target, self.flags = action, parsed, target, list(flags)
+    def __init__(self, event: InboxEvent, action: str, parsed, target: TicketMapping | None = None, flags=()):
+        self.event, self.action, self.parsed, self.target, self.flags = event, action, parsed, target, list(flags)
 
     def perform(self, adapter, intent: Intent) -> TicketResult:
         # Built only from the stored message, so every attempt sends the same body
@@ -73,7 +74,7 @@ class Work:
         return adapter.create_ticket(request, intent.idempotency_key, intent.external_ref)
 
 
-def process_inbox_event(event_id: int, worker: str | None = None, destinations: dict | None = None) -> str:
+def process_inbox_event(event_id: int, worker: str | None = None, group_cache: dict | None = None) -> str:
     """Carry one event as far as it can go now. Safe to run any number of times, concurrently.
 
     Returns a short word saying what happened, for logs and tests.
@@ -84,7 +85,10 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
         return "missing"
     if event.state not in InboxEvent.OPEN_STATES:
         return "done"
-    if event.mailbox.paused or global_pause_on():
+    cache = group_cache if group_cache is not None else {}
+    if "global_pause" not in cache:  # read once per task group
+        cache["global_pause"] = global_pause_on()
+    if event.mailbox.paused or cache["global_pause"]:
         return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, "paused")
 
     outcome = normalize(event, actor=f"worker:{worker}")
@@ -92,7 +96,7 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
         return outcome.state  # waiting (scanner), or suppressed / awaiting_review / quarantined
     parsed = outcome.parsed
 
-    destination = route(event, destinations if destinations is not None else {})
+    destination = route(event, cache)
     if destination is None:
         transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=f"worker:{worker}",
                          kind="awaiting_review", reason_code="no_destination",
@@ -100,7 +104,7 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
         return "review"
 
     if not threads.is_thread_work(parsed):
-        return _act(event, destination, Work(Intent.Action.CREATE_TICKET, parsed), worker)
+        return _act(event, destination, Work(event, Intent.Action.CREATE_TICKET, parsed), worker)
 
     lease = leases.acquire(event.mailbox_id, event.thread_key, worker, settings.MAILROOM_THREAD_LEASE_SECONDS)
     if lease is None:
@@ -113,9 +117,9 @@ def process_inbox_event(event_id: int, worker: str | None = None, destinations: 
         if plan.flags:
             _flag(event, plan.flags, worker)
         if plan.target is not None:
-            work = Work(Intent.Action.ADD_COMMENT, parsed, target=plan.target)
+            work = Work(event, Intent.Action.ADD_COMMENT, parsed, target=plan.target)
             return _act(event, plan.target.destination, work, worker, lease)
-        return _act(event, destination, Work(Intent.Action.CREATE_TICKET, parsed, flags=plan.flags), worker, lease)
+        return _act(event, destination, Work(event, Intent.Action.CREATE_TICKET, parsed, flags=plan.flags), worker, lease)
     finally:
         leases.release(lease)
 
@@ -157,7 +161,7 @@ def _attempt_in_transaction(adapter, intent: Intent, work: Work, worker: str, le
     if not intents.claim(intent.pk, worker, lease):
         return "busy"
     result = work.perform(adapter, intent)
-    intents.record_success(intent, result, f"worker:{worker}")
+    intents.record_success(intent, result, f"worker:{worker}", event=work.event)
     return "created"
 
 
@@ -184,7 +188,8 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
         return intents.record_failure(intent, exc, worker) or "claim_lost"
     pause_point("after_destination_success")
     # A claim that expired meanwhile was moved to `unknown`; the success we hold settles it.
-    if intents.record_success(intent, result, f"worker:{worker}", (Intent.State.IN_FLIGHT, Intent.State.UNKNOWN)):
+    if intents.record_success(intent, result, f"worker:{worker}", (Intent.State.IN_FLIGHT, Intent.State.UNKNOWN),
+                              event=work.event):
         return "created"
     logger.error("intent %s: success for ticket %s could not be recorded; reconciliation will look",
                  intent.pk, result.ticket_id)

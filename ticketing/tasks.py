@@ -12,11 +12,11 @@ logger = logging.getLogger(__name__)
 def process_inbox_events(inbox_event_ids: list[int]) -> dict:
     """Process a group of events (the relay publishes groups); each keeps its own guarantees."""
     worker = services.worker_identity()
-    destinations: dict = {}  # one lookup per tenant per group
+    group_cache: dict = {}  # the pause switch and default destinations, read once per group
     outcomes: dict = {}
     for event_id in inbox_event_ids:
         try:
-            outcome = services.process_inbox_event(event_id, worker=worker, destinations=destinations)
+            outcome = services.process_inbox_event(event_id, worker=worker, group_cache=group_cache)
         except Exception:
             # One bad event must not stall its group; the stale-event sweep
             # brings it back and, past the dispatch cap, to the recovery queue.
@@ -51,3 +51,19 @@ def send_acknowledgment(intent_id: int) -> str:
     from . import acknowledgments
 
     return acknowledgments.send(intent_id, services.worker_identity())
+
+
+@shared_task
+def send_acknowledgments(intent_ids: list[int]) -> dict:
+    """A group of acknowledgments (the relay publishes them in groups); each keeps its own intent."""
+    from . import acknowledgments
+
+    worker, outcomes = services.worker_identity(), {}
+    for intent_id in intent_ids:
+        try:
+            outcome = acknowledgments.send(intent_id, worker)
+        except Exception:
+            logger.exception("acknowledgment %s failed", intent_id)  # its intent's sweeps bring it back
+            outcome = "error"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return outcomes
