@@ -27,6 +27,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from .failures import ExternalCallError, PermanentError, TransientError
+from .http import json_or_empty
 from .models import Mailbox, ProviderSubscription
 from .providers.graph import GraphProvider
 from .secrets import SecretUnavailable, resolve_secret
@@ -97,7 +98,7 @@ def ensure_graph_subscription(mailbox: Mailbox, now: datetime | None = None, *,
             "clientState": client_state,
             "latestSupportedTlsVersion": "v1_2",
         })
-        body = _body(response)
+        body = json_or_empty(response)
         if not body.get("id"):
             raise TransientError("unreadable_response", "graph subscription without an id")
         row, _ = ProviderSubscription.objects.update_or_create(
@@ -170,16 +171,8 @@ def _try_lock(mailbox_id: int) -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def _body(response) -> dict:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
 def _expiry(response, default: datetime) -> datetime:
-    value = _body(response).get("expirationDateTime")
+    value = json_or_empty(response).get("expirationDateTime")
     parsed = parse_datetime(str(value)) if value else None
     if parsed is None:
         return default

@@ -33,9 +33,7 @@ more waiting, a follow-up poll is queued in the outbox).
 """
 import fcntl
 import logging
-import os
 import random
-import time
 import zlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -52,6 +50,7 @@ from .logging import mask_address
 from .models import Mailbox, PollCursor
 from .providers import provider_for
 from .secrets import SecretUnavailable
+from .testhooks import pause_point  # inert unless MAILROOM_PAUSE_AT=<point>:<path>
 
 logger = logging.getLogger(__name__)
 
@@ -136,21 +135,6 @@ def mailbox_poll_lock(mailbox_id: int):
             yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-# --- test pause points (inert unless MAILROOM_PAUSE_AT=<point>:<path>) ------------------------------
-
-def _pause_point(name: str) -> None:
-    """At `name`, write our pid to `<path>.reached` and wait for `<path>.release` (a test may kill us there)."""
-    spec = os.environ.get("MAILROOM_PAUSE_AT")
-    if not spec:
-        return
-    point, _, path = spec.partition(":")
-    if point != name or not path:
-        return
-    Path(f"{path}.reached").write_text(str(os.getpid()))
-    while not Path(f"{path}.release").exists():
-        time.sleep(0.05)
 
 
 # --- health ---------------------------------------------------------------------------------------
@@ -274,12 +258,12 @@ def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batc
                 outcome = services.ingest(mailbox, message.provider_message_id, message.raw, source=mailbox.provider)
                 report.messages.append(PolledMessage(outcome.inbox_event_id, outcome.duplicate,
                                                      message.provider_message_id, len(message.raw)))
-                _pause_point(f"poll.ingested.{len(report.messages)}")
+                pause_point(f"poll.ingested.{len(report.messages)}")
             # Every event of the batch is committed: only now may the cursor move past it.
             if batch.cursor != cursor:
                 PollCursor.objects.filter(pk=cursor_row.pk).update(value=batch.cursor, updated_at=timezone.now())
             cursor = report.cursor = batch.cursor
-            _pause_point(f"poll.batch_committed.{report.batches}")
+            pause_point(f"poll.batch_committed.{report.batches}")
             if not batch.more:
                 break
             if report.batches >= limit:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.services import ensure_installed, free_port
+
 EICAR = bytes.fromhex(
     "58354f2150254041505b345c505a58353428505e2937434329377d2445494341522d5354414e444152442d414e5449"
     "56495255532d544553542d46494c452124482b482a"
@@ -29,32 +31,8 @@ NDB_LINE = f"Eicar-Test-Signature-NDB:0:*:{EICAR.hex()}\n"
 STREAM_MAX_LENGTH = 4 * 1024 * 1024
 
 
-def _clamd_binary() -> str | None:
-    return shutil.which("clamd") or next(
-        (p for p in ("/usr/sbin/clamd", "/usr/bin/clamd") if os.access(p, os.X_OK)), None)
-
-
 def ensure_clamd_installed() -> str:
-    binary = _clamd_binary()
-    if binary:
-        return binary
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "clamav-daemon"]
-    if subprocess.run(install, env=env, stdin=subprocess.DEVNULL, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update", "-qq"], env=env, stdin=subprocess.DEVNULL, capture_output=True)
-        done = subprocess.run(install, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.fail(f"could not install clamav-daemon: {done.stderr[-2000:]}")
-    binary = _clamd_binary()
-    if not binary:
-        pytest.fail("clamav-daemon installed but no clamd binary found")
-    return binary
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return ensure_installed("clamd", "clamav-daemon")
 
 
 def _pong(family, address) -> bool:
@@ -113,7 +91,7 @@ def start_clamd(stream_max_length: int = STREAM_MAX_LENGTH, attempts: int = 3) -
         directory = Path(tempfile.mkdtemp(prefix="clamd-"))
         (directory / "db").mkdir()
         (directory / "db" / "custom-eicar.ndb").write_text(NDB_LINE)
-        port = _free_port()
+        port = free_port()
         socket_path = directory / "clamd.sock"
         (directory / "clamd.conf").write_text("\n".join([
             "Foreground yes",

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.services import ensure_installed, free_port
+
 CONFIG = """\
 base_dir = {d}/run
 state_dir = {d}/state
@@ -72,32 +74,8 @@ service anvil {{
 """
 
 
-def _dovecot_binary() -> str | None:
-    return shutil.which("dovecot") or next(
-        (p for p in ("/usr/sbin/dovecot", "/usr/bin/dovecot") if os.access(p, os.X_OK)), None)
-
-
 def ensure_dovecot_installed() -> str:
-    binary = _dovecot_binary()
-    if binary:
-        return binary
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "dovecot-imapd"]
-    if subprocess.run(install, env=env, stdin=subprocess.DEVNULL, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update", "-qq"], env=env, stdin=subprocess.DEVNULL, capture_output=True)
-        done = subprocess.run(install, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.fail(f"could not install dovecot-imapd: {done.stderr[-2000:]}")
-    binary = _dovecot_binary()
-    if not binary:
-        pytest.fail("dovecot-imapd installed but no dovecot binary found")
-    return binary
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return ensure_installed("dovecot", "dovecot-imapd")
 
 
 def _greets(port: int) -> bool:
@@ -132,7 +110,7 @@ class Dovecot:
         """Start (or restart on the same port); the first start picks a free port."""
         for _ in range(attempts):
             if not self.port or not self.conf.exists():
-                self.port = _free_port()
+                self.port = free_port()
                 self._write_config()
             with open(self.directory / "dovecot.out", "ab") as out:
                 self.process = subprocess.Popen([self.binary, "-F", "-c", str(self.conf)],

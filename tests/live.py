@@ -13,17 +13,19 @@ Test modules import the fixtures they use from here.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
+from contextlib import contextmanager
 from email.message import EmailMessage
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+
+from tests.services import free_port  # noqa: F401  (imported from here by other tests)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable  # the venv's python: the suite runs as .venv/bin/pytest
@@ -40,12 +42,6 @@ PROCESS_TASK = "ticketing.tasks.process_inbox_events"
 
 
 # --- small utilities --------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def wait_for(predicate, timeout: float, interval: float = 0.1, describe=None):
     """Poll `predicate` until it returns something truthy; fail with `describe()` at the deadline."""
@@ -295,16 +291,23 @@ class LiveBroker:
                 os.environ["CELERY_BROKER_URL"] = saved
 
 
-@pytest.fixture
-def live_broker():
-    """Redis database PIPELINE_REDIS_DB, empty at the start and flushed at the end."""
-    broker = LiveBroker(PIPELINE_REDIS_DB)
+@contextmanager
+def flushed_broker(db: int):
+    """A LiveBroker on Redis database `db`, empty at the start and flushed at the end."""
+    broker = LiveBroker(db)
     broker.redis.flushdb()
     try:
         yield broker
     finally:
         broker.redis.flushdb()
         broker.redis.close()
+
+
+@pytest.fixture
+def live_broker():
+    """Redis database PIPELINE_REDIS_DB, empty at the start and flushed at the end."""
+    with flushed_broker(PIPELINE_REDIS_DB) as broker:
+        yield broker
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from intake.signing import signed_headers
 from tests.conftest import WEBHOOK_SECRET
 from tests.live import (  # noqa: F401  (fixtures)
     LIVE_SECRET,
-    LiveBroker,
     event_states,
+    flushed_broker,
     live_mailbox,
     live_processes,
     make_email,
@@ -81,13 +81,8 @@ def assert_each_completed_once(desk, ids):
 
 @pytest.fixture
 def pause_broker():
-    broker = LiveBroker(PAUSE_REDIS_DB)
-    broker.redis.flushdb()
-    try:
+    with flushed_broker(PAUSE_REDIS_DB) as broker:
         yield broker
-    finally:
-        broker.redis.flushdb()
-        broker.redis.close()
 
 
 @pytest.fixture

@@ -52,12 +52,13 @@ import logging
 from datetime import datetime, timezone
 from urllib.parse import quote
 
+from intake.http import json_or_empty, parse_retry_after
 from intake.logging import mask_address
-from intake.models import InboxEvent
 from intake.secrets import SecretUnavailable, resolve_secret
 
-from .base import FetchedMessage, PermanentError, PollBatch, Provider, TransientError, WebhookRejected, WebhookResult
-from .oauth import ApiClient, TokenSource, error_code, json_or_empty, parse_retry_after
+from .base import FetchedMessage, PermanentError, PollBatch, TransientError, WebhookRejected, WebhookResult
+from .common import ApiProvider
+from .oauth import ApiClient, error_code
 from .oidc import TokenInvalid, verify_id_token
 
 log = logging.getLogger(__name__)
@@ -85,27 +86,18 @@ class GmailClient(ApiClient):
         return super().http_error(response)
 
 
-class GmailProvider(Provider):
+class GmailProvider(ApiProvider):
     name = "gmail"
     supports_webhook = True
     supports_polling = True
+    default_page_size = DEFAULT_PAGE_SIZE
+    largest_page_size = 500
+    default_resync_days = DEFAULT_RESYNC_DAYS
 
     def __init__(self, mailbox):
         super().__init__(mailbox)
-        settings = mailbox.settings or {}
-        self.settings = settings
-        self.user_id = str(settings.get("user_id") or "me")
-        self.label_id = str(settings.get("label_id", "INBOX") or "")
-        # `batch_size` (the polling service's per-poll override) wins over `page_size`.
-        page_size = settings.get("batch_size") or settings.get("page_size") or DEFAULT_PAGE_SIZE
-        self.page_size = max(1, min(500, int(page_size)))
-        resync_days = settings.get("resync_days")
-        self.resync_days = max(0, int(DEFAULT_RESYNC_DAYS if resync_days is None else resync_days))
-        self._client = None
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.session.close()
+        self.user_id = str(self.settings.get("user_id") or "me")
+        self.label_id = str(self.settings.get("label_id", "INBOX") or "")
 
     # --- Push -----------------------------------------------------------------
 
@@ -158,11 +150,7 @@ class GmailProvider(Provider):
     @property
     def client(self) -> GmailClient:
         if self._client is None:
-            tokens = TokenSource(
-                token_url=self.settings.get("token_url") or DEFAULT_TOKEN_URL,
-                credentials_ref=self.mailbox.credentials_ref,
-                client_id=str(self.settings.get("client_id") or ""),
-            )
+            tokens = self.token_source(self.settings.get("token_url") or DEFAULT_TOKEN_URL)
             self._client = GmailClient(self.settings.get("api_base") or DEFAULT_API_BASE, tokens)
         return self._client
 
@@ -253,13 +241,8 @@ class GmailProvider(Provider):
         return not (UNWANTED_WITHOUT_LABEL & set(labels)) and not ("SENT" in labels and "INBOX" not in labels)
 
     def _fetch(self, ids: list[str]) -> list[FetchedMessage]:
-        ids = list(dict.fromkeys(ids))
-        known = set(InboxEvent.objects.filter(mailbox=self.mailbox, provider_message_id__in=ids)
-                    .values_list("provider_message_id", flat=True)) if ids else set()
         fetched = []
-        for message_id in ids:
-            if message_id in known:
-                continue
+        for message_id in self.not_yet_stored(ids):
             response = self.client.get(self._path(f"/messages/{quote(message_id, safe='')}"),
                                        params={"format": "raw"}, handle=(404,))
             if response.status_code == 404:

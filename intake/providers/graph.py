@@ -46,11 +46,13 @@ from urllib.parse import quote
 from django.http import HttpResponse
 from django.utils import timezone
 
-from intake.models import InboxEvent, ProviderSubscription
+from intake.http import json_or_empty
+from intake.models import ProviderSubscription
 from intake.secrets import SecretUnavailable, resolve_secret
 
-from .base import FetchedMessage, PollBatch, Provider, TransientError, WebhookRejected, WebhookResult
-from .oauth import ApiClient, TokenSource, error_code, json_or_empty
+from .base import FetchedMessage, PollBatch, TransientError, WebhookRejected, WebhookResult
+from .common import ApiProvider
+from .oauth import ApiClient, error_code
 
 log = logging.getLogger(__name__)
 
@@ -67,27 +69,18 @@ class GraphClient(ApiClient):
     label = "graph"
 
 
-class GraphProvider(Provider):
+class GraphProvider(ApiProvider):
     name = "graph"
     supports_webhook = True
     supports_polling = True
+    default_page_size = DEFAULT_PAGE_SIZE
+    largest_page_size = 1000
+    default_resync_days = DEFAULT_RESYNC_DAYS
 
     def __init__(self, mailbox):
         super().__init__(mailbox)
-        settings = mailbox.settings or {}
-        self.settings = settings
-        self.user = str(settings.get("user") or "")
-        self.folder = str(settings.get("folder") or "inbox")
-        # `batch_size` (the polling service's per-poll override) wins over `page_size`.
-        page_size = settings.get("batch_size") or settings.get("page_size") or DEFAULT_PAGE_SIZE
-        self.page_size = max(1, min(1000, int(page_size)))
-        resync_days = settings.get("resync_days")
-        self.resync_days = max(0, int(DEFAULT_RESYNC_DAYS if resync_days is None else resync_days))
-        self._client = None
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.session.close()
+        self.user = str(self.settings.get("user") or "")
+        self.folder = str(self.settings.get("folder") or "inbox")
 
     # --- Webhook ------------------------------------------------------------------
 
@@ -131,11 +124,9 @@ class GraphProvider(Provider):
         if self._client is None:
             tenant = str(self.settings.get("tenant_id") or "organizations")
             scope = str(self.settings.get("scope") or DEFAULT_SCOPE)
-            tokens = TokenSource(
-                token_url=self.settings.get("token_url")
+            tokens = self.token_source(
+                self.settings.get("token_url")
                 or f"https://login.microsoftonline.com/{quote(tenant, safe='')}/oauth2/v2.0/token",
-                credentials_ref=self.mailbox.credentials_ref,
-                client_id=str(self.settings.get("client_id") or ""),
                 scope=scope,
                 refresh_scope=f"{scope} offline_access",
             )
@@ -191,13 +182,8 @@ class GraphProvider(Provider):
         raise TransientError("unreadable_response", "graph delta page without nextLink or deltaLink")
 
     def _fetch(self, ids: list[str]) -> list[FetchedMessage]:
-        ids = list(dict.fromkeys(ids))
-        known = set(InboxEvent.objects.filter(mailbox=self.mailbox, provider_message_id__in=ids)
-                    .values_list("provider_message_id", flat=True)) if ids else set()
         fetched = []
-        for message_id in ids:
-            if message_id in known:
-                continue
+        for message_id in self.not_yet_stored(ids):
             response = self.client.get(f"{self.user_path}/messages/{quote(message_id, safe='')}/$value",
                                        headers={"Prefer": IMMUTABLE_IDS}, handle=(404,))
             if response.status_code == 404:

@@ -18,20 +18,19 @@ to the failure kinds of `intake.failures`:
   - anything else                                    -> PermanentError(reason)
 All calls here are reads or idempotent, so a failure after sending is still transient.
 """
-import email.utils
 import hashlib
 import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
 
 from intake.failures import PermanentError, TransientError
+from intake.http import json_or_empty, parse_retry_after
 from intake.secrets import SecretUnavailable, resolve_secret
 
 log = logging.getLogger(__name__)
@@ -221,14 +220,6 @@ def network_error(exc: requests.RequestException, label: str):
     return TransientError(reason, f"{label}: {type(exc).__name__}")
 
 
-def json_or_empty(response: requests.Response) -> dict:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
 def error_code(response: requests.Response) -> str:
     """The API's own error code (Google: error.status / errors[].reason; Graph: error.code), for details."""
     error = json_or_empty(response).get("error")
@@ -236,24 +227,6 @@ def error_code(response: requests.Response) -> str:
         reasons = [e.get("reason") for e in error.get("errors") or [] if isinstance(e, dict) and e.get("reason")]
         return str((reasons[0] if reasons else None) or error.get("code") or error.get("status") or "")[:100]
     return str(error or "")[:100]
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds from now: either a number of seconds or an HTTP date."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        at = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=timezone.utc)
-    return max(0.0, (at - datetime.now(timezone.utc)).total_seconds())
 
 
 def _origin(url: str) -> str:

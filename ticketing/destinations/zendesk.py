@@ -20,12 +20,12 @@ import email.utils
 import json
 import logging
 import time
-from datetime import datetime, timezone
 
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import NewConnectionError
 
+from intake.http import json_or_empty, parse_retry_after
 from intake.logging import mask_address
 from intake.secrets import SecretUnavailable, resolve_secret
 
@@ -162,7 +162,7 @@ class ZendeskDestination(DestinationAdapter):
 
     def _http_error(self, response: requests.Response, write: bool):
         status = response.status_code
-        body = _json_or_empty(response)
+        body = json_or_empty(response)
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
         if status == 429:
             return TransientError("rate_limited", f"HTTP {status}", retry_after=retry_after)
@@ -211,24 +211,6 @@ def ticket_payload(request: TicketRequest, external_ref: str) -> dict:
     return ticket
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds from now: either a number of seconds or an HTTP date."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        at = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=timezone.utc)
-    return max(0.0, (at - datetime.now(timezone.utc)).total_seconds())
-
-
 def _nothing_sent(exc: requests.RequestException) -> bool:
     """Did the call fail before a byte of the request left? (refused, unresolvable, connect timeout)"""
     if isinstance(exc, requests.exceptions.ConnectTimeout):
@@ -251,14 +233,6 @@ def _json(response: requests.Response, write: bool) -> dict:
             raise AmbiguousOutcome("unreadable_response", f"HTTP {response.status_code}, body is not JSON")
         raise TransientError("unreadable_response", f"HTTP {response.status_code}, body is not JSON")
     return body
-
-
-def _json_or_empty(response: requests.Response) -> dict:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
 
 
 def _field_errors(body: dict, status: int) -> str:

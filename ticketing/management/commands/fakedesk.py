@@ -1,6 +1,6 @@
 """`manage.py fakedesk`: run FakeDesk, the fault-injecting Zendesk stand-in, in the foreground.
 
-The same server as `python -m ticketing.fakedesk`; see `ticketing/fakedesk.py` for the API
+The same server as `python -m ticketing.fakedesk`; see `ticketing/fakedesk/` for the API
 and the faults. Runs until SIGTERM or Ctrl-C.
 """
 from argparse import Namespace

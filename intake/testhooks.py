@@ -1,8 +1,11 @@
-"""Named pause points, so a test can stop a worker at an exact moment and SIGKILL it there.
+"""Named pause points, so a test can stop a worker or a poller at an exact moment and SIGKILL it there.
 
 Inert unless the process was started with `MAILROOM_PAUSE_AT=<point>:<path>`.
 At that point the process writes its pid to `<path>.reached` and then waits
 until `<path>.release` exists (a test that kills it simply never creates it).
+
+It lives in intake, the lowest app, so that every app above can use it too
+(ticketing's workers pause here as well as intake's poller).
 """
 import os
 import time

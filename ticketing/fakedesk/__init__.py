@@ -1,0 +1,58 @@
+"""FakeDesk: a fault-injecting stand-in for the Zendesk ticket API (DESIGN.md §9).
+
+Drills and tests point a `zendesk` destination at it and tell it, request by
+request, to answer normally or to fail the ways a real help desk fails: rate
+limits, 5xx, validation and credential errors, a connection dropped before or
+after the ticket was written, a reply that arrives after the client gave up.
+Everything it writes is kept in SQLite, so tickets can be counted by
+`external_id` after the server (or the client under test) restarts.
+
+Standard library only, so it runs without Django:
+
+    python -m ticketing.fakedesk --port 8025 --db var/fakedesk.sqlite3 [--token T]
+
+or, from a test:
+
+    desk = FakeDesk().start()      # port 0: the OS picks a free port
+    ... desk.url ...
+    desk.stop()
+
+Zendesk API subset (basic auth `<anything>/token:<token>` when a token is set):
+    POST /api/v2/tickets.json                  create; honours Idempotency-Key
+    GET  /api/v2/tickets.json?external_id=X    list by external_id (not unique)
+    GET  /api/v2/tickets/{id}.json             show
+    PUT  /api/v2/tickets/{id}.json             add a comment; honours Idempotency-Key
+    GET  /api/v2/tickets/{id}/comments.json    list comments
+
+Control API (no auth):
+    GET/POST /_control/plan         {"faults": ["ok", "rate_limit:2", ...],
+                                     "random": {"seed": 7, "weights": {"error_500": 0.1}}}
+    GET/POST /_control/idempotency  {"enabled": bool, "retention_seconds": N}
+    GET  /_control/tickets          every ticket with its comments
+    GET  /_control/requests         the log of ticket-writing requests
+    POST /_control/reset            forget tickets, keys, the log and the plan
+
+Faults (consumed one per ticket-writing request, i.e. create and comment):
+    ok                        answer normally
+    rate_limit:S              429, Retry-After: S seconds; nothing written
+    rate_limit_date:S         429, Retry-After as an HTTP date S seconds ahead; nothing written
+    unavailable_503[:S]       503 (with Retry-After: S when given); nothing written
+    error_500                 500; nothing written
+    reject_422                422 RecordInvalid (invalid requester email); nothing written
+    unauthorized_401          401; nothing written
+    drop_before_commit        close the connection without answering; nothing written
+    drop_after_commit         write (and remember the key), then close without answering
+    stall_before_commit:S     wait S seconds, then write and answer (the write lands late)
+    stall_after_commit:S      write, wait S seconds, then answer (the client has timed out)
+"""
+from .cli import add_arguments, desk_from_options, main, run_until_signalled
+from .faults import FAULT_ARGUMENTS, OK, Fault, FaultPlan, parse_fault, rejection_for
+from .handler import WriteOutcome, _Handler  # tests wrap _Handler._dispatch to count requests
+from .server import DEFAULT_RETENTION_SECONDS, FakeDesk
+from .store import TicketStore, ValidationFailed
+
+__all__ = [
+    "DEFAULT_RETENTION_SECONDS", "FAULT_ARGUMENTS", "OK", "FakeDesk", "Fault", "FaultPlan", "TicketStore",
+    "ValidationFailed", "WriteOutcome", "add_arguments", "desk_from_options", "main", "parse_fault",
+    "rejection_for", "run_until_signalled",
+]

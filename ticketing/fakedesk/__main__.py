@@ -1,0 +1,5 @@
+"""`python -m ticketing.fakedesk`: see the package docstring."""
+from .cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""The HTTP side: routing, authentication, fault injection per ticket write, the control API."""
+import base64
+import binascii
+import hmac
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
+
+from .faults import rejection_for
+
+if TYPE_CHECKING:
+    from .server import FakeDesk
+
+# The logger name of the single-module FakeDesk, kept so that log lines read the same.
+log = logging.getLogger("ticketing.fakedesk")
+
+
+@dataclass
+class WriteOutcome:
+    status: int
+    body: dict
+    committed: bool = False
+    lookup: str | None = None  # "hit" / "miss" when an idempotency key was looked up
+    ticket_id: int | None = None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address, desk):
+        self.desk = desk
+        self.live_connections: set[socket.socket] = set()
+        self.live_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def close_live_connections(self):
+        # Keep-alive connections would otherwise outlive the server (as a crash would not).
+        with self.live_lock:
+            connections = list(self.live_connections)
+        for connection in connections:
+            _hard_close(connection)
+
+
+def _hard_close(connection: socket.socket):
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as a real desk behind a load balancer
+    server_version = "FakeDesk/1.0"
+    timeout = 60  # an idle keep-alive connection gives its thread back
+
+    # (method, path pattern, handler name, needs auth)
+    ROUTES = [
+        ("POST", re.compile(r"/api/v2/tickets(?:\.json)?"), "create_ticket", True),
+        ("GET", re.compile(r"/api/v2/tickets(?:\.json)?"), "list_tickets", True),
+        ("GET", re.compile(r"/api/v2/tickets/(\d+)(?:\.json)?"), "show_ticket", True),
+        ("PUT", re.compile(r"/api/v2/tickets/(\d+)(?:\.json)?"), "update_ticket", True),
+        ("GET", re.compile(r"/api/v2/tickets/(\d+)/comments(?:\.json)?"), "list_comments", True),
+        ("GET", re.compile(r"/_control/plan"), "control_get_plan", False),
+        ("POST", re.compile(r"/_control/plan"), "control_set_plan", False),
+        ("GET", re.compile(r"/_control/idempotency"), "control_get_idempotency", False),
+        ("POST", re.compile(r"/_control/idempotency"), "control_set_idempotency", False),
+        ("GET", re.compile(r"/_control/tickets"), "control_tickets", False),
+        ("GET", re.compile(r"/_control/requests"), "control_requests", False),
+        ("POST", re.compile(r"/_control/reset"), "control_reset", False),
+    ]
+
+    @property
+    def desk(self) -> "FakeDesk":
+        return self.server.desk
+
+    def setup(self):
+        super().setup()
+        with self.server.live_lock:
+            self.server.live_connections.add(self.connection)
+
+    def finish(self):
+        with self.server.live_lock:
+            self.server.live_connections.discard(self.connection)
+        super().finish()
+
+    def log_message(self, format, *args):
+        # Access lines go to logging at debug level; the interesting ones are logged per write.
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def do_PUT(self):
+        self._dispatch("PUT")
+
+    def do_DELETE(self):
+        self._dispatch("DELETE")
+
+    # Plumbing.
+
+    def _dispatch(self, method: str):
+        url = urlsplit(self.path)
+        self.query = parse_qs(url.query)
+        try:
+            # Read the whole body first, whatever the route: an unread body would corrupt a keep-alive
+            # connection, and a drop fault should come after the client has sent everything.
+            self.raw_body = self._read_body()
+            for route_method, pattern, name, needs_auth in self.ROUTES:
+                match = pattern.fullmatch(url.path)
+                if match and route_method == method:
+                    if needs_auth and not self._authenticated():
+                        self._reject_unauthenticated(method, url.path)
+                        return
+                    getattr(self, name)(*match.groups())
+                    return
+            self._send(404, {"error": "InvalidEndpoint", "description": "Not found"})
+        except ConnectionError:
+            # The client gave up first (it timed out during a stall): nobody is left to answer.
+            self.close_connection = True
+            log.info("fakedesk: %s %s: client went away before the answer", method, url.path)
+        except Exception:
+            if self.desk.stopping:
+                return  # the server is going away under a stalled request: nothing left to answer
+            log.exception("fakedesk: %s %s failed", method, url.path)
+            self._send(500, {"error": "InternalServerError", "description": "FakeDesk bug, see its log"})
+
+    def _read_body(self) -> bytes:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = 0
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _parse_json(self) -> dict | None:
+        try:
+            payload = json.loads(self.raw_body or b"{}")
+        except ValueError:
+            return None
+        return payload if isinstance(payload, dict) else None
+
+    def _json_body(self) -> dict | None:
+        """The parsed body, or None after answering 400 when it is not a JSON object."""
+        payload = self._parse_json()
+        if payload is None:
+            self._send(400, {"error": "InvalidJSON", "description": "The body must be a JSON object"})
+        return payload
+
+    def _base_url(self) -> str:
+        return f"http://{self.headers.get('Host') or self.desk.address}"
+
+    def _send(self, status: int, body: dict, headers: dict | None = None):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _drop_connection(self):
+        # A real close with no response at all: the client sees RemoteDisconnected /
+        # ConnectionResetError, exactly like a load balancer dropping the request.
+        self.close_connection = True
+        _hard_close(self.connection)
+
+    def _authenticated(self) -> bool:
+        token = self.desk.token
+        if not token:
+            return True
+        scheme, _, encoded = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        return user.endswith("/token") and hmac.compare_digest(password.encode(), token.encode())
+
+    def _reject_unauthenticated(self, method: str, path: str):
+        if method in ("POST", "PUT"):
+            self._log_write(method, path, fault=None, outcome=WriteOutcome(401, {}))
+        self._send(401, {"error": "Couldn't authenticate you"})
+
+    # Ticket writes: the only requests that consume faults.
+
+    def create_ticket(self):
+        self._ticket_write("POST", "/api/v2/tickets.json", self._do_create)
+
+    def update_ticket(self, ticket_id):
+        self._ticket_write("PUT", f"/api/v2/tickets/{ticket_id}.json",
+                           lambda ticket: self._do_update(int(ticket_id), ticket))
+
+    def _do_create(self, ticket: dict) -> WriteOutcome:
+        ticket_id = self.desk.store.create_ticket(ticket)
+        body = {"ticket": self.desk.store.ticket(ticket_id, self._base_url())}
+        return WriteOutcome(201, body, committed=True, ticket_id=ticket_id)
+
+    def _do_update(self, ticket_id: int, ticket: dict) -> WriteOutcome:
+        audit = self.desk.store.add_comment(ticket_id, ticket)
+        if audit is None:
+            return WriteOutcome(404, {"error": "RecordNotFound", "description": "Not found"})
+        body = {"ticket": self.desk.store.ticket(ticket_id, self._base_url()), "audit": audit}
+        return WriteOutcome(200, body, committed=True, ticket_id=ticket_id)
+
+    def _ticket_write(self, method: str, path: str, action):
+        fault = self.desk.plan.next()
+        rejection = rejection_for(fault)
+        if rejection is not None:
+            status, headers, body = rejection
+            self._log_write(method, path, fault, WriteOutcome(status, body))
+            self._send(status, body, headers)
+            return
+        if fault.name == "drop_before_commit":
+            self._log_write(method, path, fault, WriteOutcome(0, {}))
+            self._drop_connection()
+            return
+        if fault.name == "stall_before_commit":
+            self.desk.pause(fault.seconds)
+
+        payload = self._parse_json()
+        ticket = payload.get("ticket") if payload is not None else None
+        if not isinstance(ticket, dict):
+            body = {"error": "InvalidJSON", "description": 'The body must be {"ticket": {...}}'}
+            self._log_write(method, path, fault, WriteOutcome(400, body))
+            self._send(400, body)
+            return
+        outcome = self.desk.write(method, path, self.headers.get("Idempotency-Key"), payload, lambda: action(ticket))
+        self._log_write(method, path, fault, outcome, external_id=ticket.get("external_id"))
+
+        if fault.name == "drop_after_commit":
+            self._drop_connection()
+            return
+        if fault.name == "stall_after_commit":
+            self.desk.pause(fault.seconds)
+        headers = {"x-idempotency-lookup": outcome.lookup} if outcome.lookup else {}
+        self._send(outcome.status, outcome.body, headers)
+
+    def _log_write(self, method, path, fault, outcome: WriteOutcome, external_id=None):
+        entry = {
+            "at": time.time(),
+            "method": method,
+            "path": path,
+            "idempotency_key": self.headers.get("Idempotency-Key"),
+            "external_id": None if external_id is None else str(external_id),
+            "fault": None if fault is None else fault.spec,
+            "committed": outcome.committed,
+            # None when no answer is sent at all (a dropped connection).
+            "status": outcome.status or None,
+            "idempotency_lookup": outcome.lookup,
+            "ticket_id": outcome.ticket_id,
+        }
+        with self.desk.store.transaction():
+            self.desk.store.log_request(entry)
+        log.info("fakedesk: %s %s fault=%s status=%s committed=%s lookup=%s ticket=%s", method, path,
+                 entry["fault"], entry["status"], outcome.committed, outcome.lookup, outcome.ticket_id)
+
+    # Ticket reads.
+
+    def list_tickets(self):
+        external_id = (self.query.get("external_id") or [None])[0]
+        with self.desk.store.transaction():
+            tickets = self.desk.store.tickets(self._base_url(), external_id)
+        self._send(200, {"tickets": tickets, "count": len(tickets), "next_page": None, "previous_page": None})
+
+    def show_ticket(self, ticket_id):
+        with self.desk.store.transaction():
+            ticket = self.desk.store.ticket(int(ticket_id), self._base_url())
+        if ticket is None:
+            self._send(404, {"error": "RecordNotFound", "description": "Not found"})
+        else:
+            self._send(200, {"ticket": ticket})
+
+    def list_comments(self, ticket_id):
+        with self.desk.store.transaction():
+            exists = self.desk.store.ticket(int(ticket_id), self._base_url()) is not None
+            comments = self.desk.store.comments(int(ticket_id))
+        if not exists:
+            self._send(404, {"error": "RecordNotFound", "description": "Not found"})
+        else:
+            self._send(200, {"comments": comments, "count": len(comments), "next_page": None})
+
+    # Control API.
+
+    def control_get_plan(self):
+        self._send(200, self.desk.plan.describe())
+
+    def control_set_plan(self):
+        payload = self._json_body()
+        if payload is None:
+            return
+        try:
+            self.desk.plan.replace(payload.get("faults") or [], payload.get("random"))
+        except ValueError as exc:
+            self._send(400, {"error": "BadPlan", "description": str(exc)})
+            return
+        self._send(200, self.desk.plan.describe())
+
+    def control_get_idempotency(self):
+        self._send(200, self.desk.idempotency_settings())
+
+    def control_set_idempotency(self):
+        payload = self._json_body()
+        if payload is None:
+            return
+        try:
+            self.desk.set_idempotency(payload.get("enabled"), payload.get("retention_seconds"))
+        except ValueError as exc:
+            self._send(400, {"error": "BadSettings", "description": str(exc)})
+            return
+        self._send(200, self.desk.idempotency_settings())
+
+    def control_tickets(self):
+        tickets = self.desk.tickets(self._base_url())
+        self._send(200, {"tickets": tickets, "count": len(tickets)})
+
+    def control_requests(self):
+        entries = self.desk.requests_log()
+        self._send(200, {"requests": entries, "count": len(entries)})
+
+    def control_reset(self):
+        self.desk.reset()
+        self._send(200, {"reset": True})

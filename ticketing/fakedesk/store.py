@@ -1,0 +1,238 @@
+"""The SQLite ticket store: tickets, comments, idempotency keys, the request log, and their JSON."""
+import json
+import re
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+
+
+class ValidationFailed(Exception):
+    """The request is well-formed JSON but not a valid ticket: Zendesk answers 422 RecordInvalid."""
+
+    def __init__(self, details: dict):
+        super().__init__("record invalid")
+        self.details = details
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tickets (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    external_id TEXT,
+    subject TEXT NOT NULL DEFAULT '',
+    description TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL DEFAULT 'new',
+    requester TEXT NOT NULL DEFAULT '{}',
+    tags TEXT NOT NULL DEFAULT '[]',
+    custom_fields TEXT NOT NULL DEFAULT '[]',
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tickets_external_id ON tickets (external_id);
+CREATE TABLE IF NOT EXISTS comments (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ticket_id INTEGER NOT NULL REFERENCES tickets (id),
+    body TEXT NOT NULL,
+    public INTEGER NOT NULL,
+    author_id INTEGER,
+    metadata TEXT NOT NULL DEFAULT '{}',
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS comments_ticket ON comments (ticket_id);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    response TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS requests (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    method TEXT NOT NULL,
+    path TEXT NOT NULL,
+    idempotency_key TEXT,
+    external_id TEXT,
+    fault TEXT,
+    committed INTEGER NOT NULL,
+    status INTEGER,
+    idempotency_lookup TEXT,
+    ticket_id INTEGER
+);
+"""
+
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class TicketStore:
+    """Tickets, comments, idempotency keys and the request log in one SQLite database.
+
+    One connection is shared by every handler thread behind one lock: a fake
+    needs simple, obviously serial behaviour more than throughput. Callers wrap
+    each unit of work in `transaction()`, so a ticket and the idempotency key
+    that remembers it are committed together or not at all.
+    """
+
+    def __init__(self, path: str | None = None):
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path or ":memory:", check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.executescript(_SCHEMA)
+
+    @contextmanager
+    def transaction(self):
+        with self._lock, self._db:
+            yield
+
+    def close(self):
+        with self._lock:
+            self._db.close()
+
+    def reset(self):
+        # Ids start again from 1, as on a fresh desk.
+        self._db.execute("DELETE FROM comments")
+        self._db.execute("DELETE FROM tickets")
+        self._db.execute("DELETE FROM idempotency_keys")
+        self._db.execute("DELETE FROM requests")
+        self._db.execute("DELETE FROM sqlite_sequence")
+
+    # Tickets and comments.
+
+    def create_ticket(self, ticket: dict) -> int:
+        comment = ticket.get("comment") if isinstance(ticket.get("comment"), dict) else {}
+        body = comment.get("body") or ticket.get("description") or ""
+        requester = ticket.get("requester") if isinstance(ticket.get("requester"), dict) else {}
+        details = {}
+        if not isinstance(body, str) or not body.strip():
+            details["description"] = [{"description": "Description: cannot be blank", "error": "BlankValue"}]
+        if "email" in requester and not _EMAIL.fullmatch(str(requester["email"])):
+            details["requester"] = [{"description": "Requester email is invalid"}]
+        if details:
+            raise ValidationFailed(details)
+        now = _now_iso()
+        external_id = ticket.get("external_id")
+        cursor = self._db.execute(
+            "INSERT INTO tickets (external_id, subject, description, status, requester, tags, custom_fields,"
+            " created_at, updated_at) VALUES (?, ?, ?, 'new', ?, ?, ?, ?, ?)",
+            (
+                None if external_id is None else str(external_id),
+                str(ticket.get("subject") or ""),
+                body,
+                json.dumps(requester),
+                json.dumps(list(ticket.get("tags") or [])),
+                json.dumps(list(ticket.get("custom_fields") or [])),
+                now,
+                now,
+            ),
+        )
+        ticket_id = cursor.lastrowid
+        # Zendesk keeps the description as the ticket's first comment.
+        self._insert_comment(ticket_id, body, bool(comment.get("public", True)), comment.get("author_id"), {})
+        return ticket_id
+
+    def add_comment(self, ticket_id: int, ticket: dict) -> dict | None:
+        """Apply a ticket update (a comment, maybe a status). None if there is no such ticket."""
+        if self._ticket_row(ticket_id) is None:
+            return None
+        comment = ticket.get("comment")
+        events = []
+        if comment is not None:
+            if not isinstance(comment, dict) or not isinstance(comment.get("body"), str) or not comment["body"].strip():
+                raise ValidationFailed({"comment": [{"description": "Comment: body cannot be blank"}]})
+            metadata = ticket.get("metadata") if isinstance(ticket.get("metadata"), dict) else {}
+            comment_id = self._insert_comment(
+                ticket_id, comment["body"], bool(comment.get("public", True)), comment.get("author_id"), metadata)
+            events.append({"id": comment_id, "type": "Comment", "body": comment["body"],
+                           "public": bool(comment.get("public", True)), "author_id": comment.get("author_id")})
+        if isinstance(ticket.get("status"), str):
+            self._db.execute("UPDATE tickets SET status = ? WHERE id = ?", (ticket["status"], ticket_id))
+        self._db.execute("UPDATE tickets SET updated_at = ? WHERE id = ?", (_now_iso(), ticket_id))
+        return {
+            "id": events[0]["id"] if events else None,
+            "ticket_id": ticket_id,
+            "created_at": _now_iso(),
+            "events": events,
+            "metadata": {"custom": ticket.get("metadata") or {}},
+        }
+
+    def _insert_comment(self, ticket_id, body, public, author_id, metadata) -> int:
+        cursor = self._db.execute(
+            "INSERT INTO comments (ticket_id, body, public, author_id, metadata, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (ticket_id, body, int(public), author_id if isinstance(author_id, int) else None,
+             json.dumps(metadata), _now_iso()),
+        )
+        return cursor.lastrowid
+
+    def _ticket_row(self, ticket_id):
+        return self._db.execute("SELECT * FROM tickets WHERE id = ?", (ticket_id,)).fetchone()
+
+    def ticket(self, ticket_id: int, base_url: str) -> dict | None:
+        row = self._ticket_row(ticket_id)
+        return None if row is None else _ticket_json(row, base_url)
+
+    def tickets(self, base_url: str, external_id: str | None = None) -> list[dict]:
+        if external_id is None:
+            rows = self._db.execute("SELECT * FROM tickets ORDER BY id").fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM tickets WHERE external_id = ? ORDER BY id", (external_id,)).fetchall()
+        return [_ticket_json(row, base_url) for row in rows]
+
+    def comments(self, ticket_id: int) -> list[dict]:
+        rows = self._db.execute("SELECT * FROM comments WHERE ticket_id = ? ORDER BY id", (ticket_id,)).fetchall()
+        return [
+            {"id": row["id"], "type": "Comment", "body": row["body"], "public": bool(row["public"]),
+             "author_id": row["author_id"], "metadata": {"custom": json.loads(row["metadata"])},
+             "created_at": row["created_at"]}
+            for row in rows
+        ]
+
+    # Idempotency keys.
+
+    def recall(self, key: str, retention_seconds: float):
+        """The stored (fingerprint, status, response) for a key still inside its retention, else None."""
+        self._db.execute("DELETE FROM idempotency_keys WHERE created_at <= ?", (time.time() - retention_seconds,))
+        row = self._db.execute(
+            "SELECT fingerprint, status, response FROM idempotency_keys WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (row["fingerprint"], row["status"], json.loads(row["response"]))
+
+    def remember(self, key: str, fingerprint: str, status: int, response: dict):
+        self._db.execute(
+            "INSERT OR REPLACE INTO idempotency_keys (key, fingerprint, status, response, created_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (key, fingerprint, status, json.dumps(response), time.time()),
+        )
+
+    # The request log.
+
+    def log_request(self, entry: dict):
+        self._db.execute(
+            "INSERT INTO requests (at, method, path, idempotency_key, external_id, fault, committed, status,"
+            " idempotency_lookup, ticket_id) VALUES (:at, :method, :path, :idempotency_key, :external_id, :fault,"
+            " :committed, :status, :idempotency_lookup, :ticket_id)",
+            {**entry, "committed": int(bool(entry["committed"]))},
+        )
+
+    def requests(self) -> list[dict]:
+        rows = self._db.execute("SELECT * FROM requests ORDER BY id").fetchall()
+        return [{**dict(row), "committed": bool(row["committed"])} for row in rows]
+
+
+def _ticket_json(row, base_url: str) -> dict:
+    return {
+        "id": row["id"],
+        "url": f"{base_url}/api/v2/tickets/{row['id']}.json",
+        "external_id": row["external_id"],
+        "subject": row["subject"],
+        "description": row["description"],
+        "status": row["status"],
+        "requester": json.loads(row["requester"]),
+        "tags": json.loads(row["tags"]),
+        "custom_fields": json.loads(row["custom_fields"]),
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
