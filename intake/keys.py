@@ -36,12 +36,12 @@ def message_id_from_raw(raw: bytes) -> str:
     return value
 
 
-def provider_message_id_for_raw(raw: bytes, claimed: str = "") -> str:
+def provider_message_id_for_raw(raw: bytes, claimed: str = "", message_id: str | None = None) -> str:
     """For raw and inbound-parse mail and IMAP: the Message-ID, else sha256 of the bytes.
 
     Never subject + sender: two real requests may look identical.
     """
-    candidate = (claimed or "").strip() or message_id_from_raw(raw)
+    candidate = (claimed or "").strip() or (message_id if message_id is not None else message_id_from_raw(raw))
     if not candidate:
         # Line endings differ by channel (IMAP servers answer CRLF, webhooks often send
         # LF): hash the message with one convention so both channels meet at one key.
@@ -51,10 +51,21 @@ def provider_message_id_for_raw(raw: bytes, claimed: str = "") -> str:
     return candidate
 
 
-def thread_key_for_raw(raw: bytes) -> str:
-    """The thread key `intake.validation.thread_key` gives the parsed message, from headers alone."""
+def thread_key_for_raw(raw: bytes, ids: tuple | None = None) -> str:
+    """The thread key `intake.validation.thread_key` gives the parsed message, from headers alone.
+
+    `ids` is what `intake.mime.thread_ids(raw)` returned, when the caller has it already.
+    """
     from .mime import thread_ids
     from .validation import thread_key_of
 
-    message_id, in_reply_to, references = thread_ids(raw)
+    message_id, in_reply_to, references = ids if ids is not None else thread_ids(raw)
     return thread_key_of(message_id, in_reply_to, references, hashlib.sha256(raw).hexdigest())
+
+
+def raw_message_keys(raw: bytes, claimed_id: str = "") -> tuple[str, str]:
+    """(provider message id, thread key) of a raw message from one read of its header block."""
+    from .mime import thread_ids
+
+    ids = thread_ids(raw)
+    return provider_message_id_for_raw(raw, claimed_id, message_id=ids[0]), thread_key_for_raw(raw, ids)

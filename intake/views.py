@@ -8,7 +8,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from . import selectors, services, signing
-from .keys import provider_message_id_for_raw
+from .keys import raw_message_keys
 from .secrets import SecretUnavailable, resolve_secret
 
 logger = logging.getLogger(__name__)
@@ -58,8 +58,8 @@ def raw_webhook(request, mailbox_slug: str):
         return _error(401, "invalid signature")
     if not body:
         return _error(400, "empty body: expected an RFC 5322 message")
-    provider_message_id = provider_message_id_for_raw(body, request.headers.get("X-Mailroom-Message-Id", ""))
-    result = services.ingest(mailbox, provider_message_id, body, source="raw")
+    provider_message_id, thread_key = raw_message_keys(body, request.headers.get("X-Mailroom-Message-Id", ""))
+    result = services.ingest(mailbox, provider_message_id, body, source="raw", thread_key=thread_key)
     return JsonResponse(
         {"inbox_event_id": result.inbox_event_id, "duplicate": result.duplicate},
         status=200 if result.duplicate else 202,
