@@ -55,15 +55,27 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
-class MailboxFilter(admin.SimpleListFilter):
-    title = "mailbox"
-    parameter_name = "mailbox"
+class _VisibleChoiceFilter(admin.SimpleListFilter):
+    """Filter by one of the objects the user may see (their tenants, or those tenants' mailboxes)."""
+
+    field = ""
+
+    def choices_for(self, user):
+        raise NotImplementedError
 
     def lookups(self, request, model_admin):
-        return [(str(m.pk), m.slug) for m in selectors.visible_mailboxes(request.user).order_by("slug")]
+        return [(str(o.pk), o.slug) for o in self.choices_for(request.user).order_by("slug")]
 
     def queryset(self, request, queryset):
-        return queryset.filter(mailbox_id=self.value()) if (self.value() or "").isdigit() else queryset
+        return queryset.filter(**{self.field: self.value()}) if (self.value() or "").isdigit() else queryset
+
+
+class MailboxFilter(_VisibleChoiceFilter):
+    title = "mailbox"
+    parameter_name = field = "mailbox"
+
+    def choices_for(self, user):
+        return selectors.visible_mailboxes(user)
 
 
 class OwnerFilter(admin.SimpleListFilter):
@@ -81,15 +93,12 @@ class OwnerFilter(admin.SimpleListFilter):
         return queryset
 
 
-class TenantFilter(admin.SimpleListFilter):
+class TenantFilter(_VisibleChoiceFilter):
     title = "tenant"
-    parameter_name = "tenant"
+    parameter_name = field = "tenant"
 
-    def lookups(self, request, model_admin):
-        return [(str(t.pk), t.slug) for t in selectors.visible_tenants(request.user).order_by("slug")]
-
-    def queryset(self, request, queryset):
-        return queryset.filter(tenant_id=self.value()) if (self.value() or "").isdigit() else queryset
+    def choices_for(self, user):
+        return selectors.visible_tenants(user)
 
 
 # --- forms ---------------------------------------------------------------------------
