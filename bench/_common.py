@@ -277,6 +277,18 @@ def remove_tmp(tmp: Path, keep: bool) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+
+def clean_up(stack, db_name: str, tmp: Path, keep: bool) -> None:
+    """Stop what a run started, then drop its database and temporary files (unless --keep)."""
+    stack.stop()
+    if not keep:
+        try:
+            drop_database(db_name)
+        except psycopg.Error as exc:
+            log(f"could not drop {db_name}: {exc}")
+    remove_tmp(tmp, keep=keep)
+
+
 def git_revision() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,

@@ -284,13 +284,7 @@ def main() -> int:
         c.log("interrupted: stopping what this run started")
         return 130
     finally:
-        stack.stop()
-        if not args.keep:
-            try:
-                c.drop_database(DB_NAME)
-            except psycopg.Error as exc:
-                c.log(f"could not drop {DB_NAME}: {exc}")
-        c.remove_tmp(tmp, keep=args.keep)
+        c.clean_up(stack, DB_NAME, tmp, args.keep)
 
 
 if __name__ == "__main__":
