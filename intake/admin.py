@@ -4,7 +4,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from .logging import mask_address
-from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage, PollCursor, Tenant
+from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage, PollCursor, ProviderSubscription, Tenant, WebhookNonce
 from .selectors import visible_tenants
 
 
@@ -180,3 +180,17 @@ class AuditEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     list_filter = ("kind",)
     search_fields = ("=inbox_event__id", "actor", "kind")
     ordering = ("-at",)
+
+
+@admin.register(ProviderSubscription)
+class ProviderSubscriptionAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "mailbox__tenant"
+    list_display = ("mailbox", "provider", "external_id", "expires_at", "renewed_at")
+    list_filter = ("provider",)
+
+
+@admin.register(WebhookNonce)
+class WebhookNonceAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "mailbox__tenant"
+    list_display = ("provider", "mailbox", "seen_at")
+    list_filter = ("provider",)

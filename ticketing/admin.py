@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from intake.admin import ReadOnlyAdminMixin, TenantScopedAdminMixin
 
-from .models import Destination, Intent, ThreadLease, Ticket, TicketMapping
+from .models import Destination, Intent, ThreadLease, Ticket, TicketComment, TicketMapping
 
 
 @admin.register(Destination)
@@ -36,9 +36,21 @@ class ThreadLeaseAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAd
     list_display = ("mailbox", "thread_key", "owner", "token", "expires_at")
 
 
+class TicketCommentInline(admin.TabularInline):
+    model = TicketComment
+    fields = ("created_at", "author", "body")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Ticket)
 class TicketAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     tenant_path = "destination__tenant"
+    inlines = [TicketCommentInline]
     list_display = ("__str__", "destination", "subject", "status", "created_at")
     list_filter = ("status", ("destination", admin.RelatedOnlyFieldListFilter))
     search_fields = ("subject", "external_ref")
@@ -46,3 +58,11 @@ class TicketAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(TicketComment)
+class TicketCommentAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "ticket__destination__tenant"
+    list_display = ("__str__", "ticket", "created_at")
+    search_fields = ("external_ref",)
+    exclude = ("body",)  # bodies are customer text: read them on the ticket
