@@ -759,3 +759,13 @@ def summarise_profile(name: str, path: Path, top: int = 22) -> str:
                                            "logging/__init__", "psycopg/", "redis/"))]
     out += [f"  {n / total * 100:5.1f}%  {f[:140]}" for f, n in interesting[:top]]
     return "\n".join(out)
+
+
+def add_common_arguments(parser, profile_help: str) -> None:
+    """The options both benchmarks take."""
+    parser.add_argument("--preload", type=int, default=10000, help="completed events of history loaded first")
+    parser.add_argument("--log-level", default="INFO", help="the app's LOG_LEVEL (default INFO, the app default)")
+    parser.add_argument("--quiet-wait", type=float, default=15,
+                        help="wait up to this long for other work on the machine to stop before timing (default 15)")
+    parser.add_argument("--profile", action="store_true", help=profile_help)
+    parser.add_argument("--keep", action="store_true", help="keep the database and the logs")

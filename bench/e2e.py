@@ -143,16 +143,10 @@ def main() -> int:
     parser.add_argument("--body-bytes", type=int, default=3000, help="size of each message (default 3000)")
     parser.add_argument("--warmup", type=int, default=100, help="emails sent through the whole stack first")
     parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the last mapping")
-    parser.add_argument("--preload", type=int, default=10000, help="completed events of history loaded first")
     parser.add_argument("--relay-group", type=int, default=0,
                         help="MAILROOM_RELAY_GROUP for the relay (event ids per task); 0: the app's default")
-    parser.add_argument("--log-level", default="INFO", help="the app's LOG_LEVEL (default INFO, the app default)")
-    parser.add_argument("--quiet-wait", type=float, default=15,
-                        help="wait up to this long for other work on the machine to stop before timing (default 15)")
-    parser.add_argument("--profile", action="store_true",
-                        help="py-spy the web, relay and worker processes during the timed run and print where "
-                             "their CPU goes (needs .venv/bin/pip install py-spy; lowers the figures a little)")
-    parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
+    c.add_common_arguments(parser, "py-spy the web, relay and worker processes during the timed run and print where "
+                                   "their CPU goes (needs .venv/bin/pip install py-spy; lowers the figures a little)")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run: 300 emails")
     args = parser.parse_args()
     if args.quick:

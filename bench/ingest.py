@@ -236,14 +236,8 @@ def main() -> int:
     parser.add_argument("--max-rate", type=float, default=2500,
                         help="messages precomputed per second of --duration (default 2500)")
     parser.add_argument("--baseline-duration", type=float, default=3.0, help="seconds per raw psycopg baseline")
-    parser.add_argument("--preload", type=int, default=10000, help="completed events of history loaded first")
-    parser.add_argument("--log-level", default="INFO", help="the app's LOG_LEVEL (default INFO, the app default)")
-    parser.add_argument("--quiet-wait", type=float, default=15,
-                        help="wait up to this long for other work on the machine to stop before timing (default 15)")
-    parser.add_argument("--profile", action="store_true",
-                        help="py-spy the gunicorn workers during the timed phase and print where their CPU goes "
-                             "(needs .venv/bin/pip install py-spy; lowers the figures a little)")
-    parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
+    c.add_common_arguments(parser, "py-spy the gunicorn workers during the timed phase and print where their CPU "
+                                   "goes (needs .venv/bin/pip install py-spy; lowers the figures a little)")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run (about 20 s)")
     args = parser.parse_args()
     if args.quick:

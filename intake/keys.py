@@ -1,7 +1,5 @@
 """Stable keys: the same message always yields the same key, whichever channel brought it."""
 import hashlib
-from email.parser import BytesHeaderParser
-from email import policy
 
 _SEP = "\x1f"
 _MAX_ID_LENGTH = 900
@@ -15,25 +13,15 @@ def dedupe_key(tenant_id: int, mailbox_id: int, provider_message_id: str, action
     return stable_key(tenant_id, mailbox_id, provider_message_id, action_type)
 
 
-def _header_block(raw: bytes) -> bytes:
-    for separator in (b"\r\n\r\n", b"\n\n"):
-        end = raw.find(separator)
-        if end != -1:
-            return raw[: end + len(separator)]
-    return raw
-
-
 def message_id_from_raw(raw: bytes) -> str:
-    """The RFC 5322 Message-ID without angle brackets, or "" when absent or unusable."""
-    try:
-        headers = BytesHeaderParser(policy=policy.compat32).parsebytes(_header_block(raw))
-        value = headers.get("Message-ID")
-    except Exception:  # hostile header blocks must not stop intake
-        return ""
-    if value is None:
-        return ""
-    value = "".join(str(value).split()).strip("<>")
-    return value
+    """The RFC 5322 Message-ID without angle brackets, or "" when absent or unusable.
+
+    Read by the same header-block parse (and id cleaning) as the thread key, so the
+    provider message id and the thread key of a message always agree.
+    """
+    from .mime import thread_ids
+
+    return thread_ids(raw)[0]
 
 
 def provider_message_id_for_raw(raw: bytes, claimed: str = "", message_id: str | None = None) -> str:

@@ -132,6 +132,11 @@ class InboxEvent(models.Model):
                 condition=Q(state__in=["received", "ready", "write_pending", "completed"]) | ~Q(reason_code=""),
                 name="inbox_event_off_path_needs_reason",
             ),
+            models.CheckConstraint(
+                condition=Q(state__in=["received", "ready", "write_pending", "completed", "suppressed",
+                                       "awaiting_review", "quarantined", "failed", "unknown"]),
+                name="inbox_event_known_state",
+            ),
         ]
         indexes = [
             models.Index(fields=["state", "updated_at"], name="inbox_event_state_updated"),

@@ -2,7 +2,6 @@
 import logging
 
 from django.conf import settings
-from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -71,29 +70,9 @@ def healthz(request):
     return HttpResponse("ok", content_type="text/plain")
 
 
-def _broker_reachable() -> str | None:
-    from config.celery import app
-
-    try:
-        with app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, timeout=2)
-    except Exception as exc:
-        return f"broker: {type(exc).__name__}"
-    return None
-
-
-def _database_reachable() -> str | None:
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-    except Exception as exc:
-        return f"database: {type(exc).__name__}"
-    return None
-
-
 @require_GET
 def readyz(request):
-    problems = [p for p in (_database_reachable(), _broker_reachable()) if p]
+    problems = selectors.readiness_problems()
     if problems:
         return JsonResponse({"ready": False, "problems": problems}, status=503)
     return JsonResponse({"ready": True})

@@ -178,3 +178,19 @@ def test_paused_mailbox_still_stores_but_processing_waits(mailbox):
     mailbox.save()
     assert process_inbox_event(event_id) == "created"
     assert Ticket.objects.count() == 1
+
+
+def test_the_database_refuses_an_unknown_state_and_a_success_without_a_result(mailbox):
+    from django.db import IntegrityError, transaction
+
+    from ticketing.models import Intent
+
+    event_id = post_signed(Client(), make_message()).json()["inbox_event_id"]
+    with pytest.raises(IntegrityError), transaction.atomic():
+        InboxEvent.objects.filter(pk=event_id).update(state="done-ish")
+    process_inbox_event(event_id)
+    intent = Intent.objects.get(inbox_event_id=event_id, action="create_ticket")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Intent.objects.filter(pk=intent.pk).update(result_ref="")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        TicketMapping.objects.filter(inbox_event_id=event_id).update(ticket_id="")

@@ -80,6 +80,15 @@ class Intent(models.Model):
                 condition=~Q(state="in_flight") | Q(claimed_until__isnull=False),
                 name="intent_in_flight_has_claim",
             ),
+            models.CheckConstraint(
+                condition=Q(state__in=["pending", "in_flight", "retry_wait", "succeeded", "failed", "unknown", "held"]),
+                name="intent_known_state",
+            ),
+            # Success is a recorded result: what was made (or who settled it) and when.
+            models.CheckConstraint(
+                condition=~Q(state="succeeded") | (~Q(result_ref="") & Q(completed_at__isnull=False)),
+                name="intent_succeeded_has_result",
+            ),
         ]
         indexes = [
             models.Index(fields=["state", "next_attempt_at"], name="intent_due"),
@@ -104,6 +113,7 @@ class TicketMapping(models.Model):
         default_permissions = ("add", "change", "view")  # evidence: nobody deletes mappings
         constraints = [
             models.UniqueConstraint(fields=["inbox_event", "action"], name="ticket_mapping_one_per_event_action"),
+            models.CheckConstraint(condition=~Q(ticket_id=""), name="ticket_mapping_has_ticket_id"),
         ]
 
     def __str__(self):
