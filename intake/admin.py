@@ -134,8 +134,11 @@ class AuditEventInline(admin.TabularInline):
 
 @admin.register(InboxEvent)
 class InboxEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ("id", "state", "mailbox", "masked_sender", "subject", "received_at", "ticket_link", "reason_code")
-    list_filter = ("state", "reason_code", "source", ("mailbox", admin.RelatedOnlyFieldListFilter),
+    list_display = ("id", "state", "mailbox", "masked_sender", "subject", "received_at", "ticket_link", "reason_code",
+                    "message_id_reused", "console_link")
+    # `state` lists suppressed mail too (which the recovery queue does not): from the console
+    # page an operator can replay what a rule set aside.
+    list_filter = ("state", "reason_code", "message_id_reused", "source", ("mailbox", admin.RelatedOnlyFieldListFilter),
                    ("tenant", admin.RelatedOnlyFieldListFilter))
     search_fields = ("=id", "provider_message_id", "message_id_header", "subject", "sender")
     date_hierarchy = "received_at"
@@ -147,6 +150,11 @@ class InboxEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     @admin.display(description="sender")
     def masked_sender(self, obj):
         return mask_address(obj.sender)
+
+    @admin.display(description="console")
+    def console_link(self, obj):
+        url = reverse("admin:reconciliation_recoveryitem_change", args=[obj.pk])
+        return format_html('<a href="{}">inspect / replay</a>', url)
 
     @admin.display(description="ticket")
     def ticket_link(self, obj):

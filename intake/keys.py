@@ -1,5 +1,6 @@
 """Stable keys: the same message always yields the same key, whichever channel brought it."""
 import hashlib
+import re
 
 _SEP = "\x1f"
 _MAX_ID_LENGTH = 900
@@ -11,6 +12,49 @@ def stable_key(*parts) -> str:
 
 def dedupe_key(tenant_id: int, mailbox_id: int, provider_message_id: str, action_type: str = "ingest") -> str:
     return stable_key(tenant_id, mailbox_id, provider_message_id, action_type)
+
+
+# What identifies a message's content however it travelled: the author's headers and the body.
+# Transport headers (Received, Delivered-To, Return-Path, a provider's own) are left out, so
+# the same message fetched by IMAP and posted by a webhook agrees; folding, line endings
+# and trailing white space are normalised for the same reason.
+FINGERPRINT_HEADERS = (b"message-id", b"date", b"from", b"to", b"cc", b"subject")
+_HEADER_END = re.compile(rb"\r?\n\r?\n")
+_FOLD = re.compile(rb"\r?\n(?=[ \t])")
+_TRAILING_SPACE = re.compile(rb"[ \t\r]+(?=\n)")
+_SPACES = re.compile(rb"\s+")
+# Reading more of a header block than this costs time and says nothing more about identity.
+_MAX_FINGERPRINT_HEADER_BYTES = 256 * 1024
+
+
+def content_fingerprint(raw: bytes) -> str:
+    """sha256 hex of what the author wrote: Message-ID, Date, From, To, Cc, Subject and the body.
+
+    The same for the same message whichever channel brought it, different for two
+    messages that merely share a Message-ID (some senders reuse one for every alert).
+    """
+    match = _HEADER_END.search(raw, 0, _MAX_FINGERPRINT_HEADER_BYTES)
+    if match is None:
+        head, body = raw[:_MAX_FINGERPRINT_HEADER_BYTES], raw[_MAX_FINGERPRINT_HEADER_BYTES:]
+    else:
+        head, body = raw[:match.start()], raw[match.end():]
+    wanted: dict[bytes, list[bytes]] = {}
+    for line in _FOLD.sub(b" ", head).splitlines():
+        name, colon, value = line.partition(b":")
+        name = name.strip().lower()
+        if colon and name in FINGERPRINT_HEADERS:
+            wanted.setdefault(name, []).append(b" ".join(_SPACES.split(value.strip())))
+    digest = hashlib.sha256()
+    for name in FINGERPRINT_HEADERS:
+        digest.update(name + b":" + b"\x1e".join(wanted.get(name, ())) + b"\x1f")
+    body = _TRAILING_SPACE.sub(b"", body.replace(b"\r\n", b"\n")).rstrip(b" \t\r\n")
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def reused_id(provider_message_id: str, fingerprint: str) -> str:
+    """The provider message id of a message that reuses another message's id: both, combined."""
+    return f"{provider_message_id}#{fingerprint[:16]}"
 
 
 def message_id_from_raw(raw: bytes) -> str:
@@ -25,15 +69,16 @@ def message_id_from_raw(raw: bytes) -> str:
 
 
 def provider_message_id_for_raw(raw: bytes, claimed: str = "", message_id: str | None = None) -> str:
-    """For raw and inbound-parse mail and IMAP: the Message-ID, else sha256 of the bytes.
+    """For raw and inbound-parse mail and IMAP: the Message-ID, else the content fingerprint.
 
     Never subject + sender: two real requests may look identical.
     """
     candidate = (claimed or "").strip() or (message_id if message_id is not None else message_id_from_raw(raw))
     if not candidate:
-        # Line endings differ by channel (IMAP servers answer CRLF, webhooks often send
-        # LF): hash the message with one convention so both channels meet at one key.
-        return "sha256:" + hashlib.sha256(raw.replace(b"\r\n", b"\n")).hexdigest()
+        # The content fingerprint, not a hash of the bytes: channels differ in transport
+        # headers and line endings (IMAP servers answer CRLF and add Received/Delivered-To,
+        # webhooks often send LF), and both must meet at one key.
+        return "sha256:" + content_fingerprint(raw)
     if len(candidate) > _MAX_ID_LENGTH:
         return "sha256-id:" + hashlib.sha256(candidate.encode("utf-8", "surrogateescape")).hexdigest()
     return candidate

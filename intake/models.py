@@ -93,6 +93,12 @@ class InboxEvent(models.Model):
     mailbox = models.ForeignKey(Mailbox, on_delete=models.PROTECT, related_name="events")
     provider_message_id = models.CharField(max_length=998)
     dedupe_key = models.CharField(max_length=64, unique=True)
+    # sha256 of what the author wrote (intake.keys.content_fingerprint): tells a second delivery
+    # of this message from another message that reuses its Message-ID.
+    fingerprint = models.CharField(max_length=64, blank=True)
+    # This message reused the Message-ID of an earlier, different one: its provider message id
+    # is `<id>#<fingerprint prefix>` (intake.keys.reused_id).
+    message_id_reused = models.BooleanField(default=False)
     source = models.CharField(max_length=20)
     state = models.CharField(max_length=20, choices=State.choices, default=State.RECEIVED)
     reason_code = models.CharField(max_length=50, blank=True)

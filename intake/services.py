@@ -1,7 +1,7 @@
 """Writes of the intake app. Every state change and its audit row share one transaction."""
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -10,7 +10,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from . import selectors
-from .keys import dedupe_key, thread_key_for_raw
+from .keys import content_fingerprint, dedupe_key, reused_id, thread_key_for_raw
 from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -43,30 +43,101 @@ def enqueue_outbox(topic: str, payload: dict, now=None) -> OutboxMessage:
     return message
 
 
+# Providers whose message id is their own, unique per message (never a sender's Message-ID):
+# a second delivery under such an id is always the same message.
+PROVIDER_OWN_IDS = frozenset({Mailbox.Provider.GMAIL, Mailbox.Provider.GRAPH})
+
+
 def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str,
            thread_key: str | None = None) -> IngestResult:
     """Persist a message once per (mailbox, provider message id), with its audit and outbox rows.
+
+    A second delivery under the same id is a duplicate only when its content
+    fingerprint matches: a different message that reuses a Message-ID (some
+    ticketing and monitoring systems do) is stored as its own event, under the id
+    `intake.keys.reused_id` derives, and flagged `message_id_reused`.
 
     Returns only after the commit (or inside the caller's transaction), so a
     caller that acknowledges the provider afterwards never acknowledges
     something we could lose.
     """
     now = timezone.now()
-    key = dedupe_key(mailbox.tenant_id, mailbox.pk, provider_message_id)
+    fingerprint = content_fingerprint(raw)
     # Keyed now, so a reply that is processed first can see its thread's earlier mail.
     thread_key = thread_key if thread_key is not None else thread_key_for_raw(raw)
+    row = _IngestRow(mailbox, provider_message_id, raw, source, thread_key, fingerprint, now)
+    event_id = _insert_event(row)
+    if event_id is not None:
+        logger.info("stored event %s via %s (%d bytes)", event_id, source, len(raw))
+        return IngestResult(event_id, duplicate=False)
+
+    first = _stored_event(mailbox, provider_message_id)
+    if source in PROVIDER_OWN_IDS or mailbox.provider in PROVIDER_OWN_IDS or _same_content(first, fingerprint):
+        logger.info("duplicate delivery for event %s via %s", first["pk"], source)
+        return IngestResult(first["pk"], duplicate=True)
+
+    row = row.reusing(first["pk"])
+    event_id = _insert_event(row)
+    if event_id is not None:
+        logger.warning("event %s reuses the Message-ID of event %s with other content: stored as its own",
+                       event_id, first["pk"])
+        return IngestResult(event_id, duplicate=False)
+    again = _stored_event(mailbox, row.provider_message_id)
+    logger.info("duplicate delivery for event %s via %s", again["pk"], source)
+    return IngestResult(again["pk"], duplicate=True)
+
+
+@dataclass(frozen=True)
+class _IngestRow:
+    mailbox: Mailbox
+    provider_message_id: str
+    raw: bytes
+    source: str
+    thread_key: str
+    fingerprint: str
+    now: object
+    reuses_event: int | None = None   # the earlier, different message whose Message-ID this one reuses
+
+    @property
+    def key(self) -> str:
+        return dedupe_key(self.mailbox.tenant_id, self.mailbox.pk, self.provider_message_id)
+
+    @property
+    def audit_detail(self) -> dict:
+        detail = {"size": len(self.raw)}
+        if self.reuses_event is not None:
+            detail.update(message_id_reused=True, first_event=self.reuses_event)
+        return detail
+
+    def reusing(self, first_event_id: int) -> "_IngestRow":
+        return replace(self, provider_message_id=reused_id(self.provider_message_id, self.fingerprint),
+                       reuses_event=first_event_id)
+
+
+def _insert_event(row: _IngestRow) -> int | None:
     if settings.USING_POSTGRES:
-        event_id = _insert_event_postgres(mailbox, provider_message_id, key, raw, source, thread_key, now)
-    else:
-        event_id = _insert_event_orm(mailbox, provider_message_id, key, raw, source, thread_key, now)
-    if event_id is None:
-        existing = InboxEvent.objects.filter(dedupe_key=key).values_list("pk", flat=True).first()
-        if existing is None:  # a conflict that is not ours to hide
-            raise IntegrityError(f"event for {source} message not stored and not found")
-        logger.info("duplicate delivery for event %s via %s", existing, source)
-        return IngestResult(existing, duplicate=True)
-    logger.info("stored event %s via %s (%d bytes)", event_id, source, len(raw))
-    return IngestResult(event_id, duplicate=False)
+        return _insert_event_postgres(row)
+    return _insert_event_orm(row)
+
+
+def _stored_event(mailbox: Mailbox, provider_message_id: str) -> dict:
+    found = InboxEvent.objects.filter(dedupe_key=dedupe_key(mailbox.tenant_id, mailbox.pk, provider_message_id)) \
+        .values("pk", "fingerprint").first()
+    if found is None:  # a conflict that is not ours to hide
+        raise IntegrityError("event for a message not stored and not found")
+    return found
+
+
+def _same_content(stored: dict, fingerprint: str) -> bool:
+    known = stored["fingerprint"]
+    if not known:
+        # Stored before fingerprints existed: compute it from the kept bytes. Without them,
+        # the answer is the old one (a duplicate): a second ticket is the worse mistake here.
+        raw = InboxEvent.objects.filter(pk=stored["pk"]).values_list("raw", flat=True).first()
+        if raw is None:
+            return True
+        known = content_fingerprint(bytes(raw))
+    return known == fingerprint
 
 
 # One statement (so, on its own, one transaction and one round trip): the event, its
@@ -76,9 +147,10 @@ _INGEST_SQL = """
 WITH event AS (
     INSERT INTO {event} (tenant_id, mailbox_id, provider_message_id, dedupe_key, source, state,
                          reason_code, reason_detail, received_at, updated_at, raw, size, message_id_header,
-                         sender, subject, thread_key, dispatch_count, auth_results, details, route_override)
+                         sender, subject, thread_key, dispatch_count, auth_results, details, route_override,
+                         fingerprint, message_id_reused)
     VALUES (%(tenant)s, %(mailbox)s, %(pmid)s, %(key)s, %(source)s, 'received', '', '', %(now)s, %(now)s,
-            %(raw)s, %(size)s, '', '', '', %(thread)s, 1, '{{}}', '{{}}', '{{}}')
+            %(raw)s, %(size)s, '', '', '', %(thread)s, 1, '{{}}', '{{}}', '{{}}', %(fingerprint)s, %(reused)s)
     ON CONFLICT DO NOTHING
     RETURNING id
 ), audit AS (
@@ -92,31 +164,33 @@ SELECT id, pg_notify(%(channel)s, '') FROM event
 """
 
 
-def _insert_event_postgres(mailbox, provider_message_id, key, raw, source, thread_key, now) -> int | None:
+def _insert_event_postgres(row: _IngestRow) -> int | None:
     sql = _INGEST_SQL.format(event=InboxEvent._meta.db_table, audit=AuditEvent._meta.db_table,
                              outbox=OutboxMessage._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(sql, {
-            "tenant": mailbox.tenant_id, "mailbox": mailbox.pk, "pmid": provider_message_id, "key": key,
-            "source": source, "now": now, "raw": raw, "size": len(raw), "thread": thread_key,
-            "actor": f"provider:{source}", "detail": json.dumps({"size": len(raw)}), "topic": PROCESS_TOPIC,
+            "tenant": row.mailbox.tenant_id, "mailbox": row.mailbox.pk, "pmid": row.provider_message_id,
+            "key": row.key, "source": row.source, "now": row.now, "raw": row.raw, "size": len(row.raw),
+            "thread": row.thread_key, "fingerprint": row.fingerprint, "reused": row.reuses_event is not None,
+            "actor": f"provider:{row.source}", "detail": json.dumps(row.audit_detail), "topic": PROCESS_TOPIC,
             "channel": NOTIFY_CHANNEL,
         })
-        row = cursor.fetchone()
-    return row[0] if row else None
+        result = cursor.fetchone()
+    return result[0] if result else None
 
 
-def _insert_event_orm(mailbox, provider_message_id, key, raw, source, thread_key, now) -> int | None:
+def _insert_event_orm(row: _IngestRow) -> int | None:
     """The embedded default (SQLite): the same three rows in one transaction."""
     try:
         with transaction.atomic():
             event = InboxEvent.objects.create(
-                tenant_id=mailbox.tenant_id, mailbox=mailbox, provider_message_id=provider_message_id,
-                dedupe_key=key, source=source, received_at=now, updated_at=now, raw=raw, size=len(raw),
-                thread_key=thread_key, dispatch_count=1,
+                tenant_id=row.mailbox.tenant_id, mailbox=row.mailbox, provider_message_id=row.provider_message_id,
+                dedupe_key=row.key, source=row.source, received_at=row.now, updated_at=row.now, raw=row.raw,
+                size=len(row.raw), thread_key=row.thread_key, dispatch_count=1, fingerprint=row.fingerprint,
+                message_id_reused=row.reuses_event is not None,
             )
-            record_audit(event.pk, "received", actor=f"provider:{source}", detail={"size": len(raw)}, at=now)
-            enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=now)
+            record_audit(event.pk, "received", actor=f"provider:{row.source}", detail=row.audit_detail, at=row.now)
+            enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=row.now)
     except IntegrityError:
         return None
     return event.pk

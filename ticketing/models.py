@@ -149,6 +149,8 @@ class Ticket(models.Model):
     requester = models.CharField(max_length=320, blank=True)
     description = models.TextField(blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.NEW)
+    # What Mailroom noticed about the message ("mailroom-message-id-reused", ...), for the agent.
+    tags = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField()
 
     def __str__(self):

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 State = InboxEvent.State
 THREAD_RETRY_SECONDS = 2
+REUSED_MESSAGE_ID = "message_id_reused"
 
 
 def worker_identity() -> str:
@@ -103,8 +104,10 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
                          reason_detail="the tenant has no default destination and no rule matched")
         return "review"
 
+    # A ticket made from a message that reused another's Message-ID says so, for the agent.
+    ticket_flags = [REUSED_MESSAGE_ID] if event.message_id_reused else []
     if not threads.is_thread_work(parsed):
-        return _act(event, destination, Work(event, Intent.Action.CREATE_TICKET, parsed), worker)
+        return _act(event, destination, Work(event, Intent.Action.CREATE_TICKET, parsed, flags=ticket_flags), worker)
 
     lease = leases.acquire(event.mailbox_id, event.thread_key, worker, settings.MAILROOM_THREAD_LEASE_SECONDS)
     if lease is None:
@@ -119,7 +122,8 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
         if plan.target is not None:
             work = Work(event, Intent.Action.ADD_COMMENT, parsed, target=plan.target)
             return _act(event, plan.target.destination, work, worker, lease)
-        return _act(event, destination, Work(event, Intent.Action.CREATE_TICKET, parsed, flags=plan.flags), worker, lease)
+        work = Work(event, Intent.Action.CREATE_TICKET, parsed, flags=[*ticket_flags, *plan.flags])
+        return _act(event, destination, work, worker, lease)
     finally:
         leases.release(lease)
 

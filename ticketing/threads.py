@@ -18,6 +18,9 @@ from .models import Intent, TicketMapping
 
 TOKEN_PREFIX = "MR"
 UNTRUSTED_TOKEN = "untrusted_ticket_token"
+# One thread root, several tickets: a sender reused a Message-ID for different messages.
+AMBIGUOUS_THREAD = "ambiguous_thread"
+MAX_THREAD_TICKETS = 50
 
 
 @dataclass
@@ -47,6 +50,21 @@ def _earlier_in_thread(event: InboxEvent):
         Q(received_at__lt=event.received_at) | Q(received_at=event.received_at, pk__lt=event.pk))
 
 
+def _choose_ticket(tickets: list[TicketMapping], parsed: ParsedMessage, flags: list[str]) -> TicketMapping:
+    """The earliest ticket of the thread, unless the thread has several and the subject names one of them.
+
+    Several tickets under one root happen when a sender reuses a Message-ID for
+    different messages (each became its own ticket): the reply is flagged so a
+    person can check it landed on the right one.
+    """
+    if len({(t.destination_id, t.ticket_id) for t in tickets}) == 1:
+        return tickets[0]
+    flags.append(AMBIGUOUS_THREAD)
+    token = subject_ticket_token(parsed.subject, TOKEN_PREFIX)
+    named = token and next((t for t in tickets if str(t.pk) == token.rsplit("-", 1)[1]), None)
+    return named or tickets[0]
+
+
 def plan(event: InboxEvent, parsed: ParsedMessage) -> ThreadPlan:
     if not is_thread_work(parsed):
         return ThreadPlan()
@@ -56,12 +74,13 @@ def plan(event: InboxEvent, parsed: ParsedMessage) -> ThreadPlan:
         if earlier.filter(state__in=InboxEvent.OPEN_STATES).exists():
             result.wait_for_earlier = True  # arrival order: the earlier one goes first
             return result
-        result.target = (
+        tickets = list(
             TicketMapping.objects.select_related("destination")
             .filter(inbox_event__in=earlier, action=Intent.Action.CREATE_TICKET)
-            .order_by("created_at", "pk").first()
+            .order_by("created_at", "pk")[:MAX_THREAD_TICKETS]
         )
-        if result.target is not None:
+        if tickets:
+            result.target = _choose_ticket(tickets, parsed, result.flags)
             return result
     token = subject_ticket_token(parsed.subject, TOKEN_PREFIX)
     if token:

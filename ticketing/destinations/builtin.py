@@ -20,6 +20,7 @@ class BuiltinDestination(DestinationAdapter):
             subject=request.subject[:998],
             requester=request.requester[:320],
             description=request.description,
+            tags=list(request.tags),
             created_at=timezone.now(),
         )
         return TicketResult(ticket_id=str(ticket.pk), url=f"/admin/ticketing/ticket/{ticket.pk}/change/")
