@@ -23,6 +23,7 @@ _HEADER_END = re.compile(rb"\r?\n\r?\n")
 _FOLD = re.compile(rb"\r?\n(?=[ \t])")
 _TRAILING_SPACE = re.compile(rb"[ \t\r]+(?=\n)")
 _SPACES = re.compile(rb"\s+")
+_HEADER_NAME = re.compile(rb"[!-9;-~]+")
 # Reading more of a header block than this costs time and says nothing more about identity.
 _MAX_FINGERPRINT_HEADER_BYTES = 256 * 1024
 
@@ -39,12 +40,18 @@ def content_fingerprint(raw: bytes) -> str:
     else:
         head, body = raw[:match.start()], raw[match.end():]
     wanted: dict[bytes, list[bytes]] = {}
+    other: list[bytes] = []
     for line in _FOLD.sub(b" ", head).splitlines():
         name, colon, value = line.partition(b":")
         name = name.strip().lower()
-        if colon and name in FINGERPRINT_HEADERS:
-            wanted.setdefault(name, []).append(b" ".join(_SPACES.split(value.strip())))
+        if colon and _HEADER_NAME.fullmatch(name):
+            if name in FINGERPRINT_HEADERS:
+                wanted.setdefault(name, []).append(b" ".join(_SPACES.split(value.strip())))
+        elif line.strip():
+            # Not a header at all (junk, or bytes that are no message): content, so it counts.
+            other.append(line.rstrip())
     digest = hashlib.sha256()
+    digest.update(b"\x1e".join(other) + b"\x1f")
     for name in FINGERPRINT_HEADERS:
         digest.update(name + b":" + b"\x1e".join(wanted.get(name, ())) + b"\x1f")
     body = _TRAILING_SPACE.sub(b"", body.replace(b"\r\n", b"\n")).rstrip(b" \t\r\n")

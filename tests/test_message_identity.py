@@ -244,3 +244,15 @@ def test_a_reply_to_a_reused_id_goes_to_the_earliest_ticket_or_the_one_it_names_
     assert "ambiguous_thread" in plain.details["flags"] and "ambiguous_thread" in named.details["flags"]
     assert Ticket.objects.count() == 2
     assert Intent.objects.filter(action="add_comment", state="succeeded").count() == 2
+
+
+@pytest.mark.parametrize("one, other", [
+    (b"\x00", b"\x01"),
+    (b"not a message at all", b"not a message at all, either"),
+    (b"Subject: x\r\njunk line one\r\n\r\nbody", b"Subject: x\r\njunk line two\r\n\r\nbody"),
+    (b"From: a@example.com\r\n\r\nbody", b"From: b@example.com\r\n\r\nbody"),
+])
+def test_content_that_is_not_a_header_of_the_author_still_tells_messages_apart(one, other):
+    # Bytes outside the author's headers count: two different non-messages are never one event.
+    assert content_fingerprint(one) != content_fingerprint(other)
+    assert provider_message_id_for_raw(one) != provider_message_id_for_raw(other)

@@ -12,7 +12,7 @@ from email.message import EmailMessage
 import pytest
 from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
 
-from intake.keys import provider_message_id_for_raw
+from intake.keys import content_fingerprint, provider_message_id_for_raw
 from intake.models import AuditEvent, InboxEvent
 from intake.services import ingest
 from tests.clamd import EICAR, EICAR_SIGNATURE
@@ -42,6 +42,11 @@ def run(mailbox, raw: bytes) -> InboxEvent:
     return InboxEvent.objects.get(pk=event_id)
 
 
+def identity(raw: bytes) -> tuple[str, str]:
+    """What makes two deliveries one event: the provider message id and the content fingerprint."""
+    return provider_message_id_for_raw(raw), content_fingerprint(raw)
+
+
 def with_headers(**headers) -> bytes:
     return make_message(extra_headers={k.replace("_", "-"): v for k, v in headers.items()})
 
@@ -54,17 +59,17 @@ def test_corpus_through_the_pipeline_ends_in_defined_states_and_logs_stay_clean(
     first_with_id = {}
     with caplog.at_level(logging.DEBUG):
         for name, raw in corpus:
-            first = first_with_id.setdefault(provider_message_id_for_raw(raw), raw)
+            first = first_with_id.setdefault(identity(raw), raw)
             event = run(mailbox, raw)
             assert event.state in FINAL, (name, event.state)
             assert (event.state == "completed") == (event.reason_code == ""), (name, event.reason_code)
             if first is raw:
                 tally[f"{event.state}/{event.reason_code or '-'}"] += 1
             # Stored as first received, never altered or dropped; a later copy with the same
-            # Message-ID is the same message delivered again.
+            # Message-ID and the same content is the same message delivered again.
             assert bytes(event.raw) == first
     print(f"\ncorpus of {len(corpus)} messages through the pipeline: {dict(sorted(tally.items()))}")
-    assert InboxEvent.objects.count() == len({provider_message_id_for_raw(raw) for _, raw in corpus})
+    assert InboxEvent.objects.count() == len({identity(raw) for _, raw in corpus})
     logged = "\n".join(record.getMessage() for record in caplog.records)
     for address in re.findall(r"[\w.+-]+@[\w-]+\.[\w.-]+", logged):
         assert "***" in address, f"unmasked address in logs: {address}"
@@ -76,10 +81,13 @@ def test_corpus_through_the_pipeline_ends_in_defined_states_and_logs_stay_clean(
                 assert line.strip() not in logged
 
 
-def test_duplicate_message_id_with_different_bodies_is_one_event(mailbox, scanner_off):
+def test_a_reused_message_id_with_another_body_is_its_own_event(mailbox, scanner_off):
+    # Before fingerprints this was answered "duplicate" and the second request vanished.
     first = make_message(message_id="<same@example.com>", body="first body")
     second = make_message(message_id="<same@example.com>", body="second body")
     assert ingest(mailbox, provider_message_id_for_raw(first), first, "raw").duplicate is False
+    stored = ingest(mailbox, provider_message_id_for_raw(second), second, "raw")
+    assert stored.duplicate is False and InboxEvent.objects.get(pk=stored.inbox_event_id).message_id_reused
     assert ingest(mailbox, provider_message_id_for_raw(second), second, "raw").duplicate is True
 
 
@@ -179,12 +187,44 @@ def test_delivery_status_notification_is_suppressed(mailbox, scanner_off):
     assert event.state == "suppressed" and event.reason_code in ("delivery_report", "mailer_daemon")
 
 
-def test_a_flood_from_one_sender_is_rate_limited(mailbox, scanner_off):
+def test_a_flood_from_one_sender_goes_to_review_not_to_suppression(mailbox, scanner_off):
     mailbox.settings = {"sender_rate_limit": {"count": 3, "seconds": 600}}
     mailbox.save()
-    states = [run(mailbox, make_message(sender="flood@example.com")).reason_code or "ok" for _ in range(5)]
-    assert states == ["ok", "ok", "ok", "sender_rate_limited", "sender_rate_limited"]
+    events = [run(mailbox, make_message(sender="flood@example.com")) for _ in range(5)]
+    assert [(e.state, e.reason_code) for e in events] == [("completed", "")] * 3 + \
+        [("awaiting_review", "sender_rate_limited")] * 2
     assert run(mailbox, make_message(sender="calm@example.com")).state == "completed"
+
+
+def test_a_mailbox_may_opt_into_suppressing_a_flood(mailbox, scanner_off):
+    mailbox.settings = {"sender_rate_limit": {"count": 1, "seconds": 600, "action": "suppress"}}
+    mailbox.save()
+    states = [(e.state, e.reason_code) for e in (run(mailbox, make_message(sender="flood@example.com"))
+                                                 for _ in range(3))]
+    assert states == [("completed", ""), ("suppressed", "sender_rate_limited"), ("suppressed", "sender_rate_limited")]
+
+
+def test_suppressed_mail_is_listed_in_the_admin_and_a_replay_makes_its_ticket(mailbox, scanner_off, admin_client):
+    from reconciliation import services as console
+    from tests.test_recovery_queue import make_user
+
+    raw = make_message(subject="Out of office: printer", extra_headers={"Auto-Submitted": "auto-replied"})
+    event = run(mailbox, raw)
+    assert (event.state, event.reason_code) == ("suppressed", "auto_submitted")
+    listing = admin_client.get("/admin/intake/inboxevent/?state=suppressed")
+    assert listing.status_code == 200
+    page = listing.content.decode()
+    assert f"/admin/reconciliation/recoveryitem/{event.pk}/change/" in page and "Out of office: printer" in page
+    assert f"/admin/reconciliation/recoveryitem/{event.pk}/change/" not in \
+        admin_client.get("/admin/intake/inboxevent/?state=completed").content.decode()
+
+    operator = make_user("oper", groups=["operator"], tenants=[mailbox.tenant])
+    assert console.do_replay(operator, event.pk) == "rerouted"
+    # A replay is an operator's decision: the rule that suppressed it is not asked again.
+    assert process_inbox_event(event.pk) == "created"
+    event.refresh_from_db()
+    assert event.state == "completed"
+    assert Ticket.objects.get().subject == "Out of office: printer"
 
 
 def test_review_reasons_keep_the_message(mailbox, scanner_off):
