@@ -22,8 +22,9 @@ from .services import record_audit, wait_event
 logger = logging.getLogger(__name__)
 
 State = InboxEvent.State
-SENDER_RATE_LIMITED = "sender_rate_limited"
-DEFAULT_SENDER_LIMIT = {"count": 20, "seconds": 600}
+SENDER_RATE_LIMITED = validation.SENDER_RATE_LIMITED
+# Over the limit, mail goes to review; a mailbox may opt into suppression with "action": "suppress".
+DEFAULT_SENDER_LIMIT = {"count": 20, "seconds": 600, "action": "review"}
 
 
 @dataclass
@@ -49,7 +50,8 @@ def _sender_over_limit(event: InboxEvent, sender: str) -> validation.Finding | N
     earlier = InboxEvent.objects.filter(mailbox_id=event.mailbox_id, sender__iexact=sender,
                                         received_at__gte=since, pk__lt=event.pk).count()
     if earlier >= int(limit["count"]):
-        return validation.Finding(validation.SUPPRESSED, SENDER_RATE_LIMITED,
+        state = validation.SUPPRESSED if limit.get("action") == "suppress" else validation.AWAITING_REVIEW
+        return validation.Finding(state, SENDER_RATE_LIMITED,
                                   f"{earlier} earlier messages from this sender within {limit['seconds']} s")
     return None
 
@@ -76,19 +78,38 @@ def _scan(event: InboxEvent, parsed: ParsedMessage) -> list[validation.Finding] 
     return found
 
 
-def _details(parsed: ParsedMessage, verdict: validation.Verdict, flags=()) -> dict:
-    return {
+def _details(parsed: ParsedMessage, verdict: validation.Verdict, policy: validation.MailboxPolicy | None) -> dict:
+    details = {
         "attachments": [
             {"filename": a.filename, "declared_type": a.declared_type, "sniffed_type": a.sniffed_type,
-             "size": a.size, "sha256": a.sha256, "inline": a.is_inline}
+             "size": a.size, "sha256": a.sha256, "inline": a.is_inline,
+             **({"origin": a.origin} if a.origin else {}), **({"nested": True} if a.nested else {})}
             for a in parsed.attachments[:200]
         ],
         "attachment_count": len(parsed.attachments),
         "defects": sorted(set(parsed.defects))[:50],
         "findings": [{"state": f.state, "reason": f.reason_code, "detail": f.detail[:300]}
                      for f in verdict.findings[:20]],
-        "flags": list(flags),
+        "sender_source": parsed.sender_source,
+        "body_source": parsed.body_source,
     }
+    optional = {
+        "signatures": parsed.signatures[:10], "encrypted": parsed.encrypted,
+        "alternatives": parsed.alternatives[:10], "text_truncated": parsed.text_truncated,
+        "spam_flagged": policy is not None and validation.spam_flagged(parsed, policy),
+    }
+    details.update({key: value for key, value in optional.items() if value})
+    if _is_reply(parsed):
+        # Computed once and stored: every attempt at the comment sends the same text,
+        # whatever a later version of the quote stripper would make of it.
+        from .replytext import reply_text
+
+        details["reply_text"] = reply_text(parsed)
+    return details
+
+
+def _is_reply(parsed: ParsedMessage) -> bool:
+    return bool(parsed.in_reply_to or parsed.references or validation.subject_ticket_token(parsed.subject))
 
 
 def normalize(event: InboxEvent, actor: str) -> Outcome:
@@ -110,10 +131,14 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
         return _record(event, parsed, verdict, actor)
 
     extra = []
-    rate = _sender_over_limit(event, parsed.sender)
-    if rate:
-        extra.append(rate)
-    verdict = validation.validate(parsed, policy, extra=extra)
+    verdict = validation.validate(parsed, policy)
+    if verdict.ok:
+        # The limit holds back floods of would-be tickets; mail that a loop or noise rule
+        # already set aside is explained better by that rule.
+        rate = _sender_over_limit(event, parsed.sender)
+        if rate:
+            extra.append(rate)
+            verdict = validation.validate(parsed, policy, extra=extra)
     if verdict.state != State.QUARANTINED:
         scan_findings = _scan(event, parsed)
         if scan_findings is None:
@@ -139,7 +164,7 @@ def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdic
             state=to_state, reason_code=verdict.reason_code, reason_detail=verdict.detail[:2000],
             message_id_header=parsed.message_id[:998], sender=parsed.sender[:320], subject=parsed.subject[:998],
             thread_key=event.thread_key or validation.thread_key(parsed), auth_results=auth,
-            details={**(event.details or {}), **_details(parsed, verdict)}, retry_at=None, updated_at=now,
+            details={**(event.details or {}), **_details(parsed, verdict, policy)}, retry_at=None, updated_at=now,
         )
         if moved and not verdict.ok:
             record_audit(event.pk, verdict.state, actor=actor, at=now,

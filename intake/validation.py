@@ -17,8 +17,9 @@ Precedence (first wins; within a state, in the order of the tuples below):
 
 1. quarantined  — `malware`, `attachment_type`
 2. awaiting_review — `too_large`, `too_many_attachments`, `too_complex`,
-   `missing_sender`, `recipient_not_allowed`, `empty`, then any other review
-   reason the caller adds (e.g. `scanner_unavailable`)
+   `encrypted`, `missing_sender`, `recipient_not_allowed`, `empty`,
+   `sender_rate_limited`, then any other review reason the caller adds (e.g.
+   `scanner_unavailable`)
 3. suppressed — `own_mail_loop`, `delivery_report`, `mailer_daemon`,
    `empty_return_path`, `auto_submitted`, `autoreply_header`, `precedence_bulk`
 4. ok
@@ -44,6 +45,16 @@ message with `attachment_type`. Office documents: modern ones are ZIP files;
 defaults allow docx/xlsx/pptx/odt/ods/odp but not a plain `application/zip`,
 not macro-enabled documents, not executables. Empty (0-byte) attachments are
 not checked: they hold nothing.
+
+Signed mail is ordinary mail: the parser keeps signature parts as metadata, not
+attachments. Encrypted mail goes to review as `encrypted` (a person decides):
+its ciphertext parts (`Attachment.origin == "encrypted"`) are not judged by the
+type policy, since ciphertext sniffs as opaque data and would otherwise
+quarantine it. A bounce whose From holds no address (`From: MAILER-DAEMON`) is
+a bounce (`mailer_daemon` / `delivery_report`), not `missing_sender`.
+
+`spam_flagged(parsed, policy)` says whether a spam filter marked the message
+(it informs the acknowledgment, never the ticket).
 """
 from __future__ import annotations
 
@@ -68,6 +79,8 @@ MISSING_SENDER = "missing_sender"
 RECIPIENT_NOT_ALLOWED = "recipient_not_allowed"
 EMPTY = "empty"
 SCANNER_UNAVAILABLE = "scanner_unavailable"
+ENCRYPTED = "encrypted"
+SENDER_RATE_LIMITED = "sender_rate_limited"
 OWN_MAIL_LOOP = "own_mail_loop"
 DELIVERY_REPORT = "delivery_report"
 MAILER_DAEMON = "mailer_daemon"
@@ -79,7 +92,8 @@ PRECEDENCE_BULK = "precedence_bulk"
 STATE_ORDER = (QUARANTINED, AWAITING_REVIEW, SUPPRESSED)
 REASON_ORDER = {
     QUARANTINED: (MALWARE, ATTACHMENT_TYPE),
-    AWAITING_REVIEW: (TOO_LARGE, TOO_MANY_ATTACHMENTS, TOO_COMPLEX, MISSING_SENDER, RECIPIENT_NOT_ALLOWED, EMPTY),
+    AWAITING_REVIEW: (TOO_LARGE, TOO_MANY_ATTACHMENTS, TOO_COMPLEX, ENCRYPTED, MISSING_SENDER,
+                      RECIPIENT_NOT_ALLOWED, EMPTY, SENDER_RATE_LIMITED),
     SUPPRESSED: (OWN_MAIL_LOOP, DELIVERY_REPORT, MAILER_DAEMON, EMPTY_RETURN_PATH, AUTO_SUBMITTED,
                  AUTOREPLY_HEADER, PRECEDENCE_BULK),
 }
@@ -90,6 +104,8 @@ DEFAULT_ALLOWED_TYPES = frozenset({
     "image/png", "image/jpeg", "image/gif", "image/webp", "image/bmp", "image/tiff", "image/heic", "image/heif",
     "text/plain", "text/csv", "text/calendar", "application/rtf", "text/rtf",
     "message/rfc822",
+    # OpenPGP public keys: Thunderbird attaches the sender's key to signed mail by default.
+    "application/pgp-keys",
     # Office Open XML and OpenDocument (what intake.mime.sniff_type names a ZIP that really is one).
     "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
     "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
@@ -109,6 +125,8 @@ DEFAULT_BLOCKED_EXTENSIONS = frozenset({
 DEFAULT_MAX_ATTACHMENT_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_ATTACHMENTS = 50
 DAEMON_LOCAL_PARTS = frozenset({"mailer-daemon", "postmaster"})
+# What SpamAssassin, Rspamd (in its SpamAssassin-compatible mode) and most gateways write.
+DEFAULT_SPAM_HEADERS = (("X-Spam-Flag", "yes"), ("X-Spam-Status", "yes"))
 
 
 @dataclass(frozen=True)
@@ -128,6 +146,18 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return self.state == OK
+
+
+def _spam_headers(value) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return DEFAULT_SPAM_HEADERS
+    pairs = []
+    for entry in _string_list(value, "spam_headers"):
+        header, colon, prefix = entry.partition(":")
+        if not colon or not re.fullmatch(r"[!-9;-~]+", header.strip()) or not prefix.strip():
+            raise ValueError(f"spam_headers entries look like 'X-Spam-Flag: YES', not {entry!r}")
+        pairs.append((header.strip(), prefix.strip()))
+    return tuple(pairs)
 
 
 def _positive_int(value, name: str) -> int:
@@ -201,6 +231,8 @@ class MailboxPolicy:
     loop_header: str = DEFAULT_LOOP_HEADER
     trusted_authserv_id: str = ""              # our own MTA's authserv-id in Authentication-Results
     attachments: AttachmentPolicy = field(default_factory=AttachmentPolicy)
+    # (header, lowercase value prefix) pairs that mean "a spam filter flagged this".
+    spam_headers: tuple[tuple[str, str], ...] = DEFAULT_SPAM_HEADERS
 
     @classmethod
     def from_settings(cls, settings: dict | None, *, allowed_recipients=(),
@@ -209,7 +241,9 @@ class MailboxPolicy:
 
         Settings keys: `attachment_policy` (see AttachmentPolicy.from_settings),
         `max_message_bytes` (can only lower the global limit), `loop_header`,
-        `trusted_authserv_id`. `max_message_bytes` defaults to
+        `trusted_authserv_id`, `spam_headers` (a list of "Header: value" strings;
+        a header whose value starts with that value, case-insensitively, flags
+        spam; replaces the SpamAssassin defaults). `max_message_bytes` defaults to
         settings.MAILROOM_MAX_MESSAGE_BYTES. Raises ValueError on malformed values.
         """
         settings = settings or {}
@@ -225,6 +259,7 @@ class MailboxPolicy:
         if not isinstance(trusted, str):
             raise ValueError(f"trusted_authserv_id must be a string, not {trusted!r}")
         return cls(
+            spam_headers=_spam_headers(settings.get("spam_headers")),
             allowed_recipients=tuple(_string_list(list(allowed_recipients or ()), "allowed_recipients")),
             max_message_bytes=limit,
             loop_header=loop_header,
@@ -269,6 +304,24 @@ def _loop_values(parsed: ParsedMessage, header: str) -> list[str]:
         return []
 
 
+def _daemon_sender(parsed: ParsedMessage) -> str:
+    """The sender when it is a mail system (MAILER-DAEMON, postmaster), with or without a domain; else ""."""
+    if parsed.sender:
+        return parsed.sender if parsed.sender.rpartition("@")[0].lower() in DAEMON_LOCAL_PARTS else ""
+    hint = (parsed.sender_hint or "").strip("<> ").lower()
+    return hint if hint.split("@", 1)[0] in DAEMON_LOCAL_PARTS else ""
+
+
+def spam_flagged(parsed: ParsedMessage, policy: MailboxPolicy | None = None) -> bool:
+    """True when a header the mailbox trusts says a spam filter flagged the message."""
+    policy = policy or MailboxPolicy()
+    for header, prefix in policy.spam_headers:
+        for value in _loop_values(parsed, header):
+            if value.strip().lower().startswith(prefix):
+                return True
+    return False
+
+
 def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
              envelope_recipients=()) -> list[Finding]:
     """Every rule that fires for `parsed`, in no particular order.
@@ -283,7 +336,7 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
 
     # -- quarantine: attachment types
     for attachment in attachments:
-        if attachment.size == 0:
+        if attachment.size == 0 or attachment.origin == "encrypted":
             continue
         name = attachment.filename or "(unnamed)"
         extension = _extension(attachment.filename)
@@ -309,8 +362,12 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
     if parsed.too_complex:
         out.append(Finding(AWAITING_REVIEW, TOO_COMPLEX,
                            "MIME structure beyond the parser's limits; not every part was examined"))
-    if not parsed.sender:
-        out.append(Finding(AWAITING_REVIEW, MISSING_SENDER, "no usable address in From"))
+    if parsed.encrypted:
+        out.append(Finding(AWAITING_REVIEW, ENCRYPTED,
+                           f"{'PGP' if parsed.encrypted == 'pgp' else 'S/MIME'} encrypted: a person must decide"))
+    daemon_sender = _daemon_sender(parsed)
+    if not parsed.sender and not (daemon_sender or parsed.content_type == "multipart/report"):
+        out.append(Finding(AWAITING_REVIEW, MISSING_SENDER, "no usable address in From, Sender or Reply-To"))
     if policy.allowed_recipients:
         candidates = [*parsed.recipients, *parsed.delivered_to, *envelope_recipients]
         if not any(_recipient_allowed(a, policy.allowed_recipients) for a in candidates):
@@ -326,9 +383,8 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
         out.append(Finding(SUPPRESSED, OWN_MAIL_LOOP, f"{policy.loop_header}: {loop_values[0][:200]}"))
     if parsed.content_type == "multipart/report":
         out.append(Finding(SUPPRESSED, DELIVERY_REPORT, f"multipart/report; report-type={parsed.report_type or '?'}"))
-    local_part = parsed.sender.rpartition("@")[0].lower()
-    if local_part in DAEMON_LOCAL_PARTS:
-        out.append(Finding(SUPPRESSED, MAILER_DAEMON, f"sender {parsed.sender}"))
+    if daemon_sender:
+        out.append(Finding(SUPPRESSED, MAILER_DAEMON, f"sender {daemon_sender[:200]}"))
     if parsed.return_path == "":
         out.append(Finding(SUPPRESSED, EMPTY_RETURN_PATH, "Return-Path: <>"))
     if parsed.auto_submitted is not None and parsed.auto_submitted != "no":

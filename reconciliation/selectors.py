@@ -41,6 +41,16 @@ REASON_TEXT = {
     "recipient_not_allowed": "The message was not addressed to an allowed recipient of this mailbox.",
     "empty": "The message has neither text nor attachments.",
     "scanner_unavailable": "The malware scanner could not be reached.",
+    "encrypted": "The message is encrypted (PGP or S/MIME): a person must decide what to do with it.",
+    "sender_rate_limited": "More messages from this sender than the mailbox allows in its window (a flood?).",
+    # suppression rules (intake): no ticket wanted; an operator can still replay
+    "own_mail_loop": "Our own mail came back (loop header).",
+    "delivery_report": "A delivery report (bounce or read receipt).",
+    "mailer_daemon": "Sent by a mail system (MAILER-DAEMON, postmaster).",
+    "empty_return_path": "Sent with an empty Return-Path, as automatic mail is.",
+    "auto_submitted": "Marked Auto-Submitted (an automatic reply or notification).",
+    "autoreply_header": "Marked as an automatic reply (X-Autoreply / X-Autorespond).",
+    "precedence_bulk": "Bulk or mailing-list mail (Precedence: bulk/list/junk).",
     # operator decisions
     "not_a_request": "Closed by a reviewer as not-a-request.",
     # not a reason code: an acknowledgment held on a completed event

@@ -439,3 +439,63 @@ def test_findings_lists_everything_that_fired():
                   headers={"Auto-Submitted": "auto-replied", "Precedence": "junk"})
     reasons = {f.reason_code for f in findings(parse_message(raw))}
     assert reasons == {"mailer_daemon", "auto_submitted", "precedence_bulk", "empty"}
+
+
+# --- encrypted mail, bounces without an address, spam flags ----------------------------------
+
+def test_encrypted_mail_goes_to_review_and_its_ciphertext_is_not_judged_by_type():
+    from dataclasses import replace
+
+    from intake.mime import Attachment
+
+    parsed = parse_message(message())
+    ciphertext = Attachment(filename="encrypted.asc", declared_type="application/octet-stream",
+                            sniffed_type="application/octet-stream", size=1200, sha256="0" * 64, content_id="",
+                            is_inline=False, origin="encrypted")
+    encrypted = replace(parsed, encrypted="pgp", attachments=[ciphertext], text="")
+    verdict = validate(encrypted)
+    assert (verdict.state, verdict.reason_code) == (AWAITING_REVIEW, "encrypted")
+    assert "attachment_type" not in {f.reason_code for f in verdict.findings}
+    # The same opaque bytes as an ordinary attachment are refused: the exemption is for ciphertext only.
+    plain = replace(parsed, attachments=[replace(ciphertext, origin="")])
+    assert validate(plain).reason_code == "attachment_type"
+
+
+@pytest.mark.parametrize("hint, content_type, reason", [
+    ("mailer-daemon", "text/plain", "mailer_daemon"),
+    ("postmaster", "text/plain", "mailer_daemon"),
+    ("", "multipart/report", "delivery_report"),
+])
+def test_a_bounce_without_a_usable_from_is_a_bounce_not_missing_sender(hint, content_type, reason):
+    from dataclasses import replace
+
+    parsed = replace(parse_message(message(sender=None)), sender_hint=hint, content_type=content_type)
+    assert parsed.sender == ""
+    verdict = validate(parsed)
+    assert (verdict.state, verdict.reason_code) == (SUPPRESSED, reason)
+    assert "missing_sender" not in {f.reason_code for f in verdict.findings}
+
+
+def test_a_message_without_any_sender_that_is_no_bounce_still_goes_to_review():
+    from dataclasses import replace
+
+    parsed = replace(parse_message(message(sender=None)), sender_hint="some text")
+    assert validate(parsed).reason_code == "missing_sender"
+
+
+def test_spam_flags_from_the_default_and_the_mailboxs_own_headers():
+    from intake.validation import spam_flagged
+
+    assert spam_flagged(parse_message(message(headers={"X-Spam-Flag": "YES"})))
+    assert spam_flagged(parse_message(message(headers={
+        "X-Spam-Status": "Yes, score=9.1 required=5.0 tests=BAYES_99,URIBL_BLACK autolearn=no"})))
+    assert not spam_flagged(parse_message(message(headers={
+        "X-Spam-Status": "No, score=-0.1 required=5.0 tests=DKIM_SIGNED autolearn=ham"})))
+    assert not spam_flagged(parse_message(message(headers={"X-Spam-Flag": "NO"})))
+    own = MailboxPolicy.from_settings({"spam_headers": ["X-Barracuda-Spam-Status: Yes"]})
+    flagged = parse_message(message(headers={"X-Barracuda-Spam-Status": "Yes, SCORE=7.2"}))
+    assert spam_flagged(flagged, own) and not spam_flagged(flagged)
+    # The mailbox's list replaces the defaults.
+    assert not spam_flagged(parse_message(message(headers={"X-Spam-Flag": "YES"})), own)
+    with pytest.raises(ValueError):
+        MailboxPolicy.from_settings({"spam_headers": ["no colon here"]})
