@@ -123,6 +123,8 @@ MAILROOM_SWEEP_SECONDS = env.float("MAILROOM_SWEEP_SECONDS", default=10.0)
 MAILROOM_BULK_REPLAY_CAP = env.int("MAILROOM_BULK_REPLAY_CAP", default=20)
 # While paused, an event is looked at again this often (a resume enqueues it at once).
 MAILROOM_PAUSE_RECHECK_SECONDS = env.int("MAILROOM_PAUSE_RECHECK_SECONDS", default=300)
+# Where operators reach this instance: links to the admin in text we send elsewhere (a trimmed ticket).
+MAILROOM_PUBLIC_URL = env.str("MAILROOM_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 
 # --- Outgoing mail (acknowledgments) ---------------------------------------
 # EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=True. Without it the

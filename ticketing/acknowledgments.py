@@ -3,6 +3,12 @@
 The acknowledgment is its own `notify_requester` intent with its own key, so a
 task run twice sends one email. It carries `Auto-Submitted: auto-replied` and
 our loop header, so our own mail coming back is recognised and suppressed.
+
+No backscatter: the ticket is made for every accepted message, but it is only
+acknowledged when a person is likely to be on the other end and the address
+is likely to be theirs (`acknowledgment_skip_reason`). A skipped
+acknowledgment is audited (`acknowledgment_skipped`, with the reason) in the
+transaction that stores the mapping, so it is written exactly once.
 """
 import logging
 from email.utils import make_msgid
@@ -12,6 +18,7 @@ from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
 from django.utils import timezone
 
+from intake.addresses import is_valid_address
 from intake.failures import AmbiguousOutcome, TransientError
 from intake.models import InboxEvent
 from intake.services import enqueue_outbox, record_audit
@@ -27,13 +34,58 @@ def ticket_token(mapping: TicketMapping) -> str:
     return f"MR-{mapping.pk}"
 
 
+# Local parts that no person reads: automated senders and bounce addresses.
+NOREPLY_LOCAL_PARTS = frozenset({
+    "noreply", "no-reply", "no_reply", "donotreply", "do-not-reply", "do_not_reply",
+    "mailer-daemon", "postmaster", "bounce", "bounces",
+})
+NOREPLY_PREFIXES = ("noreply", "no-reply")
+SKIP_AUDIT_KIND = "acknowledgment_skipped"
+
+
+def _is_noreply(address: str) -> bool:
+    local = address.rpartition("@")[0].strip().strip('"').lower()
+    base = local.split("+", 1)[0]  # bounces+1234=x@..., noreply+tag@...
+    return local in NOREPLY_LOCAL_PARTS or base in NOREPLY_LOCAL_PARTS or local.startswith(NOREPLY_PREFIXES)
+
+
+def acknowledgment_skip_reason(event: InboxEvent) -> str | None:
+    """Why `event` must not be acknowledged, or None when it may be.
+
+    Reads the event as normalization stored it: `sender`, `details["spam_flagged"]`
+    (a trusted spam header said so) and `auth_results` (only our own MTA's
+    Authentication-Results, see `intake.validation.authentication_results`).
+    """
+    if not (event.mailbox.settings or {}).get("acknowledge", True):
+        return "disabled"
+    sender = (event.sender or "").strip()
+    if not sender:
+        return "no_sender"
+    if (event.details or {}).get("spam_flagged") is True:
+        return "spam_flagged"
+    if _is_noreply(sender):
+        return "noreply_sender"
+    if (event.auth_results or {}).get("dmarc") == "fail":
+        return "dmarc_fail"
+    if not is_valid_address(sender):
+        return "invalid_sender"
+    return None
+
+
 def wants_acknowledgment(event: InboxEvent) -> bool:
-    return bool(event.sender) and bool((event.mailbox.settings or {}).get("acknowledge", True))
+    return acknowledgment_skip_reason(event) is None
 
 
 def plan(event: InboxEvent, destination) -> Intent | None:
-    """Inside the transaction that stores the ticket mapping: the intent and its outbox row."""
-    if not wants_acknowledgment(event):
+    """Inside the transaction that stores the ticket mapping: the intent and its outbox row,
+    or the audit row saying why there is none."""
+    # As stored: the caller's copy may predate normalization's sender, details and auth results.
+    stored = InboxEvent.objects.select_related("mailbox").filter(pk=event.pk).first() or event
+    reason = acknowledgment_skip_reason(stored)
+    if reason is not None:
+        # Planned once (the mapping just inserted is unique per event), so audited once.
+        record_audit(event.pk, SKIP_AUDIT_KIND, actor="system:acknowledgments", detail={"reason": reason})
+        logger.info("event %s: no acknowledgment (%s)", event.pk, reason)
         return None
     # Planned once: the mapping just inserted in this transaction is unique per event.
     intent = intents.create_intent(event, Intent.Action.NOTIFY_REQUESTER, destination)

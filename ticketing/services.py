@@ -66,13 +66,44 @@ class Work:
         # (a destination that keeps our key rejects the same key with another body).
         parsed = self.parsed
         if self.action == Intent.Action.ADD_COMMENT:
-            adapter.add_comment(self.target.ticket_id, parsed.text, parsed.sender, intent.idempotency_key,
+            body = self._fit(adapter, self.comment_text())
+            adapter.add_comment(self.target.ticket_id, body, parsed.sender, intent.idempotency_key,
                                 intent.external_ref)
             return TicketResult(ticket_id=self.target.ticket_id, url=self.target.ticket_url)
         tags = ("mailroom",) + tuple(f"mailroom-{flag.replace('_', '-')}" for flag in self.flags)
-        request = TicketRequest(subject=parsed.subject or "(no subject)", description=parsed.text,
-                                requester=parsed.sender, tags=tags)
+        request = TicketRequest(subject=parsed.subject or "(no subject)",
+                                description=self._fit(adapter, parsed.text), requester=parsed.sender, tags=tags)
         return adapter.create_ticket(request, intent.idempotency_key, intent.external_ref)
+
+    def comment_text(self) -> str:
+        """What a reply adds to its ticket: the new text only, as normalization stored it.
+
+        Events normalized before `reply_text` was stored get it computed now.
+        """
+        from intake.replytext import reply_text
+
+        details = self.event.details or {}
+        if "reply_text" not in details and self.event.pk:
+            # Normalization writes details with an UPDATE; the copy in hand may predate it.
+            details = InboxEvent.objects.filter(pk=self.event.pk).values_list("details", flat=True).first() or {}
+        stored = details.get("reply_text")
+        return stored if isinstance(stored, str) else reply_text(self.parsed)
+
+    def truncation_notice(self, limit: int) -> str:
+        """Says where the whole message is. No timestamps: every attempt must send the same body."""
+        url = f"{settings.MAILROOM_PUBLIC_URL.rstrip('/')}/admin/intake/inboxevent/{self.event.pk}/change/"
+        return (f"\n\n[Mailroom: this message was shortened to fit the {limit:,}-character limit of this help desk."
+                f" The full original is Mailroom inbox event {self.event.pk}: {url} ]")
+
+    def _fit(self, adapter, text: str) -> str:
+        """`text` cut at a paragraph boundary, with the notice, when the destination takes less."""
+        from intake.texttrim import trim_text
+
+        limit = getattr(adapter, "max_description_chars", None)
+        if not limit or len(text) <= limit:
+            return text
+        trimmed, _ = trim_text(text, limit, self.truncation_notice(limit))
+        return trimmed
 
 
 def process_inbox_event(event_id: int, worker: str | None = None, group_cache: dict | None = None) -> str:

@@ -43,6 +43,9 @@ class DestinationAdapter:
     # The create runs inside our own database transaction (the built-in store):
     # it commits or rolls back together with the mapping, so it is never ambiguous.
     transactional = False
+    # The longest description or comment body the destination accepts, in characters (None: no limit).
+    # Longer text is cut by `ticketing.services.Work` at a paragraph boundary, with a notice.
+    max_description_chars: int | None = None
 
     def __init__(self, destination):
         self.destination = destination

@@ -43,6 +43,8 @@ class ZendeskDestination(DestinationAdapter):
     idempotency_window_seconds = 7200
     # Listing by external_id is treated as consistent: it sees a ticket once its create returned.
     consistent_lookup = True
+    # Zendesk refuses a comment body over 65,535 characters; 64,000 leaves room for its own markup.
+    max_description_chars = 64_000
 
     def __init__(self, destination):
         super().__init__(destination)
