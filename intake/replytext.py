@@ -47,8 +47,8 @@ import re
 
 from mailparser_reply import EmailReplyParser
 
-from .htmltext import html_to_text
 from .mime import MAX_HTML_BYTES, ParsedMessage, decode_bytes
+from .mime.htmltext import html_to_text
 
 # Languages whose reply headers the library looks for. Polish is left out: its
 # header pattern fires on a single line starting "Data:", "Do:" or "Od:".

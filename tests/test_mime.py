@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from intake.htmltext import html_to_text
+from intake.mime.htmltext import html_to_text
 from intake.mime import (
     MAX_DESCRIPTION_CHARS, ParsedMessage, attachment_payload, decode_header_value, iter_attachment_payloads,
     parse_message,

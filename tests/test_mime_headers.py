@@ -8,9 +8,9 @@ No database is needed.
 import base64
 import time
 
-from intake.addresses import is_valid_address, parse_address_list
-from intake.charsets import codec_for, decode, decode_encoded_words
-from intake.headerblock import MAX_HEADER_BLOCK, repair_header_block
+from intake.mime.addresses import is_valid_address, parse_address_list
+from intake.mime.charsets import codec_for, decode, decode_encoded_words
+from intake.mime.headerblock import MAX_HEADER_BLOCK, repair_header_block
 from intake.mime import decode_bytes, decode_header_value, parse_message, thread_ids
 from tests.test_mime import PDF, typical_message
 

@@ -21,9 +21,8 @@ from cryptography.hazmat.primitives.serialization import pkcs7
 from cryptography.x509.oid import NameOID
 from tnefparse.tnef import TNEF
 
-from intake import cms, tnef
-from intake.mime import MAX_DESCRIPTION_CHARS, attachment_payload, iter_attachment_payloads, parse_message
-from intake.texttrim import cut_at_boundary, trim_text
+from intake.mime import MAX_DESCRIPTION_CHARS, attachment_payload, cms, iter_attachment_payloads, parse_message, tnef
+from intake.mime.texttrim import cut_at_boundary, trim_text
 from intake.validation import QUARANTINED, MailboxPolicy, validate
 
 PDF = b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n"

@@ -18,7 +18,7 @@ from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
 from django.utils import timezone
 
-from intake.addresses import is_valid_address
+from intake.mime.addresses import is_valid_address
 from intake.failures import AmbiguousOutcome, TransientError
 from intake.models import InboxEvent
 from intake.services import enqueue_outbox, record_audit

@@ -97,7 +97,7 @@ class Work:
 
     def _fit(self, adapter, text: str) -> str:
         """`text` cut at a paragraph boundary, with the notice, when the destination takes less."""
-        from intake.texttrim import trim_text
+        from intake.mime.texttrim import trim_text
 
         limit = getattr(adapter, "max_description_chars", None)
         if not limit or len(text) <= limit:

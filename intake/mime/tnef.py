@@ -18,7 +18,7 @@ cannot fit in the bytes present, embedded messages nested deeper than
 `MAX_EMBEDDING`, or more than `MAX_COPY_BYTES` of that copying. Whatever
 `tnefparse` still raises on means "could not be unpacked"; never an exception.
 
-Body: the plain body, else the HTML body (`intake.htmltext`), else the RTF
+Body: the plain body, else the HTML body (`intake.mime.htmltext`), else the RTF
 body, decompressed here (MS-OXRTFCP, "LZFu") and stripped of RTF markup
 crudely: control words, font/colour/style tables and `{\\*...}` destinations
 dropped, `\\par` as a line break, `\\'hh` and `\\uN` decoded.

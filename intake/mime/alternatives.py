@@ -13,7 +13,7 @@ A plain alternative is a stub of the HTML one when
 Marketing senders and some web mailers put such stubs in the plain part; the
 plain part of ordinary mail holds the same text as the HTML and is kept.
 
-Why the estimate: converting HTML costs ~0.1 ms a KB (`intake.htmltext`) and
+Why the estimate: converting HTML costs ~0.1 ms a KB (`intake.mime.htmltext`) and
 most HTML mail carries several times more markup than text, so the HTML is
 converted only when a regex count of the characters between tags (after
 `</head>`, white space collapsed) leaves room for the plain part to be a

@@ -1,0 +1,132 @@
+"""The body text: text parts decoded or converted, cut at a paragraph boundary, and which
+alternative of multipart/alternative is read (`intake.mime.alternatives`)."""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from . import alternatives
+from .headers import decode_bytes
+from .htmltext import html_to_text
+from .message import _add_defect
+from .parts import _content_type, _text_charset
+from .texttrim import cut_at_boundary
+
+if TYPE_CHECKING:
+    from .walk import _Walk
+
+MAX_DESCRIPTION_CHARS = 1 << 20   # characters; longer text is cut at a paragraph boundary
+MAX_HTML_BYTES = 4 * 1024 * 1024
+MAX_TEXT_BYTES = MAX_DESCRIPTION_CHARS * 4   # of one plain text part
+# C0 controls and DEL, dropped (tab, newline and carriage return kept): PostgreSQL refuses NUL.
+_BODY_CONTROL = dict.fromkeys([*range(0, 9), 11, 12, *range(14, 32), 127], None)
+_CRLF = re.compile(r"\r\n?")
+
+
+def _decoded(walk: _Walk, part, limit: int) -> tuple[str, bool]:
+    """A text part's payload as text, at most `limit` bytes of it; and whether it was cut."""
+    data = part.get_payload(decode=True)
+    if not isinstance(data, bytes) or not data:
+        return "", False
+    cut = len(data) > limit
+    if cut:
+        end = limit
+        while end > limit - 3 and data[end] & 0xC0 == 0x80:   # not inside a UTF-8 sequence
+            end -= 1
+        data = data[:end]
+    return decode_bytes(data, _text_charset(part), walk.defects), cut
+
+
+def _html_text(walk: _Walk, part, source: tuple[str, bool] | None = None) -> tuple[str, bool]:
+    """Readable text of an HTML part, converted once; and whether it was cut."""
+    key = id(part)
+    if key not in walk.html_text:
+        html, cut = source if source is not None else _decoded(walk, part, MAX_HTML_BYTES)
+        # A little over the limit, so that a cut can be seen and made again at a paragraph boundary.
+        text = html_to_text(html, max_chars=MAX_DESCRIPTION_CHARS + 1024, max_input_chars=MAX_HTML_BYTES)
+        walk.html_text[key] = (text, cut or len(text) > MAX_DESCRIPTION_CHARS)
+    return walk.html_text[key]
+
+
+def _append_text(walk: _Walk, text: str, source: str, cut: bool = False) -> bool:
+    if cut:   # the input ended mid-way: end at the last paragraph boundary instead
+        text = cut_at_boundary(text, min(len(text), MAX_DESCRIPTION_CHARS))
+        walk.truncated = True
+    text = text.strip("\n")
+    if not text.strip():
+        return False
+    walk.text.append(text)
+    walk.text_sources.append(source)
+    walk.text_chars += len(text)
+    return True
+
+
+def _add_text(walk: _Walk, part, ctype: str) -> bool:
+    """Append the readable text of a body part; True if it had any."""
+    if walk.text_chars >= MAX_DESCRIPTION_CHARS:
+        walk.truncated = True   # the description is full: this part is left out
+        return True
+    try:
+        if ctype == "text/html":
+            text, cut = _html_text(walk, part)
+            source = "html"
+        else:
+            text, cut = _decoded(walk, part, MAX_TEXT_BYTES)
+            text = _CRLF.sub("\n", text).translate(_BODY_CONTROL)
+            source = "plain"
+    except Exception as exc:
+        _add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
+        return False
+    return _append_text(walk, text, source, cut)
+
+
+def _drop_text(walk: _Walk, start: int) -> None:
+    walk.text_chars -= sum(len(text) for text in walk.text[start:])
+    del walk.text[start:], walk.text_sources[start:]
+
+
+def _alternative_rank(ctype: str) -> int:
+    if ctype == "text/plain":
+        return 0
+    if ctype.startswith("multipart/"):
+        return 1
+    if ctype == "text/html":
+        return 2
+    return 3
+
+
+def _html_leaf(part, depth: int = 0):
+    """The HTML body part an alternative shows: itself, or the first inside it (multipart/related); or None."""
+    if part.is_multipart():
+        if depth >= 3 or part.get_content_maintype() == "message":
+            return None
+        for child in part.get_payload()[:10]:
+            leaf = _html_leaf(child, depth + 1)
+            if leaf is not None:
+                return leaf
+        return None
+    if (_content_type(part) == "text/html" and part.get_content_disposition() != "attachment"
+            and not part.get_filename()):
+        return part
+    return None
+
+
+def _html_instead_of_stub(walk: _Walk, children: list, ranked: list, chosen: int, start: int,
+                          chars: dict) -> int | None:
+    """Index of the HTML alternative to read instead of the plain text just read, when that is a stub."""
+    for index, rank in ranked:
+        if index != chosen and rank in (1, 2):
+            break
+    else:
+        return None
+    leaf = _html_leaf(children[index])
+    if leaf is None:
+        return None
+    plain = "\n\n".join(walk.text[start:])
+    source = _decoded(walk, leaf, MAX_HTML_BYTES)
+    # The fast path: most HTML holds no more text than its plain alternative, and converting costs.
+    if not alternatives.worth_converting(plain, alternatives.html_text_estimate(source[0])):
+        return None
+    html_text, _ = _html_text(walk, leaf, source)
+    chars[index] = len(html_text)
+    return index if alternatives.is_stub(plain, html_text) else None

@@ -1,0 +1,117 @@
+"""The entry point: `parse_message`, which never raises (see the `intake.mime` docstring)."""
+from __future__ import annotations
+
+import hashlib
+from email.parser import BytesParser
+
+from .body import MAX_DESCRIPTION_CHARS, _add_text, _append_text
+from .headerblock import repair_header_block
+from .headers import _fill_headers, decode_header_value
+from .message import DEFAULT_LOOP_HEADER, ParsedMessage, _add_defect
+from .parts import _unique_names
+from .policy import _PARSE_POLICY
+from .texttrim import cut_at_boundary
+from .walk import MAX_BOUNDARY_LINES, _Walk, _walk
+
+_INLINE_PGP_BEGIN, _INLINE_PGP_END = "-----BEGIN PGP MESSAGE-----", "-----END PGP MESSAGE-----"
+
+
+def _parse(raw: bytes, parsed: ParsedMessage):
+    try:
+        repaired = repair_header_block(raw)
+    except Exception as exc:  # never expected; the unrepaired bytes still parse
+        _add_defect(parsed.defects, f"HeaderRepairError:{type(exc).__name__}")
+        repaired = raw
+    if repaired is not raw:
+        # Junk, stray or unindented lines in the header block (see intake.mime.headerblock).
+        _add_defect(parsed.defects, "HeaderBlockRepaired")
+        raw = repaired
+    if raw.count(b"\n--") > MAX_BOUNDARY_LINES:
+        # The email parser spends ~12 us on every part, and 25 MB of tiny parts is two million
+        # of them: parse the headers only (the message goes to review as too complex).
+        _add_defect(parsed.defects, "TooManyBoundaryLines")
+        parsed.too_complex = True
+    else:
+        try:
+            return BytesParser(policy=_PARSE_POLICY).parsebytes(raw)
+        except Exception as exc:  # e.g. RecursionError on absurd nesting: keep at least the headers
+            _add_defect(parsed.defects, f"Unparseable:{type(exc).__name__}")
+            parsed.too_complex = True
+    try:
+        return BytesParser(policy=_PARSE_POLICY).parsebytes(raw, headersonly=True)
+    except Exception as exc:
+        _add_defect(parsed.defects, f"HeadersUnparseable:{type(exc).__name__}")
+        return None
+
+
+def parse_message(raw: bytes, *, loop_header: str = DEFAULT_LOOP_HEADER) -> ParsedMessage:
+    """Parse an RFC 5322 message. Never raises; see the module docstring for what is filled in."""
+    parsed = ParsedMessage(loop_header=loop_header)
+    try:
+        if not isinstance(raw, bytes):
+            raw = bytes(raw)
+    except Exception:
+        _add_defect(parsed.defects, "NotBytes")
+        return parsed
+    parsed.size = len(raw)
+    parsed.raw_sha256 = hashlib.sha256(raw).hexdigest()
+    message = _parse(raw, parsed)
+    if message is None:
+        return parsed
+    parsed._message = message
+    for defect in getattr(message, "defects", ())[:20]:
+        _add_defect(parsed.defects, type(defect).__name__)
+    try:
+        _fill_headers(parsed, message, loop_header or DEFAULT_LOOP_HEADER)
+    except Exception as exc:
+        _add_defect(parsed.defects, f"HeaderError:{type(exc).__name__}")
+    try:
+        parsed.content_type = message.get_content_type()
+        report_type = message.get_param("report-type") if parsed.content_type == "multipart/report" else None
+        if isinstance(report_type, tuple):
+            report_type = report_type[2]
+        parsed.report_type = decode_header_value(str(report_type or ""), 100).lower()
+    except Exception as exc:
+        _add_defect(parsed.defects, f"ContentTypeError:{type(exc).__name__}")
+    walk = _Walk(parsed.defects)
+    try:
+        _walk(walk, message, 0, "body", ())
+    except Exception as exc:  # RecursionError, or a part the email package chokes on
+        _add_defect(parsed.defects, f"WalkError:{type(exc).__name__}")
+        walk.too_complex = True
+    parsed.too_complex = parsed.too_complex or walk.too_complex
+    if not walk.text:
+        # Some clients send the body as "inline; filename=msg.txt": with nothing else, that is the body.
+        for part, ctype in walk.fallback_text:
+            try:
+                if _add_text(walk, part, ctype):
+                    break
+            except Exception:
+                pass
+    if not walk.text:
+        # Outlook's rich text mail can have its only body inside winmail.dat.
+        for body, source in walk.tnef_bodies:
+            if _append_text(walk, body, source):
+                break
+    text = "\n\n".join(walk.text)
+    if len(text) > MAX_DESCRIPTION_CHARS:
+        text = cut_at_boundary(text, MAX_DESCRIPTION_CHARS)
+        walk.truncated = True
+    parsed.text = text
+    parsed.text_truncated = walk.truncated
+    parsed.body_source = "+".join(dict.fromkeys(walk.text_sources))
+    if _INLINE_PGP_BEGIN in text[:200] and text.strip().startswith(_INLINE_PGP_BEGIN) \
+            and text.rstrip().endswith(_INLINE_PGP_END):
+        walk.encrypted = walk.encrypted or "pgp"
+    parsed.encrypted = walk.encrypted
+    parsed.signatures = walk.signatures
+    parsed.alternatives = walk.alternatives
+    walk.attachments.sort(key=lambda item: item[0])
+    attachments = [attachment for _, attachment, _ in walk.attachments]
+    try:
+        attachments = _unique_names(attachments)
+    except Exception as exc:  # names stay as they were
+        _add_defect(parsed.defects, f"NamingError:{type(exc).__name__}")
+    parsed.attachments = attachments
+    parsed._attachment_parts = [part for _, _, part in walk.attachments]
+    return parsed

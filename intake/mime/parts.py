@@ -1,0 +1,198 @@
+"""One part at a time: its bytes, type, charset and display name; attachments listed and their payloads."""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+from dataclasses import replace
+from email.generator import BytesGenerator
+from typing import TYPE_CHECKING, Iterator
+from urllib.parse import unquote
+
+from . import tnef
+from .headers import _clean_filename, _clean_id, decode_header_value
+from .message import Attachment, ParsedMessage, _add_defect
+from .policy import _GENERATE_POLICY
+from .sniff import sniff_type
+
+if TYPE_CHECKING:
+    from .walk import _Walk
+
+MAX_EML_NAME_CHARS = 100
+# A clean "type/subtype" of RFC 2045 tokens, as get_content_type() gives for a well-formed header.
+_CLEAN_TYPE = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+/[a-z0-9!#$%&'*+.^_`|~-]+")
+# The start of a malformed Content-Type that still names a body type ('text/html charset="utf-8"').
+_TEXT_TYPE_START = re.compile(r"""\s*["']?\s*text\s*/\s*(plain|html)(?![a-z0-9!#$%&'*+.^_`|~-])""", re.IGNORECASE)
+_CHARSET_PARAMETER = re.compile(r"""charset\s*=\s*["']?\s*([a-z0-9_.:+-]{1,40})""", re.IGNORECASE)
+_UNSAFE_IN_NAME = re.compile(r'[\\/:*?"<>|]+')
+
+
+class _TnefMember:
+    """Stands for a file unpacked from a winmail.dat part: its bytes are unpacked again when asked for."""
+
+    __slots__ = ("container", "index")
+
+    def __init__(self, container, index: int):
+        self.container = container
+        self.index = index
+
+
+def _tnef_member_bytes(unpacked, index: int) -> bytes:
+    if unpacked is None or index >= len(unpacked.members):
+        return b""
+    return unpacked.members[index].data
+
+
+def _part_bytes(part) -> bytes:
+    """Decoded payload of a leaf part, the serialized message of an attached message, or a winmail.dat member."""
+    if isinstance(part, _TnefMember):
+        return _tnef_member_bytes(tnef.unpack(_part_bytes(part.container)), part.index)
+    if part.is_multipart():
+        inner = part.get_payload()
+        target = inner[0] if part.get_content_maintype() == "message" and inner else part
+        buffer = io.BytesIO()
+        BytesGenerator(buffer, mangle_from_=False, policy=_GENERATE_POLICY).flatten(target)
+        return buffer.getvalue()
+    data = part.get_payload(decode=True)
+    return data if isinstance(data, bytes) else b""
+
+
+def _content_type(part) -> str:
+    """The part's content type; a malformed Content-Type that still begins with text/plain or text/html
+    ('text/html charset="utf-8"', '"text/html"', 'text/html/x') counts as that type."""
+    ctype = part.get_content_type()
+    if ctype != "text/plain" and _CLEAN_TYPE.fullmatch(ctype):
+        return ctype
+    # text/plain is also what the email package answers for a header it cannot read: look at the header.
+    raw = part.get("Content-Type")
+    if raw is None:
+        return ctype
+    match = _TEXT_TYPE_START.match(str(raw))
+    return f"text/{match.group(1).lower()}" if match else ctype
+
+
+def _text_charset(part) -> str | None:
+    try:
+        charset = part.get_content_charset()
+    except Exception:
+        charset = None
+    if charset:
+        return charset
+    raw = str(part.get("Content-Type") or "")
+    match = _CHARSET_PARAMETER.search(raw) if "=" in raw else None   # a parameter after a missing ";"
+    return match.group(1) if match else None
+
+
+def _location_name(value: str) -> str:
+    """The last path segment of a Content-Location URL or path ("" if it ends in "/")."""
+    value = decode_header_value(value, 2000).strip().strip("<>\"'")
+    value = value.split("?", 1)[0].split("#", 1)[0]
+    return _clean_filename(unquote(value.replace("\\", "/").rsplit("/", 1)[-1]))
+
+
+def _message_file_name(part) -> str:
+    """"<subject>.eml" for an attached message: what a mail program calls it when saving it."""
+    inner = part.get_payload()
+    if not isinstance(inner, list) or not inner:
+        return ""
+    subject = decode_header_value(str(inner[0].get("Subject") or ""), 2000)
+    subject = " ".join(_UNSAFE_IN_NAME.sub("_", subject).split())[:MAX_EML_NAME_CHARS].strip(" ._")
+    return f"{subject}.eml" if subject else ""
+
+
+def _part_name(part, ctype: str, filename) -> str:
+    """Display name: Content-Disposition filename, else Content-Type name (`filename`, from get_filename(),
+    with RFC 2231 and 2047 decoded), else the end of Content-Location; an attached message is named after
+    its subject. "" if none of these."""
+    name = _clean_filename(filename)
+    if not name:
+        location = part.get("Content-Location")
+        if location:
+            name = _location_name(str(location))
+    if not name and ctype in ("message/rfc822", "message/global"):
+        name = _message_file_name(part)
+    return name
+
+
+def _unique_names(attachments: list[Attachment]) -> list[Attachment]:
+    """The same attachments, a repeated name made unique: "report.pdf", "report (2).pdf" (case-insensitively)."""
+    taken = {a.filename.casefold() for a in attachments if a.filename}
+    if len(taken) == sum(1 for a in attachments if a.filename):
+        return attachments
+    seen: set[str] = set()
+    counters: dict[str, int] = {}
+    out = []
+    for attachment in attachments:
+        key = attachment.filename.casefold()
+        if attachment.filename and key in seen:
+            stem, extension = os.path.splitext(attachment.filename)
+            number = counters.get(key, 1)
+            while True:
+                number += 1
+                suffix = f" ({number}){extension}"
+                name = stem[:255 - len(suffix)] + suffix
+                if name.casefold() not in taken:
+                    break
+            counters[key] = number
+            taken.add(name.casefold())
+            attachment = replace(attachment, filename=name)
+        seen.add(key)
+        out.append(attachment)
+    return out
+
+
+def _add_attachment(walk: _Walk, part, path: tuple, ctype: str, disposition, name: str, nested: bool, *,
+                    origin: str = "", data: bytes | None = None) -> None:
+    """List a part as an attachment; `name` is its display name (from `_part_name`)."""
+    if data is None:
+        try:
+            data = _part_bytes(part)
+        except Exception as exc:
+            _add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
+            data = b""
+    try:
+        content_id = _clean_id(str(part.get("Content-ID") or ""))
+    except Exception:
+        content_id = ""
+    attachment = Attachment(
+        filename=name,
+        declared_type=ctype,
+        sniffed_type=sniff_type(data),
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        content_id=content_id,
+        is_inline=disposition == "inline" or (disposition is None and bool(content_id)),
+        nested=nested,
+        origin=origin,
+    )
+    walk.attachments.append((path, attachment, part))
+
+
+def attachment_payload(parsed: ParsedMessage, index: int) -> bytes:
+    """Decoded bytes of `parsed.attachments[index]` (decoded again from the parsed message; a file from a
+    winmail.dat is unpacked again)."""
+    return _part_bytes(parsed._attachment_parts[index])
+
+
+def iter_attachment_payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment, bytes]]:
+    """Each attachment with its decoded bytes, one at a time (for scanning).
+
+    Only one payload is alive at a time if the caller drops it before the next; the
+    files of one winmail.dat come from one unpacking of it, dropped after the last.
+    A part that could not be decoded at parse time yields b"" (its size is 0 too).
+    """
+    unpacked_from = unpacked = None
+    for attachment, part in zip(parsed.attachments, parsed._attachment_parts):
+        try:
+            if isinstance(part, _TnefMember):
+                if part.container is not unpacked_from:
+                    unpacked_from, unpacked = part.container, None
+                    unpacked = tnef.unpack(_part_bytes(part.container))
+                data = _tnef_member_bytes(unpacked, part.index)
+            else:
+                unpacked_from = unpacked = None
+                data = _part_bytes(part)
+        except Exception:
+            data = b""
+        yield attachment, data
