@@ -1,5 +1,6 @@
 """How long normalization takes per message: parse + validate of a typical 2.4 KB message,
-and of the worst cases of the malformed corpus. Prints figures; asserts nothing.
+of each message of the real-world corpus (tests/corpus), and of the worst cases of the
+malformed corpus. Prints figures; asserts nothing.
 
     .venv/bin/python bench/parse.py
 """
@@ -21,6 +22,9 @@ from intake.validation import MailboxPolicy, validate  # noqa: E402
 from tests.test_mime import generated_corpus, typical_message  # noqa: E402
 
 
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus"
+
+
 def timed(raw: bytes, repeat: int) -> list[float]:
     policy = MailboxPolicy(allowed_recipients=("support@acme.test",))
     samples = []
@@ -37,6 +41,16 @@ def main():
     samples = timed(raw, 2000)
     print(f"typical message ({len(raw)} bytes): parse+validate median {statistics.median(samples) * 1e6:.0f} us, "
           f"p99 {sorted(samples)[int(len(samples) * 0.99)] * 1e6:.0f} us")
+    corpus = sorted((CORPUS.glob("*.eml")))
+    per_message = []
+    for path in corpus:
+        body = path.read_bytes()
+        timed(body, 5)
+        per_message.append((statistics.median(timed(body, 50)), path.name))
+    per_message.sort()
+    print(f"real-world corpus ({len(corpus)} messages of tests/corpus): median per message "
+          f"{statistics.median(s for s, _ in per_message) * 1e6:.0f} us, slowest {per_message[-1][0] * 1e3:.2f} ms "
+          f"({per_message[-1][1]})")
     worst = sorted(((max(timed(body, 1)), name, len(body)) for name, body in generated_corpus()), reverse=True)[:5]
     print("slowest malformed messages:")
     for seconds, name, size in worst:
