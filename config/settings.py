@@ -9,10 +9,11 @@ from pathlib import Path
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(environ.Env().str("MAILROOM_VAR_DIR", default=str(BASE_DIR / "var")))
 
 env = environ.Env()
-environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+# Read first: every setting below, MAILROOM_VAR_DIR included, may come from `.env`.
+environ.Env.read_env(env.str("MAILROOM_ENV_FILE", default=str(BASE_DIR / ".env")), overwrite=False)
+VAR_DIR = Path(env.str("MAILROOM_VAR_DIR", default=str(BASE_DIR / "var")))
 
 DEBUG = env.bool("DEBUG", default=False)
 SECRET_KEY = env.str("SECRET_KEY", default="insecure-development-key-set-SECRET_KEY-in-production")
@@ -173,6 +174,9 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery would replace the root logger's handlers with its own, and with them the filter that
+# masks addresses: workers and beat log through LOGGING below, like every other process.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
@@ -202,7 +206,13 @@ LOGGING = {
         "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["mask_addresses"]},
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # A line per due task (beat) and per task received/succeeded (worker) is noise at INFO:
+        # an idle `make run` would print one every two seconds. CELERY_LOG_LEVEL=INFO brings them back.
+        **{name: {"level": env.str("CELERY_LOG_LEVEL", default="WARNING")}
+           for name in ("celery.beat", "celery.app.trace", "celery.worker.strategy")},
+    },
 }
 
 REST_FRAMEWORK = {

@@ -294,6 +294,7 @@ def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batc
     if report.more:
         # Bounded polls: the rest of a large backlog is fetched by a follow-up poll, not in this one.
         request_poll(mailbox.pk)
-    logger.info("polled mailbox %s: %d batches, %d new, %d duplicate", mailbox.slug, report.batches,
-                report.new, report.duplicates)
+    # A poll that found nothing is the common case: not worth a line at INFO every few seconds.
+    logger.log(logging.INFO if report.new else logging.DEBUG, "polled mailbox %s: %d batches, %d new, %d duplicate",
+               mailbox.slug, report.batches, report.new, report.duplicates)
     return report

@@ -209,6 +209,13 @@ def test_make_run_serves_the_demo_and_stops_on_ctrl_c(tmp_path):
         assert all(found.values()), (found, stack)
         assert process.poll() is None and "exited with" not in output.text(), output.tail()
 
+        # Idle, the stack says nothing at INFO: beat sends a due task every 2 s and the relay and
+        # the sweeps run, but a routine tick is not a line of its own.
+        before = len(output.lines)
+        time.sleep(7)
+        idle_lines = output.lines[before:]
+        assert not [line for line in idle_lines if re.search(r"\bINFO\b", line)], "\n".join(idle_lines)
+
         # Ctrl-C: SIGINT to make's process group, as a terminal does.
         stopping_at = time.monotonic()
         os.killpg(process.pid, signal.SIGINT)
