@@ -3,6 +3,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from .vocabulary import AuditKind, ReasonCode  # noqa: F401  (ReasonCode: re-exported for callers)
+
 
 class Tenant(models.Model):
     slug = models.SlugField(unique=True)
@@ -175,9 +177,11 @@ class OutboxMessage(models.Model):
 class AuditEvent(models.Model):
     """Append-only: who did what to which event, and when."""
 
+    Kind = AuditKind
+
     inbox_event = models.ForeignKey(InboxEvent, on_delete=models.PROTECT, related_name="audit_events")
     actor = models.CharField(max_length=150)
-    kind = models.CharField(max_length=50)
+    kind = models.CharField(max_length=50, choices=AuditKind.choices)
     detail = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField()
 

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from . import scanning, validation
 from .mime import ParsedMessage, iter_attachment_payloads, parse_message
 from .models import InboxEvent
-from .services import record_audit, wait_event
+from .services import transition_event, wait_event
+from .vocabulary import AuditKind, ReasonCode
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +25,12 @@ State = InboxEvent.State
 SENDER_RATE_LIMITED = validation.SENDER_RATE_LIMITED
 # Over the limit, mail goes to review; a mailbox may opt into suppression with "action": "suppress".
 DEFAULT_SENDER_LIMIT = {"count": 20, "seconds": 600, "action": "review"}
+# The audit row of each verdict but `ok` (received -> ready is not audited: see transition_event).
+VERDICT_AUDIT_KIND = {
+    State.AWAITING_REVIEW: AuditKind.AWAITING_REVIEW,
+    State.SUPPRESSED: AuditKind.SUPPRESSED,
+    State.QUARANTINED: AuditKind.QUARANTINED,
+}
 
 
 @dataclass
@@ -122,12 +128,13 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
     if event.state != State.RECEIVED:
         return Outcome(State.READY, parsed=parsed or ParsedMessage())
     if parsed is None:
-        return _record(event, ParsedMessage(), validation.Verdict(State.AWAITING_REVIEW, "unparseable"), actor)
+        return _record(event, ParsedMessage(), validation.Verdict(State.AWAITING_REVIEW, ReasonCode.UNPARSEABLE),
+                       actor)
 
     try:
         policy = policy_for(event.mailbox)
     except ValueError as exc:
-        verdict = validation.Verdict(State.AWAITING_REVIEW, "mailbox_misconfigured", str(exc)[:300])
+        verdict = validation.Verdict(State.AWAITING_REVIEW, ReasonCode.MAILBOX_MISCONFIGURED, str(exc)[:300])
         return _record(event, parsed, verdict, actor)
 
     extra = []
@@ -147,7 +154,7 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
                 InboxEvent.objects.filter(pk=event.pk).update(details={**(event.details or {}),
                                                                        "scan_attempts": attempts})
                 wait_event(event.pk, settings.MAILROOM_SCAN_RETRY_SECONDS * attempts)
-                return Outcome("waiting", "scanner_unavailable")
+                return Outcome("waiting", ReasonCode.SCANNER_UNAVAILABLE)
             scan_findings = [validation.scanner_unavailable_finding(f"scanner unreachable after {attempts} attempts")]
         if scan_findings:
             verdict = validation.validate(parsed, policy, extra=[*extra, *scan_findings])
@@ -159,16 +166,17 @@ def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdic
     now = timezone.now()
     to_state = State.READY if verdict.ok else verdict.state
     auth = validation.authentication_results(parsed, policy.trusted_authserv_id) if policy else {}
-    with transaction.atomic():
-        moved = InboxEvent.objects.filter(pk=event.pk, state=State.RECEIVED).update(
-            state=to_state, reason_code=verdict.reason_code, reason_detail=verdict.detail[:2000],
-            message_id_header=parsed.message_id[:998], sender=parsed.sender[:320], subject=parsed.subject[:998],
-            thread_key=event.thread_key or validation.thread_key(parsed), auth_results=auth,
-            details={**(event.details or {}), **_details(parsed, verdict, policy)}, retry_at=None, updated_at=now,
-        )
-        if moved and not verdict.ok:
-            record_audit(event.pk, verdict.state, actor=actor, at=now,
-                         detail={"reason": verdict.reason_code, "findings": [f.reason_code for f in verdict.findings]})
+    # One UPDATE on the hot path (ok: no audit row), plus the verdict's audit row otherwise.
+    moved = transition_event(
+        event.pk, [State.RECEIVED], to_state, actor=actor, now=now,
+        kind=None if verdict.ok else VERDICT_AUDIT_KIND[verdict.state],
+        reason_code=verdict.reason_code, reason_detail=verdict.detail,
+        audit_detail={"reason": verdict.reason_code, "findings": [f.reason_code for f in verdict.findings]},
+        extra={"message_id_header": parsed.message_id[:998], "sender": parsed.sender[:320],
+               "subject": parsed.subject[:998], "thread_key": event.thread_key or validation.thread_key(parsed),
+               "auth_results": auth, "details": {**(event.details or {}), **_details(parsed, verdict, policy)},
+               "retry_at": None},
+    )
     if moved:
         event.state, event.sender, event.subject = to_state, parsed.sender[:320], parsed.subject[:998]
         event.thread_key = event.thread_key or validation.thread_key(parsed)

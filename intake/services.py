@@ -1,4 +1,10 @@
-"""Writes of the intake app. Every state change and its audit row share one transaction."""
+"""Writes of the intake app. Every state change and its audit row share one transaction.
+
+`transition_event` is the one door for `InboxEvent.state`: ingest inserts the
+event as `received`, and every later move, whichever app asks for it, is a
+conditional UPDATE through that function (see its docstring, and
+docs/design.md §6 for the table of moves).
+"""
 import json
 import logging
 from dataclasses import dataclass, replace
@@ -12,6 +18,7 @@ from django.utils import timezone
 from . import selectors
 from .keys import content_fingerprint, dedupe_key, reused_id, thread_key_for_raw
 from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
+from .vocabulary import AuditKind, ReasonCode
 
 logger = logging.getLogger(__name__)
 
@@ -19,6 +26,9 @@ PROCESS_TOPIC = "inbox_event.process"
 POLL_TOPIC = "mailbox.poll"
 NOTIFY_CHANNEL = "mailroom_outbox"
 STALE_CANDIDATE_STATES = (InboxEvent.State.RECEIVED, InboxEvent.State.READY)
+# Every state but `completed`: a completed event stays completed (its mapping is the proof,
+# whatever happens later), so intent outcomes move the event from any of these.
+NOT_COMPLETED_STATES = tuple(s for s in InboxEvent.State if s != InboxEvent.State.COMPLETED)
 
 
 @dataclass(frozen=True)
@@ -27,7 +37,7 @@ class IngestResult:
     duplicate: bool
 
 
-def record_audit(inbox_event_id: int, kind: str, actor: str, detail: dict | None = None, at=None) -> AuditEvent:
+def record_audit(inbox_event_id: int, kind: AuditKind, actor: str, detail: dict | None = None, at=None) -> AuditEvent:
     return AuditEvent.objects.create(
         inbox_event_id=inbox_event_id, kind=kind, actor=actor, detail=detail or {}, at=at or timezone.now()
     )
@@ -155,7 +165,7 @@ WITH event AS (
     RETURNING id
 ), audit AS (
     INSERT INTO {audit} (inbox_event_id, actor, kind, detail, at)
-    SELECT id, %(actor)s, 'received', %(detail)s::jsonb, %(now)s FROM event
+    SELECT id, %(actor)s, %(kind)s, %(detail)s::jsonb, %(now)s FROM event
 ), outbox AS (
     INSERT INTO {outbox} (topic, payload, created_at, attempts)
     SELECT %(topic)s, jsonb_build_object('inbox_event_id', id), %(now)s, 0 FROM event
@@ -172,7 +182,8 @@ def _insert_event_postgres(row: _IngestRow) -> int | None:
             "tenant": row.mailbox.tenant_id, "mailbox": row.mailbox.pk, "pmid": row.provider_message_id,
             "key": row.key, "source": row.source, "now": row.now, "raw": row.raw, "size": len(row.raw),
             "thread": row.thread_key, "fingerprint": row.fingerprint, "reused": row.reuses_event is not None,
-            "actor": f"provider:{row.source}", "detail": json.dumps(row.audit_detail), "topic": PROCESS_TOPIC,
+            "actor": f"provider:{row.source}", "kind": AuditKind.RECEIVED.value, "detail": json.dumps(row.audit_detail),
+            "topic": PROCESS_TOPIC,
             "channel": NOTIFY_CHANNEL,
         })
         result = cursor.fetchone()
@@ -189,7 +200,8 @@ def _insert_event_orm(row: _IngestRow) -> int | None:
                 size=len(row.raw), thread_key=row.thread_key, dispatch_count=1, fingerprint=row.fingerprint,
                 message_id_reused=row.reuses_event is not None,
             )
-            record_audit(event.pk, "received", actor=f"provider:{row.source}", detail=row.audit_detail, at=row.now)
+            record_audit(event.pk, AuditKind.RECEIVED, actor=f"provider:{row.source}", detail=row.audit_detail,
+                         at=row.now)
             enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=row.now)
     except IntegrityError:
         return None
@@ -220,6 +232,14 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
         .values_list("pk", "state", "dispatch_count", "retry_at")[:limit]
     )
     for event_id, state, dispatches, retry_at in candidates:
+        if retry_at is None and dispatches >= settings.MAILROOM_MAX_DISPATCHES:
+            if transition_event(event_id, [state], InboxEvent.State.FAILED, actor="system:sweep",
+                                kind=AuditKind.POISON, reason_code=ReasonCode.POISON,
+                                reason_detail=f"dispatched {dispatches} times without progress",
+                                audit_detail={"dispatches": dispatches}, now=now,
+                                only_if={"retry_at__isnull": True, "updated_at__lt": cutoff}):
+                poisoned += 1
+            continue
         with transaction.atomic():
             if retry_at is not None:
                 if InboxEvent.objects.filter(pk=event_id, state=state, retry_at=retry_at).update(
@@ -228,15 +248,9 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
                     requeued += 1
                 continue
             stale = InboxEvent.objects.filter(pk=event_id, state=state, retry_at__isnull=True, updated_at__lt=cutoff)
-            if dispatches >= settings.MAILROOM_MAX_DISPATCHES:
-                if stale.update(state=InboxEvent.State.FAILED, reason_code="poison",
-                                reason_detail=f"dispatched {dispatches} times without progress", updated_at=now):
-                    record_audit(event_id, "poison", actor="system:sweep", detail={"dispatches": dispatches}, at=now)
-                    poisoned += 1
-                continue
             if stale.update(updated_at=now, dispatch_count=F("dispatch_count") + 1):
                 enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
-                record_audit(event_id, "requeued", actor="system:sweep", detail={"state": state}, at=now)
+                record_audit(event_id, AuditKind.REQUEUED, actor="system:sweep", detail={"state": state}, at=now)
                 requeued += 1
     if requeued or poisoned:
         logger.warning("stale-event sweep: requeued %d, poisoned %d", requeued, poisoned)
@@ -265,23 +279,44 @@ def release_waiting_events(mailbox_id: int | None = None) -> int:
     return released
 
 
-def transition_event(event_id: int, from_states, to_state: str, *, actor: str, kind: str,
+def transition_event(event_id: int, from_states, to_state: str, *, actor: str, kind: AuditKind | None,
                      reason_code: str = "", reason_detail: str = "", detail: dict | None = None,
-                     extra: dict | None = None) -> bool:
-    """Move an event between states with a conditional UPDATE and its audit row, atomically.
+                     audit_detail: dict | None = None, extra: dict | None = None, only_if: dict | None = None,
+                     now=None) -> bool:
+    """The one door for `InboxEvent.state`: a conditional UPDATE and its audit row, atomically.
 
-    Returns False, changing nothing, when the event is no longer in one of
-    `from_states`: someone else moved it, and the caller stops.
+    The UPDATE matches only while the event is in one of `from_states` (and
+    meets `only_if`, further lookups such as `{"retry_at__isnull": True}`). It
+    sets `state`, `reason_code` and `reason_detail` (the reason given, or none:
+    a reason belongs to the move that gave it), `updated_at` and the fields in
+    `extra` (`retry_at`, `dispatch_count`, `route_override`, `details`, ...).
+    Returns False, writing nothing, when no row matched: someone else moved
+    the event, and the caller stops.
+
+    The audit row has `kind` and the detail `{"state", "reason", **detail}`, or
+    exactly `audit_detail` when that is given. `kind=None` writes no row here,
+    and is meant for two cases only:
+    - the plain steps of the happy path, received -> ready (normalization) and
+      ready -> write_pending (before a destination call), which were never
+      audited: the `received` row and the outcome's row bracket them, and
+      normalization stays one UPDATE;
+    - a move that is part of an intent transition (`ticketing.intents`), whose
+      own audit row, written in the same transaction, records both.
+    Without a row to write, the UPDATE is the whole transition (no transaction
+    of its own: it joins the caller's, if any).
     """
-    now = timezone.now()
+    now = now or timezone.now()
+    changes = {"state": to_state, "reason_code": reason_code, "reason_detail": reason_detail[:2000],
+               "updated_at": now, **(extra or {})}
+    rows = InboxEvent.objects.filter(pk=event_id, state__in=list(from_states), **(only_if or {}))
+    if kind is None:
+        return bool(rows.update(**changes))
     with transaction.atomic():
-        moved = InboxEvent.objects.filter(pk=event_id, state__in=list(from_states)).update(
-            state=to_state, reason_code=reason_code, reason_detail=reason_detail[:2000], updated_at=now,
-            **(extra or {}),
-        )
+        moved = rows.update(**changes)
         if moved:
-            record_audit(event_id, kind, actor=actor,
-                         detail={"state": to_state, "reason": reason_code, **(detail or {})}, at=now)
+            if audit_detail is None:
+                audit_detail = {"state": to_state, "reason": reason_code, **(detail or {})}
+            record_audit(event_id, kind, actor=actor, detail=audit_detail, at=now)
     return bool(moved)
 
 

@@ -63,31 +63,32 @@ import re
 from dataclasses import dataclass, field
 
 from .mime import DEFAULT_LOOP_HEADER, ParsedMessage
+from .vocabulary import ReasonCode
 
 OK = "ok"
 AWAITING_REVIEW = "awaiting_review"
 SUPPRESSED = "suppressed"
 QUARANTINED = "quarantined"
 
-# Reason codes.
-MALWARE = "malware"
-ATTACHMENT_TYPE = "attachment_type"
-TOO_LARGE = "too_large"
-TOO_MANY_ATTACHMENTS = "too_many_attachments"
-TOO_COMPLEX = "too_complex"
-MISSING_SENDER = "missing_sender"
-RECIPIENT_NOT_ALLOWED = "recipient_not_allowed"
-EMPTY = "empty"
-SCANNER_UNAVAILABLE = "scanner_unavailable"
-ENCRYPTED = "encrypted"
-SENDER_RATE_LIMITED = "sender_rate_limited"
-OWN_MAIL_LOOP = "own_mail_loop"
-DELIVERY_REPORT = "delivery_report"
-MAILER_DAEMON = "mailer_daemon"
-EMPTY_RETURN_PATH = "empty_return_path"
-AUTO_SUBMITTED = "auto_submitted"
-AUTOREPLY_HEADER = "autoreply_header"
-PRECEDENCE_BULK = "precedence_bulk"
+# Reason codes (the words and their labels: intake.vocabulary.ReasonCode).
+MALWARE = ReasonCode.MALWARE
+ATTACHMENT_TYPE = ReasonCode.ATTACHMENT_TYPE
+TOO_LARGE = ReasonCode.TOO_LARGE
+TOO_MANY_ATTACHMENTS = ReasonCode.TOO_MANY_ATTACHMENTS
+TOO_COMPLEX = ReasonCode.TOO_COMPLEX
+MISSING_SENDER = ReasonCode.MISSING_SENDER
+RECIPIENT_NOT_ALLOWED = ReasonCode.RECIPIENT_NOT_ALLOWED
+EMPTY = ReasonCode.EMPTY
+SCANNER_UNAVAILABLE = ReasonCode.SCANNER_UNAVAILABLE
+ENCRYPTED = ReasonCode.ENCRYPTED
+SENDER_RATE_LIMITED = ReasonCode.SENDER_RATE_LIMITED
+OWN_MAIL_LOOP = ReasonCode.OWN_MAIL_LOOP
+DELIVERY_REPORT = ReasonCode.DELIVERY_REPORT
+MAILER_DAEMON = ReasonCode.MAILER_DAEMON
+EMPTY_RETURN_PATH = ReasonCode.EMPTY_RETURN_PATH
+AUTO_SUBMITTED = ReasonCode.AUTO_SUBMITTED
+AUTOREPLY_HEADER = ReasonCode.AUTOREPLY_HEADER
+PRECEDENCE_BULK = ReasonCode.PRECEDENCE_BULK
 
 STATE_ORDER = (QUARANTINED, AWAITING_REVIEW, SUPPRESSED)
 REASON_ORDER = {

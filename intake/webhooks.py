@@ -30,6 +30,7 @@ from .models import Mailbox
 from .providers import provider_for
 from .providers.base import WebhookRejected
 from .secrets import SecretUnavailable
+from .vocabulary import AuditKind
 from .views import _error, _read_body
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
                 outcome = services.ingest(mailbox, message.provider_message_id, message.raw, source=provider)
                 if message.metadata and not outcome.duplicate:
                     # What the provider said about the message (its own id, envelope…): kept as evidence.
-                    services.record_audit(outcome.inbox_event_id, "provider_metadata",
+                    services.record_audit(outcome.inbox_event_id, AuditKind.PROVIDER_METADATA,
                                           actor=f"provider:{provider}", detail=message.metadata)
                 stored.append(outcome)
             if result.poll:

@@ -233,7 +233,7 @@ class RecoveryItemAdmin(admin.ModelAdmin):
     def reason(self, obj):
         code = obj.reason_code
         if not code and obj.held_action == Intent.Action.NOTIFY_REQUESTER:
-            code = "acknowledgment_held"
+            code = selectors.ACKNOWLEDGMENT_HELD
         text = selectors.reason_text(code) or obj.reason_detail[:200]
         return format_html('<strong>{}</strong><br><small>{}</small>', code or "—", text)
 

@@ -4,6 +4,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent, Mailbox, Switch, Tenant
+from intake.vocabulary import AuditKind, ReasonCode
 from intake.selectors import visible_tenants
 from ticketing.models import Destination, Intent, TicketMapping
 
@@ -11,50 +12,16 @@ from ticketing.models import Destination, Intent, TicketMapping
 WORK_ACTIONS = (Intent.Action.CREATE_TICKET, Intent.Action.ADD_COMMENT)
 
 # Audit kinds that mark an attempt at the destination (its outcome).
-ATTEMPT_KINDS = ("intent_retry_wait", "intent_failed", "intent_unknown", "ticket_created")
+ATTEMPT_KINDS = (AuditKind.INTENT_RETRY_WAIT, AuditKind.INTENT_FAILED, AuditKind.INTENT_UNKNOWN,
+                 AuditKind.TICKET_CREATED)
 
-# What a reason code means, for the person reading the queue.
+# Not a reason code: what the queue shows for a completed event whose acknowledgment is held.
+ACKNOWLEDGMENT_HELD = "acknowledgment_held"
+
+# What a reason code means, for the person reading the queue: the labels of intake's ReasonCode.
 REASON_TEXT = {
-    # destination outcomes (ticketing)
-    "credentials": "The destination refused our credentials (HTTP 401/403). Fix the destination, then replay.",
-    "invalid_fields": "The destination rejected the ticket's fields (HTTP 400/422). Correct the route, then replay.",
-    "retries_exhausted": "Temporary failures (rate limits, 5xx, refused connections) went on past the retry cap.",
-    "configuration": "The destination is misconfigured (for example its base URL).",
-    "not_found": "The destination answered 'not found'.",
-    "rejected": "The destination rejected the request.",
-    "claim_expired": "A worker stopped answering during an attempt: whether the ticket exists is unknown.",
-    "timeout": "The destination did not answer in time after the request was sent: the outcome is unknown.",
-    "connection_lost": "The connection dropped after the request was sent: the outcome is unknown.",
-    "server_error": "The destination failed after the request was sent: the outcome is unknown.",
-    "unreadable_response": "The destination's answer could not be read: the outcome is unknown.",
-    "idempotent_request_error": "Our idempotency key was used with another body: a lookup must decide.",
-    "outcome_unknown": "The destination offers neither idempotency nor a lookup: investigate before replaying.",
-    "no_destination": "No destination: the tenant has no default and no rule matched.",
-    "poison": "Handed to workers again and again without progress (poison message).",
-    # validation (intake)
-    "malware": "An attachment matched a malware signature.",
-    "attachment_type": "An attachment's type or extension is not allowed.",
-    "too_large": "The message is larger than the mailbox allows.",
-    "too_many_attachments": "The message has more attachments than the mailbox allows.",
-    "too_complex": "The message is nested too deeply or has too many parts to analyse.",
-    "missing_sender": "The message has no usable sender address.",
-    "recipient_not_allowed": "The message was not addressed to an allowed recipient of this mailbox.",
-    "empty": "The message has neither text nor attachments.",
-    "scanner_unavailable": "The malware scanner could not be reached.",
-    "encrypted": "The message is encrypted (PGP or S/MIME): a person must decide what to do with it.",
-    "sender_rate_limited": "More messages from this sender than the mailbox allows in its window (a flood?).",
-    # suppression rules (intake): no ticket wanted; an operator can still replay
-    "own_mail_loop": "Our own mail came back (loop header).",
-    "delivery_report": "A delivery report (bounce or read receipt).",
-    "mailer_daemon": "Sent by a mail system (MAILER-DAEMON, postmaster).",
-    "empty_return_path": "Sent with an empty Return-Path, as automatic mail is.",
-    "auto_submitted": "Marked Auto-Submitted (an automatic reply or notification).",
-    "autoreply_header": "Marked as an automatic reply (X-Autoreply / X-Autorespond).",
-    "precedence_bulk": "Bulk or mailing-list mail (Precedence: bulk/list/junk).",
-    # operator decisions
-    "not_a_request": "Closed by a reviewer as not-a-request.",
-    # not a reason code: an acknowledgment held on a completed event
-    "acknowledgment_held": "The ticket exists, but whether the acknowledgment email went out is unknown.",
+    **{code.value: code.label for code in ReasonCode},
+    ACKNOWLEDGMENT_HELD: "The ticket exists, but whether the acknowledgment email went out is unknown.",
 }
 
 
@@ -140,8 +107,13 @@ def search_queue(queryset: QuerySet, term: str) -> QuerySet:
     return queryset.filter(match)
 
 
+REASON_ORDER = {code.value: position for position, code in enumerate(ReasonCode)}
+
+
 def queue_reason_codes(user) -> list[str]:
-    return sorted(set(recovery_queue_for(user).order_by().values_list("reason_code", flat=True)) - {""})
+    """The reason codes in the user's queue (the reason filter), in ReasonCode's order; unknown words last."""
+    codes = set(recovery_queue_for(user).order_by().values_list("reason_code", flat=True)) - {""}
+    return sorted(codes, key=lambda code: (REASON_ORDER.get(code, len(REASON_ORDER)), code))
 
 
 def visible_mailboxes(user) -> QuerySet:

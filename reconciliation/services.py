@@ -26,6 +26,7 @@ from intake.mime import attachment_payload, parse_message
 from intake.models import InboxEvent, Mailbox, Switch, Tenant
 from intake.selectors import global_pause_on
 from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit, release_waiting_events, transition_event
+from intake.vocabulary import AuditKind
 from ticketing import intents as ticketing_intents
 from ticketing import replay
 from ticketing.models import Destination, Intent
@@ -179,7 +180,7 @@ def do_assign(user, event_id: int, assignee) -> None:
     now = timezone.now()
     with transaction.atomic():
         InboxEvent.objects.filter(pk=event.pk).update(owner=assignee)
-        record_audit(event.pk, "assigned", actor=actor_name(user), at=now, detail={
+        record_audit(event.pk, AuditKind.ASSIGNED, actor=actor_name(user), at=now, detail={
             "owner": assignee.get_username() if assignee is not None else None,
             "previous_owner": event.owner.get_username() if event.owner_id else None})
 
@@ -195,7 +196,7 @@ def do_set_escalation(user, event_id: int, escalate_at) -> None:
     now = timezone.now()
     with transaction.atomic():
         InboxEvent.objects.filter(pk=event.pk).update(escalate_at=escalate_at)
-        record_audit(event.pk, "escalation_set", actor=actor_name(user), at=now, detail={
+        record_audit(event.pk, AuditKind.ESCALATION_SET, actor=actor_name(user), at=now, detail={
             "escalate_at": escalate_at.isoformat() if escalate_at else None,
             "previous": event.escalate_at.isoformat() if event.escalate_at else None})
 
@@ -269,8 +270,8 @@ def do_release_quarantine(user, event_id: int, *, note: str = "") -> None:
         release = {"by": actor, "at": now.isoformat(), "reason_code": locked.reason_code, "note": note[:500]}
         details = {**(locked.details or {}), "quarantine_release": release}
         if not transition_event(locked.pk, [InboxEvent.State.QUARANTINED], InboxEvent.State.READY, actor=actor,
-                                kind="quarantine_released", detail={"previous_reason": locked.reason_code,
-                                                                    "note": note[:500]},
+                                kind=AuditKind.QUARANTINE_RELEASED,
+                                detail={"previous_reason": locked.reason_code, "note": note[:500]},
                                 extra={"details": details, "retry_at": None, "dispatch_count": 1}):
             raise ActionRefused("the event changed meanwhile")
         enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": locked.pk}, now=now)
@@ -292,7 +293,7 @@ def do_view_message_body(user, event_id: int) -> BodyView:
     _require(user, PERM_VIEW_BODY)
     event = visible_event(user, event_id)
     raw = InboxEvent.objects.filter(pk=event.pk).values_list("raw", flat=True).first()
-    record_audit(event.pk, "body_viewed", actor=actor_name(user), detail={"purged": raw is None})
+    record_audit(event.pk, AuditKind.BODY_VIEWED, actor=actor_name(user), detail={"purged": raw is None})
     if raw is None:
         return BodyView(available=False)
     parsed = parse_message(bytes(raw))
@@ -311,7 +312,7 @@ def do_download_attachment(user, event_id: int, index: int):
     if not 0 <= index < len(parsed.attachments):
         raise ActionRefused("no such attachment")
     attachment = parsed.attachments[index]
-    record_audit(event.pk, "attachment_downloaded", actor=actor_name(user), detail={
+    record_audit(event.pk, AuditKind.ATTACHMENT_DOWNLOADED, actor=actor_name(user), detail={
         "index": index, "sha256": attachment.sha256, "sniffed_type": attachment.sniffed_type})
     return attachment, attachment_payload(parsed, index)
 
@@ -404,7 +405,7 @@ def do_bulk_replay(user, event_ids) -> list[BulkItem]:
     done = []
     for item, event, intent, found in _bulk_items(user, event_ids):
         if item.plan != "skip":
-            record_audit(event.pk, "bulk_lookup", actor=actor, detail={
+            record_audit(event.pk, AuditKind.BULK_LOOKUP, actor=actor, detail={
                 "lookup": found.status, "ticket_id": item.found_ticket_id, "plan": item.plan,
                 "external_ref": item.external_ref})
         try:

@@ -15,13 +15,12 @@ from email.utils import make_msgid
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
-from django.db import transaction
-from django.utils import timezone
 
 from intake.mime.addresses import is_valid_address
 from intake.failures import AmbiguousOutcome, TransientError
 from intake.models import InboxEvent
 from intake.services import enqueue_outbox, record_audit
+from intake.vocabulary import AuditKind, ReasonCode
 
 from . import intents
 from .models import Intent, TicketMapping
@@ -40,7 +39,7 @@ NOREPLY_LOCAL_PARTS = frozenset({
     "mailer-daemon", "postmaster", "bounce", "bounces",
 })
 NOREPLY_PREFIXES = ("noreply", "no-reply")
-SKIP_AUDIT_KIND = "acknowledgment_skipped"
+SKIP_AUDIT_KIND = AuditKind.ACKNOWLEDGMENT_SKIPPED
 
 
 def _is_noreply(address: str) -> bool:
@@ -57,18 +56,18 @@ def acknowledgment_skip_reason(event: InboxEvent) -> str | None:
     Authentication-Results, see `intake.validation.authentication_results`).
     """
     if not (event.mailbox.settings or {}).get("acknowledge", True):
-        return "disabled"
+        return ReasonCode.ACK_DISABLED
     sender = (event.sender or "").strip()
     if not sender:
-        return "no_sender"
+        return ReasonCode.NO_SENDER
     if (event.details or {}).get("spam_flagged") is True:
-        return "spam_flagged"
+        return ReasonCode.SPAM_FLAGGED
     if _is_noreply(sender):
-        return "noreply_sender"
+        return ReasonCode.NOREPLY_SENDER
     if (event.auth_results or {}).get("dmarc") == "fail":
-        return "dmarc_fail"
+        return ReasonCode.DMARC_FAIL
     if not is_valid_address(sender):
-        return "invalid_sender"
+        return ReasonCode.INVALID_SENDER
     return None
 
 
@@ -135,17 +134,12 @@ def send(intent_id: int, worker: str) -> str:
             message.send()
     except (ConnectionError, TimeoutError, OSError) as exc:
         # Refused or unreachable before anything was accepted: safe to try again.
-        failure = TransientError("smtp_unavailable", type(exc).__name__)
+        failure = TransientError(ReasonCode.SMTP_UNAVAILABLE, type(exc).__name__)
         if not isinstance(exc, ConnectionRefusedError) and "timed out" in str(exc):
-            failure = AmbiguousOutcome("smtp_timeout", type(exc).__name__)
+            failure = AmbiguousOutcome(ReasonCode.SMTP_TIMEOUT, type(exc).__name__)
         return intents.record_failure(intent, failure, worker) or "claim_lost"
-    now = timezone.now()
-    with transaction.atomic():
-        if not Intent.objects.filter(pk=intent.pk, state=Intent.State.IN_FLIGHT).update(
-                state=Intent.State.SUCCEEDED, result_ref=message.extra_headers["Message-ID"][:200],
-                completed_at=now, claimed_until=None):
-            return "claim_lost"
-        record_audit(event.pk, "acknowledged", actor=f"worker:{worker}", at=now,
-                     detail={"intent": intent.pk, "token": ticket_token(mapping)})
+    if not intents.record_acknowledgment_sent(intent, message.extra_headers["Message-ID"], worker,
+                                              detail={"token": ticket_token(mapping)}):
+        return "claim_lost"
     logger.info("acknowledged event %s (ticket %s)", event.pk, ticket_token(mapping))
     return "sent"

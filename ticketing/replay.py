@@ -4,7 +4,9 @@ Each write is one transaction: conditional UPDATEs on the states it expects
 (zero rows: someone else moved it, nothing is written and `ReplayRefused`
 says why), the event's new state, the outbox row that hands the event to a
 worker, and an audit row naming the actor. Intents are updated before their
-event, the order the workers use.
+event, the order the workers use. The intent moves are `ticketing.intents`
+functions, the event's move is `intake.services.transition_event` (which writes
+the action's audit row); this module writes neither state itself.
 
     replay_same_key          failed/held -> pending under the original idempotency key,
                              optionally with a corrected destination; an event without an
@@ -32,7 +34,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from intake.models import InboxEvent
-from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit
+from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit, transition_event
+from intake.vocabulary import AuditKind, ReasonCode
 
 from . import intents
 from .destinations import adapter_for
@@ -47,9 +50,9 @@ IntentState = Intent.State
 # Event states from which an operator may send an event on again (not quarantined: that is a release).
 REPLAYABLE_EVENT_STATES = (EventState.AWAITING_REVIEW, EventState.FAILED, EventState.UNKNOWN, EventState.SUPPRESSED)
 CLOSABLE_EVENT_STATES = InboxEvent.RECOVERY_STATES
-REPLAYABLE_INTENT_STATES = (IntentState.FAILED, IntentState.HELD)
-SUPERSEDABLE_INTENT_STATES = (IntentState.FAILED, IntentState.HELD, IntentState.UNKNOWN)
-CONFIRMABLE_INTENT_STATES = (IntentState.FAILED, IntentState.UNKNOWN, IntentState.HELD)
+REPLAYABLE_INTENT_STATES = intents.REPLAYABLE_STATES
+SUPERSEDABLE_INTENT_STATES = intents.SUPERSEDABLE_STATES
+CONFIRMABLE_INTENT_STATES = intents.CONFIRMABLE_STATES
 ROUTE_KEYS = ("destination_id", "queue", "priority", "request_type")
 WORK_ACTIONS = (Intent.Action.CREATE_TICKET, Intent.Action.ADD_COMMENT)
 MAX_TICKET_ID_CHARS = 200
@@ -161,12 +164,13 @@ def _clean_route(route: dict | None, tenant_id: int) -> tuple[dict | None, Desti
     return clean, destination
 
 
-def _send_on(event: InboxEvent, to_state: str, now, route: dict | None) -> None:
-    """The event back on the worker path, announced by an outbox row, in the caller's transaction."""
+def _send_on(event: InboxEvent, to_state: str, now, route: dict | None, *, actor: str, kind: AuditKind,
+             audit_detail: dict) -> None:
+    """The event back on the worker path with the action's audit row, announced by an outbox row,
+    in the caller's transaction."""
     extra = {"route_override": route} if route is not None else {}
-    moved = InboxEvent.objects.filter(pk=event.pk, state=event.state).update(
-        state=to_state, reason_code="", reason_detail="", retry_at=None, dispatch_count=1, updated_at=now, **extra)
-    if not moved:
+    if not transition_event(event.pk, [event.state], to_state, actor=actor, kind=kind, audit_detail=audit_detail,
+                            now=now, extra={"retry_at": None, "dispatch_count": 1, **extra}):
         raise ReplayRefused("the event changed meanwhile")
     enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=now)
 
@@ -200,11 +204,7 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
             if intent.state not in REPLAYABLE_INTENT_STATES:
                 raise ReplayRefused(f"its intent is {intent.state}; only a failed or held intent is replayed "
                                     "with its key")
-            changes = {"destination_id": destination.pk} if destination is not None else {}
-            moved = Intent.objects.filter(pk=intent.pk, state__in=REPLAYABLE_INTENT_STATES).update(
-                state=IntentState.PENDING, next_attempt_at=now, attempts=0, claimed_by="", claimed_until=None,
-                completed_at=None, **changes)
-            if not moved:
+            if not intents.replay(intent, now, destination_id=destination.pk if destination is not None else None):
                 raise ReplayRefused("someone else moved its intent meanwhile")
             outcome, to_state = "reopened", EventState.WRITE_PENDING
             detail.update({
@@ -213,20 +213,19 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
                 "destination": destination.pk if destination is not None else intent.destination_id,
                 "previous_destination": intent.destination_id,
             })
-        _send_on(event, to_state, now, route)
-        record_audit(event_id, "replayed", actor=actor, at=now, detail={"outcome": outcome, **detail})
+        _send_on(event, to_state, now, route, actor=actor, kind=AuditKind.REPLAYED,
+                 audit_detail={"outcome": outcome, **detail})
     return outcome
 
 
 def _reopen_acknowledgment(event_id: int, actor: str, now) -> str:
     """A held or failed acknowledgment -> pending, same key (same Message-ID), handed to its task."""
     ack = stuck_acknowledgment(event_id)
-    if ack is None or not Intent.objects.filter(pk=ack.pk, state__in=REPLAYABLE_INTENT_STATES).update(
-            state=IntentState.PENDING, next_attempt_at=now, attempts=0, claimed_by="", claimed_until=None,
-            completed_at=None):
+    if ack is None or not intents.replay(ack, now):
         raise ReplayRefused("someone else moved the acknowledgment meanwhile")
     enqueue_outbox(intents.NOTIFY_TOPIC, {"intent_id": ack.pk}, now=now)
-    record_audit(event_id, "replayed", actor=actor, at=now, detail={
+    # The event stays completed: the action's row is written here, beside the intent's move.
+    record_audit(event_id, AuditKind.REPLAYED, actor=actor, at=now, detail={
         "outcome": "acknowledgment_reopened", "intent": ack.pk, "intent_state": ack.state,
         "previous_attempts": ack.attempts, "idempotency_key": ack.idempotency_key[:12]})
     return "acknowledgment_reopened"
@@ -239,11 +238,9 @@ def settle_acknowledgment(event_id: int, *, actor: str, note: str = "") -> None:
         ack = stuck_acknowledgment(event_id)
         if ack is None:
             raise ReplayRefused("no held or failed acknowledgment")
-        if not Intent.objects.filter(pk=ack.pk, state__in=REPLAYABLE_INTENT_STATES).update(
-                state=IntentState.SUCCEEDED, result_ref="handled-by-operator", completed_at=now, claimed_until=None,
-                next_attempt_at=None):
+        if not intents.settle(ack, now):
             raise ReplayRefused("someone else moved the acknowledgment meanwhile")
-        record_audit(event_id, "acknowledgment_handled", actor=actor, at=now, detail={
+        record_audit(event_id, AuditKind.ACKNOWLEDGMENT_HANDLED, actor=actor, at=now, detail={
             "intent": ack.pk, "previous_state": ack.state, "note": note[:500]})
 
 
@@ -277,8 +274,7 @@ def replay_as_new_action(event_id: int, *, actor: str, approved_by: str, route: 
             raise ReplayRefused(f"its intent is {previous.state}; only a failed, held or unknown intent can be "
                                 "superseded")
         if previous.state == IntentState.UNKNOWN:
-            Intent.objects.filter(pk=previous.pk, state=IntentState.UNKNOWN).update(
-                state=IntentState.HELD, last_error_kind="superseded")
+            intents.supersede(previous, now)
         new_version = previous.action_version + 1
         if action == Intent.Action.ADD_COMMENT and destination is not None \
                 and destination.pk != previous.destination_id:
@@ -289,14 +285,14 @@ def replay_as_new_action(event_id: int, *, actor: str, approved_by: str, route: 
         if new.state != IntentState.PENDING or new.attempts:
             raise ReplayRefused("the new action already exists")
         Intent.objects.filter(pk=new.pk).update(next_attempt_at=now)
-        _send_on(event, EventState.WRITE_PENDING, now, route)
-        record_audit(event_id, "replayed_as_new_action", actor=actor, at=now, detail={
-            "approved_by": approved_by, "reason": reason[:500], "route": route,
-            "previous_intent": previous.pk, "previous_version": previous.action_version,
-            "previous_state": previous.state, "previous_key": previous.idempotency_key[:12],
-            "intent": new.pk, "action_version": new_version, "idempotency_key": new.idempotency_key[:12],
-            "destination": target.pk,
-        })
+        _send_on(event, EventState.WRITE_PENDING, now, route, actor=actor, kind=AuditKind.REPLAYED_AS_NEW_ACTION,
+                 audit_detail={
+                     "approved_by": approved_by, "reason": reason[:500], "route": route,
+                     "previous_intent": previous.pk, "previous_version": previous.action_version,
+                     "previous_state": previous.state, "previous_key": previous.idempotency_key[:12],
+                     "intent": new.pk, "action_version": new_version, "idempotency_key": new.idempotency_key[:12],
+                     "destination": target.pk,
+                 })
     new.refresh_from_db()
     return new
 
@@ -333,12 +329,7 @@ def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket
         if intent is None:
             # Never attempted: the intent is created held, then settled like any other.
             event_row = InboxEvent.objects.get(pk=event_id)
-            key = intents.intent_key(event_row, Intent.Action.CREATE_TICKET, 1)
-            Intent.objects.bulk_create([Intent(
-                idempotency_key=key, inbox_event_id=event_id, action=Intent.Action.CREATE_TICKET, action_version=1,
-                destination=destination, state=IntentState.HELD, external_ref=f"mailroom-{key[:40]}",
-                created_at=now)], ignore_conflicts=True)
-            intent = Intent.objects.select_related("destination").get(idempotency_key=key)
+            intent = intents.create_held(event_row, Intent.Action.CREATE_TICKET, destination, now)
         if intent.state not in CONFIRMABLE_INTENT_STATES:
             raise ReplayRefused(f"its intent is {intent.state}; only a failed, unknown or held intent can be "
                                 "confirmed")
@@ -350,7 +341,7 @@ def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket
         result = TicketResult(ticket_id=ticket_id, url=(ticket_url or ticket_url_for(destination, ticket_id))[:500])
         if not intents.record_success(intent, result, actor, from_states=CONFIRMABLE_INTENT_STATES):
             raise ReplayRefused("someone else moved its intent meanwhile")
-        record_audit(event_id, "ticket_confirmed", actor=actor, at=now, detail={
+        record_audit(event_id, AuditKind.TICKET_CONFIRMED, actor=actor, at=now, detail={
             "intent": intent.pk, "ticket_id": ticket_id, "destination": destination.pk,
             "previous_event_state": event.state, "previous_intent_state": intent.state, "destination_calls": 0})
     intent.refresh_from_db()
@@ -374,16 +365,12 @@ def close_not_a_request(event_id: int, *, actor: str, reason: str) -> int:
         if event.state not in CLOSABLE_EVENT_STATES and not (
                 held_current and event.state not in (EventState.SUPPRESSED, EventState.COMPLETED)):
             raise ReplayRefused(f"the event is {event.state}; only items of the recovery queue can be closed")
-        held = Intent.objects.filter(
-            inbox_event_id=event_id, state__in=[IntentState.PENDING, IntentState.RETRY_WAIT, IntentState.UNKNOWN],
-        ).update(state=IntentState.HELD, next_attempt_at=None)
+        held = intents.hold_open(event_id, now)
         if Intent.objects.filter(inbox_event_id=event_id, state=IntentState.IN_FLIGHT).exists():
             raise ReplayRefused("a worker is writing for this event right now; try again in a moment")
-        moved = InboxEvent.objects.filter(pk=event_id, state=event.state).update(
-            state=EventState.SUPPRESSED, reason_code="not_a_request", reason_detail=reason[:2000], retry_at=None,
-            updated_at=now)
-        if not moved:
+        if not transition_event(event_id, [event.state], EventState.SUPPRESSED, actor=actor,
+                                kind=AuditKind.CLOSED_NOT_A_REQUEST, reason_code=ReasonCode.NOT_A_REQUEST,
+                                reason_detail=reason, extra={"retry_at": None}, now=now, audit_detail={
+                                    "reason": reason[:500], "previous_state": event.state, "intents_held": held}):
             raise ReplayRefused("the event changed meanwhile")
-        record_audit(event_id, "closed_not_a_request", actor=actor, at=now, detail={
-            "reason": reason[:500], "previous_state": event.state, "intents_held": held})
     return held

@@ -10,13 +10,13 @@ import socket
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from intake.models import InboxEvent
 from intake.normalize import normalize
 from intake.selectors import global_pause_on
 from intake.services import record_audit, transition_event, wait_event
 from intake.testhooks import pause_point
+from intake.vocabulary import AuditKind, ReasonCode
 
 from . import intents, leases, threads
 from .destinations import adapter_for
@@ -131,7 +131,7 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
     destination = route(event, cache)
     if destination is None:
         transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=f"worker:{worker}",
-                         kind="awaiting_review", reason_code="no_destination",
+                         kind=AuditKind.AWAITING_REVIEW, reason_code=ReasonCode.NO_DESTINATION,
                          reason_detail="the tenant has no default destination and no rule matched")
         return "review"
 
@@ -166,7 +166,7 @@ def _flag(event: InboxEvent, flags: list[str], worker: str) -> None:
     details["flags"] = sorted(set(details.get("flags", [])) | set(flags))
     with transaction.atomic():
         InboxEvent.objects.filter(pk=event.pk).update(details=details)
-        record_audit(event.pk, "flagged", actor=f"worker:{worker}", detail={"flags": flags})
+        record_audit(event.pk, AuditKind.FLAGGED, actor=f"worker:{worker}", detail={"flags": flags})
     event.details = details
 
 
@@ -209,8 +209,9 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
 
     if not intents.claim(intent.pk, worker, lease):
         return "busy"
-    InboxEvent.objects.filter(pk=intent.inbox_event_id, state__in=[State.RECEIVED, State.READY]).update(
-        state=State.WRITE_PENDING, updated_at=timezone.now())
+    # A plain step of the happy path: not audited (the attempt's outcome is).
+    transition_event(intent.inbox_event_id, [State.RECEIVED, State.READY], State.WRITE_PENDING,
+                     actor=f"worker:{worker}", kind=None)
     pause_point("before_destination_call")
     # The claim must still be ours, with room for a whole request, right before the side effect.
     read_timeout = getattr(adapter, "timeout", (0, 0))[1]

@@ -28,6 +28,7 @@ from urllib3.exceptions import NewConnectionError
 from intake.http import json_or_empty, parse_retry_after
 from intake.logging import mask_address
 from intake.secrets import SecretUnavailable, resolve_secret
+from intake.vocabulary import ReasonCode
 
 from .base import AmbiguousOutcome, DestinationAdapter, PermanentError, TicketRequest, TicketResult, TransientError
 
@@ -73,7 +74,7 @@ class ZendeskDestination(DestinationAdapter):
         ticket = _json(response, write=True).get("ticket") or {}
         if "id" not in ticket:
             # It answered 2xx, so the ticket probably exists; only a lookup can tell which.
-            raise AmbiguousOutcome("unreadable_response", f"HTTP {response.status_code} without a ticket id")
+            raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code} without a ticket id")
         log.info("zendesk: created ticket %s for %s (idempotency lookup: %s)", ticket["id"], external_ref,
                  response.headers.get("x-idempotency-lookup", "none"))
         return self._result(ticket)
@@ -100,7 +101,7 @@ class ZendeskDestination(DestinationAdapter):
 
     def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
         if not str(ticket_id).isdigit():
-            raise PermanentError("not_found", "a Zendesk ticket id is a number")
+            raise PermanentError(ReasonCode.NOT_FOUND, "a Zendesk ticket id is a number")
         comment = {"body": body, "public": self.comment_public}
         if str(author).isdigit():
             comment["author_id"] = int(author)  # a Zendesk user id; otherwise the API user is the author
@@ -126,7 +127,7 @@ class ZendeskDestination(DestinationAdapter):
         try:
             secret = resolve_secret(ref)
         except SecretUnavailable as exc:
-            raise PermanentError("credentials", str(exc)) from None
+            raise PermanentError(ReasonCode.CREDENTIALS, str(exc)) from None
         user, sep, token = secret.partition(":")
         if sep and user.endswith("/token"):
             return user, token
@@ -153,10 +154,10 @@ class ZendeskDestination(DestinationAdapter):
     def _network_error(self, exc: requests.RequestException, write: bool):
         if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
                             requests.exceptions.InvalidSchema)):
-            return PermanentError("configuration", f"bad base_url: {type(exc).__name__}")
+            return PermanentError(ReasonCode.CONFIGURATION, f"bad base_url: {type(exc).__name__}")
         if _nothing_sent(exc):
-            return TransientError("connection", type(exc).__name__)
-        reason = "timeout" if isinstance(exc, requests.exceptions.Timeout) else "connection_lost"
+            return TransientError(ReasonCode.CONNECTION, type(exc).__name__)
+        reason = ReasonCode.TIMEOUT if isinstance(exc, requests.exceptions.Timeout) else ReasonCode.CONNECTION_LOST
         if not write:
             return TransientError(reason, type(exc).__name__)  # a read that failed changed nothing
         # The request went out; whether Zendesk acted on it is unknown.
@@ -167,26 +168,26 @@ class ZendeskDestination(DestinationAdapter):
         body = json_or_empty(response)
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
         if status == 429:
-            return TransientError("rate_limited", f"HTTP {status}", retry_after=retry_after)
+            return TransientError(ReasonCode.RATE_LIMITED, f"HTTP {status}", retry_after=retry_after)
         if status == 503 and retry_after is not None:
-            return TransientError("unavailable", f"HTTP {status}", retry_after=retry_after)
+            return TransientError(ReasonCode.UNAVAILABLE, f"HTTP {status}", retry_after=retry_after)
         if status in (401, 403):
-            return PermanentError("credentials", f"HTTP {status}")
+            return PermanentError(ReasonCode.CREDENTIALS, f"HTTP {status}")
         if status == 400 and body.get("error") == "IdempotentRequestError":
             # Our key was used with another body: whether our ticket exists is for a lookup to say.
-            return AmbiguousOutcome("idempotent_request_error", f"HTTP {status}")
+            return AmbiguousOutcome(ReasonCode.IDEMPOTENT_REQUEST_ERROR, f"HTTP {status}")
         if status in (400, 422):
-            return PermanentError("invalid_fields", _field_errors(body, status))
+            return PermanentError(ReasonCode.INVALID_FIELDS, _field_errors(body, status))
         if status == 409:
-            return TransientError("conflict", f"HTTP {status}", retry_after=retry_after)
+            return TransientError(ReasonCode.CONFLICT, f"HTTP {status}", retry_after=retry_after)
         if status >= 500:
             # A 5xx may come after the write. With the key honoured a retry only replays it.
             if not write or self.honours_idempotency_key:
-                return TransientError("server_error", f"HTTP {status}", retry_after=retry_after)
-            return AmbiguousOutcome("server_error", f"HTTP {status}")
+                return TransientError(ReasonCode.SERVER_ERROR, f"HTTP {status}", retry_after=retry_after)
+            return AmbiguousOutcome(ReasonCode.SERVER_ERROR, f"HTTP {status}")
         if status == 404:
-            return PermanentError("not_found", f"HTTP {status}")
-        return PermanentError("rejected", f"HTTP {status}")
+            return PermanentError(ReasonCode.NOT_FOUND, f"HTTP {status}")
+        return PermanentError(ReasonCode.REJECTED, f"HTTP {status}")
 
 
 def ticket_payload(request: TicketRequest, external_ref: str) -> dict:
@@ -232,8 +233,8 @@ def _json(response: requests.Response, write: bool) -> dict:
         body = None
     if not isinstance(body, dict):
         if write:
-            raise AmbiguousOutcome("unreadable_response", f"HTTP {response.status_code}, body is not JSON")
-        raise TransientError("unreadable_response", f"HTTP {response.status_code}, body is not JSON")
+            raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code}, body is not JSON")
+        raise TransientError(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code}, body is not JSON")
     return body
 
 

@@ -1,0 +1,126 @@
+"""The words Mailroom stores: audit kinds and reason codes, each with a human label.
+
+Both are `TextChoices`, so a member *is* its stored string (`AuditKind.RECEIVED
+== "received"`): the values below are what the database, the tests and outside
+checks compare, and must not change. Add a member before writing a new word
+anywhere; never build one by string formatting.
+
+- `AuditKind`: `AuditEvent.kind` (`AuditEvent.Kind` is this class).
+- `ReasonCode`: `InboxEvent.reason_code`, the failure reasons of the destination
+  and SMTP adapters (`ExternalCallError.reason`, also in `Intent.last_error_kind`),
+  and the `reason` of a few audit rows. The label is the text the recovery queue
+  shows (`reconciliation.selectors.reason_text`).
+
+This module imports nothing from the apps, so `intake.validation` (pure
+functions) can use it too.
+"""
+from django.db.models import TextChoices
+
+
+class AuditKind(TextChoices):
+    # intake: arrival and the stale-event sweep
+    RECEIVED = "received", "Received"
+    PROVIDER_METADATA = "provider_metadata", "Provider metadata kept"
+    REQUEUED = "requeued", "Requeued by the stale-event sweep"
+    POISON = "poison", "Failed as a poison message"
+    # normalization's verdict (and routing's no_destination); the same words as the event states
+    AWAITING_REVIEW = "awaiting_review", "Sent to review"
+    SUPPRESSED = "suppressed", "Suppressed"
+    QUARANTINED = "quarantined", "Quarantined"
+    # ticketing: threads, intents, acknowledgments
+    FLAGGED = "flagged", "Flagged"
+    INTENT_RETRY_WAIT = "intent_retry_wait", "Attempt failed; retry scheduled"
+    INTENT_FAILED = "intent_failed", "Attempt failed for good"
+    INTENT_UNKNOWN = "intent_unknown", "Attempt outcome unknown"
+    INTENT_PENDING = "intent_pending", "Intent reopened"
+    INTENT_HELD = "intent_held", "Intent held for investigation"
+    TICKET_CREATED = "ticket_created", "Ticket created"
+    COMMENT_ADDED = "comment_added", "Comment added"
+    ACKNOWLEDGED = "acknowledged", "Acknowledgment sent"
+    ACKNOWLEDGMENT_SKIPPED = "acknowledgment_skipped", "Acknowledgment skipped"
+    # operators (the recovery console)
+    REPLAYED = "replayed", "Replayed"
+    REPLAYED_AS_NEW_ACTION = "replayed_as_new_action", "Replayed as a new action"
+    TICKET_CONFIRMED = "ticket_confirmed", "Existing ticket confirmed"
+    ACKNOWLEDGMENT_HANDLED = "acknowledgment_handled", "Acknowledgment marked handled"
+    CLOSED_NOT_A_REQUEST = "closed_not_a_request", "Closed as not a request"
+    QUARANTINE_RELEASED = "quarantine_released", "Released from quarantine"
+    ASSIGNED = "assigned", "Assigned"
+    ESCALATION_SET = "escalation_set", "Escalation time set"
+    BODY_VIEWED = "body_viewed", "Message body viewed"
+    ATTACHMENT_DOWNLOADED = "attachment_downloaded", "Attachment downloaded"
+    BULK_LOOKUP = "bulk_lookup", "Looked up for a bulk replay"
+
+
+class ReasonCode(TextChoices):
+    # --- on an event: destination outcomes (ticketing) ----------------------------------
+    CREDENTIALS = "credentials", ("The destination refused our credentials (HTTP 401/403). "
+                                  "Fix the destination, then replay.")
+    INVALID_FIELDS = "invalid_fields", ("The destination rejected the ticket's fields (HTTP 400/422). "
+                                        "Correct the route, then replay.")
+    RETRIES_EXHAUSTED = "retries_exhausted", ("Temporary failures (rate limits, 5xx, refused connections) "
+                                              "went on past the retry cap.")
+    CONFIGURATION = "configuration", "The destination is misconfigured (for example its base URL)."
+    NOT_FOUND = "not_found", "The destination answered 'not found'."
+    REJECTED = "rejected", "The destination rejected the request."
+    CLAIM_EXPIRED = "claim_expired", ("A worker stopped answering during an attempt: "
+                                      "whether the ticket exists is unknown.")
+    TIMEOUT = "timeout", ("The destination did not answer in time after the request was sent: "
+                          "the outcome is unknown.")
+    CONNECTION_LOST = "connection_lost", "The connection dropped after the request was sent: the outcome is unknown."
+    SERVER_ERROR = "server_error", "The destination failed after the request was sent: the outcome is unknown."
+    UNREADABLE_RESPONSE = "unreadable_response", "The destination's answer could not be read: the outcome is unknown."
+    IDEMPOTENT_REQUEST_ERROR = "idempotent_request_error", ("Our idempotency key was used with another body: "
+                                                            "a lookup must decide.")
+    OUTCOME_UNKNOWN = "outcome_unknown", ("The destination offers neither idempotency nor a lookup: "
+                                          "investigate before replaying.")
+    NO_DESTINATION = "no_destination", "No destination: the tenant has no default and no rule matched."
+    POISON = "poison", "Handed to workers again and again without progress (poison message)."
+    # --- on an event: validation and normalization (intake) -------------------------------
+    MALWARE = "malware", "An attachment matched a malware signature."
+    ATTACHMENT_TYPE = "attachment_type", "An attachment's type or extension is not allowed."
+    TOO_LARGE = "too_large", "The message is larger than the mailbox allows."
+    TOO_MANY_ATTACHMENTS = "too_many_attachments", "The message has more attachments than the mailbox allows."
+    TOO_COMPLEX = "too_complex", "The message is nested too deeply or has too many parts to analyse."
+    MISSING_SENDER = "missing_sender", "The message has no usable sender address."
+    RECIPIENT_NOT_ALLOWED = "recipient_not_allowed", ("The message was not addressed to an allowed recipient "
+                                                      "of this mailbox.")
+    EMPTY = "empty", "The message has neither text nor attachments."
+    SCANNER_UNAVAILABLE = "scanner_unavailable", "The malware scanner could not be reached."
+    ENCRYPTED = "encrypted", ("The message is encrypted (PGP or S/MIME): "
+                              "a person must decide what to do with it.")
+    SENDER_RATE_LIMITED = "sender_rate_limited", ("More messages from this sender than the mailbox allows "
+                                                  "in its window (a flood?).")
+    UNPARSEABLE = "unparseable", "The message could not be parsed."
+    MAILBOX_MISCONFIGURED = "mailbox_misconfigured", "The mailbox's settings are invalid: fix them, then replay."
+    # --- on an event: suppression rules (intake); no ticket wanted, an operator can still replay
+    OWN_MAIL_LOOP = "own_mail_loop", "Our own mail came back (loop header)."
+    DELIVERY_REPORT = "delivery_report", "A delivery report (bounce or read receipt)."
+    MAILER_DAEMON = "mailer_daemon", "Sent by a mail system (MAILER-DAEMON, postmaster)."
+    EMPTY_RETURN_PATH = "empty_return_path", "Sent with an empty Return-Path, as automatic mail is."
+    AUTO_SUBMITTED = "auto_submitted", "Marked Auto-Submitted (an automatic reply or notification)."
+    AUTOREPLY_HEADER = "autoreply_header", "Marked as an automatic reply (X-Autoreply / X-Autorespond)."
+    PRECEDENCE_BULK = "precedence_bulk", "Bulk or mailing-list mail (Precedence: bulk/list/junk)."
+    # --- on an event: operator decisions (reconciliation) ---------------------------------
+    NOT_A_REQUEST = "not_a_request", "Closed by a reviewer as not-a-request."
+    # --- transient failures: retried, so they reach an event only as retries_exhausted ----
+    CONNECTION = "connection", "The destination could not be reached (refused, DNS, TLS): nothing was sent."
+    RATE_LIMITED = "rate_limited", "The destination asked us to slow down (HTTP 429)."
+    UNAVAILABLE = "unavailable", "The destination was unavailable (HTTP 503)."
+    CONFLICT = "conflict", "The destination reported a conflict (HTTP 409)."
+    SMTP_UNAVAILABLE = "smtp_unavailable", "The mail server refused or could not be reached: nothing was sent."
+    SMTP_TIMEOUT = "smtp_timeout", "The mail server did not answer in time: whether the email went out is unknown."
+    # --- in audit rows only -----------------------------------------------------------------
+    # why an intent left `unknown` for `pending` (intent_pending)
+    IDEMPOTENCY_KEY_RETAINED = "idempotency_key_retained", ("The destination still keeps our idempotency key: "
+                                                            "a retry is answered with the original.")
+    LOOKUP_FOUND_NOTHING = "lookup_found_nothing", "A lookup by external reference found no record: safe to retry."
+    # `Intent.last_error_kind` of an unknown intent a reviewer replaced by a new action
+    SUPERSEDED = "superseded", "Replaced by a new action a reviewer approved."
+    # why no acknowledgment was sent (acknowledgment_skipped)
+    ACK_DISABLED = "disabled", "The mailbox does not acknowledge."
+    NO_SENDER = "no_sender", "The message has no sender to answer."
+    SPAM_FLAGGED = "spam_flagged", "A trusted spam header flagged the message."
+    NOREPLY_SENDER = "noreply_sender", "The sender is a no-reply or bounce address."
+    DMARC_FAIL = "dmarc_fail", "The sender's domain failed DMARC at our own mail server."
+    INVALID_SENDER = "invalid_sender", "The sender address is not valid."

@@ -1,0 +1,88 @@
+"""The stored vocabulary: audit kinds and reason codes are enums, their stored words never change.
+
+Pure: no database.
+"""
+import ast
+
+from intake import validation
+from intake.models import AuditEvent
+from intake.vocabulary import AuditKind, ReasonCode
+from reconciliation import selectors
+from tests.test_state_doors import app_modules
+
+# The words as stored today: tests, the console and outside checks compare them. Never rename one.
+STORED_AUDIT_KINDS = {
+    "received", "provider_metadata", "requeued", "poison", "awaiting_review", "suppressed", "quarantined",
+    "flagged", "intent_retry_wait", "intent_failed", "intent_unknown", "intent_pending", "intent_held",
+    "ticket_created", "comment_added", "acknowledged", "acknowledgment_skipped", "replayed",
+    "replayed_as_new_action", "ticket_confirmed", "acknowledgment_handled", "closed_not_a_request",
+    "quarantine_released", "assigned", "escalation_set", "body_viewed", "attachment_downloaded", "bulk_lookup",
+}
+EVENT_REASON_CODES = {
+    "credentials", "invalid_fields", "retries_exhausted", "configuration", "not_found", "rejected", "claim_expired",
+    "timeout", "connection_lost", "server_error", "unreadable_response", "idempotent_request_error",
+    "outcome_unknown", "no_destination", "poison", "malware", "attachment_type", "too_large",
+    "too_many_attachments", "too_complex", "missing_sender", "recipient_not_allowed", "empty",
+    "scanner_unavailable", "encrypted", "sender_rate_limited", "unparseable", "mailbox_misconfigured",
+    "own_mail_loop", "delivery_report", "mailer_daemon", "empty_return_path", "auto_submitted", "autoreply_header",
+    "precedence_bulk", "not_a_request",
+}
+# Functions whose `kind` (second positional argument, or keyword) is an audit kind.
+KIND_TAKERS = {"record_audit": 1, "transition_event": None}
+
+
+def test_the_stored_words_are_unchanged():
+    assert set(AuditKind.values) == STORED_AUDIT_KINDS
+    assert EVENT_REASON_CODES <= set(ReasonCode.values)
+    assert AuditEvent.Kind is AuditKind
+
+
+def test_every_word_has_a_human_label():
+    for member in [*AuditKind, *ReasonCode]:
+        assert member.label and member.label != member.value, member
+
+
+def test_the_queue_explains_every_reason_code_with_its_label():
+    for code in ReasonCode:
+        assert selectors.reason_text(code) == code.label
+    assert selectors.reason_text(selectors.ACKNOWLEDGMENT_HELD)  # the one pseudo-code
+    assert selectors.reason_text("") == "" and selectors.reason_text("no-such-code") == ""
+
+
+def test_validation_reason_codes_are_the_enum():
+    for codes in validation.REASON_ORDER.values():
+        for code in codes:
+            assert isinstance(code, ReasonCode), code
+    assert isinstance(validation.SCANNER_UNAVAILABLE, ReasonCode)
+
+
+def test_attempt_kinds_are_audit_kinds():
+    assert all(isinstance(kind, AuditKind) for kind in selectors.ATTEMPT_KINDS)
+
+
+def _kind_argument(call: ast.Call):
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+    if name not in KIND_TAKERS:
+        return None
+    for keyword in call.keywords:
+        if keyword.arg == "kind":
+            return keyword.value
+    position = KIND_TAKERS[name]
+    if position is not None and len(call.args) > position:
+        return call.args[position]
+    return None
+
+
+def test_no_audit_kind_is_a_literal_or_built_by_formatting():
+    """Every kind handed to record_audit / transition_event names an AuditKind (or a mapping of them)."""
+    bad = []
+    for relative, path in app_modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                kind = _kind_argument(node)
+                if isinstance(kind, (ast.Constant, ast.JoinedStr, ast.BinOp)) and not (
+                        isinstance(kind, ast.Constant) and kind.value is None):
+                    bad.append(f"{relative}:{node.lineno}: {ast.unparse(kind)}")
+                elif isinstance(kind, ast.Call):  # "...".format(...), str(...)
+                    bad.append(f"{relative}:{node.lineno}: {ast.unparse(kind)}")
+    assert not bad, "audit kinds must be AuditKind members:\n" + "\n".join(bad)

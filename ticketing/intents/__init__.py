@@ -1,0 +1,60 @@
+"""The Intent state machine (contracts §5). Every write of `Intent.state` is a function here.
+
+Each transition is one conditional UPDATE on the states it expects (zero rows:
+someone else moved the intent, nothing is written and the caller stops), moves
+the event through `intake.services.transition_event` and writes its audit row,
+all in one transaction.
+
+    (insert) ------------------------------------------------------------> pending
+    pending/retry_wait (due) ----------------- claim ----------------> in_flight
+    in_flight (+ unknown: a late success) ---- record_success --------> succeeded  event completed
+    in_flight (notify_requester) ------------- record_acknowledgment_sent -> succeeded
+    in_flight -------------------------------- retry_later -----------> retry_wait  transient, under the cap
+    in_flight -------------------------------- fail ------------------> failed      event failed/<reason>
+    in_flight -------------------------------- outcome_unknown -------> unknown     event unknown/<reason>
+    in_flight (claim ran out) ---------------- expire ----------------> unknown     event unknown/claim_expired
+    retry_wait (due) / pending (hand-over lost) requeue --------------> pending
+    unknown ---------------------------------- reopen ----------------> pending     event write_pending
+    unknown ---------------------------------- hold ------------------> held        (event unknown/outcome_unknown)
+    unknown ---------------------------------- record_success --------> succeeded   found by external_ref
+  operators (ticketing.replay; their action's own audit row records the move):
+    failed/held ------------------------------ replay ----------------> pending     same key, fresh retry budget
+    failed/held/unknown ---------------------- record_success --------> succeeded   a reviewer found the ticket
+    failed/held (notify_requester) ----------- settle ----------------> succeeded   "handled-by-operator"
+    unknown ---------------------------------- supersede -------------> held        a new action_version replaces it
+    pending/retry_wait/unknown --------------- hold_open -------------> held        the event is closed
+    (insert, never attempted) ---------------- create_held -----------> held        then settled by record_success
+
+What entering a state does to the other fields, decided once (`_ENTRY`; "-" = unchanged):
+
+    entering     attempts  next_attempt_at  claimed_by  claimed_until  completed_at  last_error_kind/last_error
+    in_flight    +1        -                worker      now + claim    -             -
+    retry_wait   -         now + backoff    -           NULL           -             this failure
+    failed       -         NULL             -           NULL           now           this failure
+    unknown      -         NULL             -           NULL           -             this failure (or claim_expired)
+    succeeded    -         NULL             -           NULL           now           cleared
+    held         -         NULL             -           NULL           -             - (supersede: "superseded")
+    pending      -         now              ""          NULL           NULL          -
+    pending by an operator's `replay`: attempts = 0 as well (a fresh retry budget; the
+    machine's requeue and reopen keep counting, so the retry cap still holds).
+
+`next_attempt_at` is set only while the intent waits for a worker (pending: when
+it was handed over, so a lost hand-over is seen; retry_wait: when it is due) and
+while that worker holds it; `claimed_by` says who made the latest attempt until
+the intent is pending again. `claim` and `requeue` write no audit row (the
+attempt's outcome does); operator transitions are recorded by the operator
+action's own row (`replayed`, `replayed_as_new_action`, `ticket_confirmed`,
+`acknowledgment_handled`, `closed_not_a_request`), written by `ticketing.replay`
+in the same transaction.
+"""
+from .core import (  # noqa: F401  (the package's API)
+    ATTEMPT_AUDIT_KIND, AUDIT_KIND, CONFIRMABLE_STATES, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BASE_SECONDS,
+    DEFAULT_RETRY_CAP_SECONDS, NOTIFY_TOPIC, OPEN_STATES, OPERATOR_RESULT_REF, REPLAYABLE_STATES, SUPERSEDABLE_STATES,
+    EventState, IntentState, claim, create_if_missing, create_intent, current_intent, ensure_intent, fail, intent_key,
+    max_attempts, outcome_unknown, record_acknowledgment_sent, record_failure, record_success, retry_later,
+    still_claimed,
+)
+from .operator import create_held, hold_open, replay, settle, supersede  # noqa: F401
+from .sweeps import (  # noqa: F401
+    enqueue_due, expire, expire_claims, hold, reopen, requeue, resolve_unknown, resolve_unknown_intents,
+)

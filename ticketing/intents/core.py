@@ -1,0 +1,247 @@
+"""Creating intents, the one UPDATE every transition makes, and the transitions of an attempt.
+
+See the package docstring for the diagram and the fields each state sets."""
+import logging
+import random
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from intake.keys import stable_key
+from intake.models import InboxEvent
+from intake.services import NOT_COMPLETED_STATES, record_audit, transition_event
+from intake.vocabulary import AuditKind, ReasonCode
+
+from ..destinations.base import AmbiguousOutcome, PermanentError, TicketResult, TransientError
+from ..models import Destination, Intent, TicketMapping
+
+logger = logging.getLogger(__name__)
+
+EventState = InboxEvent.State
+IntentState = Intent.State
+
+# The audit row of a success, by action.
+AUDIT_KIND = {Intent.Action.CREATE_TICKET: AuditKind.TICKET_CREATED, Intent.Action.ADD_COMMENT: AuditKind.COMMENT_ADDED,
+              Intent.Action.NOTIFY_REQUESTER: AuditKind.ACKNOWLEDGED}
+# The audit row of an attempt that did not succeed, by the state it left the intent in.
+ATTEMPT_AUDIT_KIND = {IntentState.RETRY_WAIT: AuditKind.INTENT_RETRY_WAIT, IntentState.FAILED: AuditKind.INTENT_FAILED,
+                      IntentState.UNKNOWN: AuditKind.INTENT_UNKNOWN}
+NOTIFY_TOPIC = "intent.notify"
+OPERATOR_RESULT_REF = "handled-by-operator"
+
+# The states each operator transition starts from.
+REPLAYABLE_STATES = (IntentState.FAILED, IntentState.HELD)
+SUPERSEDABLE_STATES = (IntentState.FAILED, IntentState.HELD, IntentState.UNKNOWN)
+CONFIRMABLE_STATES = (IntentState.FAILED, IntentState.UNKNOWN, IntentState.HELD)
+OPEN_STATES = (IntentState.PENDING, IntentState.RETRY_WAIT, IntentState.UNKNOWN)  # what closing an event holds
+
+DEFAULT_MAX_ATTEMPTS = 8
+DEFAULT_RETRY_BASE_SECONDS = 2.0
+DEFAULT_RETRY_CAP_SECONDS = 600.0
+
+
+def intent_key(event: InboxEvent, action: str, action_version: int) -> str:
+    return stable_key(event.tenant_id, event.mailbox_id, event.provider_message_id, action, action_version)
+
+
+def ensure_intent(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> Intent:
+    """The intent for this event, action and version: created once, whoever asks first."""
+    key = create_if_missing(event, action, destination, action_version)
+    return Intent.objects.select_related("destination").get(idempotency_key=key)
+
+
+def create_intent(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> Intent:
+    """A plain INSERT (pending), for callers whose own unique write already proves it is the first."""
+    key = intent_key(event, action, action_version)
+    return Intent.objects.create(
+        idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
+        destination=destination, external_ref=f"mailroom-{key[:40]}", created_at=timezone.now())
+
+
+def create_if_missing(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> str:
+    """INSERT ... ON CONFLICT DO NOTHING (pending): no savepoint, and the unique key decides who created it."""
+    return _insert_if_missing(event, action, destination, action_version, IntentState.PENDING, timezone.now())
+
+
+def _insert_if_missing(event: InboxEvent, action: str, destination: Destination, action_version: int,
+                       state: str, now) -> str:
+    key = intent_key(event, action, action_version)
+    Intent.objects.bulk_create([Intent(
+        idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
+        destination=destination, state=state, external_ref=f"mailroom-{key[:40]}", created_at=now,
+    )], ignore_conflicts=True)
+    return key
+
+
+def current_intent(event_id: int, action: str) -> Intent | None:
+    """The version of an action a worker carries out: the highest (a reviewer may have added one)."""
+    return (Intent.objects.select_related("destination").filter(inbox_event_id=event_id, action=action)
+            .order_by("-action_version", "-pk").first())
+
+
+# --- the one UPDATE every transition makes ----------------------------------
+
+def _claim_until(now):
+    return now + timedelta(seconds=settings.MAILROOM_CLAIM_SECONDS)
+
+
+_ENTRY = {  # what entering each state sets (the table in the module docstring)
+    IntentState.IN_FLIGHT: lambda now: {"attempts": F("attempts") + 1, "claimed_until": _claim_until(now)},
+    IntentState.RETRY_WAIT: lambda now: {"claimed_until": None},
+    IntentState.FAILED: lambda now: {"next_attempt_at": None, "claimed_until": None, "completed_at": now},
+    IntentState.UNKNOWN: lambda now: {"next_attempt_at": None, "claimed_until": None},
+    IntentState.SUCCEEDED: lambda now: {"next_attempt_at": None, "claimed_until": None, "completed_at": now,
+                                        "last_error_kind": "", "last_error": ""},
+    IntentState.HELD: lambda now: {"next_attempt_at": None, "claimed_until": None},
+    IntentState.PENDING: lambda now: {"next_attempt_at": now, "claimed_by": "", "claimed_until": None,
+                                      "completed_at": None},
+}
+
+
+def _move(rows, to_state: str, now, **fields) -> int:
+    """UPDATE `rows` (already filtered on the expected states) into `to_state`. Returns the row count."""
+    return rows.update(state=to_state, **{**_ENTRY[to_state](now), **fields})
+
+
+def _expecting(intent_id: int, *states, **lookups):
+    return Intent.objects.filter(pk=intent_id, state__in=list(states), **lookups)
+
+
+def _move_event(event_id: int, to_state: str, now, actor: str, reason_code: str = "", reason_detail: str = "") -> None:
+    """The event's side of an intent transition, through intake's door; the intent's audit row records it."""
+    transition_event(event_id, NOT_COMPLETED_STATES, to_state, actor=actor, kind=None, reason_code=reason_code,
+                     reason_detail=reason_detail, now=now)
+
+
+# --- claiming -------------------------------------------------------------
+
+def claim(intent_id: int, worker: str, lease=None) -> bool:
+    """pending/retry_wait (and due) -> in_flight, owned by `worker` until the claim expires.
+
+    With a thread lease, the lease is checked (and its row locked) in the same
+    transaction: a worker that lost its lease claims nothing.
+    """
+    from .. import leases
+
+    now = timezone.now()
+    with transaction.atomic(savepoint=False):
+        if lease is not None and not leases.holds(lease, lock=True):
+            logger.warning("intent %s: thread lease lost; not claiming", intent_id)
+            return False
+        due = _expecting(intent_id, IntentState.PENDING, IntentState.RETRY_WAIT).exclude(next_attempt_at__gt=now)
+        return bool(_move(due, IntentState.IN_FLIGHT, now, claimed_by=worker))
+
+
+def still_claimed(intent_id: int, worker: str, margin_seconds: float = 0) -> bool:
+    """True while `worker` holds a live claim: checked right before a side effect."""
+    deadline = timezone.now() + timedelta(seconds=margin_seconds)
+    return Intent.objects.filter(pk=intent_id, state=IntentState.IN_FLIGHT, claimed_by=worker,
+                                 claimed_until__gt=deadline).exists()
+
+
+# --- outcomes of an attempt -------------------------------------------------
+
+def record_success(intent: Intent, result: TicketResult, actor: str,
+                   from_states=(IntentState.IN_FLIGHT,), event: InboxEvent | None = None) -> bool:
+    """-> succeeded, with the mapping, the event's `completed` state and the audit row, atomically."""
+    now = timezone.now()
+    # savepoint=False: inside the built-in store's transaction this is one unit with the create.
+    with transaction.atomic(savepoint=False):
+        if not _move(_expecting(intent.pk, *from_states), IntentState.SUCCEEDED, now, result_ref=result.ticket_id):
+            return False
+        TicketMapping.objects.create(
+            inbox_event_id=intent.inbox_event_id, action=intent.action, destination_id=intent.destination_id,
+            ticket_id=result.ticket_id, ticket_url=result.url, created_at=now)
+        _move_event(intent.inbox_event_id, EventState.COMPLETED, now, actor)
+        record_audit(intent.inbox_event_id, AUDIT_KIND[intent.action], actor=actor, at=now,
+                     detail={"intent": intent.pk, "action": intent.action, "destination": intent.destination_id,
+                             "ticket_id": result.ticket_id})
+        if intent.action == Intent.Action.CREATE_TICKET:
+            from .. import acknowledgments  # it builds on this package
+
+            if event is None:
+                event = InboxEvent.objects.select_related("mailbox").get(pk=intent.inbox_event_id)
+            acknowledgments.plan(event, intent.destination)
+    return True
+
+
+def record_acknowledgment_sent(intent: Intent, message_id: str, worker: str, detail: dict) -> bool:
+    """An acknowledgment's in_flight -> succeeded (the Message-ID is its result), with its audit row.
+
+    The event stays as it is (`completed`): there is no mapping to write.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT), IntentState.SUCCEEDED, now,
+                     result_ref=message_id[:200]):
+            return False
+        record_audit(intent.inbox_event_id, AuditKind.ACKNOWLEDGED, actor=f"worker:{worker}", at=now,
+                     detail={"intent": intent.pk, **detail})
+    return True
+
+
+def _retry_delay(intent: Intent, attempts: int, retry_after: float | None) -> float:
+    """Exponential backoff with full jitter; never sooner than the destination's Retry-After."""
+    conf = intent.destination.settings or {}
+    base = float(conf.get("retry_base_seconds", DEFAULT_RETRY_BASE_SECONDS))
+    cap = float(conf.get("retry_cap_seconds", DEFAULT_RETRY_CAP_SECONDS))
+    delay = random.uniform(0, min(cap, base * 2 ** max(attempts - 1, 0)))
+    return max(delay, retry_after or 0.0)
+
+
+def max_attempts(intent: Intent) -> int:
+    return int((intent.destination.settings or {}).get("max_attempts", DEFAULT_MAX_ATTEMPTS))
+
+
+def record_failure(intent: Intent, exc, worker: str) -> str:
+    """Map a failure kind to the next state. Returns the state the intent is now in (or '' if lost)."""
+    attempts = Intent.objects.filter(pk=intent.pk).values_list("attempts", flat=True).first() or 0
+    if isinstance(exc, TransientError) and attempts < max_attempts(intent):
+        return retry_later(intent, exc, worker, attempts)
+    if isinstance(exc, (TransientError, PermanentError)):
+        return fail(intent, exc, worker, attempts)
+    return outcome_unknown(intent, exc, worker, attempts)
+
+
+def retry_later(intent: Intent, exc: TransientError, worker: str, attempts: int) -> str:
+    """in_flight -> retry_wait: a transient failure under the cap, due again after the backoff."""
+    now = timezone.now()
+    due = now + timedelta(seconds=_retry_delay(intent, attempts, exc.retry_after))
+    return _attempt_ended(intent, exc, worker, attempts, IntentState.RETRY_WAIT, now, next_attempt_at=due)
+
+
+def fail(intent: Intent, exc, worker: str, attempts: int) -> str:
+    """in_flight -> failed, the event failed/<reason>: a permanent failure, or a transient one at the cap."""
+    reason, detail = exc.reason, exc.detail
+    if isinstance(exc, TransientError):
+        reason, detail = ReasonCode.RETRIES_EXHAUSTED, f"{attempts} attempts; last: {exc}"
+    return _attempt_ended(intent, exc, worker, attempts, IntentState.FAILED, timezone.now(),
+                          event_state=EventState.FAILED, reason=reason, detail=detail)
+
+
+def outcome_unknown(intent: Intent, exc: AmbiguousOutcome, worker: str, attempts: int) -> str:
+    """in_flight -> unknown, the event unknown/<reason>: the request may or may not have taken effect."""
+    return _attempt_ended(intent, exc, worker, attempts, IntentState.UNKNOWN, timezone.now(),
+                          event_state=EventState.UNKNOWN, reason=exc.reason, detail=exc.detail)
+
+
+def _attempt_ended(intent: Intent, exc, worker: str, attempts: int, to_state: str, now, event_state=None,
+                   reason: str = "", detail: str = "", **fields) -> str:
+    with transaction.atomic():
+        rows = _expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker)
+        if not _move(rows, to_state, now, last_error_kind=f"{exc.kind}:{exc.reason}", last_error=str(exc)[:2000],
+                     **fields):
+            return ""
+        if event_state:
+            _move_event(intent.inbox_event_id, event_state, now, f"worker:{worker}", reason, detail)
+        due = fields.get("next_attempt_at")
+        record_audit(intent.inbox_event_id, ATTEMPT_AUDIT_KIND[to_state], actor=f"worker:{worker}", at=now, detail={
+            "intent": intent.pk, "attempt": attempts, "error_kind": exc.kind, "reason": exc.reason,
+            "retry_at": due.isoformat() if due else None})
+    logger.info("intent %s: %s (%s/%s)", intent.pk, to_state, exc.kind, exc.reason)
+    return to_state
+
+

@@ -1,0 +1,159 @@
+"""The machine's own transitions outside an attempt: expiry, requeue, and resolving `unknown`.
+
+Beat runs the sweeps; each is safe to run from two processes at once (rows
+locked with SKIP LOCKED, conditional UPDATEs).
+"""
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit
+from intake.vocabulary import AuditKind, ReasonCode
+
+from ..destinations import adapter_for
+from ..destinations.base import AmbiguousOutcome, PermanentError, TransientError
+from ..models import Intent
+from .core import NOTIFY_TOPIC, EventState, IntentState, _expecting, _move, _move_event, record_success
+
+logger = logging.getLogger(__name__)
+
+
+def _enqueue(intent: Intent, now) -> None:
+    """Hand an intent to the task that carries out its action."""
+    if intent.action == Intent.Action.NOTIFY_REQUESTER:
+        enqueue_outbox(NOTIFY_TOPIC, {"intent_id": intent.pk}, now=now)
+    else:
+        enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": intent.inbox_event_id}, now=now)
+
+
+def _locked_batch(queryset, limit: int):
+    return list(queryset.select_for_update(skip_locked=True).order_by("pk")[:limit])
+
+
+def expire_claims(limit: int = 500) -> int:
+    """in_flight intents whose claim ran out (a worker died or hung) -> unknown."""
+    now = timezone.now()
+    expired = 0
+    with transaction.atomic():
+        for intent in _locked_batch(Intent.objects.filter(state=IntentState.IN_FLIGHT, claimed_until__lt=now), limit):
+            expired += expire(intent, now)
+    return expired
+
+
+def expire(intent: Intent, now) -> bool:
+    """in_flight -> unknown, the event unknown/claim_expired. Call with the intent's row locked."""
+    with transaction.atomic(savepoint=False):
+        if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT), IntentState.UNKNOWN, now,
+                     last_error_kind=f"{AmbiguousOutcome.kind}:{ReasonCode.CLAIM_EXPIRED}",
+                     last_error=f"claim of {intent.claimed_by} expired"):
+            return False
+        _move_event(intent.inbox_event_id, EventState.UNKNOWN, now, "system:sweep", ReasonCode.CLAIM_EXPIRED,
+                    f"the worker holding attempt {intent.attempts} stopped answering")
+        record_audit(intent.inbox_event_id, AuditKind.INTENT_UNKNOWN, actor="system:sweep", at=now,
+                     detail={"intent": intent.pk, "reason": ReasonCode.CLAIM_EXPIRED, "worker": intent.claimed_by})
+    return True
+
+
+def enqueue_due(limit: int = 500, lost_after_seconds: float | None = None) -> int:
+    """Hand due retries to the broker (through the outbox): retry_wait -> pending.
+
+    A retry_wait intent is due at its next_attempt_at. A pending one that was
+    handed over but never claimed (its message lost) is due again after the
+    stale-event window. Enqueuing twice is harmless: only one claim wins.
+    """
+    now = timezone.now()
+    lost_after = lost_after_seconds if lost_after_seconds is not None else settings.MAILROOM_STALE_EVENT_SECONDS
+    due = Q(state=IntentState.RETRY_WAIT, next_attempt_at__lte=now) | Q(
+        state=IntentState.PENDING, next_attempt_at__lte=now - timedelta(seconds=lost_after))
+    with transaction.atomic():
+        intents = _locked_batch(Intent.objects.filter(due), limit)
+        for intent in intents:
+            requeue(intent, now)
+    return len(intents)
+
+
+def requeue(intent: Intent, now) -> bool:
+    """retry_wait -> pending (or pending -> pending, a lost hand-over), with its outbox row. Not audited.
+
+    Call with the intent's row locked. retry_wait waits for time, pending for a
+    worker; next_attempt_at now says when it was handed over, so a lost hand-over is seen.
+    """
+    with transaction.atomic(savepoint=False):
+        if not _move(_expecting(intent.pk, intent.state), IntentState.PENDING, now):
+            return False
+        _enqueue(intent, now)
+    return True
+
+
+def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str:
+    """Settle an `unknown` intent exactly as DESIGN.md §5 allows; never a blind second write.
+
+    Returns the new state, or '' when the intent was not unknown (or the lookup failed for now).
+    """
+    intent = Intent.objects.select_related("destination").filter(pk=intent_id, state=IntentState.UNKNOWN).first()
+    if intent is None:
+        return ""
+    now = timezone.now()
+    if intent.action == Intent.Action.NOTIFY_REQUESTER:
+        # Mail servers keep no key and offer no lookup: whether it went out is unknowable.
+        return hold(intent, now, actor, event_reason=None)
+    adapter = adapter_for(intent.destination)
+    window = adapter.idempotency_window_seconds
+    key_still_kept = (
+        adapter.honours_idempotency_key and window is not None
+        and intent.created_at + timedelta(seconds=window) > now
+        and not intent.last_error_kind.endswith(ReasonCode.IDEMPOTENT_REQUEST_ERROR)
+    )
+    if key_still_kept and not adapter.transactional:
+        # A retry with the same key is answered with the original record, if there is one.
+        return reopen(intent, now, actor, ReasonCode.IDEMPOTENCY_KEY_RETAINED)
+    # A lookup by external_ref finds tickets, not comments: it can settle only a create.
+    if adapter.consistent_lookup and intent.action == Intent.Action.CREATE_TICKET:
+        try:
+            found = adapter.find_by_external_ref(intent.external_ref)
+        except (TransientError, AmbiguousOutcome, PermanentError) as exc:
+            logger.warning("intent %s: lookup failed (%s); staying unknown", intent.pk, exc.reason)
+            return ""
+        if found is not None:
+            return IntentState.SUCCEEDED if record_success(intent, found, actor, (IntentState.UNKNOWN,)) else ""
+        return reopen(intent, now, actor, ReasonCode.LOOKUP_FOUND_NOTHING)
+    return hold(intent, now, actor, event_reason=ReasonCode.OUTCOME_UNKNOWN)
+
+
+def hold(intent: Intent, now, actor: str, event_reason: str | None) -> str:
+    """unknown -> held: no safe way to know, so a person investigates; no second write."""
+    with transaction.atomic():
+        if not _move(_expecting(intent.pk, IntentState.UNKNOWN), IntentState.HELD, now):
+            return ""
+        if event_reason:
+            _move_event(intent.inbox_event_id, EventState.UNKNOWN, now, actor, event_reason,
+                        "the destination offers neither idempotency nor a lookup: investigate before replaying")
+        record_audit(intent.inbox_event_id, AuditKind.INTENT_HELD, actor=actor, at=now,
+                     detail={"intent": intent.pk, "action": intent.action})
+    return IntentState.HELD
+
+
+def reopen(intent: Intent, now, actor: str, why: str) -> str:
+    """unknown -> pending, enqueued at once, the event back on the path (write_pending)."""
+    with transaction.atomic():
+        if not _move(_expecting(intent.pk, IntentState.UNKNOWN), IntentState.PENDING, now):
+            return ""
+        _move_event(intent.inbox_event_id, EventState.WRITE_PENDING, now, actor)
+        _enqueue(intent, now)
+        record_audit(intent.inbox_event_id, AuditKind.INTENT_PENDING, actor=actor, at=now,
+                     detail={"intent": intent.pk, "reason": why})
+    return IntentState.PENDING
+
+
+def resolve_unknown_intents(limit: int = 200) -> dict:
+    tally: dict = {}
+    for intent_id in Intent.objects.filter(state=IntentState.UNKNOWN).order_by("pk").values_list("pk", flat=True)[:limit]:
+        outcome = resolve_unknown(intent_id) or "unchanged"
+        tally[outcome] = tally.get(outcome, 0) + 1
+    return tally
+
+
