@@ -7,15 +7,31 @@ after the ticket was written, a reply that arrives after the client gave up.
 Everything it writes is kept in SQLite, so tickets can be counted by
 `external_id` after the server (or the client under test) restarts.
 
-Standard library only, so it runs without Django:
+Standard library only, so it runs without Django (and ships with Mailroom for drills):
 
-    python -m ticketing.fakedesk --port 8025 --db var/fakedesk.sqlite3 [--token T]
+    python -m fakedesk --port 8025 --db var/fakedesk.sqlite3 [--token T]
+    python manage.py fakedesk ...          # the same command line, inside Mailroom
 
-or, from a test:
+or in Python (port 0: the OS picks a free port):
 
-    desk = FakeDesk().start()      # port 0: the OS picks a free port
+    desk = FakeDesk(token="T").start()
     ... desk.url ...
     desk.stop()
+
+Steer a running desk through its control API with `fakedesk.client.DeskClient`
+(the same calls whether the desk runs in this process or another). Tests get
+one from the `desk` fixture of `fakedesk.pytest_plugin`, which also offers a
+request hook (`desk.on_request`) to observe or answer API requests.
+
+Modules (imports go one way: cli -> server -> handler -> desk -> store, faults):
+    faults         the fault plan and how a refusing fault answers
+    store          SQLite: tickets, comments, idempotency keys, the request log
+    desk           `Desk`: state, the idempotent write, request hooks (no HTTP)
+    handler        `Handler`: the HTTP API and the control API for one Desk
+    server         `FakeDesk`: a Desk bound to a port, served from a thread
+    cli            `python -m fakedesk` and `manage.py fakedesk`
+    client         `DeskClient`: the control API over HTTP
+    pytest_plugin  the `desk` fixture (needs pytest; not imported here)
 
 Zendesk API subset (basic auth `<anything>/token:<token>` when a token is set):
     POST /api/v2/tickets.json                  create; honours Idempotency-Key
@@ -46,13 +62,14 @@ Faults (consumed one per ticket-writing request, i.e. create and comment):
     stall_after_commit:S      write, wait S seconds, then answer (the client has timed out)
 """
 from .cli import add_arguments, desk_from_options, main, run_until_signalled
+from .client import ControlError, DeskClient
+from .desk import DEFAULT_RETENTION_SECONDS, ApiRequest, Desk, WriteOutcome
 from .faults import FAULT_ARGUMENTS, OK, Fault, FaultPlan, parse_fault, rejection_for
-from .handler import WriteOutcome, _Handler  # tests wrap _Handler._dispatch to count requests
-from .server import DEFAULT_RETENTION_SECONDS, FakeDesk
+from .server import FakeDesk
 from .store import TicketStore, ValidationFailed
 
 __all__ = [
-    "DEFAULT_RETENTION_SECONDS", "FAULT_ARGUMENTS", "OK", "FakeDesk", "Fault", "FaultPlan", "TicketStore",
-    "ValidationFailed", "WriteOutcome", "add_arguments", "desk_from_options", "main", "parse_fault",
-    "rejection_for", "run_until_signalled",
+    "DEFAULT_RETENTION_SECONDS", "FAULT_ARGUMENTS", "OK", "ApiRequest", "ControlError", "Desk", "DeskClient",
+    "FakeDesk", "Fault", "FaultPlan", "TicketStore", "ValidationFailed", "WriteOutcome", "add_arguments",
+    "desk_from_options", "main", "parse_fault", "rejection_for", "run_until_signalled",
 ]

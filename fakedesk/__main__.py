@@ -1,4 +1,4 @@
-"""`python -m ticketing.fakedesk`: see the package docstring."""
+"""`python -m fakedesk`: see the package docstring."""
 from .cli import main
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
-"""The command line, shared by `python -m ticketing.fakedesk` and `manage.py fakedesk`."""
+"""The command line, shared by `python -m fakedesk` and `manage.py fakedesk`."""
 import argparse
 import logging
 import signal
 import sys
 import threading
 
-from .server import DEFAULT_RETENTION_SECONDS, FakeDesk
+from .desk import DEFAULT_RETENTION_SECONDS
+from .server import FakeDesk
 
 
 def add_arguments(parser: argparse.ArgumentParser):
-    """The options shared by `python -m ticketing.fakedesk` and `manage.py fakedesk`."""
+    """The options shared by `python -m fakedesk` and `manage.py fakedesk`."""
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8025, help="0 picks a free port (printed at start)")
     parser.add_argument("--db", default=None, help="SQLite file; in memory when omitted")
@@ -46,10 +47,9 @@ def run_until_signalled(desk: FakeDesk, out=sys.stdout):
 
 
 def main(argv=None):
-    from ticketing import fakedesk  # the package docstring describes the server
+    from . import __doc__ as package_doc  # the package docstring describes the server
 
-    parser = argparse.ArgumentParser(prog="python -m ticketing.fakedesk",
-                                     description=fakedesk.__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fakedesk", description=(package_doc or "FakeDesk").split("\n\n")[0])
     add_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
     options = parser.parse_args(argv)

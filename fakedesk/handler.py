@@ -1,62 +1,33 @@
-"""The HTTP side: routing, authentication, fault injection per ticket write, the control API."""
+"""The HTTP side: routing, authentication, fault injection per ticket write, the control API.
+
+`Handler` serves one `desk.Desk`, found as `self.server.desk`; the server (see
+`server.py`) also keeps `live_connections` and `live_lock` so that it can close
+keep-alive connections when it stops. This module does not import the server.
+"""
 import base64
 import binascii
 import hmac
 import json
-import logging
 import re
 import socket
-import threading
 import time
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
+from .desk import ApiRequest, Desk, WriteOutcome, log
 from .faults import rejection_for
 
-if TYPE_CHECKING:
-    from .server import FakeDesk
-
-# The logger name of the single-module FakeDesk, kept so that log lines read the same.
-log = logging.getLogger("ticketing.fakedesk")
+CONTROL_PREFIX = "/_control/"
 
 
-@dataclass
-class WriteOutcome:
-    status: int
-    body: dict
-    committed: bool = False
-    lookup: str | None = None  # "hit" / "miss" when an idempotency key was looked up
-    ticket_id: int | None = None
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address, desk):
-        self.desk = desk
-        self.live_connections: set[socket.socket] = set()
-        self.live_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def close_live_connections(self):
-        # Keep-alive connections would otherwise outlive the server (as a crash would not).
-        with self.live_lock:
-            connections = list(self.live_connections)
-        for connection in connections:
-            _hard_close(connection)
-
-
-def _hard_close(connection: socket.socket):
+def hard_close(connection: socket.socket):
     try:
         connection.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
 
 
-class _Handler(BaseHTTPRequestHandler):
+class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as a real desk behind a load balancer
     server_version = "FakeDesk/1.0"
     timeout = 60  # an idle keep-alive connection gives its thread back
@@ -78,7 +49,7 @@ class _Handler(BaseHTTPRequestHandler):
     ]
 
     @property
-    def desk(self) -> "FakeDesk":
+    def desk(self) -> Desk:
         return self.server.desk
 
     def setup(self):
@@ -116,6 +87,8 @@ class _Handler(BaseHTTPRequestHandler):
             # Read the whole body first, whatever the route: an unread body would corrupt a keep-alive
             # connection, and a drop fault should come after the client has sent everything.
             self.raw_body = self._read_body()
+            if not url.path.startswith(CONTROL_PREFIX) and self._answered_by_a_hook(method, url.path):
+                return
             for route_method, pattern, name, needs_auth in self.ROUTES:
                 match = pattern.fullmatch(url.path)
                 if match and route_method == method:
@@ -134,6 +107,16 @@ class _Handler(BaseHTTPRequestHandler):
                 return  # the server is going away under a stalled request: nothing left to answer
             log.exception("fakedesk: %s %s failed", method, url.path)
             self._send(500, {"error": "InternalServerError", "description": "FakeDesk bug, see its log"})
+
+    def _answered_by_a_hook(self, method: str, path: str) -> bool:
+        request = ApiRequest(method, path, self.query, dict(self.headers.items()), self.raw_body)
+        answer = self.desk.run_request_hooks(request)
+        if answer is None:
+            return False
+        status, body, headers = answer
+        log.info("fakedesk: %s %s answered %s by a request hook", method, path, status)
+        self._send(status, body, headers)
+        return True
 
     def _read_body(self) -> bytes:
         try:
@@ -157,7 +140,10 @@ class _Handler(BaseHTTPRequestHandler):
         return payload
 
     def _base_url(self) -> str:
-        return f"http://{self.headers.get('Host') or self.desk.address}"
+        if self.headers.get("Host"):
+            return f"http://{self.headers['Host']}"
+        host, port = self.server.server_address[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def _send(self, status: int, body: dict, headers: dict | None = None):
         data = json.dumps(body).encode()
@@ -173,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
         # A real close with no response at all: the client sees RemoteDisconnected /
         # ConnectionResetError, exactly like a load balancer dropping the request.
         self.close_connection = True
-        _hard_close(self.connection)
+        hard_close(self.connection)
 
     def _authenticated(self) -> bool:
         token = self.desk.token

@@ -1,6 +1,9 @@
 import pytest
 from django.conf import settings
 
+# FakeDesk's `desk` / `desk_factory` fixtures, its `fakedesk` marker and request hook (fakedesk/pytest_plugin.py).
+pytest_plugins = ["fakedesk.pytest_plugin"]
+
 
 def pytest_configure(config):
     # The promise is made on PostgreSQL; a suite that quietly ran on SQLite would prove less.

@@ -1,6 +1,7 @@
 """Every failure window of DESIGN.md §9, with real worker processes and FakeDesk over HTTP.
 
-FakeDesk runs as its own process (`manage.py fakedesk`), workers are real Celery
+FakeDesk runs as its own process (`python -m fakedesk`, the `desk` fixture of
+fakedesk.pytest_plugin with `process=True`), workers are real Celery
 workers on Redis, the relay is the real relay. Where the design has beat run a
 sweep, the test runs that same service function from a sweeper thread, so the
 timing is the test's and not the scheduler's.
@@ -22,10 +23,8 @@ from intake.services import ingest, requeue_stale_events
 from intake.signing import signed_headers
 from tests.live import (  # noqa: F401  (fixtures)
     LIVE_SECRET,
-    MANAGE,
     PYTHON,
     REPO_ROOT,
-    free_port,
     kill_group,
     live_broker,
     live_mailbox,
@@ -36,54 +35,12 @@ from tests.live import (  # noqa: F401  (fixtures)
 )
 from ticketing import intents
 
-pytestmark = pytest.mark.live
-
-DESK_TOKEN = "failure-window-token"
-
-
-class Desk:
-    """FakeDesk in its own process, driven through its control API."""
-
-    def __init__(self, url: str):
-        self.url = url
-
-    def control(self, path, payload=None):
-        if payload is None:
-            response = requests.get(f"{self.url}/_control/{path}", timeout=5)
-        else:
-            response = requests.post(f"{self.url}/_control/{path}", json=payload, timeout=5)
-        response.raise_for_status()
-        return response.json()
-
-    def plan(self, *faults, random_spec=None):
-        self.control("plan", {"faults": list(faults), **({"random": random_spec} if random_spec else {})})
-
-    def idempotency(self, enabled: bool):
-        self.control("idempotency", {"enabled": enabled})
-
-    def tickets(self) -> list[dict]:
-        return self.control("tickets")["tickets"]
-
-    def creates(self) -> list[dict]:
-        return [r for r in self.control("requests")["requests"] if r["method"] == "POST"]
+# FakeDesk in its own process, with its tickets in a SQLite file, driven through its control API.
+pytestmark = [pytest.mark.live, pytest.mark.fakedesk(process=True, db_path=True)]
 
 
-@pytest.fixture
-def desk(live_processes, tmp_path):
-    port = free_port()
-    process = live_processes.start("fakedesk", [PYTHON, MANAGE, "fakedesk", "--port", str(port), "--db",
-                                                str(tmp_path / "desk.sqlite3"), "--token", DESK_TOKEN],
-                                   subprocess_env())
-    desk = Desk(f"http://127.0.0.1:{port}")
-
-    def answers():
-        try:
-            return requests.get(f"{desk.url}/_control/plan", timeout=1).ok
-        except requests.ConnectionError:
-            return False
-
-    wait_for(answers, timeout=20, describe=lambda: process.tail())
-    return desk
+def create_requests(desk) -> list[dict]:
+    return [r for r in desk.requests_log() if r["method"] == "POST"]
 
 
 @pytest.fixture
@@ -91,7 +48,7 @@ def zendesk(live_mailbox, desk, monkeypatch):
     """FakeDesk, spoken to as Zendesk, is the live tenant's default destination."""
     from ticketing.models import Destination
 
-    monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@acme.test/token:{DESK_TOKEN}")
+    monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@acme.test/token:{desk.token}")
     Destination.objects.filter(tenant=live_mailbox.tenant).update(is_default=False)
     return Destination.objects.create(
         tenant=live_mailbox.tenant, slug="desk", kind="zendesk", base_url=desk.url, is_default=True,
@@ -186,7 +143,7 @@ def test_same_action_requested_twice_makes_one_ticket(zendesk, live_mailbox, liv
     send([event_id, event_id, event_id], live_broker)
     wait_settled([event_id], live_processes)
     assert state_of(event_id) == ("completed", "", "succeeded")
-    assert len(desk.tickets()) == 1 and len(desk.creates()) == 1
+    assert len(desk.tickets()) == 1 and len(create_requests(desk)) == 1
 
 
 RACE_SCRIPT = r"""
@@ -221,7 +178,7 @@ def test_two_workers_racing_for_one_key_make_one_call(zendesk, live_mailbox, des
         outcomes = sorted(p.communicate(timeout=30)[0].strip() for _, p in racers)
         assert "created" in outcomes and set(outcomes) <= {"created", "busy", "done"}, outcomes
         assert state_of(event_id)[0] == "completed"
-    assert len(desk.creates()) == 5 and len(desk.tickets()) == 5
+    assert len(create_requests(desk)) == 5 and len(desk.tickets()) == 5
     assert len(set(t["external_id"] for t in desk.tickets())) == 5
 
 
@@ -231,7 +188,7 @@ def test_rejection_before_the_write_fails_without_retry(zendesk, live_mailbox, l
     from intake.models import InboxEvent
 
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
-    desk.plan(fault)
+    desk.set_plan([fault])
     live_processes.worker(worker_env(live_broker))
     live_processes.relay(worker_env(live_broker))
     with sweeper():
@@ -241,18 +198,18 @@ def test_rejection_before_the_write_fails_without_retry(zendesk, live_mailbox, l
     assert state_of(event_id) == ("failed", reason, "failed")
     if reason == "invalid_fields":
         assert "Requester email is invalid" in InboxEvent.objects.get(pk=event_id).reason_detail
-    assert len(desk.creates()) == 1 and desk.tickets() == []
+    assert len(create_requests(desk)) == 1 and desk.tickets() == []
 
 
 def test_rate_limit_retry_after_is_honoured(zendesk, live_mailbox, live_broker, live_processes, desk, monkeypatch):
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
-    desk.plan("rate_limit:2")
+    desk.set_plan(["rate_limit:2"])
     live_processes.worker(worker_env(live_broker))
     live_processes.relay(worker_env(live_broker))
     with sweeper():
         event_id = new_event(live_mailbox)
         wait_settled([event_id], live_processes, timeout=30)
-    first, second = desk.creates()
+    first, second = create_requests(desk)
     gap = second["at"] - first["at"]  # FakeDesk's own clock, in seconds
     assert first["status"] == 429 and second["status"] == 201
     assert gap >= 2.0, gap
@@ -266,8 +223,8 @@ def test_success_with_a_lost_response(zendesk, live_mailbox, live_broker, live_p
     if not idempotency:
         zendesk.settings["idempotency_supported"] = False
         zendesk.save()
-        desk.idempotency(False)
-    desk.plan("drop_after_commit")
+        desk.set_idempotency(enabled=False)
+    desk.set_plan(["drop_after_commit"])
     live_processes.worker(worker_env(live_broker))
     live_processes.relay(worker_env(live_broker))
     with sweeper():
@@ -276,7 +233,7 @@ def test_success_with_a_lost_response(zendesk, live_mailbox, live_broker, live_p
     assert state_of(event_id) == ("completed", "", "succeeded")
     [ticket] = desk.tickets()
     assert mapped_ticket_ids() == [ticket["id"]]
-    creates = desk.creates()
+    creates = create_requests(desk)
     if idempotency:  # retried with the same key; FakeDesk answered with the original ticket
         assert [c["idempotency_lookup"] for c in creates] == ["miss", "hit"]
         assert creates[0]["idempotency_key"] == creates[1]["idempotency_key"]
@@ -292,7 +249,7 @@ def test_worker_killed_between_destination_success_and_our_commit(zendesk, live_
     if not idempotency:
         zendesk.settings["idempotency_supported"] = False
         zendesk.save()
-        desk.idempotency(False)
+        desk.set_idempotency(enabled=False)
     pause = tmp_path / "pause"
     doomed = live_processes.worker(worker_env(live_broker, MAILROOM_PAUSE_AT=f"after_destination_success:{pause}"),
                                    concurrency=1)
@@ -311,7 +268,7 @@ def test_worker_killed_between_destination_success_and_our_commit(zendesk, live_
                  describe=lambda: f"{state_of(event_id)}\n{live_processes.logs(15)}")
     [ticket] = desk.tickets()
     assert mapped_ticket_ids() == [ticket["id"]]
-    assert len(desk.creates()) == (2 if idempotency else 1)
+    assert len(create_requests(desk)) == (2 if idempotency else 1)
 
 
 def test_ambiguous_outcome_without_idempotency_or_lookup_is_held(zendesk, live_mailbox, live_broker, live_processes,
@@ -321,8 +278,8 @@ def test_ambiguous_outcome_without_idempotency_or_lookup_is_held(zendesk, live_m
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
     zendesk.settings.update({"idempotency_supported": False, "lookup_supported": False})
     zendesk.save()
-    desk.idempotency(False)
-    desk.plan("stall_after_commit:2")
+    desk.set_idempotency(enabled=False)
+    desk.set_plan(["stall_after_commit:2"])
     live_processes.worker(worker_env(live_broker))
     live_processes.relay(worker_env(live_broker))
     with sweeper():
@@ -331,7 +288,7 @@ def test_ambiguous_outcome_without_idempotency_or_lookup_is_held(zendesk, live_m
         time.sleep(1.5)  # sweeps keep running: none may write again
     assert state_of(event_id) == ("unknown", "outcome_unknown", "held")
     assert [e.pk for e in recovery_queue()] == [event_id]
-    assert len(desk.creates()) == 1
+    assert len(create_requests(desk)) == 1
 
 
 def test_seeded_soak_with_faults_and_killed_workers(zendesk, live_server, live_mailbox, live_broker, live_processes,
@@ -342,7 +299,7 @@ def test_seeded_soak_with_faults_and_killed_workers(zendesk, live_server, live_m
 
     n_emails, seed = 300, 20261129
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
-    desk.plan(random_spec={"seed": seed, "weights": {
+    desk.set_plan(random_spec={"seed": seed, "weights": {
         "drop_after_commit": 0.1, "rate_limit:1": 0.1, "error_500": 0.1, "stall_after_commit:2": 0.1}})
     env = worker_env(live_broker)
     live_processes.relay(env)
@@ -370,7 +327,7 @@ def test_seeded_soak_with_faults_and_killed_workers(zendesk, live_server, live_m
     tickets = desk.tickets()
     by_external_id = Counter(t["external_id"] for t in tickets)
     mappings = {m.inbox_event_id: m for m in TicketMapping.objects.filter(inbox_event_id__in=ids)}
-    faults = Counter(r["fault"] for r in desk.control("requests")["requests"])
+    faults = Counter(r["fault"] for r in desk.requests_log())
     print(f"\nsoak: {n_emails} emails, seed {seed}, workers killed {kills}; event states {dict(states)}; "
           f"fakedesk tickets {len(tickets)}, mappings {len(mappings)}, create calls {sum(faults.values())}, "
           f"faults {dict(faults)}")

@@ -1,4 +1,9 @@
-"""FakeDesk, the fault-injecting Zendesk stand-in, spoken to over real HTTP on 127.0.0.1."""
+"""FakeDesk, the fault-injecting Zendesk stand-in, spoken to over real HTTP on 127.0.0.1.
+
+The desks come from the `desk` / `desk_factory` fixtures of `fakedesk.pytest_plugin`
+and are steered through their control API with the plugin's client.
+"""
+import ast
 import email.utils
 import os
 import signal
@@ -11,18 +16,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from ticketing.fakedesk import FakeDesk, parse_fault
+from fakedesk import ControlError, DeskClient, parse_fault
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "sekrit"
 AUTH = ("agent@example.com/token", TOKEN)
 
-
-@pytest.fixture
-def desk():
-    server = FakeDesk(token=TOKEN).start()
-    yield server
-    server.stop()
+pytestmark = pytest.mark.fakedesk(token=TOKEN)
 
 
 def ticket_body(external_id="ext-1", subject="Printer on fire", body="It is on fire.", **extra):
@@ -43,21 +43,12 @@ def comment(desk, ticket_id, text, key=None, timeout=5):
                         headers=headers, auth=AUTH, timeout=timeout)
 
 
-def control(desk, path, payload=None):
-    if payload is None:
-        response = requests.get(f"{desk.url}/_control/{path}", timeout=5)
-    else:
-        response = requests.post(f"{desk.url}/_control/{path}", json=payload, timeout=5)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def tickets(desk):
-    return control(desk, "tickets")["tickets"]
+    return desk.tickets()
 
 
 def plan(desk, *faults, random_spec=None):
-    control(desk, "plan", {"faults": list(faults), **({"random": random_spec} if random_spec else {})})
+    desk.set_plan(faults, random_spec=random_spec)
 
 
 # --- Creating tickets and idempotency keys ------------------------------------
@@ -88,7 +79,7 @@ def test_replay_with_the_same_key_and_body_returns_the_original_ticket(desk):
     assert replay.headers["x-idempotency-lookup"] == "hit"
     assert replay.json() == first.json()
     assert len(tickets(desk)) == 1
-    log = control(desk, "requests")["requests"]
+    log = desk.requests_log()
     assert [(r["idempotency_lookup"], r["committed"]) for r in log] == [("miss", True), ("hit", False)]
 
 
@@ -102,7 +93,7 @@ def test_same_key_with_another_body_is_an_idempotent_request_error(desk):
 
 
 def test_key_is_forgotten_after_the_retention_window(desk):
-    control(desk, "idempotency", {"retention_seconds": 0.3})
+    desk.set_idempotency(retention_seconds=0.3)
     first = create(desk, key="k-1")
     time.sleep(0.4)
     late = create(desk, key="k-1")
@@ -114,7 +105,7 @@ def test_key_is_forgotten_after_the_retention_window(desk):
 
 
 def test_with_idempotency_off_every_post_creates(desk):
-    settings = control(desk, "idempotency", {"enabled": False})
+    settings = desk.set_idempotency(enabled=False)
     assert settings == {"enabled": False, "retention_seconds": 7200.0}
 
     first, second = create(desk, key="k-1"), create(desk, key="k-1")
@@ -203,10 +194,10 @@ def test_a_token_server_requires_basic_auth_with_that_token(desk):
     assert create(desk).status_code == 201
 
 
-def test_without_a_token_any_auth_is_accepted():
-    with FakeDesk() as open_desk:
-        answer = requests.post(f"{open_desk.url}/api/v2/tickets.json", json=ticket_body(), timeout=5)
-        assert answer.status_code == 201
+def test_without_a_token_any_auth_is_accepted(desk_factory):
+    open_desk = desk_factory(token=None)
+    answer = requests.post(f"{open_desk.url}/api/v2/tickets.json", json=ticket_body(), timeout=5)
+    assert answer.status_code == 201
 
 
 # --- Faults ----------------------------------------------------------------------------
@@ -229,7 +220,7 @@ def test_refusing_faults_answer_and_write_nothing(desk, fault, status, error):
     assert answer.status_code == status
     assert answer.json()["error"] == error
     assert tickets(desk) == []
-    [entry] = control(desk, "requests")["requests"]
+    [entry] = desk.requests_log()
     assert (entry["fault"], entry["status"], entry["committed"]) == (fault, status, False)
     # The plan is used up: the next request is answered normally, and its key was never taken.
     assert create(desk, key="k-1").headers["x-idempotency-lookup"] == "miss"
@@ -252,7 +243,7 @@ def test_drop_before_commit_closes_the_connection_and_writes_nothing(desk):
         create(desk, key="k-1")
 
     assert tickets(desk) == []
-    [entry] = control(desk, "requests")["requests"]
+    [entry] = desk.requests_log()
     assert (entry["fault"], entry["status"], entry["committed"]) == ("drop_before_commit", None, False)
 
 
@@ -302,11 +293,11 @@ def test_stall_before_commit_writes_after_the_client_gave_up(desk):
 
 def test_the_plan_is_fifo_then_ok_and_reads_do_not_consume_it(desk):
     plan(desk, "error_500", "rate_limit:1")
-    assert control(desk, "plan") == {"faults": ["error_500", "rate_limit:1"], "random": None}
+    assert desk.plan() == {"faults": ["error_500", "rate_limit:1"], "random": None}
 
     requests.get(f"{desk.url}/api/v2/tickets.json", auth=AUTH, timeout=5)
     assert [create(desk).status_code for _ in range(3)] == [500, 429, 201]
-    assert control(desk, "plan")["faults"] == []
+    assert desk.plan()["faults"] == []
 
 
 @pytest.mark.parametrize(
@@ -320,9 +311,11 @@ def test_the_plan_is_fifo_then_ok_and_reads_do_not_consume_it(desk):
     ],
 )
 def test_a_bad_plan_is_refused(desk, payload):
-    answer = requests.post(f"{desk.url}/_control/plan", json=payload, timeout=5)
-    assert answer.status_code == 400
-    assert answer.json()["error"] == "BadPlan"
+    with pytest.raises(ControlError) as refused:
+        desk.control("plan", payload)
+    answer = refused.value
+    assert answer.status == 400
+    assert answer.body["error"] == "BadPlan"
 
 
 def test_parse_fault():
@@ -333,7 +326,7 @@ def test_parse_fault():
 
 
 def run_random_plan(desk, seed, requests_count=40):
-    control(desk, "reset", {})
+    desk.reset()
     weights = {"error_500": 0.2, "reject_422": 0.1, "rate_limit:1": 0.1, "drop_after_commit": 0.1}
     plan(desk, random_spec={"seed": seed, "weights": weights})
     statuses = []
@@ -342,7 +335,7 @@ def run_random_plan(desk, seed, requests_count=40):
             statuses.append(create(desk, key=f"k-{index}").status_code)
         except requests.ConnectionError:
             statuses.append("dropped")
-    faults = [entry["fault"] for entry in control(desk, "requests")["requests"]]
+    faults = [entry["fault"] for entry in desk.requests_log()]
     return faults, statuses, len(tickets(desk))
 
 
@@ -363,11 +356,11 @@ def test_reset_forgets_everything_and_ids_start_again(desk):
     plan(desk, "error_500", "error_500")
     create(desk, key="k-2")
 
-    assert control(desk, "reset", {}) == {"reset": True}
+    assert desk.reset() == {"reset": True}
 
     assert tickets(desk) == []
-    assert control(desk, "requests")["requests"] == []
-    assert control(desk, "plan")["faults"] == []
+    assert desk.requests_log() == []
+    assert desk.plan()["faults"] == []
     answer = create(desk, key="k-1")
     assert answer.json()["ticket"]["id"] == 1
     assert answer.headers["x-idempotency-lookup"] == "miss"
@@ -375,15 +368,16 @@ def test_reset_forgets_everything_and_ids_start_again(desk):
 
 # --- Persistence and the command line -------------------------------------------------
 
-def test_tickets_and_keys_survive_a_restart_on_the_same_file(tmp_path):
+def test_tickets_and_keys_survive_a_restart_on_the_same_file(tmp_path, desk_factory):
     db = str(tmp_path / "desk.sqlite3")
-    with FakeDesk(db_path=db) as first:
-        create(first, key="k-1", external_id="kept")
-    with FakeDesk(db_path=db) as second:
-        replay = create(second, key="k-1", external_id="kept")
-        assert replay.headers["x-idempotency-lookup"] == "hit"
-        assert [t["external_id"] for t in tickets(second)] == ["kept"]
-        assert create(second, external_id="new").json()["ticket"]["id"] == 2
+    first = desk_factory(db_path=db)
+    create(first, key="k-1", external_id="kept")
+    first.stop()
+    second = desk_factory(db_path=db)
+    replay = create(second, key="k-1", external_id="kept")
+    assert replay.headers["x-idempotency-lookup"] == "hit"
+    assert [t["external_id"] for t in tickets(second)] == ["kept"]
+    assert create(second, external_id="new").json()["ticket"]["id"] == 2
 
 
 def start_process(command):
@@ -410,7 +404,7 @@ def stop_process(process):
     "launcher",
     [
         [sys.executable, "manage.py", "fakedesk"],
-        [sys.executable, "-m", "ticketing.fakedesk"],
+        [sys.executable, "-m", "fakedesk"],
     ],
     ids=["manage.py", "python -m"],
 )
@@ -419,7 +413,7 @@ def test_the_server_runs_as_a_process_until_sigterm_and_keeps_its_file(tmp_path,
 
     process, url = start_process(command)
     try:
-        server = type("Remote", (), {"url": url})  # what create() needs of a desk
+        server = DeskClient(url, token=TOKEN)
         assert requests.post(f"{url}/api/v2/tickets.json", json=ticket_body(), timeout=5).status_code == 401
         assert create(server, key="k-1", external_id="proc").status_code == 201
     finally:
@@ -431,3 +425,63 @@ def test_the_server_runs_as_a_process_until_sigterm_and_keeps_its_file(tmp_path,
         assert listed.json()["count"] == 1
     finally:
         stop_process(process)
+
+
+# --- The package, the plugin's desk and its request hook ------------------------------
+
+def test_the_fakedesk_package_needs_only_the_standard_library():
+    # -S: no site hooks (the editable install's finder); the repository is the working directory.
+    code = ("import sys; before = set(sys.modules); "
+            "import fakedesk, fakedesk.client, fakedesk.cli, fakedesk.__main__; "
+            "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} "
+            "- set(sys.stdlib_module_names) - {'fakedesk'}))")
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_only_the_management_command_imports_fakedesk_from_the_product():
+    importers = []
+    for app in ("config", "intake", "ticketing", "reconciliation"):
+        for path in sorted((REPO / app).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                if any(name == "fakedesk" or name.startswith("fakedesk.") for name in names):
+                    importers.append(str(path.relative_to(REPO)))
+    assert sorted(set(importers)) == ["ticketing/management/commands/fakedesk.py"]
+
+
+def test_a_request_hook_sees_every_api_request_and_may_answer_instead(desk):
+    seen = []
+    remove = desk.on_request(lambda request: seen.append(
+        (request.method, request.path, request.headers.get("Idempotency-Key"))))
+    create(desk, key="k-1")
+    requests.get(f"{desk.url}/api/v2/tickets/1.json", auth=AUTH, timeout=5)
+    desk.tickets()  # the control API is not an API request
+    assert seen == [("POST", "/api/v2/tickets.json", "k-1"), ("GET", "/api/v2/tickets/1.json", None)]
+    remove()
+
+    desk.on_request(lambda request: (503, {"error": "Hooked"}, {"Retry-After": "9"})
+                    if request.method == "POST" else None)
+    desk.set_plan(["error_500"])
+    answer = create(desk, key="k-2")
+    assert (answer.status_code, answer.json(), answer.headers["Retry-After"]) == (503, {"error": "Hooked"}, "9")
+    # Intercepted: nothing written, no fault used, nothing in the request log; the removed hook saw nothing.
+    assert len(desk.tickets()) == 1 and len(desk.requests_log()) == 1
+    assert desk.plan()["faults"] == ["error_500"]
+    assert len(seen) == 2
+
+
+@pytest.mark.fakedesk(process=True)
+def test_the_desk_fixture_can_run_fakedesk_in_its_own_process(desk):
+    assert not desk.in_process
+    with pytest.raises(RuntimeError):
+        desk.on_request(lambda request: None)
+    desk.set_plan(["error_500"])
+    assert create(desk, key="k-1").status_code == 500
+    assert create(desk, key="k-1").status_code == 201
+    assert [(r["fault"], r["status"]) for r in desk.requests_log()] == [("error_500", 500), ("ok", 201)]
+    assert "fault=error_500" in desk.tail()
+    desk.stop()
+    assert not desk.is_up()

@@ -13,24 +13,13 @@ from intake.models import AuditEvent, InboxEvent
 from intake.services import ingest
 from tests.mail import make_message
 from ticketing import intents
-from ticketing.fakedesk import FakeDesk
 from ticketing.models import Destination, Intent, TicketMapping
 from ticketing.services import process_inbox_event
 
-TOKEN = "fakedesk-token"
-
-
-@pytest.fixture
-def desk():
-    server = FakeDesk(token=TOKEN).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def zendesk(tenant, mailbox, desk, monkeypatch):
-    """Make FakeDesk (speaking Zendesk) the tenant's default destination."""
-    monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@acme.test/token:{TOKEN}")
+    """Make FakeDesk (speaking Zendesk; `desk` is the FakeDesk plugin's fixture) the tenant's default destination."""
+    monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@acme.test/token:{desk.token}")
     Destination.objects.filter(tenant=tenant).update(is_default=False)
     return Destination.objects.create(
         tenant=tenant, slug="desk", kind="zendesk", base_url=desk.url, is_default=True,

@@ -29,7 +29,6 @@ from tests.live import (  # noqa: F401  (fixtures)
 from tests.mail import make_message, webhook_headers
 from tests.test_recovery_queue import (  # noqa: F401  (fixtures)
     QUEUE_URL,
-    desk,
     desk_calls,
     make_user,
     set_default,
@@ -87,7 +86,7 @@ def pause_broker():
 
 @pytest.fixture
 def zendesk(tenant, mailbox, desk, monkeypatch):
-    good, _ = zendesk_destinations(tenant, desk.url, monkeypatch)
+    good, _ = zendesk_destinations(tenant, desk, monkeypatch)
     set_default(tenant, good)
     return good
 
@@ -196,7 +195,7 @@ def test_global_pause_with_the_real_relay_and_worker(live_server, live_mailbox, 
                                                      desk_calls, monkeypatch):
     """20 signed emails over HTTP while paused: all stored, FakeDesk hears nothing; resumed: 20 tickets, once each."""
     monkeypatch.setenv("CELERY_BROKER_URL", pause_broker.url)
-    good, _ = zendesk_destinations(live_mailbox.tenant, desk.url, monkeypatch)
+    good, _ = zendesk_destinations(live_mailbox.tenant, desk, monkeypatch)
     set_default(live_mailbox.tenant, good)
     admin = Client()
     admin.force_login(make_user("boss", groups=["mailroom-admin"], tenants=[live_mailbox.tenant]))

@@ -25,7 +25,6 @@ from intake.services import transition_event
 from tests.test_recovery_queue import (  # noqa: F401  (fixtures)
     PASSWORD,
     QUEUE_URL,
-    desk,
     desk_calls,
     intent_of,
     make_user,
@@ -128,7 +127,7 @@ def success_message(page) -> str:
 
 def test_an_operator_works_the_queue_in_a_browser(live_server, page, screenshot_dir, tenant, mailbox, desk,
                                                   desk_calls, monkeypatch):
-    good, bad = zendesk_destinations(tenant, desk.url, monkeypatch)
+    good, bad = zendesk_destinations(tenant, desk, monkeypatch)
     failed, quarantined, unknown = seed_three(mailbox, good, bad, desk)
     # Another tenant's item: never shown, never counted.
     globex = Tenant.objects.create(slug="globex")

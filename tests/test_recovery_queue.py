@@ -1,8 +1,9 @@
 """The recovery queue in the admin: what it lists, who may do what, and what each action writes.
 
-Destinations are FakeDesk over real HTTP; the worker is `process_inbox_event`
-called in-process (what a Celery worker would run for the outbox row an action
-writes). "Exactly one ticket" is always checked against FakeDesk's own list.
+Destinations are FakeDesk over real HTTP (the `desk` fixture of fakedesk.pytest_plugin);
+the worker is `process_inbox_event` called in-process (what a Celery worker would
+run for the outbox row an action writes). "Exactly one ticket" is always checked
+against FakeDesk's own list.
 """
 import re
 from datetime import timedelta
@@ -22,12 +23,10 @@ from intake.services import PROCESS_TOPIC, ingest, transition_event
 from reconciliation import services
 from reconciliation.selectors import recovery_queue
 from tests.mail import make_message
-from ticketing import fakedesk, intents
-from ticketing.fakedesk import FakeDesk
+from ticketing import intents
 from ticketing.models import Destination, Intent, Ticket, TicketMapping
 from ticketing.services import process_inbox_event
 
-TOKEN = "fakedesk-token"
 PASSWORD = "correct horse battery staple 42"
 QUEUE_URL = "/admin/reconciliation/recoveryitem/"
 
@@ -104,34 +103,20 @@ class RequestSpy:
 
 
 @pytest.fixture
-def desk_calls(monkeypatch):
+def desk_calls(desk):
     spy = RequestSpy()
-    original = fakedesk._Handler._dispatch
-
-    def dispatch(handler, method):
-        if not handler.path.startswith("/_control"):
-            spy.requests.append((method, handler.path))
-        return original(handler, method)
-
-    monkeypatch.setattr(fakedesk._Handler, "_dispatch", dispatch)
+    desk.on_request(lambda request: spy.requests.append((request.method, request.path)))
     return spy
 
 
-@pytest.fixture
-def desk():
-    server = FakeDesk(token=TOKEN).start()
-    yield server
-    server.stop()
-
-
-def zendesk_destinations(tenant, desk_url, monkeypatch):
+def zendesk_destinations(tenant, desk, monkeypatch):
     """`desk` (good credentials) and `desk-bad` (a revoked token): both FakeDesk, speaking Zendesk."""
-    monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@acme.test/token:{TOKEN}")
+    monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@acme.test/token:{desk.token}")
     monkeypatch.setenv("FAKEDESK_BAD_CREDENTIALS", "agent@acme.test/token:revoked")
     settings = {"read_timeout": 2.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05}
-    good = Destination.objects.create(tenant=tenant, slug="desk", kind="zendesk", base_url=desk_url,
+    good = Destination.objects.create(tenant=tenant, slug="desk", kind="zendesk", base_url=desk.url,
                                       credentials_ref="env:FAKEDESK_CREDENTIALS", settings=settings)
-    bad = Destination.objects.create(tenant=tenant, slug="desk-bad", kind="zendesk", base_url=desk_url,
+    bad = Destination.objects.create(tenant=tenant, slug="desk-bad", kind="zendesk", base_url=desk.url,
                                      credentials_ref="env:FAKEDESK_BAD_CREDENTIALS", settings=settings)
     return good, bad
 
@@ -157,7 +142,7 @@ def seed_three(mailbox, good, bad, desk):
 
 @pytest.fixture
 def destinations(tenant, mailbox, desk, monkeypatch):
-    return zendesk_destinations(tenant, desk.url, monkeypatch)
+    return zendesk_destinations(tenant, desk, monkeypatch)
 
 
 @pytest.fixture

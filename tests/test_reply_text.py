@@ -17,7 +17,6 @@ from intake.replytext import reply_text, strip_reply
 from intake.services import ingest
 from tests.mail import make_message
 from ticketing.destinations.base import DestinationAdapter, TicketResult
-from ticketing.fakedesk import FakeDesk
 from ticketing.models import Destination, Intent, Ticket, TicketComment, TicketMapping
 from ticketing.services import Work, process_inbox_event
 
@@ -371,16 +370,6 @@ def test_the_stored_reply_text_is_what_every_attempt_sends(mailbox, scanner_off)
 
 # --- destination size limits ---------------------------------------------------------------------
 
-TOKEN = "sekrit"
-
-
-@pytest.fixture
-def desk():
-    server = FakeDesk(token=TOKEN).start()
-    yield server
-    server.stop()
-
-
 def long_text(paragraphs=300, chars=250) -> str:
     return "\n\n".join(f"Paragraph {n}: " + "x" * chars for n in range(paragraphs))
 
@@ -393,7 +382,7 @@ def test_a_description_over_zendesks_limit_is_trimmed_at_a_paragraph_with_a_noti
     from ticketing.destinations import adapter_for
 
     settings.MAILROOM_PUBLIC_URL = "https://mailroom.acme.test"
-    monkeypatch.setenv("ZD_CREDENTIALS", f"agent@example.com/token:{TOKEN}")
+    monkeypatch.setenv("ZD_CREDENTIALS", f"agent@example.com/token:{desk.token}")
     adapter = adapter_for(Destination(kind="zendesk", slug="zd", base_url=desk.url,
                                       credentials_ref="env:ZD_CREDENTIALS", settings={"read_timeout": 5}))
     assert adapter.max_description_chars == 64_000

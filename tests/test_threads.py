@@ -123,55 +123,50 @@ print(services.process_inbox_event(int(sys.argv[1])))
 """
 
 
-def test_a_worker_whose_lease_expired_mid_analysis_makes_no_call(live_mailbox, tmp_path, monkeypatch):
+def test_a_worker_whose_lease_expired_mid_analysis_makes_no_call(live_mailbox, tmp_path, monkeypatch, desk):
     """Real processes against FakeDesk: the stale worker resumes after a takeover and writes nothing;
     its release leaves the newer lease in place."""
-    from ticketing.fakedesk import FakeDesk
     from ticketing.models import Destination
 
-    desk = FakeDesk(token="t").start()
-    try:
-        monkeypatch.setenv("DESK_CREDENTIALS", "agent@acme.test/token:t")
-        Destination.objects.filter(tenant=live_mailbox.tenant).update(is_default=False)
-        Destination.objects.create(tenant=live_mailbox.tenant, slug="desk", kind="zendesk", base_url=desk.url,
-                                   is_default=True, credentials_ref="env:DESK_CREDENTIALS",
-                                   settings={"read_timeout": 2})
-        root = receive(live_mailbox, message_id="<root@example.com>", to="support@live.mailroom.test")
-        assert process_inbox_event(root) == "created"
-        reply = receive(live_mailbox, to="support@live.mailroom.test", extra_headers={"In-Reply-To": "<root@example.com>"})
-        connection.close()
+    monkeypatch.setenv("DESK_CREDENTIALS", f"agent@acme.test/token:{desk.token}")
+    Destination.objects.filter(tenant=live_mailbox.tenant).update(is_default=False)
+    Destination.objects.create(tenant=live_mailbox.tenant, slug="desk", kind="zendesk", base_url=desk.url,
+                               is_default=True, credentials_ref="env:DESK_CREDENTIALS",
+                               settings={"read_timeout": 2})
+    root = receive(live_mailbox, message_id="<root@example.com>", to="support@live.mailroom.test")
+    assert process_inbox_event(root) == "created"
+    reply = receive(live_mailbox, to="support@live.mailroom.test", extra_headers={"In-Reply-To": "<root@example.com>"})
+    connection.close()
 
-        def start(point, pause, lease_seconds):
-            env = subprocess_env(MAILROOM_PAUSE_AT=f"{point}:{pause}", MAILROOM_THREAD_LEASE_SECONDS=lease_seconds,
-                                 MAILROOM_CLAMD="off")
-            return subprocess.Popen([PYTHON, "-c", PROCESS_SCRIPT, str(reply)], cwd=REPO_ROOT, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def start(point, pause, lease_seconds):
+        env = subprocess_env(MAILROOM_PAUSE_AT=f"{point}:{pause}", MAILROOM_THREAD_LEASE_SECONDS=lease_seconds,
+                             MAILROOM_CLAMD="off")
+        return subprocess.Popen([PYTHON, "-c", PROCESS_SCRIPT, str(reply)], cwd=REPO_ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-        stale_pause, fresh_pause = tmp_path / "stale", tmp_path / "fresh"
-        stale = start("thread_analysis", stale_pause, 1)
-        wait_for(lambda: stale_pause.with_name("stale.reached").exists(), timeout=30)
-        time.sleep(1.5)  # the stale worker's lease runs out while it is "analysing"
-        fresh = start("before_destination_call", fresh_pause, 60)
-        wait_for(lambda: fresh_pause.with_name("fresh.reached").exists(), timeout=30)
-        lease = ThreadLease.objects.get()
-        assert lease.token == 2
+    stale_pause, fresh_pause = tmp_path / "stale", tmp_path / "fresh"
+    stale = start("thread_analysis", stale_pause, 1)
+    wait_for(lambda: stale_pause.with_name("stale.reached").exists(), timeout=30)
+    time.sleep(1.5)  # the stale worker's lease runs out while it is "analysing"
+    fresh = start("before_destination_call", fresh_pause, 60)
+    wait_for(lambda: fresh_pause.with_name("fresh.reached").exists(), timeout=30)
+    lease = ThreadLease.objects.get()
+    assert lease.token == 2
 
-        stale_pause.with_name("stale.release").touch()
-        out, err = stale.communicate(timeout=30)
-        assert stale.returncode == 0, err
-        assert out.strip() in ("busy", "done")
-        assert ThreadLease.objects.get().token == 2  # the stale release left the newer lease alone
-        assert not [r for r in desk.requests_log() if r["method"] == "PUT"]
+    stale_pause.with_name("stale.release").touch()
+    out, err = stale.communicate(timeout=30)
+    assert stale.returncode == 0, err
+    assert out.strip() in ("busy", "done")
+    assert ThreadLease.objects.get().token == 2  # the stale release left the newer lease alone
+    assert not [r for r in desk.requests_log() if r["method"] == "PUT"]
 
-        fresh_pause.with_name("fresh.release").touch()
-        out, err = fresh.communicate(timeout=30)
-        assert out.strip() == "created", err
-        puts = [r for r in desk.requests_log() if r["method"] == "PUT"]
-        assert len(puts) == 1
-        assert TicketMapping.objects.filter(inbox_event_id=reply, action="add_comment").count() == 1
-        assert ThreadLease.objects.count() == 0
-    finally:
-        desk.stop()
+    fresh_pause.with_name("fresh.release").touch()
+    out, err = fresh.communicate(timeout=30)
+    assert out.strip() == "created", err
+    puts = [r for r in desk.requests_log() if r["method"] == "PUT"]
+    assert len(puts) == 1
+    assert TicketMapping.objects.filter(inbox_event_id=reply, action="add_comment").count() == 1
+    assert ThreadLease.objects.count() == 0
 
 
 def test_the_thread_key_from_headers_at_ingest_matches_the_full_parse():

@@ -9,10 +9,8 @@ import pytest
 from ticketing.destinations import adapter_for
 from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
 from ticketing.destinations.zendesk import ZendeskDestination, _field_errors, parse_retry_after
-from ticketing.fakedesk import FakeDesk
 from ticketing.models import Destination
 
-TOKEN = "sekrit"
 REQUEST = TicketRequest(
     subject="Printer on fire",
     description="The printer on floor 3 is on fire.",
@@ -23,16 +21,10 @@ REQUEST = TicketRequest(
 
 
 @pytest.fixture
-def desk():
-    server = FakeDesk(token=TOKEN).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def zendesk(desk, monkeypatch):
-    """Build an adapter for the desk (or any URL), with the secret in the environment."""
-    monkeypatch.setenv("ZD_CREDENTIALS", f"agent@example.com/token:{TOKEN}")
+    """Build an adapter for the desk (`desk`: the FakeDesk plugin's fixture) or any URL, with the secret in
+    the environment."""
+    monkeypatch.setenv("ZD_CREDENTIALS", f"agent@example.com/token:{desk.token}")
 
     def build(base_url=None, credentials_ref="env:ZD_CREDENTIALS", **settings):
         destination = Destination(kind="zendesk", slug="zd", base_url=base_url or desk.url,
@@ -89,7 +81,7 @@ def test_create_ticket_sends_key_and_external_id_and_returns_the_ticket(desk, ze
 
 
 def test_a_bare_api_token_is_sent_as_the_configured_agent(desk, zendesk, monkeypatch):
-    monkeypatch.setenv("ZD_TOKEN_ONLY", TOKEN)
+    monkeypatch.setenv("ZD_TOKEN_ONLY", desk.token)
     adapter = zendesk(credentials_ref="env:ZD_TOKEN_ONLY", email="agent@example.com")
     assert adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id == "1"
 
@@ -387,5 +379,5 @@ def test_nothing_logged_contains_bodies_or_addresses(desk, zendesk, caplog):
     adapter_lines = [r.getMessage() for r in caplog.records if r.name.startswith("ticketing.destinations")]
     assert any("evt-1" in line for line in adapter_lines)
     text = "\n".join(r.getMessage() for r in caplog.records)
-    for secret in ("jane.doe@example.com", "on floor 3", "Secret reply text", "Printer on fire", TOKEN):
+    for secret in ("jane.doe@example.com", "on floor 3", "Secret reply text", "Printer on fire", desk.token):
         assert secret not in text

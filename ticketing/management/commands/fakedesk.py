@@ -1,13 +1,14 @@
 """`manage.py fakedesk`: run FakeDesk, the fault-injecting Zendesk stand-in, in the foreground.
 
-The same server as `python -m ticketing.fakedesk`; see `ticketing/fakedesk/` for the API
-and the faults. Runs until SIGTERM or Ctrl-C.
+The same server and options as `python -m fakedesk`; see the top-level `fakedesk`
+package for the API and the faults. Runs until SIGTERM or Ctrl-C. This command
+is the only module of the `ticketing` app that imports `fakedesk`.
 """
 from argparse import Namespace
 
 from django.core.management.base import BaseCommand
 
-from ticketing.fakedesk import add_arguments, desk_from_options, run_until_signalled
+from fakedesk.cli import add_arguments, desk_from_options, run_until_signalled
 
 
 class Command(BaseCommand):

@@ -1,0 +1,175 @@
+"""The desk without HTTP: its state (store, fault plan, settings), the idempotent write, request hooks.
+
+Nothing here knows about sockets. `handler` speaks HTTP on behalf of a `Desk`;
+`server.FakeDesk` is a `Desk` bound to a port. The imports go one way:
+server -> handler -> desk -> store, faults.
+"""
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .faults import FaultPlan
+from .store import TicketStore, ValidationFailed
+
+log = logging.getLogger("fakedesk")
+
+DEFAULT_RETENTION_SECONDS = 7200  # Zendesk keeps idempotency keys for two hours.
+
+
+@dataclass
+class WriteOutcome:
+    status: int
+    body: dict
+    committed: bool = False
+    lookup: str | None = None  # "hit" / "miss" when an idempotency key was looked up
+    ticket_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """What a request hook sees: one request to the Zendesk API (never the control API)."""
+    method: str
+    path: str                 # without the query string
+    query: dict               # parse_qs() of the query string: name -> [values]
+    headers: dict             # header name -> value (the last one when repeated)
+    body: bytes = field(repr=False, default=b"")
+
+    def json(self):
+        """The body parsed as JSON, or None."""
+        try:
+            return json.loads(self.body or b"null")
+        except ValueError:
+            return None
+
+
+# A hook returns None to let the request through, or an answer that replaces FakeDesk's own:
+# (status, body) or (status, body, headers). An intercepted request consumes no fault and is not
+# in the request log.
+RequestHook = Callable[[ApiRequest], "tuple | None"]
+
+
+def _fingerprint(method: str, path: str, payload: dict) -> str:
+    # Same key + same operation + same JSON (key order aside) is a replay; anything else is misuse.
+    return json.dumps([method, path, payload], sort_keys=True, separators=(",", ":"))
+
+
+class Desk:
+    """Tickets, the fault plan, the idempotency settings and the request hooks of one FakeDesk."""
+
+    def __init__(self, db_path: str | None = None, token: str | None = None, idempotency_enabled: bool = True,
+                 retention_seconds: float = DEFAULT_RETENTION_SECONDS):
+        self.store = TicketStore(db_path)
+        self.plan = FaultPlan()
+        self.token = token or None
+        self.idempotency_enabled = bool(idempotency_enabled)
+        self.retention_seconds = float(retention_seconds)
+        self._stopping = threading.Event()
+        self._hooks: list[RequestHook] = []
+        self._hooks_lock = threading.Lock()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def pause(self, seconds: float):
+        """Sleep for a stall fault, but wake at once when the desk stops."""
+        self._stopping.wait(seconds)
+
+    # Request hooks: how an in-process test observes or intercepts API requests.
+
+    def add_request_hook(self, hook: RequestHook) -> Callable[[], None]:
+        """Call `hook(ApiRequest)` for every Zendesk API request, before authentication and faults.
+
+        Runs on the server's handler thread; returns a function that removes the hook.
+        A hook that raises makes the request answer 500.
+        """
+        with self._hooks_lock:
+            self._hooks.append(hook)
+
+        def remove():
+            with self._hooks_lock:
+                if hook in self._hooks:
+                    self._hooks.remove(hook)
+        return remove
+
+    def run_request_hooks(self, request: ApiRequest):
+        """The first answer a hook gives, normalised to (status, body, headers); None to carry on."""
+        with self._hooks_lock:
+            hooks = list(self._hooks)
+        for hook in hooks:
+            answer = hook(request)
+            if answer is not None:
+                status, body, *rest = answer
+                return int(status), body, dict(rest[0]) if rest else {}
+        return None
+
+    # The idempotent write, shared by create and comment.
+
+    def write(self, method: str, path: str, key: str | None, payload: dict, action) -> WriteOutcome:
+        """Run `action` at most once per idempotency key, like Zendesk.
+
+        Key lookup, the write and remembering the key happen under one lock and in
+        one transaction, so two racing requests with the same key make one ticket
+        and the second one gets the stored answer.
+        """
+        use_key = bool(key) and self.idempotency_enabled
+        fingerprint = _fingerprint(method, path, payload)
+        with self.store.transaction():
+            if use_key:
+                prior = self.store.recall(key, self.retention_seconds)
+                if prior is not None:
+                    prior_fingerprint, status, response = prior
+                    if prior_fingerprint != fingerprint:
+                        return WriteOutcome(400, {
+                            "error": "IdempotentRequestError",
+                            "description": "The idempotency key was already used with a different request",
+                        })
+                    ticket_id = (response.get("ticket") or {}).get("id")
+                    return WriteOutcome(status, response, committed=False, lookup="hit", ticket_id=ticket_id)
+            try:
+                outcome = action()
+            except ValidationFailed as exc:
+                outcome = WriteOutcome(422, {"error": "RecordInvalid", "description": "Record validation errors",
+                                             "details": exc.details})
+            # Only a successful answer is remembered: a rejected request may be fixed and retried with its key.
+            if use_key and outcome.committed:
+                self.store.remember(key, fingerprint, outcome.status, outcome.body)
+            outcome.lookup = "miss" if use_key else None
+            return outcome
+
+    # What the control API exposes.
+
+    def set_plan(self, faults=(), random_spec=None):
+        self.plan.replace(faults, random_spec)
+
+    def idempotency_settings(self) -> dict:
+        return {"enabled": self.idempotency_enabled, "retention_seconds": self.retention_seconds}
+
+    def set_idempotency(self, enabled=None, retention_seconds=None):
+        if enabled is not None and not isinstance(enabled, bool):
+            raise ValueError("enabled must be true or false")
+        if retention_seconds is not None:
+            if isinstance(retention_seconds, bool) or not isinstance(retention_seconds, (int, float)) \
+                    or retention_seconds < 0:
+                raise ValueError("retention_seconds must be a number >= 0")
+            self.retention_seconds = float(retention_seconds)
+        if enabled is not None:
+            self.idempotency_enabled = enabled
+
+    def tickets(self, base_url: str) -> list[dict]:
+        with self.store.transaction():
+            tickets = self.store.tickets(base_url)
+            for ticket in tickets:
+                ticket["comments"] = self.store.comments(ticket["id"])
+        return tickets
+
+    def requests_log(self) -> list[dict]:
+        with self.store.transaction():
+            return self.store.requests()
+
+    def reset(self):
+        with self.store.transaction():
+            self.store.reset()
+        self.plan.replace()
