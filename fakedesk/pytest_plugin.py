@@ -110,7 +110,8 @@ def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True
     if db_path:
         argv += ["--db", db_path]
     if token:
-        argv += ["--token", token]
+        # One word: a random token may begin with "-", which argparse would take for an option.
+        argv += [f"--token={token}"]
     if not idempotency:
         argv += ["--no-idempotency"]
     if retention_seconds is not None:
