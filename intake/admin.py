@@ -4,7 +4,16 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from .logging import mask_address
-from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage, PollCursor, ProviderSubscription, Tenant, WebhookNonce
+from .models import (
+    AuditEvent,
+    InboxEvent,
+    Mailbox,
+    OutboxMessage,
+    PollCursor,
+    ProviderSubscription,
+    Tenant,
+    WebhookNonce,
+)
 from .selectors import visible_tenants
 
 

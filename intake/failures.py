@@ -1,4 +1,4 @@
-"""The three ways an external call can fail (DESIGN.md §6).
+"""The three ways an external call can fail (docs/design.md §6 "The intent state machine").
 
 Every provider and destination adapter maps its errors to exactly one of these,
 so that the state machines above them never look at an HTTP status.

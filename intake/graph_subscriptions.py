@@ -20,7 +20,7 @@ polled only and skipped here, as are mailboxes whose credentials were refused
 Two runs never work on the same mailbox at once (a transaction-level advisory lock).
 """
 import logging
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -177,5 +177,5 @@ def _expiry(response, default: datetime) -> datetime:
     if parsed is None:
         return default
     if timezone.is_naive(parsed):
-        parsed = timezone.make_aware(parsed, dt_timezone.utc)
+        parsed = timezone.make_aware(parsed, UTC)
     return parsed

@@ -1,6 +1,6 @@
 """Small HTTP helpers shared by every outbound client (provider adapters here, destination adapters above)."""
 import email.utils
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -17,8 +17,8 @@ def parse_retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     if at.tzinfo is None:
-        at = at.replace(tzinfo=timezone.utc)
-    return max(0.0, (at - datetime.now(timezone.utc)).total_seconds())
+        at = at.replace(tzinfo=UTC)
+    return max(0.0, (at - datetime.now(UTC)).total_seconds())
 
 
 def json_or_empty(response) -> dict:

@@ -1,4 +1,4 @@
-"""The polling service: one poll of one mailbox, whatever its provider (DESIGN.md §2, §8).
+"""The polling service: one poll of one mailbox, whatever its provider (docs/design.md §2 "The flow, end to end").
 
 `poll_mailbox(mailbox_id)`:
 

@@ -67,7 +67,8 @@ _EXTRA_HEADERS = re.compile("|".join([
     rf"^{_Q}.{{0,300}}(?:写道|寫道)\s*[:：]\s*$",
     # Outlook-style separators the library does not know in every language
     rf"^{_Q}[-_]{{2,}}\s*(?:Original Message|Ursprüngliche Nachricht|Message d'origine|Mensaje original"
-    rf"|Messaggio originale|Oorspronkelijk bericht|Mensagem original|原始邮件|原始郵件|元のメッセージ)\s*[-_]{{2,}}\s*$",
+    rf"|Messaggio originale|Oorspronkelijk bericht|Mensagem original|原始邮件|原始郵件|元のメッセージ)"
+    rf"\s*[-_]{{2,}}\s*$",
     # Chinese header blocks with full-width colons (Foxmail, QQ Mail, Outlook zh-CN/zh-TW)
     rf"^{_Q}(?:发件人|寄件者|寄件人)\s*[:：].*\n{_Q}(?:发送时间|發送時間|日期|时间|時間|寄件日期|收件人|收件者|主题|主旨)\s*[:：]",
 ]), re.MULTILINE | re.IGNORECASE)

@@ -30,8 +30,8 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 from urllib.parse import unquote, urlsplit
 
 DEFAULT_TIMEOUT = 30.0
@@ -150,7 +150,7 @@ class ClamdClient:
     def _settimeout(sock: socket.socket, deadline: float) -> None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise socket.timeout("deadline passed")
+            raise TimeoutError("deadline passed")
         sock.settimeout(remaining)
 
     def _read_reply(self, sock: socket.socket, deadline: float) -> str:

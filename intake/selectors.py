@@ -5,7 +5,6 @@ from django.db.models import QuerySet
 
 from .models import Mailbox, Switch, Tenant
 
-
 # Webhooks look their mailbox up on every request; a few seconds of staleness (a changed
 # secret reference takes effect within MAILBOX_CACHE_SECONDS) buys a query per request.
 MAILBOX_CACHE_SECONDS = 5.0

@@ -1,4 +1,4 @@
-"""The raw webhook's signature scheme (DESIGN.md §8).
+"""The raw webhook's signature scheme (docs/design.md §2, step 1).
 
 `X-Mailroom-Signature: v1=<hex HMAC-SHA256(secret, timestamp + "." + body)>`
 with `X-Mailroom-Timestamp` within the tolerance window.

@@ -1,4 +1,4 @@
-"""The generic provider webhook: `POST /webhooks/<provider>/<mailbox_slug>/` (DESIGN.md §8).
+"""The generic provider webhook: `POST /webhooks/<provider>/<mailbox_slug>/` (docs/design.md §2, step 1).
 
 Provider-agnostic: the mailbox's adapter (`intake.providers.provider_for`)
 verifies and parses the request; this view enforces the size limit, turns a
@@ -30,8 +30,8 @@ from .models import Mailbox
 from .providers import provider_for
 from .providers.base import WebhookRejected
 from .secrets import SecretUnavailable
-from .vocabulary import AuditKind
 from .views import _error, _read_body
+from .vocabulary import AuditKind
 
 logger = logging.getLogger(__name__)
 

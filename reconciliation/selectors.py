@@ -3,13 +3,11 @@ from django.db.models import Count, Exists, IntegerField, Min, OuterRef, Q, Quer
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from intake.models import AuditEvent, InboxEvent, Mailbox, Switch, Tenant
-from intake.vocabulary import AuditKind, ReasonCode
+from intake.models import AuditEvent, InboxEvent, Mailbox, Switch
 from intake.selectors import visible_tenants
+from intake.vocabulary import AuditKind, ReasonCode
 from ticketing.models import Destination, Intent, TicketMapping
-
-# The intents that carry an event's ticket work (an acknowledgment is its own business).
-WORK_ACTIONS = (Intent.Action.CREATE_TICKET, Intent.Action.ADD_COMMENT)
+from ticketing.selectors import WORK_ACTIONS  # the intents that carry an event's ticket work
 
 # Audit kinds that mark an attempt at the destination (its outcome).
 ATTEMPT_KINDS = (AuditKind.INTENT_RETRY_WAIT, AuditKind.INTENT_FAILED, AuditKind.INTENT_UNKNOWN,

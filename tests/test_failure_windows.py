@@ -1,4 +1,4 @@
-"""Every failure window of DESIGN.md §9, with real worker processes and FakeDesk over HTTP.
+"""Every failure window of docs/design.md §8 "Testing", with real worker processes and FakeDesk over HTTP.
 
 FakeDesk runs as its own process (`python -m fakedesk`, the `desk` fixture of
 fakedesk.pytest_plugin with `process=True`), workers are real Celery
@@ -6,7 +6,6 @@ workers on Redis, the relay is the real relay. Where the design has beat run a
 sweep, the test runs that same service function from a sweeper thread, so the
 timing is the test's and not the scheduler's.
 """
-import json
 import random
 import signal
 import threading
@@ -173,7 +172,7 @@ def test_two_workers_racing_for_one_key_make_one_call(zendesk, live_mailbox, des
             racers.append((ready, subprocess.Popen(
                 [PYTHON, "-c", RACE_SCRIPT, str(ready), str(go), str(event_id)], cwd=REPO_ROOT,
                 env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-        wait_for(lambda: all(ready.exists() for ready, _ in racers), timeout=30)
+        wait_for(lambda: all(ready.exists() for ready, _ in racers), timeout=30)  # noqa: B023 (called at once)
         go.write_text("go")  # the barrier: both are set up and waiting for this file
         outcomes = sorted(p.communicate(timeout=30)[0].strip() for _, p in racers)
         assert "created" in outcomes and set(outcomes) <= {"created", "busy", "done"}, outcomes

@@ -1,4 +1,4 @@
-"""The same action twice, and two OS processes racing for one event (DESIGN.md §9).
+"""The same action twice, and two OS processes racing for one event (docs/design.md §8 "Testing", failure windows).
 
 `ticketing.services.process_inbox_event` promises to be safe to run any number
 of times, concurrently: whatever the interleaving, one event yields exactly one
@@ -151,7 +151,7 @@ def test_two_processes_racing_for_the_same_events_create_each_ticket_once(live_m
         wait_for_other_sessions_to_end()
 
     reports = []
-    for racer, (stdout, stderr) in zip(racers, outputs):
+    for racer, (stdout, stderr) in zip(racers, outputs, strict=True):
         assert racer.returncode == 0, stderr
         reports.append(json.loads(stdout.strip().splitlines()[-1]))
     assert reports[0]["worker"] != reports[1]["worker"]

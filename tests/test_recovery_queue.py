@@ -647,3 +647,24 @@ def test_bulk_replay_looks_each_item_up_first_and_shows_what_it_found(operator_c
     assert InboxEvent.objects.get(pk=quarantined).state == "quarantined"
     assert len(desk.tickets()) == 1
     assert [a.detail["plan"] for a in audit(failed, "bulk_lookup")] == ["replay"]
+
+
+def test_the_body_page_shows_every_alternative_as_sent(client, security, mailbox):
+    # A newsletter-style message: the plain alternative is a stub, so the ticket got the HTML text;
+    # the person reviewing it still sees what the plain part said.
+    message = EmailMessage()
+    message["From"], message["To"], message["Subject"] = "news@vendor.test", "support@acme.test", "Maintenance"
+    message["Message-ID"] = "<news-1@vendor.test>"
+    message.set_content("View this email in your browser: https://vendor.test/v/1\n")
+    message.add_alternative("<html><body><p>" + "Scheduled maintenance of the EU storage cluster. " * 12
+                            + "</p></body></html>", subtype="html")
+    raw = message.as_bytes()
+    event_id = ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
+    transition_event(event_id, InboxEvent.OPEN_STATES, "awaiting_review", actor="t", kind="r", reason_code="empty")
+    client.force_login(security)
+    page = client.get(f"{QUEUE_URL}{event_id}/body/").content.decode()
+    body = page.split('id="message-body"', 1)[1].split("</pre>", 1)[0]
+    assert "Scheduled maintenance of the EU storage cluster." in body and "View this email" not in body
+    alternatives = page.split("Alternatives as sent", 1)[1]
+    assert "View this email in your browser" in alternatives and "<h3>text/plain</h3>" in alternatives
+    assert "<h3>text/html</h3>" in alternatives

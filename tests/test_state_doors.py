@@ -1,4 +1,4 @@
-"""One door per state machine (contracts §5): only the owners write `state`.
+"""One door per state machine (docs/design.md §6 "The intent state machine"): only the owners write `state`.
 
 `Intent.state` is written by `ticketing.intents` (a module or a package) and
 `InboxEvent.state` by `intake.services` (`ingest`, `transition_event`). This

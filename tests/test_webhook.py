@@ -1,4 +1,4 @@
-"""The raw webhook contract (DESIGN.md §8): one event per message, 401 stores nothing."""
+"""The raw webhook contract (docs/design.md §2, step 1): one event per message, 401 stores nothing."""
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor

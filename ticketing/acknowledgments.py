@@ -16,8 +16,8 @@ from email.utils import make_msgid
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
-from intake.mime.addresses import is_valid_address
 from intake.failures import AmbiguousOutcome, TransientError
+from intake.mime.addresses import is_valid_address
 from intake.models import InboxEvent
 from intake.services import enqueue_outbox, record_audit
 from intake.vocabulary import AuditKind, ReasonCode

@@ -1,4 +1,4 @@
-"""Thread leases (DESIGN.md §7): one worker at a time works on a (mailbox, thread).
+"""Thread leases (docs/design.md §7 "Threads, leases, ..."): one worker at a time works on a (mailbox, thread).
 
 A lease has an owner, an expiry and a token that grows at every acquisition.
 The holder checks token and expiry in the same transaction that claims its

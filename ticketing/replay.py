@@ -18,8 +18,9 @@ the action's audit row); this module writes neither state itself.
     close_not_a_request      event -> suppressed with the reviewer's reason; its open intents held
     settle_acknowledgment    a held/failed acknowledgment (notify_requester) of a completed event marked
                              handled: no email
-    lookup_existing          a read: the destination's record for an intent's external_ref
 
+The reads these writes rely on are `ticketing.selectors` (`current_intent`,
+`stuck_acknowledgment`, the destination lookups, `lookup_existing`).
 The "current" intent of an event is its ticket work (create_ticket or, in a
 thread, add_comment) at the highest action_version. A completed event whose
 acknowledgment is held or failed is replayed by reopening that acknowledgment.
@@ -28,7 +29,6 @@ A quarantined event is never replayed or confirmed from here: it leaves
 quarantine only through a release (security's permission).
 """
 import logging
-from dataclasses import dataclass
 
 from django.db import transaction
 from django.utils import timezone
@@ -38,9 +38,16 @@ from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit, transit
 from intake.vocabulary import AuditKind, ReasonCode
 
 from . import intents
-from .destinations import adapter_for
-from .destinations.base import AmbiguousOutcome, PermanentError, TicketResult, TransientError
+from .destinations import ticket_url_for
+from .destinations.base import TicketResult
 from .models import Destination, Intent, Ticket
+from .selectors import (
+    current_intent,
+    default_destination,
+    override_destination,
+    stuck_acknowledgment,
+    tenant_destination,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +61,6 @@ REPLAYABLE_INTENT_STATES = intents.REPLAYABLE_STATES
 SUPERSEDABLE_INTENT_STATES = intents.SUPERSEDABLE_STATES
 CONFIRMABLE_INTENT_STATES = intents.CONFIRMABLE_STATES
 ROUTE_KEYS = ("destination_id", "queue", "priority", "request_type")
-WORK_ACTIONS = (Intent.Action.CREATE_TICKET, Intent.Action.ADD_COMMENT)
 MAX_TICKET_ID_CHARS = 200
 
 
@@ -62,27 +68,7 @@ class ReplayRefused(Exception):
     """The action does not apply (any more): nothing was written."""
 
 
-# --- reads ---------------------------------------------------------------------
-
-def current_intent(event_id: int, actions=WORK_ACTIONS) -> Intent | None:
-    """The intent a worker should carry out for this event: its ticket work at the highest action_version."""
-    return (Intent.objects.select_related("destination")
-            .filter(inbox_event_id=event_id, action__in=list(actions)).order_by("-action_version", "-pk").first())
-
-
-def stuck_acknowledgment(event_id: int) -> Intent | None:
-    """A completed event's acknowledgment that a person must decide on (held or failed)."""
-    return (Intent.objects.filter(inbox_event_id=event_id, action=Intent.Action.NOTIFY_REQUESTER,
-                                  state__in=REPLAYABLE_INTENT_STATES).order_by("-action_version", "-pk").first())
-
-
-def override_destination(event: InboxEvent) -> Destination | None:
-    """The destination an operator chose for this event (`route_override`), if it is still the tenant's."""
-    destination_id = (event.route_override or {}).get("destination_id")
-    if not destination_id:
-        return None
-    return Destination.objects.filter(pk=destination_id, tenant_id=event.tenant_id).first()
-
+# --- the route an operator corrects -------------------------------------------
 
 def ticket_fields(route_override: dict | None) -> dict:
     """The destination fields a corrected route asks for (Zendesk names; other adapters may map them).
@@ -99,39 +85,6 @@ def ticket_fields(route_override: dict | None) -> dict:
     if queue.isdigit():
         fields["group_id"] = int(queue)
     return fields
-
-
-def ticket_url_for(destination: Destination, ticket_id: str) -> str:
-    if destination.kind == Destination.Kind.ZENDESK and destination.base_url:
-        return f"{destination.base_url.rstrip('/')}/agent/tickets/{ticket_id}"
-    if destination.kind == Destination.Kind.BUILTIN:
-        return f"/admin/ticketing/ticket/{ticket_id}/change/"
-    return ""
-
-
-@dataclass(frozen=True)
-class Lookup:
-    status: str                 # "found", "not_found", "unsupported", "no_intent", "error"
-    ticket: TicketResult | None = None
-    detail: str = ""
-
-
-def lookup_existing(intent: Intent | None) -> Lookup:
-    """Ask the intent's destination for the record carrying its external_ref. A read: nothing is written."""
-    if intent is None:
-        return Lookup("no_intent", detail="never sent to a destination")
-    adapter = adapter_for(intent.destination)
-    if not adapter.consistent_lookup:
-        return Lookup("unsupported", detail=f"{intent.destination.slug} offers no consistent lookup")
-    try:
-        found = adapter.find_by_external_ref(intent.external_ref)
-    except NotImplementedError:
-        return Lookup("unsupported", detail=f"{intent.destination.slug} offers no lookup")
-    except (TransientError, PermanentError, AmbiguousOutcome) as exc:
-        return Lookup("error", detail=f"{exc.kind}:{exc.reason}")
-    if found is None:
-        return Lookup("not_found", detail=f"no record with external_id {intent.external_ref}")
-    return Lookup("found", ticket=found)
 
 
 # --- helpers -------------------------------------------------------------------
@@ -154,7 +107,7 @@ def _clean_route(route: dict | None, tenant_id: int) -> tuple[dict | None, Desti
     clean = {key: route[key] for key in ROUTE_KEYS if route.get(key) not in (None, "")}
     destination = None
     if clean.get("destination_id"):
-        destination = Destination.objects.filter(pk=clean["destination_id"], tenant_id=tenant_id).first()
+        destination = tenant_destination(tenant_id, clean["destination_id"])
         if destination is None:
             raise ReplayRefused("that destination does not belong to the event's tenant")
         clean["destination_id"] = destination.pk
@@ -311,14 +264,13 @@ def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket
                                 f"{', '.join(REPLAYABLE_EVENT_STATES)}")
         intent = current_intent(event_id)
         if destination_id:
-            destination = Destination.objects.filter(pk=destination_id, tenant_id=event.tenant_id).first()
+            destination = tenant_destination(event.tenant_id, destination_id)
             if destination is None:
                 raise ReplayRefused("that destination does not belong to the event's tenant")
         elif intent is not None:
             destination = intent.destination
         else:
-            destination = (override_destination(event)
-                           or Destination.objects.filter(tenant_id=event.tenant_id, is_default=True).first())
+            destination = override_destination(event) or default_destination(event.tenant_id)
         if destination is None:
             raise ReplayRefused("choose the destination that holds the ticket")
         if destination.kind in (Destination.Kind.ZENDESK, Destination.Kind.BUILTIN) and not ticket_id.isdigit():

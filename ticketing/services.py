@@ -18,7 +18,7 @@ from intake.services import record_audit, transition_event, wait_event
 from intake.testhooks import pause_point
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import intents, leases, threads
+from . import intents, leases, selectors, threads
 from .destinations import adapter_for
 from .destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
 from .models import Destination, Intent, TicketMapping
@@ -35,18 +35,13 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def default_destination(tenant_id: int) -> Destination | None:
-    return Destination.objects.filter(tenant_id=tenant_id, is_default=True).first()
-
-
 def route(event: InboxEvent, cache: dict) -> Destination | None:
     """An operator's corrected route wins; otherwise the tenant's default (cached per task group)."""
-    override = (event.route_override or {}).get("destination_id")
-    if override:
-        return Destination.objects.filter(pk=override, tenant_id=event.tenant_id).first()
+    if (event.route_override or {}).get("destination_id"):
+        return selectors.override_destination(event)
     key = ("default_destination", event.tenant_id)
     if key not in cache:
-        cache[key] = default_destination(event.tenant_id)
+        cache[key] = selectors.default_destination(event.tenant_id)
     return cache[key]
 
 
@@ -176,7 +171,7 @@ def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, l
         # The highest version of the action is the one to carry out (a reviewer may have
         # added one), and an existing intent keeps its own destination (a reviewer may have
         # corrected it).
-        intent = intents.current_intent(event.pk, work.action)
+        intent = selectors.current_intent(event.pk, work.action)
         if intent.state == Intent.State.SUCCEEDED:
             return "done"
         if intent.destination.paused:

@@ -112,8 +112,14 @@ The modules of this package, one concern each:
 """
 from .body import MAX_DESCRIPTION_CHARS, MAX_HTML_BYTES, MAX_TEXT_BYTES
 from .headers import (
-    MAX_HEADER_BLOCK_FOR_IDS, MAX_HEADER_CHARS, MAX_HEADER_INSTANCES, MAX_HINT_PARTS, MAX_REFERENCES, decode_bytes,
-    decode_header_value, thread_ids,
+    MAX_HEADER_BLOCK_FOR_IDS,
+    MAX_HEADER_CHARS,
+    MAX_HEADER_INSTANCES,
+    MAX_HINT_PARTS,
+    MAX_REFERENCES,
+    decode_bytes,
+    decode_header_value,
+    thread_ids,
 )
 from .message import DEFAULT_LOOP_HEADER, MAX_DEFECTS, Attachment, ParsedMessage
 from .parse import parse_message

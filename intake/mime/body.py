@@ -130,3 +130,37 @@ def _html_instead_of_stub(walk: _Walk, children: list, ranked: list, chosen: int
     html_text, _ = _html_text(walk, leaf, source)
     chars[index] = len(html_text)
     return index if alternatives.is_stub(plain, html_text) else None
+
+
+def alternative_texts(parsed, max_chars: int = 200_000) -> list[tuple[str, str]]:
+    """(content type, readable text) of each text alternative of the message's first
+    multipart/alternative: for operators, who may need what the sender wrote in the one the
+    ticket did not get (a plain part that lost to the HTML as a stub, or the reverse)."""
+    from itertools import islice
+
+    from .walk import MAX_PARTS  # imported here: walk imports this module
+
+    message = getattr(parsed, "_message", None)
+    if message is None:
+        return []
+    try:
+        for part in islice(message.walk(), MAX_PARTS):
+            if part.get_content_type() != "multipart/alternative":
+                continue
+            texts = []
+            for child in part.get_payload()[:10]:
+                leaf = _html_leaf(child) if child.is_multipart() else child
+                ctype = _content_type(leaf) if leaf is not None else ""
+                if ctype not in ("text/plain", "text/html") or leaf.get_content_disposition() == "attachment":
+                    continue
+                data = leaf.get_payload(decode=True)
+                if not isinstance(data, bytes):
+                    continue
+                text = decode_bytes(data[:MAX_HTML_BYTES], _text_charset(leaf), [])
+                if ctype == "text/html":
+                    text = html_to_text(text, max_chars=max_chars)
+                texts.append((ctype, _CRLF.sub("\n", text).translate(_BODY_CONTROL)[:max_chars]))
+            return texts
+    except Exception:  # an operator's view: a part we cannot read is left out, never an error page
+        return []
+    return []

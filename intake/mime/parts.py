@@ -5,9 +5,10 @@ import hashlib
 import io
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import replace
 from email.generator import BytesGenerator
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from . import tnef
@@ -183,7 +184,7 @@ def iter_attachment_payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment
     A part that could not be decoded at parse time yields b"" (its size is 0 too).
     """
     unpacked_from = unpacked = None
-    for attachment, part in zip(parsed.attachments, parsed._attachment_parts):
+    for attachment, part in zip(parsed.attachments, parsed._attachment_parts, strict=True):
         try:
             if isinstance(part, _TnefMember):
                 if part.container is not unpacked_from:

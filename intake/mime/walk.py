@@ -13,7 +13,7 @@ from . import cms, tnef
 from .body import _add_text, _alternative_rank, _drop_text, _html_instead_of_stub
 from .headers import _clean_filename
 from .message import Attachment, _add_defect
-from .parts import _TnefMember, _add_attachment, _content_type, _part_bytes, _part_name
+from .parts import _add_attachment, _content_type, _part_bytes, _part_name, _TnefMember
 from .policy import _PARSE_POLICY
 from .sniff import sniff_type
 
@@ -69,7 +69,7 @@ def _walk_alternative(walk: _Walk, children: list, depth: int, path: tuple) -> N
     chars: dict[int, int] = {}   # readable characters of the alternatives that were read
     walked = {index for index, ctype in enumerate(types) if ctype in _RENDERING_TYPES}
     chosen, start = None, len(walk.text)
-    for index, rank in ranked:
+    for index, _rank in ranked:
         start = len(walk.text)
         walked.add(index)
         _walk(walk, children[index], depth + 1, "body", path + (index,))

@@ -1,7 +1,7 @@
 """The one interface every mail provider implements (one module per provider).
 
 A provider turns what it receives or fetches into `FetchedMessage`s — the
-provider message id (DESIGN.md §4: the same whether the message came by webhook
+provider message id (docs/design.md §4 "Message identity": the same whether the message came by webhook
 or by polling) and the raw RFC 5322 bytes — and everything ends in
 `intake.services.ingest`. Network and API failures are mapped to the failure
 kinds of `intake.failures`; a refused signature or token to `WebhookRejected`.

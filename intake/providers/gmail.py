@@ -49,7 +49,7 @@ import binascii
 import hmac
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 from intake.http import json_or_empty, parse_retry_after
@@ -270,7 +270,7 @@ class GmailProvider(ApiProvider):
             request.update(labelIds=[self.label_id], labelFilterBehavior="INCLUDE")
         body = _json(self.client.request("POST", self._path("/watch"), json_body=request))
         try:
-            expires_at = datetime.fromtimestamp(int(body["expiration"]) / 1000, tz=timezone.utc)
+            expires_at = datetime.fromtimestamp(int(body["expiration"]) / 1000, tz=UTC)
         except (KeyError, TypeError, ValueError):
             raise TransientError("unreadable_response", "gmail watch without an expiration") from None
         return str(body.get("historyId") or ""), expires_at

@@ -32,8 +32,7 @@ import logging
 import ssl as ssl_module
 from datetime import date, timedelta
 
-from imapclient import IMAPClient
-from imapclient import exceptions as imap_errors
+from imapclient import IMAPClient, exceptions as imap_errors
 
 from intake.keys import provider_message_id_for_raw
 from intake.logging import mask_address

@@ -10,11 +10,10 @@ import base64
 import binascii
 import hmac
 import quopri
+from email import policy
 from email.message import Message
 from email.parser import BytesHeaderParser
-from email import policy
 from urllib.parse import parse_qsl
-
 
 from .base import WebhookRejected
 

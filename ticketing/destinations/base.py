@@ -1,8 +1,8 @@
-"""The one interface every destination adapter implements (DESIGN.md §6).
+"""The one interface every destination adapter implements (docs/design.md §6 "The intent state machine").
 
 Adapters raise only `TransientError`, `PermanentError` or `AmbiguousOutcome`;
 what each capability flag allows when an outcome is unknown is decided in
-`ticketing.services`, not here.
+`ticketing.intents.resolve_unknown`, not here.
 """
 from dataclasses import dataclass, field
 
@@ -58,3 +58,7 @@ class DestinationAdapter:
 
     def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
         raise NotImplementedError
+
+    def ticket_url(self, ticket_id) -> str:
+        """Where a person opens the ticket (`TicketMapping.ticket_url`); "" when the destination has no such page."""
+        return ""

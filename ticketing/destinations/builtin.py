@@ -23,13 +23,13 @@ class BuiltinDestination(DestinationAdapter):
             tags=list(request.tags),
             created_at=timezone.now(),
         )
-        return TicketResult(ticket_id=str(ticket.pk), url=f"/admin/ticketing/ticket/{ticket.pk}/change/")
+        return TicketResult(ticket_id=str(ticket.pk), url=self.ticket_url(ticket.pk))
 
     def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
         ticket = Ticket.objects.filter(destination=self.destination, external_ref=external_ref).first()
         if ticket is None:
             return None
-        return TicketResult(ticket_id=str(ticket.pk), url=f"/admin/ticketing/ticket/{ticket.pk}/change/")
+        return TicketResult(ticket_id=str(ticket.pk), url=self.ticket_url(ticket.pk))
 
     def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
         comment = TicketComment.objects.create(
@@ -37,3 +37,7 @@ class BuiltinDestination(DestinationAdapter):
             author=author[:320], body=body, created_at=timezone.now(),
         )
         return str(comment.pk)
+
+    def ticket_url(self, ticket_id) -> str:
+        """The ticket's page in our own admin."""
+        return f"/admin/ticketing/ticket/{ticket_id}/change/"

@@ -1,11 +1,11 @@
-"""Zendesk destination: tickets through the Zendesk Support API (DESIGN.md §6).
+"""Zendesk destination: tickets through the Zendesk Support API (docs/design.md §6 "The intent state machine").
 
 Zendesk keeps our `Idempotency-Key` for two hours and answers a replay with the
 original ticket (`x-idempotency-lookup: hit`); the same key with another body is
 a 400 `IdempotentRequestError`. `external_id` is not unique, but listing by it
 finds whatever a lost create left behind. This module only maps each HTTP
 outcome to exactly one of TransientError / PermanentError / AmbiguousOutcome;
-what to do about an ambiguous one is decided in `ticketing.services`.
+what to do about an ambiguous one is decided in `ticketing.intents.resolve_unknown`.
 
 `Destination.settings` (all optional):
     connect_timeout (3.05 s), read_timeout (10 s),
@@ -115,10 +115,14 @@ class ZendeskDestination(DestinationAdapter):
         # The comment id when Zendesk reports it, else the ticket: the comment is on it either way.
         return str(comment_ids[0]) if comment_ids else str(ticket_id)
 
+    def ticket_url(self, ticket_id) -> str:
+        """The ticket in Zendesk's agent interface ("" without a base URL)."""
+        return f"{self.base_url}/agent/tickets/{ticket_id}" if self.base_url else ""
+
     # --- HTTP and error mapping ---------------------------------------------
 
     def _result(self, ticket: dict) -> TicketResult:
-        return TicketResult(ticket_id=str(ticket["id"]), url=f"{self.base_url}/agent/tickets/{ticket['id']}")
+        return TicketResult(ticket_id=str(ticket["id"]), url=self.ticket_url(ticket["id"]))
 
     def _auth(self):
         ref = self.destination.credentials_ref

@@ -1,4 +1,4 @@
-"""The Intent state machine (contracts §5). Every write of `Intent.state` is a function here.
+"""The Intent state machine (docs/design.md §6). Every write of `Intent.state` is a function here.
 
 Each transition is one conditional UPDATE on the states it expects (zero rows:
 someone else moved the intent, nothing is written and the caller stops), moves
@@ -48,13 +48,41 @@ action's own row (`replayed`, `replayed_as_new_action`, `ticket_confirmed`,
 in the same transaction.
 """
 from .core import (  # noqa: F401  (the package's API)
-    ATTEMPT_AUDIT_KIND, AUDIT_KIND, CONFIRMABLE_STATES, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BASE_SECONDS,
-    DEFAULT_RETRY_CAP_SECONDS, NOTIFY_TOPIC, OPEN_STATES, OPERATOR_RESULT_REF, REPLAYABLE_STATES, SUPERSEDABLE_STATES,
-    EventState, IntentState, claim, create_if_missing, create_intent, current_intent, ensure_intent, fail, intent_key,
-    max_attempts, outcome_unknown, record_acknowledgment_sent, record_failure, record_success, retry_later,
+    ATTEMPT_AUDIT_KIND,
+    AUDIT_KIND,
+    CONFIRMABLE_STATES,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_RETRY_BASE_SECONDS,
+    DEFAULT_RETRY_CAP_SECONDS,
+    NOTIFY_TOPIC,
+    OPEN_STATES,
+    OPERATOR_RESULT_REF,
+    REPLAYABLE_STATES,
+    SUPERSEDABLE_STATES,
+    EventState,
+    IntentState,
+    claim,
+    create_if_missing,
+    create_intent,
+    ensure_intent,
+    fail,
+    intent_key,
+    max_attempts,
+    outcome_unknown,
+    record_acknowledgment_sent,
+    record_failure,
+    record_success,
+    retry_later,
     still_claimed,
 )
 from .operator import create_held, hold_open, replay, settle, supersede  # noqa: F401
 from .sweeps import (  # noqa: F401
-    enqueue_due, expire, expire_claims, hold, reopen, requeue, resolve_unknown, resolve_unknown_intents,
+    enqueue_due,
+    expire,
+    expire_claims,
+    hold,
+    reopen,
+    requeue,
+    resolve_unknown,
+    resolve_unknown_intents,
 )

@@ -47,6 +47,27 @@ def intent_key(event: InboxEvent, action: str, action_version: int) -> str:
     return stable_key(event.tenant_id, event.mailbox_id, event.provider_message_id, action, action_version)
 
 
+def _insert(event: InboxEvent, action: str, destination: Destination, action_version: int, state: str, now, *,
+            if_missing: bool) -> Intent:
+    """The one INSERT of an intent: its key, its external reference and the state it starts in.
+
+    `if_missing`: `ON CONFLICT DO NOTHING` (no savepoint; the unique key decides who
+    created it, and the row returned may not be the stored one). Otherwise a plain
+    INSERT that raises IntegrityError on a second row for the key.
+    """
+    key = intent_key(event, action, action_version)
+    row = Intent(idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
+                 destination=destination, state=state, external_ref=f"mailroom-{key[:40]}", created_at=now)
+    Intent.objects.bulk_create([row], ignore_conflicts=if_missing)
+    return row
+
+
+def create_if_missing(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> str:
+    """INSERT ... ON CONFLICT DO NOTHING (pending). Returns the idempotency key."""
+    return _insert(event, action, destination, action_version, IntentState.PENDING, timezone.now(),
+                   if_missing=True).idempotency_key
+
+
 def ensure_intent(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> Intent:
     """The intent for this event, action and version: created once, whoever asks first."""
     key = create_if_missing(event, action, destination, action_version)
@@ -55,31 +76,8 @@ def ensure_intent(event: InboxEvent, action: str, destination: Destination, acti
 
 def create_intent(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> Intent:
     """A plain INSERT (pending), for callers whose own unique write already proves it is the first."""
-    key = intent_key(event, action, action_version)
-    return Intent.objects.create(
-        idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
-        destination=destination, external_ref=f"mailroom-{key[:40]}", created_at=timezone.now())
-
-
-def create_if_missing(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> str:
-    """INSERT ... ON CONFLICT DO NOTHING (pending): no savepoint, and the unique key decides who created it."""
-    return _insert_if_missing(event, action, destination, action_version, IntentState.PENDING, timezone.now())
-
-
-def _insert_if_missing(event: InboxEvent, action: str, destination: Destination, action_version: int,
-                       state: str, now) -> str:
-    key = intent_key(event, action, action_version)
-    Intent.objects.bulk_create([Intent(
-        idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
-        destination=destination, state=state, external_ref=f"mailroom-{key[:40]}", created_at=now,
-    )], ignore_conflicts=True)
-    return key
-
-
-def current_intent(event_id: int, action: str) -> Intent | None:
-    """The version of an action a worker carries out: the highest (a reviewer may have added one)."""
-    return (Intent.objects.select_related("destination").filter(inbox_event_id=event_id, action=action)
-            .order_by("-action_version", "-pk").first())
+    return _insert(event, action, destination, action_version, IntentState.PENDING, timezone.now(),
+                   if_missing=False)
 
 
 # --- the one UPDATE every transition makes ----------------------------------

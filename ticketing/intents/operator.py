@@ -8,8 +8,7 @@ from intake.models import InboxEvent
 from intake.vocabulary import ReasonCode
 
 from ..models import Destination, Intent
-from .core import (OPEN_STATES, OPERATOR_RESULT_REF, REPLAYABLE_STATES, IntentState, _expecting,
-                   _insert_if_missing, _move)
+from .core import OPEN_STATES, OPERATOR_RESULT_REF, REPLAYABLE_STATES, IntentState, _expecting, _insert, _move
 
 
 def replay(intent: Intent, now, destination_id: int | None = None) -> bool:
@@ -37,5 +36,5 @@ def hold_open(event_id: int, now) -> int:
 
 def create_held(event: InboxEvent, action: str, destination: Destination, now) -> Intent:
     """(insert) -> held, for an event never attempted whose ticket a reviewer found; settled by record_success."""
-    key = _insert_if_missing(event, action, destination, 1, IntentState.HELD, now)
+    key = _insert(event, action, destination, 1, IntentState.HELD, now, if_missing=True).idempotency_key
     return Intent.objects.select_related("destination").get(idempotency_key=key)

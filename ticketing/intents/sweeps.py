@@ -90,7 +90,7 @@ def requeue(intent: Intent, now) -> bool:
 
 
 def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str:
-    """Settle an `unknown` intent exactly as DESIGN.md §5 allows; never a blind second write.
+    """Settle an `unknown` intent exactly as docs/design.md §6 allows; never a blind second write.
 
     Returns the new state, or '' when the intent was not unknown (or the lookup failed for now).
     """
@@ -151,7 +151,8 @@ def reopen(intent: Intent, now, actor: str, why: str) -> str:
 
 def resolve_unknown_intents(limit: int = 200) -> dict:
     tally: dict = {}
-    for intent_id in Intent.objects.filter(state=IntentState.UNKNOWN).order_by("pk").values_list("pk", flat=True)[:limit]:
+    unknown = Intent.objects.filter(state=IntentState.UNKNOWN).order_by("pk").values_list("pk", flat=True)
+    for intent_id in unknown[:limit]:
         outcome = resolve_unknown(intent_id) or "unchanged"
         tally[outcome] = tally.get(outcome, 0) + 1
     return tally

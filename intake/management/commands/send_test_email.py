@@ -1,8 +1,8 @@
 import os
 import uuid
+from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import format_datetime
-from datetime import datetime, timezone
 
 import requests
 from django.core.management.base import BaseCommand, CommandError
@@ -17,7 +17,7 @@ def sample_message(to: str, subject: str, sender: str = "customer@example.com") 
     message["From"] = f"A Customer <{sender}>"
     message["To"] = to
     message["Subject"] = subject
-    message["Date"] = format_datetime(datetime.now(timezone.utc))
+    message["Date"] = format_datetime(datetime.now(UTC))
     message["Message-ID"] = f"<{uuid.uuid4()}@sample.mailroom.test>"
     message.set_content("Hello,\n\nmy printer is on fire again. Could you have a look?\n\nThanks\n")
     return message.as_bytes()

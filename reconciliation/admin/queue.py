@@ -1,10 +1,10 @@
-"""The operators' console in the Django admin: the recovery queue, each item's page, and the pauses.
+"""The recovery queue (`RecoveryItemAdmin`): the list, its bulk actions, and each item's page and actions.
 
 Every write goes through `reconciliation.services` (permission, tenant, audit);
 this module only renders, validates forms and maps refusals to messages, 403s
-and 404s. A user sees only the tenants they are a member of, everywhere.
+and 404s. URLs: the changelist, `<pk>/change/` (the item page),
+`<pk>/act/<action>/`, `<pk>/body/`, `<pk>/attachment/<index>/`.
 """
-from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse, HttpResponseNotAllowed
@@ -16,152 +16,16 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince
 
 from intake.logging import mask_address
-from intake.models import InboxEvent, Mailbox, Switch
+from intake.models import InboxEvent
+from ticketing import selectors as ticketing_selectors
 from ticketing.models import Destination, Intent
+from ticketing.replay import REPLAYABLE_EVENT_STATES
 
-from . import selectors, services
-from .models import PauseSwitch, RecoveryItem
+from .. import selectors, services
+from ..models import RecoveryItem
+from .filters import MailboxFilter, OwnerFilter, ReasonFilter, StateFilter, TenantFilter
+from .forms import AssignForm, CloseForm, ConfirmForm, EscalationForm, ReleaseForm, ReplayNewForm, RouteForm
 
-PRIORITIES = [("", "—"), ("low", "low"), ("normal", "normal"), ("high", "high"), ("urgent", "urgent")]
-REQUEST_TYPES = [("", "—"), ("question", "question"), ("incident", "incident"), ("problem", "problem"),
-                 ("task", "task")]
-
-
-# --- filters -------------------------------------------------------------------------
-
-class ReasonFilter(admin.SimpleListFilter):
-    title = "reason"
-    parameter_name = "reason"
-
-    def lookups(self, request, model_admin):
-        return [(code, code) for code in selectors.queue_reason_codes(request.user)]
-
-    def queryset(self, request, queryset):
-        return queryset.filter(reason_code=self.value()) if self.value() else queryset
-
-
-class StateFilter(admin.SimpleListFilter):
-    title = "state"
-    parameter_name = "state"
-
-    def lookups(self, request, model_admin):
-        return [(s, s) for s in InboxEvent.RECOVERY_STATES] + [("held", "intent held")]
-
-    def queryset(self, request, queryset):
-        if self.value() == "held":
-            return queryset.filter(has_held_intent=True)
-        if self.value() in InboxEvent.RECOVERY_STATES:
-            return queryset.filter(state=self.value())
-        return queryset
-
-
-class _VisibleChoiceFilter(admin.SimpleListFilter):
-    """Filter by one of the objects the user may see (their tenants, or those tenants' mailboxes)."""
-
-    field = ""
-
-    def choices_for(self, user):
-        raise NotImplementedError
-
-    def lookups(self, request, model_admin):
-        return [(str(o.pk), o.slug) for o in self.choices_for(request.user).order_by("slug")]
-
-    def queryset(self, request, queryset):
-        return queryset.filter(**{self.field: self.value()}) if (self.value() or "").isdigit() else queryset
-
-
-class MailboxFilter(_VisibleChoiceFilter):
-    title = "mailbox"
-    parameter_name = field = "mailbox"
-
-    def choices_for(self, user):
-        return selectors.visible_mailboxes(user)
-
-
-class OwnerFilter(admin.SimpleListFilter):
-    title = "owner"
-    parameter_name = "owner"
-
-    def lookups(self, request, model_admin):
-        return [("mine", "mine"), ("unassigned", "unassigned")]
-
-    def queryset(self, request, queryset):
-        if self.value() == "mine":
-            return queryset.filter(owner=request.user)
-        if self.value() == "unassigned":
-            return queryset.filter(owner__isnull=True)
-        return queryset
-
-
-class TenantFilter(_VisibleChoiceFilter):
-    title = "tenant"
-    parameter_name = field = "tenant"
-
-    def choices_for(self, user):
-        return selectors.visible_tenants(user)
-
-
-# --- forms ---------------------------------------------------------------------------
-
-class AssignForm(forms.Form):
-    assignee = forms.ModelChoiceField(queryset=None, required=False, empty_label="(unassigned)")
-
-    def __init__(self, *args, event=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["assignee"].queryset = event.tenant.members.filter(is_active=True).order_by("username")
-
-
-class EscalationForm(forms.Form):
-    escalate_at = forms.DateTimeField(required=False, help_text="UTC; empty clears it",
-                                      widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
-
-
-class RouteForm(forms.Form):
-    destination = forms.ModelChoiceField(queryset=None)
-    queue = forms.CharField(required=False, max_length=100, help_text="queue or group (a Zendesk group id)")
-    priority = forms.ChoiceField(choices=PRIORITIES, required=False)
-    request_type = forms.ChoiceField(choices=REQUEST_TYPES, required=False)
-
-    def __init__(self, *args, event=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["destination"].queryset = Destination.objects.filter(tenant_id=event.tenant_id).order_by("slug")
-
-    def route(self) -> dict:
-        data = self.cleaned_data
-        destination = data.get("destination")
-        return {"destination_id": destination.pk if destination else None, "queue": data.get("queue") or "",
-                "priority": data.get("priority") or "", "request_type": data.get("request_type") or ""}
-
-
-class ReplayNewForm(RouteForm):
-    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2}),
-                             help_text="why the original key must not be reused (recorded with your approval)")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["destination"].required = False
-
-
-class ConfirmForm(forms.Form):
-    ticket_id = forms.CharField(max_length=200)
-    ticket_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
-    destination = forms.ModelChoiceField(queryset=None, required=False,
-                                         help_text="where the ticket is (default: where the intent went)")
-
-    def __init__(self, *args, event=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["destination"].queryset = Destination.objects.filter(tenant_id=event.tenant_id).order_by("slug")
-
-
-class CloseForm(forms.Form):
-    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
-
-
-class ReleaseForm(forms.Form):
-    note = forms.CharField(max_length=500, required=False)
-
-
-# --- the queue -----------------------------------------------------------------------
 
 @admin.register(RecoveryItem)
 class RecoveryItemAdmin(admin.ModelAdmin):
@@ -352,11 +216,11 @@ class RecoveryItemAdmin(admin.ModelAdmin):
             "body": user.has_perm(services.PERM_VIEW_BODY),
         }
         intents = list(selectors.event_intents(event.pk))
-        current = services.replay.current_intent(event.pk)
-        stuck_ack = services.replay.stuck_acknowledgment(event.pk) if event.state == InboxEvent.State.COMPLETED \
+        current = ticketing_selectors.current_intent(event.pk)
+        stuck_ack = ticketing_selectors.stuck_acknowledgment(event.pk) if event.state == InboxEvent.State.COMPLETED \
             else None
         in_queue = selectors.recovery_queue_for(user).filter(pk=event.pk).exists()
-        replayable = event.state in services.replay.REPLAYABLE_EVENT_STATES
+        replayable = event.state in REPLAYABLE_EVENT_STATES
         route = event.route_override or {}
         initial_route = {"destination": route.get("destination_id") or (current.destination_id if current else None),
                          "queue": route.get("queue", ""), "priority": route.get("priority", ""),
@@ -379,7 +243,7 @@ class RecoveryItemAdmin(admin.ModelAdmin):
             "timeline": list(selectors.event_timeline(event.pk)), "intents": intents, "current_intent": current,
             "mappings": list(selectors.event_mappings(event.pk)), "in_queue": in_queue,
             "replayable": replayable, "forms": action_forms, "stuck_ack": stuck_ack,
-            "destination_name": {d.pk: d.slug for d in Destination.objects.filter(tenant_id=event.tenant_id)},
+            "destination_name": {d.pk: d.slug for d in ticketing_selectors.tenant_destinations(event.tenant_id)},
             "paused_here": pauses["global"] or event.mailbox.paused,
             "pauses": pauses,
             "queue_url": reverse("admin:reconciliation_recoveryitem_changelist"),
@@ -511,72 +375,3 @@ def _when(value) -> str:
 class _InvalidForm:
     def __init__(self, name, form):
         self.name, self.form = name, form
-
-
-# --- pauses --------------------------------------------------------------------------
-
-@admin.register(PauseSwitch)
-class PauseSwitchAdmin(admin.ModelAdmin):
-    """One page: the global pause, every visible mailbox and destination, each with its switch."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def has_view_permission(self, request, obj=None):
-        return request.user.has_perm("reconciliation.view_pauseswitch") or self.has_change_permission(request)
-
-    def has_change_permission(self, request, obj=None):
-        return request.user.has_perm(services.PERM_PAUSE)
-
-    def has_module_permission(self, request):
-        return self.has_view_permission(request)
-
-    def get_urls(self):
-        wrap = self.admin_site.admin_view
-        return [path("", wrap(self.changelist_view), name="reconciliation_pauseswitch_changelist")]
-
-    def changelist_view(self, request, extra_context=None):
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        if request.method == "POST":
-            return self._toggle(request)
-        user = request.user
-        switch = Switch.objects.filter(name=Switch.GLOBAL_PAUSE).first()
-        waiting = selectors.waiting_counts(user)
-        mailboxes = list(selectors.visible_mailboxes(user).order_by("tenant__slug", "slug"))
-        for mailbox in mailboxes:
-            mailbox.waiting = waiting.get(mailbox.pk, 0)
-        context = {
-            **self.admin_site.each_context(request), "opts": self.opts, "title": "Pauses",
-            "global_on": bool(switch and switch.on), "switch": switch,
-            "can_global": user.has_perm(services.PERM_GLOBAL_PAUSE), "can_change": self.has_change_permission(request),
-            "mailboxes": mailboxes,
-            "destinations": list(selectors.visible_destinations(user).order_by("tenant__slug", "slug")),
-            "waiting_total": sum(waiting.values()),
-        }
-        return TemplateResponse(request, "admin/reconciliation/pauseswitch/pauses.html", context)
-
-    def _toggle(self, request):
-        target, paused = request.POST.get("target"), request.POST.get("paused") == "1"
-        object_id = request.POST.get("id") or ""
-        try:
-            if target == "global":
-                released = services.do_set_global_pause(request.user, paused)
-                label = "Global pause"
-            elif target == "mailbox" and object_id.isdigit():
-                released = services.do_set_mailbox_pause(request.user, int(object_id), paused)
-                label = "Mailbox"
-            elif target == "destination" and object_id.isdigit():
-                released = services.do_set_destination_pause(request.user, int(object_id), paused)
-                label = "Destination"
-            else:
-                raise Http404("no such switch")
-        except (Mailbox.DoesNotExist, Destination.DoesNotExist):
-            raise Http404("no such switch") from None
-        state = "on: no destination writes; intake still stores mail" if paused else \
-            f"off: {released} waiting event(s) released"
-        messages.success(request, f"{label} {state}.")
-        return redirect(reverse("admin:reconciliation_pauseswitch_changelist"))

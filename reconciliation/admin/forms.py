@@ -1,0 +1,69 @@
+"""The forms of an item's actions: assign, escalate, correct the route, new action, confirm, close, release.
+
+Destination choices are the item's tenant's destinations only.
+"""
+from django import forms
+
+from ticketing.selectors import tenant_destinations
+
+PRIORITIES = [("", "—"), ("low", "low"), ("normal", "normal"), ("high", "high"), ("urgent", "urgent")]
+REQUEST_TYPES = [("", "—"), ("question", "question"), ("incident", "incident"), ("problem", "problem"),
+                 ("task", "task")]
+
+
+class AssignForm(forms.Form):
+    assignee = forms.ModelChoiceField(queryset=None, required=False, empty_label="(unassigned)")
+
+    def __init__(self, *args, event=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["assignee"].queryset = event.tenant.members.filter(is_active=True).order_by("username")
+
+
+class EscalationForm(forms.Form):
+    escalate_at = forms.DateTimeField(required=False, help_text="UTC; empty clears it",
+                                      widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+
+
+class RouteForm(forms.Form):
+    destination = forms.ModelChoiceField(queryset=None)
+    queue = forms.CharField(required=False, max_length=100, help_text="queue or group (a Zendesk group id)")
+    priority = forms.ChoiceField(choices=PRIORITIES, required=False)
+    request_type = forms.ChoiceField(choices=REQUEST_TYPES, required=False)
+
+    def __init__(self, *args, event=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["destination"].queryset = tenant_destinations(event.tenant_id)
+
+    def route(self) -> dict:
+        data = self.cleaned_data
+        destination = data.get("destination")
+        return {"destination_id": destination.pk if destination else None, "queue": data.get("queue") or "",
+                "priority": data.get("priority") or "", "request_type": data.get("request_type") or ""}
+
+
+class ReplayNewForm(RouteForm):
+    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2}),
+                             help_text="why the original key must not be reused (recorded with your approval)")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["destination"].required = False
+
+
+class ConfirmForm(forms.Form):
+    ticket_id = forms.CharField(max_length=200)
+    ticket_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
+    destination = forms.ModelChoiceField(queryset=None, required=False,
+                                         help_text="where the ticket is (default: where the intent went)")
+
+    def __init__(self, *args, event=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["destination"].queryset = tenant_destinations(event.tenant_id)
+
+
+class CloseForm(forms.Form):
+    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
+
+
+class ReleaseForm(forms.Form):
+    note = forms.CharField(max_length=500, required=False)

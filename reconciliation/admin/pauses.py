@@ -1,0 +1,84 @@
+"""The pause page (`PauseSwitchAdmin`): the global pause, every visible mailbox and destination, each with its switch.
+
+Turning a switch goes through `reconciliation.services` (permission, tenant,
+log); a resume reports how many waiting events it released.
+"""
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from intake.models import Mailbox, Switch
+from ticketing.models import Destination
+
+from .. import selectors, services
+from ..models import PauseSwitch
+
+
+@admin.register(PauseSwitch)
+class PauseSwitchAdmin(admin.ModelAdmin):
+    """One page: the global pause, every visible mailbox and destination, each with its switch."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.has_perm("reconciliation.view_pauseswitch") or self.has_change_permission(request)
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.has_perm(services.PERM_PAUSE)
+
+    def has_module_permission(self, request):
+        return self.has_view_permission(request)
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [path("", wrap(self.changelist_view), name="reconciliation_pauseswitch_changelist")]
+
+    def changelist_view(self, request, extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            return self._toggle(request)
+        user = request.user
+        switch = Switch.objects.filter(name=Switch.GLOBAL_PAUSE).first()
+        waiting = selectors.waiting_counts(user)
+        mailboxes = list(selectors.visible_mailboxes(user).order_by("tenant__slug", "slug"))
+        for mailbox in mailboxes:
+            mailbox.waiting = waiting.get(mailbox.pk, 0)
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts, "title": "Pauses",
+            "global_on": bool(switch and switch.on), "switch": switch,
+            "can_global": user.has_perm(services.PERM_GLOBAL_PAUSE), "can_change": self.has_change_permission(request),
+            "mailboxes": mailboxes,
+            "destinations": list(selectors.visible_destinations(user).order_by("tenant__slug", "slug")),
+            "waiting_total": sum(waiting.values()),
+        }
+        return TemplateResponse(request, "admin/reconciliation/pauseswitch/pauses.html", context)
+
+    def _toggle(self, request):
+        target, paused = request.POST.get("target"), request.POST.get("paused") == "1"
+        object_id = request.POST.get("id") or ""
+        try:
+            if target == "global":
+                released = services.do_set_global_pause(request.user, paused)
+                label = "Global pause"
+            elif target == "mailbox" and object_id.isdigit():
+                released = services.do_set_mailbox_pause(request.user, int(object_id), paused)
+                label = "Mailbox"
+            elif target == "destination" and object_id.isdigit():
+                released = services.do_set_destination_pause(request.user, int(object_id), paused)
+                label = "Destination"
+            else:
+                raise Http404("no such switch")
+        except (Mailbox.DoesNotExist, Destination.DoesNotExist):
+            raise Http404("no such switch") from None
+        state = "on: no destination writes; intake still stores mail" if paused else \
+            f"off: {released} waiting event(s) released"
+        messages.success(request, f"{label} {state}.")
+        return redirect(reverse("admin:reconciliation_pauseswitch_changelist"))
