@@ -168,7 +168,7 @@ def prepare_database(db_name: str, env: dict, preload: int) -> dict:
     manage(env, "migrate", "--noinput", "-v0")
     setup_env = dict(env, BENCH_PRELOAD=str(preload), BENCH_MAILBOX=MAILBOX_SLUG)
     out = manage(setup_env, "shell", "-c", SETUP_SCRIPT)
-    line = next(l for l in out.splitlines() if l.startswith("BENCH_SETUP "))
+    line = next(text for text in out.splitlines() if text.startswith("BENCH_SETUP "))
     info = json.loads(line.split(" ", 1)[1])
     log(f"database {db_name}: migrated, tenant + raw mailbox + default built-in destination, "
         f"{preload} completed events of history preloaded, ANALYZEd ({time.monotonic() - t0:.1f} s)")
@@ -667,7 +667,7 @@ def post_with_wrk(wrk: str, port: int, messages: list, clients: int, duration: f
             proc.kill()
             proc.wait()
     text = out_path.read_text(errors="replace")
-    line = next((l for l in text.splitlines() if l.startswith("WRKJSON ")), None)
+    line = next((row for row in text.splitlines() if row.startswith("WRKJSON ")), None)
     if line is None:
         raise RuntimeError("wrk printed no summary:\n" + text[-2000:])
     r = json.loads(line.split(" ", 1)[1])

@@ -66,7 +66,8 @@ def verify(event_ids: list[int], max_ticket_before: int, outbox_before: int) -> 
                    AND i.action = 'create_ticket') AS intents,
                 (SELECT count(*) FROM ticketing_intent i WHERE i.inbox_event_id = ev.id
                    AND i.action = 'create_ticket' AND i.state = 'succeeded') AS succeeded,
-                (SELECT count(*) FROM ticketing_intent i JOIN ticketing_ticket t ON t.idempotency_key = i.idempotency_key
+                (SELECT count(*) FROM ticketing_intent i
+                   JOIN ticketing_ticket t ON t.idempotency_key = i.idempotency_key
                   WHERE i.inbox_event_id = ev.id AND i.action = 'create_ticket') AS tickets,
                 (SELECT count(*) FROM ticketing_ticketmapping m
                    JOIN ticketing_ticket t ON t.id::text = m.ticket_id
@@ -100,7 +101,7 @@ def verify(event_ids: list[int], max_ticket_before: int, outbox_before: int) -> 
             (outbox_before,)).fetchall())
     keys = ("events", "completed", "one_mapping", "one_succeeded_intent", "one_ticket", "consistent",
             "tickets_made")
-    out = dict(zip(keys, row))
+    out = dict(zip(keys, row, strict=True))
     out["states"] = states
     out["other_intents"] = {f"{a}/{st}": n for a, st, n in others}
     out["outbox_rows"], out["relay_batches"] = batches
@@ -235,7 +236,8 @@ def main() -> int:
         print(f"  settings              : CELERY_DB_REUSE_MAX=1000, MAILROOM_RELAY_GROUP={group}, "
               f"LOG_LEVEL={args.log_level}; {args.preload} events of history preloaded, ANALYZEd")
         print(f"  posting               : {posted['requests']} posts in {last_answer - first_post:.2f} s "
-              f"({posted['requests'] / (last_answer - first_post):,.0f}/s), answer p50 {c.ms(post_lat[len(post_lat) // 2])}"
+              f"({posted['requests'] / (last_answer - first_post):,.0f}/s), "
+              f"answer p50 {c.ms(post_lat[len(post_lat) // 2])}"
               f", p99 {c.ms(c.percentile(post_lat, 99))}")
         if done_at is None:
             print(f"  TIMEOUT               : only {mapped} of {n} mapped after {args.timeout:g} s")
@@ -259,7 +261,8 @@ def main() -> int:
         print(f"  machine load from other work just before timing: {busy_before * 100:.0f}% of one core")
         print("-" * 78)
         print(f"CHECK per event (of {n}): completed {check['completed']}, exactly one TicketMapping "
-              f"{check['one_mapping']}, exactly one create_ticket Intent and it succeeded {check['one_succeeded_intent']}, "
+              f"{check['one_mapping']}, exactly one create_ticket Intent and it succeeded "
+              f"{check['one_succeeded_intent']}, "
               f"exactly one Ticket {check['one_ticket']}, mapping->ticket->intent consistent {check['consistent']}; "
               f"tickets made in the run {check['tickets_made']}; states {check['states']} -> "
               f"{'OK' if ok else 'FAILED'}")

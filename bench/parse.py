@@ -21,7 +21,6 @@ from intake.mime import parse_message  # noqa: E402
 from intake.validation import MailboxPolicy, validate  # noqa: E402
 from tests.test_mime import generated_corpus, typical_message  # noqa: E402
 
-
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus"
 
 
@@ -41,7 +40,7 @@ def main():
     samples = timed(raw, 2000)
     print(f"typical message ({len(raw)} bytes): parse+validate median {statistics.median(samples) * 1e6:.0f} us, "
           f"p99 {sorted(samples)[int(len(samples) * 0.99)] * 1e6:.0f} us")
-    corpus = sorted((CORPUS.glob("*.eml")))
+    corpus = sorted(CORPUS.glob("*.eml"))
     per_message = []
     for path in corpus:
         body = path.read_bytes()

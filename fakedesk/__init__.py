@@ -1,4 +1,4 @@
-"""FakeDesk: a fault-injecting stand-in for the Zendesk ticket API (DESIGN.md §9).
+"""FakeDesk: a fault-injecting stand-in for the Zendesk ticket API (docs/design.md §3 and §8).
 
 Drills and tests point a `zendesk` destination at it and tell it, request by
 request, to answer normally or to fail the ways a real help desk fails: rate

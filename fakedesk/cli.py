@@ -49,7 +49,8 @@ def run_until_signalled(desk: FakeDesk, out=sys.stdout):
 def main(argv=None):
     from . import __doc__ as package_doc  # the package docstring describes the server
 
-    parser = argparse.ArgumentParser(prog="python -m fakedesk", description=(package_doc or "FakeDesk").split("\n\n")[0])
+    summary = (package_doc or "FakeDesk").split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m fakedesk", description=summary)
     add_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
     options = parser.parse_args(argv)

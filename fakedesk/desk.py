@@ -7,8 +7,8 @@ server -> handler -> desk -> store, faults.
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .faults import FaultPlan
 from .store import TicketStore, ValidationFailed

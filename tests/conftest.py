@@ -1,8 +1,24 @@
 import pytest
 from django.conf import settings
 
-# FakeDesk's `desk` / `desk_factory` fixtures, its `fakedesk` marker and request hook (fakedesk/pytest_plugin.py).
-pytest_plugins = ["fakedesk.pytest_plugin"]
+# Shared fixtures, available in every test module:
+#   fakedesk.pytest_plugin  `desk` / `desk_factory`, the `fakedesk` marker and request hook (a FakeDesk per test)
+#   tests.factories         `tenant`, `mailbox` (+ built-in default destination), `scanner_off`, `count_rows`
+#   tests.clamd             `clamd`, a real clamd for the session (started on first use)
+pytest_plugins = ["fakedesk.pytest_plugin", "tests.factories", "tests.clamd"]
+
+# Fixtures that start a real service or process. A test that uses one, directly or through another
+# fixture, gets the `services` marker, so `make test-fast` (-m "not live and not services") never runs it.
+SERVICE_FIXTURES = {
+    "clamd",                                          # tests/clamd.py
+    "dovecot", "private_dovecot",                     # tests/dovecot.py
+    "chromium_path", "browser",                       # test_recovery_browser.py (Playwright + Chromium)
+    "live_processes", "live_broker", "live_mailbox",  # tests/live.py: worker, relay, web processes
+    "live_server",                                    # pytest-django's live server
+}
+
+
+WEBHOOK_SECRET = "test-webhook-secret"  # the `mailbox` fixture's secret (tests/factories.py)
 
 
 def pytest_configure(config):
@@ -10,41 +26,9 @@ def pytest_configure(config):
     assert settings.USING_POSTGRES, "the test suite runs on PostgreSQL (see config/test_settings.py)"
 
 
-@pytest.fixture
-def tenant(db):
-    from intake.models import Tenant
-
-    return Tenant.objects.create(slug="acme", name="Acme")
-
-
-WEBHOOK_SECRET = "test-webhook-secret"
-
-
-@pytest.fixture
-def mailbox(tenant, monkeypatch):
-    """A raw mailbox whose secret is referenced from the environment, and a built-in default destination."""
-    from intake.models import Mailbox
-    from ticketing.models import Destination
-
-    monkeypatch.setenv("MAILROOM_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)
-    Destination.objects.create(tenant=tenant, slug="builtin", kind="builtin", is_default=True)
-    return Mailbox.objects.create(
-        tenant=tenant, slug="support", address="support@acme.test", provider="raw",
-        webhook_secret_ref="env:MAILROOM_TEST_WEBHOOK_SECRET",
-    )
-
-
-@pytest.fixture
-def count_rows():
-    """Row counts of every table the pipeline writes, for 'nothing was stored' assertions."""
-    def count():
-        from intake.models import AuditEvent, InboxEvent, OutboxMessage
-        from ticketing.models import Intent, Ticket, TicketMapping
-
-        return {m.__name__: m.objects.count()
-                for m in (InboxEvent, OutboxMessage, AuditEvent, Intent, Ticket, TicketMapping)}
-    return count
-
-
-# Session-scoped real clamd (started once, on first use).
-from tests.clamd import clamd  # noqa: E402,F401
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fakedesk = item.get_closest_marker("fakedesk")
+        desk_process = fakedesk is not None and fakedesk.kwargs.get("process")
+        if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())) or desk_process:
+            item.add_marker(pytest.mark.services)

@@ -24,7 +24,7 @@ import json
 import secrets
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, quote
 
 import requests
@@ -35,7 +35,7 @@ MAX_SUBSCRIPTION_MINUTES = 10080
 
 
 def _iso(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _parse(value: str) -> datetime:
@@ -80,7 +80,7 @@ class FakeGraph(FakeServer):
                 "immutable": f"AAkALgAAAAAAHYQDEapmEc2byACqAC-EWg0AImm{n:06d}=",
                 "rest": f"AAMkAGRest{n:06d}-{folder}=",
                 "raw": raw, "folder": folder, "deleted": False, "changed": self.change_seq,
-                "received": datetime.now(timezone.utc) - timedelta(days=age_days),
+                "received": datetime.now(UTC) - timedelta(days=age_days),
             }
             self.messages.append(message)
             return message["immutable"]
@@ -125,7 +125,7 @@ class FakeGraph(FakeServer):
         items = []
         for _ in range(count):
             item = {"subscriptionId": subscription_id, "subscriptionExpirationDateTime": _iso(
-                datetime.now(timezone.utc) + timedelta(days=2)), "tenantId": self.tenant}
+                datetime.now(UTC) + timedelta(days=2)), "tenantId": self.tenant}
             if client_state is not None:
                 item["clientState"] = client_state
             if lifecycle:
@@ -240,7 +240,7 @@ class FakeGraph(FakeServer):
 
     def _subscriptions(self, method: str, rest: list[str], body: bytes):
         request = json.loads(body or b"{}") if body else {}
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         if method == "POST" and not rest:
             missing = [k for k in ("changeType", "notificationUrl", "resource", "expirationDateTime")
                        if not request.get(k)]

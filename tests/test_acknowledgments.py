@@ -1,14 +1,13 @@
 """Acknowledgments reach a real SMTP server: one per completed ticket, never for anything else."""
-import pytest
 from django.test import Client
 
 from intake.models import AuditEvent, InboxEvent
-from ticketing import acknowledgments
-from ticketing.models import Intent, TicketMapping
-from ticketing.services import process_inbox_event
 from tests.conftest import WEBHOOK_SECRET
 from tests.mail import make_message, webhook_headers
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
+from ticketing import acknowledgments
+from ticketing.models import Intent, TicketMapping
+from ticketing.services import process_inbox_event
 
 
 def post(body) -> int:

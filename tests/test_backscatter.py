@@ -10,13 +10,13 @@ import pytest
 from django.test import Client
 
 from intake.models import AuditEvent, InboxEvent, Mailbox
+from tests.conftest import WEBHOOK_SECRET
+from tests.mail import make_message, webhook_headers
+from tests.smtp import smtp_server  # noqa: F401  (fixture)
 from ticketing import acknowledgments
 from ticketing.models import Intent, Ticket, TicketMapping
 from ticketing.services import process_inbox_event
 from ticketing.tasks import send_acknowledgment
-from tests.conftest import WEBHOOK_SECRET
-from tests.mail import make_message, webhook_headers
-from tests.smtp import smtp_server  # noqa: F401  (fixture)
 
 TRUSTED = "mx.acme.test"
 

@@ -247,7 +247,7 @@ def test_server_down_backs_off_with_the_cursor_untouched_then_messages_arrive(
     box.append(messages[2:])
 
     private_dovecot.stop()
-    for attempt in range(3):
+    for _attempt in range(3):
         report = box.poll(trigger="manual")
         assert report.status == "backoff" and "connection" in report.detail
         assert box.cursor() == cursor_before

@@ -8,29 +8,21 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from intake.keys import provider_message_id_for_raw
 from intake.models import AuditEvent, InboxEvent
-from intake.services import ingest
-from tests.mail import make_message
+from tests.factories import make_desk_destination, make_event
 from ticketing import intents
-from ticketing.models import Destination, Intent, TicketMapping
+from ticketing.models import Intent, TicketMapping
 from ticketing.services import process_inbox_event
+
 
 @pytest.fixture
 def zendesk(tenant, mailbox, desk, monkeypatch):
     """Make FakeDesk (speaking Zendesk; `desk` is the FakeDesk plugin's fixture) the tenant's default destination."""
-    monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@acme.test/token:{desk.token}")
-    Destination.objects.filter(tenant=tenant).update(is_default=False)
-    return Destination.objects.create(
-        tenant=tenant, slug="desk", kind="zendesk", base_url=desk.url, is_default=True,
-        credentials_ref="env:FAKEDESK_CREDENTIALS",
-        settings={"read_timeout": 1.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05},
-    )
+    return make_desk_destination(tenant, desk, monkeypatch)
 
 
-def new_event(mailbox, **kwargs) -> int:
-    raw = make_message(**kwargs)
-    return ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
+def new_event(mailbox) -> int:
+    return make_event(mailbox).pk
 
 
 def intent_of(event_id) -> Intent:

@@ -59,7 +59,7 @@ def test_the_corpus_posted_twice_ends_as_its_manifest_says_with_one_ticket_each(
 
     # ... then every message again, eight at a time: each answer names its first event.
     with ThreadPoolExecutor(max_workers=8) as pool:
-        again = dict(zip(raws, pool.map(lambda raw: post(url, raw), raws.values())))
+        again = dict(zip(raws, pool.map(lambda raw: post(url, raw), raws.values()), strict=True))
     assert {name: (r.status_code, r.json()) for name, r in again.items()
             if (r.status_code, r.json()) != (200, {"inbox_event_id": events[name], "duplicate": True})} == {}
 

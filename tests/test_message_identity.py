@@ -15,14 +15,13 @@ from django.test import Client
 from intake import services
 from intake.keys import content_fingerprint, provider_message_id_for_raw, reused_id
 from intake.models import AuditEvent, InboxEvent
-from ticketing.models import Intent, Ticket, TicketMapping
-from ticketing.services import process_inbox_event
 from tests.conftest import WEBHOOK_SECRET
 from tests.dovecot import dovecot  # noqa: F401  (fixture)
 from tests.mail import webhook_headers
 from tests.test_imap import make_imap_box
-from tests.test_inbound_parse import (basic, mailgun_fields, post_mailgun, post_postmark, post_sendgrid,
-                                      postmark_payload)
+from tests.test_inbound_parse import basic, mailgun_fields, post_mailgun, post_postmark, post_sendgrid, postmark_payload
+from ticketing.models import Intent, Ticket, TicketMapping
+from ticketing.services import process_inbox_event
 
 # A ServiceNow-style notification: the instance reuses one Message-ID for every update it
 # sends about a record (the record's sys_id), so two updates share it.

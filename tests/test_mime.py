@@ -14,14 +14,25 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from intake.mime.htmltext import html_to_text
 from intake.mime import (
-    MAX_DESCRIPTION_CHARS, ParsedMessage, attachment_payload, decode_header_value, iter_attachment_payloads,
+    MAX_DESCRIPTION_CHARS,
+    ParsedMessage,
+    attachment_payload,
+    decode_header_value,
+    iter_attachment_payloads,
     parse_message,
 )
+from intake.mime.htmltext import html_to_text
 from intake.validation import (
-    AWAITING_REVIEW, OK, QUARANTINED, SUPPRESSED, MailboxPolicy, authentication_results, subject_ticket_token,
-    thread_key, validate,
+    AWAITING_REVIEW,
+    OK,
+    QUARANTINED,
+    SUPPRESSED,
+    MailboxPolicy,
+    authentication_results,
+    subject_ticket_token,
+    thread_key,
+    validate,
 )
 
 STATES = {OK, AWAITING_REVIEW, SUPPRESSED, QUARANTINED}
@@ -122,7 +133,7 @@ def test_attachments_inline_images_and_payloads_on_demand():
     html_part = msg.get_payload()[1]
     html_part.add_related(GIF, maintype="image", subtype="gif", cid="<logo@x>")
     msg.add_attachment(PDF, maintype="application", subtype="pdf", filename="C:\\Users\\x\\report.pdf")
-    msg.add_attachment("Ünïcode notes\n".encode("utf-8"), maintype="text", subtype="plain",
+    msg.add_attachment("Ünïcode notes\n".encode(), maintype="text", subtype="plain",
                        filename="notes \u00fc.txt")
     parsed = parse_message(msg.as_bytes())
     assert parsed.text == "see attached"
@@ -132,7 +143,7 @@ def test_attachments_inline_images_and_payloads_on_demand():
         ("notes ü.txt", "text/plain", "text/plain", False, ""),
     ]
     payloads = list(iter_attachment_payloads(parsed))
-    assert [data for _, data in payloads] == [GIF, PDF, "Ünïcode notes\n".encode("utf-8")]
+    assert [data for _, data in payloads] == [GIF, PDF, "Ünïcode notes\n".encode()]
     for attachment, data in payloads:
         assert attachment.size == len(data) and attachment.sha256 == hashlib.sha256(data).hexdigest()
     assert attachment_payload(parsed, 1) == PDF
@@ -316,7 +327,7 @@ def generated_corpus() -> list[tuple[str, bytes]]:
          _multipart("pre\r\n" * 50000 + "--b\r\n\r\npart\r\n--b--\r\n" + "epi\r\n" * 50000)),
         ("auth_results_garbage", _h("Authentication-Results: (((;;;===\"\r\nAuthentication-Results: ;;\r\n\r\nb\r\n")),
         ("references_10000", _h("References: " + " ".join(f"<id{i}@x>" for i in range(10000)) + "\r\n\r\nb\r\n")),
-        ("header_name_8bit", "From: a@example.com\r\nX-Ünïcode: yes\r\n\r\nbody\r\n".encode("utf-8")),
+        ("header_name_8bit", "From: a@example.com\r\nX-Ünïcode: yes\r\n\r\nbody\r\n".encode()),
         ("html_bogus_charset_8bit", _h("Content-Type: text/html; charset=bogus\r\n\r\n") + b"<p>caf\xe9</p>"),
         ("one_line_1mb_body", _h("\r\n") + b"x" * (1024 * 1024)),
         ("base64_cte_on_multipart",

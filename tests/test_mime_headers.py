@@ -8,10 +8,10 @@ No database is needed.
 import base64
 import time
 
+from intake.mime import decode_bytes, decode_header_value, parse_message, thread_ids
 from intake.mime.addresses import is_valid_address, parse_address_list
 from intake.mime.charsets import codec_for, decode, decode_encoded_words
 from intake.mime.headerblock import MAX_HEADER_BLOCK, repair_header_block
-from intake.mime import decode_bytes, decode_header_value, parse_message, thread_ids
 from tests.test_mime import PDF, typical_message
 
 CRLF = b"\r\n"
@@ -41,7 +41,7 @@ def assert_headers_not_in_body(parsed, *fragments):
 def test_outlook_exchange_message_with_a_character_split_across_encoded_words():
     subject = "Überweisung für Rechnung 4711 – dringend"
     data = subject.encode("utf-8")
-    cut = data.index("ü".encode("utf-8")) + 1            # between the two bytes of "ü"
+    cut = data.index("ü".encode()) + 1            # between the two bytes of "ü"
     raw = mail(
         "Received: from AM6PR04MB5432.eurprd04.prod.outlook.com (2603:10a6:20b:f8::20) by"
         " AM6PR04MB5432.eurprd04.prod.outlook.com with HTTPS; Tue, 2 Apr 2024 09:15:03 +0000",
@@ -64,7 +64,7 @@ def test_outlook_exchange_message_with_a_character_split_across_encoded_words():
         'Content-Type: text/plain; charset="utf-8"',
         "Content-Transfer-Encoding: base64",
         "MIME-Version: 1.0",
-        body=b64_body("Guten Tag,\r\n\r\nbitte prüfen Sie die Überweisung.\r\n".encode("utf-8")),
+        body=b64_body("Guten Tag,\r\n\r\nbitte prüfen Sie die Überweisung.\r\n".encode()),
     )
     parsed = parse_message(raw)
     assert (parsed.sender, parsed.sender_name, parsed.sender_source) == ("jane.doe@contoso.com", "Doe, Jane", "from")
@@ -241,7 +241,7 @@ def test_cyrillic_raw_koi8_r_headers_and_undeclared_windows_1251_body():
 
 
 def test_raw_utf8_subject_and_unquoted_display_name():
-    raw = "From: Jörg Müller jm@example.de\r\nSubject: Grüße aus München\r\n\r\nHallo\r\n".encode("utf-8")
+    raw = "From: Jörg Müller jm@example.de\r\nSubject: Grüße aus München\r\n\r\nHallo\r\n".encode()
     parsed = parse_message(raw)
     assert (parsed.sender, parsed.sender_name) == ("jm@example.de", "Jörg Müller")
     assert parsed.subject == "Grüße aus München"
@@ -257,7 +257,7 @@ def test_raw_cp1252_subject_and_unquoted_display_name():
 def test_encoded_words_with_spaces_and_split_multibyte_characters():
     assert decode_header_value("=?us-ascii?Q?ABC / 123?=") == "ABC / 123"
     assert decode_header_value("Order =?utf-8?Q?n=C2=BA 42?= shipped") == "Order nº 42 shipped"
-    data = "你好世界".encode("utf-8")
+    data = "你好世界".encode()
     split = f"{b_word('utf-8', data[:4])} {b_word('UTF-8', data[4:])}"   # 好 is bytes 3-5
     assert decode_header_value(split) == "你好世界"
     # Different charsets are decoded separately; whitespace between encoded words is dropped.
@@ -267,7 +267,7 @@ def test_encoded_words_with_spaces_and_split_multibyte_characters():
 
 
 def test_one_invalid_byte_never_turns_utf8_into_mojibake():
-    data = "Grüße aus München – schöne Grüße".encode("utf-8") + b"\xff" + " Jürgen".encode("utf-8")
+    data = "Grüße aus München – schöne Grüße".encode() + b"\xff" + " Jürgen".encode()
     assert decode_bytes(data, "utf-8") == "Grüße aus München – schöne Grüße\ufffd Jürgen"
     assert decode_bytes(data, None) == "Grüße aus München – schöne Grüße\ufffd Jürgen"
     # A label that fails on most bytes is wrong: cp1252 text labelled UTF-8 is read as cp1252.
@@ -355,7 +355,7 @@ def test_subject_that_wraps_without_indentation():
 
 
 def test_encoded_word_on_its_own_line():
-    data = "Überweisung für März".encode("utf-8")
+    data = "Überweisung für März".encode()
     raw = mail(
         "From: jane@example.com",
         "To: support@acme.test",
@@ -415,7 +415,7 @@ def test_clean_header_block_is_returned_as_is_and_hostile_ones_are_bounded():
     ]
     for message in hostile:
         started = time.perf_counter()
-        parsed = parse_message(message)
+        parse_message(message)
         thread_ids(message)
         assert time.perf_counter() - started < 3
     repaired = repair_header_block(hostile[0])

@@ -64,7 +64,7 @@ def _identity():
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Jane Customer"),
                       x509.NameAttribute(NameOID.EMAIL_ADDRESS, "jane@example.com")])
-    start = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+    start = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(7).not_valid_before(start).not_valid_after(start + datetime.timedelta(days=3650))
             .sign(key, hashes.SHA256()))

@@ -244,7 +244,8 @@ def test_authentication_results_only_from_the_trusted_authserv_id(mailbox, scann
         "Authentication-Results": "mx.acme.test; spf=fail smtp.mailfrom=example.com; dkim=none",
     })
     # A header the sender wrote themselves, claiming a pass, further down: ignored.
-    raw = raw.replace(b"Subject:", b"Authentication-Results: evil.example; spf=pass; dkim=pass; dmarc=pass\r\nSubject:", 1)
+    forged = b"Authentication-Results: evil.example; spf=pass; dkim=pass; dmarc=pass\r\n"
+    raw = raw.replace(b"Subject:", forged + b"Subject:", 1)
     event = run(mailbox, raw)
     assert event.state == "completed"
     assert event.auth_results.get("spf") == "fail" and event.auth_results.get("dkim") == "none"

@@ -82,7 +82,7 @@ def test_503_three_times_then_200_backs_off_keeps_the_cursor_and_then_delivers(p
     providers = use_provider(script)
 
     delays = []
-    for attempt in range(3):
+    for _attempt in range(3):
         report = polling.poll_mailbox(polled_mailbox.pk, trigger="manual")
         assert report.status == "backoff" and "http 503" in report.detail
         mailbox = Mailbox.objects.get(pk=polled_mailbox.pk)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from playwright import sync_api  # noqa: E402  (the test extra installs it)
 
 from intake.models import AuditEvent, InboxEvent, Mailbox, Tenant
 from intake.services import transition_event
@@ -35,8 +36,6 @@ from tests.test_recovery_queue import (  # noqa: F401  (fixtures)
 )
 from ticketing.models import Destination
 from ticketing.services import process_inbox_event
-
-from playwright import sync_api  # noqa: E402  (the test extra installs it)
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking",

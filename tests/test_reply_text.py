@@ -10,12 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from intake.keys import provider_message_id_for_raw
 from intake.mime import ParsedMessage, parse_message
 from intake.models import InboxEvent
 from intake.replytext import reply_text, strip_reply
-from intake.services import ingest
-from tests.mail import make_message
+from tests.factories import ingest_message
 from ticketing.destinations.base import DestinationAdapter, TicketResult
 from ticketing.models import Destination, Intent, Ticket, TicketComment, TicketMapping
 from ticketing.services import Work, process_inbox_event
@@ -305,14 +303,8 @@ def test_hostile_text_is_handled_in_linear_time(hostile):
 
 # --- through the pipeline ------------------------------------------------------------------------
 
-@pytest.fixture
-def scanner_off(settings):
-    settings.MAILROOM_CLAMD = "off"
-
-
-def receive(mailbox, **kwargs) -> int:
-    raw = make_message(**kwargs)
-    return ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
+def receive(mailbox, **message_fields) -> int:
+    return ingest_message(mailbox, **message_fields).inbox_event_id
 
 
 REPLY = """\

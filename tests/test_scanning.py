@@ -10,7 +10,13 @@ import pytest
 
 from intake.mime import iter_attachment_payloads, parse_message
 from intake.scanning import (
-    ClamdAddress, ClamdClient, ScanLimitExceeded, ScannerUnavailable, ScanResult, parse_address, scan,
+    ClamdAddress,
+    ClamdClient,
+    ScanLimitExceeded,
+    ScannerUnavailable,
+    ScanResult,
+    parse_address,
+    scan,
     scanner_from_setting,
 )
 from intake.validation import MALWARE, QUARANTINED, malware_finding, validate

@@ -6,23 +6,17 @@ import time
 import pytest
 from django.db import connection
 
-from intake.keys import provider_message_id_for_raw
 from intake.models import InboxEvent
-from intake.services import ingest
+from tests.factories import email_message, ingest_message
 from tests.live import PYTHON, REPO_ROOT, live_mailbox, subprocess_env, wait_for  # noqa: F401 (fixture)
-from tests.mail import make_message
 from ticketing.models import Intent, ThreadLease, Ticket, TicketComment, TicketMapping
 from ticketing.services import process_inbox_event
 
-
-@pytest.fixture(autouse=True)
-def _scanner_off(settings):
-    settings.MAILROOM_CLAMD = "off"
+pytestmark = pytest.mark.usefixtures("scanner_off")
 
 
-def receive(mailbox, **kwargs) -> int:
-    raw = make_message(**kwargs)
-    return ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
+def receive(mailbox, **message_fields) -> int:
+    return ingest_message(mailbox, **message_fields).inbox_event_id
 
 
 def drive(event_id, rounds=50) -> str:
@@ -176,8 +170,8 @@ def test_the_thread_key_from_headers_at_ingest_matches_the_full_parse():
     from tests.test_mime import generated_corpus, stdlib_corpus
 
     corpus = [raw for _, raw in stdlib_corpus() + generated_corpus()] + [
-        make_message(extra_headers={"References": "<a@x> <b@x>", "In-Reply-To": "<b@x>"}),
-        make_message(extra_headers={"In-Reply-To": "Re: your message <c@x> of Monday"}),
+        email_message(extra_headers={"References": "<a@x> <b@x>", "In-Reply-To": "<b@x>"}),
+        email_message(extra_headers={"In-Reply-To": "Re: your message <c@x> of Monday"}),
     ]
     mismatches = [raw[:60] for raw in corpus if thread_key_for_raw(raw) != thread_key(parse_message(raw))]
     assert mismatches == []

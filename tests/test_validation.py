@@ -11,9 +11,22 @@ import pytest
 from intake.mime import MACRO_OFFICE_TYPE, OOXML_TYPES, parse_message
 from intake.models import InboxEvent, Mailbox
 from intake.validation import (
-    AWAITING_REVIEW, OK, QUARANTINED, SUPPRESSED, AttachmentPolicy, Finding, MailboxPolicy, Verdict,
-    authentication_results, decide, findings, malware_finding, scanner_unavailable_finding, subject_ticket_token,
-    thread_key, validate,
+    AWAITING_REVIEW,
+    OK,
+    QUARANTINED,
+    SUPPRESSED,
+    AttachmentPolicy,
+    Finding,
+    MailboxPolicy,
+    Verdict,
+    authentication_results,
+    decide,
+    findings,
+    malware_finding,
+    scanner_unavailable_finding,
+    subject_ticket_token,
+    thread_key,
+    validate,
 )
 
 EXE = (b"MZ\x90\x00\x03\x00\x00\x00\x04\x00\x00\x00\xff\xff\x00\x00\xb8" + b"\x00" * 43 + b"\x80\x00\x00\x00"

@@ -1,0 +1,147 @@
+"""Imports point downward only: tools/check_layering.py on the real tree and on small fake trees.
+
+Pure: no database, no Django app code is imported (the check reads files with `ast`).
+"""
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = REPO_ROOT / "tools" / "check_layering.py"
+
+_spec = importlib.util.spec_from_file_location("check_layering", SCRIPT)
+check_layering = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("check_layering", check_layering)
+_spec.loader.exec_module(check_layering)
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    """Write a package tree: {"intake/x.py": "source"}; every folder on the way gets an __init__.py."""
+    for relpath, source in files.items():
+        path = root / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in path.relative_to(root).parents:
+            if folder != Path(".") and not (root / folder / "__init__.py").exists():
+                (root / folder / "__init__.py").write_text("")
+        path.write_text(textwrap.dedent(source))
+    return root
+
+
+def run(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), str(root)], capture_output=True, text=True, timeout=60)
+
+
+def violations(root: Path) -> list[tuple[str, int, str]]:
+    found, _ = check_layering.check(root)
+    return sorted((v.path, v.line, v.imported) for v in found)
+
+
+def test_the_real_tree_keeps_the_layers():
+    found, checked = check_layering.check(REPO_ROOT)
+    assert checked > 50
+    assert found == [], "\n".join(map(str, found))
+    done = run(REPO_ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_upward_import_is_reported_with_its_file_and_line(tmp_path):
+    tree(tmp_path, {
+        "ticketing/models.py": "class Intent: ...\n",
+        "intake/x.py": "import os\n\nfrom ticketing.models import Intent\n",
+    })
+    done = run(tmp_path)
+    assert done.returncode == 1
+    assert "intake/x.py:3: import of ticketing.models: intake must not import ticketing" in done.stdout
+    assert "1 layering violation" in done.stderr
+
+
+def test_a_lazy_import_counts(tmp_path):
+    tree(tmp_path, {
+        "ticketing/services.py": """\
+            def process():
+                from reconciliation.services import do_replay
+                return do_replay
+            """,
+        "reconciliation/services.py": "def do_replay(): ...\n",
+    })
+    [violation], _ = check_layering.check(tmp_path)
+    assert (violation.path, violation.line, violation.imported, violation.lazy) == (
+        "ticketing/services.py", 2, "reconciliation.services", True)
+    assert "function-level import" in str(violation)
+
+
+@pytest.mark.parametrize("source", [
+    "import ticketing.tasks\n",
+    "from ticketing import tasks\n",
+    "from importlib import import_module\nimport_module('ticketing.tasks')\n",
+    "if False:\n    from reconciliation.models import RecoveryItem\n",
+])
+def test_every_spelling_of_an_upward_import_is_caught(tmp_path, source):
+    tree(tmp_path, {"intake/relay.py": source, "ticketing/tasks.py": "", "reconciliation/models.py": ""})
+    assert [path for path, _, _ in violations(tmp_path)] == ["intake/relay.py"]
+
+
+def test_downward_and_relative_imports_are_allowed(tmp_path):
+    tree(tmp_path, {
+        "intake/models.py": "",
+        "intake/mime/parse.py": "from ..models import *\nfrom . import headers\n",
+        "intake/mime/headers.py": "",
+        "ticketing/services.py": "from intake.models import InboxEvent\nimport django.db\n",
+        "reconciliation/admin.py": "from ticketing import services\nfrom intake import models\n",
+        "ticketing/management/commands/fakedesk.py": "from fakedesk.cli import main\n",
+        "fakedesk/cli.py": "import argparse\nimport http.server\nfrom . import desk\n",
+        "fakedesk/desk.py": "",
+        "fakedesk/pytest_plugin.py": "import pytest\n",
+    })
+    assert violations(tmp_path) == []
+
+
+def test_config_may_wire_urls_and_views_but_not_import_logic(tmp_path):
+    tree(tmp_path, {
+        "intake/views.py": "",
+        "intake/urls.py": "",
+        "intake/services.py": "",
+        "intake/models.py": "",
+        "config/urls.py": "from django.urls import include\nfrom intake import views\nimport intake.urls\n",
+        "config/celery.py": "from intake.services import ingest\n",
+        "config/settings.py": "INSTALLED_APPS = ['intake']\nfrom intake import models\n",
+    })
+    assert violations(tmp_path) == [
+        ("config/celery.py", 1, "intake.services"),
+        ("config/settings.py", 2, "intake.models"),
+    ]
+
+
+def test_apps_import_only_the_celery_app_from_config(tmp_path):
+    tree(tmp_path, {
+        "config/celery.py": "",
+        "config/settings.py": "",
+        "intake/selectors.py": "def ready():\n    from config.celery import app\n",
+        "intake/relay.py": "from config.settings import MAILROOM_RELAY_BATCH\n",
+    })
+    assert violations(tmp_path) == [("intake/relay.py", 1, "config.settings")]
+
+
+def test_fakedesk_is_standard_library_only_and_only_one_command_imports_it(tmp_path):
+    tree(tmp_path, {
+        "fakedesk/store.py": "import sqlite3\nfrom django.db import models\n",
+        "fakedesk/client.py": "from intake.models import Tenant\n",
+        "fakedesk/server.py": "import pytest\n",
+        "intake/models.py": "",
+        "ticketing/services.py": "import fakedesk\n",
+    })
+    assert violations(tmp_path) == [
+        ("fakedesk/client.py", 1, "intake.models"),
+        ("fakedesk/server.py", 1, "pytest"),
+        ("fakedesk/store.py", 2, "django.db"),
+        ("ticketing/services.py", 1, "fakedesk"),
+    ]
+
+
+def test_a_root_without_the_packages_is_an_error_not_a_pass(tmp_path):
+    done = run(tmp_path)
+    assert done.returncode == 2 and "none of" in done.stderr
