@@ -127,6 +127,9 @@ class InboxEvent(models.Model):
     retry_at = models.DateTimeField(null=True, blank=True)
     # An operator's correction of the route: destination, queue, priority, request type.
     route_override = models.JSONField(default=dict, blank=True)
+    # What classification chose and why: {"fields": {name: {"value", "origin"}}, "destination_id",
+    # "sensitive", "rules": [ids], "ai": {...}}; origins are "rule:<id>", "ai", "default", "operator:<user>".
+    route = models.JSONField(default=dict, blank=True)
 
     class Meta:
         default_permissions = ("add", "change", "view")  # evidence: nobody deletes events

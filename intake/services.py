@@ -158,9 +158,9 @@ WITH event AS (
     INSERT INTO {event} (tenant_id, mailbox_id, provider_message_id, dedupe_key, source, state,
                          reason_code, reason_detail, received_at, updated_at, raw, size, message_id_header,
                          sender, subject, thread_key, dispatch_count, auth_results, details, route_override,
-                         fingerprint, message_id_reused)
+                         route, fingerprint, message_id_reused)
     VALUES (%(tenant)s, %(mailbox)s, %(pmid)s, %(key)s, %(source)s, 'received', '', '', %(now)s, %(now)s,
-            %(raw)s, %(size)s, '', '', '', %(thread)s, 1, '{{}}', '{{}}', '{{}}', %(fingerprint)s, %(reused)s)
+            %(raw)s, %(size)s, '', '', '', %(thread)s, 1, '{{}}', '{{}}', '{{}}', '{{}}', %(fingerprint)s, %(reused)s)
     ON CONFLICT DO NOTHING
     RETURNING id
 ), audit AS (

@@ -151,6 +151,11 @@ class Ticket(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.NEW)
     # What Mailroom noticed about the message ("mailroom-message-id-reused", ...), for the agent.
     tags = models.JSONField(default=list, blank=True)
+    # The route classification chose (ticketing.classification): where a person picks it up.
+    queue = models.CharField(max_length=100, blank=True)
+    priority = models.CharField(max_length=10, blank=True)
+    request_type = models.CharField(max_length=100, blank=True)
+    assignee = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField()
 
     def __str__(self):
@@ -170,3 +175,71 @@ class TicketComment(models.Model):
     def __str__(self):
         return f"comment {self.pk} on MR-{self.ticket_id}"
 
+
+
+PRIORITIES = ("low", "normal", "high", "urgent")
+
+
+class RoutingPolicy(models.Model):
+    """A tenant's routing vocabulary and defaults: one per tenant, created with it.
+
+    `queues`, `request_types` and `sensitive_request_types` are lists of slugs; a rule, the AI
+    proposer and an operator may only choose among them. Priorities are the fixed `PRIORITIES`.
+    """
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="routing_policy")
+    queues = models.JSONField(default=list, blank=True)
+    request_types = models.JSONField(default=list, blank=True)
+    sensitive_request_types = models.JSONField(default=list, blank=True)
+    default_queue = models.CharField(max_length=100, blank=True)
+    default_priority = models.CharField(max_length=10, default="normal")
+    default_request_type = models.CharField(max_length=100, blank=True)
+    ai_enabled = models.BooleanField(default=False, help_text="Let the AI proposer suggest fields no rule set.")
+    ai_min_confidence = models.FloatField(default=0.7)
+    # One message delivered to several mailboxes of the tenant (To support@, Cc sales@): one ticket
+    # (the other deliveries link to it), or one ticket per mailbox.
+    one_ticket_per_message = models.BooleanField(default=True)
+
+    class Meta:
+        verbose_name_plural = "routing policies"
+        constraints = [
+            models.CheckConstraint(condition=Q(ai_min_confidence__gte=0) & Q(ai_min_confidence__lte=1),
+                                   name="routing_policy_confidence_is_a_probability"),
+            models.CheckConstraint(condition=Q(default_priority__in=PRIORITIES),
+                                   name="routing_policy_default_priority_known"),
+        ]
+
+    def __str__(self):
+        return f"routing policy of {self.tenant_id}"
+
+
+class RoutingRule(models.Model):
+    """An admin's rule: when every condition holds, set these fields (see ticketing.classification)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="routing_rules")
+    mailbox = models.ForeignKey(Mailbox, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+                                help_text="only mail of this mailbox (empty: every mailbox of the tenant)")
+    position = models.PositiveIntegerField(default=100, help_text="rules are tried in ascending position")
+    name = models.CharField(max_length=200)
+    enabled = models.BooleanField(default=True)
+    conditions = models.JSONField(default=dict, blank=True)
+    destination = models.ForeignKey(Destination, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    queue = models.CharField(max_length=100, blank=True)
+    priority = models.CharField(max_length=10, blank=True)
+    request_type = models.CharField(max_length=100, blank=True)
+    assignee = models.CharField(max_length=200, blank=True)
+    sensitive = models.BooleanField(default=False, help_text="tag the ticket needs-approval")
+    stop_processing = models.BooleanField(default=True, help_text="off: later rules may fill fields still empty")
+    hits = models.PositiveIntegerField(default=0)
+    last_hit_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("tenant", "position", "pk")
+        constraints = [
+            models.CheckConstraint(condition=Q(priority="") | Q(priority__in=PRIORITIES),
+                                   name="routing_rule_priority_known"),
+        ]
+        indexes = [models.Index(fields=["tenant", "enabled", "position"], name="routing_rule_order")]
+
+    def __str__(self):
+        return self.name

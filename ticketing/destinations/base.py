@@ -24,7 +24,12 @@ class TicketRequest:
     description: str
     requester: str
     tags: tuple[str, ...] = ()
-    fields: dict = field(default_factory=dict)
+    fields: dict = field(default_factory=dict)   # destination-specific extra fields (Zendesk custom field ids)
+    # The route classification chose, in Mailroom's words; each adapter maps them (its settings say how).
+    queue: str = ""
+    priority: str = ""          # one of ticketing.models.PRIORITIES, or ""
+    request_type: str = ""
+    assignee: str = ""
 
 
 @dataclass(frozen=True)
