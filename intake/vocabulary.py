@@ -27,7 +27,8 @@ class AuditKind(TextChoices):
     AWAITING_REVIEW = "awaiting_review", "Sent to review"
     SUPPRESSED = "suppressed", "Suppressed"
     QUARANTINED = "quarantined", "Quarantined"
-    # ticketing: threads, intents, acknowledgments
+    # ticketing: classification, threads, intents, acknowledgments
+    CLASSIFIED = "classified", "Classified (route chosen)"
     FLAGGED = "flagged", "Flagged"
     INTENT_RETRY_WAIT = "intent_retry_wait", "Attempt failed; retry scheduled"
     INTENT_FAILED = "intent_failed", "Attempt failed for good"
@@ -36,6 +37,7 @@ class AuditKind(TextChoices):
     INTENT_HELD = "intent_held", "Intent held for investigation"
     TICKET_CREATED = "ticket_created", "Ticket created"
     COMMENT_ADDED = "comment_added", "Comment added"
+    LINKED_COPY = "linked_copy", "Linked as a copy of another mailbox's event"
     ACKNOWLEDGED = "acknowledged", "Acknowledgment sent"
     ACKNOWLEDGMENT_SKIPPED = "acknowledgment_skipped", "Acknowledgment skipped"
     # operators (the recovery console)
@@ -75,6 +77,10 @@ class ReasonCode(TextChoices):
     OUTCOME_UNKNOWN = "outcome_unknown", ("The destination offers neither idempotency nor a lookup: "
                                           "investigate before replaying.")
     NO_DESTINATION = "no_destination", "No destination: the tenant has no default and no rule matched."
+    LOW_CONFIDENCE = "low_confidence", ("The AI's proposal for the route was below the confidence the policy asks "
+                                        "for: check the route, then replay.")
+    COPY_OF_UNRESOLVED = "copy_of_unresolved", ("A copy of a message another mailbox of the tenant also received, "
+                                                "whose event is not resolved: settle that one, then replay this.")
     POISON = "poison", "Handed to workers again and again without progress (poison message)."
     # --- on an event: validation and normalization (intake) -------------------------------
     MALWARE = "malware", "An attachment matched a malware signature."

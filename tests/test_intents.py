@@ -205,4 +205,5 @@ def test_every_transition_leaves_an_audit_row(zendesk, mailbox, desk):
     intents.resolve_unknown(intent_of(event_id).pk)
     process_inbox_event(event_id)
     kinds = list(AuditEvent.objects.filter(inbox_event_id=event_id).order_by("at", "pk").values_list("kind", flat=True))
-    assert kinds == ["received", "intent_retry_wait", "intent_unknown", "intent_pending", "ticket_created"]
+    assert kinds == ["received", "classified", "intent_retry_wait", "intent_unknown", "intent_pending",
+                     "ticket_created"]

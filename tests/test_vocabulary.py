@@ -13,15 +13,15 @@ from tests.test_state_doors import app_modules
 # The words as stored today: tests, the console and outside checks compare them. Never rename one.
 STORED_AUDIT_KINDS = {
     "received", "provider_metadata", "requeued", "poison", "awaiting_review", "suppressed", "quarantined",
-    "flagged", "intent_retry_wait", "intent_failed", "intent_unknown", "intent_pending", "intent_held",
-    "ticket_created", "comment_added", "acknowledged", "acknowledgment_skipped", "replayed",
+    "classified", "flagged", "intent_retry_wait", "intent_failed", "intent_unknown", "intent_pending", "intent_held",
+    "ticket_created", "comment_added", "linked_copy", "acknowledged", "acknowledgment_skipped", "replayed",
     "replayed_as_new_action", "ticket_confirmed", "acknowledgment_handled", "closed_not_a_request",
     "quarantine_released", "assigned", "escalation_set", "body_viewed", "attachment_downloaded", "bulk_lookup",
 }
 EVENT_REASON_CODES = {
     "credentials", "invalid_fields", "retries_exhausted", "configuration", "not_found", "rejected", "claim_expired",
     "timeout", "connection_lost", "server_error", "unreadable_response", "idempotent_request_error",
-    "outcome_unknown", "no_destination", "poison", "malware", "attachment_type", "too_large",
+    "outcome_unknown", "no_destination", "low_confidence", "poison", "malware", "attachment_type", "too_large",
     "too_many_attachments", "too_complex", "missing_sender", "recipient_not_allowed", "empty",
     "scanner_unavailable", "encrypted", "sender_rate_limited", "unparseable", "mailbox_misconfigured",
     "own_mail_loop", "delivery_report", "mailer_daemon", "empty_return_path", "auto_submitted", "autoreply_header",

@@ -1,8 +1,9 @@
 """Turning an inbox event into exactly one ticket (or one comment), through a durable intent.
 
-process_inbox_event: normalize and validate (intake) -> route -> thread
-(comment on the thread's ticket, under the thread's lease) -> one attempt of
-the intent. The state machine itself lives in `ticketing.intents`.
+process_inbox_event: normalize and validate (intake) -> thread (comment on the
+thread's ticket, under the thread's lease) or classify (`ticketing.classification`,
+once, stored in `InboxEvent.route`) and route -> one attempt of the intent. The
+state machine itself lives in `ticketing.intents`.
 """
 import logging
 import os
@@ -11,14 +12,15 @@ import socket
 from django.conf import settings
 from django.db import transaction
 
-from intake.models import InboxEvent
+from intake.models import AuditEvent, InboxEvent
 from intake.normalize import normalize
 from intake.selectors import global_pause_on
 from intake.services import record_audit, transition_event, wait_event
 from intake.testhooks import pause_point
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import intents, leases, selectors, threads
+from . import classification, copies, intents, leases, selectors, threads
+from .classification.rules import record_hits
 from .destinations import adapter_for
 from .destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
 from .models import Destination, Intent, TicketMapping
@@ -36,9 +38,15 @@ def worker_identity() -> str:
 
 
 def route(event: InboxEvent, cache: dict) -> Destination | None:
-    """An operator's corrected route wins; otherwise the tenant's default (cached per task group)."""
+    """An operator's corrected route wins, then the matching rule's destination (`event.route`), otherwise
+    the tenant's default (cached per task group)."""
     if (event.route_override or {}).get("destination_id"):
         return selectors.override_destination(event)
+    rule_destination = (event.route or {}).get("destination_id")
+    if rule_destination:
+        destination = selectors.tenant_destination(event.tenant_id, rule_destination)
+        if destination is not None:
+            return destination
     key = ("default_destination", event.tenant_id)
     if key not in cache:
         cache[key] = selectors.default_destination(event.tenant_id)
@@ -54,6 +62,8 @@ class Work:
     """One attempt's payload: what to send for the intent's action."""
 
     def __init__(self, event: InboxEvent, action: str, parsed, target: TicketMapping | None = None, flags=()):
+        # A create_ticket takes its fields from `event.route` (stored by classification) and the
+        # operator's `event.route_override`, which wins (`classification.ticket_fields`).
         self.event, self.action, self.parsed, self.target, self.flags = event, action, parsed, target, list(flags)
 
     def perform(self, adapter, intent: Intent) -> TicketResult:
@@ -65,9 +75,15 @@ class Work:
             adapter.add_comment(self.target.ticket_id, body, parsed.sender, intent.idempotency_key,
                                 intent.external_ref)
             return TicketResult(ticket_id=self.target.ticket_id, url=self.target.ticket_url)
+        chosen = classification.ticket_fields(getattr(self.event, "route", None),
+                                              getattr(self.event, "route_override", None))
         tags = ("mailroom",) + tuple(f"mailroom-{flag.replace('_', '-')}" for flag in self.flags)
+        if chosen["sensitive"]:
+            tags += (classification.NEEDS_APPROVAL,)
         request = TicketRequest(subject=parsed.subject or "(no subject)",
-                                description=self._fit(adapter, parsed.text), requester=parsed.sender, tags=tags)
+                                description=self._fit(adapter, parsed.text), requester=parsed.sender, tags=tags,
+                                queue=chosen["queue"], priority=chosen["priority"],
+                                request_type=chosen["request_type"], assignee=chosen["assignee"])
         return adapter.create_ticket(request, intent.idempotency_key, intent.external_ref)
 
     def comment_text(self) -> str:
@@ -122,17 +138,15 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
     if outcome.state != State.READY:
         return outcome.state  # waiting (scanner), or suppressed / awaiting_review / quarantined
     parsed = outcome.parsed
-
-    destination = route(event, cache)
-    if destination is None:
-        transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=f"worker:{worker}",
-                         kind=AuditKind.AWAITING_REVIEW, reason_code=ReasonCode.NO_DESTINATION,
-                         reason_detail="the tenant has no default destination and no rule matched")
-        return "review"
+    if followed := copies.follow_primary(event, worker, cache):  # another mailbox's copy makes the ticket
+        return followed
 
     # A ticket made from a message that reused another's Message-ID says so, for the agent.
     ticket_flags = [REUSED_MESSAGE_ID] if event.message_id_reused else []
     if not threads.is_thread_work(parsed):
+        destination = _classify_and_route(event, parsed, worker, cache)
+        if isinstance(destination, str):
+            return destination
         return _act(event, destination, Work(event, Intent.Action.CREATE_TICKET, parsed, flags=ticket_flags), worker)
 
     lease = leases.acquire(event.mailbox_id, event.thread_key, worker, settings.MAILROOM_THREAD_LEASE_SECONDS)
@@ -148,10 +162,59 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
         if plan.target is not None:
             work = Work(event, Intent.Action.ADD_COMMENT, parsed, target=plan.target)
             return _act(event, plan.target.destination, work, worker, lease)
+        destination = _classify_and_route(event, parsed, worker, cache)
+        if isinstance(destination, str):
+            return destination
         work = Work(event, Intent.Action.CREATE_TICKET, parsed, flags=[*ticket_flags, *plan.flags])
         return _act(event, destination, work, worker, lease)
     finally:
         leases.release(lease)
+
+
+def _classify_and_route(event: InboxEvent, parsed, worker: str, cache: dict) -> Destination | str:
+    """The destination of a new ticket, or the outcome word when the event went to review.
+
+    Classifies once: a stored `event.route` is reused, so every attempt (and a replay) sends the same
+    fields. A low-confidence AI proposal sends the event to review once; an operator sending it on
+    (with or without a corrected route) settles that.
+    """
+    actor = f"worker:{worker}"
+    if not event.route:
+        _store_route(event, classification.classify(event, parsed), actor)
+    if event.route.get("review_reason") == classification.LOW_CONFIDENCE and not _low_confidence_settled(event):
+        transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=actor,
+                         kind=AuditKind.AWAITING_REVIEW, reason_code=ReasonCode.LOW_CONFIDENCE,
+                         reason_detail="the AI's proposal for the route was below the policy's minimum confidence")
+        return "review"
+    destination = route(event, cache)
+    if destination is None:
+        transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=actor,
+                         kind=AuditKind.AWAITING_REVIEW, reason_code=ReasonCode.NO_DESTINATION,
+                         reason_detail="the tenant has no default destination and no rule matched")
+        return "review"
+    return destination
+
+
+def _store_route(event: InboxEvent, chosen: classification.Route, actor: str) -> None:
+    """The route on the event (a plain UPDATE, not a state change), its audit row and the rules' hits,
+    together; a worker that classified the same event first keeps its route."""
+    data = chosen.as_json()
+    with transaction.atomic():
+        stored = InboxEvent.objects.filter(pk=event.pk, route={}).update(route=data)
+        if stored:
+            record_hits(chosen.rules)
+            detail = {**data, "ai": {k: v for k, v in data["ai"].items() if k != "rationale"}}
+            record_audit(event.pk, AuditKind.CLASSIFIED, actor=actor, detail=detail)
+    if not stored:
+        data = InboxEvent.objects.filter(pk=event.pk).values_list("route", flat=True).first() or data
+    event.route = data
+
+
+def _low_confidence_settled(event: InboxEvent) -> bool:
+    if event.route_override:
+        return True
+    return AuditEvent.objects.filter(inbox_event_id=event.pk, kind=AuditKind.AWAITING_REVIEW,
+                                     detail__reason=ReasonCode.LOW_CONFIDENCE).exists()
 
 
 def _flag(event: InboxEvent, flags: list[str], worker: str) -> None:

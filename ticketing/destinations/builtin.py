@@ -21,6 +21,10 @@ class BuiltinDestination(DestinationAdapter):
             requester=request.requester[:320],
             description=request.description,
             tags=list(request.tags),
+            queue=request.queue[:100],
+            priority=request.priority[:10],
+            request_type=request.request_type[:100],
+            assignee=request.assignee[:200],
             created_at=timezone.now(),
         )
         return TicketResult(ticket_id=str(ticket.pk), url=self.ticket_url(ticket.pk))

@@ -12,6 +12,11 @@ what to do about an ambiguous one is decided in `ticketing.intents.resolve_unkno
     idempotency_supported (true), idempotency_window_seconds (7200),
     lookup_supported (true), email (the agent for a bare API token),
     comment_public (true).
+  The route (queue, priority, request type, assignee: `TicketRequest`) is mapped by:
+    groups {queue slug: group_id}, ticket_types {request type slug: problem|incident|question|task},
+    request_type_field (a custom field id that receives the request type slug, used when
+    ticket_types has no entry), assignees {name: assignee_id}. The priority goes as is
+    (low/normal/high/urgent are Zendesk's words). A value with no mapping is left out, not an error.
 `Destination.credentials_ref` resolves to `email/token:APITOKEN` or to the bare token.
 
 Nothing logged here contains a ticket body or a full email address.
@@ -70,7 +75,8 @@ class ZendeskDestination(DestinationAdapter):
 
     def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
         response = self._send("POST", TICKETS_PATH, write=True, idempotency_key=idempotency_key,
-                              json_body={"ticket": ticket_payload(request, external_ref)})
+                              json_body={"ticket": ticket_payload(request, external_ref,
+                                                                  self.destination.settings or {})})
         ticket = _json(response, write=True).get("ticket") or {}
         if "id" not in ticket:
             # It answered 2xx, so the ticket probably exists; only a lookup can tell which.
@@ -194,8 +200,50 @@ class ZendeskDestination(DestinationAdapter):
         return PermanentError(ReasonCode.REJECTED, f"HTTP {status}")
 
 
-def ticket_payload(request: TicketRequest, external_ref: str) -> dict:
-    """The Zendesk ticket for a request. Deterministic: a retry must send the very same body under its key."""
+ZENDESK_PRIORITIES = ("low", "normal", "high", "urgent")
+ZENDESK_TYPES = ("problem", "incident", "question", "task")
+
+
+def _id(value):
+    """A Zendesk id from settings (a number or its digits), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def route_fields(request: TicketRequest, settings: dict) -> dict:
+    """The ticket fields for the request's route, through the destination's mappings (see the module doc)."""
+    fields = {}
+    if request.queue:
+        group_id = _id((settings.get("groups") or {}).get(request.queue))
+        if group_id is None and request.queue.isdigit():
+            group_id = int(request.queue)  # an operator may name a Zendesk group by its id
+        if group_id is not None:
+            fields["group_id"] = group_id
+    if request.priority in ZENDESK_PRIORITIES:
+        fields["priority"] = request.priority
+    if request.request_type:
+        ticket_type = (settings.get("ticket_types") or {}).get(request.request_type)
+        field_id = _id(settings.get("request_type_field"))
+        if ticket_type in ZENDESK_TYPES:
+            fields["type"] = ticket_type
+        elif field_id is not None:
+            fields[str(field_id)] = request.request_type
+    if request.assignee:
+        assignee_id = _id((settings.get("assignees") or {}).get(request.assignee))
+        if assignee_id is not None:
+            fields["assignee_id"] = assignee_id
+    return fields
+
+
+def ticket_payload(request: TicketRequest, external_ref: str, settings: dict | None = None) -> dict:
+    """The Zendesk ticket for a request. Deterministic: a retry must send the very same body under its key.
+
+    `settings` (the destination's) map the route; `request.fields` (standard names or custom field ids)
+    are added last and win.
+    """
     ticket = {
         "subject": request.subject,
         "comment": {"body": request.description},
@@ -208,7 +256,8 @@ def ticket_payload(request: TicketRequest, external_ref: str) -> dict:
         # Zendesk finds or creates the end user by email; a new one needs a name.
         ticket["requester"] = {"email": address, "name": name or address.split("@")[0]}
     custom_fields = []
-    for key, value in sorted((request.fields or {}).items(), key=lambda item: str(item[0])):
+    merged = {**route_fields(request, settings or {}), **(request.fields or {})}
+    for key, value in sorted(merged.items(), key=lambda item: str(item[0])):
         if str(key).isdigit():
             custom_fields.append({"id": int(key), "value": value})  # a custom ticket field, by id
         else:
