@@ -126,6 +126,12 @@ MAILROOM_BULK_REPLAY_CAP = env.int("MAILROOM_BULK_REPLAY_CAP", default=20)
 MAILROOM_PAUSE_RECHECK_SECONDS = env.int("MAILROOM_PAUSE_RECHECK_SECONDS", default=300)
 # Where operators reach this instance: links to the admin in text we send elsewhere (a trimmed ticket).
 MAILROOM_PUBLIC_URL = env.str("MAILROOM_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+# The AI proposer (ticketing.classification.ai): an OpenAI-compatible /chat/completions endpoint; off without a URL.
+MAILROOM_AI_BASE_URL = env.str("MAILROOM_AI_BASE_URL", default="")
+MAILROOM_AI_MODEL = env.str("MAILROOM_AI_MODEL", default="")
+MAILROOM_AI_API_KEY_REF = env.str("MAILROOM_AI_API_KEY_REF", default="")  # env:NAME or file:/path
+MAILROOM_AI_TIMEOUT_SECONDS = env.float("MAILROOM_AI_TIMEOUT_SECONDS", default=10.0)
+MAILROOM_AI_MAX_INPUT_CHARS = env.int("MAILROOM_AI_MAX_INPUT_CHARS", default=8000)
 
 # --- Outgoing mail (acknowledgments) ---------------------------------------
 # EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=True. Without it the

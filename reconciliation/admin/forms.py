@@ -4,6 +4,7 @@ Destination choices are the item's tenant's destinations only.
 """
 from django import forms
 
+from ticketing.models import RoutingPolicy
 from ticketing.selectors import tenant_destinations
 
 PRIORITIES = [("", "—"), ("low", "low"), ("normal", "normal"), ("high", "high"), ("urgent", "urgent")]
@@ -33,6 +34,10 @@ class RouteForm(forms.Form):
     def __init__(self, *args, event=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["destination"].queryset = tenant_destinations(event.tenant_id)
+        policy = RoutingPolicy.objects.filter(tenant_id=event.tenant_id).first()
+        known = {value for value, _ in REQUEST_TYPES}
+        extra = [(v, v) for v in (policy.request_types if policy else []) if v not in known]
+        self.fields["request_type"].choices = REQUEST_TYPES + extra  # the tenant's vocabulary too
 
     def route(self) -> dict:
         data = self.cleaned_data

@@ -222,6 +222,9 @@ class RecoveryItemAdmin(admin.ModelAdmin):
         in_queue = selectors.recovery_queue_for(user).filter(pk=event.pk).exists()
         replayable = event.state in REPLAYABLE_EVENT_STATES
         route = event.route_override or {}
+        proposal = services.stored_proposal(event)
+        if proposal and not route:  # the correction form starts from the AI proposal
+            route = proposal["fields"]
         initial_route = {"destination": route.get("destination_id") or (current.destination_id if current else None),
                          "queue": route.get("queue", ""), "priority": route.get("priority", ""),
                          "request_type": route.get("request_type", "")}
@@ -242,7 +245,7 @@ class RecoveryItemAdmin(admin.ModelAdmin):
             "reason_text": selectors.reason_text(event.reason_code), "age": timesince(event.received_at),
             "timeline": list(selectors.event_timeline(event.pk)), "intents": intents, "current_intent": current,
             "mappings": list(selectors.event_mappings(event.pk)), "in_queue": in_queue,
-            "replayable": replayable, "forms": action_forms, "stuck_ack": stuck_ack,
+            "replayable": replayable, "forms": action_forms, "stuck_ack": stuck_ack, "proposal": proposal,
             "destination_name": {d.pk: d.slug for d in ticketing_selectors.tenant_destinations(event.tenant_id)},
             "paused_here": pauses["global"] or event.mailbox.paused,
             "pauses": pauses,
@@ -255,7 +258,7 @@ class RecoveryItemAdmin(admin.ModelAdmin):
         return TemplateResponse(request, self.detail_template, context, status=status)
 
     ACTIONS = ("assign_me", "assign", "escalate", "replay", "correct", "replay_new", "confirm", "close", "release",
-               "ack_handled")
+               "ack_handled", "accept_proposal")
 
     def action_view(self, request, pk, action):
         if request.method != "POST":
@@ -307,6 +310,10 @@ class RecoveryItemAdmin(admin.ModelAdmin):
         outcome = services.do_correct_and_replay(request.user, event.pk, **form.route())
         return f"Route corrected to {form.cleaned_data['destination'].slug} and replayed with the original " \
                f"idempotency key ({outcome})."
+
+    def _act_accept_proposal(self, request, event):
+        outcome = services.do_accept_proposal(request.user, event.pk)
+        return f"AI proposal accepted and replayed with the original idempotency key ({outcome})."
 
     def _act_replay_new(self, request, event):
         form = ReplayNewForm(request.POST, event=event)

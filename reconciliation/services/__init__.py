@@ -16,6 +16,7 @@ commands, the migrations and the tests use:
     bodies          message body and attachments (security; audited)
     bulk_replay     look up, then link, replay, resolve, reroute or skip many items
     pauses          the global, mailbox and destination pauses
+    proposals       the AI proposer's suggestion on a low-confidence item: show it, accept it
 """
 from .access import ActionRefused, actor_name, visible_event  # noqa: F401
 from .bodies import BodyView, do_download_attachment, do_view_message_body  # noqa: F401
@@ -27,6 +28,7 @@ from .bulk_replay import (  # noqa: F401
     do_bulk_replay_preview,
 )
 from .pauses import do_set_destination_pause, do_set_global_pause, do_set_mailbox_pause  # noqa: F401
+from .proposals import do_accept_proposal, stored_proposal  # noqa: F401
 from .queue_actions import (  # noqa: F401
     do_assign,
     do_assign_to_me,
