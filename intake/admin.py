@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 from django.http import Http404
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from .logging import mask_address
 from .models import (
@@ -153,7 +153,8 @@ class InboxEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     date_hierarchy = "received_at"
     ordering = ("-received_at",)
     list_select_related = ("mailbox",)
-    exclude = ("raw",)  # bodies need their own permission (see the recovery queue)
+    exclude = ("raw", "copy_of")  # bodies need their own permission (see the recovery queue)
+    readonly_fields = ("ticket_link", "message_copies")
     inlines = [AuditEventInline]
 
     @admin.display(description="sender")
@@ -172,6 +173,20 @@ class InboxEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
             return "—"
         url = mapping.ticket_url or reverse("admin:ticketing_ticketmapping_change", args=[mapping.pk])
         return format_html('<a href="{}">{} #{}</a>', url, mapping.destination.slug, mapping.ticket_id)
+
+    @admin.display(description="copies in other mailboxes")
+    def message_copies(self, obj):
+        """The same message delivered to another mailbox of the tenant: the event it follows, or its copies."""
+        def link(event):
+            url = reverse("admin:intake_inboxevent_change", args=[event.pk])
+            return format_html('<a href="{}" class="message-copy">event #{}</a> ({}, {})', url, event.pk,
+                               event.mailbox.slug, event.state)
+        if obj.copy_of_id:
+            return format_html("copy of {}", link(InboxEvent.objects.select_related("mailbox").get(pk=obj.copy_of_id)))
+        copies = list(obj.copies.select_related("mailbox").order_by("pk")[:50])
+        if not copies:
+            return "—"
+        return format_html("primary of {}", format_html_join(", ", "{}", ((link(c),) for c in copies)))
 
     def get_queryset(self, request):
         return super().get_queryset(request).prefetch_related("mappings__destination")

@@ -130,6 +130,9 @@ class InboxEvent(models.Model):
     # What classification chose and why: {"fields": {name: {"value", "origin"}}, "destination_id",
     # "sensitive", "rules": [ids], "ai": {...}}; origins are "rule:<id>", "ai", "default", "operator:<user>".
     route = models.JSONField(default=dict, blank=True)
+    # A copy of a message also delivered to another mailbox of the tenant: the event that made (or
+    # failed to make) the ticket (`ticketing.copies`). Set when the copy is linked or sent to review.
+    copy_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="copies")
 
     class Meta:
         default_permissions = ("add", "change", "view")  # evidence: nobody deletes events

@@ -243,3 +243,25 @@ class RoutingRule(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class CopiedMessage(models.Model):
+    """One message delivered to several mailboxes of a tenant: the delivery (event) that makes its ticket.
+
+    The first copy to reach routing inserts the row (`ticketing.copies`); the unique key makes it the
+    only primary, however many workers race. The other copies link to its ticket.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    fingerprint = models.CharField(max_length=64)
+    primary = models.ForeignKey(InboxEvent, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        default_permissions = ("add", "change", "view")  # evidence
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "fingerprint"], name="copied_message_one_primary"),
+        ]
+
+    def __str__(self):
+        return f"message {self.fingerprint[:12]} of tenant {self.tenant_id}: primary event {self.primary_id}"

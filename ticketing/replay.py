@@ -9,8 +9,9 @@ functions, the event's move is `intake.services.transition_event` (which writes
 the action's audit row); this module writes neither state itself.
 
     replay_same_key          failed/held -> pending under the original idempotency key,
-                             optionally with a corrected destination; an event without an
-                             intent goes back to `ready` (routing takes `route_override`)
+                             optionally with a corrected route (destination, queue, priority,
+                             request type; the key stays even for a new destination); an event
+                             without an intent goes back to `ready` (routing takes `route_override`)
     replay_as_new_action     a new action_version with its own key; the previous intent
                              stays as evidence (an `unknown` one is held, so no sweep acts on it)
     confirm_existing_ticket  failed/unknown/held -> succeeded with the ticket a reviewer found;
@@ -37,7 +38,7 @@ from intake.models import InboxEvent
 from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit, transition_event
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import intents
+from . import classification, intents
 from .destinations import ticket_url_for
 from .destinations.base import TicketResult
 from .models import Destination, Intent, Ticket
@@ -70,28 +71,29 @@ class ReplayRefused(Exception):
 
 # --- the route an operator corrects -------------------------------------------
 
-def ticket_fields(route_override: dict | None) -> dict:
-    """The destination fields a corrected route asks for (Zendesk names; other adapters may map them).
+def _effective_route(event: InboxEvent, intent: Intent | None) -> dict:
+    """What the event would be sent with now: its destination and the fields `Work` sends
+    (`classification.ticket_fields`: the operator's override wins over the stored route)."""
+    chosen = classification.ticket_fields(event.route, event.route_override)
+    destination_id = intent.destination_id if intent is not None else (
+        (event.route_override or {}).get("destination_id") or (event.route or {}).get("destination_id"))
+    return {"destination_id": destination_id, **{key: chosen.get(key, "") for key in ROUTE_KEYS[1:]}}
 
-    Deterministic, so every attempt under one key sends the same body.
-    """
-    route = route_override or {}
-    fields = {}
-    if route.get("priority"):
-        fields["priority"] = str(route["priority"])
-    if route.get("request_type"):
-        fields["type"] = str(route["request_type"])
-    queue = str(route.get("queue") or "")
-    if queue.isdigit():
-        fields["group_id"] = int(queue)
-    return fields
+
+def _corrections(event: InboxEvent, intent: Intent | None, route: dict | None) -> dict:
+    """{field: {"from", "to"}} for every field the operator's route changes (the audit row's `corrected`)."""
+    if not route:
+        return {}
+    before = _effective_route(event, intent)
+    return {key: {"from": before.get(key) or None, "to": value} for key, value in route.items()
+            if str(before.get(key) or "") != str(value)}
 
 
 # --- helpers -------------------------------------------------------------------
 
 def _event(event_id: int) -> InboxEvent:
     event = InboxEvent.objects.filter(pk=event_id).only(
-        "pk", "tenant_id", "mailbox_id", "provider_message_id", "state", "route_override").first()
+        "pk", "tenant_id", "mailbox_id", "provider_message_id", "state", "route_override", "route").first()
     if event is None:
         raise ReplayRefused("no such event")
     return event
@@ -134,9 +136,22 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
     """Send the event's current action again under its original idempotency key.
 
     `route` (destination_id, queue, priority, request_type) is stored as the
-    event's `route_override`; its destination becomes the intent's. Returns
+    event's `route_override`; the worker sends its fields (they win over the
+    classified route) and its destination becomes the intent's. Returns
     "reopened" (an intent went failed/held -> pending) or "rerouted" (no
     intent yet: the event went back to `ready`).
+
+    The key rule for a corrected route: the intent keeps its key (and its
+    external_ref), whether the destination changed or not; only
+    `replay_as_new_action` (its own permission) mints a new one. A destination
+    only remembers a key it answered with success (FakeDesk and Zendesk alike),
+    so a correction after a rejected create (401, 422) goes through with the
+    corrected body. If the key was used successfully before (a held intent
+    whose create did land), the corrected body is answered
+    `IdempotentRequestError` -> `unknown`, and `resolve_unknown` settles it by
+    lookup: the ticket that exists is kept, never a second one (correct its
+    fields in the desk). The audit row names the operator (`actor`) and the
+    corrected fields (`corrected`: {field: {from, to}}).
     """
     now = timezone.now()
     with transaction.atomic():
@@ -150,7 +165,7 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
         if intent is not None and intent.action == Intent.Action.ADD_COMMENT and destination is not None \
                 and destination.pk != intent.destination_id:
             raise ReplayRefused("a comment goes to its thread's ticket: its destination cannot be changed")
-        detail = {"event_state": event.state, "route": route}
+        detail = {"event_state": event.state, "route": route, "corrected": _corrections(event, intent, route)}
         if intent is None:
             outcome, to_state = "rerouted", EventState.READY
         else:
@@ -241,6 +256,7 @@ def replay_as_new_action(event_id: int, *, actor: str, approved_by: str, route: 
         _send_on(event, EventState.WRITE_PENDING, now, route, actor=actor, kind=AuditKind.REPLAYED_AS_NEW_ACTION,
                  audit_detail={
                      "approved_by": approved_by, "reason": reason[:500], "route": route,
+                     "corrected": _corrections(event, previous, route),
                      "previous_intent": previous.pk, "previous_version": previous.action_version,
                      "previous_state": previous.state, "previous_key": previous.idempotency_key[:12],
                      "intent": new.pk, "action_version": new_version, "idempotency_key": new.idempotency_key[:12],

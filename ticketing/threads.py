@@ -1,7 +1,8 @@
 """Which ticket a message belongs to: a reply in a known thread becomes a comment on that ticket.
 
 A thread is `(mailbox, thread_key)`, the key being the root of References (or
-In-Reply-To, or the message's own Message-ID). A ticket token in the subject
+In-Reply-To, or the message's own Message-ID); a copy linked to another mailbox's ticket
+(`ticketing.copies`) is that thread's ticket too. A ticket token in the subject
 (`[#MR-12]`, added to every acknowledgment) also points at a ticket, but is
 trusted only from a participant of that ticket: anyone can type a token, and it
 must not attach their mail to a stranger's ticket.
@@ -14,6 +15,7 @@ from intake.mime import ParsedMessage
 from intake.models import InboxEvent
 from intake.validation import subject_ticket_token
 
+from .copies import LINK_COPY
 from .models import Intent, TicketMapping
 
 TOKEN_PREFIX = "MR"
@@ -76,7 +78,7 @@ def plan(event: InboxEvent, parsed: ParsedMessage) -> ThreadPlan:
             return result
         tickets = list(
             TicketMapping.objects.select_related("destination")
-            .filter(inbox_event__in=earlier, action=Intent.Action.CREATE_TICKET)
+            .filter(inbox_event__in=earlier, action__in=(Intent.Action.CREATE_TICKET, LINK_COPY))
             .order_by("created_at", "pk")[:MAX_THREAD_TICKETS]
         )
         if tickets:
