@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from intake.admin import ReadOnlyAdminMixin, TenantScopedAdminMixin
 
-from .models import Destination, Intent, ThreadLease, Ticket, TicketComment, TicketMapping
+from .models import CopiedMessage, Destination, Intent, ThreadLease, Ticket, TicketComment, TicketMapping
 
 
 @admin.register(Destination)
@@ -28,6 +28,13 @@ class TicketMappingAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.Model
     list_display = ("inbox_event", "action", "destination", "ticket_id", "ticket_url", "created_at")
     list_filter = ("action", ("destination", admin.RelatedOnlyFieldListFilter))
     search_fields = ("=inbox_event__id", "ticket_id")
+
+
+@admin.register(CopiedMessage)
+class CopiedMessageAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """One message delivered to several mailboxes: which event makes its ticket (`ticketing.copies`)."""
+    list_display = ("primary", "tenant", "fingerprint", "created_at")
+    search_fields = ("=primary__id", "fingerprint")
 
 
 @admin.register(ThreadLease)
@@ -66,3 +73,6 @@ class TicketCommentAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.Model
     list_display = ("__str__", "ticket", "created_at")
     search_fields = ("external_ref",)
     exclude = ("body",)  # bodies are customer text: read them on the ticket
+
+
+from . import routing_admin  # noqa: E402,F401  (registers RoutingPolicy and RoutingRule)

@@ -19,8 +19,8 @@ PERM_PAUSE = "reconciliation.change_pauseswitch"
 PERM_GLOBAL_PAUSE = "reconciliation.set_global_pause"
 
 # The roles as (app_label, codename) pairs.
-# Permissions of models that do not exist yet (routing rules) are skipped until they do:
-# run ensure_role_groups() again from the migration that adds them.
+# Permissions of models that do not exist yet are skipped until they do: run ensure_role_groups()
+# again from the migration that adds them (routing: reconciliation/0003_routing_role_permissions).
 ROLE_PERMISSIONS = {
     "operator": [
         ("reconciliation", "view_recoveryitem"),
@@ -39,6 +39,7 @@ ROLE_PERMISSIONS = {
         ("ticketing", "view_destination"), ("ticketing", "add_destination"), ("ticketing", "change_destination"),
         ("ticketing", "view_routingrule"), ("ticketing", "add_routingrule"), ("ticketing", "change_routingrule"),
         ("ticketing", "delete_routingrule"),
+        ("ticketing", "view_routingpolicy"), ("ticketing", "change_routingpolicy"),
         ("reconciliation", "view_pauseswitch"), ("reconciliation", "change_pauseswitch"),
         ("reconciliation", "set_global_pause"),
     ],
