@@ -39,6 +39,10 @@ Zendesk API subset (basic auth `<anything>/token:<token>` when a token is set):
     GET  /api/v2/tickets/{id}.json             show
     PUT  /api/v2/tickets/{id}.json             add a comment; honours Idempotency-Key
     GET  /api/v2/tickets/{id}/comments.json    list comments
+    GET  /api/v2/tickets/show_many.json?ids=1,2   show several (unknown ids left out)
+    GET  /api/v2/incremental/tickets/cursor.json?start_time=T[&cursor=C][&per_page=N]
+                                               tickets updated at or after T (epoch seconds), by
+                                               cursor: tickets, after_cursor, end_of_stream
 
 Control API (no auth):
     GET/POST /_control/plan         {"faults": ["ok", "rate_limit:2", ...],

@@ -36,6 +36,8 @@ class Handler(BaseHTTPRequestHandler):
     ROUTES = [
         ("POST", re.compile(r"/api/v2/tickets(?:\.json)?"), "create_ticket", True),
         ("GET", re.compile(r"/api/v2/tickets(?:\.json)?"), "list_tickets", True),
+        ("GET", re.compile(r"/api/v2/tickets/show_many(?:\.json)?"), "show_many", True),
+        ("GET", re.compile(r"/api/v2/incremental/tickets/cursor(?:\.json)?"), "incremental_tickets", True),
         ("GET", re.compile(r"/api/v2/tickets/(\d+)(?:\.json)?"), "show_ticket", True),
         ("PUT", re.compile(r"/api/v2/tickets/(\d+)(?:\.json)?"), "update_ticket", True),
         ("GET", re.compile(r"/api/v2/tickets/(\d+)/comments(?:\.json)?"), "list_comments", True),
@@ -259,6 +261,35 @@ class Handler(BaseHTTPRequestHandler):
         with self.desk.store.transaction():
             tickets = self.desk.store.tickets(self._base_url(), external_id)
         self._send(200, {"tickets": tickets, "count": len(tickets), "next_page": None, "previous_page": None})
+
+    def show_many(self):
+        ids = [int(i) for i in ",".join(self.query.get("ids") or []).split(",") if i.strip().isdigit()][:100]
+        with self.desk.store.transaction():
+            tickets = [t for t in (self.desk.store.ticket(i, self._base_url()) for i in ids) if t is not None]
+        self._send(200, {"tickets": tickets, "count": len(tickets), "next_page": None, "previous_page": None})
+
+    def incremental_tickets(self):
+        """Zendesk's cursor-based incremental export: tickets updated since start_time, in pages."""
+        def first(name, default=""):
+            return (self.query.get(name) or [default])[0]
+        cursor, start = first("cursor"), first("start_time")
+        if not cursor and not start.isdigit():
+            self._send(400, {"error": "InvalidValue", "description": "start_time or cursor is required"})
+            return
+        per_page = min(1000, int(first("per_page", "1000"))) if first("per_page", "1000").isdigit() else 1000
+        if cursor:
+            start, _, after = cursor.partition(":")
+        else:
+            after = "0"
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(start or 0)))
+        with self.desk.store.transaction():
+            tickets = self.desk.store.updated_since(self._base_url(), since, int(after or 0), per_page + 1)
+        end = len(tickets) <= per_page
+        tickets = tickets[:per_page]
+        last = tickets[-1]["id"] if tickets else int(after or 0)
+        self._send(200, {"tickets": tickets, "after_cursor": f"{start}:{last}", "before_cursor": None,
+                         "end_of_stream": end, "after_url": None if end else
+                         f"{self._base_url()}/api/v2/incremental/tickets/cursor.json?cursor={start}:{last}"})
 
     def show_ticket(self, ticket_id):
         with self.desk.store.transaction():

@@ -182,6 +182,12 @@ class TicketStore:
                 "SELECT * FROM tickets WHERE external_id = ? ORDER BY id", (external_id,)).fetchall()
         return [_ticket_json(row, base_url) for row in rows]
 
+    def updated_since(self, base_url: str, since_iso: str, after_id: int, limit: int) -> list[dict]:
+        """Tickets updated at or after `since_iso`, with an id above `after_id`, by id (the export's order here)."""
+        rows = self._db.execute("SELECT * FROM tickets WHERE updated_at >= ? AND id > ? ORDER BY id LIMIT ?",
+                                (since_iso, after_id, limit)).fetchall()
+        return [_ticket_json(row, base_url) for row in rows]
+
     def comments(self, ticket_id: int) -> list[dict]:
         rows = self._db.execute("SELECT * FROM comments WHERE ticket_id = ? ORDER BY id", (ticket_id,)).fetchall()
         return [

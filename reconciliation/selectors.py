@@ -1,6 +1,19 @@
 """Reads for operators: the recovery queue and what it shows."""
-from django.db.models import Count, Exists, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    IntegerField,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent, Mailbox, Switch
@@ -8,6 +21,8 @@ from intake.selectors import visible_tenants
 from intake.vocabulary import AuditKind, ReasonCode
 from ticketing.models import Destination, Intent, TicketMapping
 from ticketing.selectors import WORK_ACTIONS  # the intents that carry an event's ticket work
+
+from .models import Finding
 
 # Audit kinds that mark an attempt at the destination (its outcome).
 ATTEMPT_KINDS = (AuditKind.INTENT_RETRY_WAIT, AuditKind.INTENT_FAILED, AuditKind.INTENT_UNKNOWN,
@@ -39,19 +54,33 @@ def held_intents() -> QuerySet:
     return Intent.objects.filter(state=Intent.State.HELD).exclude(Exists(newer))
 
 
+# Overdue items (their `escalate_at` has passed) first, then the rest; the database's clock decides.
+OVERDUE_FIRST = Case(When(escalate_at__lte=Now(), then=Value(0)), default=Value(1)).asc()
+QUEUE_ORDER = (OVERDUE_FIRST, "received_at", "pk")
+
+
+def overdue_q(now=None) -> Q:
+    return Q(escalate_at__lte=now or timezone.now())
+
+
 def recovery_queue(model=InboxEvent) -> QuerySet:
-    """Every event that needs a person: a recovery state, or an intent held for investigation. Oldest first.
+    """Every event that needs a person: a recovery state, an intent held for investigation, or an open
+    event a reconciler found stuck without a mapping (an open `unmapped` finding). Overdue items first
+    (`escalate_at` passed), then oldest first.
 
     A held intent counts while it is the current version of its action and its
-    event was not closed (suppressed). Written as a UNION of two indexed reads
-    (events by state, intents by state), not an OR, so it stays fast on a big inbox.
+    event was not closed (suppressed). Written as a UNION of three indexed reads
+    (events by state, intents by state, open unmapped findings), not an OR, so it
+    stays fast on a big inbox.
     """
     in_recovery = InboxEvent.objects.filter(state__in=InboxEvent.RECOVERY_STATES).values("pk")
     held = held_intents().exclude(inbox_event__state=InboxEvent.State.SUPPRESSED).values("inbox_event_id")
+    unmapped = Finding.objects.filter(kind=Finding.Kind.UNMAPPED, resolved_at__isnull=True,
+                                      inbox_event__isnull=False).values("inbox_event_id")
     return (
-        model._default_manager.filter(pk__in=in_recovery.union(held))
+        model._default_manager.filter(pk__in=in_recovery.union(held, unmapped))
         .select_related("mailbox", "owner")
-        .order_by("received_at", "pk")
+        .order_by(*QUEUE_ORDER)
     )
 
 
@@ -84,9 +113,10 @@ def with_queue_columns(queryset: QuerySet) -> QuerySet:
 
 def queue_summary(user) -> dict:
     """The head of the queue page: how many items are open and how old the oldest one is."""
-    totals = recovery_queue_for(user).order_by().aggregate(open=Count("pk"), oldest=Min("received_at"))
+    totals = recovery_queue_for(user).order_by().aggregate(open=Count("pk"), oldest=Min("received_at"),
+                                                           overdue=Count("pk", filter=overdue_q()))
     oldest = totals["oldest"]
-    return {"open": totals["open"], "oldest_received_at": oldest,
+    return {"open": totals["open"], "overdue": totals["overdue"], "oldest_received_at": oldest,
             "oldest_age": (timezone.now() - oldest) if oldest else None}
 
 

@@ -5,6 +5,14 @@ provider message id (docs/design.md §4 "Message identity": the same whether the
 or by polling) and the raw RFC 5322 bytes — and everything ends in
 `intake.services.ingest`. Network and API failures are mapped to the failure
 kinds of `intake.failures`; a refused signature or token to `WebhookRejected`.
+
+Listing (optional, `supports_listing`; used by the reconcilers, `reconciliation.reconcilers`):
+`list_recent(since, until, limit, resume)` names the messages the provider holds that arrived in
+[since, until], a bounded page at a time, by the same provider message id polling and webhooks
+use; `fetch_listed(listed)` fetches the ones the caller wants. IMAP, Gmail, Graph and Mailgun
+(stored events) list; raw, Postmark and SendGrid do not (nothing to ask: a raw webhook has no
+server side, SendGrid Inbound Parse keeps nothing, and Postmark's inbound search returns its own
+ids, not the Message-ID, so matching would take one details call per message).
 """
 from dataclasses import dataclass, field
 
@@ -13,8 +21,8 @@ from django.http import HttpRequest, HttpResponse
 from intake.failures import AmbiguousOutcome, PermanentError, TransientError
 
 __all__ = [
-    "AmbiguousOutcome", "FetchedMessage", "PermanentError", "PollBatch", "Provider", "TransientError",
-    "WebhookRejected", "WebhookResult",
+    "AmbiguousOutcome", "FetchedMessage", "ListedMessage", "Listing", "PermanentError", "PollBatch", "Provider",
+    "TransientError", "WebhookRejected", "WebhookResult",
 ]
 
 
@@ -53,10 +61,28 @@ class PollBatch:
     more: bool = False
 
 
+@dataclass(frozen=True)
+class ListedMessage:
+    """A message the provider holds: its provider message id, and what `fetch_listed` needs to fetch it."""
+
+    provider_message_id: str
+    handle: object = None       # an IMAP UID, a Gmail or Graph id, a Mailgun storage URL
+    raw: bytes | None = None    # when listing already had to read the whole message (IMAP without a Message-ID)
+
+
+@dataclass
+class Listing:
+    """One bounded page of a listing; `resume` is where the next page starts (None: the window is done)."""
+
+    messages: list[ListedMessage]
+    resume: dict | None = None
+
+
 class Provider:
     name = ""
     supports_webhook = False
     supports_polling = False
+    supports_listing = False
 
     def __init__(self, mailbox):
         self.mailbox = mailbox
@@ -68,3 +94,14 @@ class Provider:
     def poll(self, cursor: dict) -> PollBatch:
         """Fetch the next bounded batch after `cursor` (an empty dict the first time)."""
         raise NotImplementedError
+
+    def list_recent(self, since, until, limit: int, resume: dict | None = None) -> Listing:
+        """At most `limit` messages that arrived in [since, until] (aware datetimes), from `resume` on."""
+        raise NotImplementedError
+
+    def fetch_listed(self, listed: list[ListedMessage]) -> list[FetchedMessage]:
+        """The raw messages of `listed` (one deleted meanwhile is left out)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections (a no-op unless the provider keeps one)."""

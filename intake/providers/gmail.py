@@ -42,6 +42,11 @@ page_size (100, at most 500; `batch_size` overrides it), push_auth, push_audienc
 push_issuer (https://accounts.google.com), jwks_url
 (https://www.googleapis.com/oauth2/v3/certs), push_service_account,
 push_topic (for `watch()`). `credentials_ref`: see `intake.providers.oauth`.
+Listing (reconciliation, `list_recent`): `messages.list` with
+q=`after:<since> before:<until>` (epoch seconds) and the label, one page of at most
+`limit` (500) ids per call, `pageToken` as the resume point; `fetch_listed` is the poll's
+`messages.get?format=raw`.
+
 Nothing logged here holds a token, a body or a full address.
 """
 import base64
@@ -56,7 +61,16 @@ from intake.http import json_or_empty, parse_retry_after
 from intake.logging import mask_address
 from intake.secrets import SecretUnavailable, resolve_secret
 
-from .base import FetchedMessage, PermanentError, PollBatch, TransientError, WebhookRejected, WebhookResult
+from .base import (
+    FetchedMessage,
+    ListedMessage,
+    Listing,
+    PermanentError,
+    PollBatch,
+    TransientError,
+    WebhookRejected,
+    WebhookResult,
+)
 from .common import ApiProvider
 from .oauth import ApiClient, error_code
 from .oidc import TokenInvalid, verify_id_token
@@ -90,6 +104,7 @@ class GmailProvider(ApiProvider):
     name = "gmail"
     supports_webhook = True
     supports_polling = True
+    supports_listing = True
     default_page_size = DEFAULT_PAGE_SIZE
     largest_page_size = 500
     default_resync_days = DEFAULT_RESYNC_DAYS
@@ -257,6 +272,23 @@ class GmailProvider(ApiProvider):
                 metadata={"thread_id": body.get("threadId", ""), "label_ids": body.get("labelIds") or []},
             ))
         return fetched
+
+    # --- Listing (reconciliation) ------------------------------------------------------
+
+    def list_recent(self, since: datetime, until: datetime, limit: int, resume: dict | None = None) -> Listing:
+        params = {"maxResults": max(1, min(500, int(limit))),
+                  "q": f"after:{int(since.timestamp())} before:{int(until.timestamp()) + 1}"}
+        if self.label_id:
+            params["labelIds"] = self.label_id
+        if resume and resume.get("page_token"):
+            params["pageToken"] = str(resume["page_token"])
+        body = _json(self.client.get(self._path("/messages"), params=params))
+        listed = [ListedMessage(str(m["id"]), str(m["id"])) for m in body.get("messages") or [] if m.get("id")]
+        next_page = body.get("nextPageToken")
+        return Listing(listed, {"page_token": str(next_page)} if next_page else None)
+
+    def fetch_listed(self, listed: list[ListedMessage]) -> list[FetchedMessage]:
+        return self._fetch([m.provider_message_id for m in listed])
 
     # --- Watch (push subscription) ------------------------------------------------
 

@@ -36,6 +36,10 @@ outage you want covered), page_size (50; `batch_size` overrides it),
 notification_url and subscription_minutes (for `intake.graph_subscriptions`).
 `credentials_ref`: see `intake.providers.oauth` (client credentials, app-only,
 or a delegated refresh token).
+
+Listing (reconciliation, `list_recent`): `GET .../mailFolders/{folder}/messages` with
+`$filter=receivedDateTime ge <since> and receivedDateTime le <until>`, `$select=id`, `$top=<limit>`
+(immutable ids), `@odata.nextLink` as the resume point; `fetch_listed` is the poll's `$value` fetch.
 """
 import hmac
 import json
@@ -50,7 +54,7 @@ from intake.http import json_or_empty
 from intake.models import ProviderSubscription
 from intake.secrets import SecretUnavailable, resolve_secret
 
-from .base import FetchedMessage, PollBatch, TransientError, WebhookRejected, WebhookResult
+from .base import FetchedMessage, ListedMessage, Listing, PollBatch, TransientError, WebhookRejected, WebhookResult
 from .common import ApiProvider
 from .oauth import ApiClient, error_code
 
@@ -73,6 +77,7 @@ class GraphProvider(ApiProvider):
     name = "graph"
     supports_webhook = True
     supports_polling = True
+    supports_listing = True
     default_page_size = DEFAULT_PAGE_SIZE
     largest_page_size = 1000
     default_resync_days = DEFAULT_RESYNC_DAYS
@@ -180,6 +185,30 @@ class GraphProvider(ApiProvider):
         if body.get("@odata.deltaLink"):
             return PollBatch(messages, {"delta_link": str(body["@odata.deltaLink"])}, more=False)
         raise TransientError("unreadable_response", "graph delta page without nextLink or deltaLink")
+
+    # --- Listing (reconciliation) ------------------------------------------------------
+
+    def list_recent(self, since, until, limit: int, resume: dict | None = None) -> Listing:
+        top = max(1, min(self.largest_page_size, int(limit)))
+        headers = {"Prefer": f"{IMMUTABLE_IDS}, odata.maxpagesize={top}"}
+        if resume and resume.get("next_link"):
+            response = self.client.get(str(resume["next_link"]), headers=headers)
+        else:
+            window = (f"receivedDateTime ge {since.strftime('%Y-%m-%dT%H:%M:%SZ')} and "
+                      f"receivedDateTime le {until.strftime('%Y-%m-%dT%H:%M:%SZ')}")
+            params = {"$filter": window, "$select": "id,receivedDateTime", "$top": top}
+            path = f"{self.user_path}/mailFolders/{quote(self.folder, safe='')}/messages"
+            response = self.client.get(path, params=params, headers=headers)
+        body = json_or_empty(response)
+        if not isinstance(body.get("value"), list):
+            raise TransientError("unreadable_response", f"graph HTTP {response.status_code}, no message page")
+        listed = [ListedMessage(str(item["id"]), str(item["id"])) for item in body["value"]
+                  if isinstance(item, dict) and item.get("id")]
+        next_link = body.get("@odata.nextLink")
+        return Listing(listed, {"next_link": str(next_link)} if next_link else None)
+
+    def fetch_listed(self, listed: list[ListedMessage]) -> list[FetchedMessage]:
+        return self._fetch([m.provider_message_id for m in listed])
 
     def _fetch(self, ids: list[str]) -> list[FetchedMessage]:
         fetched = []

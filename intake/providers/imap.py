@@ -26,19 +26,24 @@ The cursor (stored by the polling service only after the batch is committed):
   one), so messages already ingested under their old UIDs are duplicates.
 * Batches are bounded by `batch_size` messages and `max_batch_bytes` (but
   always at least one message), using RFC822.SIZE before fetching bodies.
+
+Listing (the reconciler's view, `list_recent`): `UID SEARCH SINCE <a day before since>` in the
+folder, in UID order from the resume point, at most `limit` UIDs; for those, INTERNALDATE and
+`BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)]` only (the whole message only when it has no Message-ID,
+since its id is then the content fingerprint). INTERNALDATE decides the exact window.
 """
 import imaplib
 import logging
 import ssl as ssl_module
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 
 from imapclient import IMAPClient, exceptions as imap_errors
 
-from intake.keys import provider_message_id_for_raw
+from intake.keys import message_id_from_raw, provider_message_id_for_raw
 from intake.logging import mask_address
 from intake.secrets import SecretUnavailable, resolve_secret
 
-from .base import FetchedMessage, PermanentError, PollBatch, Provider, TransientError
+from .base import FetchedMessage, ListedMessage, Listing, PermanentError, PollBatch, Provider, TransientError
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +68,7 @@ class ImapProvider(Provider):
     name = "imap"
     supports_webhook = False
     supports_polling = True
+    supports_listing = True
 
     def __init__(self, mailbox):
         super().__init__(mailbox)
@@ -153,8 +159,12 @@ class ImapProvider(Provider):
     # --- polling ------------------------------------------------------------------------------
 
     def poll(self, cursor: dict) -> PollBatch:
+        return self._mapping_failures(self._poll, cursor)
+
+    def _mapping_failures(self, operation, *args):
+        """Run `operation`, mapping connection and protocol failures to TransientError (closing first)."""
         try:
-            return self._poll(cursor)
+            return operation(*args)
         except (TransientError, PermanentError):
             self.close()
             raise
@@ -239,3 +249,67 @@ class ImapProvider(Provider):
             chosen.append(uid)
             total += size
         return chosen
+
+    # --- listing (reconciliation) ---------------------------------------------------------------
+
+    def list_recent(self, since: datetime, until: datetime, limit: int, resume: dict | None = None) -> Listing:
+        return self._mapping_failures(self._list_recent, since, until, max(1, int(limit)), resume or {})
+
+    def fetch_listed(self, listed: list[ListedMessage]) -> list[FetchedMessage]:
+        return self._mapping_failures(self._fetch_listed, listed)
+
+    def _list_recent(self, since: datetime, until: datetime, limit: int, resume: dict) -> Listing:
+        client = self._connect()
+        uidvalidity = int(self._examine()[b"UIDVALIDITY"])
+        after = int(resume.get("after_uid") or 0) if resume.get("uidvalidity") == uidvalidity else 0
+        # SINCE compares dates in the server's time zone: ask from a day earlier, INTERNALDATE decides.
+        criteria = ["SINCE", (since - timedelta(days=1)).date()]
+        if after:
+            criteria = ["UID", f"{after + 1}:*", *criteria]
+        uids = sorted(uid for uid in (int(u) for u in client.search(criteria)) if uid > after)
+        chunk = uids[:limit]
+        listed, without_id = [], []
+        if chunk:
+            fetched = client.fetch(chunk, ["INTERNALDATE", "BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)]"])
+            for uid in chunk:
+                data = fetched.get(uid)
+                if data is None:
+                    continue  # expunged since the search
+                arrived = _aware(data.get(b"INTERNALDATE"))
+                if arrived is not None and not since <= arrived <= until:
+                    continue
+                header = next((bytes(v) for k, v in data.items() if k.startswith(b"BODY[HEADER")), b"")
+                message_id = message_id_from_raw(header + b"\r\n") if header else ""
+                if message_id:
+                    listed.append(ListedMessage(provider_message_id_for_raw(b"", message_id=message_id), uid))
+                else:
+                    without_id.append(uid)
+        if without_id:
+            bodies = client.fetch(without_id, ["BODY.PEEK[]"])
+            for uid in without_id:
+                raw = (bodies.get(uid) or {}).get(b"BODY[]")
+                if raw is not None:
+                    listed.append(ListedMessage(provider_message_id_for_raw(bytes(raw)), uid, bytes(raw)))
+        more = len(uids) > len(chunk)
+        return Listing(listed, {"uidvalidity": uidvalidity, "after_uid": chunk[-1]} if more else None)
+
+    def _fetch_listed(self, listed: list[ListedMessage]) -> list[FetchedMessage]:
+        client = self._connect()
+        self._examine()
+        messages = [FetchedMessage(m.provider_message_id, m.raw, {"uid": m.handle}) for m in listed if m.raw]
+        wanted = [int(m.handle) for m in listed if not m.raw]
+        if wanted:
+            fetched = client.fetch(wanted, ["BODY.PEEK[]"])
+            for uid in wanted:
+                raw = (fetched.get(uid) or {}).get(b"BODY[]")
+                if raw is not None:
+                    raw = bytes(raw)
+                    messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid}))
+        return messages
+
+
+def _aware(value) -> datetime | None:
+    """An INTERNALDATE as an aware datetime (imapclient gives naive local time by default)."""
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo is not None else value.astimezone()

@@ -10,16 +10,28 @@ from `body-mime`, which Mailgun sends when the forward URL ends in "mime".
 import hashlib
 import hmac
 import time
+from urllib.parse import urlsplit
 
+import requests
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from intake.http import json_or_empty, parse_retry_after
 from intake.keys import provider_message_id_for_raw
 from intake.models import WebhookNonce
-from intake.secrets import resolve_secret
+from intake.secrets import SecretUnavailable, resolve_secret
 
-from .base import FetchedMessage, PermanentError, Provider, WebhookRejected, WebhookResult
+from .base import (
+    FetchedMessage,
+    ListedMessage,
+    Listing,
+    PermanentError,
+    Provider,
+    TransientError,
+    WebhookRejected,
+    WebhookResult,
+)
 from .inbound import FormError, parse_form
 
 
@@ -27,10 +39,18 @@ def mailgun_signature(signing_key: str, timestamp: str, token: str) -> str:
     return hmac.new(signing_key.encode(), f"{timestamp}{token}".encode(), hashlib.sha256).hexdigest()
 
 
+DEFAULT_API_BASE = "https://api.mailgun.net"
+EVENTS_PAGE_LIMIT = 300  # the Events API's largest page
+
+
 class MailgunProvider(Provider):
     name = "mailgun"
     supports_webhook = True
     supports_polling = False
+
+    @property
+    def supports_listing(self) -> bool:
+        return bool((self.mailbox.settings or {}).get("domain") and self.mailbox.credentials_ref)
 
     def handle_webhook(self, request, body: bytes) -> WebhookResult:
         try:
@@ -64,3 +84,75 @@ class MailgunProvider(Provider):
         if not raw:
             raise PermanentError("malformed", "no body-mime field: the forward URL must end in 'mime'")
         return WebhookResult(messages=[FetchedMessage(provider_message_id_for_raw(raw), raw)])
+
+    # --- listing (reconciliation) ---------------------------------------------------------------
+
+    def _api(self, url: str, params=None, accept: str = "application/json") -> dict:
+        settings = self.mailbox.settings or {}
+        base = str(settings.get("api_base") or DEFAULT_API_BASE).rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            url = base + url
+        else:
+            host = urlsplit(url).hostname or ""
+            if host != urlsplit(base).hostname and not host.endswith(".mailgun.net"):
+                # The API key goes with the request: paging and storage links only to Mailgun.
+                raise PermanentError("configuration", "mailgun: refusing a link to another host")
+        try:
+            key = resolve_secret(self.mailbox.credentials_ref)
+        except SecretUnavailable as exc:
+            raise PermanentError("credentials", f"mailgun API key: {exc}") from None
+        try:
+            response = requests.get(url, params=params, auth=("api", key), headers={"Accept": accept},
+                                    timeout=(3.05, float(settings.get("timeout") or 30)))
+        except requests.RequestException as exc:
+            raise TransientError("connection", type(exc).__name__) from None
+        if response.status_code in (401, 403):
+            raise PermanentError("credentials", f"mailgun HTTP {response.status_code}")
+        if response.status_code == 429 or response.status_code >= 500:
+            raise TransientError("unavailable", f"mailgun HTTP {response.status_code}",
+                                 retry_after=parse_retry_after(response.headers.get("Retry-After")))
+        if response.status_code == 404:
+            return {}
+        if response.status_code >= 400:
+            raise PermanentError("rejected", f"mailgun HTTP {response.status_code}")
+        return json_or_empty(response)
+
+    def list_recent(self, since, until, limit: int, resume: dict | None = None) -> Listing:
+        domain = str((self.mailbox.settings or {}).get("domain") or "")
+        if resume and resume.get("next"):
+            body = self._api(str(resume["next"]))
+        else:
+            body = self._api(f"/v3/{domain}/events", params={
+                "event": "stored", "recipient": self.mailbox.address, "begin": f"{since.timestamp():.0f}",
+                "end": f"{until.timestamp():.0f}", "ascending": "yes",
+                "limit": max(1, min(EVENTS_PAGE_LIMIT, int(limit)))})
+        items = [item for item in body.get("items") or [] if isinstance(item, dict)]
+        listed = []
+        for item in items:
+            storage = item.get("storage") or {}
+            url = storage.get("url")
+            if not url:
+                continue  # expired from storage: nothing to fetch
+            headers = ((item.get("message") or {}).get("headers") or {})
+            message_id = str(headers.get("message-id") or "").strip().strip("<>")
+            if message_id:
+                listed.append(ListedMessage(provider_message_id_for_raw(b"", message_id=message_id), url))
+            else:
+                raw = self._stored_mime(url)
+                if raw is not None:
+                    listed.append(ListedMessage(provider_message_id_for_raw(raw), url, raw))
+        next_page = (body.get("paging") or {}).get("next")
+        # Mailgun always offers a next page; an empty page is the end.
+        return Listing(listed, {"next": str(next_page)} if items and next_page else None)
+
+    def _stored_mime(self, url: str) -> bytes | None:
+        mime = self._api(url, accept="message/rfc2822").get("body-mime")
+        return mime.encode("utf-8", "surrogateescape") if isinstance(mime, str) and mime else None
+
+    def fetch_listed(self, listed: list[ListedMessage]) -> list[FetchedMessage]:
+        messages = []
+        for message in listed:
+            raw = message.raw if message.raw is not None else self._stored_mime(str(message.handle))
+            if raw is not None:
+                messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"storage_url": message.handle}))
+        return messages

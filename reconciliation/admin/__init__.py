@@ -14,3 +14,4 @@ Django imports this package (`reconciliation.admin`); importing `queue` and
 """
 from .pauses import PauseSwitchAdmin  # noqa: F401  (registers the pause page)
 from .queue import RecoveryItemAdmin  # noqa: F401  (registers the recovery queue)
+from .reconciliations import FindingAdmin, ReconciliationRunAdmin  # noqa: F401  (reconcilers' runs and findings)
