@@ -2,14 +2,41 @@ from django.contrib import admin
 
 from intake.admin import ReadOnlyAdminMixin, TenantScopedAdminMixin
 
-from .models import CopiedMessage, Destination, Intent, ThreadLease, Ticket, TicketComment, TicketMapping
+from .models import (
+    CopiedMessage,
+    Destination,
+    DestinationAttempt,
+    Intent,
+    Notification,
+    ThreadLease,
+    Ticket,
+    TicketComment,
+    TicketMapping,
+)
 
 
 @admin.register(Destination)
 class DestinationAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
-    list_display = ("slug", "tenant", "kind", "base_url", "is_default", "paused")
+    list_display = ("slug", "tenant", "kind", "base_url", "is_default", "paused", "paused_by", "paused_reason")
     list_filter = ("kind", "is_default", "paused", ("tenant", admin.RelatedOnlyFieldListFilter))
     search_fields = ("slug", "base_url")
+    readonly_fields = ("paused_by", "paused_at", "paused_reason")  # written by the pause switch and the breaker
+
+
+@admin.register(DestinationAttempt)
+class DestinationAttemptAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """What the circuit breaker counts (ticketing.breaker)."""
+    tenant_path = "destination__tenant"
+    list_display = ("at", "destination", "ok", "reason")
+    list_filter = ("ok", "reason")
+
+
+@admin.register(Notification)
+class NotificationAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Emails sent to staff (escalations, digests, the breaker), once each."""
+    list_display = ("sent_at", "kind", "tenant", "inbox_event", "destination", "subject")
+    list_filter = ("kind",)
+    search_fields = ("=inbox_event__id", "key")
 
 
 @admin.register(Intent)

@@ -18,6 +18,11 @@ class Destination(models.Model):
     settings = models.JSONField(default=dict, blank=True)
     is_default = models.BooleanField(default=False)
     paused = models.BooleanField(default=False, help_text="Workers make no writes to a paused destination.")
+    # Who paused it, when and why: a person ("user:<name>") or the circuit breaker ("system:breaker",
+    # ticketing.breaker). Only a person resumes; resuming clears the three.
+    paused_reason = models.CharField(max_length=500, blank=True)
+    paused_by = models.CharField(max_length=150, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -265,3 +270,49 @@ class CopiedMessage(models.Model):
 
     def __str__(self):
         return f"message {self.fingerprint[:12]} of tenant {self.tenant_id}: primary event {self.primary_id}"
+
+
+class DestinationAttempt(models.Model):
+    """One call to an external destination and how it ended: what the circuit breaker counts.
+
+    Insert-only; rows past the breaker's window are pruned (`ticketing.breaker.prune`).
+    """
+
+    destination = models.ForeignKey(Destination, on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField()
+    ok = models.BooleanField()
+    reason = models.CharField(max_length=50, blank=True)  # the failure's reason code ("credentials", ...)
+
+    class Meta:
+        indexes = [models.Index(fields=["destination", "at"], name="destination_attempt_recent")]
+
+
+class Notification(models.Model):
+    """An email Mailroom sent to its own staff (escalation, daily digest, circuit breaker): the audit row.
+
+    The unique `key` makes each email go out once: the row is written in the transaction that sends
+    it, so a second beat run (or a concurrent one) finds it and sends nothing. No addresses are kept,
+    only the recipients' usernames.
+    """
+
+    class Kind(models.TextChoices):
+        ESCALATION = "escalation"
+        DIGEST = "digest"
+        BREAKER = "breaker"
+
+    key = models.CharField(max_length=200, unique=True)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    inbox_event = models.ForeignKey(InboxEvent, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    destination = models.ForeignKey(Destination, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    # An escalation email: the `escalate_at` it was for (a new time set by an operator is a new escalation).
+    escalation_at = models.DateTimeField(null=True, blank=True)
+    recipients = models.JSONField(default=list, blank=True)
+    subject = models.CharField(max_length=300)
+    sent_at = models.DateTimeField()
+
+    class Meta:
+        default_permissions = ("view",)  # evidence
+
+    def __str__(self):
+        return self.key

@@ -19,7 +19,7 @@ from intake.services import record_audit, transition_event, wait_event
 from intake.testhooks import pause_point
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import classification, copies, intents, leases, selectors, threads
+from . import breaker, classification, copies, intents, leases, selectors, threads
 from .classification.rules import record_hits
 from .destinations import adapter_for
 from .destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
@@ -279,7 +279,8 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
     try:
         result = work.perform(adapter, intent)
     except (TransientError, PermanentError, AmbiguousOutcome) as exc:
-        return intents.record_failure(intent, exc, worker) or "claim_lost"
+        return intents.record_failure(intent, exc, worker) or "claim_lost"  # the breaker counts it there
+    breaker.record_success(intent.destination)
     pause_point("after_destination_success")
     # A claim that expired meanwhile was moved to `unknown`; the success we hold settles it.
     if intents.record_success(intent, result, f"worker:{worker}", (Intent.State.IN_FLIGHT, Intent.State.UNKNOWN),

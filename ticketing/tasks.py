@@ -67,3 +67,10 @@ def send_acknowledgments(intent_ids: list[int]) -> dict:
             outcome = "error"
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     return outcomes
+
+
+@shared_task
+def prune_breaker_attempts() -> int:
+    from . import breaker
+
+    return breaker.prune()

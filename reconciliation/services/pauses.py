@@ -2,6 +2,8 @@
 
 A pause keeps intake storing mail while workers make no destination writes; a
 resume drains the backlog at once (`intake.services.release_waiting_events`).
+The circuit breaker (`ticketing.breaker`) pauses a destination by itself; only a
+person resumes one, here, which clears the breaker's reason and record.
 Each change is logged in the admin's LogEntry and the log.
 """
 import logging
@@ -14,6 +16,7 @@ from django.utils import timezone
 from intake.models import Mailbox, Switch
 from intake.selectors import global_pause_on
 from intake.services import release_waiting_events
+from ticketing import breaker
 from ticketing.models import Destination
 
 from .. import selectors
@@ -68,7 +71,12 @@ def do_set_destination_pause(user, destination_id: int, paused: bool) -> int:
     require(user, PERM_PAUSE)
     destination = selectors.visible_destinations(user).get(pk=destination_id)
     with transaction.atomic():
-        Destination.objects.filter(pk=destination.pk).update(paused=bool(paused))
+        if paused:  # a person's pause: who and when (a pause already on keeps its own record)
+            Destination.objects.filter(pk=destination.pk, paused=False).update(
+                paused=True, paused_by=actor_name(user), paused_reason="paused by a person", paused_at=timezone.now())
+        else:
+            Destination.objects.filter(pk=destination.pk).update(paused=False)
+            breaker.resumed(destination.pk)  # clears the reason; intents that waited on it are due now
         _log_change(user, destination, f"destination {'paused' if paused else 'resumed'}")
     logger.warning("destination %s %s by %s", destination, "paused" if paused else "resumed", actor_name(user))
     if paused:

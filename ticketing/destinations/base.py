@@ -11,7 +11,9 @@ from intake.failures import AmbiguousOutcome, PermanentError, TransientError
 __all__ = [
     "AmbiguousOutcome",
     "DestinationAdapter",
+    "DestinationRecord",
     "PermanentError",
+    "RecordPage",
     "TicketRequest",
     "TicketResult",
     "TransientError",
@@ -36,6 +38,23 @@ class TicketRequest:
 class TicketResult:
     ticket_id: str
     url: str = ""
+
+
+@dataclass(frozen=True)
+class DestinationRecord:
+    """A record of the destination that carries one of our external references (reconciliation)."""
+
+    ticket_id: str
+    external_ref: str
+    url: str = ""
+
+
+@dataclass
+class RecordPage:
+    """One bounded page of `records_with_ref`; `resume` is where the next starts (None: done)."""
+
+    records: list[DestinationRecord]
+    resume: dict | None = None
 
 
 class DestinationAdapter:
@@ -67,3 +86,20 @@ class DestinationAdapter:
     def ticket_url(self, ticket_id) -> str:
         """Where a person opens the ticket (`TicketMapping.ticket_url`); "" when the destination has no such page."""
         return ""
+
+    # --- listing (reconciliation.reconcilers); optional ---------------------------------------------
+    # The destination can list what it holds: `records_with_ref` and `existing_tickets` work.
+    supports_listing = False
+
+    def records_with_ref(self, prefix: str, since, limit: int, resume: dict | None = None) -> RecordPage:
+        """At most `limit` records created (or, where that is what the API offers, updated) since `since`
+        whose external reference starts with `prefix`; a bounded page, resumable."""
+        raise NotImplementedError
+
+    def existing_tickets(self, ticket_ids: list[str]) -> set[str]:
+        """Which of `ticket_ids` still exist (deleted ones do not)."""
+        raise NotImplementedError
+
+    def records_for_ref(self, external_ref: str) -> list[DestinationRecord]:
+        """Every record carrying exactly `external_ref`, lowest id first."""
+        raise NotImplementedError

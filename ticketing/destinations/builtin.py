@@ -2,7 +2,7 @@
 from django.utils import timezone
 
 from ..models import Ticket, TicketComment
-from .base import DestinationAdapter, TicketRequest, TicketResult
+from .base import DestinationAdapter, DestinationRecord, RecordPage, TicketRequest, TicketResult
 
 
 class BuiltinDestination(DestinationAdapter):
@@ -45,3 +45,31 @@ class BuiltinDestination(DestinationAdapter):
     def ticket_url(self, ticket_id) -> str:
         """The ticket's page in our own admin."""
         return f"/admin/ticketing/ticket/{ticket_id}/change/"
+
+    # --- listing (reconciliation) -----------------------------------------------------------------
+    supports_listing = True
+
+    def records_with_ref(self, prefix: str, since, limit: int, resume: dict | None = None) -> RecordPage:
+        """Newest first down the primary key, stopping at the window's start: the cost is the window's.
+
+        Every destination's tickets share the table; filtering by destination in Python keeps the
+        plan a backward scan of the primary key whatever the table's size.
+        """
+        rows = Ticket.objects.order_by("-pk")
+        if resume and resume.get("before_pk"):
+            rows = rows.filter(pk__lt=int(resume["before_pk"]))
+        chunk = list(rows.values_list("pk", "destination_id", "external_ref", "created_at")[:max(1, int(limit))])
+        records = [DestinationRecord(str(pk), ref, self.ticket_url(pk)) for pk, destination_id, ref, created in chunk
+                   if destination_id == self.destination.pk and created >= since and ref.startswith(prefix)]
+        done = len(chunk) < limit or chunk[-1][3] < since
+        return RecordPage(records, None if done else {"before_pk": chunk[-1][0]})
+
+    def existing_tickets(self, ticket_ids: list[str]) -> set[str]:
+        ids = [int(t) for t in ticket_ids if str(t).isdigit()]
+        return {str(pk) for pk in Ticket.objects.filter(destination=self.destination, pk__in=ids)
+                .values_list("pk", flat=True)}
+
+    def records_for_ref(self, external_ref: str) -> list[DestinationRecord]:
+        return [DestinationRecord(str(pk), external_ref, self.ticket_url(pk)) for pk in
+                Ticket.objects.filter(destination=self.destination, external_ref=external_ref)
+                .order_by("pk").values_list("pk", flat=True)]

@@ -19,6 +19,12 @@ what to do about an ambiguous one is decided in `ticketing.intents.resolve_unkno
     (low/normal/high/urgent are Zendesk's words). A value with no mapping is left out, not an error.
 `Destination.credentials_ref` resolves to `email/token:APITOKEN` or to the bare token.
 
+Listing (reconciliation): `records_with_ref` reads the cursor-based incremental export
+(`GET /api/v2/incremental/tickets/cursor.json?start_time=<since>`, tickets updated since, one page
+per call, `after_cursor` as the resume point) and keeps tickets whose `external_id` has our
+prefix; `existing_tickets` asks `GET /api/v2/tickets/show_many.json?ids=…` (100 per call; a
+deleted ticket is missing).
+
 Nothing logged here contains a ticket body or a full email address.
 """
 import email.utils
@@ -35,7 +41,16 @@ from intake.logging import mask_address
 from intake.secrets import SecretUnavailable, resolve_secret
 from intake.vocabulary import ReasonCode
 
-from .base import AmbiguousOutcome, DestinationAdapter, PermanentError, TicketRequest, TicketResult, TransientError
+from .base import (
+    AmbiguousOutcome,
+    DestinationAdapter,
+    DestinationRecord,
+    PermanentError,
+    RecordPage,
+    TicketRequest,
+    TicketResult,
+    TransientError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +104,16 @@ class ZendeskDestination(DestinationAdapter):
         if not self.consistent_lookup:
             raise NotImplementedError("this Zendesk destination declares lookup_supported = false")
         # external_id is not unique: the lowest id is the first ticket a create made, the one to keep.
+        matches = self._with_external_id(external_ref)
+        if not matches:
+            return None
+        ticket = min(matches, key=lambda t: int(t["id"]))
+        if len(matches) > 1:
+            log.warning("zendesk: %d tickets carry external_id %s; keeping the lowest id %s",
+                        len(matches), external_ref, ticket["id"])
+        return self._result(ticket)
+
+    def _with_external_id(self, external_ref: str) -> list[dict]:
         matches, path, params = [], TICKETS_PATH, {"external_id": external_ref}
         for _ in range(MAX_LOOKUP_PAGES):
             body = _json(self._send("GET", path, write=False, params=params), write=False)
@@ -97,13 +122,7 @@ class ZendeskDestination(DestinationAdapter):
             if not str(body.get("next_page") or "").startswith(self.base_url + "/"):
                 break
             path, params = body["next_page"], None
-        if not matches:
-            return None
-        ticket = min(matches, key=lambda t: int(t["id"]))
-        if len(matches) > 1:
-            log.warning("zendesk: %d tickets carry external_id %s; keeping the lowest id %s",
-                        len(matches), external_ref, ticket["id"])
-        return self._result(ticket)
+        return matches
 
     def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
         if not str(ticket_id).isdigit():
@@ -124,6 +143,41 @@ class ZendeskDestination(DestinationAdapter):
     def ticket_url(self, ticket_id) -> str:
         """The ticket in Zendesk's agent interface ("" without a base URL)."""
         return f"{self.base_url}/agent/tickets/{ticket_id}" if self.base_url else ""
+
+    # --- Listing (reconciliation) -------------------------------------------
+
+    supports_listing = True
+
+    def records_with_ref(self, prefix: str, since, limit: int, resume: dict | None = None) -> RecordPage:
+        path = "/api/v2/incremental/tickets/cursor.json"
+        per_page = max(1, min(1000, int(limit)))
+        if resume and resume.get("cursor"):
+            params = {"cursor": str(resume["cursor"]), "per_page": per_page}
+        else:
+            params = {"start_time": int(since.timestamp()), "per_page": per_page}
+        body = _json(self._send("GET", path, write=False, params=params), write=False)
+        records = [DestinationRecord(str(t["id"]), str(t["external_id"]), self.ticket_url(t["id"]))
+                   for t in body.get("tickets") or []
+                   if isinstance(t, dict) and "id" in t and str(t.get("external_id") or "").startswith(prefix)
+                   and t.get("status") != "deleted"]
+        cursor = body.get("after_cursor")
+        done = bool(body.get("end_of_stream", True)) or not cursor
+        return RecordPage(records, None if done else {"cursor": str(cursor)})
+
+    def existing_tickets(self, ticket_ids: list[str]) -> set[str]:
+        ids = [str(t) for t in ticket_ids if str(t).isdigit()]
+        found = set()
+        for start in range(0, len(ids), 100):
+            params = {"ids": ",".join(ids[start:start + 100])}
+            body = _json(self._send("GET", "/api/v2/tickets/show_many.json", write=False, params=params), write=False)
+            found |= {str(t["id"]) for t in body.get("tickets") or []
+                      if isinstance(t, dict) and "id" in t and t.get("status") != "deleted"}
+        return found
+
+    def records_for_ref(self, external_ref: str) -> list[DestinationRecord]:
+        tickets = sorted(self._with_external_id(external_ref), key=lambda t: int(t["id"]))
+        return [DestinationRecord(str(t["id"]), external_ref, self.ticket_url(t["id"])) for t in tickets
+                if t.get("status") != "deleted"]
 
     # --- HTTP and error mapping ---------------------------------------------
 

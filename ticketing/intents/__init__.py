@@ -10,6 +10,7 @@ all in one transaction.
     in_flight (+ unknown: a late success) ---- record_success --------> succeeded  event completed
     in_flight (notify_requester) ------------- record_acknowledgment_sent -> succeeded
     in_flight -------------------------------- retry_later -----------> retry_wait  transient, under the cap
+    in_flight -------------------------------- retry_later -----------> retry_wait  destination paused (breaker)
     in_flight -------------------------------- fail ------------------> failed      event failed/<reason>
     in_flight -------------------------------- outcome_unknown -------> unknown     event unknown/<reason>
     in_flight (claim ran out) ---------------- expire ----------------> unknown     event unknown/claim_expired

@@ -196,7 +196,15 @@ def max_attempts(intent: Intent) -> int:
 
 def record_failure(intent: Intent, exc, worker: str) -> str:
     """Map a failure kind to the next state. Returns the state the intent is now in (or '' if lost)."""
+    from .. import breaker  # it builds on the models only
+
     attempts = Intent.objects.filter(pk=intent.pk).values_list("attempts", flat=True).first() or 0
+    # The circuit breaker counts a destination call's failure (not an acknowledgment's: that is our SMTP);
+    # on a destination it paused (now or before), a credentials or transient failure waits for the
+    # resume instead of failing the item (see ticketing.breaker).
+    destination_call = intent.action != Intent.Action.NOTIFY_REQUESTER
+    if destination_call and breaker.observe_failure(intent.destination, exc) and breaker.waits_out_pause(exc):
+        return retry_later(intent, exc, worker, attempts, delay=settings.MAILROOM_PAUSE_RECHECK_SECONDS)
     if isinstance(exc, TransientError) and attempts < max_attempts(intent):
         return retry_later(intent, exc, worker, attempts)
     if isinstance(exc, (TransientError, PermanentError)):
@@ -204,10 +212,13 @@ def record_failure(intent: Intent, exc, worker: str) -> str:
     return outcome_unknown(intent, exc, worker, attempts)
 
 
-def retry_later(intent: Intent, exc: TransientError, worker: str, attempts: int) -> str:
-    """in_flight -> retry_wait: a transient failure under the cap, due again after the backoff."""
+def retry_later(intent: Intent, exc, worker: str, attempts: int, delay: float | None = None) -> str:
+    """in_flight -> retry_wait: a transient failure under the cap, due again after the backoff (or `delay`:
+    a failure on a destination the circuit breaker paused)."""
     now = timezone.now()
-    due = now + timedelta(seconds=_retry_delay(intent, attempts, exc.retry_after))
+    if delay is None:
+        delay = _retry_delay(intent, attempts, getattr(exc, "retry_after", None))
+    due = now + timedelta(seconds=delay)
     return _attempt_ended(intent, exc, worker, attempts, IntentState.RETRY_WAIT, now, next_attempt_at=due)
 
 
