@@ -7,5 +7,6 @@ urlpatterns = [
     path("healthz", intake_views.healthz, name="healthz"),
     path("readyz", intake_views.readyz, name="readyz"),
     path("webhooks/", include("intake.urls")),
+    path("metrics", include("reconciliation.metrics")),  # Prometheus text, bearer token (reconciliation.metrics)
     path("admin/", admin.site.urls),
 ]

@@ -3,6 +3,7 @@ from django.http import Http404
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from . import retention
 from .logging import mask_address
 from .models import (
     AuditEvent,
@@ -13,6 +14,7 @@ from .models import (
     ProviderSubscription,
     Tenant,
     WebhookNonce,
+    WebhookRejectionCount,
 )
 from .selectors import visible_tenants
 
@@ -154,8 +156,32 @@ class InboxEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     ordering = ("-received_at",)
     list_select_related = ("mailbox",)
     exclude = ("raw", "copy_of")  # bodies need their own permission (see the recovery queue)
-    readonly_fields = ("ticket_link", "message_copies")
+    readonly_fields = ("ticket_link", "message_copies", "body_status")
     inlines = [AuditEventInline]
+    actions = ["place_legal_hold", "release_legal_hold"]
+
+    @admin.display(description="body")
+    def body_status(self, obj):
+        if obj.purged_at:
+            return f"purged by retention on {obj.purged_at:%Y-%m-%d %H:%M} UTC"
+        return f"stored ({obj.size} bytes){' — under legal hold' if obj.legal_hold else ''}"
+
+    def has_legal_hold_permission(self, request):
+        return request.user.has_perm("intake.set_legal_hold")
+
+    def _legal_hold(self, request, queryset, on: bool):
+        changed = sum(retention.set_legal_hold(pk, on, actor=request.user.get_username())
+                      for pk in queryset.values_list("pk", flat=True))
+        self.message_user(request, f"Legal hold {'placed on' if on else 'released from'} {changed} event(s).",
+                          messages.SUCCESS)
+
+    @admin.action(description="Place a legal hold (retention keeps the body)", permissions=["legal_hold"])
+    def place_legal_hold(self, request, queryset):
+        self._legal_hold(request, queryset, True)
+
+    @admin.action(description="Release the legal hold", permissions=["legal_hold"])
+    def release_legal_hold(self, request, queryset):
+        self._legal_hold(request, queryset, False)
 
     @admin.display(description="sender")
     def masked_sender(self, obj):
@@ -198,6 +224,20 @@ class OutboxMessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ("topic", ("published_at", admin.EmptyFieldListFilter))
 
     # Outbox rows belong to no tenant: only superusers see them.
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_module_permission(self, request):
+        return request.user.is_superuser
+
+
+@admin.register(WebhookRejectionCount)
+class WebhookRejectionCountAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """`mailroom_webhook_rejections_total`: refusals belong to no tenant (an unknown mailbox has none)."""
+
+    list_display = ("provider", "reason", "count", "last_at")
+    list_filter = ("provider", "reason")
+
     def has_view_permission(self, request, obj=None):
         return request.user.is_superuser
 

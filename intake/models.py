@@ -3,16 +3,40 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from .vocabulary import AuditKind, ReasonCode  # noqa: F401  (ReasonCode: re-exported for callers)
+from .vocabulary import AuditKind, ReasonCode, WebhookRejection  # noqa: F401  (ReasonCode: re-exported for callers)
+
+# The keys of `Tenant.settings` (per-tenant overrides; absent = the instance-wide setting). Each is a
+# positive integer; anything else is ignored (read through `Tenant.int_setting`).
+TENANT_SETTINGS = {
+    "raw_retention_days": "Days the raw message (and so its attachments) is kept; default MAILROOM_RAW_RETENTION_DAYS "
+                          "(intake.retention).",
+    "unmapped_after_minutes": "Minutes after which an open event without a ticket mapping counts as stuck "
+                              "(reconcilers).",
+    "escalate_after_hours": "Hours after which an item of the recovery queue escalates (escalation).",
+}
 
 
 class Tenant(models.Model):
     slug = models.SlugField(unique=True)
     name = models.CharField(max_length=200, blank=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="mailroom_tenants")
+    settings = models.JSONField(
+        default=dict, blank=True,
+        help_text="Per-tenant overrides, positive integers: raw_retention_days, unmapped_after_minutes, "
+                  "escalate_after_hours (see intake.models.TENANT_SETTINGS).",
+    )
 
     def __str__(self):
         return self.slug
+
+    def int_setting(self, key: str, default: int) -> int:
+        """A documented key of `settings` (TENANT_SETTINGS) as a positive int, else `default`."""
+        if key not in TENANT_SETTINGS:
+            raise KeyError(f"undocumented tenant setting {key!r}: add it to intake.models.TENANT_SETTINGS")
+        value = (self.settings or {}).get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            return default
+        return int(value)
 
 
 class Mailbox(models.Model):
@@ -133,12 +157,16 @@ class InboxEvent(models.Model):
     # A copy of a message also delivered to another mailbox of the tenant: the event that made (or
     # failed to make) the ticket (`ticketing.copies`). Set when the copy is linked or sent to review.
     copy_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="copies")
+    # Retention (intake.retention): a held event's body is never purged; `purged_at` is when it was.
+    legal_hold = models.BooleanField(default=False, db_default=False)  # db_default: ingest inserts in raw SQL
+    purged_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         default_permissions = ("add", "change", "view")  # evidence: nobody deletes events
         permissions = [
             ("view_message_body", "Can view message bodies and attachments"),
             ("release_quarantine", "Can release quarantined messages"),
+            ("set_legal_hold", "Can place and release legal holds (retention never purges a held body)"),
         ]
         constraints = [
             models.UniqueConstraint(fields=["mailbox", "provider_message_id"], name="inbox_event_unique_per_mailbox"),
@@ -157,6 +185,9 @@ class InboxEvent(models.Model):
             models.Index(fields=["mailbox", "received_at"], name="inbox_event_mailbox_received"),
             models.Index(fields=["mailbox", "sender", "received_at"], name="inbox_event_sender_rate"),
             models.Index(fields=["mailbox", "thread_key"], name="inbox_event_thread"),
+            # Retention's scan: bodies not purged yet, oldest first.
+            models.Index(fields=["tenant", "received_at"], condition=Q(purged_at__isnull=True),
+                         name="inbox_event_retention"),
         ]
 
     def __str__(self):
@@ -197,6 +228,27 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.kind} by {self.actor}"
+
+
+class WebhookRejectionCount(models.Model):
+    """`mailroom_webhook_rejections_total`: one row per (provider, reason), bumped by an UPSERT.
+
+    In the database so every web process counts into the same number and a restart loses nothing.
+    Labels come from fixed sets (a mailbox provider or "unknown"; `WebhookRejection`), never from a URL.
+    """
+
+    provider = models.CharField(max_length=20)
+    reason = models.CharField(max_length=30, choices=WebhookRejection.choices)
+    count = models.BigIntegerField(default=0)
+    last_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "reason"], name="webhook_rejection_count_once"),
+        ]
+
+    def __str__(self):
+        return f"{self.provider}/{self.reason}: {self.count}"
 
 
 class WebhookNonce(models.Model):

@@ -11,14 +11,14 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import selectors
+from . import escalation, selectors
 from .keys import content_fingerprint, dedupe_key, reused_id, thread_key_for_raw
 from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
-from .vocabulary import AuditKind, ReasonCode
+from .vocabulary import AuditKind, ReasonCode, WebhookRejection
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +290,8 @@ def transition_event(event_id: int, from_states, to_state: str, *, actor: str, k
     sets `state`, `reason_code` and `reason_detail` (the reason given, or none:
     a reason belongs to the move that gave it), `updated_at` and the fields in
     `extra` (`retry_at`, `dispatch_count`, `route_override`, `details`, ...).
+    A move into a recovery state from outside one also sets `escalate_at`
+    (`intake.escalation`: the default per reason, overridable per tenant).
     Returns False, writing nothing, when no row matched: someone else moved
     the event, and the caller stops.
 
@@ -308,6 +310,9 @@ def transition_event(event_id: int, from_states, to_state: str, *, actor: str, k
     now = now or timezone.now()
     changes = {"state": to_state, "reason_code": reason_code, "reason_detail": reason_detail[:2000],
                "updated_at": now, **(extra or {})}
+    if to_state in InboxEvent.RECOVERY_STATES and "escalate_at" not in changes:
+        # Entering the recovery queue: when it escalates, unless it was already in it (intake.escalation).
+        changes["escalate_at"] = escalation.entering_recovery(event_id, to_state, reason_code, now)
     rows = InboxEvent.objects.filter(pk=event_id, state__in=list(from_states), **(only_if or {}))
     if kind is None:
         return bool(rows.update(**changes))
@@ -327,3 +332,25 @@ def purge_webhook_nonces(older_than_seconds: int | None = None) -> int:
     keep = older_than_seconds if older_than_seconds is not None else 2 * settings.MAILROOM_SIGNATURE_TOLERANCE_SECONDS
     deleted, _ = WebhookNonce.objects.filter(seen_at__lt=timezone.now() - timedelta(seconds=keep)).delete()
     return deleted
+
+
+_REJECTION_UPSERT = """
+INSERT INTO intake_webhookrejectioncount (provider, reason, count, last_at) VALUES (%s, %s, 1, %s)
+ON CONFLICT (provider, reason) DO UPDATE
+SET count = intake_webhookrejectioncount.count + 1, last_at = EXCLUDED.last_at
+"""
+
+
+def count_webhook_rejection(provider: str, reason: WebhookRejection) -> None:
+    """Bump `mailroom_webhook_rejections_total{provider, reason}`: one UPSERT, in its own autocommit.
+
+    Called after the request's transaction (if any) rolled back, so a refusal is counted even though
+    nothing else of it is stored. `provider` is folded to a known provider or "unknown" (the URL is the
+    caller's to choose: labels must not be). Never raises: a counter must not turn a 401 into a 500.
+    """
+    label = provider if provider in Mailbox.Provider.values else "unknown"
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(_REJECTION_UPSERT, [label, WebhookRejection(reason).value, timezone.now()])
+    except DatabaseError:
+        logger.exception("could not count a webhook rejection (%s, %s)", label, reason)

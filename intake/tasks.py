@@ -25,6 +25,13 @@ def purge_webhook_nonces() -> int:
 
 
 @shared_task
+def purge_expired_bodies() -> dict:
+    from . import retention
+
+    return retention.purge_expired_bodies()
+
+
+@shared_task
 def poll_mailbox(mailbox_id: int, trigger: str = "push") -> dict:
     """One poll of one mailbox (beat: trigger="schedule"; outbox `mailbox.poll`: "push"; admin: "manual")."""
     from . import polling

@@ -9,12 +9,19 @@ from django.views.decorators.http import require_GET, require_POST
 from . import selectors, services, signing
 from .keys import raw_message_keys
 from .secrets import SecretUnavailable, resolve_secret
+from .vocabulary import WebhookRejection
 
 logger = logging.getLogger(__name__)
 
 
 def _error(status: int, message: str) -> JsonResponse:
     return JsonResponse({"error": message}, status=status)
+
+
+def _reject(provider: str, reason: WebhookRejection, status: int, message: str) -> JsonResponse:
+    """A refused webhook: counted (`mailroom_webhook_rejections_total`), then answered."""
+    services.count_webhook_rejection(provider, reason)
+    return _error(status, message)
 
 
 def _read_body(request, limit: int) -> bytes | None:
@@ -34,16 +41,17 @@ def _read_body(request, limit: int) -> bytes | None:
 def raw_webhook(request, mailbox_slug: str):
     mailbox = selectors.mailbox_by_slug(mailbox_slug)
     if mailbox is None:
-        return _error(404, "unknown mailbox")
+        return _reject("raw", WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
     body = _read_body(request, settings.MAILROOM_MAX_MESSAGE_BYTES)
     if body is None:
-        return _error(413, f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
+        return _reject("raw", WebhookRejection.TOO_LARGE, 413,
+                       f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
     try:
         secret = resolve_secret(mailbox.webhook_secret_ref)
     except SecretUnavailable as exc:
         # Fail closed: without a secret nothing can be verified, so nothing is stored.
         logger.error("mailbox %s has no usable webhook secret: %s", mailbox.slug, exc)
-        return _error(401, "signature cannot be verified")
+        return _reject("raw", WebhookRejection.NO_SECRET, 401, "signature cannot be verified")
     try:
         signing.verify(
             secret,
@@ -54,9 +62,9 @@ def raw_webhook(request, mailbox_slug: str):
         )
     except signing.SignatureError as exc:
         logger.warning("rejected webhook for mailbox %s: %s", mailbox.slug, exc)
-        return _error(401, "invalid signature")
+        return _reject("raw", WebhookRejection.BAD_SIGNATURE, 401, "invalid signature")
     if not body:
-        return _error(400, "empty body: expected an RFC 5322 message")
+        return _reject("raw", WebhookRejection.EMPTY_BODY, 400, "empty body: expected an RFC 5322 message")
     provider_message_id, thread_key = raw_message_keys(body, request.headers.get("X-Mailroom-Message-Id", ""))
     result = services.ingest(mailbox, provider_message_id, body, source="raw", thread_key=thread_key)
     return JsonResponse(

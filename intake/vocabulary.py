@@ -6,6 +6,7 @@ checks compare, and must not change. Add a member before writing a new word
 anywhere; never build one by string formatting.
 
 - `AuditKind`: `AuditEvent.kind` (`AuditEvent.Kind` is this class).
+- `WebhookRejection`: why a webhook was refused (`intake.models.WebhookRejectionCount`).
 - `ReasonCode`: `InboxEvent.reason_code`, the failure reasons of the destination
   and SMTP adapters (`ExternalCallError.reason`, also in `Intent.last_error_kind`),
   and the `reason` of a few audit rows. The label is the text the recovery queue
@@ -52,6 +53,22 @@ class AuditKind(TextChoices):
     BODY_VIEWED = "body_viewed", "Message body viewed"
     ATTACHMENT_DOWNLOADED = "attachment_downloaded", "Attachment downloaded"
     BULK_LOOKUP = "bulk_lookup", "Looked up for a bulk replay"
+    # retention (intake.retention)
+    PURGED = "purged", "Message body purged by retention"
+    LEGAL_HOLD_SET = "legal_hold_set", "Legal hold placed"
+    LEGAL_HOLD_RELEASED = "legal_hold_released", "Legal hold released"
+
+
+class WebhookRejection(TextChoices):
+    """Why a webhook was refused: the `reason` label of `mailroom_webhook_rejections_total` (a fixed set)."""
+
+    UNKNOWN_MAILBOX = "unknown_mailbox", "No such mailbox (or none of this provider): 404"
+    NO_WEBHOOK = "no_webhook", "The mailbox's provider takes no webhooks: 404"
+    TOO_LARGE = "too_large", "Body over MAILROOM_MAX_MESSAGE_BYTES: 413"
+    BAD_SIGNATURE = "bad_signature", "Signature, token or timestamp refused: 401"
+    NO_SECRET = "no_secret", "The mailbox's webhook secret cannot be resolved (fails closed): 401"
+    EMPTY_BODY = "empty_body", "Empty raw webhook body: 400"
+    UNPROCESSABLE = "unprocessable", "The provider's payload is unusable (permanent adapter error): 400"
 
 
 class ReasonCode(TextChoices):

@@ -11,7 +11,8 @@ acknowledgment for something we could still lose.
 The adapter's `handle_webhook` runs inside the same transaction: whatever it
 writes (for example Mailgun's one-time token in `WebhookNonce`) commits
 together with the messages or not at all. A rejected or failed request thus
-leaves nothing behind, and a token is never burnt by a delivery we did not
+leaves nothing behind (but its count in `WebhookRejectionCount`, written after the
+rollback), and a token is never burnt by a delivery we did not
 store. Adapters should make no slow network calls while holding database rows
 they wrote (reads before writes are fine: PostgreSQL opens the transaction at
 the first query).
@@ -30,18 +31,18 @@ from .models import Mailbox
 from .providers import provider_for
 from .providers.base import WebhookRejected
 from .secrets import SecretUnavailable
-from .views import _error, _read_body
-from .vocabulary import AuditKind
+from .views import _error, _read_body, _reject
+from .vocabulary import AuditKind, WebhookRejection
 
 logger = logging.getLogger(__name__)
 
 
 class _Rejected(Exception):
-    """Carries the response of a request refused inside the transaction (which then rolls back)."""
+    """A request refused inside the transaction (which then rolls back): what to answer, and why."""
 
-    def __init__(self, response):
+    def __init__(self, status: int, reason: WebhookRejection, message: str):
         super().__init__("rejected")
-        self.response = response
+        self.status, self.reason, self.message = status, reason, message
 
 
 @csrf_exempt
@@ -50,16 +51,17 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
     mailbox = Mailbox.objects.filter(slug=mailbox_slug).select_related("tenant").first()
     if mailbox is None or mailbox.provider != provider:
         # A mailbox of another provider is "unknown" here: never verify one scheme with another's secret.
-        return _error(404, "unknown mailbox")
+        return _reject(provider, WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
     try:
         adapter = provider_for(mailbox)
     except (LookupError, ImportError):
-        return _error(404, "no webhook for this provider")
+        return _reject(provider, WebhookRejection.NO_WEBHOOK, 404, "no webhook for this provider")
     if not adapter.supports_webhook:
-        return _error(404, "no webhook for this provider")
+        return _reject(provider, WebhookRejection.NO_WEBHOOK, 404, "no webhook for this provider")
     body = _read_body(request, settings.MAILROOM_MAX_MESSAGE_BYTES)
     if body is None:
-        return _error(413, f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
+        return _reject(provider, WebhookRejection.TOO_LARGE, 413,
+                       f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
 
     stored = []
     try:
@@ -68,11 +70,11 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
                 result = adapter.handle_webhook(request, body)
             except WebhookRejected as exc:
                 logger.warning("rejected %s webhook for mailbox %s: %s", provider, mailbox.slug, exc)
-                raise _Rejected(_error(401, "webhook verification failed")) from None
+                raise _Rejected(401, WebhookRejection.BAD_SIGNATURE, "webhook verification failed") from None
             except SecretUnavailable as exc:
                 # Fail closed: without a secret nothing can be verified, so nothing is stored.
                 logger.error("mailbox %s has no usable webhook secret: %s", mailbox.slug, exc)
-                raise _Rejected(_error(401, "webhook cannot be verified")) from None
+                raise _Rejected(401, WebhookRejection.NO_SECRET, "webhook cannot be verified") from None
             if result.response is not None:
                 # A handshake (for example Graph's validation token): answered as is, nothing ingested.
                 return result.response
@@ -86,7 +88,8 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
             if result.poll:
                 services.enqueue_outbox(services.POLL_TOPIC, {"mailbox_id": mailbox.pk})
     except _Rejected as rejected:
-        return rejected.response
+        # Counted after the rollback, in its own statement: the refusal leaves only this number behind.
+        return _reject(provider, rejected.reason, rejected.status, rejected.message)
     except TransientError as exc:
         logger.warning("%s webhook for mailbox %s failed transiently: %s", provider, mailbox.slug, exc.reason)
         response = _error(503, "temporarily unavailable, retry later")
@@ -95,7 +98,7 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
         return response
     except PermanentError as exc:
         logger.warning("%s webhook for mailbox %s is unusable: %s", provider, mailbox.slug, exc.reason)
-        return _error(400, f"unprocessable webhook: {exc}")
+        return _reject(provider, WebhookRejection.UNPROCESSABLE, 400, f"unprocessable webhook: {exc}")
     except ExternalCallError as exc:  # ambiguous: nothing was stored, the provider should retry
         logger.warning("%s webhook for mailbox %s: %s", provider, mailbox.slug, exc.reason)
         return _error(503, "temporarily unavailable, retry later")
