@@ -13,7 +13,7 @@ The rules:
     reconciliation  may import ticketing, intake
     ticketing       may import intake                (not reconciliation)
     intake          imports neither ticketing nor reconciliation
-    apps            import `fakedesk` only from ticketing/management/commands/fakedesk.py, and `config`
+    apps            import `fakedesk` only from the `manage.py fakedesk` and `manage.py drill` commands, and `config`
                     only as `config.celery` (the Celery app object); never `config.settings` (use
                     django.conf.settings), `config.urls`, ...
     config          wiring only: from the apps it may import the `urls`, `views` and `apps` modules
@@ -47,8 +47,9 @@ APP_MAY_IMPORT = {
 CONFIG_MAY_IMPORT_FROM_APPS = {"urls", "views", "apps"}
 # The modules of config that an app may import.
 APPS_MAY_IMPORT_FROM_CONFIG = {"config.celery"}
-# The only product module that may import fakedesk (the `manage.py fakedesk` command).
-FAKEDESK_IMPORTERS = {"ticketing/management/commands/fakedesk.py"}
+# The only product modules that may import fakedesk (`manage.py fakedesk`, and `manage.py drill`, which
+# starts its own FakeDesk in process).
+FAKEDESK_IMPORTERS = {"ticketing/management/commands/fakedesk.py", "reconciliation/management/commands/drill.py"}
 # Beyond the standard library, what a fakedesk module may import.
 FAKEDESK_EXTRA = {"fakedesk/pytest_plugin.py": {"pytest"}}
 
@@ -146,7 +147,7 @@ def rule_broken(relpath: str, importer: str, imported: str) -> str | None:
             allowed = ", ".join(sorted(APP_MAY_IMPORT[importer])) or "no other app"
             return f"{importer} must not import {target} (layers point downward; {importer} may import {allowed})"
         if target == "fakedesk" and relpath not in FAKEDESK_IMPORTERS:
-            return ("only ticketing/management/commands/fakedesk.py imports fakedesk "
+            return ("only the fakedesk and drill management commands import fakedesk "
                     "(the test stand-in is not product logic)")
         if target == "config" and not any(imported == m or imported.startswith(m + ".")
                                           for m in APPS_MAY_IMPORT_FROM_CONFIG):

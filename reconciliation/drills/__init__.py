@@ -1,0 +1,15 @@
+"""The rehearsal set behind `manage.py drill` (../shared/DESIGN.md §8: exit non-zero on any failed scenario).
+
+Each scenario sends synthetic mail through the real code path, in this process:
+`intake.services.ingest` -> `ticketing.services.process_inbox_event`, with the sweeps' own per-intent
+transitions (`intents.expire`, `intents.requeue`, `intents.resolve_unknown`) run directly, scoped to the
+drill's events, and time advanced by moving `next_attempt_at` / `claimed_until` / `retry_at` in the
+database. The destination is always a FakeDesk the command started itself on 127.0.0.1: `run_drill`
+checks that it answers FakeDesk's control API before anything is sent.
+
+Every run works in a scratch tenant of its own (`drill-<timestamp>-<hex>`: mailbox, zendesk destination),
+so it runs on a fresh database or a busy one and touches no other tenant. Its rows are evidence and are
+kept; at the end the scratch mailbox and destination are paused, so nothing writes through them again.
+"""
+from .runner import Result, format_table, run_drill  # noqa: F401
+from .scenarios import SCENARIOS, Expectation, Observation, Scenario  # noqa: F401
