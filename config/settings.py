@@ -7,6 +7,7 @@ switch it to PostgreSQL and Redis/RabbitMQ.
 from pathlib import Path
 
 import environ
+from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -116,6 +117,13 @@ MAILROOM_RELAY_SWEEP_SECONDS = env.float("MAILROOM_RELAY_SWEEP_SECONDS", default
 # After a wake-up the relay waits this long so that concurrent commits publish as one group.
 MAILROOM_RELAY_LINGER_SECONDS = env.float("MAILROOM_RELAY_LINGER_SECONDS", default=0.02)
 MAILROOM_OUTBOX_RETENTION_DAYS = env.int("MAILROOM_OUTBOX_RETENTION_DAYS", default=7)
+# Raw messages (and so attachments) are purged after this many days (intake.retention); per tenant
+# Tenant.settings["raw_retention_days"]. Metadata, states, mappings and the audit trail stay.
+MAILROOM_RAW_RETENTION_DAYS = env.int("MAILROOM_RAW_RETENTION_DAYS", default=90)
+MAILROOM_RETENTION_BATCH = env.int("MAILROOM_RETENTION_BATCH", default=500)
+MAILROOM_RETENTION_MAX_BATCHES = env.int("MAILROOM_RETENTION_MAX_BATCHES", default=20)  # per tenant per run
+# GET /metrics answers only `Authorization: Bearer <this>`; unset, the endpoint is a 404.
+MAILROOM_METRICS_TOKEN = env.str("MAILROOM_METRICS_TOKEN", default="")
 # Polling backoff after a provider failure: doubles per failure in a row, up to the maximum.
 MAILROOM_POLL_BACKOFF_SECONDS = env.int("MAILROOM_POLL_BACKOFF_SECONDS", default=30)
 MAILROOM_POLL_BACKOFF_MAX_SECONDS = env.int("MAILROOM_POLL_BACKOFF_MAX_SECONDS", default=3600)
@@ -127,6 +135,24 @@ MAILROOM_PAUSE_RECHECK_SECONDS = env.int("MAILROOM_PAUSE_RECHECK_SECONDS", defau
 # Where operators reach this instance: links to the admin in text we send elsewhere (a trimmed ticket).
 MAILROOM_PUBLIC_URL = env.str("MAILROOM_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 # The AI proposer (ticketing.classification.ai): an OpenAI-compatible /chat/completions endpoint; off without a URL.
+# Escalation (reconciliation.services.escalation): hours an item may sit in the recovery queue before
+# its owner (or, unassigned, the tenant's operators) is emailed. Looked up by "<state>/<reason>", then
+# reason code, then state, then "default"; a tenant overrides with `Tenant.settings["escalate_after_hours"]`
+# (a number for every item, or a dict with these keys).
+MAILROOM_ESCALATE_AFTER_HOURS = {
+    "malware": 1, "credentials": 2, "failed": 2, "unknown": 1, "quarantined": 4, "awaiting_review": 24,
+    "default": 24,
+}
+# The daily digest of open items per tenant goes out at this hour (UTC).
+MAILROOM_DIGEST_HOUR = env.int("MAILROOM_DIGEST_HOUR", default=7)
+# The circuit breaker per destination (ticketing.breaker); a destination overrides with settings["breaker"].
+MAILROOM_BREAKER = {
+    "enabled": True,
+    "credential_failures": 3,   # this many credentials failures in a row pause the destination
+    "failure_rate": 0.5,        # ... as does this share of failed attempts
+    "min_attempts": 10,         # ... over at least this many attempts
+    "window_seconds": 600,      # ... in this window
+}
 MAILROOM_AI_BASE_URL = env.str("MAILROOM_AI_BASE_URL", default="")
 MAILROOM_AI_MODEL = env.str("MAILROOM_AI_MODEL", default="")
 MAILROOM_AI_API_KEY_REF = env.str("MAILROOM_AI_API_KEY_REF", default="")  # env:NAME or file:/path
@@ -191,16 +217,33 @@ CELERY_TIMEZONE = TIME_ZONE
 # Celery's Django fixup closes the DB connection after every task unless this
 # is set; reconnecting per task halves throughput (see docs/performance.md).
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
+# Reconciliation (reconciliation.reconcilers; `manage.py reconcile`): a pass every this many seconds,
+# over a sliding window, each reconciler bounded per scope and pass (the next pass resumes).
+MAILROOM_RECONCILE_SECONDS = env.float("MAILROOM_RECONCILE_SECONDS", default=300.0)
+MAILROOM_RECONCILE_WINDOW_DAYS = env.float("MAILROOM_RECONCILE_WINDOW_DAYS", default=3.0)
+MAILROOM_RECONCILE_GRACE_SECONDS = env.int("MAILROOM_RECONCILE_GRACE_SECONDS", default=600)
+MAILROOM_RECONCILE_LIMIT = env.int("MAILROOM_RECONCILE_LIMIT", default=2000)
+MAILROOM_UNMAPPED_AFTER_MINUTES = env.int("MAILROOM_UNMAPPED_AFTER_MINUTES", default=15)  # Tenant.settings overrides
+MAILROOM_OUTBOX_STUCK_SECONDS = env.int("MAILROOM_OUTBOX_STUCK_SECONDS", default=300)
 CELERY_BEAT_SCHEDULE = {
     "relay-outbox": {"task": "intake.tasks.relay_outbox", "schedule": MAILROOM_RELAY_SWEEP_SECONDS * 5},
     "requeue-stale-events": {"task": "intake.tasks.requeue_stale_events", "schedule": MAILROOM_SWEEP_SECONDS},
     "purge-published-outbox": {"task": "intake.tasks.purge_published_outbox", "schedule": 3600.0},
     "purge-webhook-nonces": {"task": "intake.tasks.purge_webhook_nonces", "schedule": 3600.0},
+    "purge-expired-bodies": {"task": "intake.tasks.purge_expired_bodies", "schedule": 3600.0},
     "expire-intent-claims": {"task": "ticketing.tasks.expire_claims", "schedule": 15.0},
     "enqueue-due-intents": {"task": "ticketing.tasks.enqueue_due_intents", "schedule": 2.0},
     "resolve-unknown-intents": {"task": "ticketing.tasks.resolve_unknown_intents", "schedule": 30.0},
     "renew-provider-subscriptions": {"task": "intake.tasks.renew_provider_subscriptions", "schedule": 900.0},
+    "reconcile": {"task": "reconciliation.tasks.reconcile", "schedule": MAILROOM_RECONCILE_SECONDS},
 }
+# Escalation emails, the daily digest and the breaker's pruning (reconciliation.tasks, ticketing.tasks).
+CELERY_BEAT_SCHEDULE.update({
+    "send-escalations": {"task": "reconciliation.tasks.send_escalations", "schedule": 60.0},
+    "send-daily-digests": {"task": "reconciliation.tasks.send_daily_digests",
+                           "schedule": crontab(minute=0, hour=MAILROOM_DIGEST_HOUR)},
+    "prune-breaker-attempts": {"task": "ticketing.tasks.prune_breaker_attempts", "schedule": 3600.0},
+})
 
 # --- Logging: never bodies, never full addresses ---------------------------
 LOGGING = {

@@ -23,6 +23,7 @@ from ticketing.replay import REPLAYABLE_EVENT_STATES
 
 from .. import selectors, services
 from ..models import RecoveryItem
+from .dashboard import dashboard_view
 from .filters import MailboxFilter, OwnerFilter, ReasonFilter, StateFilter, TenantFilter
 from .forms import AssignForm, CloseForm, ConfirmForm, EscalationForm, ReleaseForm, ReplayNewForm, RouteForm
 
@@ -68,6 +69,9 @@ class RecoveryItemAdmin(admin.ModelAdmin):
         queue = selectors.recovery_queue_for(request.user, model=RecoveryItem)
         return selectors.with_queue_columns(queue).select_related("mailbox", "owner", "tenant")
 
+    def get_ordering(self, request):
+        return list(selectors.QUEUE_ORDER)  # overdue items first, then oldest first
+
     def get_search_results(self, request, queryset, search_term):
         return selectors.search_queue(queryset, search_term), False
 
@@ -78,12 +82,16 @@ class RecoveryItemAdmin(admin.ModelAdmin):
             "bulk_cap": services.bulk_replay_cap(),
             "pauses_url": reverse("admin:reconciliation_pauseswitch_changelist")
             if request.user.has_perm("reconciliation.view_pauseswitch") else "",
+            "dashboard_url": reverse("admin:reconciliation_dashboard"),
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra)
 
     @admin.display(description="item", ordering="pk")
     def item(self, obj):
+        if obj.escalate_at and obj.escalate_at <= timezone.now():
+            return format_html('#{} <strong class="overdue" title="escalated at {}">overdue</strong>', obj.pk,
+                               _when(obj.escalate_at))
         return f"#{obj.pk}"
 
     @admin.display(description="state", ordering="state")
@@ -180,11 +188,15 @@ class RecoveryItemAdmin(admin.ModelAdmin):
     def get_urls(self):
         wrap = self.admin_site.admin_view
         return [
+            path("dashboard/", wrap(self.dashboard_view), name="reconciliation_dashboard"),
             path("<int:pk>/act/<slug:action>/", wrap(self.action_view), name="reconciliation_recoveryitem_act"),
             path("<int:pk>/body/", wrap(self.body_view), name="reconciliation_recoveryitem_body"),
             path("<int:pk>/attachment/<int:index>/", wrap(self.attachment_view),
                  name="reconciliation_recoveryitem_attachment"),
         ] + super().get_urls()
+
+    def dashboard_view(self, request):
+        return dashboard_view(self, request)
 
     def _event_or_404(self, request, object_id) -> InboxEvent:
         if not self.has_view_permission(request):
