@@ -90,3 +90,25 @@ def test_a_high_failure_rate_over_the_window_trips_the_breaker(tenant, mailbox, 
     destination.refresh_from_db()
     assert destination.paused and destination.paused_by == "system:breaker"
     assert "5 of the last 10 attempts failed" in destination.paused_reason
+
+
+def test_failures_that_say_nothing_about_the_destination_never_trip_it(tenant):
+    from intake.failures import AmbiguousOutcome, PermanentError
+
+    destination = Destination.objects.create(tenant=tenant, slug="busy-desk", kind="zendesk",
+                                             base_url="http://127.0.0.1:9", is_default=False)
+    # What a busy but healthy desk answers (the seeded soak's mix): 429s, timeouts after the
+    # request was sent, one message's invalid fields — and a few successes.
+    for _ in range(6):
+        assert not breaker.observe_failure(destination, TransientError(ReasonCode.RATE_LIMITED, "HTTP 429"))
+        assert not breaker.observe_failure(destination, AmbiguousOutcome(ReasonCode.TIMEOUT, "read timed out"))
+        assert not breaker.observe_failure(destination, PermanentError(ReasonCode.INVALID_FIELDS, "HTTP 422"))
+    breaker.record_success(destination)
+    destination.refresh_from_db()
+    assert not destination.paused
+    assert DestinationAttempt.objects.filter(destination=destination, ok=False).count() == 0
+    # A real outage does: 5xx before processing, over half of at least ten calls.
+    for _ in range(10):
+        tripped = breaker.observe_failure(destination, TransientError(ReasonCode.UNAVAILABLE, "HTTP 503"))
+    destination.refresh_from_db()
+    assert tripped and destination.paused and destination.paused_by == "system:breaker"

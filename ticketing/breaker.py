@@ -5,7 +5,9 @@ Every call to an external destination is recorded (`DestinationAttempt`: `record
 
 - the last `credential_failures` attempts (default 3) all failed with reason `credentials`, or
 - at least `min_attempts` (10) attempts in the last `window_seconds` (600) failed at a rate of
-  `failure_rate` (0.5) or more,
+  `failure_rate` (0.5) or more, counting only failures that say the destination is broken
+  (credentials, configuration, not found, 5xx before processing, refused connections — not 429s,
+  ambiguous outcomes or one message's invalid fields),
 
 and tripping pauses the destination (`paused=True`, `paused_reason`, `paused_by="system:breaker"`,
 `paused_at`: one conditional UPDATE, so one trip) and emails the tenant's admins (members in the
@@ -61,11 +63,25 @@ def waits_out_pause(exc) -> bool:
     return credentials or isinstance(exc, TransientError)
 
 
+# What says the destination itself is broken. Not a 429 (backoff handles it), not an ambiguous
+# outcome (a timeout after the request was sent is resolved by lookup), not a rejection of one
+# message's fields (the next message may be fine): counting those paused a healthy destination
+# under a seeded fault mix in the soak test.
+_HEALTH_REASONS = frozenset({ReasonCode.CREDENTIALS, ReasonCode.CONFIGURATION, ReasonCode.NOT_FOUND})
+
+
+def says_destination_is_broken(exc) -> bool:
+    if isinstance(exc, PermanentError):
+        return exc.reason in _HEALTH_REASONS
+    return isinstance(exc, TransientError) and exc.reason != ReasonCode.RATE_LIMITED
+
+
 def observe_failure(destination: Destination, exc, now=None) -> bool:
     """Record a failed call and trip the breaker if it should. True when the destination is now paused
-    (tripped by this failure, or paused before it by anyone)."""
+    (tripped by this failure, or paused before it by anyone). Failures that say nothing about the
+    destination's health (`says_destination_is_broken`) are not recorded."""
     conf = config(destination)
-    if not conf["enabled"]:
+    if not conf["enabled"] or not says_destination_is_broken(exc):
         return Destination.objects.filter(pk=destination.pk, paused=True).exists()
     now = now or timezone.now()
     DestinationAttempt.objects.create(destination_id=destination.pk, at=now, ok=False,
