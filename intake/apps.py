@@ -7,7 +7,7 @@ class IntakeConfig(AppConfig):
     verbose_name = "Intake"
 
     def ready(self):
-        from . import schedules, selectors
+        from . import checks, schedules, selectors  # noqa: F401  (checks: registers the system checks)
         from .models import Mailbox
 
         # This process forgets a mailbox it cached as soon as it changes (others within seconds).

@@ -64,7 +64,7 @@ def ensure_graph_subscription(mailbox: Mailbox, now: datetime | None = None, *,
     if not notification_url:
         raise PermanentError("configuration", "graph subscriptions need settings.notification_url")
     try:
-        client_state = resolve_secret(mailbox.webhook_secret_ref)
+        client_state = resolve_secret(mailbox.webhook_secret_ref, tenant=mailbox.tenant, owner=mailbox)
     except SecretUnavailable as exc:
         raise PermanentError("configuration", f"no clientState secret: {exc}") from None
     if not client_state or len(client_state) > MAX_CLIENT_STATE_CHARS:

@@ -53,7 +53,7 @@ class Mailbox(models.Model):
     slug = models.SlugField(unique=True)
     address = models.EmailField()
     provider = models.CharField(max_length=20, choices=Provider.choices, default=Provider.RAW)
-    # References (`env:NAME` or `file:/path`), never the secret itself.
+    # References (`env:`, `file:` or `vault:`, scoped to the tenant: intake.secrets), never the secret itself.
     webhook_secret_ref = models.CharField(max_length=300, blank=True)
     credentials_ref = models.CharField(max_length=300, blank=True)
     settings = models.JSONField(default=dict, blank=True)
@@ -79,18 +79,34 @@ class Mailbox(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(webhook_secret_ref="") | Q(webhook_secret_ref__startswith="env:")
-                | Q(webhook_secret_ref__startswith="file:"),
+                | Q(webhook_secret_ref__startswith="file:") | Q(webhook_secret_ref__startswith="vault:"),
                 name="mailbox_webhook_secret_is_a_reference",
             ),
             models.CheckConstraint(
                 condition=Q(credentials_ref="") | Q(credentials_ref__startswith="env:")
-                | Q(credentials_ref__startswith="file:"),
+                | Q(credentials_ref__startswith="file:") | Q(credentials_ref__startswith="vault:"),
                 name="mailbox_credentials_is_a_reference",
             ),
         ]
 
     def __str__(self):
         return self.slug
+
+    def clean(self):
+        super().clean()
+        if self.tenant_id:
+            check_secret_refs(self, self.tenant, ("webhook_secret_ref", "credentials_ref"))
+
+
+def check_secret_refs(obj, tenant, fields) -> None:
+    """ValidationError naming the allowed forms for each of `fields` that `tenant` may not use (intake.secrets)."""
+    from django.core.exceptions import ValidationError
+
+    from .secrets import ref_error
+
+    errors = {name: message for name in fields if (message := ref_error(getattr(obj, name), tenant))}
+    if errors:
+        raise ValidationError(errors)
 
 
 class PollCursor(models.Model):
@@ -298,3 +314,25 @@ class Switch(models.Model):
 
     def __str__(self):
         return f"{self.name}={'on' if self.on else 'off'}"
+
+
+class SecretResolution(models.Model):
+    """A secret reference was resolved (or refused): which, for whom, when. Never the value (intake.secrets)."""
+
+    class Outcome(models.TextChoices):
+        OK = "ok"
+        UNAVAILABLE = "unavailable"
+        REFUSED = "refused"
+
+    ref = models.CharField(max_length=300)
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    owner = models.CharField(max_length=100, blank=True, help_text='"mailbox:<id>", "destination:<id>" or a label')
+    outcome = models.CharField(max_length=20, choices=Outcome.choices)
+    fresh = models.BooleanField(default=False, help_text="A re-read after the credentials were refused.")
+    at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["ref", "at"], name="secret_resolution_ref_at")]
+
+    def __str__(self):
+        return f"{self.ref} for {self.owner or 'platform'} at {self.at:%Y-%m-%d %H:%M:%S}: {self.outcome}"

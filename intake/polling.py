@@ -44,7 +44,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
-from . import services
+from . import secrets, services
 from .failures import AmbiguousOutcome, PermanentError, TransientError
 from .logging import mask_address
 from .models import Mailbox, PollCursor
@@ -217,6 +217,15 @@ def _skip_reason(mailbox: Mailbox, trigger: str, now) -> str:
     return ""
 
 
+def _close(adapter, mailbox: Mailbox) -> None:
+    close = getattr(adapter, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # closing is courtesy; the poll's outcome is already decided
+            logger.debug("closing the %s connection failed", mailbox.provider, exc_info=True)
+
+
 def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batches: int | None) -> PollReport:
     report = PollReport(mailbox_id)
     mailbox = Mailbox.objects.select_related("tenant").filter(pk=mailbox_id).first()
@@ -250,9 +259,24 @@ def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batc
     cursor = dict(cursor_row.value or {})
     report.cursor = cursor
     limit = int((mailbox.settings or {}).get("max_batches") or DEFAULT_MAX_BATCHES)
+    reread = False
     try:
         while True:
-            batch = adapter.poll(cursor)
+            try:
+                batch = adapter.poll(cursor)
+            except PermanentError as exc:
+                if exc.reason != "credentials" or reread or not mailbox.credentials_ref:
+                    raise
+                # The provider refused the credentials: the secret may have been rotated. Re-read it, once,
+                # and poll again only with a new value.
+                logger.info("mailbox %s: credentials refused; re-reading %s once", mailbox.slug,
+                            mailbox.credentials_ref)
+                reread = True
+                if not secrets.reread(mailbox.credentials_ref, tenant=mailbox.tenant, owner=mailbox):
+                    raise
+                _close(adapter, mailbox)
+                adapter = provider_for(mailbox)
+                continue
             report.batches += 1
             for message in batch.messages:
                 outcome = services.ingest(mailbox, message.provider_message_id, message.raw, source=mailbox.provider)
@@ -282,12 +306,7 @@ def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batc
             _record_backoff(mailbox, report, exc, started, longest=True)
         return report
     finally:
-        close = getattr(adapter, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception:  # closing is courtesy; the poll's outcome is already decided
-                logger.debug("closing the %s connection failed", mailbox.provider, exc_info=True)
+        _close(adapter, mailbox)
 
     Mailbox.objects.filter(pk=mailbox.pk).update(
         health=Mailbox.Health.OK, health_detail="", poll_backoff_until=None, last_polled_at=started)

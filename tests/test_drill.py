@@ -1,4 +1,5 @@
 """`manage.py drill`: the rehearsal set against its own FakeDesk, in a scratch tenant (reconciliation.drills)."""
+import os
 from dataclasses import replace
 from io import StringIO
 
@@ -7,13 +8,14 @@ from django.core.management import CommandError, call_command
 
 from intake.models import InboxEvent, Mailbox, Tenant
 from reconciliation.drills import SCENARIOS, runner
-from reconciliation.drills.scratch import CREDENTIALS_VAR
 from ticketing.models import Destination
 
 
 @pytest.fixture(autouse=True)
-def restore_credentials_variable(monkeypatch):
-    monkeypatch.setenv(CREDENTIALS_VAR, "")  # the drill sets it; put it back afterwards
+def forget_drill_variables():
+    yield
+    for name in [name for name in os.environ if name.startswith("MAILROOM_T_DRILL_")]:  # the drill sets them
+        del os.environ[name]
 
 
 def test_every_scenario_passes_in_a_scratch_tenant_that_is_kept(tenant, mailbox):

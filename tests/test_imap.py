@@ -19,6 +19,7 @@ from django.utils import timezone
 from intake.keys import message_id_from_raw
 from intake.models import InboxEvent, Mailbox, PollCursor
 from intake.polling import poll_mailbox
+from intake.secrets import env_prefix
 from tests.conftest import WEBHOOK_SECRET
 from tests.dovecot import dovecot, private_dovecot  # noqa: F401  (fixtures)
 from tests.live import MANAGE, PYTHON, REPO_ROOT, subprocess_env, wait_for, wait_for_other_sessions_to_end
@@ -61,7 +62,7 @@ class ImapBox:
 
 def make_imap_box(server, tenant, monkeypatch, slug="imap-support", **settings) -> ImapBox:
     username, password = server.add_user()
-    password_var = f"MAILROOM_TEST_IMAP_PASSWORD_{uuid.uuid4().hex[:8].upper()}"
+    password_var = f"{env_prefix(tenant.slug)}IMAP_PASSWORD_{uuid.uuid4().hex[:8].upper()}"  # tenant-scoped
     monkeypatch.setenv(password_var, password)
     mailbox = Mailbox.objects.create(
         tenant=tenant, slug=slug, address=username, provider="imap", poll_enabled=True,

@@ -17,5 +17,7 @@ class TicketingConfig(AppConfig):
     def ready(self):
         from intake.models import Tenant
 
+        from . import checks  # noqa: F401  (registers the system checks)
+
         post_save.connect(_give_new_tenants_a_routing_policy, sender=Tenant,
                           dispatch_uid="ticketing.routing_policy_for_new_tenants")

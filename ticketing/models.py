@@ -2,7 +2,7 @@
 from django.db import models
 from django.db.models import Q
 
-from intake.models import InboxEvent, Mailbox, Tenant
+from intake.models import InboxEvent, Mailbox, Tenant, check_secret_refs
 
 
 class Destination(models.Model):
@@ -14,7 +14,9 @@ class Destination(models.Model):
     slug = models.SlugField()
     kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.BUILTIN)
     base_url = models.URLField(blank=True)
-    credentials_ref = models.CharField(max_length=300, blank=True, help_text="env:NAME or file:/path")
+    credentials_ref = models.CharField(max_length=300, blank=True, help_text=(
+        "env:MAILROOM_T_<TENANT>_<NAME>, a file under MAILROOM_SECRETS_DIR/<tenant>/ "
+        "or vault:<mount>/mailroom/<tenant>/<path>#<key>"))
     settings = models.JSONField(default=dict, blank=True)
     is_default = models.BooleanField(default=False)
     paused = models.BooleanField(default=False, help_text="Workers make no writes to a paused destination.")
@@ -32,13 +34,18 @@ class Destination(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(credentials_ref="") | Q(credentials_ref__startswith="env:")
-                | Q(credentials_ref__startswith="file:"),
+                | Q(credentials_ref__startswith="file:") | Q(credentials_ref__startswith="vault:"),
                 name="destination_credentials_is_a_reference",
             ),
         ]
 
     def __str__(self):
         return f"{self.tenant.slug}/{self.slug}"
+
+    def clean(self):
+        super().clean()
+        if self.tenant_id:
+            check_secret_refs(self, self.tenant, ("credentials_ref",))
 
 
 class Intent(models.Model):

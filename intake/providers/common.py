@@ -43,6 +43,8 @@ class ApiProvider(Provider):
         return TokenSource(
             token_url=token_url,
             credentials_ref=self.mailbox.credentials_ref,
+            tenant=self.mailbox.tenant,
+            owner=self.mailbox,
             client_id=str(self.settings.get("client_id") or ""),
             **options,
         )

@@ -134,7 +134,8 @@ class GmailProvider(ApiProvider):
         mode = self.settings.get("push_auth") or "oidc"
         if mode == "url_token":
             try:
-                secret = resolve_secret(self.mailbox.webhook_secret_ref)
+                secret = resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant,
+                                        owner=self.mailbox)
             except SecretUnavailable as exc:
                 log.error("gmail: mailbox %s has no usable push token: %s", self.mailbox.slug, exc)
                 raise WebhookRejected("push token cannot be verified") from None

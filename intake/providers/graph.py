@@ -104,7 +104,8 @@ class GraphProvider(ApiProvider):
                 isinstance(n, dict) for n in notifications):
             raise WebhookRejected("no notifications to verify")
         try:
-            secret = resolve_secret(self.mailbox.webhook_secret_ref)
+            secret = resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant,
+                                        owner=self.mailbox)
         except SecretUnavailable as exc:
             log.error("graph: mailbox %s has no usable clientState secret: %s", self.mailbox.slug, exc)
             raise WebhookRejected("clientState cannot be verified") from None

@@ -95,7 +95,7 @@ class ImapProvider(Provider):
         if not self.host:
             raise PermanentError("settings", "no IMAP host configured")
         try:
-            password = resolve_secret(self.mailbox.credentials_ref)
+            password = resolve_secret(self.mailbox.credentials_ref, tenant=self.mailbox.tenant, owner=self.mailbox)
         except SecretUnavailable as exc:
             raise PermanentError("credentials", f"password reference: {exc}") from None
         try:

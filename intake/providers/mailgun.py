@@ -62,7 +62,8 @@ class MailgunProvider(Provider):
         signature = fields.get("signature", b"").decode("ascii", "replace").strip()
         if not (timestamp and token and signature):
             raise WebhookRejected("missing timestamp, token or signature")
-        signing_key = resolve_secret(self.mailbox.webhook_secret_ref)  # SecretUnavailable: the view fails closed
+        # SecretUnavailable: the view fails closed
+        signing_key = resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant, owner=self.mailbox)
         if not hmac.compare_digest(mailgun_signature(signing_key, timestamp, token), signature.lower()):
             raise WebhookRejected("signature mismatch")
         try:
@@ -98,7 +99,7 @@ class MailgunProvider(Provider):
                 # The API key goes with the request: paging and storage links only to Mailgun.
                 raise PermanentError("configuration", "mailgun: refusing a link to another host")
         try:
-            key = resolve_secret(self.mailbox.credentials_ref)
+            key = resolve_secret(self.mailbox.credentials_ref, tenant=self.mailbox.tenant, owner=self.mailbox)
         except SecretUnavailable as exc:
             raise PermanentError("credentials", f"mailgun API key: {exc}") from None
         try:

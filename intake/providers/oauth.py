@@ -49,10 +49,10 @@ def clear_token_cache() -> None:
         _cache.clear()
 
 
-def load_credentials(ref: str) -> dict:
+def load_credentials(ref: str, tenant, owner=None) -> dict:
     """The JSON credentials blob a `credentials_ref` points at; PermanentError("credentials") if unusable."""
     try:
-        secret = resolve_secret(ref)
+        secret = resolve_secret(ref, tenant=tenant, owner=owner)
     except SecretUnavailable as exc:
         raise PermanentError("credentials", str(exc)) from None
     try:
@@ -75,9 +75,11 @@ class TokenSource:
     refresh_scope: str = ""
     timeout: tuple = DEFAULT_TIMEOUT
     session: requests.Session | None = None
+    tenant: object = None  # the mailbox's tenant and the mailbox: the scope of credentials_ref
+    owner: object = None
 
     def _grant(self) -> tuple[str, dict]:
-        blob = load_credentials(self.credentials_ref)
+        blob = load_credentials(self.credentials_ref, self.tenant, self.owner)
         client_id = str(blob.get("client_id") or self.client_id or "")
         client_secret = blob.get("client_secret")
         refresh_token = blob.get("refresh_token")

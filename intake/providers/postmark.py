@@ -80,7 +80,8 @@ class PostmarkProvider(Provider):
     supports_polling = False
 
     def handle_webhook(self, request, body: bytes) -> WebhookResult:
-        check_basic_auth(request, resolve_secret(self.mailbox.webhook_secret_ref))
+        check_basic_auth(request, resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant,
+                                                     owner=self.mailbox))
         try:
             payload = json.loads(body)
         except (UnicodeDecodeError, ValueError):

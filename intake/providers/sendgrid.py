@@ -18,7 +18,8 @@ class SendgridProvider(Provider):
     supports_polling = False
 
     def handle_webhook(self, request, body: bytes) -> WebhookResult:
-        check_basic_auth(request, resolve_secret(self.mailbox.webhook_secret_ref))
+        check_basic_auth(request, resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant,
+                                                     owner=self.mailbox))
         try:
             fields = parse_form(request.META.get("CONTENT_TYPE", ""), body)
         except FormError as exc:

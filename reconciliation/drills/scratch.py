@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from intake.keys import raw_message_keys
 from intake.models import InboxEvent, Mailbox, Tenant
+from intake.secrets import env_prefix
 from intake.services import ingest, release_waiting_events
 from ticketing import breaker, intents
 from ticketing.models import Destination, Intent, TicketMapping
@@ -21,7 +22,7 @@ from ticketing.services import process_inbox_event
 
 from ..selectors import recovery_queue
 
-CREDENTIALS_VAR = "MAILROOM_DRILL_DESK_CREDENTIALS"
+CREDENTIALS_NAME = "DESK_CREDENTIALS"  # in the scratch tenant's scope: MAILROOM_T_<SLUG>_DESK_CREDENTIALS
 WORKER = "drill:worker"
 # Short timeouts and retry delays, so a stall is a timeout and a retry is due within the drill.
 # The circuit breaker (ticketing.breaker) trips after 2 credential failures, and not on the failure rate:
@@ -65,7 +66,8 @@ class Scratch:
         self.address = f"support@{self.slug}.mailroom.test"
         self._sent = 0
         self.waiting: list[int] = []  # events left waiting on the paused destination, for the resume
-        os.environ[CREDENTIALS_VAR] = desk.credentials
+        self.credentials_var = env_prefix(self.slug) + CREDENTIALS_NAME
+        os.environ[self.credentials_var] = desk.credentials
         with transaction.atomic():
             self.tenant = Tenant.objects.create(slug=self.slug, name=f"Drill {self.slug[6:]}")
             # Synthetic customers are never written to: no acknowledgments from this mailbox.
@@ -73,10 +75,11 @@ class Scratch:
                                                   provider=Mailbox.Provider.RAW, settings={"acknowledge": False})
             self.destination = Destination.objects.create(
                 tenant=self.tenant, slug="fakedesk", kind=Destination.Kind.ZENDESK, base_url=desk.url,
-                credentials_ref=f"env:{CREDENTIALS_VAR}", settings=dict(DESK_SETTINGS), is_default=True)
+                credentials_ref=f"env:{self.credentials_var}", settings=dict(DESK_SETTINGS), is_default=True)
 
     def close(self) -> None:
         """Keep every row (evidence); pause the scratch mailbox and destination: the desk is gone."""
+        os.environ.pop(self.credentials_var, None)
         Mailbox.objects.filter(pk=self.mailbox.pk).update(paused=True)
         Destination.objects.filter(pk=self.destination.pk).update(
             paused=True, paused_by="system:drill", paused_at=timezone.now(),
@@ -135,12 +138,12 @@ class Scratch:
     @contextmanager
     def credentials(self, value: str):
         """The destination's secret replaced for a while (e.g. an expired token)."""
-        saved = os.environ.get(CREDENTIALS_VAR)
-        os.environ[CREDENTIALS_VAR] = value
+        saved = os.environ.get(self.credentials_var)
+        os.environ[self.credentials_var] = value
         try:
             yield
         finally:
-            os.environ[CREDENTIALS_VAR] = saved or ""
+            os.environ[self.credentials_var] = saved or ""
 
     def ticket_count(self) -> int:
         return len(self.desk.tickets())

@@ -139,7 +139,9 @@ def propose(facts, policy, open_fields) -> Proposal:
     headers = {"Content-Type": "application/json"}
     if settings.MAILROOM_AI_API_KEY_REF:
         try:
-            headers["Authorization"] = f"Bearer {resolve_secret(settings.MAILROOM_AI_API_KEY_REF)}"
+            # A platform secret: MAILROOM_PLATFORM_SECRET_REFS must list it.
+            key = resolve_secret(settings.MAILROOM_AI_API_KEY_REF, tenant=None, owner="platform:ai")
+            headers["Authorization"] = f"Bearer {key}"
         except SecretUnavailable:
             _log(None, NOT_CONFIGURED, 0.0)
             return _failed(NOT_CONFIGURED)

@@ -38,7 +38,7 @@ from urllib3.exceptions import NewConnectionError
 
 from intake.http import json_or_empty, parse_retry_after
 from intake.logging import mask_address
-from intake.secrets import SecretUnavailable, resolve_secret
+from intake.secrets import SecretUnavailable, forget, resolve_secret
 from intake.vocabulary import ReasonCode
 
 from .base import (
@@ -189,7 +189,9 @@ class ZendeskDestination(DestinationAdapter):
         if not ref:
             return None
         try:
-            secret = resolve_secret(ref)
+            # A destination belongs to a tenant (an unsaved one without it: platform references only).
+            tenant = self.destination.tenant if self.destination.tenant_id else None
+            secret = resolve_secret(ref, tenant=tenant, owner=self.destination)
         except SecretUnavailable as exc:
             raise PermanentError(ReasonCode.CREDENTIALS, str(exc)) from None
         user, sep, token = secret.partition(":")
@@ -203,16 +205,27 @@ class ZendeskDestination(DestinationAdapter):
         url = path if path.startswith(("http://", "https://")) else self.base_url + path
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         auth = self._auth()
-        started = time.monotonic()
-        try:
-            response = self.session.request(method, url, json=json_body, params=params, headers=headers,
-                                            auth=auth, timeout=self.timeout, allow_redirects=False)
-        except requests.RequestException as exc:
-            raise self._network_error(exc, write) from exc
-        log.debug("zendesk: %s %s -> %s in %.0f ms", method, path.split("?")[0], response.status_code,
-                  (time.monotonic() - started) * 1000)
-        if 200 <= response.status_code < 300:
-            return response
+        for attempt in (1, 2):
+            started = time.monotonic()
+            try:
+                response = self.session.request(method, url, json=json_body, params=params, headers=headers,
+                                                auth=auth, timeout=self.timeout, allow_redirects=False)
+            except requests.RequestException as exc:
+                raise self._network_error(exc, write) from exc
+            log.debug("zendesk: %s %s -> %s in %.0f ms", method, path.split("?")[0], response.status_code,
+                      (time.monotonic() - started) * 1000)
+            if 200 <= response.status_code < 300:
+                return response
+            if response.status_code in (401, 403) and attempt == 1 and self.destination.credentials_ref:
+                # Refused credentials (nothing was done): the secret may have been rotated. Re-read it, once,
+                # and send again only if it changed.
+                log.info("zendesk: HTTP %s; re-reading %s once", response.status_code,
+                         self.destination.credentials_ref)
+                forget(self.destination.credentials_ref)
+                if (fresh := self._auth()) != auth:
+                    auth = fresh
+                    continue
+            break
         raise self._http_error(response, write)
 
     def _network_error(self, exc: requests.RequestException, write: bool):
