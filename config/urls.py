@@ -8,5 +8,6 @@ urlpatterns = [
     path("readyz", intake_views.readyz, name="readyz"),
     path("webhooks/", include("intake.urls")),
     path("metrics", include("reconciliation.metrics")),  # Prometheus text, bearer token (reconciliation.metrics)
+    path("api/", include("reconciliation.api.urls")),  # REST API /api/v1/, schema, docs (reconciliation.api)
     path("admin/", admin.site.urls),
 ]

@@ -6,6 +6,7 @@ permissions are the operator's capabilities. `PauseSwitch` is the global
 edited there too. Bodies and quarantine release stay on `intake.InboxEvent`
 (`intake.view_message_body`, `intake.release_quarantine`).
 """
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -111,3 +112,26 @@ class Finding(models.Model):
     def __str__(self):
         state = f"resolved: {self.resolution}" if self.resolved_at else "open"
         return f"{self.kind} {self.object} ({state})"
+
+
+# --- the REST API (reconciliation.api) ----------------------------------------------------------------
+
+
+class ApiToken(models.Model):
+    """A REST API token bound to a user (`manage.py api_token <username>`); only its SHA-256 is stored.
+
+    The token itself is printed once when made; `prefix` (its first characters) tells tokens apart in
+    the admin without revealing them. Deleting the row revokes the token.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    created_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        default_permissions = ("view",)  # revoked by a superuser (reconciliation grants no delete permission)
+
+    def __str__(self):
+        return f"{self.prefix}… ({self.user})"

@@ -12,6 +12,7 @@ and 404s. A user sees only the tenants they are a member of, everywhere.
 Django imports this package (`reconciliation.admin`); importing `queue` and
 `pauses` here registers their admins.
 """
+from .api_tokens import ApiTokenAdmin  # noqa: F401  (REST API tokens: list, revoke)
 from .pauses import PauseSwitchAdmin  # noqa: F401  (registers the pause page)
 from .queue import RecoveryItemAdmin  # noqa: F401  (registers the recovery queue)
 from .reconciliations import FindingAdmin, ReconciliationRunAdmin  # noqa: F401  (reconcilers' runs and findings)

@@ -17,8 +17,10 @@ commands, the migrations and the tests use:
     bulk_replay     look up, then link, replay, resolve, reroute or skip many items
     pauses          the global, mailbox and destination pauses
     proposals       the AI proposer's suggestion on a low-confidence item: show it, accept it
+    api_tokens      REST API tokens (hashed at rest): issue one, authenticate one
 """
 from .access import ActionRefused, actor_name, visible_event  # noqa: F401
+from .api_tokens import do_issue_api_token, user_for_token  # noqa: F401
 from .bodies import BodyView, do_download_attachment, do_view_message_body  # noqa: F401
 from .bulk_replay import (  # noqa: F401
     DEFAULT_BULK_REPLAY_CAP,

@@ -1,0 +1,346 @@
+"""What the API shows, and the validation of what it writes.
+
+Lists mask the sender (as the console's lists do); an event's detail shows it whole, with its audit
+trail, intents and mappings. Configuration writes (mailboxes, destinations, routing rules) are
+validated by the model's `full_clean` (field checks, `clean()`, constraints: a secret that is not a
+reference is refused with the model's message) and kept inside the user's tenants.
+"""
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from intake.logging import mask_address
+from intake.models import AuditEvent, InboxEvent, Mailbox
+from intake.selectors import visible_tenants
+from ticketing.classification.conditions import validate_conditions
+from ticketing.models import PRIORITIES, Destination, Intent, RoutingPolicy, RoutingRule, TicketMapping
+
+from .. import selectors
+from ..models import Finding, ReconciliationRun
+
+# --- errors -------------------------------------------------------------------------------------------
+
+class ProblemSerializer(serializers.Serializer):
+    """An error (RFC 9457, `application/problem+json`; reconciliation.api.errors)."""
+
+    type = serializers.CharField()
+    title = serializers.CharField()
+    status = serializers.IntegerField()
+    detail = serializers.CharField(allow_blank=True)
+    errors = serializers.DictField(required=False, help_text="a refused write or filter: the messages by field")
+
+
+# --- events -------------------------------------------------------------------------------------------
+
+
+class EventSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    mailbox = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    owner = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    sender = serializers.SerializerMethodField()
+
+    class Meta:
+        model = InboxEvent
+        fields = ("id", "tenant", "mailbox", "state", "reason_code", "reason_detail", "received_at", "updated_at",
+                  "sender", "subject", "message_id_header", "source", "size", "owner", "escalate_at",
+                  "legal_hold", "purged_at")
+
+    def get_sender(self, obj) -> str:
+        return mask_address(obj.sender)
+
+
+class AuditSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AuditEvent
+        fields = ("id", "at", "kind", "actor", "detail")
+
+
+class IntentSerializer(serializers.ModelSerializer):
+    destination = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = Intent
+        fields = ("id", "inbox_event", "action", "action_version", "idempotency_key", "destination", "state",
+                  "attempts", "next_attempt_at", "last_error_kind", "last_error", "external_ref", "result_ref",
+                  "created_at", "completed_at")
+
+
+class MappingSerializer(serializers.ModelSerializer):
+    destination = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    # Not format "uri": the built-in ticket store's tickets are paths on this site.
+    ticket_url = serializers.CharField(read_only=True, help_text="the ticket's URL, or its path on this site")
+
+    class Meta:
+        model = TicketMapping
+        fields = ("id", "inbox_event", "action", "destination", "ticket_id", "ticket_url", "created_at")
+
+
+class EventDetailSerializer(EventSerializer):
+    audit = serializers.SerializerMethodField()
+    intents = serializers.SerializerMethodField()
+    mappings = serializers.SerializerMethodField()
+    reason_text = serializers.SerializerMethodField()
+
+    class Meta(EventSerializer.Meta):
+        fields = (*EventSerializer.Meta.fields, "provider_message_id", "thread_key", "reason_text", "route",
+                  "route_override", "details", "audit", "intents", "mappings")
+
+    def get_sender(self, obj) -> str:
+        return obj.sender
+
+    def get_reason_text(self, obj) -> str:
+        return selectors.reason_text(obj.reason_code)
+
+    def get_audit(self, obj) -> list[dict]:
+        return AuditSerializer(selectors.event_timeline(obj.pk), many=True).data
+
+    def get_intents(self, obj) -> list[dict]:
+        return IntentSerializer(selectors.event_intents(obj.pk), many=True).data
+
+    def get_mappings(self, obj) -> list[dict]:
+        return MappingSerializer(selectors.event_mappings(obj.pk), many=True).data
+
+
+class QueueItemSerializer(EventSerializer):
+    reason_text = serializers.SerializerMethodField()
+    intent_state = serializers.CharField(read_only=True, allow_null=True)
+    intent_version = serializers.IntegerField(read_only=True, allow_null=True)
+    destination = serializers.CharField(source="destination_slug", read_only=True, allow_null=True)
+    external_ref = serializers.CharField(read_only=True, allow_null=True)
+    attempt_count = serializers.IntegerField(read_only=True)
+    latest_attempt_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    has_held_intent = serializers.BooleanField(read_only=True)
+
+    class Meta(EventSerializer.Meta):
+        fields = (*EventSerializer.Meta.fields, "reason_text", "intent_state", "intent_version", "destination",
+                  "external_ref", "attempt_count", "latest_attempt_at", "has_held_intent")
+
+    def get_reason_text(self, obj) -> str:
+        return selectors.reason_text(obj.reason_code) or obj.reason_detail[:200]
+
+
+class AttachmentSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    filename = serializers.CharField()
+    declared_type = serializers.CharField()
+    sniffed_type = serializers.CharField()
+    size = serializers.IntegerField()
+    sha256 = serializers.CharField()
+    url = serializers.CharField()
+
+
+class BodySerializer(serializers.Serializer):
+    available = serializers.BooleanField()
+    subject = serializers.CharField()
+    sender = serializers.CharField()
+    text = serializers.CharField()
+    alternatives = serializers.ListField(child=serializers.DictField())
+    attachments = AttachmentSerializer(many=True)
+    purged_at = serializers.DateTimeField(allow_null=True)
+
+
+# --- queue actions (input) ------------------------------------------------------------------------------
+
+REQUEST_TYPE_HELP = "question, incident, problem, task or one of the tenant's routing policy's request types"
+
+
+@extend_schema_field(OpenApiTypes.INT)
+class TenantDestinationField(serializers.PrimaryKeyRelatedField):
+    """A destination id of the item's tenant (the console's choices); another tenant's is 'does not exist'."""
+
+    def get_queryset(self):
+        event = self.context.get("event")
+        return Destination.objects.filter(tenant_id=event.tenant_id) if event else Destination.objects.none()
+
+
+class AssignSerializer(serializers.Serializer):
+    assignee = serializers.CharField(allow_null=True, help_text="a username (a member of the item's tenant); "
+                                                                 "null unassigns")
+
+
+class EscalationSerializer(serializers.Serializer):
+    escalate_at = serializers.DateTimeField(allow_null=True, help_text="null clears it")
+
+
+class RouteSerializer(serializers.Serializer):
+    destination = TenantDestinationField()
+    queue = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
+    priority = serializers.ChoiceField(choices=("", *PRIORITIES), required=False, default="")
+    request_type = serializers.CharField(required=False, allow_blank=True, max_length=100, default="",
+                                         help_text=REQUEST_TYPE_HELP)
+
+    def route(self) -> dict:
+        data = self.validated_data
+        destination = data.get("destination")
+        return {"destination_id": destination.pk if destination else None, "queue": data.get("queue") or "",
+                "priority": data.get("priority") or "", "request_type": data.get("request_type") or ""}
+
+
+class ReplayNewSerializer(RouteSerializer):
+    destination = TenantDestinationField(required=False, allow_null=True, default=None)
+    reason = serializers.CharField(max_length=500, help_text="why the original key must not be reused")
+
+
+class ConfirmSerializer(serializers.Serializer):
+    ticket_id = serializers.CharField(max_length=200)
+    ticket_url = serializers.URLField(required=False, allow_blank=True, max_length=500, default="")
+    destination = TenantDestinationField(required=False, allow_null=True, default=None,
+                                         help_text="where the ticket is (default: where the intent went)")
+
+
+class CloseSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000)
+
+
+class BulkReplaySerializer(serializers.Serializer):
+    event_ids = serializers.ListField(child=serializers.IntegerField(), allow_empty=False)
+    preview = serializers.BooleanField(default=False, help_text="true: only look up and say what would be done")
+
+
+class BulkItemSerializer(serializers.Serializer):
+    event_id = serializers.IntegerField()
+    subject = serializers.CharField()
+    event_state = serializers.CharField()
+    intent_state = serializers.CharField()
+    destination = serializers.CharField()
+    external_ref = serializers.CharField()
+    lookup = serializers.CharField()
+    found_ticket_id = serializers.CharField()
+    found_ticket_url = serializers.CharField()
+    plan = serializers.CharField()
+    plan_text = serializers.CharField()
+    outcome = serializers.CharField()
+
+
+class ActionResultSerializer(serializers.Serializer):
+    outcome = serializers.CharField()
+    event = EventDetailSerializer()
+
+
+# --- configuration (mailroom-admin) ---------------------------------------------------------------------
+
+
+class VisibleTenantField(serializers.SlugRelatedField):
+    def __init__(self, **kwargs):
+        super().__init__(slug_field="slug", **kwargs)
+
+    def get_queryset(self):
+        return visible_tenants(self.context["request"].user)
+
+
+class TenantScopedRelatedField(serializers.PrimaryKeyRelatedField):
+    """A mailbox or destination id among the user's tenants' (another tenant's: 'does not exist')."""
+
+    def __init__(self, selector, **kwargs):
+        self.selector = selector
+        super().__init__(**kwargs)
+
+    def get_queryset(self):
+        return self.selector(self.context["request"].user)
+
+
+class FullCleanModelSerializer(serializers.ModelSerializer):
+    """Saves through the model's `full_clean`: its refusals (e.g. a secret that is not a reference) are 400s.
+
+    The tenant is chosen on create and fixed afterwards.
+    """
+
+    def get_fields(self):
+        fields = super().get_fields()
+        if self.instance is not None and "tenant" in fields:
+            fields["tenant"].read_only = True
+        return fields
+
+    def _saved(self, instance, validated_data):
+        for name, value in validated_data.items():
+            setattr(instance, name, value)
+        try:
+            instance.full_clean()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(
+                exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}) from None
+        instance.save()
+        return instance
+
+    def create(self, validated_data):
+        return self._saved(self.Meta.model(), validated_data)
+
+    def update(self, instance, validated_data):
+        return self._saved(instance, validated_data)
+
+
+class MailboxSerializer(FullCleanModelSerializer):
+    tenant = VisibleTenantField()
+
+    class Meta:
+        model = Mailbox
+        fields = ("id", "tenant", "slug", "address", "provider", "webhook_secret_ref", "credentials_ref", "settings",
+                  "allowed_recipients", "poll_enabled", "paused", "health", "health_detail", "last_polled_at",
+                  "created_at")
+        read_only_fields = ("health", "health_detail", "last_polled_at", "created_at")
+
+
+class DestinationSerializer(FullCleanModelSerializer):
+    tenant = VisibleTenantField()
+
+    class Meta:
+        model = Destination
+        fields = ("id", "tenant", "slug", "kind", "base_url", "credentials_ref", "settings", "is_default", "paused",
+                  "paused_reason", "paused_by", "paused_at")
+        read_only_fields = ("paused_reason", "paused_by", "paused_at")
+
+
+class RoutingRuleSerializer(FullCleanModelSerializer):
+    tenant = VisibleTenantField()
+    mailbox = TenantScopedRelatedField(selectors.visible_mailboxes, required=False, allow_null=True)
+    destination = TenantScopedRelatedField(selectors.visible_destinations, required=False, allow_null=True)
+
+    class Meta:
+        model = RoutingRule
+        fields = ("id", "tenant", "mailbox", "position", "name", "enabled", "conditions", "destination", "queue",
+                  "priority", "request_type", "assignee", "sensitive", "stop_processing", "hits", "last_hit_at")
+        read_only_fields = ("hits", "last_hit_at")
+
+    def validate_conditions(self, conditions):
+        conditions = {} if conditions in (None, "") else conditions
+        errors = validate_conditions(conditions)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return conditions
+
+    def validate(self, data):
+        """The console's checks (ticketing.routing_admin.RoutingRuleForm): same tenant, the policy's vocabulary."""
+        tenant = data.get("tenant") or (self.instance.tenant if self.instance else None)
+        errors = {}
+        for name in ("mailbox", "destination"):
+            related = data.get(name)
+            if tenant is not None and related is not None and related.tenant_id != tenant.pk:
+                errors[name] = f"This {name} belongs to another tenant."
+        policy = RoutingPolicy.objects.filter(tenant=tenant).first() if tenant else None
+        if data.get("queue") and data["queue"] not in (policy.queues if policy else []):
+            errors["queue"] = f"'{data['queue']}' is not a queue of {tenant.slug}'s routing policy."
+        if data.get("request_type") and data["request_type"] not in (policy.request_types if policy else []):
+            errors["request_type"] = (f"'{data['request_type']}' is not a request type of "
+                                      f"{tenant.slug}'s routing policy.")
+        if errors:
+            raise serializers.ValidationError(errors)
+        return data
+
+
+# --- reconciliation ---------------------------------------------------------------------------------------
+
+
+class RunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ReconciliationRun
+        fields = ("id", "kind", "scope", "started_at", "finished_at", "scanned", "findings", "repaired", "error")
+
+
+class FindingSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Finding
+        fields = ("id", "run", "kind", "object", "tenant", "inbox_event", "detail", "first_seen", "last_seen",
+                  "resolved_at", "resolution")
