@@ -21,7 +21,9 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 
 install: $(VENV)/.installed
 
-# The embedded default: a SQLite file and a file-system broker under var/.
+# The embedded default: a SQLite file and a file-system broker under var/. A development instance
+# (MAILROOM_ENV=development): plain HTTP on 127.0.0.1; bootstrap_demo writes a SECRET_KEY into .env.
+run: export MAILROOM_ENV := development
 run: $(VENV)/.installed
 	mkdir -p var
 	$(BIN)/python manage.py migrate --noinput -v0

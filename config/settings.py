@@ -4,10 +4,12 @@ With nothing set, Mailroom runs on the embedded default: a SQLite file and a
 file-system Celery broker under `var/`. `DATABASE_URL` and `CELERY_BROKER_URL`
 switch it to PostgreSQL and Redis/RabbitMQ.
 """
+from datetime import timedelta
 from pathlib import Path
 
 import environ
 from celery.schedules import crontab
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -17,9 +19,34 @@ environ.Env.read_env(env.str("MAILROOM_ENV_FILE", default=str(BASE_DIR / ".env")
 VAR_DIR = Path(env.str("MAILROOM_VAR_DIR", default=str(BASE_DIR / "var")))
 
 DEBUG = env.bool("DEBUG", default=False)
-SECRET_KEY = env.str("SECRET_KEY", default="insecure-development-key-set-SECRET_KEY-in-production")
+# `production` (the default) or `development`: `make run` and the test settings set `development`, which
+# allows the built-in development SECRET_KEY and turns the HTTPS-only defaults below off (plain HTTP on
+# 127.0.0.1). Anything else must bring a real SECRET_KEY or it does not start.
+MAILROOM_ENV = env.str("MAILROOM_ENV", default="production")
+if MAILROOM_ENV not in ("production", "development"):
+    raise ImproperlyConfigured(f"MAILROOM_ENV must be 'production' or 'development', not {MAILROOM_ENV!r}")
+DEVELOPMENT_SECRET_KEY = "insecure-development-key-set-SECRET_KEY-in-production"
+SECRET_KEY = env.str("SECRET_KEY", default="") or DEVELOPMENT_SECRET_KEY
+if MAILROOM_ENV != "development" and (
+        SECRET_KEY == DEVELOPMENT_SECRET_KEY or SECRET_KEY.startswith(("django-insecure-", "insecure-"))):
+    raise ImproperlyConfigured(
+        "SECRET_KEY is missing or a development key. Set SECRET_KEY to a long random value (e.g. "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`), or MAILROOM_ENV=development "
+        "for a local development instance.")
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# HTTPS-only defaults in production (DEBUG off, MAILROOM_ENV not development); each has its own switch.
+_SECURE_DEFAULT = MAILROOM_ENV != "development" and not DEBUG
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=_SECURE_DEFAULT)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # load-balancer probes may speak plain HTTP
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000 if _SECURE_DEFAULT else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=_SECURE_DEFAULT)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)  # a commitment: opt in
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=_SECURE_DEFAULT)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=_SECURE_DEFAULT)
+# Only behind a proxy that sets X-Forwarded-Proto itself (and strips a client's): otherwise spoofable.
+if env.bool("MAILROOM_TRUST_X_FORWARDED_PROTO", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -29,14 +56,19 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI assets for /api/docs/, served from /static/
     "django_celery_beat",
+    "axes",
     "intake",
     "ticketing",
     "reconciliation",
 ]
 
 MIDDLEWARE = [
-    # First: provider webhooks need none of the browser middleware below.
+    # A request id for every log line of the request (X-Request-ID or a new one), webhooks included.
+    "intake.middleware.RequestIdMiddleware",
+    # Next: provider webhooks need none of the browser middleware below.
     "intake.middleware.WebhookShortcutMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -46,6 +78,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a lockout into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -84,6 +118,19 @@ else:
 USING_POSTGRES = DATABASES["default"]["ENGINE"].startswith("django.db.backends.postgresql")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Login throttling (django-axes): after MAILROOM_LOGIN_FAILURE_LIMIT failed logins of one user from one
+# IP address, that combination is locked out for MAILROOM_LOGIN_COOLOFF_MINUTES, a correct password
+# included. Attempts and lockouts are in the admin (Axes); `manage.py axes_reset_username NAME` unlocks.
+# The IP is REMOTE_ADDR. The axes backend comes first; `client.force_login` does not authenticate.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("MAILROOM_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("MAILROOM_LOGIN_COOLOFF_MINUTES", default=30))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -155,9 +202,16 @@ MAILROOM_BREAKER = {
 }
 MAILROOM_AI_BASE_URL = env.str("MAILROOM_AI_BASE_URL", default="")
 MAILROOM_AI_MODEL = env.str("MAILROOM_AI_MODEL", default="")
-MAILROOM_AI_API_KEY_REF = env.str("MAILROOM_AI_API_KEY_REF", default="")  # env:NAME or file:/path
+MAILROOM_AI_API_KEY_REF = env.str("MAILROOM_AI_API_KEY_REF", default="")  # listed in MAILROOM_PLATFORM_SECRET_REFS
 MAILROOM_AI_TIMEOUT_SECONDS = env.float("MAILROOM_AI_TIMEOUT_SECONDS", default=10.0)
 MAILROOM_AI_MAX_INPUT_CHARS = env.int("MAILROOM_AI_MAX_INPUT_CHARS", default=8000)
+
+# Secret references (intake.secrets): a tenant's rows name only its own secrets (env:MAILROOM_T_<SLUG>_*,
+# files under MAILROOM_SECRETS_DIR/<slug>/, vault:<mount>/mailroom/<slug>/...#key); anything else only
+# when listed here, exactly (comma-separated in the environment). The AI key's reference belongs here too.
+MAILROOM_SECRETS_DIR = env.str("MAILROOM_SECRETS_DIR", default="")
+MAILROOM_PLATFORM_SECRET_REFS = env.list("MAILROOM_PLATFORM_SECRET_REFS", default=[])
+MAILROOM_SECRET_CACHE_SECONDS = env.int("MAILROOM_SECRET_CACHE_SECONDS", default=60)  # vault values, per process
 
 # --- Outgoing mail (acknowledgments) ---------------------------------------
 # EMAIL_URL, e.g. smtp://user:pass@smtp.example.com:587/?tls=True. Without it the
@@ -246,17 +300,30 @@ CELERY_BEAT_SCHEDULE.update({
 })
 
 # --- Logging: never bodies, never full addresses ---------------------------
+# Also never secrets: Authorization values, token=/key=/secret= parameters are redacted. LOG_FORMAT=json
+# writes one JSON object per line (python-json-logger) with request_id (web) and task_id (Celery).
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"mask_addresses": {"()": "intake.logging.MaskAddressesFilter"}},
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {
+        "mask_addresses": {"()": "intake.logging.MaskAddressesFilter"},
+        "redact_secrets": {"()": "intake.logging.RedactSecretsFilter"},
+        "log_context": {"()": "intake.logging.LogContextFilter"},
+    },
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "pythonjsonlogger.json.JsonFormatter",
+                 "format": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s %(task_id)s"},
+    },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["mask_addresses"]},
+        "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_FORMAT == "json" else "plain",
+                    "filters": ["log_context", "redact_secrets", "mask_addresses"]},
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        "axes.apps": {"level": "WARNING"},  # a start-up banner per process; lockouts stay (axes.*)
         # A line per due task (beat) and per task received/succeeded (worker) is noise at INFO:
         # an idle `make run` would print one every two seconds. CELERY_LOG_LEVEL=INFO brings them back.
         **{name: {"level": env.str("CELERY_LOG_LEVEL", default="WARNING")}
@@ -266,4 +333,20 @@ LOGGING = {
 
 REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # The REST API (reconciliation.api, /api/v1/): hashed tokens, cursor pages, problem+json errors.
+    "DEFAULT_AUTHENTICATION_CLASSES": ["reconciliation.api.authentication.ApiTokenAuthentication"],
+    "DEFAULT_PAGINATION_CLASS": "reconciliation.api.pagination.ApiCursorPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "reconciliation.api.errors.problem_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Mailroom API",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",  # drf-spectacular-sidecar: local assets, no CDN
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {"EventStateEnum": "intake.models.InboxEvent.State",
+                            "IntentStateEnum": "ticketing.models.Intent.State"},
 }

@@ -12,10 +12,12 @@ from .models import (
     OutboxMessage,
     PollCursor,
     ProviderSubscription,
+    SecretResolution,
     Tenant,
     WebhookNonce,
     WebhookRejectionCount,
 )
+from .secrets import allowed_forms, platform_refs
 from .selectors import visible_tenants
 
 
@@ -61,6 +63,32 @@ class TenantScopedAdminMixin:
         raise Http404(f"no {opts.verbose_name} {object_id}")
 
 
+class PlatformSecretsForSuperusersMixin:
+    """Only a superuser may point a row at a platform secret (MAILROOM_PLATFORM_SECRET_REFS); tenant staff
+    may keep one already there. The model's clean() refuses whatever is outside the tenant's scope."""
+
+    secret_ref_fields = ()
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        if request.user.is_superuser:
+            return form
+        fields = self.secret_ref_fields
+
+        class TenantSecretsOnly(form):
+            def clean(self):
+                data = super().clean()
+                tenant = data.get("tenant") or getattr(self.instance, "tenant", None)
+                for name in fields:
+                    ref = data.get(name)
+                    if ref and ref in platform_refs() and ref != getattr(self.instance, name):
+                        self.add_error(name, "Only a superuser may use a platform secret reference. "
+                                             f"Allowed: {allowed_forms(tenant)}.")
+                return data
+
+        return TenantSecretsOnly
+
+
 @admin.register(Tenant)
 class TenantAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     tenant_path = "pk"
@@ -70,7 +98,8 @@ class TenantAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Mailbox)
-class MailboxAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
+class MailboxAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, admin.ModelAdmin):
+    secret_ref_fields = ("webhook_secret_ref", "credentials_ref")
     list_display = ("slug", "tenant", "address", "provider", "poll_enabled", "paused", "health_status",
                     "last_polled_at")
     list_filter = ("provider", "poll_enabled", "paused", "health", ("tenant", admin.RelatedOnlyFieldListFilter))
@@ -266,3 +295,11 @@ class WebhookNonceAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelA
     tenant_path = "mailbox__tenant"
     list_display = ("provider", "mailbox", "seen_at")
     list_filter = ("provider",)
+
+
+@admin.register(SecretResolution)
+class SecretResolutionAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("at", "ref", "owner", "tenant", "outcome", "fresh")
+    list_filter = ("outcome", "fresh")
+    search_fields = ("ref", "owner")
+    ordering = ("-at",)

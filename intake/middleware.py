@@ -6,7 +6,12 @@ them straight from the top of the stack saves about a fifth of the CPU of
 each webhook request (see docs/performance.md); exceptions still go through
 Django's handler, because this middleware is wrapped like any other.
 """
+import re
+import uuid
+
 from django.urls import resolve
+
+from .logging import request_id_var
 
 WEBHOOK_PREFIX = "/webhooks/"
 
@@ -21,3 +26,28 @@ class WebhookShortcutMiddleware:
         match = resolve(request.path_info)
         request.resolver_match = match
         return match.func(request, *match.args, **match.kwargs)
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+class RequestIdMiddleware:
+    """The request id of every log line of a request: a sane `X-Request-ID` from the proxy, else a new uuid.
+
+    Answered in the `X-Request-ID` response header (gunicorn's access log prints it).
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        given = request.headers.get("X-Request-ID", "")
+        request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        request.request_id = request_id
+        token = request_id_var.set(request_id)
+        try:
+            response = self.get_response(request)
+        finally:
+            request_id_var.reset(token)
+        response["X-Request-ID"] = request_id
+        return response

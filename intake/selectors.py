@@ -16,8 +16,8 @@ def mailbox_by_slug(slug: str) -> Mailbox | None:
     cached = _mailbox_cache.get(slug)
     if cached is not None and cached[0] > now:
         return cached[1]
-    mailbox = Mailbox.objects.filter(slug=slug).only(
-        "pk", "tenant_id", "slug", "provider", "webhook_secret_ref", "settings", "paused"
+    mailbox = Mailbox.objects.filter(slug=slug).select_related("tenant").only(
+        "pk", "tenant_id", "slug", "provider", "webhook_secret_ref", "settings", "paused", "tenant__slug"
     ).first()
     if mailbox is not None:  # an unknown slug is not cached: a new mailbox answers at once
         if len(_mailbox_cache) > 1000:

@@ -47,7 +47,7 @@ def raw_webhook(request, mailbox_slug: str):
         return _reject("raw", WebhookRejection.TOO_LARGE, 413,
                        f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
     try:
-        secret = resolve_secret(mailbox.webhook_secret_ref)
+        secret = resolve_secret(mailbox.webhook_secret_ref, tenant=mailbox.tenant, owner=mailbox)
     except SecretUnavailable as exc:
         # Fail closed: without a secret nothing can be verified, so nothing is stored.
         logger.error("mailbox %s has no usable webhook secret: %s", mailbox.slug, exc)

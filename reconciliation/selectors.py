@@ -19,10 +19,10 @@ from django.utils import timezone
 from intake.models import AuditEvent, InboxEvent, Mailbox, Switch
 from intake.selectors import visible_tenants
 from intake.vocabulary import AuditKind, ReasonCode
-from ticketing.models import Destination, Intent, TicketMapping
+from ticketing.models import Destination, Intent, RoutingRule, TicketMapping
 from ticketing.selectors import WORK_ACTIONS  # the intents that carry an event's ticket work
 
-from .models import Finding
+from .models import Finding, ReconciliationRun
 
 # Audit kinds that mark an attempt at the destination (its outcome).
 ATTEMPT_KINDS = (AuditKind.INTENT_RETRY_WAIT, AuditKind.INTENT_FAILED, AuditKind.INTENT_UNKNOWN,
@@ -181,3 +181,53 @@ def event_intents(event_id: int) -> QuerySet:
 
 def event_mappings(event_id: int) -> QuerySet:
     return TicketMapping.objects.filter(inbox_event_id=event_id).select_related("destination").order_by("pk")
+
+
+# --- the REST API's reads (reconciliation.api): each scoped to the user's tenants -------------------
+
+def filter_events(queryset: QuerySet, *, state: str = "", reason: str = "", mailbox: str = "",
+                  received_after=None, received_before=None) -> QuerySet:
+    """The events list's filters: state, reason code, mailbox (slug or id), received date range [after, before)."""
+    if state:
+        queryset = queryset.filter(state=state)
+    if reason:
+        queryset = queryset.filter(reason_code=reason)
+    if mailbox:
+        queryset = queryset.filter(Q(mailbox__slug=mailbox) | (Q(mailbox_id=int(mailbox)) if mailbox.isdigit()
+                                                                  else Q(pk__in=[])))
+    if received_after is not None:
+        queryset = queryset.filter(received_at__gte=received_after)
+    if received_before is not None:
+        queryset = queryset.filter(received_at__lt=received_before)
+    return queryset
+
+
+def visible_intents(user) -> QuerySet:
+    return Intent.objects.filter(inbox_event__tenant__in=visible_tenants(user).values("pk")).select_related(
+        "destination")
+
+
+def visible_mappings(user) -> QuerySet:
+    return TicketMapping.objects.filter(inbox_event__tenant__in=visible_tenants(user).values("pk")).select_related(
+        "destination")
+
+
+def visible_routing_rules(user) -> QuerySet:
+    return RoutingRule.objects.filter(tenant__in=visible_tenants(user).values("pk")).select_related("tenant")
+
+
+def visible_runs(user) -> QuerySet:
+    """Reconciliation runs of the user's mailboxes and destinations (a superuser: every run)."""
+    rows = ReconciliationRun.objects.all()
+    if user.is_superuser:
+        return rows
+    mailboxes = list(visible_mailboxes(user).values_list("slug", flat=True))
+    destinations = [f"destination:{d.tenant.slug}/{d.slug}" for d in visible_destinations(user)]
+    return rows.filter(scope__in=mailboxes + destinations)
+
+
+def visible_findings(user) -> QuerySet:
+    rows = Finding.objects.select_related("tenant")
+    if user.is_superuser:
+        return rows
+    return rows.filter(tenant__in=visible_tenants(user).values("pk"))

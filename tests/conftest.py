@@ -15,10 +15,22 @@ SERVICE_FIXTURES = {
     "chromium_path", "browser",                       # test_recovery_browser.py (Playwright + Chromium)
     "live_processes", "live_broker", "live_mailbox",  # tests/live.py: worker, relay, web processes
     "live_server",                                    # pytest-django's live server
+    "openbao",                                        # tests/openbao.py: an OpenBao dev server
 }
 
 
 WEBHOOK_SECRET = "test-webhook-secret"  # the `mailbox` fixture's secret (tests/factories.py)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_secret_caches():
+    """intake.secrets keeps per-process caches (vault values, resolution records, tenant prefixes): none
+    may carry one test's rows or values into the next."""
+    from intake import secrets
+
+    secrets.clear_cache()
+    yield
+    secrets.clear_cache()
 
 
 def pytest_configure(config):

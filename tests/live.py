@@ -81,10 +81,11 @@ def database_url() -> str:
 
 
 def subprocess_env(broker_url: str | None = None, **extra) -> dict:
-    """The environment of a child Mailroom process: production settings, on the test database."""
+    """The environment of a child Mailroom process: config.settings (development), on the test database."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env.update({
         "DJANGO_SETTINGS_MODULE": "config.settings",
+        "MAILROOM_ENV": "development",  # plain HTTP, the built-in SECRET_KEY (tests of production strip it)
         "DATABASE_URL": database_url(),
         "CELERY_DB_REUSE_MAX": "1000",
         "PYTHONUNBUFFERED": "1",

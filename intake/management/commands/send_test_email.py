@@ -38,7 +38,7 @@ class Command(BaseCommand):
         if mailbox is None:
             raise CommandError(f"no mailbox {options['mailbox']!r}")
         try:
-            secret = resolve_secret(mailbox.webhook_secret_ref)
+            secret = resolve_secret(mailbox.webhook_secret_ref, tenant=mailbox.tenant, owner=mailbox)
         except SecretUnavailable as exc:
             raise CommandError(f"mailbox secret: {exc}") from None
         endpoint = f"{options['url'].rstrip('/')}/webhooks/raw/{mailbox.slug}/"

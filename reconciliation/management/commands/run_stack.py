@@ -1,4 +1,8 @@
-"""Run web, worker, beat and the outbox relay in the foreground; Ctrl-C stops them all."""
+"""Run web, worker, beat and the outbox relay in the foreground; Ctrl-C stops them all.
+
+A development tool (`make run`, which sets MAILROOM_ENV=development: plain HTTP on 127.0.0.1); the
+children inherit this process's environment. The web's access log has no query strings (ACCESS_LOG_FORMAT).
+"""
 import os
 import signal
 import subprocess
@@ -9,6 +13,7 @@ import urllib.request
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from intake.logging import ACCESS_LOG_FORMAT
 from reconciliation.services import DEMO_PASSWORD_VAR
 
 
@@ -27,7 +32,8 @@ class Command(BaseCommand):
         celery = [python, "-m", "celery", "-A", "config"]
         return {
             "web": [os.path.join(bin_dir, "gunicorn"), "config.wsgi", "--bind", f"{options['host']}:{options['port']}",
-                    "--workers", str(options["web_workers"]), "--access-logfile", "-", "--no-control-socket"],
+                    "--workers", str(options["web_workers"]), "--access-logfile", "-",
+                    "--access-logformat", ACCESS_LOG_FORMAT, "--no-control-socket"],
             "worker": celery + ["worker", "--loglevel", "INFO", "--concurrency", str(options["worker_concurrency"])],
             "beat": celery + ["beat", "--loglevel", "INFO", "--scheduler",
                               "django_celery_beat.schedulers:DatabaseScheduler"],
