@@ -31,21 +31,19 @@ Settings read from `Mailbox.settings` (every provider may honour them):
 `batch_size` (messages per batch), `max_batches` (per poll; when reached with
 more waiting, a follow-up poll is queued in the outbox).
 """
-import fcntl
 import logging
 import random
 import zlib
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from . import secrets, services
 from .failures import AmbiguousOutcome, PermanentError, TransientError
+from .locks import exclusive
 from .logging import mask_address
 from .models import Mailbox, PollCursor
 from .providers import provider_for
@@ -107,34 +105,9 @@ def _lock_key(mailbox_id: int) -> int:
     return mailbox_id if mailbox_id < 2**31 else zlib.crc32(str(mailbox_id).encode()) & 0x7FFFFFFF
 
 
-@contextmanager
 def mailbox_poll_lock(mailbox_id: int):
     """Yields True when this process now holds the mailbox's poll lock, False when another does."""
-    if settings.USING_POSTGRES:
-        lock_connection = connections.create_connection(DEFAULT_DB_ALIAS)
-        try:
-            lock_connection.ensure_connection()
-            lock_connection.set_autocommit(True)
-            with lock_connection.cursor() as cursor:
-                cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_NAMESPACE, _lock_key(mailbox_id)])
-                acquired = bool(cursor.fetchone()[0])
-            yield acquired
-        finally:
-            # Ending the session releases its advisory locks, whatever happened above.
-            lock_connection.close()
-        return
-    lock_dir = Path(settings.VAR_DIR) / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / f"poll-mailbox-{mailbox_id}.lock", "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return exclusive(LOCK_NAMESPACE, _lock_key(mailbox_id), f"poll-mailbox-{mailbox_id}")
 
 
 # --- health ---------------------------------------------------------------------------------------

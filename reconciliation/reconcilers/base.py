@@ -5,18 +5,17 @@ resume point (`resume`) to the reconciler, and finishes the run (counts, cursor,
 happens. A finding is opened at most once per (kind, object) while open (`finding_one_open_per_object`,
 so a second pass, or two passes at once, never duplicate it) and resolved with a resolution.
 """
-import fcntl
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from intake.failures import AmbiguousOutcome, PermanentError, TransientError
+from intake.locks import exclusive
 
 from ..models import Finding, ReconciliationRun
 
@@ -151,34 +150,6 @@ def recording(kind: str, scope: str, summaries: list, now=None):
         logger.log(logging.WARNING if run.findings or run.error else logging.DEBUG, "%s", summaries[-1].line())
 
 
-@contextmanager
 def pass_lock():
-    """True when this process now runs the only reconciliation pass; False when another one does.
-
-    PostgreSQL: a session-level advisory lock on a dedicated connection (a killed pass loses its
-    session, and the lock with it). SQLite (the embedded default): an fcntl lock under VAR_DIR.
-    """
-    if settings.USING_POSTGRES:
-        lock_connection = connections.create_connection(DEFAULT_DB_ALIAS)
-        try:
-            lock_connection.ensure_connection()
-            lock_connection.set_autocommit(True)
-            with lock_connection.cursor() as cursor:
-                cursor.execute("SELECT pg_try_advisory_lock(%s, 0)", [LOCK_NAMESPACE])
-                acquired = bool(cursor.fetchone()[0])
-            yield acquired
-        finally:
-            lock_connection.close()
-        return
-    lock_dir = Path(settings.VAR_DIR) / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / "reconcile.lock", "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """True when this process now runs the only reconciliation pass; False when another one does."""
+    return exclusive(LOCK_NAMESPACE, 0, "reconcile")
