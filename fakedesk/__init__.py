@@ -1,4 +1,9 @@
-"""FakeDesk: a fault-injecting stand-in for the Zendesk ticket API (docs/design.md §3 and §8).
+"""FakeDesk: a fault-injecting stand-in for help-desk APIs (docs/design.md §3 and §8).
+
+It speaks Zendesk by default, and with `dialect=` (`--dialect`) the subsets of Jira Service
+Management, ServiceNow, Salesforce, HubSpot, Freshdesk and a generic REST API that Mailroom's
+destination adapters use (`fakedesk.dialects`, one module each, documented there); every
+dialect shares the store, the fault plan, the idempotency memory and the request hooks.
 
 Drills and tests point a `zendesk` destination at it and tell it, request by
 request, to answer normally or to fail the ways a real help desk fails: rate
@@ -29,6 +34,7 @@ Modules (imports go one way: cli -> server -> handler -> desk -> store, faults):
     desk           `Desk`: state, the idempotent write, request hooks (no HTTP)
     handler        `Handler`: the HTTP API and the control API for one Desk
     server         `FakeDesk`: a Desk bound to a port, served from a thread
+    dialects       the other APIs, one Handler subclass each
     cli            `python -m fakedesk` and `manage.py fakedesk`
     client         `DeskClient`: the control API over HTTP
     pytest_plugin  the `desk` fixture (needs pytest; not imported here)
@@ -48,6 +54,8 @@ Control API (no auth):
     GET/POST /_control/plan         {"faults": ["ok", "rate_limit:2", ...],
                                      "random": {"seed": 7, "weights": {"error_500": 0.1}}}
     GET/POST /_control/idempotency  {"enabled": bool, "retention_seconds": N}
+    GET/POST /_control/search_lag   {"search_lag_seconds": N}: searches see a record N s after its write
+    POST /_control/revoke_sessions  expire the OAuth access tokens handed out (the next call is a 401)
     GET  /_control/tickets          every ticket with its comments
     GET  /_control/requests         the log of ticket-writing requests
     POST /_control/reset            forget tickets, keys, the log and the plan

@@ -6,6 +6,7 @@ import sys
 import threading
 
 from .desk import DEFAULT_RETENTION_SECONDS
+from .dialects import DIALECTS
 from .server import FakeDesk
 
 
@@ -16,13 +17,18 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--db", default=None, help="SQLite file; in memory when omitted")
     parser.add_argument("--token", default=None, help="require basic auth <anything>/token:<TOKEN>")
     parser.add_argument("--no-idempotency", action="store_true", help="ignore Idempotency-Key headers")
+    parser.add_argument("--dialect", default="zendesk", choices=sorted(DIALECTS),
+                        help="the API to speak (a Mailroom destination kind)")
+    parser.add_argument("--search-lag", type=float, default=0.0,
+                        help="seconds before a search finds a new record (Jira, Freshdesk)")
     parser.add_argument("--retention-seconds", type=float, default=DEFAULT_RETENTION_SECONDS,
                         help="how long idempotency keys are kept")
 
 
 def desk_from_options(options) -> FakeDesk:
     return FakeDesk(host=options.host, port=options.port, db_path=options.db, token=options.token,
-                    idempotency_enabled=not options.no_idempotency, retention_seconds=options.retention_seconds)
+                    idempotency_enabled=not options.no_idempotency, retention_seconds=options.retention_seconds,
+                    dialect=options.dialect, search_lag_seconds=options.search_lag)
 
 
 def run_until_signalled(desk: FakeDesk, out=sys.stdout):

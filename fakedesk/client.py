@@ -97,6 +97,14 @@ class DeskClient:
             payload["retention_seconds"] = retention_seconds
         return self.control("idempotency", payload)
 
+    def set_search_lag(self, seconds: float) -> dict:
+        """How long a search (Jira's JQL, Freshdesk's filter) takes to see a new record."""
+        return self.control("search_lag", {"search_lag_seconds": seconds})
+
+    def revoke_sessions(self) -> int:
+        """Expire every OAuth access token handed out (Salesforce): the next call answers 401."""
+        return self.control("revoke_sessions", {})["revoked"]
+
     def tickets(self) -> list[dict]:
         """Every ticket, oldest first, each with its "comments"."""
         return self.control("tickets")["tickets"]

@@ -59,8 +59,15 @@ class Desk:
     """Tickets, the fault plan, the idempotency settings and the request hooks of one FakeDesk."""
 
     def __init__(self, db_path: str | None = None, token: str | None = None, idempotency_enabled: bool = True,
-                 retention_seconds: float = DEFAULT_RETENTION_SECONDS):
+                 retention_seconds: float = DEFAULT_RETENTION_SECONDS, dialect: str = "zendesk",
+                 search_lag_seconds: float = 0.0):
         self.store = TicketStore(db_path)
+        self.dialect = dialect
+        # An eventually consistent search (Jira, Freshdesk) sees a record only this long after its write.
+        self.search_lag_seconds = float(search_lag_seconds)
+        # Bearer tokens handed out by an OAuth token endpoint (Salesforce); revoking them forces a refresh.
+        self._sessions: set[str] = set()
+        self._sessions_lock = threading.Lock()
         self.plan = FaultPlan()
         self.token = token or None
         self.idempotency_enabled = bool(idempotency_enabled)
@@ -138,6 +145,25 @@ class Desk:
                 self.store.remember(key, fingerprint, outcome.status, outcome.body)
             outcome.lookup = "miss" if use_key else None
             return outcome
+
+    # OAuth sessions (dialects with a token endpoint).
+
+    def issue_session(self) -> str:
+        import secrets
+
+        session = secrets.token_urlsafe(24)
+        with self._sessions_lock:
+            self._sessions.add(session)
+        return session
+
+    def session_valid(self, session: str) -> bool:
+        with self._sessions_lock:
+            return session in self._sessions
+
+    def revoke_sessions(self) -> int:
+        with self._sessions_lock:
+            count, self._sessions = len(self._sessions), set()
+        return count
 
     # What the control API exposes.
 

@@ -32,8 +32,8 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "FakeDesk/1.0"
     timeout = 60  # an idle keep-alive connection gives its thread back
 
-    # (method, path pattern, handler name, needs auth)
-    ROUTES = [
+    # (method, path pattern, handler name, needs auth). A dialect (fakedesk.dialects) replaces API_ROUTES.
+    API_ROUTES = [
         ("POST", re.compile(r"/api/v2/tickets(?:\.json)?"), "create_ticket", True),
         ("GET", re.compile(r"/api/v2/tickets(?:\.json)?"), "list_tickets", True),
         ("GET", re.compile(r"/api/v2/tickets/show_many(?:\.json)?"), "show_many", True),
@@ -41,14 +41,24 @@ class Handler(BaseHTTPRequestHandler):
         ("GET", re.compile(r"/api/v2/tickets/(\d+)(?:\.json)?"), "show_ticket", True),
         ("PUT", re.compile(r"/api/v2/tickets/(\d+)(?:\.json)?"), "update_ticket", True),
         ("GET", re.compile(r"/api/v2/tickets/(\d+)/comments(?:\.json)?"), "list_comments", True),
+    ]
+    CONTROL_ROUTES = [
         ("GET", re.compile(r"/_control/plan"), "control_get_plan", False),
         ("POST", re.compile(r"/_control/plan"), "control_set_plan", False),
         ("GET", re.compile(r"/_control/idempotency"), "control_get_idempotency", False),
         ("POST", re.compile(r"/_control/idempotency"), "control_set_idempotency", False),
+        ("GET", re.compile(r"/_control/search_lag"), "control_get_search_lag", False),
+        ("POST", re.compile(r"/_control/search_lag"), "control_set_search_lag", False),
+        ("POST", re.compile(r"/_control/revoke_sessions"), "control_revoke_sessions", False),
         ("GET", re.compile(r"/_control/tickets"), "control_tickets", False),
         ("GET", re.compile(r"/_control/requests"), "control_requests", False),
         ("POST", re.compile(r"/_control/reset"), "control_reset", False),
     ]
+    # The header a replay-protecting API reads its key from (None: the API has no such thing).
+    IDEMPOTENCY_HEADER: str | None = "Idempotency-Key"
+    # The JSON member that holds the record in a write's body (None: the whole body is the record).
+    PAYLOAD_KEY: str | None = "ticket"
+    UNAUTHENTICATED = (401, {"error": "Couldn't authenticate you"})
 
     @property
     def desk(self) -> Desk:
@@ -80,6 +90,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self):
         self._dispatch("DELETE")
 
+    def do_PATCH(self):
+        self._dispatch("PATCH")
+
     # Plumbing.
 
     def _dispatch(self, method: str):
@@ -91,7 +104,7 @@ class Handler(BaseHTTPRequestHandler):
             self.raw_body = self._read_body()
             if not url.path.startswith(CONTROL_PREFIX) and self._answered_by_a_hook(method, url.path):
                 return
-            for route_method, pattern, name, needs_auth in self.ROUTES:
+            for route_method, pattern, name, needs_auth in self.API_ROUTES + self.CONTROL_ROUTES:
                 match = pattern.fullmatch(url.path)
                 if match and route_method == method:
                     if needs_auth and not self._authenticated():
@@ -177,9 +190,10 @@ class Handler(BaseHTTPRequestHandler):
         return user.endswith("/token") and hmac.compare_digest(password.encode(), token.encode())
 
     def _reject_unauthenticated(self, method: str, path: str):
-        if method in ("POST", "PUT"):
-            self._log_write(method, path, fault=None, outcome=WriteOutcome(401, {}))
-        self._send(401, {"error": "Couldn't authenticate you"})
+        status, body = self.UNAUTHENTICATED
+        if method in ("POST", "PUT", "PATCH"):
+            self._log_write(method, path, fault=None, outcome=WriteOutcome(status, {}))
+        self._send(status, body)
 
     # Ticket writes: the only requests that consume faults.
 
@@ -202,9 +216,18 @@ class Handler(BaseHTTPRequestHandler):
         body = {"ticket": self.desk.store.ticket(ticket_id, self._base_url()), "audit": audit}
         return WriteOutcome(200, body, committed=True, ticket_id=ticket_id)
 
-    def _ticket_write(self, method: str, path: str, action):
+    def rejection(self, fault):
+        """How this API answers a refusing fault: (status, headers, body) or None. Dialects reshape the body."""
+        return rejection_for(fault)
+
+    def invalid_body(self) -> tuple[int, dict]:
+        return 400, {"error": "InvalidJSON", "description": 'The body must be {"ticket": {...}}'}
+
+    def _ticket_write(self, method: str, path: str, action, external_id_of=None):
+        """One record-writing request, through the fault plan: `action(record) -> WriteOutcome` runs at most
+        once per idempotency key (when the API honours one). `external_id_of(record)` names it in the log."""
         fault = self.desk.plan.next()
-        rejection = rejection_for(fault)
+        rejection = self.rejection(fault)
         if rejection is not None:
             status, headers, body = rejection
             self._log_write(method, path, fault, WriteOutcome(status, body))
@@ -218,14 +241,16 @@ class Handler(BaseHTTPRequestHandler):
             self.desk.pause(fault.seconds)
 
         payload = self._parse_json()
-        ticket = payload.get("ticket") if payload is not None else None
-        if not isinstance(ticket, dict):
-            body = {"error": "InvalidJSON", "description": 'The body must be {"ticket": {...}}'}
-            self._log_write(method, path, fault, WriteOutcome(400, body))
-            self._send(400, body)
+        record = payload if self.PAYLOAD_KEY is None or payload is None else payload.get(self.PAYLOAD_KEY)
+        if not isinstance(record, dict):
+            status, body = self.invalid_body()
+            self._log_write(method, path, fault, WriteOutcome(status, body))
+            self._send(status, body)
             return
-        outcome = self.desk.write(method, path, self.headers.get("Idempotency-Key"), payload, lambda: action(ticket))
-        self._log_write(method, path, fault, outcome, external_id=ticket.get("external_id"))
+        key = self.headers.get(self.IDEMPOTENCY_HEADER) if self.IDEMPOTENCY_HEADER else None
+        outcome = self.desk.write(method, path, key, payload, lambda: action(record))
+        external_id = external_id_of(record) if external_id_of else record.get("external_id")
+        self._log_write(method, path, fault, outcome, external_id=external_id)
 
         if fault.name == "drop_after_commit":
             self._drop_connection()
@@ -240,7 +265,7 @@ class Handler(BaseHTTPRequestHandler):
             "at": time.time(),
             "method": method,
             "path": path,
-            "idempotency_key": self.headers.get("Idempotency-Key"),
+            "idempotency_key": self.headers.get(self.IDEMPOTENCY_HEADER) if self.IDEMPOTENCY_HEADER else None,
             "external_id": None if external_id is None else str(external_id),
             "fault": None if fault is None else fault.spec,
             "committed": outcome.committed,
@@ -337,6 +362,23 @@ class Handler(BaseHTTPRequestHandler):
             self._send(400, {"error": "BadSettings", "description": str(exc)})
             return
         self._send(200, self.desk.idempotency_settings())
+
+    def control_get_search_lag(self):
+        self._send(200, {"search_lag_seconds": self.desk.search_lag_seconds})
+
+    def control_set_search_lag(self):
+        payload = self._json_body()
+        if payload is None:
+            return
+        seconds = payload.get("search_lag_seconds")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            self._send(400, {"error": "BadSettings", "description": "search_lag_seconds must be a number >= 0"})
+            return
+        self.desk.search_lag_seconds = float(seconds)
+        self._send(200, {"search_lag_seconds": self.desk.search_lag_seconds})
+
+    def control_revoke_sessions(self):
+        self._send(200, {"revoked": self.desk.revoke_sessions()})
 
     def control_tickets(self):
         tickets = self.desk.tickets(self._base_url())

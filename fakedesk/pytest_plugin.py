@@ -12,6 +12,7 @@ that, on a test, a class or a module (`pytestmark`):
 
     @pytest.mark.fakedesk(process=True)      # its own process, `python -m fakedesk`
     @pytest.mark.fakedesk(token="sekrit")    # a fixed token; token=None: no auth at all
+    @pytest.mark.fakedesk(dialect="jira_sm", search_lag_seconds=2)   # another API (fakedesk.dialects)
     @pytest.mark.fakedesk(idempotency=False, retention_seconds=60, db_path=True)
                                              # db_path=True: a SQLite file in a temporary folder
 
@@ -45,15 +46,16 @@ from .server import FakeDesk
 
 _RANDOM = object()  # the default token: a fresh random one per desk
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
-OPTIONS = ("process", "token", "idempotency", "retention_seconds", "db_path")
+OPTIONS = ("process", "token", "idempotency", "retention_seconds", "db_path", "dialect", "search_lag_seconds")
 
 
 class RunningDesk(DeskClient):
     """A FakeDesk this test started: the control client, plus `stop()` and (in process) `on_request()`."""
 
     def __init__(self, url: str, token: str | None, server: FakeDesk | None = None,
-                 process: subprocess.Popen | None = None, log_path: Path | None = None):
+                 process: subprocess.Popen | None = None, log_path: Path | None = None, dialect: str = "zendesk"):
         super().__init__(url, token=token)
+        self.dialect = dialect
         self._server = server
         self._process = process
         self.log_path = log_path
@@ -92,7 +94,8 @@ class RunningDesk(DeskClient):
 
 
 def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True,
-               retention_seconds: float | None = None, db_path=None, work_dir: Path | None = None) -> RunningDesk:
+               retention_seconds: float | None = None, db_path=None, work_dir: Path | None = None,
+               dialect: str = "zendesk", search_lag_seconds: float = 0.0) -> RunningDesk:
     """Start a FakeDesk on 127.0.0.1 with a free port; the caller stops it (`RunningDesk.stop()`)."""
     token = secrets.token_urlsafe(12) if token is _RANDOM else token
     if db_path is True:
@@ -103,8 +106,9 @@ def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True
     if not process:
         kwargs = {} if retention_seconds is None else {"retention_seconds": retention_seconds}
         server = FakeDesk(host="127.0.0.1", port=0, db_path=db_path, token=token,
-                          idempotency_enabled=idempotency, **kwargs).start()
-        return RunningDesk(server.url, token, server=server)
+                          idempotency_enabled=idempotency, dialect=dialect,
+                          search_lag_seconds=search_lag_seconds, **kwargs).start()
+        return RunningDesk(server.url, token, server=server, dialect=dialect)
 
     argv = [sys.executable, "-m", "fakedesk", "--host", "127.0.0.1", "--port", "0"]
     if db_path:
@@ -116,6 +120,7 @@ def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True
         argv += ["--no-idempotency"]
     if retention_seconds is not None:
         argv += ["--retention-seconds", str(retention_seconds)]
+    argv += ["--dialect", dialect, "--search-lag", str(search_lag_seconds)]
     if work_dir is None:
         raise ValueError("a desk process needs a work_dir for its log")
     log_path = work_dir / "fakedesk.log"
@@ -125,7 +130,7 @@ def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path})
     url = _read_url(popen, log_path)
-    return RunningDesk(url, token, process=popen, log_path=log_path).wait_until_up()
+    return RunningDesk(url, token, process=popen, log_path=log_path, dialect=dialect).wait_until_up()
 
 
 def _read_url(popen: subprocess.Popen, log_path: Path, timeout: float = 30.0) -> str:
@@ -162,7 +167,8 @@ def _stop_process(popen: subprocess.Popen, timeout: float = 10.0):
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "fakedesk(process=False, token=<random>, idempotency=True, retention_seconds=None, "
-                   "db_path=None): how the `desk` fixture starts FakeDesk (see fakedesk.pytest_plugin)")
+                   "db_path=None, dialect='zendesk', search_lag_seconds=0): "
+                   "how the `desk` fixture starts FakeDesk (see fakedesk.pytest_plugin)")
 
 
 def _marker_options(request) -> dict:

@@ -4,7 +4,8 @@ import threading
 from http.server import ThreadingHTTPServer
 
 from .desk import DEFAULT_RETENTION_SECONDS, Desk
-from .handler import Handler, hard_close
+from .dialects import handler_for
+from .handler import hard_close
 
 
 class _Server(ThreadingHTTPServer):
@@ -15,7 +16,7 @@ class _Server(ThreadingHTTPServer):
         self.desk = desk
         self.live_connections: set[socket.socket] = set()
         self.live_lock = threading.Lock()
-        super().__init__(address, Handler)
+        super().__init__(address, handler_for(desk.dialect))
 
     def close_live_connections(self):
         # Keep-alive connections would otherwise outlive the server (as a crash would not).
@@ -30,9 +31,12 @@ class FakeDesk(Desk):
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, db_path: str | None = None,
                  token: str | None = None, idempotency_enabled: bool = True,
-                 retention_seconds: float = DEFAULT_RETENTION_SECONDS):
+                 retention_seconds: float = DEFAULT_RETENTION_SECONDS, dialect: str = "zendesk",
+                 search_lag_seconds: float = 0.0):
+        handler_for(dialect)  # an unknown dialect fails here, before a port is bound
         super().__init__(db_path=db_path, token=token, idempotency_enabled=idempotency_enabled,
-                         retention_seconds=retention_seconds)
+                         retention_seconds=retention_seconds, dialect=dialect,
+                         search_lag_seconds=search_lag_seconds)
         self._thread: threading.Thread | None = None
         try:
             self._server = _Server((host, port), self)

@@ -25,8 +25,10 @@ CREATE TABLE IF NOT EXISTS tickets (
     requester TEXT NOT NULL DEFAULT '{}',
     tags TEXT NOT NULL DEFAULT '[]',
     custom_fields TEXT NOT NULL DEFAULT '[]',
+    fields TEXT NOT NULL DEFAULT '{}',
     created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL
+    updated_at TEXT NOT NULL,
+    created_epoch REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS tickets_external_id ON tickets (external_id);
 CREATE TABLE IF NOT EXISTS comments (
@@ -102,7 +104,8 @@ class TicketStore:
 
     # Tickets and comments.
 
-    def create_ticket(self, ticket: dict) -> int:
+    def create_ticket(self, ticket: dict, fields: dict | None = None) -> int:
+        """Insert a ticket. `fields`: the record as another dialect received it (kept as JSON, returned as is)."""
         comment = ticket.get("comment") if isinstance(ticket.get("comment"), dict) else {}
         body = comment.get("body") or ticket.get("description") or ""
         requester = ticket.get("requester") if isinstance(ticket.get("requester"), dict) else {}
@@ -117,7 +120,7 @@ class TicketStore:
         external_id = ticket.get("external_id")
         cursor = self._db.execute(
             "INSERT INTO tickets (external_id, subject, description, status, requester, tags, custom_fields,"
-            " created_at, updated_at) VALUES (?, ?, ?, 'new', ?, ?, ?, ?, ?)",
+            " fields, created_at, updated_at, created_epoch) VALUES (?, ?, ?, 'new', ?, ?, ?, ?, ?, ?, ?)",
             (
                 None if external_id is None else str(external_id),
                 str(ticket.get("subject") or ""),
@@ -125,8 +128,10 @@ class TicketStore:
                 json.dumps(requester),
                 json.dumps(list(ticket.get("tags") or [])),
                 json.dumps(list(ticket.get("custom_fields") or [])),
+                json.dumps(fields or {}),
                 now,
                 now,
+                time.time(),
             ),
         )
         ticket_id = cursor.lastrowid
@@ -159,6 +164,15 @@ class TicketStore:
             "metadata": {"custom": ticket.get("metadata") or {}},
         }
 
+    def update_fields(self, ticket_id: int, ticket: dict, fields: dict) -> None:
+        """An upsert that found its record: subject, description and `fields` replaced, as the APIs do."""
+        row = self._ticket_row(ticket_id)
+        merged = {**json.loads(row["fields"]), **(fields or {})}
+        self._db.execute(
+            "UPDATE tickets SET subject = ?, description = ?, fields = ?, updated_at = ? WHERE id = ?",
+            (str(ticket.get("subject") or row["subject"]), str(ticket.get("description") or row["description"]),
+             json.dumps(merged), _now_iso(), ticket_id))
+
     def _insert_comment(self, ticket_id, body, public, author_id, metadata) -> int:
         cursor = self._db.execute(
             "INSERT INTO comments (ticket_id, body, public, author_id, metadata, created_at) VALUES (?, ?, ?, ?, ?, ?)",
@@ -180,6 +194,13 @@ class TicketStore:
         else:
             rows = self._db.execute(
                 "SELECT * FROM tickets WHERE external_id = ? ORDER BY id", (external_id,)).fetchall()
+        return [_ticket_json(row, base_url) for row in rows]
+
+    def search(self, base_url: str, external_id: str, lag_seconds: float) -> list[dict]:
+        """What an eventually consistent search index finds: only tickets older than `lag_seconds`."""
+        rows = self._db.execute(
+            "SELECT * FROM tickets WHERE external_id = ? AND created_epoch <= ? ORDER BY id",
+            (external_id, time.time() - lag_seconds)).fetchall()
         return [_ticket_json(row, base_url) for row in rows]
 
     def updated_since(self, base_url: str, since_iso: str, after_id: int, limit: int) -> list[dict]:
@@ -239,6 +260,7 @@ def _ticket_json(row, base_url: str) -> dict:
         "requester": json.loads(row["requester"]),
         "tags": json.loads(row["tags"]),
         "custom_fields": json.loads(row["custom_fields"]),
+        "fields": json.loads(row["fields"]),
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
     }

@@ -93,6 +93,11 @@ class ReasonCode(TextChoices):
                                                             "a lookup must decide.")
     OUTCOME_UNKNOWN = "outcome_unknown", ("The destination offers neither idempotency nor a lookup: "
                                           "investigate before replaying.")
+    SEARCH_FOUND_NOTHING = "search_found_nothing", ("The destination's search (which lags behind its writes) "
+                                                    "found no record after the settle delay: check the desk "
+                                                    "before replaying.")
+    MULTIPLE_MATCHES = "multiple_matches", ("The destination holds several records with our reference: "
+                                            "decide which one is the ticket.")
     NO_DESTINATION = "no_destination", "No destination: the tenant has no default and no rule matched."
     LOW_CONFIDENCE = "low_confidence", ("The AI's proposal for the route was below the confidence the policy asks "
                                         "for: check the route, then replay.")
@@ -138,6 +143,8 @@ class ReasonCode(TextChoices):
     IDEMPOTENCY_KEY_RETAINED = "idempotency_key_retained", ("The destination still keeps our idempotency key: "
                                                             "a retry is answered with the original.")
     LOOKUP_FOUND_NOTHING = "lookup_found_nothing", "A lookup by external reference found no record: safe to retry."
+    UPSERT_RETRY_SAFE = "upsert_retry_safe", ("The destination inserts or updates on our key: "
+                                              "a retry updates the one record.")
     # `Intent.last_error_kind` of an unknown intent a reviewer replaced by a new action
     SUPERSEDED = "superseded", "Replaced by a new action a reviewer approved."
     # why no acknowledgment was sent (acknowledgment_skipped)

@@ -6,9 +6,11 @@ import time
 
 import pytest
 
+from intake.http import parse_retry_after
 from ticketing.destinations import adapter_for
 from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
-from ticketing.destinations.zendesk import ZendeskDestination, _field_errors, parse_retry_after
+from ticketing.destinations.http import field_errors as _field_errors
+from ticketing.destinations.zendesk import ZendeskDestination
 from ticketing.models import Destination
 
 REQUEST = TicketRequest(

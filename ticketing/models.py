@@ -9,6 +9,12 @@ class Destination(models.Model):
     class Kind(models.TextChoices):
         BUILTIN = "builtin"
         ZENDESK = "zendesk"
+        JIRA_SM = "jira_sm", "Jira Service Management"
+        SERVICENOW = "servicenow", "ServiceNow"
+        SALESFORCE = "salesforce", "Salesforce"
+        HUBSPOT = "hubspot", "HubSpot"
+        FRESHDESK = "freshdesk", "Freshdesk"
+        REST = "rest", "Generic REST"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="destinations")
     slug = models.SlugField()

@@ -7,15 +7,25 @@ from .base import DestinationAdapter
 _ADAPTERS = {
     "builtin": "ticketing.destinations.builtin.BuiltinDestination",
     "zendesk": "ticketing.destinations.zendesk.ZendeskDestination",
+    "jira_sm": "ticketing.destinations.jira_sm.JiraServiceManagementDestination",
+    "servicenow": "ticketing.destinations.servicenow.ServiceNowDestination",
+    "salesforce": "ticketing.destinations.salesforce.SalesforceDestination",
+    "hubspot": "ticketing.destinations.hubspot.HubSpotDestination",
+    "freshdesk": "ticketing.destinations.freshdesk.FreshdeskDestination",
+    "rest": "ticketing.destinations.rest.RestDestination",
 }
 
 
-def adapter_for(destination) -> DestinationAdapter:
-    path = _ADAPTERS.get(destination.kind)
+def adapter_class(kind: str) -> type[DestinationAdapter]:
+    path = _ADAPTERS.get(kind)
     if path is None:
-        raise LookupError(f"no adapter for destination kind {destination.kind!r}")
+        raise LookupError(f"no adapter for destination kind {kind!r}")
     module_name, class_name = path.rsplit(".", 1)
-    return getattr(import_module(module_name), class_name)(destination)
+    return getattr(import_module(module_name), class_name)
+
+
+def adapter_for(destination) -> DestinationAdapter:
+    return adapter_class(destination.kind)(destination)
 
 
 def ticket_url_for(destination, ticket_id) -> str:

@@ -64,6 +64,13 @@ class DestinationAdapter:
     idempotency_window_seconds: int | None = None
     # find_by_external_ref sees a record as soon as its create returned.
     consistent_lookup = False
+    # find_by_external_ref works, but a search index lags behind writes (Jira's JQL, Freshdesk's filter):
+    # ask only this many seconds after the ambiguous attempt. What it finds settles the intent; finding
+    # nothing is doubt, and doubt goes to review (held), never to a blind retry. None: no such lookup.
+    lookup_settle_seconds: float | None = None
+    # The create is an insert-or-update on our key (Salesforce external-id upsert, HubSpot idProperty,
+    # ServiceNow import-set coalesce): sending it again updates the one record, so a retry is safe.
+    upsert = False
     # The create runs inside our own database transaction (the built-in store):
     # it commits or rolls back together with the mapping, so it is never ambiguous.
     transactional = False
@@ -71,8 +78,20 @@ class DestinationAdapter:
     # Longer text is cut by `ticketing.services.Work` at a paragraph boundary, with a notice.
     max_description_chars: int | None = None
 
+    # The settings this kind reads (`Destination.settings`), checked in the admin field by field:
+    # {name: ticketing.destinations.settings.Setting}. Unknown names are refused (a typo is a bug).
+    SETTINGS: dict = {}
+    # The kind needs a base URL / a credentials reference to work (the admin says so when missing).
+    needs_base_url = True
+    needs_credentials = True
+
     def __init__(self, destination):
         self.destination = destination
+
+    def check_connection(self) -> str:
+        """Prove the credentials and the settings work without writing anything; a line saying what was
+        checked. Raises TransientError / PermanentError like any call."""
+        raise NotImplementedError
 
     def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
         raise NotImplementedError

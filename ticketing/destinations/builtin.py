@@ -3,12 +3,19 @@ from django.utils import timezone
 
 from ..models import Ticket, TicketComment
 from .base import DestinationAdapter, DestinationRecord, RecordPage, TicketRequest, TicketResult
+from .settings import COMMON_SETTINGS
 
 
 class BuiltinDestination(DestinationAdapter):
     honours_idempotency_key = True
     consistent_lookup = True
     transactional = True
+    SETTINGS = COMMON_SETTINGS
+    needs_base_url = False
+    needs_credentials = False
+
+    def check_connection(self) -> str:
+        return f"{Ticket.objects.filter(destination=self.destination).count()} tickets in Mailroom's own database"
 
     def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
         # Called inside the caller's transaction; the unique idempotency key makes

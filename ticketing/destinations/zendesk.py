@@ -28,38 +28,29 @@ deleted ticket is missing).
 Nothing logged here contains a ticket body or a full email address.
 """
 import email.utils
-import json
 import logging
-import time
 
-import requests
-from requests.adapters import HTTPAdapter
-from urllib3.exceptions import NewConnectionError
-
-from intake.http import json_or_empty, parse_retry_after
-from intake.logging import mask_address
-from intake.secrets import SecretUnavailable, forget, resolve_secret
 from intake.vocabulary import ReasonCode
 
 from .base import (
     AmbiguousOutcome,
-    DestinationAdapter,
     DestinationRecord,
     PermanentError,
     RecordPage,
     TicketRequest,
     TicketResult,
-    TransientError,
 )
+from .http import HttpDestination, json_object
+from .settings import HTTP_SETTINGS, Flag, Mapping, Number, Text
 
 log = logging.getLogger(__name__)
 
 TICKETS_PATH = "/api/v2/tickets.json"
-MAX_DETAIL_CHARS = 2000
 MAX_LOOKUP_PAGES = 10
 
 
-class ZendeskDestination(DestinationAdapter):
+class ZendeskDestination(HttpDestination):
+    name = "zendesk"
     honours_idempotency_key = True
     idempotency_window_seconds = 7200
     # Listing by external_id is treated as consistent: it sees a ticket once its create returned.
@@ -67,11 +58,22 @@ class ZendeskDestination(DestinationAdapter):
     # Zendesk refuses a comment body over 65,535 characters; 64,000 leaves room for its own markup.
     max_description_chars = 64_000
 
+    SETTINGS = {
+        **HTTP_SETTINGS,
+        "idempotency_supported": Flag(help="Zendesk keeps our Idempotency-Key (true)"),
+        "idempotency_window_seconds": Number(minimum=0, maximum=86400, integer=True),
+        "lookup_supported": Flag(help="list tickets by external_id to settle a lost answer (true)"),
+        "email": Text(pattern=r"[^@\s]+@[^@\s]+", help="the agent whose API token credentials_ref holds"),
+        "comment_public": Flag(),
+        "groups": Mapping(values=Number(integer=True, minimum=1), help="queue slug -> group id"),
+        "ticket_types": Mapping(values=Text(choices=("problem", "incident", "question", "task"))),
+        "request_type_field": Number(integer=True, minimum=1, help="custom field id for the request type"),
+        "assignees": Mapping(values=Number(integer=True, minimum=1), help="assignee name -> user id"),
+    }
+
     def __init__(self, destination):
         super().__init__(destination)
-        settings = destination.settings or {}
-        self.base_url = (destination.base_url or "").rstrip("/")
-        self.timeout = (float(settings.get("connect_timeout", 3.05)), float(settings.get("read_timeout", 10)))
+        settings = self.settings
         self.honours_idempotency_key = bool(settings.get("idempotency_supported", True))
         self.idempotency_window_seconds = (
             int(settings.get("idempotency_window_seconds", 7200)) if self.honours_idempotency_key else None
@@ -79,12 +81,6 @@ class ZendeskDestination(DestinationAdapter):
         self.consistent_lookup = bool(settings.get("lookup_supported", True))
         self.agent_email = settings.get("email") or "mailroom"
         self.comment_public = bool(settings.get("comment_public", True))
-        self.session = requests.Session()
-        # No automatic retries: every retry is decided (and recorded) by the intent state machine.
-        no_retries = HTTPAdapter(max_retries=0)
-        self.session.mount("http://", no_retries)
-        self.session.mount("https://", no_retries)
-        self.session.headers.update({"Accept": "application/json", "User-Agent": "mailroom-zendesk/1"})
 
     # --- The interface ------------------------------------------------------
 
@@ -184,87 +180,31 @@ class ZendeskDestination(DestinationAdapter):
     def _result(self, ticket: dict) -> TicketResult:
         return TicketResult(ticket_id=str(ticket["id"]), url=self.ticket_url(ticket["id"]))
 
-    def _auth(self):
-        ref = self.destination.credentials_ref
-        if not ref:
-            return None
-        try:
-            # A destination belongs to a tenant (an unsaved one without it: platform references only).
-            tenant = self.destination.tenant if self.destination.tenant_id else None
-            secret = resolve_secret(ref, tenant=tenant, owner=self.destination)
-        except SecretUnavailable as exc:
-            raise PermanentError(ReasonCode.CREDENTIALS, str(exc)) from None
+    def auth_for(self, secret):
+        if secret is None:
+            return None, {}
         user, sep, token = secret.partition(":")
         if sep and user.endswith("/token"):
-            return user, token
-        return f"{self.agent_email}/token", secret
+            return (user, token), {}
+        return (f"{self.agent_email}/token", secret), {}
 
     def _send(self, method: str, path: str, *, write: bool, idempotency_key: str | None = None,
-              json_body=None, params=None) -> requests.Response:
-        """One HTTP call, no retries. Returns a 2xx response or raises one of the three failure kinds."""
-        url = path if path.startswith(("http://", "https://")) else self.base_url + path
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        auth = self._auth()
-        for attempt in (1, 2):
-            started = time.monotonic()
-            try:
-                response = self.session.request(method, url, json=json_body, params=params, headers=headers,
-                                                auth=auth, timeout=self.timeout, allow_redirects=False)
-            except requests.RequestException as exc:
-                raise self._network_error(exc, write) from exc
-            log.debug("zendesk: %s %s -> %s in %.0f ms", method, path.split("?")[0], response.status_code,
-                      (time.monotonic() - started) * 1000)
-            if 200 <= response.status_code < 300:
-                return response
-            if response.status_code in (401, 403) and attempt == 1 and self.destination.credentials_ref:
-                # Refused credentials (nothing was done): the secret may have been rotated. Re-read it, once,
-                # and send again only if it changed.
-                log.info("zendesk: HTTP %s; re-reading %s once", response.status_code,
-                         self.destination.credentials_ref)
-                forget(self.destination.credentials_ref)
-                if (fresh := self._auth()) != auth:
-                    auth = fresh
-                    continue
-            break
-        raise self._http_error(response, write)
+              json_body=None, params=None):
+        return self.send(method, path, write=write, idempotency_key=idempotency_key, json_body=json_body,
+                         params=params)
 
-    def _network_error(self, exc: requests.RequestException, write: bool):
-        if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
-                            requests.exceptions.InvalidSchema)):
-            return PermanentError(ReasonCode.CONFIGURATION, f"bad base_url: {type(exc).__name__}")
-        if _nothing_sent(exc):
-            return TransientError(ReasonCode.CONNECTION, type(exc).__name__)
-        reason = ReasonCode.TIMEOUT if isinstance(exc, requests.exceptions.Timeout) else ReasonCode.CONNECTION_LOST
-        if not write:
-            return TransientError(reason, type(exc).__name__)  # a read that failed changed nothing
-        # The request went out; whether Zendesk acted on it is unknown.
-        return AmbiguousOutcome(reason, type(exc).__name__)
-
-    def _http_error(self, response: requests.Response, write: bool):
-        status = response.status_code
-        body = json_or_empty(response)
-        retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        if status == 429:
-            return TransientError(ReasonCode.RATE_LIMITED, f"HTTP {status}", retry_after=retry_after)
-        if status == 503 and retry_after is not None:
-            return TransientError(ReasonCode.UNAVAILABLE, f"HTTP {status}", retry_after=retry_after)
-        if status in (401, 403):
-            return PermanentError(ReasonCode.CREDENTIALS, f"HTTP {status}")
-        if status == 400 and body.get("error") == "IdempotentRequestError":
+    def special_error(self, response, body: dict, write: bool):
+        if response.status_code == 400 and body.get("error") == "IdempotentRequestError":
             # Our key was used with another body: whether our ticket exists is for a lookup to say.
-            return AmbiguousOutcome(ReasonCode.IDEMPOTENT_REQUEST_ERROR, f"HTTP {status}")
-        if status in (400, 422):
-            return PermanentError(ReasonCode.INVALID_FIELDS, _field_errors(body, status))
-        if status == 409:
-            return TransientError(ReasonCode.CONFLICT, f"HTTP {status}", retry_after=retry_after)
-        if status >= 500:
-            # A 5xx may come after the write. With the key honoured a retry only replays it.
-            if not write or self.honours_idempotency_key:
-                return TransientError(ReasonCode.SERVER_ERROR, f"HTTP {status}", retry_after=retry_after)
-            return AmbiguousOutcome(ReasonCode.SERVER_ERROR, f"HTTP {status}")
-        if status == 404:
-            return PermanentError(ReasonCode.NOT_FOUND, f"HTTP {status}")
-        return PermanentError(ReasonCode.REJECTED, f"HTTP {status}")
+            return AmbiguousOutcome(ReasonCode.IDEMPOTENT_REQUEST_ERROR, f"HTTP {response.status_code}")
+        return None
+
+    def check_connection(self) -> str:
+        body = _json(self._send("GET", "/api/v2/users/me.json", write=False), write=False)
+        user = body.get("user") or {}
+        if not user.get("id"):
+            raise PermanentError(ReasonCode.CREDENTIALS, "the token is not an agent's (anonymous user)")
+        return f"signed in as Zendesk user {user['id']} ({user.get('role') or 'unknown role'})"
 
 
 ZENDESK_PRIORITIES = ("low", "normal", "high", "urgent")
@@ -334,31 +274,4 @@ def ticket_payload(request: TicketRequest, external_ref: str, settings: dict | N
     return ticket
 
 
-def _nothing_sent(exc: requests.RequestException) -> bool:
-    """Did the call fail before a byte of the request left? (refused, unresolvable, connect timeout)"""
-    if isinstance(exc, requests.exceptions.ConnectTimeout):
-        return True
-    if isinstance(exc, requests.exceptions.SSLError):
-        return True  # the TLS handshake comes before the request
-    if isinstance(exc, requests.exceptions.ConnectionError):
-        reason = getattr(exc.args[0], "reason", None) if exc.args else None
-        return isinstance(reason, NewConnectionError)  # includes NameResolutionError
-    return False
-
-
-def _json(response: requests.Response, write: bool) -> dict:
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        if write:
-            raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code}, body is not JSON")
-        raise TransientError(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code}, body is not JSON")
-    return body
-
-
-def _field_errors(body: dict, status: int) -> str:
-    """Zendesk's field errors, kept as JSON for the operator; addresses masked, size capped."""
-    errors = body.get("details") or body or {"status": status}
-    return mask_address(json.dumps(errors, sort_keys=True))[:MAX_DETAIL_CHARS]
+_json = json_object

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from intake.models import AuditEvent
 from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit
 from intake.vocabulary import AuditKind, ReasonCode
 
@@ -111,8 +112,12 @@ def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str
     if key_still_kept and not adapter.transactional:
         # A retry with the same key is answered with the original record, if there is one.
         return reopen(intent, now, actor, ReasonCode.IDEMPOTENCY_KEY_RETAINED)
+    creating = intent.action == Intent.Action.CREATE_TICKET
+    if adapter.upsert and creating and not adapter.transactional:
+        # The create inserts or updates on our key: sending it again cannot make a second record.
+        return reopen(intent, now, actor, ReasonCode.UPSERT_RETRY_SAFE)
     # A lookup by external_ref finds tickets, not comments: it can settle only a create.
-    if adapter.consistent_lookup and intent.action == Intent.Action.CREATE_TICKET:
+    if adapter.consistent_lookup and creating:
         try:
             found = adapter.find_by_external_ref(intent.external_ref)
         except (TransientError, AmbiguousOutcome, PermanentError) as exc:
@@ -121,7 +126,31 @@ def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str
         if found is not None:
             return IntentState.SUCCEEDED if record_success(intent, found, actor, (IntentState.UNKNOWN,)) else ""
         return reopen(intent, now, actor, ReasonCode.LOOKUP_FOUND_NOTHING)
+    if adapter.lookup_settle_seconds is not None and creating:
+        return _settle_by_lagging_search(intent, adapter, now, actor)
     return hold(intent, now, actor, event_reason=ReasonCode.OUTCOME_UNKNOWN)
+
+
+def unknown_since(intent: Intent):
+    """When the intent last became unknown (its audit row), else when it was created."""
+    at = (AuditEvent.objects.filter(inbox_event_id=intent.inbox_event_id, kind=AuditKind.INTENT_UNKNOWN,
+                                    detail__intent=intent.pk).order_by("-at").values_list("at", flat=True).first())
+    return at or intent.created_at
+
+
+def _settle_by_lagging_search(intent: Intent, adapter, now, actor: str) -> str:
+    """A search that lags behind writes: ask once the settle delay has passed. A record found settles the
+    intent; none found is doubt, and doubt is held for a person (never a second create)."""
+    if now < unknown_since(intent) + timedelta(seconds=adapter.lookup_settle_seconds):
+        return ""  # too early: the search may not see it yet; a later sweep asks
+    try:
+        found = adapter.find_by_external_ref(intent.external_ref)
+    except (TransientError, AmbiguousOutcome, PermanentError) as exc:
+        logger.warning("intent %s: search failed (%s); staying unknown", intent.pk, exc.reason)
+        return ""
+    if found is not None:
+        return IntentState.SUCCEEDED if record_success(intent, found, actor, (IntentState.UNKNOWN,)) else ""
+    return hold(intent, now, actor, event_reason=ReasonCode.SEARCH_FOUND_NOTHING)
 
 
 def hold(intent: Intent, now, actor: str, event_reason: str | None) -> str:
@@ -131,7 +160,7 @@ def hold(intent: Intent, now, actor: str, event_reason: str | None) -> str:
             return ""
         if event_reason:
             _move_event(intent.inbox_event_id, EventState.UNKNOWN, now, actor, event_reason,
-                        "the destination offers neither idempotency nor a lookup: investigate before replaying")
+                        ReasonCode(event_reason).label)
         record_audit(intent.inbox_event_id, AuditKind.INTENT_HELD, actor=actor, at=now,
                      detail={"intent": intent.pk, "action": intent.action})
     return IntentState.HELD

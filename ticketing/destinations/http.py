@@ -1,0 +1,187 @@
+"""What every destination reached over HTTP shares: one `requests` session without automatic retries,
+tenant-scoped credentials, and the mapping of each HTTP outcome to exactly one failure kind.
+
+A subclass says how it authenticates (`auth_for`), may answer a status of its own first
+(`special_error`), and builds its payloads; the intent state machine decides what a failure
+leads to (`ticketing.intents`). Nothing logged here carries a ticket body or a full address.
+"""
+import json
+import logging
+import time
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.exceptions import NewConnectionError
+
+from intake.http import json_or_empty, parse_retry_after
+from intake.logging import mask_address
+from intake.secrets import SecretUnavailable, forget, resolve_secret
+from intake.vocabulary import ReasonCode
+
+from .base import AmbiguousOutcome, DestinationAdapter, PermanentError, TransientError
+
+log = logging.getLogger(__name__)
+
+MAX_DETAIL_CHARS = 2000
+
+
+class HttpDestination(DestinationAdapter):
+    """A destination behind an HTTP API. `name` appears in logs and the User-Agent."""
+
+    name = "http"
+    # The statuses that are a validation failure of ours (never retried).
+    invalid_statuses = (400, 422)
+
+    def __init__(self, destination):
+        super().__init__(destination)
+        settings = destination.settings or {}
+        self.settings = settings
+        self.base_url = (destination.base_url or "").rstrip("/")
+        self.timeout = (float(settings.get("connect_timeout", 3.05)), float(settings.get("read_timeout", 10)))
+        self.session = requests.Session()
+        # No automatic retries: every retry is decided (and recorded) by the intent state machine.
+        no_retries = HTTPAdapter(max_retries=0)
+        self.session.mount("http://", no_retries)
+        self.session.mount("https://", no_retries)
+        self.session.headers.update({"Accept": "application/json", "User-Agent": f"mailroom-{self.name}/1"})
+
+    @property
+    def retry_safe(self) -> bool:
+        """A write sent twice makes one record: the key is honoured, or the create is an upsert."""
+        return self.honours_idempotency_key or self.upsert
+
+    # --- credentials --------------------------------------------------------
+
+    def secret(self) -> str | None:
+        """The resolved `credentials_ref` (None without one). Unavailable: a permanent failure (nothing sent)."""
+        ref = self.destination.credentials_ref
+        if not ref:
+            return None
+        try:
+            # A destination belongs to a tenant (an unsaved one without it: platform references only).
+            tenant = self.destination.tenant if self.destination.tenant_id else None
+            return resolve_secret(ref, tenant=tenant, owner=self.destination)
+        except SecretUnavailable as exc:
+            raise PermanentError(ReasonCode.CREDENTIALS, str(exc)) from None
+
+    def auth_for(self, secret: str | None):
+        """(requests auth, extra headers) for a secret. Subclasses implement their scheme."""
+        return None, {}
+
+    def credentials_refused(self) -> None:
+        """Called on a 401/403 before the one retry: forget what was cached (a token, the secret)."""
+        forget(self.destination.credentials_ref)
+
+    # --- one call -----------------------------------------------------------
+
+    def url(self, path: str) -> str:
+        return path if path.startswith(("http://", "https://")) else self.base_url + path
+
+    def send(self, method: str, path: str, *, write: bool, idempotency_key: str | None = None,
+             idempotency_header: str = "Idempotency-Key", json_body=None, params=None, data=None,
+             headers: dict | None = None, ok_statuses=range(200, 300)) -> requests.Response:
+        """One HTTP call, no retries. Returns a response whose status is in `ok_statuses`, or raises one of
+        the three failure kinds. Refused credentials are re-read once, and sent again only if they changed."""
+        extra = dict(headers or {})
+        if idempotency_key:
+            extra[idempotency_header] = idempotency_key
+        auth, auth_headers = self.auth_for(self.secret())
+        for attempt in (1, 2):
+            started = time.monotonic()
+            try:
+                response = self.session.request(method, self.url(path), json=json_body, params=params, data=data,
+                                                headers={**extra, **auth_headers}, auth=auth, timeout=self.timeout,
+                                                allow_redirects=False)
+            except requests.RequestException as exc:
+                raise self.network_error(exc, write) from exc
+            log.debug("%s: %s %s -> %s in %.0f ms", self.name, method, path.split("?")[0], response.status_code,
+                      (time.monotonic() - started) * 1000)
+            if response.status_code in ok_statuses:
+                return response
+            if response.status_code in (401, 403) and attempt == 1 and self.destination.credentials_ref:
+                log.info("%s: HTTP %s; re-reading %s once", self.name, response.status_code,
+                         self.destination.credentials_ref)
+                self.credentials_refused()
+                fresh = self.auth_for(self.secret())
+                if fresh != (auth, auth_headers):
+                    auth, auth_headers = fresh
+                    continue
+            break
+        raise self.http_error(response, write)
+
+    # --- error mapping ------------------------------------------------------
+
+    def network_error(self, exc: requests.RequestException, write: bool):
+        if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                            requests.exceptions.InvalidSchema)):
+            return PermanentError(ReasonCode.CONFIGURATION, f"bad base_url: {type(exc).__name__}")
+        if nothing_sent(exc):
+            return TransientError(ReasonCode.CONNECTION, type(exc).__name__)
+        reason = ReasonCode.TIMEOUT if isinstance(exc, requests.exceptions.Timeout) else ReasonCode.CONNECTION_LOST
+        if not write:
+            return TransientError(reason, type(exc).__name__)  # a read that failed changed nothing
+        # The request went out; whether the destination acted on it is unknown (`resolve_unknown` decides
+        # from the capabilities whether sending it again is safe).
+        return AmbiguousOutcome(reason, type(exc).__name__)
+
+    def special_error(self, response: requests.Response, body: dict, write: bool):
+        """A subclass's own reading of a status (or None to use the common table)."""
+        return None
+
+    def http_error(self, response: requests.Response, write: bool):
+        status = response.status_code
+        body = json_or_empty(response)
+        special = self.special_error(response, body, write)
+        if special is not None:
+            return special
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        if status == 429:
+            return TransientError(ReasonCode.RATE_LIMITED, f"HTTP {status}", retry_after=retry_after)
+        if status == 503 and retry_after is not None:
+            return TransientError(ReasonCode.UNAVAILABLE, f"HTTP {status}", retry_after=retry_after)
+        if status in (401, 403):
+            return PermanentError(ReasonCode.CREDENTIALS, f"HTTP {status}")
+        if status in self.invalid_statuses:
+            return PermanentError(ReasonCode.INVALID_FIELDS, field_errors(body, status))
+        if status == 409:
+            return TransientError(ReasonCode.CONFLICT, f"HTTP {status}", retry_after=retry_after)
+        if status >= 500:
+            # A 5xx may come after the write. Where a second write is harmless, retry; else only a lookup knows.
+            if not write or self.retry_safe:
+                return TransientError(ReasonCode.SERVER_ERROR, f"HTTP {status}", retry_after=retry_after)
+            return AmbiguousOutcome(ReasonCode.SERVER_ERROR, f"HTTP {status}")
+        if status == 404:
+            return PermanentError(ReasonCode.NOT_FOUND, f"HTTP {status}")
+        return PermanentError(ReasonCode.REJECTED, f"HTTP {status}")
+
+
+def nothing_sent(exc: requests.RequestException) -> bool:
+    """Did the call fail before a byte of the request left? (refused, unresolvable, connect timeout)"""
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return True
+    if isinstance(exc, requests.exceptions.SSLError):
+        return True  # the TLS handshake comes before the request
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        reason = getattr(exc.args[0], "reason", None) if exc.args else None
+        return isinstance(reason, NewConnectionError)  # includes NameResolutionError
+    return False
+
+
+def json_object(response: requests.Response, write: bool) -> dict:
+    """The body as a JSON object. Anything else after a write is ambiguous (it answered 2xx: the record
+    probably exists); after a read, transient."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        if write:
+            raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code}, body is not JSON")
+        raise TransientError(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code}, body is not JSON")
+    return body
+
+
+def field_errors(body, status: int) -> str:
+    """The destination's field errors, kept as JSON for the operator; addresses masked, size capped."""
+    errors = (body.get("details") if isinstance(body, dict) else None) or body or {"status": status}
+    return mask_address(json.dumps(errors, sort_keys=True))[:MAX_DETAIL_CHARS]
