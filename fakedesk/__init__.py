@@ -45,6 +45,7 @@ Zendesk API subset (basic auth `<anything>/token:<token>` when a token is set):
     GET  /api/v2/tickets/{id}.json             show
     PUT  /api/v2/tickets/{id}.json             add a comment; honours Idempotency-Key
     GET  /api/v2/tickets/{id}/comments.json    list comments
+    GET  /api/v2/users/me.json                 the authenticated agent (a connection test)
     GET  /api/v2/tickets/show_many.json?ids=1,2   show several (unknown ids left out)
     GET  /api/v2/incremental/tickets/cursor.json?start_time=T[&cursor=C][&per_page=N]
                                                tickets updated at or after T (epoch seconds), by

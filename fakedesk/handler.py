@@ -41,6 +41,7 @@ class Handler(BaseHTTPRequestHandler):
         ("GET", re.compile(r"/api/v2/tickets/(\d+)(?:\.json)?"), "show_ticket", True),
         ("PUT", re.compile(r"/api/v2/tickets/(\d+)(?:\.json)?"), "update_ticket", True),
         ("GET", re.compile(r"/api/v2/tickets/(\d+)/comments(?:\.json)?"), "list_comments", True),
+        ("GET", re.compile(r"/api/v2/users/me(?:\.json)?"), "show_me", True),
     ]
     CONTROL_ROUTES = [
         ("GET", re.compile(r"/_control/plan"), "control_get_plan", False),
@@ -205,7 +206,10 @@ class Handler(BaseHTTPRequestHandler):
                            lambda ticket: self._do_update(int(ticket_id), ticket))
 
     def _do_create(self, ticket: dict) -> WriteOutcome:
-        ticket_id = self.desk.store.create_ticket(ticket)
+        # Standard fields beside the ones the store has columns for (priority, group_id, type, ...).
+        standard = {k: v for k, v in ticket.items()
+                    if k not in ("comment", "requester", "tags", "custom_fields", "subject", "external_id")}
+        ticket_id = self.desk.store.create_ticket(ticket, fields=standard)
         body = {"ticket": self.desk.store.ticket(ticket_id, self._base_url())}
         return WriteOutcome(201, body, committed=True, ticket_id=ticket_id)
 
@@ -315,6 +319,10 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, {"tickets": tickets, "after_cursor": f"{start}:{last}", "before_cursor": None,
                          "end_of_stream": end, "after_url": None if end else
                          f"{self._base_url()}/api/v2/incremental/tickets/cursor.json?cursor={start}:{last}"})
+
+    def show_me(self):
+        """The authenticated user (Zendesk answers an anonymous one, id null, to a request without auth)."""
+        self._send(200, {"user": {"id": 1, "name": "Mailroom API", "role": "agent", "active": True}})
 
     def show_ticket(self, ticket_id):
         with self.desk.store.transaction():

@@ -1,11 +1,9 @@
 from django.contrib import admin
 
-from intake.admin import PlatformSecretsForSuperusersMixin, ReadOnlyAdminMixin, TenantScopedAdminMixin
+from intake.admin import ReadOnlyAdminMixin, TenantScopedAdminMixin
 
-from . import audit
 from .models import (
     CopiedMessage,
-    Destination,
     DestinationAttempt,
     Intent,
     Notification,
@@ -14,21 +12,6 @@ from .models import (
     TicketComment,
     TicketMapping,
 )
-
-
-@admin.register(Destination)
-class DestinationAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, admin.ModelAdmin):
-    list_display = ("slug", "tenant", "kind", "base_url", "is_default", "paused", "paused_by", "paused_reason")
-    list_filter = ("kind", "is_default", "paused", ("tenant", admin.RelatedOnlyFieldListFilter))
-    search_fields = ("slug", "base_url")
-    readonly_fields = ("paused_by", "paused_at", "paused_reason")  # written by the pause switch and the breaker
-    secret_ref_fields = ("credentials_ref",)
-
-    def save_model(self, request, obj, form, change):
-        old_url = Destination.objects.filter(pk=obj.pk).values_list("base_url", flat=True).first() if change else ""
-        super().save_model(request, obj, form, change)
-        if change:
-            audit.base_url_changed(request.user, obj, old_url or "")
 
 
 @admin.register(DestinationAttempt)
@@ -110,4 +93,4 @@ class TicketCommentAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.Model
     exclude = ("body",)  # bodies are customer text: read them on the ticket
 
 
-from . import routing_admin  # noqa: E402,F401  (registers RoutingPolicy and RoutingRule)
+from . import destination_admin, routing_admin  # noqa: E402,F401  (register Destination, RoutingPolicy, RoutingRule)

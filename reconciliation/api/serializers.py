@@ -14,6 +14,7 @@ from intake.logging import mask_address
 from intake.models import AuditEvent, InboxEvent, Mailbox
 from intake.selectors import visible_tenants
 from ticketing.classification.conditions import validate_conditions
+from ticketing.destinations import configuration_errors
 from ticketing.models import PRIORITIES, Destination, Intent, RoutingPolicy, RoutingRule, TicketMapping
 
 from .. import selectors
@@ -289,6 +290,19 @@ class DestinationSerializer(FullCleanModelSerializer):
         fields = ("id", "tenant", "slug", "kind", "base_url", "credentials_ref", "settings", "is_default", "paused",
                   "paused_reason", "paused_by", "paused_at")
         read_only_fields = ("paused_reason", "paused_by", "paused_at")
+
+    def validate(self, data):
+        """The admin's checks (ticketing.destination_admin): the kind's settings, field by field."""
+        data = super().validate(data)
+
+        def current(name, default=""):
+            return data[name] if name in data else getattr(self.instance, name, default)
+
+        problems = configuration_errors(current("kind", "builtin"), current("base_url"), current("credentials_ref"),
+                                        current("settings", {}))
+        if problems:
+            raise serializers.ValidationError(problems)
+        return data
 
 
 class RoutingRuleSerializer(FullCleanModelSerializer):
