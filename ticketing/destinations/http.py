@@ -47,8 +47,9 @@ class HttpDestination(DestinationAdapter):
 
     @property
     def retry_safe(self) -> bool:
-        """A write sent twice makes one record: the key is honoured, or the create is an upsert."""
-        return self.honours_idempotency_key or self.upsert
+        """Any write of this destination sent twice has the effect of one: it keeps our key. (An upsert
+        makes only its create safe to repeat, not a comment: that call passes `retry_safe=True` itself.)"""
+        return self.honours_idempotency_key
 
     # --- credentials --------------------------------------------------------
 
@@ -79,9 +80,11 @@ class HttpDestination(DestinationAdapter):
 
     def send(self, method: str, path: str, *, write: bool, idempotency_key: str | None = None,
              idempotency_header: str = "Idempotency-Key", json_body=None, params=None, data=None,
-             headers: dict | None = None, ok_statuses=range(200, 300)) -> requests.Response:
+             headers: dict | None = None, ok_statuses=range(200, 300),
+             retry_safe: bool | None = None) -> requests.Response:
         """One HTTP call, no retries. Returns a response whose status is in `ok_statuses`, or raises one of
-        the three failure kinds. Refused credentials are re-read once, and sent again only if they changed."""
+        the three failure kinds. Refused credentials are re-read once, and sent again only if they changed.
+        `retry_safe`: this write sent twice has the effect of one (default: `self.retry_safe`)."""
         extra = dict(headers or {})
         if idempotency_key:
             extra[idempotency_header] = idempotency_key
@@ -107,7 +110,7 @@ class HttpDestination(DestinationAdapter):
                     auth, auth_headers = fresh
                     continue
             break
-        raise self.http_error(response, write)
+        raise self.http_error(response, write, self.retry_safe if retry_safe is None else retry_safe)
 
     # --- error mapping ------------------------------------------------------
 
@@ -128,8 +131,9 @@ class HttpDestination(DestinationAdapter):
         """A subclass's own reading of a status (or None to use the common table)."""
         return None
 
-    def http_error(self, response: requests.Response, write: bool):
+    def http_error(self, response: requests.Response, write: bool, retry_safe: bool | None = None):
         status = response.status_code
+        retry_safe = self.retry_safe if retry_safe is None else retry_safe
         body = json_or_empty(response)
         special = self.special_error(response, body, write)
         if special is not None:
@@ -147,7 +151,7 @@ class HttpDestination(DestinationAdapter):
             return TransientError(ReasonCode.CONFLICT, f"HTTP {status}", retry_after=retry_after)
         if status >= 500:
             # A 5xx may come after the write. Where a second write is harmless, retry; else only a lookup knows.
-            if not write or self.retry_safe:
+            if not write or retry_safe:
                 return TransientError(ReasonCode.SERVER_ERROR, f"HTTP {status}", retry_after=retry_after)
             return AmbiguousOutcome(ReasonCode.SERVER_ERROR, f"HTTP {status}")
         if status == 404:
