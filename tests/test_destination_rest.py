@@ -1,0 +1,335 @@
+"""The generic REST adapter against FakeDesk's rest dialect over real HTTP: templates rendered as safe JSON,
+declared capabilities (and none declared), lookups, check_connection, settings validation.
+
+What every kind shares (duplicates, lost answers, 429/401/422, comments through the pipeline) is in
+tests/test_destination_contract.py."""
+import json
+import logging
+import time
+
+import pytest
+import requests
+
+from tests.destination_kits import rest as kit
+from tests.factories import make_destination
+from ticketing.destinations import adapter_for
+from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
+from ticketing.destinations.rest import RestDestination
+from ticketing.destinations.settings import validate
+
+pytestmark = pytest.mark.fakedesk(dialect="rest")
+
+REQUEST = TicketRequest(
+    subject="Invoice 42 charged twice",
+    description="I was charged twice.",
+    requester="Jane Doe <jane.doe@example.com>",
+    tags=("email", "billing"),
+    queue="billing", priority="urgent", request_type="refund", assignee="alice",
+)
+PLAIN = {"create_url": "/records", "body_template": kit.BODY_TEMPLATE, "id_path": "data.id",
+         "headers": {"Authorization": "Bearer {secret}"}}
+
+
+@pytest.fixture
+def rest(tenant, desk, monkeypatch):
+    """build(**settings) -> an adapter with the kit's declarations; plain(**settings) -> only PLAIN's."""
+    made = []
+
+    def build(**settings):
+        made.append(kit.configure(tenant, desk, monkeypatch, slug=f"rest-{len(made)}", **settings))
+        return adapter_for(made[-1])
+
+    def plain(**settings):
+        # The kit's token variable, under a destination that declares nothing else.
+        build()
+        destination = make_destination(tenant, slug=f"plain-{len(made)}", kind="rest", is_default=False,
+                                       base_url=desk.url, credentials_ref=made[-1].credentials_ref,
+                                       settings={"read_timeout": 1.0, **PLAIN, **settings})
+        return adapter_for(destination)
+
+    build.plain = plain
+    return build
+
+
+@pytest.fixture
+def seen(desk):
+    requests_seen = []
+    desk.on_request(lambda request: requests_seen.append(request) and None)
+    return requests_seen
+
+
+def only_record(desk) -> dict:
+    [ticket] = desk.tickets()
+    return ticket
+
+
+# --- The body it sends ------------------------------------------------------------------
+
+def test_create_renders_the_template_maps_the_route_and_reads_the_id(desk, rest, seen):
+    result = rest().create_ticket(REQUEST, "key-1", "evt-1")
+
+    assert result.ticket_id == "1"
+    assert result.url == f"{desk.url}/records/1"
+    [create] = seen
+    assert (create.method, create.path) == ("POST", "/records")
+    assert create.headers["Authorization"] == f"Bearer {desk.token}"
+    assert create.headers["Idempotency-Key"] == "key-1"
+    assert create.json() == {
+        "queue": "Billing", "priority": "P1", "type": "refund-request", "assignee": "agent-alice",
+        "subject": "Invoice 42 charged twice", "description": "I was charged twice.",
+        "requester": {"email": "jane.doe@example.com", "name": "Jane Doe"},
+        "tags": ["email", "billing"], "external_ref": "evt-1",
+    }
+
+
+def test_a_word_the_mapping_lacks_is_left_out_and_without_a_mapping_the_word_goes(desk, rest, seen):
+    request = TicketRequest(subject="s", description="d", requester="jane@example.com", queue="sales",
+                            priority="low", fields={"priority": "custom", "source": "mail"})
+    rest().create_ticket(request, "key-1", "evt-1")
+    rest(priorities=None, queues=None).create_ticket(request, "key-2", "evt-2")
+
+    first, second = (r.json() for r in seen)
+    assert "queue" not in first and first["priority"] == "custom" and first["source"] == "mail"  # fields win
+    assert second["queue"] == "sales"
+
+
+@pytest.mark.parametrize("subject", [
+    'He said "refund" \\ now',
+    "line one\nline two\r\n\ttabbed \x1b escape",
+    "{{ subject }} {% if x %}{% endif %} {\"injected\": true}",
+    "</script><script>alert(1)</script> & <b>",
+    "Ünïcödé — 日本語 🎉 \u2028 \u202e",
+    '", "external_ref": "forged',
+])
+def test_hostile_subjects_come_out_as_valid_json_that_round_trips(desk, rest, seen, subject):
+    request = TicketRequest(subject=subject, description=subject + "\n-- body",
+                            requester=r'"O\"Brien \\ Q" <q@example.com>')
+    rest().create_ticket(request, "key-1", "evt-1")
+
+    sent = json.loads(seen[0].body)   # what went over the wire parses...
+    assert (sent["subject"], sent["description"]) == (subject, subject + "\n-- body")   # ...and round-trips
+    assert sent["external_ref"] == "evt-1"
+    assert sent["requester"] == {"email": "q@example.com", "name": 'O"Brien \\ Q'}
+    assert only_record(desk)["subject"] == subject
+
+
+def test_a_template_that_renders_invalid_json_is_configuration_and_nothing_is_sent(desk, rest, seen):
+    adapter = rest(body_template='{ {% if queue %}"queue": "{{ queue }}",{% endif %} }')   # a trailing comma
+    with pytest.raises(PermanentError) as caught:
+        adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    assert caught.value.reason == "configuration"
+    assert "did not render valid JSON" in caught.value.detail
+    assert "Billing" not in caught.value.detail   # no values in the message
+    assert seen == [] and desk.requests_log() == []
+
+
+# --- Declared capabilities -------------------------------------------------------------------
+
+def test_with_nothing_declared_a_lost_answer_is_ambiguous_and_every_flag_is_off(desk, rest, seen):
+    adapter = rest.plain()
+    assert (adapter.honours_idempotency_key, adapter.idempotency_window_seconds, adapter.upsert,
+            adapter.consistent_lookup, adapter.lookup_settle_seconds, adapter.retry_safe) == (
+        False, None, False, False, None, False)
+    desk.set_plan(["drop_after_commit", "error_500"])
+
+    with pytest.raises(AmbiguousOutcome) as dropped:
+        adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    assert dropped.value.reason == "connection_lost"
+    with pytest.raises(AmbiguousOutcome) as failed:   # a 5xx is no safer
+        adapter.create_ticket(REQUEST, "key-2", "evt-2")
+    assert failed.value.reason == "server_error"
+    assert "Idempotency-Key" not in seen[0].headers
+    with pytest.raises(NotImplementedError):
+        adapter.find_by_external_ref("evt-1")
+    with pytest.raises(PermanentError) as unchecked:
+        adapter.check_connection()
+    assert (unchecked.value.reason, unchecked.value.detail) == (
+        "configuration", "declare check_url (a read-only GET) to check the connection")
+
+
+def test_a_declared_idempotency_header_is_sent_and_makes_a_retry_safe(desk, rest, seen):
+    custom = rest.plain(idempotency_header="X-Request-Key", idempotency_window_seconds=600)
+    assert (custom.honours_idempotency_key, custom.idempotency_window_seconds, custom.retry_safe) == (True, 600, True)
+    custom.create_ticket(REQUEST, "key-1", "evt-1")
+    assert seen[-1].headers["X-Request-Key"] == "key-1"
+
+    adapter = rest()   # the fake keeps Idempotency-Key
+    desk.set_plan(["drop_after_commit", "error_500"])
+    with pytest.raises(AmbiguousOutcome):
+        adapter.create_ticket(REQUEST, "key-2", "evt-2")
+    with pytest.raises(TransientError):
+        adapter.create_ticket(REQUEST, "key-2", "evt-2")
+    again = adapter.create_ticket(REQUEST, "key-2", "evt-2")
+    assert [t["external_id"] for t in desk.tickets()] == ["evt-1", "evt-2"]
+    assert again.ticket_id == "2"
+    assert [e["idempotency_lookup"] for e in desk.requests_log()][-1] == "hit"
+
+
+def test_a_declared_upsert_puts_on_the_reference_and_a_comment_stays_ambiguous(desk, rest, seen):
+    adapter = rest.plain(create_url="/records/by-ref/{external_ref}", create_method="PUT", upsert=True,
+                         comment_url_template="/records/{ticket_id}/comments",
+                         comment_body_template='{"body": "{{ body }}"}')
+    assert (adapter.upsert, adapter.retry_safe, adapter.honours_idempotency_key) == (True, False, False)
+    first = adapter.create_ticket(REQUEST, "key-1", "mr/1 2")
+    second = adapter.create_ticket(TicketRequest(subject="Corrected", description="d", requester="j@example.com"),
+                                   "key-1", "mr/1 2")
+
+    assert first == second
+    assert seen[0].path == "/records/by-ref/mr%2F1%202"
+    assert (only_record(desk)["subject"], only_record(desk)["external_id"]) == ("Corrected", "mr/1 2")
+    desk.set_plan(["error_500"])
+    with pytest.raises(AmbiguousOutcome):   # `upsert` is about the create; a comment twice is two comments
+        adapter.add_comment(first.ticket_id, "hello", "j@example.com", "key-c", "evt-c")
+
+
+# --- Lookups -------------------------------------------------------------------------------------
+
+def test_the_declared_lookup_finds_the_first_record_or_none(desk, rest, seen):
+    adapter = rest()
+    assert adapter.consistent_lookup is True
+    assert adapter.find_by_external_ref("evt 1&x") is None
+    first = adapter.create_ticket(REQUEST, "key-1", "evt 1&x")
+    adapter.create_ticket(REQUEST, "key-2", "evt 1&x")
+    assert adapter.find_by_external_ref("evt 1&x") == first
+    assert seen[-1].query == {"ref": ["evt 1&x"]}
+
+
+def test_a_404_from_the_lookup_is_none_and_a_path_to_a_non_id_is_configuration(desk, rest):
+    by_path = rest(lookup_url_template="/records/by-ref/{external_ref}", lookup_id_path="data.id")
+    assert by_path.find_by_external_ref("evt-1") is None   # the fake has no such GET: 404
+    wrong = rest(lookup_id_path="data")
+    wrong.create_ticket(REQUEST, "key-1", "evt-1")
+    with pytest.raises(PermanentError) as caught:
+        wrong.find_by_external_ref("evt-1")
+    assert caught.value.reason == "configuration"
+
+
+@pytest.mark.fakedesk(dialect="rest", search_lag_seconds=0.5)
+def test_a_lagging_lookup_is_declared_with_its_settle_delay_and_the_fake_lags(desk, rest):
+    adapter = rest(lookup_url_template="/search?ref={external_ref}", lookup_settle_seconds=0.5)
+    assert (adapter.consistent_lookup, adapter.lookup_settle_seconds) == (False, 0.5)
+    created = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+
+    assert adapter.find_by_external_ref("evt-1") is None   # the index has not caught up yet
+    time.sleep(0.6)
+    assert adapter.find_by_external_ref("evt-1") == created
+
+
+def test_an_answer_without_the_id_is_ambiguous(desk, rest):
+    with pytest.raises(AmbiguousOutcome) as caught:
+        rest(id_path="data.ticket.number").create_ticket(REQUEST, "key-1", "evt-1")
+    assert caught.value.reason == "unreadable_response"
+    assert len(desk.tickets()) == 1
+
+
+# --- Comments --------------------------------------------------------------------------------
+
+def test_a_comment_renders_its_template_and_returns_the_comment_id(desk, rest, seen):
+    adapter = rest()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    assert adapter.add_comment(ticket.ticket_id, 'Still "broken"\n', "jane@example.com", "key-c", "evt-2") == "2"
+    assert (seen[-1].path, seen[-1].json(), seen[-1].headers["Idempotency-Key"]) == (
+        "/records/1/comments", {"body": 'Still "broken"\n', "public": True}, "key-c")
+    assert [c["body"] for c in only_record(desk)["comments"]] == ["I was charged twice.", 'Still "broken"\n']
+
+    with pytest.raises(PermanentError) as undeclared:
+        rest.plain().add_comment(ticket.ticket_id, "x", "y", "key-d", "evt-3")
+    assert undeclared.value.reason == "configuration"
+
+
+# --- check_connection and credentials --------------------------------------------------------------
+
+def test_check_connection_gets_the_declared_url(rest, seen):
+    assert rest().check_connection() == "GET /health answered HTTP 200"
+    assert [(r.method, r.path) for r in seen] == [("GET", "/health")]
+
+
+def test_check_connection_with_a_wrong_token_is_credentials_and_nothing_is_written(desk, rest, monkeypatch):
+    adapter = rest()
+    monkeypatch.setenv(adapter.destination.credentials_ref[4:], "wrong-token")
+    with pytest.raises(PermanentError) as caught:
+        adapter.check_connection()
+    assert caught.value.reason == "credentials"
+    assert desk.requests_log() == [] and desk.tickets() == []
+
+
+def test_check_connection_through_the_lookup_expects_not_found(desk, rest):
+    adapter = rest(check_url=None)
+    assert adapter.check_connection() == "the lookup answered 'not found' for a made-up reference"
+    adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    unfiltered = rest(check_url=None, lookup_url_template="/records")   # ignores the reference
+    with pytest.raises(PermanentError) as caught:
+        unfiltered.check_connection()
+    assert caught.value.reason == "configuration"
+
+
+def test_a_secret_header_without_credentials_is_refused_before_sending(tenant, desk, seen):
+    destination = make_destination(tenant, slug="no-secret", kind="rest", base_url=desk.url, settings=PLAIN)
+    with pytest.raises(PermanentError) as caught:
+        adapter_for(destination).create_ticket(REQUEST, "key-1", "evt-1")
+    assert caught.value.reason == "credentials"
+    assert seen == []
+
+
+# --- Settings ------------------------------------------------------------------------------------
+
+def test_the_kit_s_settings_are_valid():
+    assert validate(RestDestination.SETTINGS, {**kit.SETTINGS, "read_timeout": 2}) == {}
+
+
+def test_settings_errors_are_reported_field_by_field():
+    errors = validate(RestDestination.SETTINGS, {
+        "create_url": "/records/{ticket_id}",
+        "create_method": "DELETE",
+        "body_template": '{"subject": "{{ subject }}", {% if queue %}',
+        "comment_body_template": '{"body": {{ body }}}',
+        "id_path": "data..id",
+        "headers": {"Authorization": "Bearer {token}", "Bad Header": "x"},
+        "lookup_url_template": "ftp://example.com/{external_ref}",
+        "queues": {"billing": True},
+    })
+    assert set(errors) == {"create_url", "create_method", "body_template", "comment_body_template", "id_path",
+                           "headers", "lookup_url_template", "queues"}
+    assert errors["create_url"] == ["unknown placeholder {ticket_id} (known: {external_ref}, {idempotency_key}, "
+                                    "{queue}, {priority}, {request_type}, {assignee})"]
+    assert errors["body_template"][0].startswith("template syntax error: Unclosed tag")
+    assert "did not render valid JSON" in errors["comment_body_template"][0]
+    assert len(errors["headers"]) == 2
+
+
+@pytest.mark.parametrize("template", ['{% load static %}{}', '{% include "x.json" %}', '{% debug %}',
+                                      '{"at": "{% now "Y" %}"}', '{"n": "{{ subject|random }}"}'])
+def test_templates_cannot_reach_beyond_the_request(template):
+    [message] = validate(RestDestination.SETTINGS, {**PLAIN, "body_template": template})["body_template"]
+    assert message.startswith("template syntax error")
+
+
+def test_required_settings_are_named():
+    assert set(validate(RestDestination.SETTINGS, {})) == {"create_url", "body_template", "id_path"}
+
+
+def test_nothing_logged_carries_bodies_addresses_or_the_token(desk, rest, caplog):
+    caplog.set_level(logging.DEBUG)
+    adapter = rest()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    adapter.add_comment(ticket.ticket_id, "Secret reply text", "jane.doe@example.com", "key-c", "evt-2")
+    adapter.find_by_external_ref("evt-1")
+    desk.set_plan(["reject_422"])
+    with pytest.raises(PermanentError):
+        adapter.create_ticket(REQUEST, "key-2", "evt-3")
+
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "evt-1" in text
+    for secret in ("jane.doe@example.com", "charged twice", "Secret reply text", desk.token):
+        assert secret not in text
+
+
+# --- The fake itself ---------------------------------------------------------------------------------
+
+def test_the_fake_refuses_a_missing_or_wrong_bearer_token(desk):
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {desk.token}"}):
+        answer = requests.post(f"{desk.url}/records", json={"description": "x"}, headers=headers, timeout=5)
+        assert (answer.status_code, answer.json()["error"]["code"]) == (401, "unauthorized")
+    assert desk.tickets() == []
+    ok = requests.get(f"{desk.url}/health", headers={"Authorization": f"Bearer {desk.token}"}, timeout=5)
+    assert ok.json() == {"status": "ok"}
