@@ -6,20 +6,16 @@ workers on Redis, the relay is the real relay. Where the design has beat run a
 sweep, the test runs that same service function from a sweeper thread, so the
 timing is the test's and not the scheduler's.
 """
-import random
 import signal
 import threading
 import time
-from collections import Counter
 from contextlib import contextmanager
 
 import pytest
-import requests
 from django.db import connection
 
 from intake.keys import provider_message_id_for_raw
 from intake.services import ingest, requeue_stale_events
-from intake.signing import signed_headers
 from tests.live import (  # noqa: F401  (fixtures)
     LIVE_SECRET,
     PYTHON,
@@ -288,62 +284,3 @@ def test_ambiguous_outcome_without_idempotency_or_lookup_is_held(zendesk, live_m
     assert state_of(event_id) == ("unknown", "outcome_unknown", "held")
     assert [e.pk for e in recovery_queue()] == [event_id]
     assert len(create_requests(desk)) == 1
-
-
-def test_seeded_soak_with_faults_and_killed_workers(zendesk, live_server, live_mailbox, live_broker, live_processes,
-                                                    desk, monkeypatch):
-    from intake.models import InboxEvent
-    from reconciliation.selectors import recovery_queue
-    from ticketing.models import TicketMapping
-
-    n_emails, seed = 300, 20261129
-    monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
-    desk.set_plan(random_spec={"seed": seed, "weights": {
-        "drop_after_commit": 0.1, "rate_limit:1": 0.1, "error_500": 0.1, "stall_after_commit:2": 0.1}})
-    env = worker_env(live_broker)
-    live_processes.relay(env)
-    workers = [live_processes.worker(env, concurrency=1), live_processes.worker(env, concurrency=1)]
-    url = f"{live_server.url}/webhooks/raw/{live_mailbox.slug}/"
-    rng = random.Random(seed)
-    ids, kills = [], 0
-    with sweeper(stale_seconds=5):
-        for n in range(n_emails):
-            body = make_email(f"Soak #{n}")
-            response = requests.post(url, data=body, timeout=15, headers=signed_headers(LIVE_SECRET, body))
-            assert response.status_code == 202
-            ids.append(response.json()["inbox_event_id"])
-            if n in (100, 200):  # SIGKILL a whole worker mid-run, then start a fresh one
-                victim = workers.pop(rng.randrange(len(workers)))
-                kill_group(victim.pid, signal.SIGKILL)
-                victim.popen.wait(10)
-                kills += 1
-                workers.append(live_processes.worker(env, concurrency=1))
-            time.sleep(0.01)
-        wait_for(lambda: all(settled(i) for i in ids), timeout=150, interval=0.5,
-                 describe=lambda: f"{Counter(state_of(i) for i in ids)}\n{live_processes.logs(10)}")
-
-    states = Counter(InboxEvent.objects.filter(pk__in=ids).values_list("state", flat=True))
-    tickets = desk.tickets()
-    by_external_id = Counter(t["external_id"] for t in tickets)
-    mappings = {m.inbox_event_id: m for m in TicketMapping.objects.filter(inbox_event_id__in=ids)}
-    faults = Counter(r["fault"] for r in desk.requests_log())
-    print(f"\nsoak: {n_emails} emails, seed {seed}, workers killed {kills}; event states {dict(states)}; "
-          f"fakedesk tickets {len(tickets)}, mappings {len(mappings)}, create calls {sum(faults.values())}, "
-          f"faults {dict(faults)}")
-
-    from ticketing.models import Intent
-
-    for event_id in ids:
-        state = InboxEvent.objects.get(pk=event_id).state
-        intent = Intent.objects.get(inbox_event_id=event_id)
-        if state == "completed":
-            assert by_external_id[intent.external_ref] == 1, (event_id, intent.external_ref)
-            assert mappings[event_id].ticket_id == str(next(t["id"] for t in tickets
-                                                         if t["external_id"] == intent.external_ref))
-    assert len(tickets) == len(mappings), "a FakeDesk ticket without a mapping, or the reverse"
-    assert {str(t["id"]) for t in tickets} == {m.ticket_id for m in mappings.values()}
-    not_completed = [i for i in ids if InboxEvent.objects.get(pk=i).state != "completed"]
-    queue = {e.pk: e for e in recovery_queue()}
-    for event_id in not_completed:
-        assert event_id in queue and queue[event_id].reason_code, state_of(event_id)
-    assert states["completed"] + len(not_completed) == n_emails

@@ -489,3 +489,54 @@ def test_the_desk_fixture_can_run_fakedesk_in_its_own_process(desk):
     assert "fault=error_500" in desk.tail()
     desk.stop()
     assert not desk.is_up()
+
+
+# --- Dialects: the other APIs over the same store, plan and controls ---------------------
+
+def test_an_unknown_dialect_is_refused_before_a_port_is_bound():
+    from fakedesk import FakeDesk
+
+    with pytest.raises(ValueError, match="unknown dialect 'remedy'"):
+        FakeDesk(dialect="remedy")
+
+
+def test_every_dialect_answers_on_its_own_routes_and_404s_the_zendesk_ones(desk_factory):
+    from fakedesk.dialects import DIALECTS
+
+    for name in DIALECTS:
+        other = desk_factory(dialect=name, token=None)
+        zendesk_route = requests.get(f"{other.url}/api/v2/tickets.json", auth=AUTH, timeout=5)
+        assert (zendesk_route.status_code == 200) is (name == "zendesk"), name
+        assert other.plan() == {"faults": [], "random": None}  # the control API is the same everywhere
+
+
+@pytest.mark.fakedesk(dialect="jira_sm", token=None)
+def test_the_search_lag_is_set_through_the_control_api_and_hides_new_records(desk):
+    assert desk.set_search_lag(0.6) == {"search_lag_seconds": 0.6}
+    created = requests.post(f"{desk.url}/rest/servicedeskapi/request", timeout=5, json={
+        "serviceDeskId": "1", "requestTypeId": "10", "requestFieldValues": {
+            "summary": "VPN down", "description": "Since 9:00", "labels": ["mailroom-lag-1"]}})
+    assert created.status_code == 201
+
+    def found():
+        answer = requests.get(f"{desk.url}/rest/api/3/search/jql", params={"jql": 'labels = "mailroom-lag-1"'},
+                              timeout=5)
+        return [issue["key"] for issue in answer.json()["issues"]]
+
+    assert found() == []  # written, not yet indexed
+    time.sleep(0.7)
+    assert found() == [created.json()["issueKey"]]
+    with pytest.raises(ControlError):
+        desk.control("search_lag", {"search_lag_seconds": -1})
+
+
+def test_the_command_line_takes_a_dialect_and_a_search_lag():
+    process, url = start_process([sys.executable, "-m", "fakedesk", "--port", "0", "--dialect", "servicenow",
+                                  "--search-lag", "2.5"])
+    try:
+        server = DeskClient(url)
+        assert server.control("search_lag") == {"search_lag_seconds": 2.5}
+        answer = requests.get(f"{url}/api/now/table/incident", params={"sysparm_limit": "1"}, timeout=5)
+        assert answer.status_code == 200 and answer.json() == {"result": []}
+    finally:
+        stop_process(process)

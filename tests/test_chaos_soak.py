@@ -1,0 +1,101 @@
+"""The seeded chaos soak, per destination kind: 300 emails through the real web door, relay, workers
+and sweeps, with the fake desk failing on purpose (lost answers after the write, 429s, 500s, stalls
+past the read timeout) and a whole worker SIGKILLed twice mid-run.
+
+Zendesk keeps our idempotency key, Salesforce upserts on our external id, Jira Service Management
+has neither and a search that lags: each must end with zero duplicates (one record per reference)
+and zero orphans (no record without its mapping, no mapping without its record); whatever did not
+complete is an item in the recovery queue with a reason.
+"""
+import importlib
+import random
+import signal
+import time
+from collections import Counter
+
+import pytest
+import requests
+
+from intake.signing import signed_headers
+from tests.live import (  # noqa: F401  (fixtures)
+    LIVE_SECRET,
+    kill_group,
+    live_broker,
+    live_mailbox,
+    live_processes,
+    make_email,
+    wait_for,
+)
+from tests.test_failure_windows import settled, state_of, sweeper, worker_env
+
+pytestmark = [pytest.mark.live]
+
+SEED = 20261129
+FAULTS = {"drop_after_commit": 0.1, "rate_limit:1": 0.1, "error_500": 0.1, "stall_after_commit:2": 0.1}
+
+
+@pytest.fixture(params=["zendesk", "jira_sm", "salesforce"])
+def soaked(request, live_mailbox, desk_factory, monkeypatch):
+    """(kit, desk, destination): the kind's fake in its own process (SQLite file), as the default destination."""
+    kit = importlib.import_module(f"tests.destination_kits.{request.param}")
+    desk = desk_factory(process=True, db_path=True, dialect=kit.DIALECT, **kit.DESK_OPTIONS)
+    destination = kit.configure(live_mailbox.tenant, desk, monkeypatch, retry_base_seconds=0.05,
+                                retry_cap_seconds=0.5)
+    return kit, desk, destination
+
+
+def test_seeded_soak_with_faults_and_killed_workers(soaked, live_server, live_mailbox, live_broker, live_processes,
+                                                    monkeypatch):
+    from intake.models import InboxEvent
+    from reconciliation.selectors import recovery_queue
+    from ticketing.models import Intent, TicketMapping
+
+    kit, desk, _ = soaked
+    n_emails = 300
+    monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
+    desk.set_plan(random_spec={"seed": SEED, "weights": FAULTS})
+    env = worker_env(live_broker)
+    live_processes.relay(env)
+    workers = [live_processes.worker(env, concurrency=1), live_processes.worker(env, concurrency=1)]
+    url = f"{live_server.url}/webhooks/raw/{live_mailbox.slug}/"
+    rng = random.Random(SEED)
+    ids, kills = [], 0
+    with sweeper(stale_seconds=5):
+        for n in range(n_emails):
+            body = make_email(f"Soak #{n}")
+            response = requests.post(url, data=body, timeout=15, headers=signed_headers(LIVE_SECRET, body))
+            assert response.status_code == 202
+            ids.append(response.json()["inbox_event_id"])
+            if n in (100, 200):  # SIGKILL a whole worker mid-run, then start a fresh one
+                victim = workers.pop(rng.randrange(len(workers)))
+                kill_group(victim.pid, signal.SIGKILL)
+                victim.popen.wait(10)
+                kills += 1
+                workers.append(live_processes.worker(env, concurrency=1))
+            time.sleep(0.01)
+        wait_for(lambda: all(settled(i) for i in ids), timeout=180, interval=0.5,
+                 describe=lambda: f"{Counter(state_of(i) for i in ids)}\n{live_processes.logs(10)}")
+
+    states = Counter(InboxEvent.objects.filter(pk__in=ids).values_list("state", flat=True))
+    records = desk.tickets()
+    by_reference = Counter(r["external_id"] for r in records)
+    mappings = {m.inbox_event_id: m for m in TicketMapping.objects.filter(inbox_event_id__in=ids)}
+    faults = Counter(r["fault"] for r in desk.requests_log())
+    print(f"\nsoak {kit.DIALECT}: {n_emails} emails, seed {SEED}, workers killed {kills}; event states "
+          f"{dict(states)}; records {len(records)}, mappings {len(mappings)}, writes {sum(faults.values())}, "
+          f"faults {dict(faults)}")
+
+    assert max(by_reference.values(), default=1) == 1, "a duplicate: two records carry one reference"
+    record_ids = {kit.ticket_id_of(r) for r in records}
+    assert record_ids == {m.ticket_id for m in mappings.values()}, "an orphan record, or a mapping without one"
+    for event_id in ids:
+        intent = Intent.objects.get(inbox_event_id=event_id)
+        if InboxEvent.objects.get(pk=event_id).state == "completed":
+            [record] = [r for r in records if r["external_id"] == intent.external_ref]
+            assert mappings[event_id].ticket_id == kit.ticket_id_of(record), event_id
+    not_completed = [i for i in ids if InboxEvent.objects.get(pk=i).state != "completed"]
+    queue = {e.pk: e for e in recovery_queue()}
+    for event_id in not_completed:
+        assert event_id in queue and queue[event_id].reason_code, state_of(event_id)
+    assert states["completed"] + len(not_completed) == n_emails
+    assert states["completed"] >= n_emails * 0.7, "the faults are a minority: most mail must get through"
