@@ -151,6 +151,15 @@ MAILROOM_MAX_MESSAGE_BYTES = env.int("MAILROOM_MAX_MESSAGE_BYTES", default=25 * 
 # The webhook reads the body itself and enforces the limit above.
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAILROOM_MAX_MESSAGE_BYTES + 1
 MAILROOM_SIGNATURE_TOLERANCE_SECONDS = env.int("MAILROOM_SIGNATURE_TOLERANCE_SECONDS", default=300)
+# Amazon SES inbound through SNS (intake.providers.sns): the signing certificate is fetched only over https from
+# a host matching this pattern (SNS's own hosts; tests point it at 127.0.0.1), through the system trust store or
+# MAILROOM_SNS_CA_BUNDLE; messages older than MAILROOM_SNS_MAX_AGE_SECONDS (SNS's longest HTTP retry window)
+# are refused.
+MAILROOM_SNS_CERT_HOST_PATTERN = env.str("MAILROOM_SNS_CERT_HOST_PATTERN",
+                                         default=r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
+MAILROOM_SNS_CA_BUNDLE = env.str("MAILROOM_SNS_CA_BUNDLE", default="")
+MAILROOM_SNS_MAX_AGE_SECONDS = env.int("MAILROOM_SNS_MAX_AGE_SECONDS", default=3600)
+MAILROOM_SNS_TIMEOUT_SECONDS = env.float("MAILROOM_SNS_TIMEOUT_SECONDS", default=10.0)
 # An event in `received` with no progress for this long is enqueued again.
 MAILROOM_STALE_EVENT_SECONDS = env.int("MAILROOM_STALE_EVENT_SECONDS", default=300)
 # Past this many dispatches without progress an event is a poison message.

@@ -48,6 +48,7 @@ class Mailbox(models.Model):
         MAILGUN = "mailgun"
         POSTMARK = "postmark"
         SENDGRID = "sendgrid"
+        SES = "ses"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="mailboxes")
     slug = models.SlugField(unique=True)

@@ -16,6 +16,8 @@ SERVICE_FIXTURES = {
     "live_processes", "live_broker", "live_mailbox",  # tests/live.py: worker, relay, web processes
     "live_server",                                    # pytest-django's live server
     "openbao",                                        # tests/openbao.py: an OpenBao dev server
+    "sns_server",                                     # tests/sns.py: an HTTPS stand-in for SNS
+    "moto_server",                                    # tests/test_ses.py: moto's S3-compatible server
 }
 
 

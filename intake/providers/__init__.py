@@ -10,6 +10,7 @@ _PROVIDERS = {
     "mailgun": "intake.providers.mailgun.MailgunProvider",
     "postmark": "intake.providers.postmark.PostmarkProvider",
     "sendgrid": "intake.providers.sendgrid.SendgridProvider",
+    "ses": "intake.providers.ses.SesProvider",
 }
 
 
