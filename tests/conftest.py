@@ -18,6 +18,8 @@ SERVICE_FIXTURES = {
     "openbao",                                        # tests/openbao.py: an OpenBao dev server
     "sns_server",                                     # tests/sns.py: an HTTPS stand-in for SNS
     "moto_server",                                    # tests/test_ses.py: moto's S3-compatible server
+    "lmtp_listener", "start_listener",                # tests/postfix.py: manage.py run_lmtp processes
+    "private_postfix",                                # tests/postfix.py: a private Postfix instance
 }
 
 

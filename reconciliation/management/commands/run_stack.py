@@ -1,4 +1,5 @@
-"""Run web, worker, beat and the outbox relay in the foreground; Ctrl-C stops them all.
+"""Run web, worker, beat and the outbox relay (and the LMTP listener when MAILROOM_LMTP_PORT is set) in the
+foreground; Ctrl-C stops them all.
 
 A development tool (`make run`, which sets MAILROOM_ENV=development: plain HTTP on 127.0.0.1); the
 children inherit this process's environment. The web's access log has no query strings (ACCESS_LOG_FORMAT).
@@ -18,7 +19,8 @@ from reconciliation.services import DEMO_PASSWORD_VAR
 
 
 class Command(BaseCommand):
-    help = "Start web (gunicorn), a Celery worker, beat and the relay; stop all of them on Ctrl-C."
+    help = ("Start web (gunicorn), a Celery worker, beat, the relay and, when MAILROOM_LMTP_PORT is set, the LMTP "
+            "listener; stop all of them on Ctrl-C.")
 
     def add_arguments(self, parser):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
@@ -38,7 +40,16 @@ class Command(BaseCommand):
             "beat": celery + ["beat", "--loglevel", "INFO", "--scheduler",
                               "django_celery_beat.schedulers:DatabaseScheduler"],
             "relay": [python, "manage.py", "run_relay"],
+            **self._lmtp_command(python),
         }
+
+    def _lmtp_command(self, python):
+        """The LMTP listener (manage.py run_lmtp), only when MAILROOM_LMTP_PORT is set."""
+        port = os.environ.get("MAILROOM_LMTP_PORT", "").strip()
+        if not port:
+            return {}
+        host = os.environ.get("MAILROOM_LMTP_HOST", "").strip() or "127.0.0.1"
+        return {"lmtp": [python, "manage.py", "run_lmtp", "--host", host, "--port", port]}
 
     def _banner(self, options):
         base = f"http://{options['host']}:{options['port']}"
@@ -48,6 +59,9 @@ class Command(BaseCommand):
         self.stdout.write(f"  user:      admin\n  password:  {password}")
         self.stdout.write(f"  database:  {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
                           f"   broker: {settings.CELERY_BROKER_URL.split('://')[0]}")
+        if os.environ.get("MAILROOM_LMTP_PORT", "").strip():
+            host = os.environ.get("MAILROOM_LMTP_HOST", "").strip() or "127.0.0.1"
+            self.stdout.write(f"  lmtp:      {host}:{os.environ['MAILROOM_LMTP_PORT'].strip()} (manage.py run_lmtp)")
         self.stdout.write("\n  send a signed sample email to the webhook:")
         self.stdout.write(f"    PORT={options['port']} .venv/bin/python manage.py send_test_email demo\n")
         self.stdout.flush()
