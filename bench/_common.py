@@ -103,6 +103,12 @@ def app_env(db_name: str, tmp: Path, log_level: str) -> dict:
     return env
 
 
+def with_app_name(env: dict, name: str) -> dict:
+    """`env` whose DATABASE_URL names the connection (`application_name`), so that the bench can
+    tell PostgreSQL backends apart by the process they serve (pg_stat_activity)."""
+    return dict(env, DATABASE_URL=env["DATABASE_URL"] + f"?application_name={name}")
+
+
 def manage(env: dict, *args: str, timeout: float = 120) -> str:
     proc = subprocess.run([str(PYTHON), "manage.py", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -204,6 +210,10 @@ class Stack:
         self.procs.append((name, proc))
         return proc
 
+    def pid(self, name: str) -> int:
+        """The pid (and process group id) of the process started as `name`."""
+        return next(proc.pid for n, proc in self.procs if n == name)
+
     def check_alive(self) -> None:
         for name, proc in self.procs:
             if proc.poll() is not None:
@@ -237,9 +247,15 @@ class Stack:
         self.procs = [(n, p) for n, p in self.procs if (n, p) not in chosen]
 
 
-def start_gunicorn(stack: Stack, env: dict, workers: int, port: int) -> None:
-    stack.start("gunicorn", [str(BIN / "gunicorn"), "config.wsgi", "--workers", str(workers), "--worker-class", "sync",
-                             "--bind", f"127.0.0.1:{port}", "--no-control-socket", "--log-level", "warning"], env)
+def start_gunicorn(stack: Stack, env: dict, workers: int, port: int, app: str = "config.wsgi", name: str = "gunicorn",
+                   worker_class: str = "sync", threads: int = 1, extra: tuple[str, ...] = ()) -> None:
+    """gunicorn on 127.0.0.1:`port`; the framework floor (bench/floor_app) passes its own `app` and
+    `extra` (its --pythonpath) and otherwise gets exactly the same settings as the app."""
+    argv = [str(BIN / "gunicorn"), app, "--workers", str(workers), "--worker-class", worker_class,
+            "--bind", f"127.0.0.1:{port}", "--no-control-socket", "--log-level", "warning", *extra]
+    if threads > 1:
+        argv += ["--threads", str(threads)]
+    stack.start(name, argv, env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         stack.check_alive()
@@ -258,7 +274,7 @@ def start_gunicorn(stack: Stack, env: dict, workers: int, port: int) -> None:
         except OSError:
             pass
         time.sleep(0.1)
-    raise RuntimeError("gunicorn did not answer /healthz within 30 s:\n" + stack.tail("gunicorn"))
+    raise RuntimeError(f"{name} did not answer /healthz within 30 s:\n" + stack.tail(name))
 
 
 def install_signal_handlers() -> None:
@@ -292,14 +308,21 @@ def clean_up(stack, db_name: str, tmp: Path, keep: bool) -> None:
 
 
 def git_revision() -> str:
+    """The checked-out commit, read from .git without running git (short hash, or "unknown")."""
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
-        return rev + (" (with uncommitted changes)" if dirty else "")
+        git = REPO / ".git"
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head[:7]
+        ref = head[5:]
+        if (git / ref).exists():
+            return (git / ref).read_text().strip()[:7]
+        for line in (git / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line[:7]
     except OSError:
-        return "unknown"
+        pass
+    return "unknown"
 
 
 # --------------------------------------------------------------------------- messages
@@ -346,7 +369,7 @@ WEBHOOK_PATH = f"/webhooks/raw/{MAILBOX_SLUG}/"
 
 
 # --------------------------------------------------------------------------- python HTTP client
-def _client_proc(port, messages, deadline_at, start_evt, out_q):
+def _client_proc(port, messages, deadline_at, start_evt, out_q, pace=None):
     """One client: posts its messages one after the other on a keep-alive-capable connection.
 
     Records (t_send, t_answer, status, inbox_event_id) per post. gunicorn's sync workers close
@@ -356,7 +379,12 @@ def _client_proc(port, messages, deadline_at, start_evt, out_q):
     results = []
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     start_evt.wait()
-    for body, headers in messages:
+    started = time.time()
+    for k, (body, headers) in enumerate(messages):
+        if pace:  # (offset, interval): an open-loop schedule, whatever the answers' latency
+            delay = started + pace[0] + k * pace[1] - time.time()
+            if delay > 0:
+                time.sleep(delay)
         t0 = time.time()
         if deadline_at and t0 >= deadline_at:
             break
@@ -382,16 +410,21 @@ def _client_proc(port, messages, deadline_at, start_evt, out_q):
     out_q.put(results)
 
 
-def post_with_python_clients(port: int, messages: list, clients: int, duration: float | None = None) -> dict:
-    """Post `messages` from `clients` processes (forked, so the client's CPU is not our GIL)."""
+def post_with_python_clients(port: int, messages: list, clients: int, duration: float | None = None,
+                             rate: float | None = None) -> dict:
+    """Post `messages` from `clients` processes (forked, so the client's CPU is not our GIL).
+
+    With `rate` (posts/s in all), the posts are paced: client i sends its k-th post at
+    (i + k * clients) / rate seconds after the start, so together they post evenly at `rate`."""
     ctx = multiprocessing.get_context("fork")
     start_evt = ctx.Event()
     out_q = ctx.Queue()
     shares = [messages[i::clients] for i in range(clients)]
     # The processes are forked before the start signal; a duration becomes an absolute deadline.
     deadline_at = time.time() + 0.3 + duration if duration else 0
-    procs = [ctx.Process(target=_client_proc, args=(port, share, deadline_at, start_evt, out_q), daemon=True)
-             for share in shares]
+    paces = [(i / rate, clients / rate) if rate else None for i in range(clients)]
+    procs = [ctx.Process(target=_client_proc, args=(port, share, deadline_at, start_evt, out_q, pace), daemon=True)
+             for share, pace in zip(shares, paces, strict=True)]
     results = []
     wall0 = wall1 = time.time()
     try:
@@ -450,14 +483,37 @@ def machine_busy() -> float:
     return (sum(values) - values[3] - values[4]) / _TICK
 
 
-def cpu_by_group(groups: dict[str, int], db_name: str | None = None) -> dict[str, float]:
+def pg_backend_labels(db_name: str) -> dict[int, str]:
+    """pid -> application_name of the PostgreSQL backends serving `db_name` (see with_app_name)."""
+    try:
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+            rows = conn.execute("SELECT pid, application_name FROM pg_stat_activity WHERE datname = %s",
+                                (db_name,)).fetchall()
+    except psycopg.Error:
+        return {}
+    return {int(pid): (app or "unnamed") for pid, app in rows}
+
+
+def cpu_by_group(groups: dict[str, int], db_name: str | None = None, leaders: tuple[str, ...] = (),
+                 backends: bool = False) -> dict[str, float]:
     """CPU seconds used so far by each process group in `groups` (name -> pgid), by the PostgreSQL
     backends of `db_name` ("postgres"), by the rest of PostgreSQL (WAL writer, checkpointer, other
-    databases: "postgres-other"), and by everything else on the machine ("other")."""
-    out = {name: 0.0 for name in groups}
+    databases: "postgres-other"), and by everything else on the machine ("other").
+
+    `leaders`: groups whose leader (e.g. Celery's parent process) is counted apart from its
+    children, as "<name> parent" and "<name> children". `backends`: the database's backends are
+    split by the application_name of their connection ("postgres[<name>]", pg_stat_activity).
+    Take the difference of two of these with cpu_delta, which goes process by process."""
+    out: dict = {name: 0.0 for name in groups if name not in leaders}
+    for name in leaders:
+        out[f"{name} parent"] = out[f"{name} children"] = 0.0
     out["postgres"] = 0.0
     out["postgres-other"] = 0.0
+    labels = pg_backend_labels(db_name) if (backends and db_name) else {}
+    for label in sorted(set(labels.values())):
+        out[f"postgres[{label}]"] = 0.0
     by_pgid = {pgid: name for name, pgid in groups.items()}
+    pids: dict[int, tuple[str, float]] = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -466,15 +522,60 @@ def cpu_by_group(groups: dict[str, int], db_name: str | None = None) -> dict[str
             continue
         comm, pgrp, cpu = st
         if pgrp in by_pgid:
-            out[by_pgid[pgrp]] += cpu
+            name = by_pgid[pgrp]
+            if name in leaders:
+                name += " parent" if int(pid) == pgrp else " children"
         elif comm == "postgres":
-            if db_name and f" {db_name} " in _cmdline(pid):
-                out["postgres"] += cpu
+            if int(pid) in labels:
+                name = f"postgres[{labels[int(pid)]}]"
+            elif db_name and f" {db_name} " in _cmdline(pid):
+                name = "postgres"
             else:
-                out["postgres-other"] += cpu
+                name = "postgres-other"
+        else:
+            continue
+        out[name] += cpu
+        pids[int(pid)] = (name, cpu)
     # Exited processes (e.g. finished backends) drop out of the sums above; "other" absorbs that.
-    out["other"] = machine_busy() - sum(out.values())
+    out["_machine"] = machine_busy()
+    out["other"] = out["_machine"] - sum(v for k, v in out.items() if k != "_machine")
+    out["_pids"] = pids
     return out
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid` (from /proc/<pid>/task/*/children)."""
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(v) for v in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak RSS) of `pid`, in KiB ({} once the process is gone)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    out[line.split(":")[0]] = int(line.split()[1])
+    except OSError:
+        return {}
+    return out
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset VmHWM of `pid` (writing 5 to clear_refs, Linux >= 4.0; needs the right to)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def wait_for_quiet(max_wait: float, threshold: float = 0.3) -> float:
@@ -494,7 +595,18 @@ def wait_for_quiet(max_wait: float, threshold: float = 0.3) -> float:
 
 
 def cpu_delta(before: dict, after: dict) -> dict:
-    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in before}
+    """CPU seconds spent between two cpu_by_group() readings, per name. Counted process by process:
+    a process that exited in between (a backend whose connection closed) is left to "other",
+    and one that started counts from zero."""
+    names = [k for k in {**before, **after} if not k.startswith("_")]
+    out = {k: 0.0 for k in names}
+    old = before["_pids"]
+    for pid, (name, cpu) in after["_pids"].items():
+        prev = old.get(pid)
+        out[name] += cpu - (prev[1] if prev and prev[0] == name else 0.0)
+    out["other"] = 0.0
+    out["other"] = (after["_machine"] - before["_machine"]) - sum(out.values())
+    return out
 
 
 def format_cpu(delta: dict, wall: float, count: int, what: str = "request") -> str:

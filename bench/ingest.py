@@ -1,9 +1,13 @@
 """Ingest benchmark: signed raw webhooks against the app served by gunicorn on PostgreSQL.
 
 Prints requests/s, p50/p99 latency and errors for 4 concurrent clients, checks that every 202
-answer left exactly one InboxEvent, and, in the same run, measures a raw psycopg 3 baseline:
-single-row INSERT + COMMIT into a table with a unique text index from the same number of
-concurrent connections. No Celery worker and no relay run here: outbox rows accumulate.
+answer left exactly one InboxEvent, and, in the same run, measures the framework floor: a bare
+Django view (bench/floor_app: no apps, no middleware) doing the same HMAC check and the same
+one-statement insert under the same gunicorn settings, timed the same way, alternating with the
+app over --rounds; then prints the app's rate as a share of the floor's (goal >= 80 %). Last, a
+raw psycopg 3 baseline: single-row INSERT + COMMIT into a table with a unique text index from
+the same number of concurrent connections. No Celery worker and no relay run here: outbox rows
+accumulate.
 
     .venv/bin/python bench/ingest.py              # ~10 s timed, 4 clients (about 1 minute in all)
     .venv/bin/python bench/ingest.py --quick      # smoke run
@@ -18,6 +22,7 @@ import argparse
 import multiprocessing
 import os
 import signal
+import statistics
 import sys
 import time
 import uuid
@@ -140,7 +145,7 @@ def count_events(tag: str) -> tuple[int, int]:
     return events, unpublished
 
 
-def timed_phase(args, wrk: str | None, port: int, stack: c.Stack, web_workers: int, tmp) -> dict:
+def timed_phase(args, wrk: str | None, port: int, stack: c.Stack, web_workers: int, tmp, kind: str = "app") -> dict:
     tag = "m" + uuid.uuid4().hex[:10]
     if args.requests:
         count = args.requests
@@ -153,7 +158,7 @@ def timed_phase(args, wrk: str | None, port: int, stack: c.Stack, web_workers: i
     messages = c.make_messages(tag, count, args.body_bytes)
     c.log(f"precomputed {count} unique signed messages of {len(messages[0][0])} bytes "
           f"({time.monotonic() - t0:.1f} s, not timed)")
-    groups = {"gunicorn": stack.procs[0][1].pid}
+    groups = {"gunicorn": stack.pid(kind)}
     box: dict = {}
 
     def on_start(proc):
@@ -171,13 +176,14 @@ def timed_phase(args, wrk: str | None, port: int, stack: c.Stack, web_workers: i
         profiler.start("gunicorn", groups["gunicorn"], subprocesses=True)
         time.sleep(1)
     if wrk:
-        c.log(f"timed phase: wrk, {what}, gunicorn {web_workers} sync workers")
+        c.log(f"timed phase ({kind}): wrk, {what}, gunicorn {web_workers} {args.worker_class} workers")
         result = c.post_with_wrk(wrk, port, messages, args.clients, duration, tmp / f"wrk-{tag}",
                                  on_start=on_start, on_end=on_end)
         if args.requests:
             result["exhausted_threads"] = 0  # expected: every client sends its share, then stops
     else:
-        c.log(f"timed phase: Python http.client processes, {what}, gunicorn {web_workers} sync workers")
+        c.log(f"timed phase ({kind}): Python http.client processes, {what}, gunicorn {web_workers} "
+              f"{args.worker_class} workers")
         groups["client(python)"] = os.getpgid(0)  # this script's group: the client processes are forked from it
         box["cpu0"] = c.cpu_by_group(groups, DB_NAME)
         result = c.post_with_python_clients(port, messages, args.clients, duration)
@@ -191,14 +197,15 @@ def timed_phase(args, wrk: str | None, port: int, stack: c.Stack, web_workers: i
     result["busy_before"] = box["quiet"]
     events, unpublished = count_events(tag)
     result.update(tag=tag, events=events, unpublished=unpublished, cpu=cpu, web_workers=web_workers,
-                  client="wrk" if wrk else "python", count=count)
+                  client="wrk" if wrk else "python", count=count, kind=kind, rate=result["requests"] / result["wall"])
     return result
 
 
 def print_result(r: dict) -> None:
     accepted = r["statuses"].get(202, 0)
     rate = r["requests"] / r["wall"]
-    print(f"  gunicorn sync workers : {r['web_workers']}")
+    served = "the app (config.wsgi)" if r["kind"] == "app" else "the FLOOR (bench/floor_app)"
+    print(f"  served by             : {served} — gunicorn workers {r['web_workers']}")
     print(f"  client                : {r['client']}, {r['requests']} requests in {r['wall']:.2f} s")
     print(f"  requests/s            : {rate:,.0f}")
     print(f"  latency               : p50 {c.ms(r['p50'])}, p99 {c.ms(r['p99'])}, max {c.ms(r['max'])}")
@@ -206,7 +213,8 @@ def print_result(r: dict) -> None:
           f"errors {r['errors']}" + (f" {r.get('socket_errors')}" if r.get("socket_errors") else ""))
     ok = r["events"] == accepted
     print(f"  InboxEvent rows       : {r['events']} for {accepted} answers 202 -> {'OK' if ok else 'MISMATCH'}")
-    print(f"  outbox rows waiting   : {r['unpublished']} (no relay runs in this benchmark)")
+    if r["kind"] == "app":
+        print(f"  outbox rows waiting   : {r['unpublished']} (no relay runs in this benchmark)")
     if r.get("exhausted_threads"):
         print(f"  NOTE: {r['exhausted_threads']} client(s) ran out of precomputed messages before the end; "
               f"raise --max-rate")
@@ -227,7 +235,13 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=0, help="a fixed number of requests instead of --duration")
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients/connections (default 4)")
     parser.add_argument("--web-workers", default="4",
-                        help="gunicorn sync workers; a comma list (e.g. 2,4,6) runs the timed phase for each")
+                        help="gunicorn workers; a comma list (e.g. 2,4,6) runs the timed phases for each")
+    parser.add_argument("--worker-class", default="sync",
+                        help="gunicorn --worker-class, app and floor alike (default sync)")
+    parser.add_argument("--threads", type=int, default=1, help="gunicorn --threads (gthread), app and floor")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="app and floor timed phases alternate this many times per worker count (default 2)")
+    parser.add_argument("--no-floor", action="store_true", help="skip the framework floor")
     parser.add_argument("--warmup", type=int, default=600, help="warm-up requests before the timed phase")
     parser.add_argument("--body-bytes", type=int, default=3000, help="size of each message (default 3000)")
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
@@ -241,7 +255,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a fast smoke run (about 20 s)")
     args = parser.parse_args()
     if args.quick:
-        args.duration, args.warmup, args.baseline_duration, args.preload = 3.0, 100, 1.0, 2000
+        args.duration, args.warmup, args.baseline_duration, args.preload, args.rounds = 3.0, 100, 1.0, 2000, 1
         args.quiet_wait = min(args.quiet_wait, 5)
     web_workers = [int(w) for w in str(args.web_workers).split(",") if w.strip()]
 
@@ -259,22 +273,28 @@ def main() -> int:
             if wrk is None:
                 c.log("wrk unavailable: falling back to Python http.client processes (they use CPU of their own)")
         print(f"Mailroom ingest benchmark — revision {c.git_revision()}, {os.cpu_count()} cores")
-        c.prepare_database(DB_NAME, env, args.preload)
+        info = c.prepare_database(DB_NAME, env, args.preload)
         c.flush_broker()
         port = c.free_port()
+        floor_env = dict(env, FLOOR_TENANT=str(info["tenant"]), FLOOR_MAILBOX=str(info["mailbox"]))
+        kinds = ("app",) if args.no_floor else ("app", "floor")
         for n in web_workers:
-            c.start_gunicorn(stack, env, n, port)
-            warm = c.make_messages("w" + uuid.uuid4().hex[:10], args.warmup, args.body_bytes)
-            w = c.post_with_python_clients(port, warm, args.clients)
-            bad = {k: v for k, v in w["statuses"].items() if k != 202}
-            c.log(f"warm-up: {w['requests']} requests, {w['requests'] / w['wall']:.0f}/s (Python clients), "
-                  f"answers {w['statuses']}")
-            if bad:
-                raise RuntimeError(f"warm-up got answers other than 202: {bad}\n" + stack.tail("gunicorn"))
-            c.analyze(DB_NAME)
-            results.append(timed_phase(args, wrk, port, stack, n, tmp))
-            stack.check_alive()
-            stack.stop("gunicorn")
+            for _ in range(args.rounds):
+                for kind in kinds:  # alternating, so that drifting load on the machine hits both alike
+                    app, extra = ("config.wsgi", ()) if kind == "app" else ("floor_app.wsgi", ("--pythonpath", "bench"))
+                    c.start_gunicorn(stack, env if kind == "app" else floor_env, n, port, app=app, name=kind,
+                                     worker_class=args.worker_class, threads=args.threads, extra=extra)
+                    warm = c.make_messages("w" + uuid.uuid4().hex[:10], args.warmup, args.body_bytes)
+                    w = c.post_with_python_clients(port, warm, args.clients)
+                    bad = {k: v for k, v in w["statuses"].items() if k != 202}
+                    c.log(f"warm-up ({kind}): {w['requests']} requests, {w['requests'] / w['wall']:.0f}/s "
+                          f"(Python clients), answers {w['statuses']}")
+                    if bad:
+                        raise RuntimeError(f"warm-up got answers other than 202: {bad}\n" + stack.tail(kind))
+                    c.analyze(DB_NAME)
+                    results.append(timed_phase(args, wrk, port, stack, n, tmp, kind))
+                    stack.check_alive()
+                    stack.stop(kind)
 
         payload = c.make_body("baseline", 0, args.body_bytes)
         prepare_baseline_tables(args.preload, payload)
@@ -301,14 +321,28 @@ def main() -> int:
               f"(p50 {c.ms(shape['p50'])}, p99 {c.ms(shape['p99'])})")
         print(f"  the same rows as ONE statement (CTE, autocommit): {cte['rate']:,.0f} txn/s "
               f"(p50 {c.ms(cte['p50'])}, p99 {c.ms(cte['p99'])})")
-        best = max(results, key=lambda r: r["requests"] / r["wall"])
-        rate = best["requests"] / best["wall"]
         print("-" * 78)
-        print(f"RESULT: {rate:,.0f} requests/s with {best['web_workers']} gunicorn workers "
-              f"(p50 {c.ms(best['p50'])}, p99 {c.ms(best['p99'])}) = {rate / row['rate'] * 100:.0f}% of the raw "
-              f"INSERT+COMMIT baseline; target >= 1,000 requests/s: {'MET' if rate >= 1000 else 'MISSED'}")
-        consistent = all(r["events"] == r["statuses"].get(202, 0) for r in results)
-        print(f"CHECK: InboxEvent rows == 202 answers in every timed phase: {'yes' if consistent else 'NO'}")
+        consistent = True
+        for n in web_workers:
+            app = [r["rate"] for r in results if r["kind"] == "app" and r["web_workers"] == n]
+            floor = [r["rate"] for r in results if r["kind"] == "floor" and r["web_workers"] == n]
+            rate = statistics.median(app)
+            line = (f"RESULT ({n} gunicorn {args.worker_class} workers): app {rate:,.0f} requests/s "
+                    f"(median of {len(app)}: {', '.join(f'{v:,.0f}' for v in app)})")
+            if floor:
+                floor_rate = statistics.median(floor)
+                line += (f"; floor {floor_rate:,.0f} requests/s (median of {len(floor)}: "
+                         f"{', '.join(f'{v:,.0f}' for v in floor)}); app/floor {rate / floor_rate * 100:.0f}% "
+                         f"(goal >= 80%: {'MET' if rate >= 0.8 * floor_rate else 'MISSED'})")
+            print(line)
+            print(f"  = {rate / row['rate'] * 100:.0f}% of the raw INSERT+COMMIT baseline; target >= 1,000 "
+                  f"requests/s: {'MET' if rate >= 1000 else 'MISSED'}")
+        for r in results:
+            if r["events"] != r["statuses"].get(202, 0):
+                print(f"CHECK FAILED ({r['kind']}): {r['events']} InboxEvent rows for {r['statuses'].get(202, 0)} "
+                      f"answers 202")
+                consistent = consistent and r["kind"] != "app"  # a floor mismatch is the bench's bug, not the app's
+        print(f"CHECK: InboxEvent rows == 202 answers in every timed phase of the app: {'yes' if consistent else 'NO'}")
         print("=" * 78)
         return 0 if consistent else 1
     except KeyboardInterrupt:

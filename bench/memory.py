@@ -1,0 +1,221 @@
+"""Memory benchmark: one large message (default 25,000,000 bytes raw: a short text body and a
+PDF-like attachment in base64) posted to the webhook and processed by a real Celery worker
+(prefork, concurrency 1) against the built-in destination, with attachment scanning on as in
+production: a private clamd (tests/clamd.py's recipe, StreamMaxLength 30 MiB) unless `--clamd off`.
+
+Prints the worker child's RSS before, its peak while it processes the message (VmRSS sampled
+every 10 ms, and VmHWM after resetting it just before the post), its growth, and the growth
+divided by the message's raw size (goal < 3x); the same for the gunicorn worker that answers the
+POST. Checks the guarantee: one event, `completed`, one ticket, one mapping, one succeeded
+create_ticket intent. Exits non-zero only when that check fails.
+
+    .venv/bin/python bench/memory.py
+    .venv/bin/python bench/memory.py --size 10000000
+
+Needs PostgreSQL on 127.0.0.1:5432 and Redis on 6379 (db 14, flushed); creates and drops the
+database `mailroom_bench_memory`. See bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import json
+import os
+import random
+import sys
+import threading
+import time
+
+import psycopg
+
+import _common as c
+
+sys.path.insert(0, str(c.REPO))
+from tests.clamd import start_clamd  # noqa: E402  (the tests' recipe for a private clamd)
+
+DB_NAME = "mailroom_bench_memory"
+MiB = 1024 * 1024
+
+
+def big_message(tag: str, size: int) -> bytes:
+    """A realistic large message of exactly `size` bytes (or a few bytes less): text + base64 PDF."""
+    head = (f"From: Big Sender <big.sender@example.com>\r\nTo: support@bench.test\r\n"
+            f"Subject: [{tag}] scanned contract attached\r\nDate: Mon, 06 Jan 2025 10:00:00 +0000\r\n"
+            f"Message-ID: <{tag}.big@bench.mailroom>\r\nMIME-Version: 1.0\r\n"
+            f"Content-Type: multipart/mixed; boundary=\"b-{tag}\"\r\n\r\n"
+            f"--b-{tag}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 7bit\r\n\r\n"
+            + "Hello, please find the signed contract attached. It is a large scan, sorry.\r\n" * 20
+            + f"\r\n--b-{tag}\r\nContent-Type: application/pdf; name=\"contract.pdf\"\r\n"
+              f"Content-Disposition: attachment; filename=\"contract.pdf\"\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+            ).encode()
+    tail = f"\r\n--b-{tag}--\r\n".encode()
+    # base64 in 76-character lines with CRLF: 78 bytes for every 57 bytes of the blob.
+    blob_len = (size - len(head) - len(tail)) * 57 // 78
+    rng = random.Random(16)
+    blob = b"%PDF-1.7\n" + rng.randbytes(blob_len - 16) + b"\n%%EOF\n"
+    encoded = base64.encodebytes(blob).replace(b"\n", b"\r\n")
+    return head + encoded + tail
+
+
+class Sampler(threading.Thread):
+    """Polls VmRSS of a process every `interval` seconds and keeps the largest value seen."""
+
+    def __init__(self, pid: int, interval: float = 0.01):
+        super().__init__(daemon=True)
+        self.pid, self.interval, self.peak, self.samples = pid, interval, 0, 0
+        self.running = True
+
+    def run(self) -> None:
+        while self.running:
+            rss = c.memory_kib(self.pid).get("VmRSS", 0)
+            self.peak = max(self.peak, rss)
+            self.samples += 1
+            time.sleep(self.interval)
+
+
+def post(port: int, body: bytes) -> tuple[int, dict]:
+    ts = int(time.time())
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", c.WEBHOOK_PATH, body=body, headers={
+        "X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": c.sign(body, ts), "Content-Type": "message/rfc822"})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    try:
+        return resp.status, json.loads(data)
+    except ValueError:
+        return resp.status, {"body": data[:200].decode(errors="replace")}
+
+
+def check(event_id: int) -> dict:
+    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+        return dict(zip(("state", "mappings", "intents", "succeeded", "tickets"), conn.execute(
+            """SELECT e.state,
+                 (SELECT count(*) FROM ticketing_ticketmapping m WHERE m.inbox_event_id = e.id),
+                 (SELECT count(*) FROM ticketing_intent i WHERE i.inbox_event_id = e.id AND i.action = 'create_ticket'),
+                 (SELECT count(*) FROM ticketing_intent i WHERE i.inbox_event_id = e.id AND i.action = 'create_ticket'
+                    AND i.state = 'succeeded'),
+                 (SELECT count(*) FROM ticketing_intent i
+                   JOIN ticketing_ticket t ON t.idempotency_key = i.idempotency_key
+                   WHERE i.inbox_event_id = e.id AND i.action = 'create_ticket')
+               FROM intake_inboxevent e WHERE e.id = %s""", (event_id,)).fetchone(), strict=True))
+
+
+def wait_mapped(event_id: int, timeout: float, stack: c.Stack) -> float | None:
+    deadline = time.time() + timeout
+    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+        while time.time() < deadline:
+            if conn.execute("SELECT 1 FROM ticketing_ticketmapping WHERE inbox_event_id = %s", (event_id,)).fetchone():
+                return time.time()
+            stack.check_alive()
+            time.sleep(0.05)
+    return None
+
+
+def mib(kib: int) -> str:
+    return f"{kib / 1024:,.1f} MiB"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=int, default=25_000_000, help="raw message size in bytes (default 25,000,000; "
+                                                                     "at most the app's 25 MiB limit)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the mapping")
+    parser.add_argument("--preload", type=int, default=2000, help="completed events of history loaded first")
+    parser.add_argument("--log-level", default="INFO", help="the app's LOG_LEVEL")
+    parser.add_argument("--quiet-wait", type=float, default=15, help="wait this long at most for a quiet machine")
+    parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
+    parser.add_argument("--clamd", choices=("start", "off"), default="start",
+                        help="start: a private clamd scans the attachment (default); off: MAILROOM_CLAMD=off")
+    args = parser.parse_args()
+
+    c.install_signal_handlers()
+    tmp = c.make_tmp("mailroom-bench-memory-")
+    env = c.app_env(DB_NAME, tmp, args.log_level)
+    stack = c.Stack(tmp)
+    clamd = None
+    try:
+        if args.clamd == "start":
+            clamd = start_clamd(stream_max_length=30 * MiB)
+            env["MAILROOM_CLAMD"] = clamd.tcp_address
+        else:
+            env["MAILROOM_CLAMD"] = "off"
+        print(f"Mailroom memory benchmark — revision {c.git_revision()}, {os.cpu_count()} cores")
+        c.prepare_database(DB_NAME, env, args.preload)
+        c.flush_broker()
+        port = c.free_port()
+        c.start_gunicorn(stack, env, 1, port)
+        stack.start("relay", [str(c.PYTHON), "manage.py", "run_relay"], env)
+        stack.start("celery", [str(c.BIN / "celery"), "-A", "config", "worker", "--concurrency", "1",
+                               "--loglevel", "WARNING"], env)
+        # Warm-up: every process has imported what it needs and holds its connections before we measure.
+        for i, (body, _headers) in enumerate(c.make_messages("w" + os.urandom(4).hex(), 20, 3000)):
+            status, answer = post(port, body)
+            if status != 202 or wait_mapped(answer["inbox_event_id"], 60, stack) is None:
+                raise RuntimeError(f"warm-up message {i}: {status} {answer}\n" + stack.tail("celery"))
+        tag = "big" + os.urandom(4).hex()
+        raw = big_message(tag, args.size)
+        c.log(f"warm-up done; message built: {len(raw):,} bytes raw ({len(raw) / MiB:.2f} MiB)")
+        web = c.children(stack.pid("gunicorn"))
+        workers = c.children(stack.pid("celery"))
+        if len(web) != 1 or len(workers) != 1:
+            raise RuntimeError(f"expected one gunicorn worker and one Celery child, found {web} and {workers}")
+        web_pid, child = web[0], workers[0]
+        c.wait_for_quiet(args.quiet_wait)
+        web_before, child_before = c.memory_kib(web_pid), c.memory_kib(child)
+        hwm_reset = c.reset_peak_rss(web_pid) and c.reset_peak_rss(child)
+        sampler = Sampler(child)
+        sampler.start()
+        t0 = time.time()
+        status, answer = post(port, raw)
+        posted = time.time()
+        web_after = c.memory_kib(web_pid)
+        if status != 202:
+            raise RuntimeError(f"the large message was answered {status}: {answer}\n" + stack.tail("gunicorn"))
+        done = wait_mapped(answer["inbox_event_id"], args.timeout, stack)
+        time.sleep(0.5)  # the acknowledgment's work, if any, follows the mapping
+        sampler.running = False
+        sampler.join()
+        child_after = c.memory_kib(child)
+        still = c.children(stack.pid("celery"))
+        result = check(answer["inbox_event_id"])
+        ok = done is not None and result == {"state": "completed", "mappings": 1, "intents": 1, "succeeded": 1,
+                                             "tickets": 1}
+        peak = max(sampler.peak, child_after.get("VmHWM", 0) if hwm_reset else 0)
+        growth = peak - child_before["VmRSS"]
+        web_peak = web_after.get("VmHWM", 0) if hwm_reset else web_after.get("VmRSS", 0)
+        web_growth = web_peak - web_before["VmRSS"]
+
+        print()
+        print("=" * 78)
+        print(f"MEMORY — one {len(raw):,}-byte message ({len(raw) / MiB:.2f} MiB raw: text body + base64 PDF-like "
+              f"attachment), Celery prefork concurrency 1, built-in destination, clamd {args.clamd}")
+        print(f"  POST answered {status} in {posted - t0:.2f} s; mapped "
+              + (f"{done - t0:.2f} s after the post" if done else f"NOT within {args.timeout:g} s"))
+        print(f"  worker child (pid {child}): RSS before {mib(child_before['VmRSS'])}, peak {mib(peak)} "
+              f"({sampler.samples} samples every 10 ms" + (", and VmHWM reset before the post)" if hwm_reset else ")")
+              + f", after {mib(child_after.get('VmRSS', 0))}")
+        print(f"  worker growth         : {mib(growth)} = {growth * 1024 / len(raw):.2f}x the message size "
+              f"(goal < 3x: {'MET' if growth * 1024 < 3 * len(raw) else 'MISSED'})")
+        if still != [child]:
+            print(f"  NOTE: the worker's children changed during the run ({workers} -> {still}): peak may be low")
+        print(f"  web worker (pid {web_pid}): RSS before {mib(web_before['VmRSS'])}, peak {mib(web_peak)}, after "
+              f"{mib(web_after.get('VmRSS', 0))}; growth {mib(web_growth)} = {web_growth * 1024 / len(raw):.2f}x")
+        print(f"CHECK: event {result['state']}, {result['mappings']} mapping, {result['tickets']} ticket, "
+              f"{result['succeeded']} of {result['intents']} create_ticket intent succeeded -> "
+              f"{'OK' if ok else 'FAILED'}")
+        print("=" * 78)
+        return 0 if ok else 1
+    except KeyboardInterrupt:
+        c.log("interrupted: stopping what this run started")
+        return 130
+    finally:
+        c.clean_up(stack, DB_NAME, tmp, args.keep)
+        if clamd is not None:
+            clamd.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
