@@ -169,6 +169,8 @@ MAILROOM_CLAIM_SECONDS = env.int("MAILROOM_CLAIM_SECONDS", default=120)
 MAILROOM_THREAD_LEASE_SECONDS = env.int("MAILROOM_THREAD_LEASE_SECONDS", default=60)
 MAILROOM_RELAY_BATCH = env.int("MAILROOM_RELAY_BATCH", default=500)
 MAILROOM_RELAY_GROUP = env.int("MAILROOM_RELAY_GROUP", default=50)
+# A group's plain mail to the built-in store is written set-based (ticketing.batch); off: event by event.
+MAILROOM_SET_BASED = env.bool("MAILROOM_SET_BASED", default=True)
 MAILROOM_RELAY_SWEEP_SECONDS = env.float("MAILROOM_RELAY_SWEEP_SECONDS", default=2.0)
 # After a wake-up the relay waits this long so that concurrent commits publish as one group.
 MAILROOM_RELAY_LINGER_SECONDS = env.float("MAILROOM_RELAY_LINGER_SECONDS", default=0.02)

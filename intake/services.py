@@ -325,6 +325,19 @@ def transition_event(event_id: int, from_states, to_state: str, *, actor: str, k
     return bool(moved)
 
 
+def transition_events(event_ids, from_states, to_state: str, *, now=None) -> int:
+    """`transition_event` for many events in one UPDATE, for the moves without an audit row of their own
+    (`kind=None`: part of an intent transition whose rows the caller writes in the same transaction).
+
+    Returns how many moved; the caller compares that with `len(event_ids)` and rolls back on a miss.
+    """
+    if to_state in InboxEvent.RECOVERY_STATES:
+        raise ValueError("a move into the recovery queue sets escalate_at per event: use transition_event")
+    now = now or timezone.now()
+    return InboxEvent.objects.filter(pk__in=list(event_ids), state__in=list(from_states)).update(
+        state=to_state, reason_code="", reason_detail="", updated_at=now)
+
+
 def purge_webhook_nonces(older_than_seconds: int | None = None) -> int:
     """One-time tokens outlive their use only as long as a replay could still be fresh."""
     from .models import WebhookNonce

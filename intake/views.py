@@ -2,6 +2,7 @@
 import logging
 
 from django.conf import settings
+from django.db import IntegrityError
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -66,7 +67,15 @@ def raw_webhook(request, mailbox_slug: str):
     if not body:
         return _reject("raw", WebhookRejection.EMPTY_BODY, 400, "empty body: expected an RFC 5322 message")
     provider_message_id, thread_key = raw_message_keys(body, request.headers.get("X-Mailroom-Message-Id", ""))
-    result = services.ingest(mailbox, provider_message_id, body, source="raw", thread_key=thread_key)
+    try:
+        result = services.ingest(mailbox, provider_message_id, body, source="raw", thread_key=thread_key)
+    except IntegrityError:
+        # The cached mailbox may have been deleted since (another process's cache lives a few seconds):
+        # nothing was stored, so the answer is the one an unknown mailbox gets.
+        selectors.forget_cached_mailboxes()
+        if selectors.mailbox_by_slug(mailbox_slug) is not None:
+            raise
+        return _reject("raw", WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
     return JsonResponse(
         {"inbox_event_id": result.inbox_event_id, "duplicate": result.duplicate},
         status=200 if result.duplicate else 202,

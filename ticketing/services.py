@@ -75,16 +75,20 @@ class Work:
             adapter.add_comment(self.target.ticket_id, body, parsed.sender, intent.idempotency_key,
                                 intent.external_ref)
             return TicketResult(ticket_id=self.target.ticket_id, url=self.target.ticket_url)
+        return adapter.create_ticket(self.ticket_request(adapter), intent.idempotency_key, intent.external_ref)
+
+    def ticket_request(self, adapter) -> TicketRequest:
+        """The new ticket's fields; the set-based path (`ticketing.batch`) builds its rows from this too."""
+        parsed = self.parsed
         chosen = classification.ticket_fields(getattr(self.event, "route", None),
                                               getattr(self.event, "route_override", None))
         tags = ("mailroom",) + tuple(f"mailroom-{flag.replace('_', '-')}" for flag in self.flags)
         if chosen["sensitive"]:
             tags += (classification.NEEDS_APPROVAL,)
-        request = TicketRequest(subject=parsed.subject or "(no subject)",
-                                description=self._fit(adapter, parsed.text), requester=parsed.sender, tags=tags,
-                                queue=chosen["queue"], priority=chosen["priority"],
-                                request_type=chosen["request_type"], assignee=chosen["assignee"])
-        return adapter.create_ticket(request, intent.idempotency_key, intent.external_ref)
+        return TicketRequest(subject=parsed.subject or "(no subject)",
+                             description=self._fit(adapter, parsed.text), requester=parsed.sender, tags=tags,
+                             queue=chosen["queue"], priority=chosen["priority"],
+                             request_type=chosen["request_type"], assignee=chosen["assignee"])
 
     def comment_text(self) -> str:
         """What a reply adds to its ticket: the new text only, as normalization stored it.
@@ -203,11 +207,15 @@ def _store_route(event: InboxEvent, chosen: classification.Route, actor: str) ->
         stored = InboxEvent.objects.filter(pk=event.pk, route={}).update(route=data)
         if stored:
             record_hits(chosen.rules)
-            detail = {**data, "ai": {k: v for k, v in data["ai"].items() if k != "rationale"}}
-            record_audit(event.pk, AuditKind.CLASSIFIED, actor=actor, detail=detail)
+            record_audit(event.pk, AuditKind.CLASSIFIED, actor=actor, detail=classified_detail(data))
     if not stored:
         data = InboxEvent.objects.filter(pk=event.pk).values_list("route", flat=True).first() or data
     event.route = data
+
+
+def classified_detail(route_json: dict) -> dict:
+    """The `classified` audit row's detail: the route without the AI's rationale (the console shows that)."""
+    return {**route_json, "ai": {k: v for k, v in route_json["ai"].items() if k != "rationale"}}
 
 
 def _low_confidence_settled(event: InboxEvent) -> bool:

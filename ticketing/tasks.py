@@ -11,10 +11,23 @@ logger = logging.getLogger(__name__)
 @shared_task
 def process_inbox_events(inbox_event_ids: list[int]) -> dict:
     """Process a group of events (the relay publishes groups); each keeps its own guarantees."""
+    from django.conf import settings
+
+    from . import batch
+
     worker = services.worker_identity()
-    group_cache: dict = {}  # the pause switch and default destinations, read once per group
+    group_cache: dict = {}  # the pause switch, policies and default destinations, read once per group
     outcomes: dict = {}
-    for event_id in inbox_event_ids:
+    try:
+        # Plain mail to the built-in store, set-based; everything else (and any conflict) per event.
+        handled, rest = batch.process_plain(inbox_event_ids, worker, group_cache) if settings.MAILROOM_SET_BASED \
+            else ({}, list(inbox_event_ids))
+    except Exception:
+        logger.exception("set-based processing of %d events failed; each goes its own way", len(inbox_event_ids))
+        handled, rest = {}, list(inbox_event_ids)
+    for outcome in handled.values():
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    for event_id in rest:
         try:
             outcome = services.process_inbox_event(event_id, worker=worker, group_cache=group_cache)
         except Exception:

@@ -1,0 +1,217 @@
+"""Set-based processing of a task's group: plain mail to the built-in store in one transaction.
+
+`process_plain(ids)` reads the group in one SELECT and normalizes each message (`intake.normalize`, the
+same code and outcomes as the per-event path). An event is *plain* when, after that, it is `ready`,
+not thread work, the primary of its copies, classified by rules alone (no AI) and routed to a
+built-in (transactional) destination that is not paused, with no stored route, no operator override
+and no pause. The plain events of the group then get, in one transaction: their intents (INSERT ... ON
+CONFLICT DO NOTHING), routes and `classified` rows, tickets, succeeded intents, mappings, `completed`
+events, audit rows and acknowledgment plans (`ticketing.intents.batch`). The unique keys are the
+backstop: an event whose intent someone else made, or any conditional write that did not land, goes
+back to the per-event path (`services.process_inbox_event`), as does every event that is not plain.
+What ends up stored is what the per-event path would have stored (tests/test_batch.py compares them).
+"""
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from intake.models import AuditEvent, InboxEvent
+from intake.normalize import normalize
+from intake.selectors import global_pause_on
+from intake.vocabulary import AuditKind
+
+from . import classification, copies, services, threads
+from .destinations import adapter_for
+from .intents import batch as intents_batch
+from .models import CopiedMessage, Intent, RoutingRule, Ticket
+
+logger = logging.getLogger(__name__)
+
+State = InboxEvent.State
+
+
+@dataclass
+class _Plain:
+    event: InboxEvent
+    parsed: object
+    route: dict
+    destination: object
+    adapter: object
+
+
+def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[int, str], list[int]]:
+    """({event id: outcome word} for the events handled here, [ids left for the per-event path, in order])."""
+    actor = f"worker:{worker}"
+    events = {e.pk: e for e in InboxEvent.objects.select_related("mailbox").filter(pk__in=list(event_ids))}
+    if "global_pause" not in cache:
+        cache["global_pause"] = global_pause_on()
+    outcomes: dict[int, str] = {}
+    rest: list[int] = []
+    candidates = []
+    for event_id in event_ids:
+        event = events.pop(event_id, None)
+        if event is None:  # unknown, or named twice in the group
+            outcomes.setdefault(event_id, "missing")
+        elif event.state not in InboxEvent.OPEN_STATES:
+            outcomes[event_id] = "done"
+        elif not _may_be_plain(event, cache):
+            rest.append(event_id)
+        else:
+            outcome = normalize(event, actor=actor)
+            if outcome.state != State.READY:
+                outcomes[event_id] = outcome.state  # waiting (scanner), suppressed, awaiting_review, quarantined
+            elif threads.is_thread_work(outcome.parsed):
+                rest.append(event_id)
+            else:
+                candidates.append((event, outcome.parsed))
+    plain = []
+    for event, parsed in _primaries(candidates, cache, rest):
+        item = _classified(event, parsed, cache)
+        if item is None:
+            rest.append(event.pk)
+        else:
+            plain.append(item)
+    if plain:
+        done = _write(plain, worker, actor)
+        outcomes.update({pk: "created" for pk in done})
+        rest.extend(item.event.pk for item in plain if item.event.pk not in done)
+    order = {event_id: n for n, event_id in reversed(list(enumerate(event_ids)))}
+    return outcomes, sorted(set(rest), key=order.__getitem__)
+
+
+def _may_be_plain(event: InboxEvent, cache: dict) -> bool:
+    """What can be told before normalization; the per-event path handles everything else."""
+    if event.state != State.RECEIVED or event.mailbox.paused or cache["global_pause"]:
+        return False
+    if event.route or event.route_override:
+        return False  # classified before, or corrected by an operator: a replay, not plain
+    return not _policy(event.tenant_id, cache).ai_enabled  # a proposal may need a review first
+
+
+def _policy(tenant_id: int, cache: dict):
+    key = ("routing_policy", tenant_id)
+    if key not in cache:
+        cache[key] = classification.policy_for(tenant_id)
+    return cache[key]
+
+
+def _primaries(candidates, cache: dict, rest: list[int]):
+    """The candidates that do their own ticket work (`copies.follow_primary` returns None for them).
+
+    The first copy of a message to ask becomes its primary: one INSERT ... ON CONFLICT DO NOTHING for
+    the group (in group order, as the per-event path would ask) and one SELECT.
+    """
+    asking = [(e, p) for e, p in candidates if e.fingerprint and copies.one_ticket_per_message(e.tenant_id, cache)]
+    if not asking:
+        return candidates
+    now = timezone.now()
+    CopiedMessage.objects.bulk_create([CopiedMessage(tenant_id=e.tenant_id, fingerprint=e.fingerprint, primary_id=e.pk,
+                                                     created_at=now) for e, _ in asking], ignore_conflicts=True)
+    primary = {(t, f): pk for t, f, pk in CopiedMessage.objects.filter(
+        fingerprint__in={e.fingerprint for e, _ in asking}).values_list("tenant_id", "fingerprint", "primary_id")}
+    keep = []
+    for event, parsed in candidates:
+        if event.fingerprint and primary.get((event.tenant_id, event.fingerprint), event.pk) != event.pk:
+            rest.append(event.pk)  # a copy: it follows its primary on the per-event path
+        else:
+            keep.append((event, parsed))
+    return keep
+
+
+def _classified(event: InboxEvent, parsed, cache: dict) -> _Plain | None:
+    """Classify (rules, the policy's defaults) and route; None when the event is not plain after all."""
+    route = classification.classify(event, parsed, policy=_policy(event.tenant_id, cache)).as_json()
+    if route.get("review_reason"):
+        return None
+    event.route = route  # `services.route` reads it; cleared again below if the event is not plain
+    destination = services.route(event, cache)
+    adapter = _builtin_adapter(destination, cache)
+    if adapter is None:
+        event.route = {}
+        return None
+    return _Plain(event, parsed, route, destination, adapter)
+
+
+def _builtin_adapter(destination, cache: dict):
+    """The destination's adapter when it is the built-in store and not paused (None otherwise)."""
+    if destination is None or destination.paused:
+        return None
+    key = ("adapter", destination.pk)
+    if key not in cache:
+        cache[key] = adapter_for(destination)
+    adapter = cache[key]
+    return adapter if adapter.transactional else None
+
+
+def _write(plain: list[_Plain], worker: str, actor: str) -> set[int]:
+    """One transaction for the group's plain events; the ids completed here (empty after a rollback)."""
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            mine = intents_batch.create_missing([(p.event, p.destination) for p in plain],
+                                                Intent.Action.CREATE_TICKET, now)
+            plain = [p for p in plain if p.event.pk in mine]  # the others: someone else's intent
+            if not plain:
+                return set()
+            leading = _store_routes(plain, actor, now)
+            tickets = _insert_tickets(plain, mine, now)
+            stored = _stored(plain)
+            intents_batch.record_successes_builtin([
+                intents_batch.BuiltinSuccess(stored[p.event.pk], mine[p.event.pk][0], p.destination, str(ticket.pk),
+                                             p.adapter.ticket_url(ticket.pk))
+                for p, ticket in zip(plain, tickets, strict=True)], worker, now, leading)
+    except (intents_batch.Conflict, IntegrityError) as exc:
+        logger.info("set-based write of %d events rolled back (%s): each goes its own way", len(plain),
+                    type(exc).__name__)
+        return set()
+    return {p.event.pk for p in plain}
+
+
+_STORE_ROUTES = """
+UPDATE {table} AS e SET route = v.route::jsonb
+FROM unnest(%(ids)s::bigint[], %(routes)s::text[]) AS v(id, route)
+WHERE e.id = v.id AND e.route = '{{}}'::jsonb
+"""
+
+
+def _store_routes(plain: list[_Plain], actor: str, now) -> dict[int, list[AuditEvent]]:
+    """`services._store_route` for the group: the routes, the rules' hits, and the `classified` rows to write."""
+    with connection.cursor() as cursor:
+        cursor.execute(_STORE_ROUTES.format(table=InboxEvent._meta.db_table),
+                       {"ids": [p.event.pk for p in plain], "routes": [json.dumps(p.route) for p in plain]})
+        if cursor.rowcount != len(plain):
+            raise intents_batch.Conflict("a route was stored by someone else")
+    hits = Counter(rule_id for p in plain for rule_id in p.route["rules"])
+    for rule_id, count in sorted(hits.items()):
+        RoutingRule.objects.filter(pk=rule_id).update(hits=F("hits") + count, last_hit_at=now)
+    return {p.event.pk: [AuditEvent(inbox_event_id=p.event.pk, kind=AuditKind.CLASSIFIED, actor=actor, at=now,
+                                    detail=services.classified_detail(p.route))] for p in plain}
+
+
+def _insert_tickets(plain: list[_Plain], mine: dict, now) -> list[Ticket]:
+    """The built-in store's rows, as `BuiltinDestination.create_ticket` writes them (unique key: the intent's)."""
+    rows = []
+    for p in plain:
+        flags = [services.REUSED_MESSAGE_ID] if p.event.message_id_reused else []
+        request = services.Work(p.event, Intent.Action.CREATE_TICKET, p.parsed, flags=flags).ticket_request(p.adapter)
+        key = mine[p.event.pk][1]
+        rows.append(Ticket(destination=p.destination, idempotency_key=key, external_ref=f"mailroom-{key[:40]}",
+                           subject=request.subject[:998], requester=request.requester[:320],
+                           description=request.description, tags=list(request.tags), queue=request.queue[:100],
+                           priority=request.priority[:10], request_type=request.request_type[:100],
+                           assignee=request.assignee[:200], created_at=now))
+    return Ticket.objects.bulk_create(rows)
+
+
+def _stored(plain: list[_Plain]) -> dict[int, InboxEvent]:
+    """The events as normalization stored them (sender, details, auth results): what the acknowledgment reads."""
+    stored = {e.pk: e for e in InboxEvent.objects.filter(pk__in=[p.event.pk for p in plain])
+              .only("pk", "tenant_id", "mailbox_id", "provider_message_id", "sender", "details", "auth_results")}
+    for p in plain:
+        stored[p.event.pk].mailbox = p.event.mailbox
+    return stored

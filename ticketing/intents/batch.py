@@ -1,0 +1,150 @@
+"""Set-based moves of the Intent machine, for a group of built-in-store tickets (`ticketing.batch`).
+
+The same rows as `create_if_missing` + `claim` + `record_success` + `acknowledgments.plan` per event,
+as a handful of statements in the caller's transaction:
+
+    create_missing             (insert) -> pending, INSERT ... ON CONFLICT DO NOTHING RETURNING: the
+                               events whose intent this call made (another worker's intent wins)
+    record_successes_builtin   pending -> succeeded in one conditional UPDATE (claim and success at once:
+                               the built-in store's ticket is inserted in this same transaction), the
+                               mappings, the events `completed` (intake's door), the audit rows, and the
+                               acknowledgment intents with their outbox rows
+
+A row that does not land (someone else moved it) raises `Conflict`: the caller rolls the whole
+transaction back and takes the per-event path, whose conditional writes decide again.
+"""
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection
+
+from intake.models import AuditEvent, InboxEvent, OutboxMessage
+from intake.services import NOT_COMPLETED_STATES, NOTIFY_CHANNEL, transition_events
+
+from ..models import Destination, Intent, TicketMapping
+from .core import AUDIT_KIND, NOTIFY_TOPIC, IntentState, intent_key
+
+logger = logging.getLogger(__name__)
+
+
+class Conflict(Exception):
+    """A conditional write matched fewer rows than it should: someone else moved one of them."""
+
+
+@dataclass
+class BuiltinSuccess:
+    """One event's ticket, already inserted in the caller's transaction."""
+
+    event: InboxEvent           # as normalization stored it (sender, details, auth_results) with its mailbox
+    intent_id: int
+    destination: Destination
+    ticket_id: str
+    ticket_url: str
+    acknowledgment: Intent | None = None   # planned by `_plan_acknowledgment`, inserted with the others
+
+
+_INSERT_PENDING = """
+INSERT INTO {table} (idempotency_key, inbox_event_id, action, action_version, destination_id, state, attempts,
+                     claimed_by, last_error_kind, last_error, external_ref, result_ref, created_at)
+SELECT v.key, v.event, %(action)s, 1, v.destination, %(pending)s, 0, '', '', '', v.ref, '', %(now)s
+FROM unnest(%(keys)s::text[], %(events)s::bigint[], %(destinations)s::bigint[], %(refs)s::text[])
+     AS v(key, event, destination, ref)
+ON CONFLICT DO NOTHING
+RETURNING id, inbox_event_id, idempotency_key
+"""
+
+# pending -> succeeded: the claim (attempts + 1, claimed_by) and the success's fields in one UPDATE.
+_SUCCEED = """
+UPDATE {table} AS i SET state = %(succeeded)s, attempts = i.attempts + 1, claimed_by = %(worker)s,
+       claimed_until = NULL, next_attempt_at = NULL, completed_at = %(now)s, last_error_kind = '',
+       last_error = '', result_ref = v.ref
+FROM unnest(%(ids)s::bigint[], %(refs)s::text[]) AS v(id, ref)
+WHERE i.id = v.id AND i.state = %(pending)s
+"""
+
+
+def create_missing(pairs: list[tuple[InboxEvent, Destination]], action: str, now) -> dict[int, tuple[int, str]]:
+    """Version 1 of `action` for each (event, destination), pending, where none exists yet.
+
+    Returns {event id: (intent id, idempotency key)} for the intents this call inserted; an event
+    missing from it already had one (or another worker's insert won): not ours to carry out here.
+    """
+    if not pairs:
+        return {}
+    keys = [intent_key(event, action, 1) for event, _ in pairs]
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT_PENDING.format(table=Intent._meta.db_table), {
+            "action": action, "pending": IntentState.PENDING, "now": now, "keys": keys,
+            "events": [event.pk for event, _ in pairs], "destinations": [d.pk for _, d in pairs],
+            "refs": [f"mailroom-{key[:40]}" for key in keys]})
+        return {event_id: (intent_id, key) for intent_id, event_id, key in cursor.fetchall()}
+
+
+def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now,
+                             leading_audits: dict[int, list[AuditEvent]] | None = None) -> None:
+    """pending -> succeeded for each success, with everything `record_success` writes, set-based.
+
+    Call inside the transaction that inserted the intents and the tickets. `leading_audits` are the
+    rows each event's history shows before its `ticket_created` (its `classified` row), written in
+    the same INSERT so they keep their order. Raises Conflict when a row did not land.
+    """
+    if not successes:
+        return
+    actor = f"worker:{worker}"
+    with connection.cursor() as cursor:
+        cursor.execute(_SUCCEED.format(table=Intent._meta.db_table), {
+            "succeeded": IntentState.SUCCEEDED, "pending": IntentState.PENDING, "worker": worker, "now": now,
+            "ids": [s.intent_id for s in successes], "refs": [s.ticket_id for s in successes]})
+        if cursor.rowcount != len(successes):
+            raise Conflict(f"{len(successes) - cursor.rowcount} intents were no longer pending")
+    TicketMapping.objects.bulk_create([
+        TicketMapping(inbox_event_id=s.event.pk, action=Intent.Action.CREATE_TICKET, destination_id=s.destination.pk,
+                      ticket_id=s.ticket_id, ticket_url=s.ticket_url, created_at=now) for s in successes])
+    moved = transition_events([s.event.pk for s in successes], NOT_COMPLETED_STATES, InboxEvent.State.COMPLETED,
+                              now=now)
+    if moved != len(successes):
+        raise Conflict(f"{len(successes) - moved} events were already completed")
+    audits = []
+    for s in successes:
+        audits.extend((leading_audits or {}).get(s.event.pk, ()))
+        audits.append(AuditEvent(inbox_event_id=s.event.pk, kind=AUDIT_KIND[Intent.Action.CREATE_TICKET], actor=actor,
+                                 at=now, detail={"intent": s.intent_id, "action": Intent.Action.CREATE_TICKET,
+                                                 "destination": s.destination.pk, "ticket_id": s.ticket_id}))
+        skipped = _plan_acknowledgment(s, now)
+        if skipped is not None:
+            audits.append(skipped)
+    AuditEvent.objects.bulk_create(audits)
+    _enqueue_acknowledgments([s for s in successes if s.acknowledgment is not None], now)
+
+
+def _plan_acknowledgment(success: BuiltinSuccess, now) -> AuditEvent | None:
+    """`acknowledgments.plan`, deferred: the intent to insert (kept on `success`), or the skip's audit row."""
+    from .. import acknowledgments  # it builds on this package
+
+    event = success.event
+    reason = acknowledgments.acknowledgment_skip_reason(event)
+    if reason is not None:
+        logger.info("event %s: no acknowledgment (%s)", event.pk, reason)
+        return AuditEvent(inbox_event_id=event.pk, kind=acknowledgments.SKIP_AUDIT_KIND,
+                          actor="system:acknowledgments", detail={"reason": reason}, at=now)
+    key = intent_key(event, Intent.Action.NOTIFY_REQUESTER, 1)
+    # Planned once: the mapping inserted in this transaction is unique per event (a plain INSERT, as
+    # `create_intent`).
+    success.acknowledgment = Intent(idempotency_key=key, inbox_event_id=event.pk,
+                                    action=Intent.Action.NOTIFY_REQUESTER, action_version=1,
+                                    destination_id=success.destination.pk, state=IntentState.PENDING,
+                                    external_ref=f"mailroom-{key[:40]}", created_at=now)
+    return None
+
+
+def _enqueue_acknowledgments(successes: list[BuiltinSuccess], now) -> None:
+    if not successes:
+        return
+    planned = Intent.objects.bulk_create([s.acknowledgment for s in successes])
+    OutboxMessage.objects.bulk_create([OutboxMessage(topic=NOTIFY_TOPIC, payload={"intent_id": intent.pk},
+                                                     created_at=now) for intent in planned])
+    if settings.USING_POSTGRES:
+        with connection.cursor() as cursor:
+            cursor.execute(f"NOTIFY {NOTIFY_CHANNEL}")  # delivered at commit, dropped on rollback
+
