@@ -10,6 +10,7 @@ from pathlib import Path
 import environ
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -282,6 +283,19 @@ CELERY_TIMEZONE = TIME_ZONE
 # Celery's Django fixup closes the DB connection after every task unless this
 # is set; reconnecting per task halves throughput (see docs/performance.md).
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
+# Bulkheads (ticketing.bulkhead): calls to external destinations go to their own queue, consumed by a
+# thread-pool worker (I/O), so a stalling desk holds a thread, not a prefork slot. "" = inline in the
+# per-event task: the embedded default (SQLite allows one writer; a thread pool would only queue on its lock).
+MAILROOM_DESTINATION_QUEUE = env.str("MAILROOM_DESTINATION_QUEUE", default="destinations" if USING_POSTGRES else "")
+MAILROOM_DESTINATION_THREADS = env.int("MAILROOM_DESTINATION_THREADS", default=32)  # that worker's --concurrency
+# In-flight calls per destination, across every worker; Destination.settings["max_concurrency"] overrides.
+MAILROOM_DESTINATION_MAX_CONCURRENCY = env.int("MAILROOM_DESTINATION_MAX_CONCURRENCY", default=8)
+MAILROOM_DESTINATION_CAP_WAIT_SECONDS = env.float("MAILROOM_DESTINATION_CAP_WAIT_SECONDS", default=0.5)
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+# Both queues declared: a worker started without -Q consumes both (one worker is enough); run_stack
+# starts one per queue (-Q), prefork for the CPU stages and threads for the calls.
+CELERY_TASK_QUEUES = [Queue(name) for name in dict.fromkeys(["celery", MAILROOM_DESTINATION_QUEUE or "celery"])]
+CELERY_TASK_ROUTES = {"ticketing.tasks.call_destination": {"queue": MAILROOM_DESTINATION_QUEUE or "celery"}}
 # Reconciliation (reconciliation.reconcilers; `manage.py reconcile`): a pass every this many seconds,
 # over a sliding window, each reconciler bounded per scope and pass (the next pass resumes).
 MAILROOM_RECONCILE_SECONDS = env.float("MAILROOM_RECONCILE_SECONDS", default=300.0)

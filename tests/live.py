@@ -31,10 +31,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable  # the venv's python: the suite runs as .venv/bin/pytest
 MANAGE = str(REPO_ROOT / "manage.py")
 
-# Redis databases owned by these tests, flushed before and after each use.
+# Redis databases owned by these tests, flushed before and after each use. MAILROOM_LIVE_REDIS_DB moves
+# them, so two checkouts can run their live tests on one Redis at the same time.
 LIVE_REDIS_HOST = "127.0.0.1"
 LIVE_REDIS_PORT = 6379
-PIPELINE_REDIS_DB = 13
+PIPELINE_REDIS_DB = int(os.environ.get("MAILROOM_LIVE_REDIS_DB", "13"))
 
 LIVE_SECRET_VAR = "MAILROOM_LIVE_TEST_WEBHOOK_SECRET"
 LIVE_SECRET = "live-test-webhook-secret"
@@ -225,6 +226,13 @@ class LiveProcesses:
         return self.start("worker", [PYTHON, "-m", "celery", "-A", "config", "worker", "--concurrency",
                                      str(concurrency), "--loglevel", "WARNING", "-n", node,
                                      "--without-mingle", "--without-gossip"], env)
+
+    def queue_worker(self, env: dict, queues: str, pool: str = "prefork", concurrency: int = 2) -> LiveProcess:
+        """A worker consuming only `queues` (comma-separated) with the given pool, as run_stack starts them."""
+        return self.start(f"worker-{pool}", [PYTHON, "-m", "celery", "-A", "config", "worker", "--pool", pool,
+                                             "--concurrency", str(concurrency), "-Q", queues, "--loglevel", "WARNING",
+                                             "-n", f"live-{uuid.uuid4().hex[:8]}@%h", "--without-mingle",
+                                             "--without-gossip"], env)
 
     def relay(self, env: dict) -> LiveProcess:
         return self.start("relay", [PYTHON, MANAGE, "run_relay", "--sweep-seconds", "1"], env)

@@ -255,7 +255,16 @@ def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, l
                 return _attempt_in_transaction(adapter, intent, work, worker, lease)
     if paused:
         return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, "paused")
-    return execute_intent(intent, work, worker, adapter, lease)
+    from . import bulkhead  # (imported here: this function and execute_intent are its only users)
+
+    if bulkhead.pooled(lease):
+        # The intent is the durable record; the I/O pool makes the call (ticketing.bulkhead).
+        bulkhead.hand_over(intent.pk)
+        return "handed_over"
+    outcome = execute_intent(intent, work, worker, adapter, lease)
+    if outcome == bulkhead.OVER_CAP:  # the destination's cap is full: the event waits a moment, parked
+        return _wait(event, bulkhead.cap_wait_seconds(), outcome)
+    return outcome
 
 
 def _attempt_in_transaction(adapter, intent: Intent, work: Work, worker: str, lease=None) -> str:
@@ -273,8 +282,11 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
         with transaction.atomic():
             return _attempt_in_transaction(adapter, intent, work, worker, lease)
 
-    if not intents.claim(intent.pk, worker, lease):
-        return "busy"
+    from . import bulkhead
+
+    claimed = bulkhead.claim(intent, worker, lease)  # intents.claim, under the destination's concurrency cap
+    if claimed != bulkhead.CLAIMED:
+        return claimed  # "busy", or "over_cap": nothing was written, the caller tries again shortly
     # A plain step of the happy path: not audited (the attempt's outcome is).
     transition_event(intent.inbox_event_id, [State.RECEIVED, State.READY], State.WRITE_PENDING,
                      actor=f"worker:{worker}", kind=None)

@@ -87,3 +87,14 @@ def prune_breaker_attempts() -> int:
     from . import breaker
 
     return breaker.prune()
+
+
+@shared_task
+def call_destination(intent_id: int) -> str:
+    """One external destination call (ticketing.bulkhead), on the destinations queue's thread pool."""
+    from . import bulkhead
+
+    outcome = bulkhead.call(intent_id, bulkhead.worker_identity())
+    if outcome == bulkhead.OVER_CAP:  # the destination's cap is full: come back shortly, the intent waits pending
+        bulkhead.hand_over(intent_id, countdown=bulkhead.cap_wait_seconds())
+    return outcome

@@ -125,6 +125,8 @@ HTTP_SETTINGS = {
     **COMMON_SETTINGS,
     "connect_timeout": Number(minimum=0.1, maximum=60, help="seconds to open a connection (3.05)"),
     "read_timeout": Number(minimum=0.1, maximum=300, help="seconds to wait for an answer (10)"),
+    "max_concurrency": Number(minimum=0, maximum=1000, integer=True,
+                              help="calls in flight at once, across workers (ticketing.bulkhead; 8); 0: no cap"),
 }
 
 

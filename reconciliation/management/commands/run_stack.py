@@ -1,5 +1,6 @@
-"""Run web, worker, beat and the outbox relay (and the LMTP listener when MAILROOM_LMTP_PORT is set) in the
-foreground; Ctrl-C stops them all.
+"""Run web, worker(s), beat and the outbox relay (and the LMTP listener when MAILROOM_LMTP_PORT is set) in the
+foreground; Ctrl-C stops them all. With MAILROOM_DESTINATION_QUEUE set (the default on PostgreSQL) a second
+worker, `--pool threads`, makes the external destination calls (ticketing.bulkhead).
 
 A development tool (`make run`, which sets MAILROOM_ENV=development: plain HTTP on 127.0.0.1); the
 children inherit this process's environment. The web's access log has no query strings (ACCESS_LOG_FORMAT).
@@ -19,7 +20,8 @@ from reconciliation.services import DEMO_PASSWORD_VAR
 
 
 class Command(BaseCommand):
-    help = ("Start web (gunicorn), a Celery worker, beat, the relay and, when MAILROOM_LMTP_PORT is set, the LMTP "
+    help = ("Start web (gunicorn), a Celery worker (and a thread-pool one for destination calls when "
+            "MAILROOM_DESTINATION_QUEUE is set), beat, the relay and, when MAILROOM_LMTP_PORT is set, the LMTP "
             "listener; stop all of them on Ctrl-C.")
 
     def add_arguments(self, parser):
@@ -36,12 +38,23 @@ class Command(BaseCommand):
             "web": [os.path.join(bin_dir, "gunicorn"), "config.wsgi", "--bind", f"{options['host']}:{options['port']}",
                     "--workers", str(options["web_workers"]), "--access-logfile", "-",
                     "--access-logformat", ACCESS_LOG_FORMAT, "--no-control-socket"],
-            "worker": celery + ["worker", "--loglevel", "INFO", "--concurrency", str(options["worker_concurrency"])],
+            **self._worker_commands(celery, options),
             "beat": celery + ["beat", "--loglevel", "INFO", "--scheduler",
                               "django_celery_beat.schedulers:DatabaseScheduler"],
             "relay": [python, "manage.py", "run_relay"],
             **self._lmtp_command(python),
         }
+
+    def _worker_commands(self, celery, options):
+        """Prefork for the CPU stages; with MAILROOM_DESTINATION_QUEUE set, a thread-pool worker for the
+        external destination calls (I/O: ticketing.bulkhead). Without it one worker does everything."""
+        worker = celery + ["worker", "--loglevel", "INFO", "--concurrency", str(options["worker_concurrency"])]
+        queue = settings.MAILROOM_DESTINATION_QUEUE
+        if not queue:
+            return {"worker": worker}
+        return {"worker": worker + ["-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", "worker@%h"],
+                "calls": celery + ["worker", "--loglevel", "INFO", "--pool", "threads", "--concurrency",
+                                   str(settings.MAILROOM_DESTINATION_THREADS), "-Q", queue, "-n", "calls@%h"]}
 
     def _lmtp_command(self, python):
         """The LMTP listener (manage.py run_lmtp), only when MAILROOM_LMTP_PORT is set."""

@@ -1,0 +1,139 @@
+"""Bulkheads for slow destinations: external calls in a pool sized for I/O, capped per destination.
+
+A destination call is I/O. On the per-event path a call that stalls holds a prefork slot for the whole
+read timeout, so one tenant's slow desk starves every other tenant. Instead:
+
+- The per-event task (`ticketing.tasks.process_inbox_events`, prefork: parsing, routing, the built-in
+  store) creates the intent, the durable record, and hands the call over: `hand_over` publishes
+  `ticketing.tasks.call_destination(intent_id)` after the commit, on `MAILROOM_DESTINATION_QUEUE`,
+  which a worker with `--pool threads` consumes (`run_stack`). The call task rebuilds the request
+  from the stored event (`call`), so it carries only the intent id, and it is safe to run twice: the
+  claim decides who calls.
+- `claim` caps the calls in flight per destination (`Destination.settings["max_concurrency"]`, else
+  `MAILROOM_DESTINATION_MAX_CONCURRENCY`; 0 = no cap) across every worker: in the claim's own
+  transaction it counts the destination's live `in_flight` intents, under a transaction-level
+  advisory lock per destination so two claimers cannot both see room (SQLite: the IMMEDIATE
+  transaction already serialises writers). Over the cap nothing is claimed: the call task is
+  published again with a short jittered countdown, and the per-event path parks the event
+  (`wait_event`), so the call waits and is never lost. Behind both stand the database sweeps: an event
+  still `ready` with a pending intent is re-dispatched by the stale-event sweep.
+
+What stays on the per-event path, inline: thread work (a reply, a ticket token), whose lease must span
+the plan, the claim and the call; anything run outside a Celery worker (tests, commands), eagerly, or
+with `MAILROOM_DESTINATION_QUEUE=""` (the embedded SQLite default). The cap holds there too.
+"""
+import logging
+import random
+import threading
+
+from celery import current_app, current_task
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from intake.models import InboxEvent
+from intake.normalize import normalize
+from intake.selectors import global_pause_on
+from intake.services import PROCESS_TOPIC, enqueue_outbox, wait_event
+
+from . import intents, threads
+from .models import Destination, Intent
+
+logger = logging.getLogger(__name__)
+
+CALL_TASK = "ticketing.tasks.call_destination"
+LOCK_NAMESPACE = 0x4D524248  # "MRBH": this module's advisory locks, keyed by destination id
+CLAIMED, BUSY, OVER_CAP = "claimed", "busy", "over_cap"
+
+
+def max_concurrency(destination: Destination) -> int:
+    value = (destination.settings or {}).get("max_concurrency", settings.MAILROOM_DESTINATION_MAX_CONCURRENCY)
+    try:
+        return max(int(value), 0)
+    except (TypeError, ValueError):
+        return settings.MAILROOM_DESTINATION_MAX_CONCURRENCY
+
+
+def in_flight(destination_id: int, now=None) -> int:
+    """Calls to the destination in flight now: live claims (an expired one is the sweep's, not a call)."""
+    return (Intent.objects.filter(destination_id=destination_id, state=Intent.State.IN_FLIGHT,
+                                  claimed_until__gt=now or timezone.now())
+            .exclude(action=Intent.Action.NOTIFY_REQUESTER).count())
+
+
+def claim(intent: Intent, worker: str, lease=None) -> str:
+    """`intents.claim` under the destination's cap: CLAIMED, BUSY (someone else has it, or not due) or
+    OVER_CAP (nothing written; try again shortly)."""
+    cap = max_concurrency(intent.destination)
+    with transaction.atomic():
+        if cap:
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, intent.destination_id])
+            if in_flight(intent.destination_id) >= cap:
+                return OVER_CAP
+        return CLAIMED if intents.claim(intent.pk, worker, lease) else BUSY
+
+
+def cap_wait_seconds() -> float:
+    # Jittered, so the calls waiting on one destination do not all come back at once.
+    return settings.MAILROOM_DESTINATION_CAP_WAIT_SECONDS * random.uniform(0.5, 1.5)
+
+
+def pooled(lease=None) -> bool:
+    """Whether the call goes to the destination pool: on when a queue is configured, for work without
+    a thread lease, from inside a real (not eager, not direct) Celery task."""
+    if not settings.MAILROOM_DESTINATION_QUEUE or lease is not None or not current_task:
+        return False
+    request = current_task.request
+    return not (request.is_eager or getattr(request, "called_directly", True)) and current_task.name != CALL_TASK
+
+
+def hand_over(intent_id: int, countdown: float | None = None) -> None:
+    """Publish the call task after the commit. A failed publish is only logged: the intent stays
+    pending and its event `ready`, which the stale-event sweep re-dispatches."""
+    def publish():
+        try:
+            current_app.send_task(CALL_TASK, args=[intent_id], countdown=countdown)
+        except Exception:
+            logger.exception("intent %s: hand-over to the destination pool failed; the sweep brings it back",
+                             intent_id)
+
+    transaction.on_commit(publish)
+
+
+def worker_identity() -> str:
+    """host:pid/thread: threads of one pool process must not pass for each other's claims
+    (`still_claimed` and the outcomes match on `claimed_by`)."""
+    from .services import worker_identity as process_identity  # services imports this module
+
+    return f"{process_identity()}/{threading.get_native_id()}"
+
+
+def call(intent_id: int, worker: str) -> str:
+    """The call task's body: rebuild the request from the stored event and make one attempt.
+
+    Returns a short word (as `services.process_inbox_event` does); OVER_CAP asks the task to come back.
+    """
+    from . import services  # services imports this module
+
+    intent = (Intent.objects.select_related("destination", "inbox_event__mailbox").filter(pk=intent_id).first())
+    if intent is None:
+        return "missing"
+    if intent.state not in (Intent.State.PENDING, Intent.State.RETRY_WAIT):
+        return "done" if intent.state == Intent.State.SUCCEEDED else "busy"
+    event = intent.inbox_event
+    if event.state not in (InboxEvent.State.READY, InboxEvent.State.WRITE_PENDING):
+        return "done" if event.state not in InboxEvent.OPEN_STATES else "not_ready"
+    # Pauses are checked again here: one may have been switched on since the hand-over.
+    if event.mailbox.paused or intent.destination.paused or global_pause_on():
+        wait_event(event.pk, settings.MAILROOM_PAUSE_RECHECK_SECONDS)
+        return "paused"
+    parsed = normalize(event, actor=f"worker:{worker}").parsed  # past `received`: re-parsed, not re-judged
+    if intent.action != Intent.Action.CREATE_TICKET or threads.is_thread_work(parsed):
+        # Never handed over (it needs the thread lease); back to the per-event path, to be safe.
+        enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk})
+        return "handed_back"
+    flags = [services.REUSED_MESSAGE_ID] if event.message_id_reused else []  # as process_inbox_event builds it
+    work = services.Work(event, intent.action, parsed, flags=flags)
+    return services.execute_intent(intent, work, worker)
