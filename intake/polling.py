@@ -9,10 +9,11 @@
   On SQLite (the embedded default) an `fcntl` lock on a file under VAR_DIR plays
   the same role.
 * asks the provider for bounded batches (`Provider.poll(cursor) -> PollBatch`),
-  ingests every message of a batch through `intake.services.ingest` (each one
-  committed before the next), and only then stores the batch's cursor in
-  `PollCursor`. A crash anywhere in a batch leaves the cursor before it: the
-  next poll fetches the batch again and the dedupe key absorbs what was stored.
+  ingests every message of a batch through `intake.services.ingest` and stores
+  the batch's cursor in `PollCursor`, all in one transaction (one commit per
+  batch, not per message). A crash anywhere in a batch leaves the cursor before
+  it and none of the batch stored: the next poll fetches the batch again (and
+  the dedupe key absorbs anything another channel stored meanwhile).
 * maps provider failures: `TransientError` (429, 5xx, connection) and
   `AmbiguousOutcome` -> `health="backoff"` until `poll_backoff_until`
   (exponential, `retry_after` honoured), cursor untouched;
@@ -251,14 +252,19 @@ def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batc
                 adapter = provider_for(mailbox)
                 continue
             report.batches += 1
-            for message in batch.messages:
-                outcome = services.ingest(mailbox, message.provider_message_id, message.raw, source=mailbox.provider)
-                report.messages.append(PolledMessage(outcome.inbox_event_id, outcome.duplicate,
-                                                     message.provider_message_id, len(message.raw)))
-                pause_point(f"poll.ingested.{len(report.messages)}")
-            # Every event of the batch is committed: only now may the cursor move past it.
-            if batch.cursor != cursor:
-                PollCursor.objects.filter(pk=cursor_row.pk).update(value=batch.cursor, updated_at=timezone.now())
+            # One transaction per batch: its events and the cursor that moves past them commit together
+            # (one commit instead of one per message; a crash mid-batch stores none of it, and the
+            # unmoved cursor fetches it all again).
+            with transaction.atomic():
+                for message in batch.messages:
+                    outcome = services.ingest(mailbox, message.provider_message_id, message.raw,
+                                              source=mailbox.provider)
+                    report.messages.append(PolledMessage(outcome.inbox_event_id, outcome.duplicate,
+                                                         message.provider_message_id, len(message.raw)))
+                    pause_point(f"poll.ingested.{len(report.messages)}")
+                if batch.cursor != cursor:
+                    PollCursor.objects.filter(pk=cursor_row.pk).update(value=batch.cursor,
+                                                                       updated_at=timezone.now())
             cursor = report.cursor = batch.cursor
             pause_point(f"poll.batch_committed.{report.batches}")
             if not batch.more:
