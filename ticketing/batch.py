@@ -53,10 +53,10 @@ def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[
     outcomes: dict[int, str] = {}
     rest: list[int] = []
     candidates = []
-    for event_id in event_ids:
+    for event_id in dict.fromkeys(event_ids):  # each id once (the caller counts repeats)
         event = events.pop(event_id, None)
-        if event is None:  # unknown, or named twice in the group
-            outcomes.setdefault(event_id, "missing")
+        if event is None:
+            outcomes[event_id] = "missing"
         elif event.state not in InboxEvent.OPEN_STATES:
             outcomes[event_id] = "done"
         elif not _may_be_plain(event, cache):

@@ -25,9 +25,11 @@ def process_inbox_events(inbox_event_ids: list[int]) -> dict:
     except Exception:
         logger.exception("set-based processing of %d events failed; each goes its own way", len(inbox_event_ids))
         handled, rest = {}, list(inbox_event_ids)
-    for outcome in handled.values():
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    for event_id in rest:
+    left = set(rest)
+    for event_id in inbox_event_ids:  # in order; an id listed twice is seen twice, as it always was
+        if event_id not in left:
+            outcomes[handled[event_id]] = outcomes.get(handled[event_id], 0) + 1
+            continue
         try:
             outcome = services.process_inbox_event(event_id, worker=worker, group_cache=group_cache)
         except Exception:
