@@ -39,9 +39,11 @@ def serve():
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                requests.get(base + "/healthz", timeout=1)
+                requests.get(base + "/healthz", timeout=2)
                 return base
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
+                # Refused before gunicorn listens; accepted but unanswered while its worker still imports
+                # the app (over a second on a busy machine).
                 time.sleep(0.1)
         raise AssertionError("gunicorn did not start")
 
