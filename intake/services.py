@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
+import psycopg
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F, Q
@@ -177,8 +178,12 @@ SELECT id, pg_notify(%(channel)s, '') FROM event
 def _insert_event_postgres(row: _IngestRow) -> int | None:
     sql = _INGEST_SQL.format(event=InboxEvent._meta.db_table, audit=AuditEvent._meta.db_table,
                              outbox=OutboxMessage._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {
+    connection.ensure_connection()
+    # A server-binding psycopg cursor with binary parameters: the message goes to PostgreSQL as bytea
+    # bytes, not quoted into the SQL text on the client (Django's default client-side binding). Errors
+    # are wrapped as Django's (IntegrityError, OperationalError), as through `connection.cursor()`.
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, binary=True, params={
             "tenant": row.mailbox.tenant_id, "mailbox": row.mailbox.pk, "pmid": row.provider_message_id,
             "key": row.key, "source": row.source, "now": row.now, "raw": row.raw, "size": len(row.raw),
             "thread": row.thread_key, "fingerprint": row.fingerprint, "reused": row.reuses_event is not None,
