@@ -39,16 +39,20 @@ class Tenant(models.Model):
         return int(value)
 
 
+class MailboxProvider(models.TextChoices):
+    """One per provider adapter (intake.providers); `Mailbox.Provider`."""
+    RAW = "raw"
+    IMAP = "imap"
+    GMAIL = "gmail"
+    GRAPH = "graph"
+    MAILGUN = "mailgun"
+    POSTMARK = "postmark"
+    SENDGRID = "sendgrid"
+    SES = "ses"
+
+
 class Mailbox(models.Model):
-    class Provider(models.TextChoices):
-        RAW = "raw"
-        IMAP = "imap"
-        GMAIL = "gmail"
-        GRAPH = "graph"
-        MAILGUN = "mailgun"
-        POSTMARK = "postmark"
-        SENDGRID = "sendgrid"
-        SES = "ses"
+    Provider = MailboxProvider
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="mailboxes")
     slug = models.SlugField(unique=True)
@@ -88,6 +92,8 @@ class Mailbox(models.Model):
                 | Q(credentials_ref__startswith="file:") | Q(credentials_ref__startswith="vault:"),
                 name="mailbox_credentials_is_a_reference",
             ),
+            # A provider without an adapter could store mail no channel verifies or polls.
+            models.CheckConstraint(condition=Q(provider__in=MailboxProvider.values), name="mailbox_known_provider"),
         ]
 
     def __str__(self):

@@ -5,16 +5,20 @@ from django.db.models import Q
 from intake.models import InboxEvent, Mailbox, Tenant, check_secret_refs
 
 
+class DestinationKind(models.TextChoices):
+    """One per adapter (ticketing.destinations); `Destination.Kind`."""
+    BUILTIN = "builtin"
+    ZENDESK = "zendesk"
+    JIRA_SM = "jira_sm", "Jira Service Management"
+    SERVICENOW = "servicenow", "ServiceNow"
+    SALESFORCE = "salesforce", "Salesforce"
+    HUBSPOT = "hubspot", "HubSpot"
+    FRESHDESK = "freshdesk", "Freshdesk"
+    REST = "rest", "Generic REST"
+
+
 class Destination(models.Model):
-    class Kind(models.TextChoices):
-        BUILTIN = "builtin"
-        ZENDESK = "zendesk"
-        JIRA_SM = "jira_sm", "Jira Service Management"
-        SERVICENOW = "servicenow", "ServiceNow"
-        SALESFORCE = "salesforce", "Salesforce"
-        HUBSPOT = "hubspot", "HubSpot"
-        FRESHDESK = "freshdesk", "Freshdesk"
-        REST = "rest", "Generic REST"
+    Kind = DestinationKind
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="destinations")
     slug = models.SlugField()
@@ -43,6 +47,8 @@ class Destination(models.Model):
                 | Q(credentials_ref__startswith="file:") | Q(credentials_ref__startswith="vault:"),
                 name="destination_credentials_is_a_reference",
             ),
+            # A kind without an adapter could take intents that no worker can carry out.
+            models.CheckConstraint(condition=Q(kind__in=DestinationKind.values), name="destination_known_kind"),
         ]
 
     def __str__(self):
