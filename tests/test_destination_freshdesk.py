@@ -2,14 +2,13 @@
 lagging filter search, the kind's own error mappings, check_connection and the settings' checks.
 (Create, duplicates, lost answers, 429/401/422, comments and corrections through the pipeline are in the
 shared contract suite, tests/test_destination_contract.py.)"""
-import itertools
 import json
 import time
 
 import pytest
 import requests
 
-from tests.destination_kits import freshdesk as kit
+from tests.destination_kits import adapter_builder, freshdesk as kit, only_record
 from ticketing.destinations import adapter_for
 from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest
 from ticketing.destinations.freshdesk import FreshdeskDestination, text_to_html, ticket_payload
@@ -30,16 +29,7 @@ REQUEST = TicketRequest(
 @pytest.fixture
 def freshdesk(tenant, desk, monkeypatch):
     """`freshdesk(**settings)`: an adapter for a freshdesk destination against `desk` (the kit's settings)."""
-    slugs = itertools.count(1)
-
-    def build(**settings):
-        return adapter_for(kit.configure(tenant, desk, monkeypatch, slug=f"desk-{next(slugs)}", **settings))
-    return build
-
-
-def only_record(desk):
-    [record] = desk.tickets()
-    return record
+    return adapter_builder(kit, tenant, desk, monkeypatch)
 
 
 # --- The payload ----------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 gets, the lagging JQL lookup, the kind's own error mappings, check_connection and the settings' checks.
 (Create, duplicates, lost answers, 429/401/422, comments and corrections through the pipeline are in the
 shared contract suite, tests/test_destination_contract.py.)"""
-import itertools
 import logging
 import time
 
@@ -10,7 +9,7 @@ import pytest
 import requests
 
 from intake.secrets import env_prefix
-from tests.destination_kits import jira_sm as kit
+from tests.destination_kits import adapter_builder, jira_sm as kit, only_record
 from ticketing.destinations import adapter_for
 from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest
 from ticketing.destinations.jira_sm import JiraServiceManagementDestination, jira_errors, request_payload
@@ -31,16 +30,7 @@ REQUEST = TicketRequest(
 @pytest.fixture
 def jira(tenant, desk, monkeypatch):
     """`jira(**settings)`: an adapter for a jira_sm destination against `desk` (the kit's settings, overridden)."""
-    slugs = itertools.count(1)
-
-    def build(**settings):
-        return adapter_for(kit.configure(tenant, desk, monkeypatch, slug=f"desk-{next(slugs)}", **settings))
-    return build
-
-
-def only_record(desk):
-    [record] = desk.tickets()
-    return record
+    return adapter_builder(kit, tenant, desk, monkeypatch)
 
 
 # --- The payload ----------------------------------------------------------------------------------

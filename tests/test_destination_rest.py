@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from tests.destination_kits import rest as kit
+from tests.destination_kits import only_record, rest as kit
 from tests.factories import make_destination
 from ticketing.destinations import adapter_for
 from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
@@ -56,11 +56,6 @@ def seen(desk):
     requests_seen = []
     desk.on_request(lambda request: requests_seen.append(request) and None)
     return requests_seen
-
-
-def only_record(desk) -> dict:
-    [ticket] = desk.tickets()
-    return ticket
 
 
 # --- The body it sends ------------------------------------------------------------------
