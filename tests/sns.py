@@ -24,7 +24,7 @@ import uuid
 from collections import Counter
 from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 from cryptography import x509
@@ -33,8 +33,11 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 SNS_TOPIC_ARN = "arn:aws:sns:eu-west-1:123456789012:mailroom-inbound"
-CERT_PATH = "/SimpleNotificationService-test.pem"
-CONFIRM_PATH = "/confirm"
+# SNS's own shapes: the certificate at /SimpleNotificationService-<hex>.pem, the confirmation at
+# /?Action=ConfirmSubscription&TopicArn=...&Token=... (intake.providers.sns refuses anything else).
+CERT_PATH = "/SimpleNotificationService-7506a1e35b36ef5a444dd1a8e7cc3ed8.pem"
+CONFIRM_PATH = "/"
+SUBSCRIBE_TOKEN = "2336412f37fb687f5d51e6e2425dacbba" * 4
 TEST_HOST_PATTERN = r"^127\.0\.0\.1$"
 
 
@@ -123,7 +126,8 @@ def signed_sns_message(cert_url: str, message: str = "", kind: str = "Notificati
         body["Subject"] = "Amazon SES Email Receipt Notification"
         body["UnsubscribeURL"] = cert_url.rsplit("/", 1)[0] + "/unsubscribe"
     else:
-        body["Token"] = uuid.uuid4().hex * 2
+        # SNS puts the message's Token into its SubscribeURL: the same here when the URL names one.
+        body["Token"] = (parse_qs(urlsplit(subscribe_url).query).get("Token") or [uuid.uuid4().hex * 2])[0]
         body["SubscribeURL"] = subscribe_url
         body["Message"] = f"You have chosen to subscribe to the topic {topic_arn}."
     return sign(body, version=version, key=key)
@@ -174,7 +178,7 @@ class SnsServer:
                 server.requests[path] += 1
                 if path == CERT_PATH:
                     self._answer(200, keys.signing_cert_pem, "application/x-pem-file")
-                elif path == CONFIRM_PATH:
+                elif path == CONFIRM_PATH and "Action=ConfirmSubscription" in self.path:
                     self._answer(200, b"<ConfirmSubscriptionResponse/>", "text/xml")
                 else:
                     self._answer(404, b"not found", "text/plain")
@@ -204,7 +208,8 @@ class SnsServer:
 
     @property
     def subscribe_url(self) -> str:
-        return self.base_url + CONFIRM_PATH + "?Action=ConfirmSubscription&Token=t"
+        return (f"{self.base_url}{CONFIRM_PATH}?Action=ConfirmSubscription&TopicArn={quote(SNS_TOPIC_ARN, safe=':')}"
+                f"&Token={SUBSCRIBE_TOKEN}")
 
     def start(self):
         self.thread.start()

@@ -79,3 +79,20 @@ def test_the_builtin_store_needs_neither_url_nor_credentials(mailbox):
     assert form.is_valid(), form.errors
     form = form_for(destination, slug="store-3", settings={"read_timeout": 3})
     assert "read_timeout: is not a setting of this kind" in str(form.errors["settings"])
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422, 500])
+def test_test_connection_names_the_status_never_the_answer_s_body(configured, admin_client, status):
+    """Finding 4's read channel: an error body (an internal service's answer) was echoed in the admin."""
+    _, desk, destination = configured
+    leak = "INTERNAL-ONLY aws_secret_access_key=wJalrXUtnFEMI"
+    desk.on_request(lambda request: (status, {"error": leak, "errors": [{"message": leak}], "details": leak,
+                                              "message": leak}))
+    response = admin_client.post(CHANGELIST, {"action": "test_connection", "_selected_action": [destination.pk]},
+                                 follow=True)
+    [said] = [str(m) for m in get_messages(response.wsgi_request)]
+    assert said.startswith(f"{destination}: failed ("), said
+    # The status, or (a 404 some kinds explain in their own words: "service desk 1 does not exist") our text.
+    assert f"the destination answered HTTP {status}" in said or (status == 404 and "HTTP" not in said), said
+    assert "INTERNAL-ONLY" not in said and "wJalrXUtnFEMI" not in said
+    assert desk.tickets() == []

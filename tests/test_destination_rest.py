@@ -16,6 +16,7 @@ from ticketing.destinations import adapter_for
 from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
 from ticketing.destinations.rest import RestDestination
 from ticketing.destinations.settings import validate
+from ticketing.models import Destination
 
 pytestmark = pytest.mark.fakedesk(dialect="rest")
 
@@ -199,6 +200,29 @@ def test_a_404_from_the_lookup_is_none_and_a_path_to_a_non_id_is_configuration(d
     assert caught.value.reason == "configuration"
 
 
+@pytest.mark.parametrize("value", ["<img src=x onerror=alert(1)>", "1\r\nX-Injected: yes", "a" * 201, "id with spaces",
+                                   '1"2', "caf\u00e9"])
+def test_a_lookup_value_that_is_no_usable_ticket_id_is_refused_and_never_stored(desk, rest, value):
+    """Finding 4's read channel: whatever an API puts at lookup_id_path became the stored ticket id."""
+    desk.on_request(lambda request: (200, {"data": [{"id": value}]}) if request.method == "GET" else None)
+    with pytest.raises(PermanentError) as caught:
+        rest().find_by_external_ref("evt-1")
+    assert caught.value.reason == "configuration"
+    assert "not a usable ticket id" in caught.value.detail and value not in caught.value.detail
+
+
+def test_a_create_answer_whose_id_is_no_usable_ticket_id_is_ambiguous(desk, rest):
+    desk.on_request(lambda request: (201, {"data": {"id": "x" * 500}}) if request.method == "POST" else None)
+    with pytest.raises(AmbiguousOutcome) as caught:
+        rest().create_ticket(REQUEST, "key-1", "evt-1")
+    assert caught.value.reason == "unreadable_response" and "x" * 201 not in caught.value.detail
+
+
+def test_a_lookup_value_within_the_rule_is_kept_as_it_is(desk, rest):
+    desk.on_request(lambda request: (200, {"data": [{"id": "INC-0042/a_b.c"}]}) if request.method == "GET" else None)
+    assert rest().find_by_external_ref("evt-1").ticket_id == "INC-0042/a_b.c"
+
+
 @pytest.mark.fakedesk(dialect="rest", search_lag_seconds=0.5)
 def test_a_lagging_lookup_is_declared_with_its_settle_delay_and_the_fake_lags(desk, rest):
     adapter = rest(lookup_url_template="/search?ref={external_ref}", lookup_settle_seconds=0.5)
@@ -293,10 +317,96 @@ def test_settings_errors_are_reported_field_by_field():
 
 
 @pytest.mark.parametrize("template", ['{% load static %}{}', '{% include "x.json" %}', '{% debug %}',
-                                      '{"at": "{% now "Y" %}"}', '{"n": "{{ subject|random }}"}'])
+                                      '{"at": "{% now "Y" %}"}'])
 def test_templates_cannot_reach_beyond_the_request(template):
     [message] = validate(RestDestination.SETTINGS, {**PLAIN, "body_template": template})["body_template"]
     assert message.startswith("template syntax error")
+
+
+def test_a_template_cannot_vary_between_retries():
+    [message] = validate(RestDestination.SETTINGS, {**PLAIN, "body_template": '{"n": "{{ subject|random }}"}'}
+                         )["body_template"]
+    assert message == "the filter random is not allowed: a retry must send the very same body"
+
+
+# --- Templates under a time and size limit (issue 20, finding 9) -----------------------------------------
+
+HUGE = [
+    ('{"a": "{{ subject|ljust:30000000 }}"}', "the filter ljust is not allowed: its argument sets the size"),
+    ('{"a": "{{ subject|rjust:30000000 }}"}', "the filter rjust is not allowed"),
+    ('{"a": "{{ subject|center:30000000 }}"}', "the filter center is not allowed"),
+    ('{"a": "{{ subject|stringformat:\"030000000d\" }}"}', "the filter stringformat is not allowed"),
+    ('{"a": "{{ 1|floatformat:-30000000 }}"}', "the filter floatformat is not allowed"),
+    ('{"a": "{% filter ljust:30000000 %}x{% endfilter %}"}', "the filter ljust is not allowed"),
+    ('{"a": "{% for c in description %}{% for d in description %}x{% endfor %}{% endfor %}"}',
+     "nested {% for %} loops are not allowed"),
+    ('{"a": "{% for c in description %}{% if c %}{% for d in subject %}x{% endfor %}{% endif %}{% endfor %}"}',
+     "nested {% for %} loops are not allowed"),
+    # Quadratic without nesting: each character of the description prints the whole description.
+    ('{"a": "{% for c in description %}{{ description }}{% endfor %}"}',
+     "the template rendered more than"),
+    ('{"a": "{{ external_ref|make_list|join:subject }}"}', "the template rendered more than"),
+]
+
+
+@pytest.mark.parametrize(("template", "refusal"), HUGE)
+def test_a_template_that_could_build_huge_text_is_refused_when_saved_and_quickly(template, refusal):
+    started = time.monotonic()
+    [message] = validate(RestDestination.SETTINGS, {**PLAIN, "body_template": template})["body_template"]
+    assert message.startswith(refusal), message
+    assert time.monotonic() - started < 3
+
+
+def test_the_same_refusals_hold_through_the_admin_and_the_api(tenant, desk, admin_client):
+    from tests.test_api import API, api, make_user
+
+    template, refusal = HUGE[0]
+    settings = {**PLAIN, "body_template": template}
+    page = admin_client.post("/admin/ticketing/destination/add/", {
+        "tenant": tenant.pk, "slug": "huge", "kind": "rest", "base_url": desk.url, "settings": json.dumps(settings)})
+    assert page.status_code == 200 and refusal in page.content.decode()
+    tenant_admin = make_user("rest-admin", groups=["mailroom-admin"], tenants=[tenant])
+    answer = api(tenant_admin).post(f"{API}/destinations/", {"tenant": tenant.slug, "slug": "huge", "kind": "rest",
+                                                             "base_url": desk.url, "settings": settings},
+                                    format="json")
+    assert answer.status_code == 400 and refusal in json.dumps(answer.json())
+    assert not Destination.objects.filter(slug="huge").exists()
+
+
+def test_a_stored_template_over_the_time_limit_fails_permanently_and_sends_nothing(tenant, desk, seen, settings):
+    """A template stored before these checks (or by a migration): the render budget still stops it."""
+    settings.MAILROOM_REST_TEMPLATE_SECONDS = 0.5
+    loops = '{"a": "{% for c in description %}{% for d in description %}{% endfor %}{% endfor %}"}'
+    destination = make_destination(tenant, slug="slow", kind="rest", base_url=desk.url,
+                                   settings={**PLAIN, "headers": {}, "body_template": loops})
+    request = TicketRequest(subject="s", description="x" * 100_000, requester="j@example.com")
+    started = time.monotonic()
+    with pytest.raises(PermanentError) as caught:
+        adapter_for(destination).create_ticket(request, "key-1", "evt-1")
+    assert time.monotonic() - started < 2
+    assert caught.value.reason == "configuration"
+    assert caught.value.detail == "body_template: the template took longer than 0.5 s to render"
+    assert seen == [] and desk.tickets() == []
+
+
+def test_a_stored_template_over_the_size_limit_fails_permanently_and_sends_nothing(tenant, desk, seen):
+    quadratic = '{"a": "{% for c in description %}{{ description }}{% endfor %}"}'
+    destination = make_destination(tenant, slug="big", kind="rest", base_url=desk.url,
+                                   settings={**PLAIN, "headers": {}, "body_template": quadratic})
+    request = TicketRequest(subject="s", description="x" * 50_000, requester="j@example.com")
+    with pytest.raises(PermanentError) as caught:
+        adapter_for(destination).create_ticket(request, "key-1", "evt-1")
+    assert caught.value.reason == "configuration"
+    assert caught.value.detail.startswith("body_template: the template rendered more than")
+    assert seen == [] and desk.tickets() == []
+
+
+def test_a_long_description_through_a_plain_template_is_sent_whole(desk, rest, seen):
+    """The size limit grows with the request: a 3 MB description printed once is fine."""
+    description = "Line of a long message.\n" * 130_000
+    rest().create_ticket(TicketRequest(subject="Long", description=description, requester="j@example.com"),
+                         "key-1", "evt-1")
+    assert seen[0].json()["description"] == description
 
 
 def test_required_settings_are_named():

@@ -61,29 +61,82 @@ def events():
 
 # --- the host rule -----------------------------------------------------------------------------------
 
+REAL_CERT = "/SimpleNotificationService-7506a1e35b36ef5a444dd1a8e7cc3ed8.pem"
+
+
 @pytest.mark.parametrize("url", [
-    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem",
-    "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-abc.pem",
-    "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-abc.pem",
+    f"https://sns.us-east-1.amazonaws.com{REAL_CERT}",
+    f"https://sns.eu-west-1.amazonaws.com{REAL_CERT}",
+    f"https://sns.cn-north-1.amazonaws.com.cn{REAL_CERT}",
+    f"https://sns.us-east-1.amazonaws.com:443{REAL_CERT}",
 ])
 def test_default_host_pattern_accepts_sns_hosts(url, settings):
     settings.MAILROOM_SNS_CERT_HOST_PATTERN = SHIPPED_HOST_PATTERN
-    assert sns.check_sns_url(url, "SigningCertURL") == url
+    assert sns.check_certificate_url(url) == url
 
 
 @pytest.mark.parametrize("url", [
-    "http://sns.us-east-1.amazonaws.com/cert.pem",                      # not https
-    "https://sns.us-east-1.amazonaws.com.evil.test/cert.pem",           # a look-alike suffix
-    "https://evil.test/sns.us-east-1.amazonaws.com/cert.pem",           # the name in the path only
-    "https://sns.amazonaws.com/cert.pem",                               # no region
-    "https://s3.us-east-1.amazonaws.com/bucket/cert.pem",               # another AWS service anyone can fill
-    "https://sns.us-east-1.amazonaws.com@evil.test/cert.pem",           # user-info trick: the host is evil.test
-    "https://127.0.0.1/cert.pem",
+    f"http://sns.us-east-1.amazonaws.com{REAL_CERT}",                       # not https
+    f"https://sns.us-east-1.amazonaws.com.evil.test{REAL_CERT}",            # a look-alike suffix
+    f"https://evil.test/sns.us-east-1.amazonaws.com{REAL_CERT}",            # the name in the path only
+    f"https://sns.amazonaws.com{REAL_CERT}",                                # no region
+    f"https://s3.us-east-1.amazonaws.com/bucket{REAL_CERT}",                # another AWS service anyone can fill
+    f"https://sns.us-east-1.amazonaws.com@evil.test{REAL_CERT}",            # user-info trick: the host is evil.test
+    f"https://127.0.0.1{REAL_CERT}",
+    # Finding 3: urlsplit reads these hosts as SNS's, requests (urllib3) connects to attacker.example.
+    f"https://attacker.example\\@sns.us-east-1.amazonaws.com{REAL_CERT}",
+    f"https://attacker.example%5C@sns.us-east-1.amazonaws.com{REAL_CERT}",
+    f"https://attacker.example%5c@sns.us-east-1.amazonaws.com{REAL_CERT}",
+    f"https://attacker.example#@sns.us-east-1.amazonaws.com{REAL_CERT}",
+    f"https://attacker.example:x@sns.us-east-1.amazonaws.com{REAL_CERT}",
+    f"https://attacker.example/@sns.us-east-1.amazonaws.com{REAL_CERT}",
+    f"https://sns.us-east-1.amazonaws.com {REAL_CERT}",                     # whitespace
+    f"https://sns.us-east-1.amazonaws.com\t{REAL_CERT}",                   # a control character
+    f"https://sns.us-east-1.amazonaws.com:8443{REAL_CERT}",                 # not port 443
+    f"https://sns.us-east-1.amazonaws.com{REAL_CERT}#x",                    # a fragment
+    "https://sns.us-east-1.amazonaws.com/cert.pem",                         # not SNS's certificate path
+    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-XYZ.pem",
+    f"https://sns.us-east-1.amazonaws.com{REAL_CERT}?x=1",
+    "https://sns.us-east-1.amazonaws.com/uploads/SimpleNotificationService-abc.pem",
 ])
 def test_default_host_pattern_refuses_other_hosts(url, settings):
     settings.MAILROOM_SNS_CERT_HOST_PATTERN = SHIPPED_HOST_PATTERN
     with pytest.raises(WebhookRejected):
-        sns.check_sns_url(url, "SigningCertURL")
+        sns.check_certificate_url(url)
+
+
+SNS_HOST = "sns.eu-west-1.amazonaws.com"
+CONFIRM_QUERY = f"?Action=ConfirmSubscription&TopicArn={SNS_TOPIC_ARN}&Token=tok"
+
+
+def subscription(url: str) -> dict:
+    return {"Type": "SubscriptionConfirmation", "TopicArn": SNS_TOPIC_ARN, "Token": "tok", "SubscribeURL": url}
+
+
+def test_the_documented_subscribe_url_passes(settings):
+    settings.MAILROOM_SNS_CERT_HOST_PATTERN = SHIPPED_HOST_PATTERN
+    url = f"https://{SNS_HOST}/{CONFIRM_QUERY}"
+    assert sns.check_subscribe_url(subscription(url)) == url
+
+
+@pytest.mark.parametrize("url", [
+    f"https://attacker.example\\@{SNS_HOST}/{CONFIRM_QUERY}",
+    f"https://attacker.example%5C@{SNS_HOST}/{CONFIRM_QUERY}",
+    f"https://attacker.example#@{SNS_HOST}/{CONFIRM_QUERY}",
+    f"https://user:password@{SNS_HOST}/{CONFIRM_QUERY}",
+    f"https://{SNS_HOST}:8443/{CONFIRM_QUERY}",
+    f"http://{SNS_HOST}/{CONFIRM_QUERY}",
+    f"https://{SNS_HOST}/other{CONFIRM_QUERY}",                                   # not the path SNS uses
+    f"https://{SNS_HOST}/?Action=Unsubscribe&TopicArn={SNS_TOPIC_ARN}&Token=tok",  # another action
+    f"https://{SNS_HOST}/{CONFIRM_QUERY}&Action=ConfirmSubscription",              # a field twice
+    f"https://{SNS_HOST}/{CONFIRM_QUERY}&Extra=1",
+    f"https://{SNS_HOST}/?Action=ConfirmSubscription&TopicArn=arn:aws:sns:eu-west-1:999:other&Token=tok",
+    f"https://{SNS_HOST}/?Action=ConfirmSubscription&TopicArn={SNS_TOPIC_ARN}&Token=another",
+])
+def test_a_subscribe_url_off_sns_or_off_its_shape_is_refused(url, settings):
+    settings.MAILROOM_SNS_CERT_HOST_PATTERN = SHIPPED_HOST_PATTERN
+    with pytest.raises(WebhookRejected):
+        sns.check_subscribe_url(subscription(url))
 
 
 def test_wrong_certificate_host_is_refused_without_fetching(ses_mailbox, sns_server, settings, count_rows):
@@ -94,6 +147,39 @@ def test_wrong_certificate_host_is_refused_without_fetching(ses_mailbox, sns_ser
     assert response.status_code == 401
     assert sns_server.requests[CERT_PATH] == 0
     assert count_rows() == before
+
+
+@pytest.mark.parametrize("trick", ["\\@", "%5C@", "%5c@", "#@", "/@", "@"])
+def test_a_certificate_url_that_hides_its_host_is_refused_without_fetching(ses_mailbox, sns_server, settings,
+                                                                          count_rows, trick):
+    """Finding 3: `https://attacker.example\\@sns.us-east-1.amazonaws.com/...` passed the urlsplit host check,
+    and requests fetched the attacker's certificate. The stand-in plays attacker.example here: it serves the
+    key this forged notification is signed with."""
+    settings.MAILROOM_SNS_CERT_HOST_PATTERN = SHIPPED_HOST_PATTERN
+    cert_url = f"https://127.0.0.1:{sns_server.port}{trick}sns.us-east-1.amazonaws.com{CERT_PATH}"
+    before = count_rows()
+    response = post(signed_sns_message(cert_url, ses_notification(email_message(subject="Pay this invoice"))))
+    assert response.status_code == 401
+    assert sum(sns_server.requests.values()) == 0
+    assert count_rows() == before
+
+
+@pytest.mark.parametrize("trick", ["\\@", "%5C@", "#@", "@"])
+def test_a_subscribe_url_that_hides_its_host_is_not_visited(ses_mailbox, sns_server, trick):
+    """Finding 3, SubscribeURL: the same trick made an unauthenticated request to any host (here a server
+    counting its connections) from a validly signed confirmation."""
+    from tests.test_egress import CountingServer
+
+    victim = CountingServer()
+    try:
+        subscribe_url = (f"https://127.0.0.1:{victim.port}{trick}127.0.0.1/?Action=ConfirmSubscription"
+                         f"&TopicArn={SNS_TOPIC_ARN}&Token=tok")
+        message = signed_sns_message(sns_server.cert_url, kind="SubscriptionConfirmation",
+                                     subscribe_url=subscribe_url)
+        assert post(message).status_code == 401
+        assert victim.connections == 0 and sns_server.requests[CONFIRM_PATH] == 0
+    finally:
+        victim.stop()
 
 
 def test_certificate_over_plain_http_is_refused_without_fetching(ses_mailbox, sns_server, count_rows):

@@ -37,6 +37,8 @@ class ApiProvider(Provider):
     def close(self) -> None:
         if self._client is not None:
             self._client.session.close()
+            if self._client.tokens.session is not None:
+                self._client.tokens.session.close()
 
     def token_source(self, token_url: str, **options) -> TokenSource:
         """Access tokens for the mailbox's `credentials_ref`; `client_id` may come from its settings."""

@@ -7,6 +7,8 @@ Settings (`Mailbox.settings`): `host`, `port` (993 with ssl, else 143), `ssl`
 (default true), `starttls` (default false), `username`, `folder` (default
 INBOX); optional `batch_size` (200), `max_batch_bytes` (64 MiB), `overlap` (20),
 `sync_days` (7), `timeout` (60 s). `credentials_ref` resolves to the password.
+The host passes the egress guard (`intake.egress`): when the mailbox is saved, and when it is connected
+(`GuardedIMAPClient` resolves, checks every address and connects to the checked one; TLS keeps the name).
 
 The cursor (stored by the polling service only after the batch is committed):
 
@@ -37,8 +39,9 @@ import logging
 import ssl as ssl_module
 from datetime import date, datetime, timedelta
 
-from imapclient import IMAPClient, exceptions as imap_errors
+from imapclient import IMAPClient, exceptions as imap_errors, imap4, tls
 
+from intake.egress import IMAP_PORTS, EgressPolicy, EgressRefused, check_host, open_connection
 from intake.keys import message_id_from_raw, provider_message_id_for_raw
 from intake.logging import mask_address
 from intake.secrets import SecretUnavailable, resolve_secret
@@ -56,6 +59,39 @@ DEFAULT_TIMEOUT = 60.0
 # Login response codes (RFC 5530) that say "try later", not "wrong password".
 _TRANSIENT_LOGIN_CODES = (b"[UNAVAILABLE]", b"[INUSE]", b"[LIMIT]", b"[SERVERBUG]")
 _TRANSIENT_LOGIN_TEXT = tuple(code.decode() for code in _TRANSIENT_LOGIN_CODES)
+
+
+IMAP_HOST = EgressPolicy(purpose="IMAP host", ports=IMAP_PORTS)
+
+
+class _CheckedSocket:
+    """imaplib's socket hook (`_create_socket`), connecting through the egress guard: the name is resolved and
+    every address checked at connect time, and the socket goes to the checked address (the name stays for TLS)."""
+
+    def _create_socket(self, timeout=None):
+        timeout = timeout if timeout is not None else getattr(self, "_timeout", None)
+        sock = open_connection(self.host, self.port, policy=IMAP_HOST, timeout=timeout)
+        if isinstance(self, tls.IMAP4_TLS):
+            return tls.wrap_socket(sock, self.ssl_context, self.host)
+        return sock
+
+
+class _CheckedIMAP4(_CheckedSocket, imap4.IMAP4WithTimeout):
+    pass
+
+
+class _CheckedIMAP4TLS(_CheckedSocket, tls.IMAP4_TLS):
+    pass
+
+
+class GuardedIMAPClient(IMAPClient):
+    """IMAPClient whose connection goes through the egress guard (imapclient 3/4 build it in `_create_IMAP4`)."""
+
+    def _create_IMAP4(self):
+        connect_timeout = getattr(self._timeout, "connect", None)
+        if self.ssl:
+            return _CheckedIMAP4TLS(self.host, self.port, self.ssl_context, connect_timeout)
+        return _CheckedIMAP4(self.host, self.port, connect_timeout)
 
 
 def _text(value) -> str:
@@ -99,8 +135,12 @@ class ImapProvider(Provider):
         except SecretUnavailable as exc:
             raise PermanentError("credentials", f"password reference: {exc}") from None
         try:
-            client = IMAPClient(self.host, port=self.port, ssl=self.use_ssl, timeout=self.timeout,
-                                ssl_context=ssl_module.create_default_context() if self.use_ssl else None)
+            # Checked here for a clear refusal, and again by the connection itself (against DNS rebinding).
+            check_host(self.host, self.port, purpose=IMAP_HOST.purpose, policy=IMAP_HOST)
+            client = GuardedIMAPClient(self.host, port=self.port, ssl=self.use_ssl, timeout=self.timeout,
+                                       ssl_context=ssl_module.create_default_context() if self.use_ssl else None)
+        except EgressRefused as exc:
+            raise PermanentError("settings", str(exc)) from None
         except (OSError, imaplib.IMAP4.error) as exc:  # refused, unreachable, TLS, timeout, greeting
             raise TransientError("connection", f"{type(exc).__name__}: {exc}") from None
         try:

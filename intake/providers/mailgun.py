@@ -10,13 +10,15 @@ from `body-mime`, which Mailgun sends when the forward URL ends in "mime".
 import hashlib
 import hmac
 import time
-from urllib.parse import urlsplit
 
 import requests
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
+from intake.egress import EgressRefused, guarded_session
 from intake.http import json_or_empty, parse_retry_after
 from intake.keys import provider_message_id_for_raw
 from intake.models import WebhookNonce
@@ -35,6 +37,16 @@ from .base import (
 from .inbound import FormError, parse_form
 
 
+def _host(url: str) -> str:
+    """The host a request to `url` would reach (urllib3's parser, what makes the request); "" for a URL with
+    user information or a backslash."""
+    try:
+        parts = parse_url(str(url))
+    except LocationParseError:
+        return ""
+    return "" if parts.auth is not None or "\\" in str(url) else (parts.host or "")
+
+
 def mailgun_signature(signing_key: str, timestamp: str, token: str) -> str:
     return hmac.new(signing_key.encode(), f"{timestamp}{token}".encode(), hashlib.sha256).hexdigest()
 
@@ -47,6 +59,14 @@ class MailgunProvider(Provider):
     name = "mailgun"
     supports_webhook = True
     supports_polling = False
+
+    def __init__(self, mailbox):
+        super().__init__(mailbox)
+        self._session = None
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
 
     @property
     def supports_listing(self) -> bool:
@@ -94,17 +114,22 @@ class MailgunProvider(Provider):
         if not url.startswith(("http://", "https://")):
             url = base + url
         else:
-            host = urlsplit(url).hostname or ""
-            if host != urlsplit(base).hostname and not host.endswith(".mailgun.net"):
+            host = _host(url)
+            if not host or (host != _host(base) and not host.endswith(".mailgun.net")):
                 # The API key goes with the request: paging and storage links only to Mailgun.
                 raise PermanentError("configuration", "mailgun: refusing a link to another host")
         try:
             key = resolve_secret(self.mailbox.credentials_ref, tenant=self.mailbox.tenant, owner=self.mailbox)
         except SecretUnavailable as exc:
             raise PermanentError("credentials", f"mailgun API key: {exc}") from None
+        if self._session is None:
+            # api_base and the links are the mailbox's: through the egress guard (intake.egress).
+            self._session = guarded_session(purpose="mailgun api_base")
         try:
-            response = requests.get(url, params=params, auth=("api", key), headers={"Accept": accept},
-                                    timeout=(3.05, float(settings.get("timeout") or 30)))
+            response = self._session.get(url, params=params, auth=("api", key), headers={"Accept": accept},
+                                         timeout=(3.05, float(settings.get("timeout") or 30)))
+        except EgressRefused as exc:
+            raise PermanentError("configuration", str(exc)) from None
         except requests.RequestException as exc:
             raise TransientError("connection", type(exc).__name__) from None
         if response.status_code in (401, 403):

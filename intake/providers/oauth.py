@@ -24,11 +24,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import requests
-from requests.adapters import HTTPAdapter
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
+from intake.egress import EgressRefused, guarded_session
 from intake.failures import PermanentError, TransientError
 from intake.http import json_or_empty, parse_retry_after
 from intake.secrets import SecretUnavailable, resolve_secret
@@ -122,10 +123,14 @@ class TokenSource:
             _cache.pop(key, None)
 
     def _refresh(self, form: dict) -> tuple[str, float]:
-        session = self.session or requests
+        if self.session is None:
+            # The token URL is the mailbox's setting: through the egress guard, like the API it unlocks.
+            self.session = guarded_session(purpose="token_url")
         try:
-            response = session.post(self.token_url, data=form, timeout=self.timeout, allow_redirects=False,
+            response = self.session.post(self.token_url, data=form, timeout=self.timeout, allow_redirects=False,
                                     headers={"Accept": "application/json"})
+        except EgressRefused as exc:
+            raise PermanentError("configuration", str(exc)) from None
         except requests.RequestException as exc:
             raise network_error(exc, "token endpoint") from None
         body = json_or_empty(response)
@@ -157,17 +162,15 @@ class ApiClient:
         self.origin = _origin(self.api_base)
         self.tokens = tokens
         self.timeout = timeout
-        self.session = requests.Session()
-        no_retries = HTTPAdapter(max_retries=0)
-        self.session.mount("http://", no_retries)
-        self.session.mount("https://", no_retries)
+        # The API base and the token URL are the mailbox's settings: every call through the egress guard
+        # (intake.egress), checked at connect time; no automatic retries.
+        self.session = guarded_session(purpose="api_base", max_retries=0)
         self.session.headers.update({"User-Agent": "mailroom/1", **(headers or {})})
-        tokens.session = tokens.session or self.session
 
     def url(self, path_or_url: str) -> str:
         if path_or_url.startswith(("http://", "https://")):
             # The bearer token goes with every request: follow links only on the API's own origin.
-            if _origin(path_or_url) != self.origin:
+            if not self.origin or _origin(path_or_url) != self.origin:
                 raise PermanentError("configuration", f"{self.label}: refusing a link to another origin")
             return path_or_url
         return self.api_base + path_or_url
@@ -185,9 +188,11 @@ class ApiClient:
             try:
                 response = self.session.request(method, url, params=params, json=json_body, headers=request_headers,
                                                 timeout=self.timeout, allow_redirects=False)
+            except EgressRefused as exc:
+                raise PermanentError("configuration", str(exc)) from None
             except requests.RequestException as exc:
                 raise network_error(exc, self.label) from None
-            log.debug("%s: %s %s -> %s in %.0f ms", self.label, method, urlsplit(url).path, response.status_code,
+            log.debug("%s: %s %s -> %s in %.0f ms", self.label, method, _path(url), response.status_code,
                       (time.monotonic() - started) * 1000)
             if response.status_code == 401 and attempt == 1:
                 # Revoked or expired early: refresh once; a second 401 means the credentials are refused.
@@ -232,5 +237,17 @@ def error_code(response: requests.Response) -> str:
 
 
 def _origin(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}".lower()
+    """scheme://host:port as the request would reach it (urllib3's parser: what makes the request); "" for a
+    URL with user information or a backslash (the egress guard refuses those when it is sent)."""
+    try:
+        parts = parse_url(str(url))
+    except LocationParseError:
+        return ""
+    if parts.auth is not None or "\\" in str(url) or not parts.host:
+        return ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{parts.host}:{port}".lower()
+
+
+def _path(url: str) -> str:
+    return url.split("?", 1)[0].split("://", 1)[-1].partition("/")[2]

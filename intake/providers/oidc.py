@@ -17,6 +17,8 @@ import time
 import jwt
 import requests
 
+from intake.egress import EgressRefused, guarded_session
+
 log = logging.getLogger(__name__)
 
 JWKS_TTL_SECONDS = 3600
@@ -40,7 +42,11 @@ def clear_jwks_cache() -> None:
 
 def _fetch_keys(url: str) -> dict:
     try:
-        response = requests.get(url, timeout=JWKS_TIMEOUT, allow_redirects=False)
+        # A mailbox may name its JWKS URL: through the egress guard (intake.egress).
+        with guarded_session(purpose="jwks_url") as session:
+            response = session.get(url, timeout=JWKS_TIMEOUT, allow_redirects=False)
+    except EgressRefused as exc:
+        raise TokenInvalid(f"signing keys unavailable ({exc})") from None
     except requests.RequestException as exc:
         raise TokenInvalid(f"signing keys unavailable ({type(exc).__name__})") from None
     if response.status_code != 200:

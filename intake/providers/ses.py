@@ -9,7 +9,8 @@ naming it (the S3 action, for anything larger). SNS posts that notification to t
     s3_bucket          the bucket of the S3 action; a notification naming another bucket is refused
     s3_prefix          optional: the object key must start with it
     s3_region          optional: defaults to the topic's region
-    s3_endpoint_url    optional: an S3-compatible stand-in (tests, MinIO)
+    s3_endpoint_url    optional: an S3-compatible stand-in (tests, MinIO); the egress guard checks it
+                       when the mailbox is saved and, resolved, right before each S3 client is made
     s3_access_key_id   the access key id; its secret key is `Mailbox.credentials_ref`
 No `webhook_secret_ref`: SNS signs with its own certificate (`intake.providers.sns`).
 
@@ -32,6 +33,7 @@ import logging
 from django.conf import settings
 from django.http import JsonResponse
 
+from intake.egress import EgressRefused, check_url
 from intake.keys import provider_message_id_for_raw
 from intake.secrets import SecretUnavailable, resolve_secret
 
@@ -167,8 +169,17 @@ class SesProvider(Provider):
         except SecretUnavailable as exc:
             raise TransientError("credentials", f"S3 secret key: {exc}") from None
         region = str(self.settings.get("s3_region") or "") or _region_of(topic_arn) or "us-east-1"
+        endpoint_url = str(self.settings.get("s3_endpoint_url") or "") or None
+        if endpoint_url:
+            # The mailbox's own endpoint: the egress guard checks it (resolved) right before boto3 connects.
+            try:
+                check_url(endpoint_url, purpose="s3_endpoint_url")
+            except EgressRefused as exc:
+                raise PermanentError("configuration", str(exc)) from None
+            except OSError as exc:  # the name does not resolve (now)
+                raise TransientError("s3", f"s3_endpoint_url: {type(exc).__name__}") from None
         return boto3.session.Session().client(
-            "s3", region_name=region, endpoint_url=self.settings.get("s3_endpoint_url") or None,
+            "s3", region_name=region, endpoint_url=endpoint_url,
             aws_access_key_id=access_key_id, aws_secret_access_key=secret_key,
             config=Config(connect_timeout=S3_CONNECT_TIMEOUT_SECONDS, read_timeout=S3_READ_TIMEOUT_SECONDS,
                           retries={"max_attempts": 2, "mode": "standard"}),

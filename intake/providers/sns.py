@@ -9,6 +9,13 @@ message trusted, in the order checked (cheap and local first, the network last):
    (default `^sns\\.[a-z0-9-]+\\.amazonaws\\.com(\\.cn)?$`): the certificate is fetched only from SNS,
    so nobody can sign with a key of their own. Over HTTPS with the system's trust store (or
    `MAILROOM_SNS_CA_BUNDLE`), the TLS connection to that host is what vouches for the certificate.
+   The URL is read by urllib3's parser, which is what makes the request (not `urlsplit`, which reads
+   `https://attacker.example\\@sns...` as an SNS host that `requests` does not connect to), and refused
+   with a backslash, user information, whitespace, a control character, a fragment, a port other than 443
+   (outside MAILROOM_EGRESS_ALLOWED_NETWORKS) or another path than SNS's `/SimpleNotificationService-<hex>.pem`.
+   `SubscribeURL` follows the same host rule and SNS's shape,
+   `/?Action=ConfirmSubscription&TopicArn=<the topic>&Token=<the message's token>`. Both are fetched through
+   the egress guard (`intake.egress`), which checks every address at connect time.
 3. `TopicArn` is the mailbox's configured topic: SNS signs every topic's messages, anybody's included,
    so only our topic's are ours.
 4. `Timestamp` is at most `MAILROOM_SNS_MAX_AGE_SECONDS` old (default one hour, SNS's longest
@@ -27,7 +34,7 @@ import logging
 import re
 import threading
 from datetime import UTC, datetime
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs
 
 import requests
 from cryptography import x509
@@ -35,6 +42,16 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from django.conf import settings
+
+from intake.egress import (
+    HTTPS_ONLY,
+    HTTPS_PORTS,
+    EgressRefused,
+    check_url,
+    guarded_session,
+    is_allow_listed,
+    literal_address,
+)
 
 from .base import TransientError, WebhookRejected
 
@@ -77,17 +94,43 @@ def string_to_sign(message: dict) -> bytes:
     return "".join(lines).encode("utf-8")
 
 
-def check_sns_url(url: str, what: str) -> str:
-    """`url` if it is https:// on an SNS host (MAILROOM_SNS_CERT_HOST_PATTERN), else WebhookRejected."""
+CERTIFICATE_PATH = re.compile(r"/SimpleNotificationService-[0-9a-f]+\.pem")
+SUBSCRIBE_FIELDS = {"Action", "TopicArn", "Token"}
+
+
+def check_sns_url(url: str, what: str):
+    """`url` parsed (urllib3's `Url`) if it is https:// on an SNS host (MAILROOM_SNS_CERT_HOST_PATTERN) and
+    passes the egress guard's reading of it, else WebhookRejected. No DNS here: the fetch checks addresses."""
     try:
-        parts = urlsplit(str(url or ""))
-        host = (parts.hostname or "").lower()
-    except ValueError:
-        raise WebhookRejected(f"{what} is not a URL") from None
-    if parts.scheme != "https":
-        raise WebhookRejected(f"{what} is not https")
-    if not re.fullmatch(settings.MAILROOM_SNS_CERT_HOST_PATTERN, host):
+        parsed = check_url(str(url or ""), purpose=what, ports=HTTPS_PORTS, schemes=HTTPS_ONLY, resolve=False)
+    except EgressRefused as exc:
+        raise WebhookRejected(str(exc)) from None
+    if not re.fullmatch(settings.MAILROOM_SNS_CERT_HOST_PATTERN, parsed.host or ""):
         raise WebhookRejected(f"{what} is not on an SNS host")
+    address = literal_address(parsed.host)
+    if parsed.port not in (None, 443) and not (address is not None and is_allow_listed(address)):
+        # SNS serves on 443 only; another port only for a stand-in at an allow-listed address (tests).
+        raise WebhookRejected(f"{what} is not on port 443")
+    return parsed
+
+
+def check_certificate_url(url: str) -> str:
+    parsed = check_sns_url(url, "SigningCertURL")
+    if not CERTIFICATE_PATH.fullmatch(parsed.path or "") or parsed.query is not None:
+        raise WebhookRejected("SigningCertURL is not an SNS certificate (/SimpleNotificationService-<hex>.pem)")
+    return str(url)
+
+
+def check_subscribe_url(message: dict) -> str:
+    url = message.get("SubscribeURL")
+    parsed = check_sns_url(url, "SubscribeURL")
+    fields = parse_qs(parsed.query or "", keep_blank_values=True, strict_parsing=False)
+    shaped = (parsed.path == "/" and set(fields) == SUBSCRIBE_FIELDS and all(len(v) == 1 for v in fields.values())
+              and fields["Action"] == ["ConfirmSubscription"])
+    if not shaped:
+        raise WebhookRejected("SubscribeURL is not SNS's /?Action=ConfirmSubscription&TopicArn=...&Token=...")
+    if fields["TopicArn"] != [str(message.get("TopicArn"))] or fields["Token"] != [str(message.get("Token"))]:
+        raise WebhookRejected("SubscribeURL names another topic or token than the message")
     return str(url)
 
 
@@ -95,13 +138,20 @@ def _tls_verify():
     return settings.MAILROOM_SNS_CA_BUNDLE or True
 
 
+def _session() -> requests.Session:
+    return guarded_session(purpose="SNS", ports=HTTPS_PORTS, schemes=HTTPS_ONLY)
+
+
 def _fetch_certificate(url: str) -> rsa.RSAPublicKey:
     try:
-        with requests.get(url, timeout=settings.MAILROOM_SNS_TIMEOUT_SECONDS, verify=_tls_verify(),
-                          allow_redirects=False, stream=True) as response:
+        with _session() as session, session.get(url, timeout=settings.MAILROOM_SNS_TIMEOUT_SECONDS,
+                                                verify=_tls_verify(), allow_redirects=False,
+                                                stream=True) as response:
             if response.status_code != 200:
                 raise TransientError("certificate", f"SNS signing certificate: HTTP {response.status_code}")
             pem = response.raw.read(MAX_CERTIFICATE_BYTES + 1, decode_content=True)
+    except EgressRefused as exc:
+        raise WebhookRejected(str(exc)) from None
     except requests.RequestException as exc:
         raise TransientError("certificate", f"SNS signing certificate: {type(exc).__name__}") from None
     if len(pem) > MAX_CERTIFICATE_BYTES:
@@ -152,7 +202,7 @@ def verify(message: dict, topic_arn: str, now: datetime | None = None) -> None:
     hash_class = SIGNATURE_HASHES.get(str(message.get("SignatureVersion")))
     if hash_class is None:
         raise WebhookRejected("unsupported SNS SignatureVersion")
-    url = check_sns_url(message.get("SigningCertURL"), "SigningCertURL")
+    url = check_certificate_url(message.get("SigningCertURL"))
     if not topic_arn or message.get("TopicArn") != topic_arn:
         raise WebhookRejected("SNS message of another topic")
     _check_timestamp(message.get("Timestamp"), now or datetime.now(UTC))
@@ -168,10 +218,13 @@ def verify(message: dict, topic_arn: str, now: datetime | None = None) -> None:
 
 def confirm_subscription(message: dict) -> None:
     """Visit the (verified) message's SubscribeURL, itself restricted to SNS hosts: SNS then starts delivering."""
-    url = check_sns_url(message.get("SubscribeURL"), "SubscribeURL")
+    url = check_subscribe_url(message)
     try:
-        response = requests.get(url, timeout=settings.MAILROOM_SNS_TIMEOUT_SECONDS, verify=_tls_verify(),
-                                allow_redirects=False)
+        with _session() as session:
+            response = session.get(url, timeout=settings.MAILROOM_SNS_TIMEOUT_SECONDS, verify=_tls_verify(),
+                                   allow_redirects=False)
+    except EgressRefused as exc:
+        raise WebhookRejected(str(exc)) from None
     except requests.RequestException as exc:
         raise TransientError("subscription", f"SNS SubscribeURL: {type(exc).__name__}") from None
     if response.status_code != 200:

@@ -1,8 +1,13 @@
 """Destination adapters, one module per kind. `adapter_for` picks the one a destination needs;
-`ticket_url_for` asks it where a person opens one of its tickets."""
+`ticket_url_for` asks it where a person opens one of its tickets; `egress_errors` checks its URLs against
+the egress guard when it is saved; `connection_report` is "test connection" in words safe to show."""
+import re
+from dataclasses import dataclass
 from importlib import import_module
 
-from .base import DestinationAdapter
+from intake.egress import url_problem
+
+from .base import AmbiguousOutcome, DestinationAdapter, PermanentError, TransientError
 
 _ADAPTERS = {
     "builtin": "ticketing.destinations.builtin.BuiltinDestination",
@@ -56,3 +61,58 @@ def ticket_url_for(destination, ticket_id) -> str:
     except LookupError:
         return ""
     return adapter.ticket_url(ticket_id)
+
+
+def egress_errors(kind: str, base_url: str, settings) -> dict[str, list[str]]:
+    """{field: [messages]} for the URLs of a destination the egress guard refuses (intake.egress), checked
+    without DNS (saving never waits on a resolver; each connection is checked again when it is made)."""
+    try:
+        adapter = adapter_class(kind)
+    except LookupError:
+        return {}
+    errors: dict[str, list[str]] = {}
+    if base_url:
+        problem = url_problem(base_url, purpose="base_url")
+        if problem:
+            errors["base_url"] = [problem]
+    settings = settings if isinstance(settings, dict) else {}
+    for name in adapter.fetched_url_settings:
+        value = settings.get(name)
+        if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+            continue  # a path is relative to base_url, checked above
+        # A URL template: each {placeholder} stands for a URL-quoted value, never an authority of its own.
+        problem = url_problem(re.sub(r"\{[A-Za-z_]*\}", "x", value), purpose=name)
+        if problem:
+            errors.setdefault("settings", []).append(problem)
+    return errors
+
+
+MAX_REPORT_CHARS = 300
+
+
+@dataclass(frozen=True)
+class ConnectionReport:
+    ok: bool
+    text: str
+    tested: bool = True  # False: the kind has no way to test its connection
+
+
+def connection_report(destination) -> ConnectionReport:
+    """"Test connection" (the adapter's `check_connection`), in words safe to show to whoever asked: an answer
+    the destination gave is named by its status and our reason only, never by its body (which an internal
+    service could fill with anything); our own findings (a refused URL, a missing field) are shown."""
+    try:
+        said = adapter_for(destination).check_connection()
+    except (TransientError, PermanentError, AmbiguousOutcome) as exc:
+        status = getattr(exc, "http_status", None)
+        if status is not None:
+            return ConnectionReport(False, f"failed ({exc.kind}: {exc.reason}), the destination answered HTTP {status}")
+        return ConnectionReport(False, _shown(f"failed ({exc.kind}: {exc.reason}) {exc.detail}".strip()))
+    except (LookupError, NotImplementedError):
+        return ConnectionReport(False, "this kind cannot test its connection", tested=False)
+    return ConnectionReport(True, _shown(f"OK, {said}"))
+
+
+def _shown(text: str) -> str:
+    """One line of printable text, capped."""
+    return re.sub(r"[\x00-\x1f\x7f<>]+", " ", str(text))[:MAX_REPORT_CHARS]

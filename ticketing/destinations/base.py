@@ -84,6 +84,9 @@ class DestinationAdapter:
     # The kind needs a base URL / a credentials reference to work (the admin says so when missing).
     needs_base_url = True
     needs_credentials = True
+    # The settings that hold an absolute URL (or URL template) the adapter calls: checked by the egress guard
+    # when the destination is saved (`ticketing.destinations.egress_errors`), and again at connect time.
+    fetched_url_settings: tuple[str, ...] = ()
 
     def __init__(self, destination):
         self.destination = destination

@@ -1,5 +1,7 @@
 """What every destination reached over HTTP shares: one `requests` session without automatic retries,
-tenant-scoped credentials, and the mapping of each HTTP outcome to exactly one failure kind.
+behind the egress guard (`intake.egress`: every address checked as it is connected; a refusal is a
+PermanentError configuration, nothing sent), tenant-scoped credentials, and the mapping of each HTTP
+outcome to exactly one failure kind (marked with its status: "test connection" shows that, never a body).
 
 A subclass says how it authenticates (`auth_for`), may answer a status of its own first
 (`special_error`), and builds its payloads; the intent state machine decides what a failure
@@ -10,9 +12,9 @@ import logging
 import time
 
 import requests
-from requests.adapters import HTTPAdapter
 from urllib3.exceptions import NewConnectionError
 
+from intake.egress import EgressRefused, guarded_session
 from intake.http import json_or_empty, parse_retry_after
 from intake.logging import mask_address
 from intake.secrets import SecretUnavailable, forget, resolve_secret
@@ -38,11 +40,10 @@ class HttpDestination(DestinationAdapter):
         self.settings = settings
         self.base_url = (destination.base_url or "").rstrip("/")
         self.timeout = (float(settings.get("connect_timeout", 3.05)), float(settings.get("read_timeout", 10)))
-        self.session = requests.Session()
-        # No automatic retries: every retry is decided (and recorded) by the intent state machine.
-        no_retries = HTTPAdapter(max_retries=0)
-        self.session.mount("http://", no_retries)
-        self.session.mount("https://", no_retries)
+        # Every URL of a destination is the tenant's: through the egress guard (intake.egress), which checks
+        # each address at connect time. No automatic retries: every retry is decided (and recorded) by the
+        # intent state machine.
+        self.session = guarded_session(purpose=f"destination {destination.slug or self.name}", max_retries=0)
         self.session.headers.update({"Accept": "application/json", "User-Agent": f"mailroom-{self.name}/1"})
 
     @property
@@ -95,6 +96,8 @@ class HttpDestination(DestinationAdapter):
                 response = self.session.request(method, self.url(path), json=json_body, params=params, data=data,
                                                 headers={**extra, **auth_headers}, auth=auth, timeout=self.timeout,
                                                 allow_redirects=False)
+            except EgressRefused as exc:
+                raise egress_refusal(exc) from None
             except requests.RequestException as exc:
                 raise self.network_error(exc, write) from exc
             log.debug("%s: %s %s -> %s in %.0f ms", self.name, method, path.split("?")[0], response.status_code,
@@ -132,6 +135,11 @@ class HttpDestination(DestinationAdapter):
         return None
 
     def http_error(self, response: requests.Response, write: bool, retry_safe: bool | None = None):
+        """The failure a response means, marked with its status (`answered_with`): its detail may quote the
+        body, which "test connection" never shows."""
+        return answered_with(self.mapped_error(response, write, retry_safe), response.status_code)
+
+    def mapped_error(self, response: requests.Response, write: bool, retry_safe: bool | None = None):
         status = response.status_code
         retry_safe = self.retry_safe if retry_safe is None else retry_safe
         body = json_or_empty(response)
@@ -157,6 +165,17 @@ class HttpDestination(DestinationAdapter):
         if status == 404:
             return PermanentError(ReasonCode.NOT_FOUND, f"HTTP {status}")
         return PermanentError(ReasonCode.REJECTED, f"HTTP {status}")
+
+
+def egress_refusal(exc: EgressRefused) -> PermanentError:
+    """A URL the egress guard refused: nothing was sent, and a retry cannot help (an admin must fix the URL)."""
+    return PermanentError(ReasonCode.CONFIGURATION, str(exc))
+
+
+def answered_with(error, status: int):
+    """`error`, marked as the reading of an HTTP answer with `status` (its detail may quote the body)."""
+    error.http_status = status
+    return error
 
 
 def nothing_sent(exc: requests.RequestException) -> bool:

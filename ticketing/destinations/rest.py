@@ -5,7 +5,14 @@ is read from the answer at `id_path`. A URL template may be absolute or relative
 its {placeholders} are URL-quoted. The body is Django's template language, rendered by a restricted
 engine (`rest_templates`) with every value escaped as JSON string content: write `"{{ subject }}"`
 inside quotes. It must render valid JSON, else nothing is sent (PermanentError configuration);
-`TicketRequest.fields` are merged last into a JSON object body.
+`TicketRequest.fields` are merged last into a JSON object body. A render is bounded in time and output
+(MAILROOM_REST_TEMPLATE_SECONDS, MAILROOM_REST_TEMPLATE_MAX_CHARS; past either: PermanentError configuration,
+nothing sent), and a template that could outgrow them is refused when saved (`rest_templates`).
+
+Every URL is called through the egress guard (`intake.egress`, via `HttpDestination`); the absolute ones
+among the settings are checked when the destination is saved (`fetched_url_settings`). An id read from an
+answer (`id_path`, `lookup_id_path`, `comment_id_path`) is stored and shown, so it must be at most 200
+printable characters without spaces, quotes or markup (`usable_ticket_id`); anything else is refused.
 
 How a lost answer is settled is whatever the admin declares, and nothing else:
     idempotency_header   the API keeps this header's key and answers a replay with the original
@@ -38,6 +45,7 @@ Nothing logged here contains a ticket body, a header value or a full email addre
 import email.utils
 import json
 import logging
+import re
 import uuid
 
 from intake.vocabulary import ReasonCode
@@ -78,6 +86,7 @@ class RestDestination(HttpDestination):
     name = "rest"
     needs_base_url = False      # every URL template may be absolute
     needs_credentials = False   # an internal API may need none
+    fetched_url_settings = ("create_url", "lookup_url_template", "comment_url_template", "check_url")
 
     SETTINGS = {
         **HTTP_SETTINGS,
@@ -153,7 +162,11 @@ class RestDestination(HttpDestination):
             return None
         if isinstance(found, bool) or not isinstance(found, (str, int)):
             raise PermanentError(ReasonCode.CONFIGURATION, "lookup_id_path does not lead to an id")
-        return TicketResult(ticket_id=str(found), url=self.ticket_url(found))
+        ticket_id = usable_ticket_id(found)
+        if ticket_id is None:
+            raise PermanentError(ReasonCode.CONFIGURATION, f"the value at lookup_id_path is not a usable ticket id "
+                                                           f"({TICKET_ID_RULE})")
+        return TicketResult(ticket_id=ticket_id, url=self.ticket_url(ticket_id))
 
     def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
         if not (self.settings.get("comment_url_template") and self.settings.get("comment_body_template")):
@@ -234,7 +247,13 @@ class RestDestination(HttpDestination):
         found = at_path(self._document(response, write=True), self.settings[setting])
         if isinstance(found, bool) or not isinstance(found, (str, int)) or found == "":
             return None
-        return str(found)
+        ticket_id = usable_ticket_id(found)
+        if ticket_id is None:
+            # It answered 2xx, so the record probably exists; what it calls its id cannot be stored or shown.
+            raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE,
+                                   f"HTTP {response.status_code}: the value at {self.settings[setting]} is not a "
+                                   f"usable id ({TICKET_ID_RULE})")
+        return ticket_id
 
     def auth_for(self, secret):
         headers = {}
@@ -248,6 +267,20 @@ class RestDestination(HttpDestination):
                 template = template.replace("{secret}", secret)
             headers[name] = template
         return None, headers
+
+
+# What an API's answer may give us as a ticket (or comment) id: it is stored, shown in the console and put
+# into URLs, so it is short printable text without spaces, quotes or markup.
+MAX_TICKET_ID_CHARS = 200
+TICKET_ID = re.compile(rf"[!#$%()*+,\-./0-9:;=?@A-Z\[\]^_a-z{{|}}~]{{1,{MAX_TICKET_ID_CHARS}}}")
+TICKET_ID_RULE = (f"at most {MAX_TICKET_ID_CHARS} printable ASCII characters, without spaces, quotes, "
+                  "backslashes or < > &")
+
+
+def usable_ticket_id(value) -> str | None:
+    """`value` as a ticket id, or None when it breaks TICKET_ID_RULE."""
+    text = str(value)
+    return text if TICKET_ID.fullmatch(text) else None
 
 
 def body_context(request: TicketRequest, route: dict, idempotency_key: str, external_ref: str) -> dict:

@@ -2,14 +2,28 @@
 bodies in Django's template language, rendered by a restricted engine, and dotted paths into answers.
 
 Templates come from admins, so the engine has no loaders, no {% load %}, no {% include %}, no
-{% debug %}, {% url %}, {% csrf_token %} or {% now %}, and no `random` filter (a retry must send the
-very same body). Every string value is inserted as JSON string content: `json.dumps(value)[1:-1]`.
+{% debug %}, {% url %}, {% csrf_token %} or {% now %}, no `random` filter (a retry must send the
+very same body), and none of the filters whose argument sets the size of what they build (`ljust:30000000`,
+`rjust`, `center`, `stringformat`, `floatformat`) or whose time grows badly on hostile text (`urlize`);
+`join` first checks what it would build. Every string value is inserted as JSON string content:
+`json.dumps(value)[1:-1]`.
+
+A render is bounded (`RenderBudget`): MAILROOM_REST_TEMPLATE_SECONDS of time and
+MAILROOM_REST_TEMPLATE_MAX_CHARS of output beyond eight times the request's own text, checked as every node of
+the template renders; past either, `TemplateProblem` and nothing is sent. When a template is saved it must
+render within those limits for a sample request, and for a stress request whose every text is 20 000
+characters (what grows with the square of the description, such as a loop over it that prints it, fails
+there), and it may not nest {% for %} loops.
 """
 import json
 import re
+import time
+from contextvars import ContextVar
 from urllib.parse import quote
 
+from django.conf import settings
 from django.template import Context, Engine, Library, TemplateSyntaxError, defaultfilters, defaulttags
+from django.template.defaulttags import ForNode
 from django.utils.safestring import mark_safe
 
 from .settings import Url
@@ -17,10 +31,64 @@ from .settings import Url
 PLACEHOLDER = re.compile(r"\{([A-Za-z_]*)\}")
 DOTTED_PATH = r"[A-Za-z0-9_$@-]+(?:\.[A-Za-z0-9_$@-]+)*"
 MAX_TEMPLATE_CHARS = 20_000
+STRESS_CHARS = 20_000
+# Output allowed per character of the request's own text (JSON escaping makes a control character six).
+OUTPUT_PER_INPUT_CHAR = 8
 
 SAFE_TAGS = ("comment", "cycle", "filter", "firstof", "for", "if", "ifchanged", "spaceless", "templatetag",
              "verbatim", "with", "widthratio")
-UNSAFE_FILTERS = ("random",)
+REFUSED_FILTERS = {
+    "random": "a retry must send the very same body",
+    "ljust": "its argument sets the size of the text it builds",
+    "rjust": "its argument sets the size of the text it builds",
+    "center": "its argument sets the size of the text it builds",
+    "stringformat": "its argument sets the size of the text it builds",
+    "floatformat": "its argument sets the size of the text it builds",
+    "urlize": "it is slow on hostile text",
+    "urlizetrunc": "it is slow on hostile text",
+}
+
+
+class TemplateProblem(Exception):
+    """A template that does not compile, render or give JSON; the message names neither values nor bodies."""
+
+
+class RenderBudget:
+    """The time and the output one render may take; `check` raises TemplateProblem past either."""
+
+    def __init__(self, *, seconds: float, max_chars: int):
+        self.seconds, self.max_chars = seconds, max_chars
+        self.deadline = time.monotonic() + seconds
+        self.left = max_chars
+        self.exceeded: str | None = None
+
+    def check(self, spend: int = 0) -> None:
+        self.left -= spend
+        if self.exceeded is None and self.left < 0:
+            self.exceeded = f"the template rendered more than {self.max_chars} characters"
+        if self.exceeded is None and time.monotonic() > self.deadline:
+            self.exceeded = f"the template took longer than {self.seconds:g} s to render"
+        if self.exceeded:
+            raise TemplateProblem(self.exceeded)  # and again at every node, should a tag swallow it
+
+
+_budget: ContextVar[RenderBudget | None] = ContextVar("rest_template_budget", default=None)
+
+
+def _bounded_join(value, arg, autoescape=True):
+    """`join`, refusing first what would outgrow the render's budget."""
+    budget = _budget.get()
+    if budget is not None:
+        try:
+            size = sum(len(str(item)) for item in value) + len(str(arg)) * max(0, len(value) - 1)
+        except TypeError:
+            size = 0  # not a sequence: join gives it back as it is
+        budget.check(0 if size <= budget.left else budget.left + 1)
+    return defaultfilters.join(value, arg, autoescape=autoescape)
+
+
+_bounded_join.is_safe = getattr(defaultfilters.join, "is_safe", False)
+_bounded_join.needs_autoescape = True
 
 
 class _AdminEngine(Engine):
@@ -31,7 +99,8 @@ def _engine() -> Engine:
     library = Library()
     library.tags.update({name: defaulttags.register.tags[name] for name in SAFE_TAGS})
     library.filters.update({name: function for name, function in defaultfilters.register.filters.items()
-                            if name not in UNSAFE_FILTERS})
+                            if name not in REFUSED_FILTERS})
+    library.filters["join"] = _bounded_join
     engine = _AdminEngine(loaders=[], libraries={}, autoescape=False)
     engine.template_builtins = [library]
     return engine
@@ -42,10 +111,6 @@ ENGINE = _engine()
 
 class RawJson(str):
     """JSON text made by us (`tags_json`): inserted as is."""
-
-
-class TemplateProblem(Exception):
-    """A template that does not compile, render or give JSON; the message names neither values nor bodies."""
 
 
 def json_text(value) -> str:
@@ -64,16 +129,80 @@ def json_text(value) -> str:
     return json_text(str(value))
 
 
-def render_json(source: str, context: dict):
-    """The template rendered with every value JSON-escaped, parsed as JSON. Raises TemplateProblem."""
+def _children(node):
+    for name in node.child_nodelists:
+        yield from getattr(node, name, None) or ()
+
+
+def _all_nodes(nodelist):
+    for node in nodelist:
+        yield node
+        yield from _all_nodes(list(_children(node)))
+
+
+def _bound(node) -> None:
+    """Make `node` check the budget each time it renders; a leaf (text, a variable, a leaf tag) also spends
+    what it output: everything a template outputs comes from its leaves."""
+    render = node.render_annotated
+    leaf = not any(True for _ in _children(node))
+
+    def render_annotated(context):
+        budget = _budget.get()
+        if budget is not None:
+            budget.check()
+        output = render(context)
+        if budget is not None and leaf:
+            budget.check(len(output))
+        return output
+
+    node.render_annotated = render_annotated
+
+
+def compile_template(source: str):
+    """The template compiled by the restricted engine, every node bounded. Raises TemplateProblem."""
     try:
         template = ENGINE.from_string(source)
+    except TemplateSyntaxError as exc:
+        refused = re.match(r"Invalid filter: '(\w+)'", str(exc))
+        if refused and refused.group(1) in REFUSED_FILTERS:
+            name = refused.group(1)
+            raise TemplateProblem(f"the filter {name} is not allowed: {REFUSED_FILTERS[name]}") from None
+        raise TemplateProblem(f"template syntax error: {exc}") from None
+    for node in _all_nodes(template.nodelist):
+        _bound(node)
+    return template
+
+
+def input_chars(context: dict) -> int:
+    """The request's own text in `context`, in characters."""
+    total = 0
+    for value in context.values():
+        items = value if isinstance(value, (list, tuple)) else (value,)
+        total += sum(len(str(item)) for item in items)
+    return total
+
+
+def render_json(source: str, context: dict, *, seconds: float | None = None, max_chars: int | None = None):
+    """The template rendered with every value JSON-escaped, within the render budget, parsed as JSON.
+    Raises TemplateProblem."""
+    template = compile_template(source)
+    seconds = settings.MAILROOM_REST_TEMPLATE_SECONDS if seconds is None else seconds
+    if max_chars is None:
+        max_chars = settings.MAILROOM_REST_TEMPLATE_MAX_CHARS + OUTPUT_PER_INPUT_CHAR * input_chars(context)
+    budget = RenderBudget(seconds=seconds, max_chars=max_chars)
+    token = _budget.set(budget)
+    try:
         text = template.render(Context({name: json_text(value) for name, value in context.items()},
                                        autoescape=False))
+        budget.check()  # a tag may have swallowed the budget's exception: it stays exceeded
+    except TemplateProblem:
+        raise
     except TemplateSyntaxError as exc:
         raise TemplateProblem(f"template syntax error: {exc}") from None
-    except (TypeError, ValueError, ArithmeticError) as exc:
+    except (TypeError, ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
         raise TemplateProblem(f"the template failed to render ({type(exc).__name__})") from None
+    finally:
+        _budget.reset(token)
     try:
         return json.loads(text)
     except ValueError as exc:
@@ -105,17 +234,40 @@ def at_path(document, path: str):
 
 # --- Settings checks (ticketing.destinations.settings.Anything) ---------------------------------------
 
+def stressed(sample: dict) -> dict:
+    """`sample` with every text repeated to STRESS_CHARS long (lists and our own JSON as they are)."""
+    def long(value):
+        if isinstance(value, RawJson) or not isinstance(value, str) or not value:
+            return value
+        unit = value + " "
+        return (unit * (STRESS_CHARS // len(unit) + 1))[:STRESS_CHARS]
+    return {name: long(value) for name, value in sample.items()}
+
+
 def json_template_check(sample: dict):
-    """A check for a JSON body template: it compiles, and renders valid JSON for a sample request."""
+    """A check for a JSON body template: it compiles without refused filters or nested loops, renders valid
+    JSON for a sample request, and stays within the render budget for a stress request."""
+    stress = stressed(sample)
+
     def errors(value) -> list[str]:
         if not isinstance(value, str) or not value.strip():
             return ["must be a template (text)"]
         if len(value) > MAX_TEMPLATE_CHARS:
             return [f"must be at most {MAX_TEMPLATE_CHARS} characters"]
         try:
+            template = compile_template(value)
+        except TemplateProblem as exc:
+            return [str(exc)]
+        if any(node.get_nodes_by_type(ForNode)[1:] for node in template.nodelist.get_nodes_by_type(ForNode)):
+            return ["nested {% for %} loops are not allowed: what they render grows with the square of the text"]
+        try:
             render_json(value, sample)
         except TemplateProblem as exc:
             return [f"{exc} (rendered for a sample request)"]
+        try:
+            render_json(value, stress)
+        except TemplateProblem as exc:
+            return [f"{exc} (rendered for a request whose texts are {STRESS_CHARS} characters long)"]
         return []
     return errors
 

@@ -42,11 +42,12 @@ from urllib.parse import quote
 
 import requests
 
+from intake.egress import EgressRefused
 from intake.http import parse_retry_after
 from intake.vocabulary import ReasonCode
 
 from .base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
-from .http import HttpDestination, field_errors, json_object
+from .http import HttpDestination, answered_with, egress_refusal, field_errors, json_object
 from .settings import HTTP_SETTINGS, Flag, Mapping, Text, Url
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class SalesforceDestination(HttpDestination):
     upsert = True
     consistent_lookup = True
     max_description_chars = 32_000
+
+    fetched_url_settings = ("login_url",)
 
     SETTINGS = {
         **HTTP_SETTINGS,
@@ -237,6 +240,8 @@ class SalesforceDestination(HttpDestination):
         try:
             response = self.session.post(self.login_url + TOKEN_PATH, data=form, timeout=self.timeout,
                                          allow_redirects=False)
+        except EgressRefused as exc:
+            raise egress_refusal(exc) from None
         except requests.RequestException as exc:
             raise self.network_error(exc, write=False) from exc  # nothing is written by a token request
         body = {}
@@ -250,9 +255,11 @@ class SalesforceDestination(HttpDestination):
                      self.destination.slug or "-")
             return str(body["access_token"])
         if response.status_code == 429 or response.status_code >= 500:
-            raise TransientError(ReasonCode.UNAVAILABLE, f"token endpoint: HTTP {response.status_code}")
+            raise answered_with(TransientError(ReasonCode.UNAVAILABLE, f"token endpoint: HTTP {response.status_code}"),
+                                response.status_code)
         error = str(body.get("error") or f"HTTP {response.status_code}")[:100]
-        raise PermanentError(ReasonCode.CREDENTIALS, f"token endpoint refused: {error}")
+        raise answered_with(PermanentError(ReasonCode.CREDENTIALS, f"token endpoint refused: {error}"),
+                            response.status_code)
 
     # --- Error mapping ------------------------------------------------------
 
