@@ -44,7 +44,7 @@ from intake import polling
 from intake.models import Mailbox, Tenant
 tenant = Tenant.objects.get(slug="bench")
 mailbox = Mailbox.objects.create(
-    tenant=tenant, slug=os.environ["BENCH_SLUG"], address=os.environ["BENCH_USER"], provider="imap",
+    tenant=tenant, slug=os.environ["BENCH_SLUG"], address=os.environ["BENCH_SLUG"] + "@bench.test", provider="imap",
     poll_enabled=False, credentials_ref="env:" + os.environ["BENCH_PASSWORD_VAR"],
     webhook_secret_ref="env:BENCH_SECRET",
     settings={"host": "127.0.0.1", "port": int(os.environ["BENCH_PORT"]), "ssl": False,

@@ -3,7 +3,7 @@ from django.http import Http404
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from . import retention
+from . import retention, secret_policy
 from .logging import mask_address
 from .models import (
     AuditEvent,
@@ -14,10 +14,10 @@ from .models import (
     ProviderSubscription,
     SecretResolution,
     Tenant,
+    VerifiedDomain,
     WebhookNonce,
     WebhookRejectionCount,
 )
-from .secrets import allowed_forms, platform_refs
 from .selectors import visible_tenants
 
 
@@ -64,42 +64,101 @@ class TenantScopedAdminMixin:
 
 
 class PlatformSecretsForSuperusersMixin:
-    """Only a superuser may point a row at a platform secret (MAILROOM_PLATFORM_SECRET_REFS); tenant staff
-    may keep one already there. The model's clean() refuses whatever is outside the tenant's scope."""
-
-    secret_ref_fields = ()
+    """The secret rule (intake.secret_policy) on the admin form: only a superuser may point a row at a platform
+    secret or change where a row holding one sends it. A reference field `<name>` may have a form field
+    `confirm_<name>`: typed in and equal to it, the reference counts as entered again (a base_url move).
+    The model's clean() refuses whatever is outside the row's scope (intake.secrets)."""
 
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)
-        if request.user.is_superuser:
-            return form
-        fields = self.secret_ref_fields
+        actor = request.user
 
-        class TenantSecretsOnly(form):
+        class SecretRules(form):
             def clean(self):
                 data = super().clean()
-                tenant = data.get("tenant") or getattr(self.instance, "tenant", None)
-                for name in fields:
-                    ref = data.get(name)
-                    if ref and ref in platform_refs() and ref != getattr(self.instance, name):
-                        self.add_error(name, "Only a superuser may use a platform secret reference. "
-                                             f"Allowed: {allowed_forms(tenant)}.")
+                holder = secret_policy.holder_for(self.instance)
+                changes = {name: data[name] for name in (*holder.ref_fields, *holder.guarded_fields) if name in data}
+                reentered = [name for name in holder.ref_fields
+                             if data.get(f"confirm_{name}") and data.get(f"confirm_{name}") == data.get(name)]
+                try:
+                    secret_policy.check_secret_change(actor=actor, row=self.instance,
+                                                      before=secret_policy.stored_values(self.instance),
+                                                      changes=changes, reentered=reentered)
+                except secret_policy.SecretChangeRefused as refused:
+                    for name, messages in refused.message_dict.items():
+                        for message in messages:
+                            self.add_error(name if name in self.fields else None, message)
                 return data
 
-        return TenantSecretsOnly
+        return SecretRules
+
+
+class SuperusersEditDomainsMixin:
+    """Verified domains are the platform's word on who owns a domain: only a superuser adds, changes or
+    removes one (the model grants no add/change/delete permission to give); tenant staff who may see their
+    mailboxes see their tenants' domains."""
+
+    def has_add_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None):
+        user = request.user
+        return user.is_superuser or user.has_perm("intake.view_verifieddomain") or user.has_perm("intake.view_mailbox")
+
+
+class VerifiedDomainInline(SuperusersEditDomainsMixin, admin.TabularInline):
+    model = VerifiedDomain
+    fields = ("domain", "verified_by", "created_at")
+    readonly_fields = ("verified_by", "created_at")
+    extra = 0
 
 
 @admin.register(Tenant)
 class TenantAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     tenant_path = "pk"
-    list_display = ("slug", "name")
-    search_fields = ("slug", "name")
+    list_display = ("slug", "name", "domains")
+    search_fields = ("slug", "name", "verified_domains__domain")
     filter_horizontal = ("members",)
+    inlines = [VerifiedDomainInline]
+
+    @admin.display(description="verified domains")
+    def domains(self, obj):
+        return ", ".join(d.domain for d in obj.verified_domains.all()) or "—"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("verified_domains")
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is VerifiedDomain:
+            for row in formset.save(commit=False):
+                row.verified_by = row.verified_by or request.user.get_username()
+                row.save()
+            for row in formset.deleted_objects:
+                row.delete()
+            return
+        super().save_formset(request, form, formset, change)
+
+
+@admin.register(VerifiedDomain)
+class VerifiedDomainAdmin(SuperusersEditDomainsMixin, TenantScopedAdminMixin, admin.ModelAdmin):
+    list_display = ("domain", "tenant", "verified_by", "created_at")
+    list_filter = (("tenant", admin.RelatedOnlyFieldListFilter),)
+    search_fields = ("domain",)
+    readonly_fields = ("verified_by", "created_at")
+
+    def save_model(self, request, obj, form, change):
+        obj.verified_by = obj.verified_by or request.user.get_username()
+        super().save_model(request, obj, form, change)
 
 
 @admin.register(Mailbox)
 class MailboxAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, admin.ModelAdmin):
-    secret_ref_fields = ("webhook_secret_ref", "credentials_ref")
     list_display = ("slug", "tenant", "address", "provider", "poll_enabled", "paused", "health_status",
                     "last_polled_at")
     list_filter = ("provider", "poll_enabled", "paused", "health", ("tenant", admin.RelatedOnlyFieldListFilter))
@@ -108,7 +167,25 @@ class MailboxAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, ad
     exclude = ("health",)
     actions = ("poll_now", "reset_health")
 
-    _HEALTH_COLOURS = {"ok": "#1a7f37", "backoff": "#9a6700", "credentials_invalid": "#cf222e"}
+    class Media:
+        css = {"all": ("intake/admin.css",)}  # the health colours: a class, no inline style (the CSP)
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name in ("address", "allowed_recipients") and field is not None:
+            field.help_text = (f"{field.help_text} " if field.help_text else "") + self._domains_help(request)
+        return field
+
+    @staticmethod
+    def _domains_help(request) -> str:
+        """The verified domains the user's tenants may use (intake.domains); addresses are unique platform-wide."""
+        tenants = Tenant.objects.all() if request.user.is_superuser else visible_tenants(request.user)
+        owned = {}
+        for domain in VerifiedDomain.objects.filter(tenant__in=tenants).select_related("tenant")[:200]:
+            owned.setdefault(domain.tenant.slug, []).append(domain.domain)
+        listed = "; ".join(f"{slug}: {', '.join(domains)}" for slug, domains in sorted(owned.items()))
+        return (f"Only the tenant's verified domains ({listed or 'none yet: a superuser verifies them'}); an "
+                f"address (ignoring case and +tags) belongs to one mailbox only.")
 
     @admin.display(description="health", ordering="health")
     def health_status(self, obj):
@@ -117,8 +194,8 @@ class MailboxAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, ad
             label = f"{label} until {obj.poll_backoff_until:%Y-%m-%d %H:%M:%S}"
         if obj.health == Mailbox.Health.CREDENTIALS_INVALID:
             label = f"{label}: polling stopped"
-        return format_html('<span style="color:{}" title="{}">{}</span>',
-                           self._HEALTH_COLOURS.get(obj.health, "inherit"), obj.health_detail, label)
+        return format_html('<span class="mailbox-health mailbox-health-{}" title="{}">{}</span>',
+                           obj.health, obj.health_detail, label)
 
     @admin.action(description="Poll now (queued; runs even while backing off)")
     def poll_now(self, request, queryset):

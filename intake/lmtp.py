@@ -11,11 +11,14 @@ This module is the Django side: recipients to mailboxes (a read), one delivery p
 and the aiosmtpd handler that ties them to the protocol's answers. The network side (LMTP or SMTP
 protocol, size and client limits, STARTTLS, the server loop) is `intake.lmtp_server`.
 
-Recipients: `Mailbox.address`, case-insensitively; `local+tag@domain` falls back to `local@domain`
-(plus-addressing) when no mailbox has the tagged address itself. Gmail and Graph mailboxes are not
-delivery targets: their provider message id is the provider's own, so mail that also arrived here
-would be a second event. `Mailbox.allowed_recipients` is a validation allow-list (normalize checks
-it), not a routing table, and is not used here.
+Recipients: by `Mailbox.address_key` (intake.domains.address_key: lower-cased, without the `+tag`), so
+`Support+billing@Acme.test` is the mailbox of `support@acme.test`. The key is unique, so a recipient is one
+mailbox of one tenant; as a second line of defence the lookup also matches the stored address itself (a row
+whose key went stale, written past `save()`), and a recipient that still matches mailboxes of two tenants is
+never delivered: `451 4.3.0` and a WARNING on the `mailroom.security` logger, until an operator fixes the
+rows. Gmail and Graph mailboxes are not delivery targets: their provider message id is the provider's own,
+so mail that also arrived here would be a second event. `Mailbox.allowed_recipients` is a validation
+allow-list (normalize checks it), not a routing table, and is not used here.
 
 The bytes are stored exactly as delivered (with the mail server's Received headers): identity is the
 Message-ID and the content fingerprint, which ignore transport headers, so the same message that also
@@ -28,14 +31,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from django.db import Error as DatabaseLayerError, close_old_connections, connection, transaction
+from django.db.models import Q
 
 from . import services
+from .domains import address_key
 from .keys import raw_message_keys
 from .logging import mask_address
 from .models import Mailbox
 from .vocabulary import AuditKind
 
 logger = logging.getLogger(__name__)
+# Alerts that the tenant boundary needed its second line of defence: for whoever watches security events.
+security_log = logging.getLogger("mailroom.security")
 
 # Whose provider message id is not the Message-ID (services.PROVIDER_OWN_IDS): never delivery targets.
 NOT_DELIVERY_TARGETS = tuple(services.PROVIDER_OWN_IDS)
@@ -79,22 +86,30 @@ class MessageEnvelope:
 
 # --- reads and writes (run in a worker thread: the ORM is synchronous) ------------------------------
 
+class RecipientInTwoTenants(Exception):
+    """An envelope recipient matches mailboxes of more than one tenant: delivering would cross the boundary."""
+
+    def __init__(self, mailboxes: list[Mailbox]):
+        self.mailboxes = mailboxes
+        super().__init__(f"mailboxes {', '.join(f'{m.slug} (tenant {m.tenant.slug})' for m in mailboxes)}")
+
+
 def mailboxes_for_recipient(address: str) -> list[Mailbox]:
-    """The mailboxes an envelope recipient delivers to ([] when none): exact address, then without +tag."""
-    address = (address or "").strip().lower()
-    local, at, domain = address.rpartition("@")
-    if not at or not local or not domain:
+    """The mailboxes an envelope recipient delivers to ([] when none), all of one tenant: by address key.
+
+    Raises RecipientInTwoTenants when the mailboxes found belong to more than one tenant.
+    """
+    key = address_key(address)
+    if not key:
         return []
-    candidates = [address]
-    if "+" in local:
-        candidates.append(f"{local.split('+', 1)[0]}@{domain}")
-    for candidate in candidates:
-        found = list(Mailbox.objects.filter(address__iexact=candidate)
-                     .exclude(provider__in=NOT_DELIVERY_TARGETS)
-                     .select_related("tenant").order_by("pk"))
-        if found:
-            return found
-    return []
+    address = address.strip()
+    # The key is what the unique constraint holds; the stored address catches a row whose key is stale.
+    found = list(Mailbox.objects.filter(Q(address_key=key) | Q(address__iexact=address) | Q(address__iexact=key))
+                 .exclude(provider__in=NOT_DELIVERY_TARGETS)
+                 .select_related("tenant").order_by("pk"))
+    if len({mailbox.tenant_id for mailbox in found}) > 1:
+        raise RecipientInTwoTenants(found)
+    return found
 
 
 def deliver_to_mailbox(mailbox: Mailbox, raw: bytes, source: str, envelope_detail: dict) -> MailboxDelivery:
@@ -128,11 +143,17 @@ def _forget_connection() -> None:
         pass
 
 
-def lookup_recipient(address: str) -> list[Mailbox] | None:
-    """`mailboxes_for_recipient`, or None when the database could not answer."""
+def lookup_recipient(address: str, source: str = "lmtp") -> list[Mailbox] | None:
+    """`mailboxes_for_recipient`, or None (a temporary failure) when the database could not answer or the
+    recipient matches mailboxes of two tenants (alerted on `mailroom.security`)."""
     close_old_connections()
     try:
         return mailboxes_for_recipient(address)
+    except RecipientInTwoTenants as exc:
+        security_log.warning("%s recipient %s matches %s of %d tenants: deferred (451), delivered to none; "
+                             "give the address to one tenant", source, mask_address(address), exc,
+                             len({m.tenant_id for m in exc.mailboxes}))
+        return None
     except DatabaseLayerError as exc:
         _forget_connection()
         logger.warning("recipient lookup failed: database error %s", type(exc).__name__)
@@ -175,7 +196,7 @@ class DeliveryHandler:
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         if len(envelope.rcpt_tos) >= MAX_RECIPIENTS_PER_MESSAGE:
             return TOO_MANY_RECIPIENTS
-        mailboxes = await self._in_thread(lookup_recipient, address)
+        mailboxes = await self._in_thread(lookup_recipient, address, self.source)
         if mailboxes is None:
             return TEMPORARY_FAILURE
         if not mailboxes:
@@ -223,9 +244,17 @@ def _answer(deliveries: list[MailboxDelivery]) -> str:
     return DELIVERED if any(not d.duplicate for d in deliveries) else ALREADY_DELIVERED
 
 
+def client_host(peer) -> str:
+    """The client's address as limits and the envelope record it: the IP, or "unix" for a unix-socket client."""
+    if isinstance(peer, tuple) and peer:
+        return str(peer[0])
+    if isinstance(peer, bytes):
+        peer = peer.decode("utf-8", "replace")
+    return str(peer or "") or "unix"  # a unix socket's client has no name
+
+
 def _client_host(session) -> str:
-    peer = session.peer
-    return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer or "")
+    return client_host(session.peer)
 
 
 def _log_outcome(source: str, outcome: MailboxDelivery, size: int) -> None:

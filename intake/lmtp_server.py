@@ -7,23 +7,35 @@ permanent lie:
   enhanced code);
 - in LMTP a refusal after DATA is one line per accepted recipient, as RFC 2033 requires (aiosmtpd
   answers once, which would leave the client waiting for the others);
-- per client address, at most `max_connections` open sessions (`421 4.7.0` and close) and
-  `max_messages_per_minute` messages (`451 4.7.1` at MAIL): temporary answers, never a bounce;
-- optional STARTTLS with a configured certificate, optionally required before MAIL (`530 5.7.0`).
+- time: a session waiting for a command is closed after `idle_timeout_seconds` (aiosmtpd's `timeout`);
+  DATA must arrive within `data_timeout_seconds` and at `min_data_rate` bytes/s or more over every
+  `data_grace_seconds` (a slow-loris is cut with `421 4.4.2`); storing it is bounded by the DATA timeout again;
+- per client address, at most `max_connections` open sessions. At the cap a new session is not refused
+  while another of that client waits idle: the one idle the longest is closed (`421 4.4.2`) to make room,
+  so idle connections (from anyone on the mail server's host) cannot lock the mail server out. Only when
+  every session is receiving or storing a message (each bounded by the DATA limits) is the newcomer
+  refused (`421 4.7.0`). And `max_messages_per_minute` messages (`451 4.7.1` at MAIL): temporary
+  answers, never a bounce;
+- optional STARTTLS with a configured certificate, optionally required before MAIL (`530 5.7.0`);
+- a TCP address, or a unix socket (`socket_path`, mode `socket_mode`): on a shared host the socket's file
+  permissions, not the client address, decide who may deliver.
 What happens to a message is `intake.lmtp`.
 """
 import asyncio
 import logging
+import os
+import socket
 import ssl
+import stat
 import time
-from collections import defaultdict, deque
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from aiosmtpd.lmtp import LMTP
 from aiosmtpd.smtp import SMTP
 
-from .lmtp import DeliveryHandler
+from .lmtp import DeliveryHandler, client_host
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +49,17 @@ _REWORDED = {
 # What aiosmtpd answers on its own once DATA's content was read: in LMTP, one line per recipient.
 _AFTER_DATA = frozenset({TOO_BIG, "500 5.5.2 Line too long", "500 Error: strict ASCII mode"})
 TOO_MANY_CONNECTIONS = "421 4.7.0 Too many connections from your address, please try again later"
+MADE_ROOM = "421 4.4.2 Idle connection closed: another connection from your address needed its place"
+DATA_TOO_SLOW = "421 4.4.2 Message data arriving too slowly, closing connection"
+DATA_TOO_LONG = "421 4.4.2 Message data not completed in time, closing connection"
+TIMED_OUT = "421 4.4.2 Timed out, closing connection"
 
 
 class ClientLimits:
     """Open sessions and recent messages per client address, shared by every session of the listener.
 
-    0 means no limit. The message rate is a sliding window of 60 s.
+    0 means no limit. The message rate is a sliding window of 60 s. A session is anything with
+    `is_idle()`, `last_activity` and `make_room()` (a `_MailroomProtocol`).
     """
 
     WINDOW_SECONDS = 60.0
@@ -51,20 +68,34 @@ class ClientLimits:
         self.max_connections = max_connections
         self.max_messages_per_minute = max_messages_per_minute
         self.clock = clock
-        self.open_sessions: dict[str, int] = defaultdict(int)
+        self.sessions: dict[str, list] = {}
         self.recent_messages: dict[str, deque] = {}
 
-    def open_session(self, host: str) -> bool:
-        """Count a new session; False (and not counted) when the client has too many already."""
-        if self.max_connections and self.open_sessions[host] >= self.max_connections:
-            return False
-        self.open_sessions[host] += 1
+    @property
+    def open_sessions(self) -> dict[str, int]:
+        return {host: len(sessions) for host, sessions in self.sessions.items()}
+
+    def open_session(self, host: str, session) -> bool:
+        """Count a new session. At the cap, the client's session idle the longest is closed to make room;
+        False (and not counted) only when none of them is idle."""
+        sessions = self.sessions.setdefault(host, [])
+        if self.max_connections and len(sessions) >= self.max_connections:
+            idle = [other for other in sessions if other.is_idle()]
+            if not idle:
+                return False
+            oldest = min(idle, key=lambda other: other.last_activity)
+            self.close_session(host, oldest)
+            oldest.make_room()
+            sessions = self.sessions.setdefault(host, [])
+        sessions.append(session)
         return True
 
-    def close_session(self, host: str) -> None:
-        self.open_sessions[host] -= 1
-        if self.open_sessions[host] <= 0:
-            del self.open_sessions[host]
+    def close_session(self, host: str, session) -> None:
+        sessions = self.sessions.get(host, [])
+        if session in sessions:
+            sessions.remove(session)
+        if not sessions:
+            self.sessions.pop(host, None)
 
     def allow_message(self, host: str) -> bool:
         if not self.max_messages_per_minute:
@@ -82,35 +113,76 @@ class ClientLimits:
         return True
 
 
+@dataclass(frozen=True)
+class DataLimits:
+    """How long DATA may take and how slowly it may arrive (0 rate: no minimum)."""
+
+    timeout_seconds: float = 180.0
+    min_rate: int = 10 * 1024
+    grace_seconds: float = 10.0
+
+
 class _MailroomProtocol:
-    """Mixed into aiosmtpd's LMTP and SMTP: session limits and the answers described above."""
+    """Mixed into aiosmtpd's LMTP and SMTP: session limits, DATA limits and the answers described above."""
 
     per_recipient_answers = False
 
-    def __init__(self, handler, *, limits: ClientLimits, **kwargs):
+    def __init__(self, handler, *, limits: ClientLimits, data_limits: DataLimits = DataLimits(), **kwargs):
         super().__init__(handler, **kwargs)
         self.limits = limits
+        self.data_limits = data_limits
         self._counted_host: str | None = None
         self._refused = False
-        self._in_data = False
+        self._in_data = False  # from the DATA command to its answer
+        self._in_hook = False  # our handler is working on a command (a lookup, the store)
+        self.last_activity = time.monotonic()
+        self._bytes_received = 0
+        self._data_timers: list[asyncio.TimerHandle] = []
+
+    # --- the session limit --------------------------------------------------------------------------
 
     def connection_made(self, transport):
         if self._original_transport is None and self._counted_host is None and not self._refused:
             # The first connection_made (STARTTLS calls it again with the TLS transport).
-            peer = transport.get_extra_info("peername")
-            host = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer or "")
-            if self.limits.open_session(host):
+            host = client_host(transport.get_extra_info("peername"))
+            if self.limits.open_session(host, self):
                 self._counted_host = host
             else:
                 self._refused = True
-                logger.warning("client %s over its connection limit: refused", host)
+                logger.warning("client %s over its connection limit, every session busy: refused", host)
         super().connection_made(transport)
 
     def connection_lost(self, error):
+        self._stop_data_timers()
         if self._counted_host is not None:
-            self.limits.close_session(self._counted_host)
+            self.limits.close_session(self._counted_host, self)
             self._counted_host = None
         super().connection_lost(error)
+
+    def data_received(self, data):
+        self.last_activity = time.monotonic()
+        self._bytes_received += len(data)
+        super().data_received(data)
+
+    def is_idle(self) -> bool:
+        """Waiting for the client's next command: neither receiving a message nor working on a command."""
+        return not (self._in_data or self._in_hook or self._refused)
+
+    def make_room(self) -> None:
+        """Closed so a new session of the same client can open (ClientLimits.open_session)."""
+        logger.info("client %s at its connection limit: idle session closed to make room", self._counted_host)
+        self._counted_host = None  # no longer counted
+        self._close_with(MADE_ROOM)
+
+    def _close_with(self, status: str) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(status.encode("ascii") + b"\r\n")
+            self.transport.close()
+
+    def _timeout_cb(self):
+        # aiosmtpd's timer (idle between commands; the DATA backstop; storing): say so before closing.
+        logger.info("client %s: timed out, session closed", self._counted_host)
+        self._close_with(TIMED_OUT)
 
     async def _handle_client(self):
         if self._refused:
@@ -119,12 +191,58 @@ class _MailroomProtocol:
             return
         await super()._handle_client()
 
+    # --- DATA: a deadline and a minimum rate ---------------------------------------------------------
+
     async def smtp_DATA(self, arg):
         self._in_data = True
+        self._start_data_timers()
         try:
             await super().smtp_DATA(arg)
         finally:
             self._in_data = False
+            self._stop_data_timers()
+            if self.transport is not None:
+                self._reset_timeout()  # the idle timeout again, for the next command
+
+    def _start_data_timers(self) -> None:
+        limits = self.data_limits
+        # aiosmtpd's own timer (the idle timeout, armed at the command) would cut a long transfer: the DATA
+        # deadline replaces it, with our own timer giving the client a 421 first.
+        self._reset_timeout(limits.timeout_seconds + 5)
+        self._data_timers = [self.loop.call_later(limits.timeout_seconds, self._cut_data, DATA_TOO_LONG)]
+        if limits.min_rate:
+            self._data_timers.append(self.loop.call_later(limits.grace_seconds, self._check_rate,
+                                                          self._bytes_received))
+
+    def _check_rate(self, bytes_at_window_start: int) -> None:
+        limits = self.data_limits
+        if self._bytes_received - bytes_at_window_start < limits.min_rate * limits.grace_seconds:
+            self._cut_data(DATA_TOO_SLOW)
+            return
+        self._data_timers.append(self.loop.call_later(limits.grace_seconds, self._check_rate, self._bytes_received))
+
+    def _cut_data(self, status: str) -> None:
+        logger.warning("client %s: %s", self._counted_host, status[10:])
+        self._stop_data_timers()
+        self._close_with(status)
+
+    def _stop_data_timers(self) -> None:
+        for timer in self._data_timers:
+            timer.cancel()
+        self._data_timers = []
+
+    async def _call_handler_hook(self, command, *args):
+        if command == "DATA":
+            # The client's part is done; storing is ours, bounded by the DATA timeout once more.
+            self._stop_data_timers()
+            self._reset_timeout(self.data_limits.timeout_seconds)
+        self._in_hook = True
+        try:
+            return await super()._call_handler_hook(command, *args)
+        finally:
+            self._in_hook = False
+
+    # --- answers ------------------------------------------------------------------------------------
 
     async def push(self, status):
         if isinstance(status, str):
@@ -144,8 +262,11 @@ class MailroomSMTP(_MailroomProtocol, SMTP):
 
 @dataclass(frozen=True)
 class ListenerConfig:
-    host: str
-    port: int
+    host: str = "127.0.0.1"
+    port: int = 8024
+    # A unix socket path: listen there instead of host:port, the file made `socket_mode`.
+    socket_path: str = ""
+    socket_mode: int = 0o660
     smtp: bool = False
     max_message_bytes: int = 25 * 1024 * 1024
     tls_cert: str = ""
@@ -155,7 +276,8 @@ class ListenerConfig:
     max_messages_per_minute: int = 600
     hostname: str = "mailroom"
     database_threads: int = 4
-    timeout_seconds: float = 300.0
+    idle_timeout_seconds: float = 30.0
+    data_limits: DataLimits = DataLimits()
 
     @property
     def source(self) -> str:
@@ -170,11 +292,34 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext | None:
     return context
 
 
+def claim_socket_path(path: str) -> None:
+    """Make `path` free for a new socket: a stale socket is removed; a live one or any other file is an error."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise ValueError(f"{path} exists and is not a socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody listens: left by a listener that did not stop cleanly
+            return
+    raise ValueError(f"{path}: another listener is running on this socket")
+
+
 async def serve(config: ListenerConfig, stop: asyncio.Event, ready=None) -> None:
-    """Listen until `stop` is set; then refuse new sessions and let deliveries under way finish."""
+    """Listen until `stop` is set; then refuse new sessions and let deliveries under way finish.
+
+    `ready` is called with where the listener listens ("127.0.0.1:8024" or "unix:/run/mailroom/lmtp.sock").
+    """
     loop = asyncio.get_running_loop()
     if config.require_starttls and not config.tls_cert:
         raise ValueError("require_starttls needs a TLS certificate")
+    if config.socket_path:
+        claim_socket_path(config.socket_path)
     executor = ThreadPoolExecutor(max_workers=config.database_threads, thread_name_prefix=config.source)
     limits = ClientLimits(config.max_connections_per_client, config.max_messages_per_minute)
     handler = DeliveryHandler(config.source, per_recipient_answers=not config.smtp, executor=executor,
@@ -184,20 +329,35 @@ async def serve(config: ListenerConfig, stop: asyncio.Event, ready=None) -> None
 
     def make_protocol():
         # SMTPUTF8 announced: a mail server holding internationalized mail must not bounce it for our sake.
-        return protocol_class(handler, limits=limits, data_size_limit=config.max_message_bytes,
-                              enable_SMTPUTF8=True, hostname=config.hostname, tls_context=context,
-                              timeout=config.timeout_seconds, loop=loop)
+        return protocol_class(handler, limits=limits, data_limits=config.data_limits,
+                              data_size_limit=config.max_message_bytes, enable_SMTPUTF8=True,
+                              hostname=config.hostname, tls_context=context,
+                              timeout=config.idle_timeout_seconds, loop=loop)
 
-    server = await loop.create_server(make_protocol, host=config.host, port=config.port)
-    bound = server.sockets[0].getsockname()
-    logger.info("%s listener on %s:%s (SIZE %d, STARTTLS %s)", config.source.upper(), bound[0], bound[1],
-                config.max_message_bytes, "required" if config.require_starttls else ("on" if context else "off"))
+    if config.socket_path:
+        server = await loop.create_unix_server(make_protocol, path=config.socket_path)
+        os.chmod(config.socket_path, config.socket_mode)
+        where = f"unix:{config.socket_path}"
+    else:
+        server = await loop.create_server(make_protocol, host=config.host, port=config.port)
+        bound = server.sockets[0].getsockname()
+        where = f"{bound[0]}:{bound[1]}"
+    data = config.data_limits
+    logger.info("%s listener on %s (SIZE %d, STARTTLS %s, idle %gs, DATA %gs at %d B/s or more)",
+                config.source.upper(), where, config.max_message_bytes,
+                "required" if config.require_starttls else ("on" if context else "off"),
+                config.idle_timeout_seconds, data.timeout_seconds, data.min_rate)
     if ready is not None:
-        ready(bound)
+        ready(where)
     try:
         await stop.wait()
     finally:
         server.close()
+        if config.socket_path:
+            try:
+                os.unlink(config.socket_path)
+            except FileNotFoundError:
+                pass
         # Deliveries already in a worker thread finish (their client gets its answer if still there);
         # an answer lost now is a retry by the mail server, and a retry is a duplicate, not a loss.
         await loop.run_in_executor(None, executor.shutdown, True)

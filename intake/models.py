@@ -2,7 +2,9 @@
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Lower
 
+from .domains import address_key, mailbox_address_errors, normalize_domain
 from .vocabulary import AuditKind, ReasonCode, WebhookRejection  # noqa: F401  (ReasonCode: re-exported for callers)
 
 # The keys of `Tenant.settings` (per-tenant overrides; absent = the instance-wide setting). Each is a
@@ -13,6 +15,10 @@ TENANT_SETTINGS = {
     "unmapped_after_minutes": "Minutes after which an open event without a ticket mapping counts as stuck "
                               "(reconcilers).",
     "escalate_after_hours": "Hours after which an item of the recovery queue escalates (escalation).",
+    "ack_per_hour": "Acknowledgments the tenant may send in any hour; default MAILROOM_ACK_PER_HOUR "
+                    "(ticketing.acknowledgments).",
+    "ack_per_domain_per_hour": "Acknowledgments to one recipient domain in any hour; default "
+                               "MAILROOM_ACK_PER_DOMAIN_PER_HOUR (ticketing.acknowledgments).",
 }
 
 
@@ -39,6 +45,41 @@ class Tenant(models.Model):
         return int(value)
 
 
+class VerifiedDomain(models.Model):
+    """A mail domain that belongs to one tenant, set by a superuser: its mailboxes may use only these
+    (intake.domains). No role can be given the right to add or change one: only superusers hold it."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="verified_domains")
+    domain = models.CharField(max_length=253, unique=True,
+                              help_text="Lower case, without a trailing dot; an internationalized name in its "
+                                        "xn-- form. One tenant per domain.")
+    verified_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        default_permissions = ("view",)
+        ordering = ("domain",)
+        constraints = [
+            # Unique on the stored form, and the stored form is the normal one: unique case-insensitively.
+            models.CheckConstraint(condition=Q(domain=Lower("domain")) & ~Q(domain=""),
+                                   name="verified_domain_is_normalised"),
+        ]
+
+    def __str__(self):
+        return self.domain
+
+    def clean(self):
+        super().clean()
+        self.domain = normalize_domain(self.domain)
+
+    def save(self, *args, **kwargs):
+        self.domain = normalize_domain(self.domain)
+        super().save(*args, **kwargs)
+
+
+ADDRESS_TAKEN = "This address is already used by another mailbox."
+
+
 class MailboxProvider(models.TextChoices):
     """One per provider adapter (intake.providers); `Mailbox.Provider`."""
     RAW = "raw"
@@ -57,6 +98,8 @@ class Mailbox(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="mailboxes")
     slug = models.SlugField(unique=True)
     address = models.EmailField()
+    # `address` lower-cased without its +tag (intake.domains.address_key), kept by save(): unique across tenants.
+    address_key = models.CharField(max_length=320, editable=False)
     provider = models.CharField(max_length=20, choices=Provider.choices, default=Provider.RAW)
     # References (`env:`, `file:` or `vault:`, scoped to the tenant: intake.secrets), never the secret itself.
     webhook_secret_ref = models.CharField(max_length=300, blank=True)
@@ -94,6 +137,10 @@ class Mailbox(models.Model):
             ),
             # A provider without an adapter could store mail no channel verifies or polls.
             models.CheckConstraint(condition=Q(provider__in=MailboxProvider.values), name="mailbox_known_provider"),
+            # One mailbox per address on the whole platform: a second tenant cannot take over the mail of the first.
+            models.UniqueConstraint(fields=["address_key"], name="mailbox_address_unique",
+                                    violation_error_message=ADDRESS_TAKEN),
+            models.CheckConstraint(condition=~Q(address_key=""), name="mailbox_address_key_set"),
         ]
 
     def __str__(self):
@@ -101,8 +148,30 @@ class Mailbox(models.Model):
 
     def clean(self):
         super().clean()
+        self.address_key = address_key(self.address)
         if self.tenant_id:
+            if problems := mailbox_address_errors(self):
+                from django.core.exceptions import ValidationError
+
+                raise ValidationError(problems)
             check_secret_refs(self, self.tenant, ("webhook_secret_ref", "credentials_ref"))
+        # The egress guard on the hosts and URLs the settings name (intake.egress; checked again at connect).
+        from .providers import endpoint_errors
+
+        if refused := endpoint_errors(self.provider, self.settings):
+            from django.core.exceptions import ValidationError
+
+            raise ValidationError(refused)
+
+    def validate_constraints(self, exclude=None):
+        # clean() checked the address's uniqueness, with a message on the field the user typed.
+        super().validate_constraints(exclude={*(exclude or ()), "address_key"})
+
+    def save(self, *args, **kwargs):
+        self.address_key = address_key(self.address)
+        if kwargs.get("update_fields") is not None and "address" in kwargs["update_fields"]:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "address_key"}
+        super().save(*args, **kwargs)
 
 
 def check_secret_refs(obj, tenant, fields) -> None:
@@ -111,7 +180,7 @@ def check_secret_refs(obj, tenant, fields) -> None:
 
     from .secrets import ref_error
 
-    errors = {name: message for name in fields if (message := ref_error(getattr(obj, name), tenant))}
+    errors = {name: message for name in fields if (message := ref_error(getattr(obj, name), tenant, owner=obj))}
     if errors:
         raise ValidationError(errors)
 

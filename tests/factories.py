@@ -29,11 +29,25 @@ def _next(prefix: str) -> str:
 
 # --- rows -----------------------------------------------------------------------------------------
 
-def make_tenant(slug: str | None = None, name: str | None = None, **fields):
+def make_tenant(slug: str | None = None, name: str | None = None, domains: tuple[str, ...] = (), **fields):
+    """A tenant; `domains` are verified for it (a mailbox made by `make_mailbox` verifies its own)."""
     from intake.models import Tenant
 
     slug = slug or _next("tenant")
-    return Tenant.objects.create(slug=slug, name=name if name is not None else slug.title(), **fields)
+    tenant = Tenant.objects.create(slug=slug, name=name if name is not None else slug.title(), **fields)
+    for domain in domains:
+        verify_test_domain(tenant, domain)
+    return tenant
+
+
+def verify_test_domain(tenant, domain: str):
+    """Verify `domain` for `tenant`, as a superuser would, unless another tenant holds it already (then that
+    tenant keeps it: tests of the boundary rely on it)."""
+    from intake.domains import normalize_domain
+    from intake.models import VerifiedDomain
+
+    return VerifiedDomain.objects.get_or_create(domain=normalize_domain(domain),
+                                                defaults={"tenant": tenant, "verified_by": "tests"})[0]
 
 
 def make_mailbox(tenant=None, slug: str | None = None, address: str | None = None, provider: str = "raw",
@@ -41,14 +55,18 @@ def make_mailbox(tenant=None, slug: str | None = None, address: str | None = Non
     """A mailbox (raw webhook by default) whose secret is referenced from the environment.
 
     The reference only resolves once the variable is set: use the `mailbox` fixture, or
-    `monkeypatch.setenv(WEBHOOK_SECRET_VAR, tests.conftest.WEBHOOK_SECRET)`.
+    `monkeypatch.setenv(WEBHOOK_SECRET_VAR, tests.conftest.WEBHOOK_SECRET)`. The address's domain is
+    verified for the tenant (`verify_test_domain`), so the tenant's admin can make more mailboxes in it
+    through the admin or the API.
     """
     from intake.models import Mailbox
 
     tenant = tenant or make_tenant()
     slug = slug or _next("mailbox")
+    address = address or f"{slug}@{tenant.slug}.test"
+    verify_test_domain(tenant, address.rpartition("@")[2])
     return Mailbox.objects.create(
-        tenant=tenant, slug=slug, address=address or f"{slug}@{tenant.slug}.test", provider=provider,
+        tenant=tenant, slug=slug, address=address, provider=provider,
         webhook_secret_ref=webhook_secret_ref, **fields,
     )
 
@@ -134,7 +152,7 @@ def make_event(mailbox, raw: bytes | None = None, source: str = "raw", **message
 
 @pytest.fixture
 def tenant(db):
-    return make_tenant(slug="acme", name="Acme")
+    return make_tenant(slug="acme", name="Acme", domains=("acme.test",))
 
 
 @pytest.fixture

@@ -176,7 +176,7 @@ inet_protocols = ipv4
 mynetworks = 127.0.0.0/8
 smtpd_relay_restrictions = permit_mynetworks, reject_unauth_destination
 relay_domains = {relay_domains}
-relay_transport = lmtp:inet:{lmtp_host}:{lmtp_port}
+relay_transport = {lmtp_nexthop}
 lmtp_destination_concurrency_limit = 4
 queue_run_delay = 2s
 minimal_backoff_time = 2s
@@ -230,7 +230,10 @@ class PrivatePostfix:
             (root / sub).mkdir()
         shutil.chown(root / "data", "postfix", "postfix")
         (self.config_dir / "main.cf").write_text(MAIN_CF.format(
-            root=root, relay_domains=", ".join(relay_domains), lmtp_host=lmtp_host, lmtp_port=lmtp_port))
+            root=root, relay_domains=", ".join(relay_domains),
+            # A path is the listener's unix socket (run_lmtp --socket); else host and port.
+            lmtp_nexthop=(f"lmtp:unix:{lmtp_host}" if lmtp_host.startswith("/")
+                          else f"lmtp:inet:{lmtp_host}:{lmtp_port}")))
         (self.config_dir / "master.cf").write_text(MASTER_CF.format(smtpd_port=self.smtpd_port))
 
     def _run(self, *argv, check: bool = True) -> subprocess.CompletedProcess:
@@ -289,7 +292,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture
 def private_postfix():
-    """A factory: `private_postfix(lmtp_port, relay_domains=("acme.test",))` -> a started PrivatePostfix."""
+    """A factory: `private_postfix(lmtp_port, relay_domains=("acme.test",))` -> a started PrivatePostfix;
+    `lmtp_host="/path/lmtp.sock"` relays to a unix socket instead (`lmtp_port` is then ignored)."""
     started: list[PrivatePostfix] = []
 
     def start(lmtp_port: int, relay_domains=("acme.test",), lmtp_host: str = "127.0.0.1") -> PrivatePostfix:

@@ -5,14 +5,28 @@ for every failure of ours, 550 5.1.1 for recipients we do not have, per-recipien
 the size limit announced and enforced, client limits, STARTTLS. Failures are real: a lock that holds
 the insert, a trigger that makes the database refuse one mailbox's rows, a database that refuses
 connections (tests.postfix.database_outage).
+
+The edge (issue 20): idle connections from the mail server's own host cannot lock it out (at the cap the
+idlest session makes room; idle ones time out), a slow-loris DATA is cut by the minimum rate and a DATA
+that never ends by its deadline, and a unix socket (`--socket`) delivers end to end. Raw sockets play the
+attacker; the figures are printed (`-s`). The tenant boundary over LMTP: tests/test_address_boundary.py.
 """
 import datetime
+import os
+import select
+import shutil
 import smtplib
+import socket
 import ssl
+import stat
+import tempfile
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.test import Client
 
@@ -20,7 +34,8 @@ from intake.models import AuditEvent, InboxEvent
 from intake.signing import signed_headers
 from tests.conftest import WEBHOOK_SECRET
 from tests.factories import WEBHOOK_SECRET_VAR, email_message, make_mailbox, make_tenant
-from tests.postfix import database_outage, lmtp_listener, start_listener  # noqa: F401  (fixtures)
+from tests.live import MANAGE, PYTHON, LiveProcesses, database_url, subprocess_env, wait_for
+from tests.postfix import Listener, database_outage, lmtp_listener, start_listener, stop_listeners  # noqa: F401
 
 SENDER = "customer@example.com"
 
@@ -296,37 +311,219 @@ def test_database_down_is_451_and_nothing_stored_then_250_when_it_is_back(acme, 
     assert "delivery to mailbox support not stored: database error" in listener.log()
 
 
-# --- limits per client ------------------------------------------------------------------------------
+# --- limits per client ---------------------------------------------------------------------------------
 
-def test_connection_and_message_rate_limits_answer_4xx(acme, start_listener, count_rows):
+def test_at_the_connection_cap_the_idlest_session_makes_room_and_only_busy_ones_refuse(acme, start_listener,
+                                                                                        count_rows):
     listener = start_listener("--max-connections-per-client", "2", "--max-messages-per-minute", "3")
     first, second = lmtp(listener), lmtp(listener)
-    with pytest.raises(smtplib.SMTPConnectError) as refused:
-        smtplib.LMTP(listener.host, listener.port, timeout=20)
-    assert (refused.value.smtp_code, refused.value.smtp_error) == (
-        421, b"4.7.0 Too many connections from your address, please try again later")
-    second.quit()
-    third = wait_for_connection(listener)  # a slot is free again
+    assert second.noop()[0] == 250  # second is the more recently active
+    third = lmtp(listener)  # the cap is reached: first, idle the longest, is closed to make room
+    assert first.getreply() == (421, b"4.4.2 Idle connection closed: another connection from your address "
+                                     b"needed its place")
+    assert second.noop()[0] == 250 and third.noop()[0] == 250
 
-    for n in range(3):
-        assert send(first, ["support@acme.test"], email_message(to="support@acme.test"))[2] == [
-            (250, b"2.0.0 Delivered")], n
+    # Both sessions busy (their messages wait on the database): now a newcomer is refused, with a 4xx.
+    raw = email_message(to="support@acme.test")
+    for client in (second, third):
+        assert client.mail(SENDER)[0] == 250 and client.rcpt("support@acme.test")[0] == 250
+    answers = []
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {InboxEvent._meta.db_table} IN SHARE MODE")
+        senders = [threading.Thread(target=lambda c=c: answers.append(c.data(on_the_wire(raw))))
+                   for c in (second, third)]
+        for sender in senders:
+            sender.start()
+        time.sleep(1.0)  # both are storing, behind the lock
+        with pytest.raises(smtplib.SMTPConnectError) as refused:
+            smtplib.LMTP(listener.host, listener.port, timeout=20)
+        assert (refused.value.smtp_code, refused.value.smtp_error) == (
+            421, b"4.7.0 Too many connections from your address, please try again later")
+    for sender in senders:
+        sender.join(20)
+    assert sorted(answers) == [(250, b"2.0.0 Already delivered"), (250, b"2.0.0 Delivered")]
+
+    # The message rate: 2 messages so far, a third is fine, a fourth within the minute is deferred.
+    assert send(second, ["support@acme.test"], email_message(to="support@acme.test"))[2] == [
+        (250, b"2.0.0 Delivered")]
     before = count_rows()
     assert third.mail(SENDER) == (451, b"4.7.1 Too many messages from your address, please try again later")
     assert count_rows() == before
-    first.quit()
+    second.quit()
     third.quit()
 
 
-def wait_for_connection(listener, timeout: float = 5.0) -> smtplib.LMTP:
-    deadline = time.monotonic() + timeout
-    while True:
+def idle_connection(listener) -> socket.socket:
+    """A TCP session that reads the greeting and then says nothing (what an attacker on the MTA's host opens)."""
+    sock = socket.create_connection((listener.host, listener.port), timeout=10)
+    assert sock.recv(512).startswith(b"220")
+    return sock
+
+
+def read_until_closed(sock, timeout: float) -> bytes:
+    """Everything the listener sends until it closes the connection (fails after `timeout` seconds)."""
+    sock.settimeout(timeout)
+    received = b""
+    while chunk := sock.recv(4096):
+        received += chunk
+    return received
+
+
+def closed_ones(socks, within: float) -> list[int]:
+    """Indexes of the sockets the listener closed (EOF readable) within `within` seconds."""
+    deadline = time.monotonic() + within
+    closed = set()
+    while time.monotonic() < deadline and len(closed) < len(socks):
+        readable, _, _ = select.select([s for i, s in enumerate(socks) if i not in closed], [], [], 0.1)
+        for sock in readable:
+            read_until_closed(sock, 2)
+            closed.add(socks.index(sock))
+    return sorted(closed)
+
+
+def test_idle_connections_from_the_mail_servers_host_do_not_lock_it_out(acme, start_listener):
+    """Issue 20: 20 idle connections from 127.0.0.1 used to fill the per-client cap, and the MTA got 421.
+    With the shipped defaults (20 per client, 30 s idle timeout), 25 idle ones cannot keep a delivery out."""
+    listener = start_listener()
+    idle = [idle_connection(listener) for _ in range(25)]
+    started = time.monotonic()
+    client = lmtp(listener)
+    replies = send(client, ["support@acme.test"], email_message(to="support@acme.test"))[2]
+    delivered_in = time.monotonic() - started
+    client.quit()
+    assert replies == [(250, b"2.0.0 Delivered")]
+    assert delivered_in < 2.0, delivered_in
+    # 25 idle + the delivery's session = 26 for a cap of 20: the 6 oldest idle ones made room, in order.
+    assert closed_ones(idle, within=1.0) == list(range(6))
+    print(f"\n25 idle connections from 127.0.0.1: a delivery got 250 {delivered_in * 1000:.0f} ms after it "
+          f"connected; 6 idle sessions were closed to make room")
+    for sock in idle:
+        sock.close()
+
+
+def test_idle_sessions_and_half_sent_commands_are_closed_after_the_idle_timeout(acme, start_listener):
+    listener = start_listener("--idle-timeout", "1")
+    idle = [idle_connection(listener) for _ in range(20)]
+    slow = idle_connection(listener)
+    started = time.monotonic()
+    for byte in b"LHLO mta.example.test":  # a command line dribbled out never completes a command
+        if select.select([slow], [], [], 0.1)[0]:
+            break  # the listener answered (and closed): stop sending
+        slow.sendall(bytes([byte]))
+    assert read_until_closed(slow, 5) == b"421 4.4.2 Timed out, closing connection\r\n"
+    assert closed_ones(idle, within=3.0) == list(range(20))
+    closed_after = time.monotonic() - started
+    assert 0.9 <= closed_after < 3.0, closed_after
+    print(f"\n--idle-timeout 1: 20 idle sessions and a dribbled command line closed within {closed_after:.1f} s")
+
+
+def start_data(client) -> None:
+    assert client.mail(SENDER)[0] == 250 and client.rcpt("support@acme.test")[0] == 250
+    client.putcmd("data")
+    assert client.getreply()[0] == 354
+
+
+def dribble(client, chunk: bytes, every: float, limit: float) -> tuple[tuple[int, bytes], float]:
+    """Send `chunk` every `every` seconds (never the final dot) until the listener answers; (answer, seconds)."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        if select.select([client.sock], [], [], every)[0]:
+            return client.getreply(), time.monotonic() - started
         try:
-            return lmtp(listener)
-        except smtplib.SMTPConnectError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            client.sock.sendall(chunk)
+        except OSError:
+            break
+    return client.getreply(), time.monotonic() - started
+
+
+def test_a_slow_loris_data_is_cut_and_nothing_is_stored(acme, start_listener, count_rows):
+    listener = start_listener("--min-data-rate", "1000", "--data-grace", "1", "--data-timeout", "30")
+    before = count_rows()
+    client = lmtp(listener)
+    start_data(client)
+    answer, seconds = dribble(client, b"X-Slow: a\r\n", every=0.2, limit=10)  # 55 bytes/s
+    assert answer == (421, b"4.4.2 Message data arriving too slowly, closing connection")
+    assert 0.8 <= seconds < 2.5, seconds
+    assert count_rows() == before
+    print(f"\nslow-loris DATA at 55 B/s (minimum 1000 B/s over 1 s): cut after {seconds:.1f} s")
+    # The listener serves the next session as usual.
+    again = lmtp(listener)
+    assert send(again, ["support@acme.test"], email_message(to="support@acme.test"))[2] == [(250, b"2.0.0 Delivered")]
+    again.quit()
+
+
+def test_data_that_never_ends_is_cut_at_the_deadline(acme, start_listener, count_rows):
+    listener = start_listener("--data-timeout", "2", "--min-data-rate", "100", "--data-grace", "0.5")
+    before = count_rows()
+    client = lmtp(listener)
+    start_data(client)
+    answer, seconds = dribble(client, b"X-Steady: " + b"y" * 88 + b"\r\n", every=0.1, limit=10)  # ~1 kB/s
+    assert answer == (421, b"4.4.2 Message data not completed in time, closing connection")
+    assert 1.9 <= seconds < 3.5, seconds
+    assert count_rows() == before
+    print(f"\nDATA at ~1 kB/s that never ends (deadline 2 s): cut after {seconds:.1f} s")
+
+
+# --- a unix socket ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def unix_listener(transactional_db, tmp_path):
+    """`run_lmtp --socket PATH` as a real process; (socket path, Listener). The path is short: AF_UNIX allows 107."""
+    socket_dir = Path(tempfile.mkdtemp(prefix="mr-lmtp-"))
+    socket_dir.chmod(0o755)  # a mail server's user may reach the socket; the socket's own mode decides the rest
+    path = socket_dir / "lmtp.sock"
+    processes = LiveProcesses(tmp_path)
+    application_name = f"mailroom-lmtp-{uuid.uuid4().hex[:8]}"
+    env = subprocess_env()
+    env["DATABASE_URL"] = f"{database_url()}?application_name={application_name}"
+    process = processes.start("lmtp", [PYTHON, MANAGE, "run_lmtp", "--socket", str(path),
+                                       "--hostname", "lmtp.mailroom.test"], env)
+    listener = Listener(str(path), 0, application_name, process)
+
+    def greets() -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(2)
+                sock.connect(str(path))
+                return sock.recv(512).startswith(b"220")
+        except OSError:
+            return False
+
+    wait_for(lambda: greets() or not process.alive(), timeout=30, describe=process.tail)
+    assert process.alive(), process.tail()
+    try:
+        yield path, listener
+    finally:
+        stop_listeners(processes, [listener])
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def test_delivery_over_a_unix_socket_end_to_end(acme, unix_listener):
+    path, listener = unix_listener
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+    assert f"lmtp listening on unix:{path}" in listener.log()
+    client = smtplib.LMTP(str(path), timeout=20)
+    client.ehlo("mta.example.test")
+    raw = email_message(to="support@acme.test")
+    assert send(client, ["support@acme.test", "nobody@acme.test"], raw)[1:] == (
+        [(250, b"2.1.5 Recipient OK"), (550, b"5.1.1 No such mailbox here")], [(250, b"2.0.0 Delivered")])
+    client.quit()
+    event = InboxEvent.objects.get()
+    assert (event.mailbox_id, event.source, bytes(event.raw)) == (acme["support"].pk, "lmtp", on_the_wire(raw))
+    assert AuditEvent.objects.get(inbox_event=event, kind="provider_metadata").detail["client"] == "unix"
+
+    # The socket is taken while the listener runs, and a path that is not a socket is never replaced.
+    with pytest.raises(CommandError, match="another listener is running on this socket"):
+        call_command("run_lmtp", socket=str(path))
+    not_a_socket = path.parent / "file"
+    not_a_socket.write_text("keep me")
+    with pytest.raises(CommandError, match="exists and is not a socket"):
+        call_command("run_lmtp", socket=str(not_a_socket))
+    assert not_a_socket.read_text() == "keep me"
+
+    listener.process.stop()
+    assert not path.exists()  # removed at stop
 
 
 # --- STARTTLS -----------------------------------------------------------------------------------------

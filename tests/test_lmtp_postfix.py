@@ -5,8 +5,14 @@ LMTP to the listener, which stores into the test database. 100 messages become 1
 database is made unavailable to the listener for real (no new connections, its sessions cut): the
 listener answers 451, Postfix keeps the messages in its deferred queue; once the database is back, a
 queue flush delivers them all. No message is lost and none is stored twice: one event per Message-ID.
+
+Over a unix socket (`run_lmtp --socket`, mode 660, group postfix: the set-up README recommends for one host),
+Postfix delivers the same way, and nobody outside that group can open the socket.
 """
+import os
+import shutil
 import smtplib
+import stat
 import uuid
 from collections import Counter
 
@@ -14,6 +20,7 @@ from intake.models import InboxEvent
 from tests.factories import email_message, make_mailbox, make_tenant
 from tests.live import wait_for
 from tests.postfix import database_outage, private_postfix, start_listener  # noqa: F401  (fixtures)
+from tests.test_lmtp import unix_listener  # noqa: F401  (fixture)
 
 FIRST_BATCH = 100
 DURING_OUTAGE = 30
@@ -74,3 +81,24 @@ def test_postfix_delivers_every_message_once_through_a_database_outage(transacti
     assert InboxEvent.objects.filter(mailbox=mailbox).count() == FIRST_BATCH + DURING_OUTAGE
     assert set(InboxEvent.objects.values_list("source", flat=True)) == {"lmtp"}
     assert "status=bounced" not in postfix.log(lines=100_000)  # nothing was returned to a sender
+
+
+def test_postfix_delivers_over_the_unix_socket(transactional_db, unix_listener, private_postfix):
+    tenant = make_tenant(slug="acme")
+    mailbox = make_mailbox(tenant, slug="support", address="support@acme.test")
+    path, listener = unix_listener
+    shutil.chown(path, group="postfix")  # 660: the listener's user and the mail server's group
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+    postfix = private_postfix(0, relay_domains=("acme.test",), lmtp_host=str(path))
+    run = uuid.uuid4().hex[:8]
+    message_ids = [f"unix-{run}-{n}@sender.example" for n in range(20)]
+    submit(postfix, message_ids)
+    wait_for(lambda: sum(events_per_message_id(message_ids).values()) >= len(message_ids), timeout=30,
+             describe=lambda: f"{sum(events_per_message_id(message_ids).values())} events\n{postfix.log()}")
+    wait_for(lambda: postfix.queue() == [], timeout=10, describe=lambda: str(postfix.queue()))
+    assert events_per_message_id(message_ids) == Counter({message_id: 1 for message_id in message_ids})
+    assert InboxEvent.objects.filter(mailbox=mailbox).count() == len(message_ids)
+    log = postfix.log(lines=100_000)
+    sent = [line for line in log.splitlines() if "status=sent (250 2.0.0 Delivered)" in line]
+    assert len(sent) == len(message_ids) and all(f"[{path}]" in line for line in sent)  # relay=...[socket path]
+    assert "status=bounced" not in log and "status=deferred" not in log

@@ -50,10 +50,11 @@ def test_a_rotated_secret_is_used_at_once_and_the_old_one_refused(mailbox, monke
 def test_a_new_mailbox_answers_at_once_after_its_slug_was_asked_for(mailbox):
     assert post("later", make_message()).status_code == 404  # an unknown slug is not cached
     with connection.cursor() as cursor:  # created by another process: no signal here either
-        cursor.execute("INSERT INTO intake_mailbox (tenant_id, slug, address, provider, webhook_secret_ref, "
-                       "credentials_ref, settings, allowed_recipients, poll_enabled, paused, created_at, health, "
-                       "health_detail) SELECT tenant_id, 'later', 'later@acme.test', 'raw', webhook_secret_ref, '', "
-                       "'{}', '[]', false, false, now(), 'ok', '' FROM intake_mailbox WHERE id = %s", [mailbox.pk])
+        cursor.execute("INSERT INTO intake_mailbox (tenant_id, slug, address, address_key, provider, "
+                       "webhook_secret_ref, credentials_ref, settings, allowed_recipients, poll_enabled, paused, "
+                       "created_at, health, health_detail) SELECT tenant_id, 'later', 'later@acme.test', "
+                       "'later@acme.test', 'raw', webhook_secret_ref, '', '{}', '[]', false, false, now(), 'ok', '' "
+                       "FROM intake_mailbox WHERE id = %s", [mailbox.pk])
     response = post("later", make_message())
     assert response.status_code == 202
     assert InboxEvent.objects.get(pk=response.json()["inbox_event_id"]).mailbox.slug == "later"

@@ -10,12 +10,18 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from intake.domains import verify_domain
 from intake.models import Mailbox, Tenant
+from intake.secrets import ANY_ROW, parse_platform_refs
 from ticketing.models import Destination
 
 DEMO_SECRET_VAR = "MAILROOM_DEMO_WEBHOOK_SECRET"
 DEMO_PASSWORD_VAR = "MAILROOM_DEMO_ADMIN_PASSWORD"
 DEMO_SECRET_REF = f"env:{DEMO_SECRET_VAR}"
+DEMO_DOMAIN = "demo.mailroom.test"  # verified for the demo tenant: mailboxes use only their tenant's domains
+DEMO_ADDRESS = f"support@{DEMO_DOMAIN}"
+DEMO_MAILBOX_SLUG = "demo"
+DEMO_SECRET_OWNER = f"mailbox:{DEMO_MAILBOX_SLUG}"  # its binding (intake.secrets)
 PLATFORM_REFS_VAR = "MAILROOM_PLATFORM_SECRET_REFS"
 
 
@@ -32,20 +38,33 @@ def ensure_env_secret(env_file: Path, name: str, nbytes: int = 24) -> str:
     return value
 
 
-def ensure_platform_ref(env_file: Path, ref: str) -> bool:
-    """List `ref` in MAILROOM_PLATFORM_SECRET_REFS through `env_file` (read when the next process starts).
+def ensure_platform_ref(env_file: Path, ref: str, owner: str) -> bool:
+    """Bind `ref` to `owner` in MAILROOM_PLATFORM_SECRET_REFS through `env_file` (read when the next process
+    starts): the demo's webhook secret is a platform reference, bound to the demo mailbox (intake.secrets).
 
-    The demo's webhook secret is a platform reference, not in its tenant's scope (intake.secrets). False
-    (and nothing written) when the variable is already set without it: the operator chose that list.
+    True when the list binds it already (to `owner` or `*`), or now does. The unbound entry this function wrote
+    before bindings existed is rewritten in `env_file`. False (and nothing written) when the variable is set
+    without the binding some other way: the operator chose that list.
     """
-    if ref in settings.MAILROOM_PLATFORM_SECRET_REFS or ref in os.environ.get(PLATFORM_REFS_VAR, "").split(","):
+    current = os.environ.get(PLATFORM_REFS_VAR, "")
+    bound = parse_platform_refs([*settings.MAILROOM_PLATFORM_SECRET_REFS, *current.split(",")]).bindings
+    if bound.get(ref, frozenset()) & {owner, ANY_ROW}:
         return True
-    if os.environ.get(PLATFORM_REFS_VAR):
+    entry = f"{ref}={owner}"
+    if current == ref and env_file.exists():
+        lines = env_file.read_text().splitlines(keepends=True)
+        old_line = f"{PLATFORM_REFS_VAR}={ref}"
+        if any(line.rstrip("\n") == old_line for line in lines):
+            env_file.write_text("".join(f"{PLATFORM_REFS_VAR}={entry}\n" if line.rstrip("\n") == old_line else line
+                                        for line in lines))
+            os.environ[PLATFORM_REFS_VAR] = entry
+            return True
+    if current:
         return False
     with env_file.open("a") as handle:
-        handle.write(f"{PLATFORM_REFS_VAR}={ref}\n")
+        handle.write(f"{PLATFORM_REFS_VAR}={entry}\n")
     env_file.chmod(0o600)
-    os.environ[PLATFORM_REFS_VAR] = ref
+    os.environ[PLATFORM_REFS_VAR] = entry
     return True
 
 
@@ -59,12 +78,13 @@ def do_bootstrap_demo(env_file: Path, admin_username: str = "admin") -> dict:
     # send_test_email, `manage.py shell`) start only with a real SECRET_KEY.
     ensure_env_secret(env_file, "SECRET_KEY", nbytes=50)
     ensure_env_secret(env_file, DEMO_SECRET_VAR)
-    listed = ensure_platform_ref(env_file, DEMO_SECRET_REF)
+    listed = ensure_platform_ref(env_file, DEMO_SECRET_REF, DEMO_SECRET_OWNER)
     password = ensure_env_secret(env_file, DEMO_PASSWORD_VAR)
     tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo"})
-    mailbox, _ = Mailbox.objects.get_or_create(slug="demo", defaults={
-        "tenant": tenant, "address": "support@demo.mailroom.test", "provider": Mailbox.Provider.RAW,
-        "webhook_secret_ref": DEMO_SECRET_REF, "allowed_recipients": ["support@demo.mailroom.test"],
+    verify_domain(tenant=tenant, domain=DEMO_DOMAIN, verified_by="bootstrap_demo")
+    mailbox, _ = Mailbox.objects.get_or_create(slug=DEMO_MAILBOX_SLUG, defaults={
+        "tenant": tenant, "address": DEMO_ADDRESS, "provider": Mailbox.Provider.RAW,
+        "webhook_secret_ref": DEMO_SECRET_REF, "allowed_recipients": [DEMO_ADDRESS],
     })
     Destination.objects.get_or_create(tenant=tenant, slug="builtin", defaults={
         "kind": Destination.Kind.BUILTIN, "is_default": True})
