@@ -92,7 +92,7 @@ def app_env(db_name: str, tmp: Path, log_level: str) -> dict:
         DATABASE_URL=db_url(db_name),
         CELERY_BROKER_URL=BROKER_URL,
         BENCH_SECRET=SECRET,
-        MAILROOM_PLATFORM_SECRET_REFS="env:BENCH_SECRET",  # the bench tenant's webhook secret
+        MAILROOM_PLATFORM_SECRET_REFS=f"env:BENCH_SECRET=mailbox:{MAILBOX_SLUG}",  # the bench mailbox's webhook secret
         CELERY_DB_REUSE_MAX="1000",
         MAILROOM_VAR_DIR=str(tmp / "var"),
         LOG_LEVEL=log_level,

@@ -1,7 +1,8 @@
-"""System checks (`manage.py check`): secret references outside their tenant's scope (intake.secrets).
+"""System checks (`manage.py check`): secret references a row may not use (intake.secrets), and the platform
+list `MAILROOM_PLATFORM_SECRET_REFS` itself.
 
-Rows saved before references were scoped are kept as they are; they are listed here until fixed, and
-`resolve_secret` refuses them meanwhile.
+Rows saved before references were scoped (or bound) are kept as they are; they are listed here until fixed,
+and `resolve_secret` refuses them meanwhile.
 """
 from django.conf import settings
 from django.core import checks
@@ -17,20 +18,44 @@ def secret_ref_warnings(queryset, fields, kind: str, check_id: str) -> list:
         return []
     return [checks.Warning(f"{kind} {row} (tenant {row.tenant.slug}): {field} {ref!r} is refused: {problem}",
                            hint="Move the secret into the tenant's scope (env:MAILROOM_T_<SLUG>_*, "
-                                "MAILROOM_SECRETS_DIR/<slug>/, vault:<mount>/mailroom/<slug>/...) or list the "
-                                "reference in MAILROOM_PLATFORM_SECRET_REFS.",
+                                "MAILROOM_SECRETS_DIR/<slug>/, vault:<mount>/mailroom/<slug>/...) or bind the "
+                                "reference to this row in MAILROOM_PLATFORM_SECRET_REFS (<ref>=mailbox:<slug>, "
+                                "<ref>=destination:<tenant>/<slug> or <ref>=tenant:<slug>).",
                            obj=row, id=check_id)
             for row, field, ref, problem in found]
+
+
+def platform_ref_warnings() -> list:
+    """The list's own problems: entries that bind nothing, `*` in production, the AI key unlisted or bound."""
+    from .secrets import ANY_ROW, platform_bindings
+
+    parsed = platform_bindings()
+    warnings = [checks.Warning(f"MAILROOM_PLATFORM_SECRET_REFS entry {entry!r} does not parse: it binds nothing "
+                               "and resolves for nobody",
+                               hint="Write <ref> (platform-only) or <ref>=<owner>[|<owner>...], an owner being "
+                                    "mailbox:<slug>, destination:<tenant>/<slug>, tenant:<slug> or *; a reference "
+                                    "that contains '=' ends its entry with '=' or '=<owners>'.", id="intake.W004")
+                for entry in parsed.malformed]
+    if settings.MAILROOM_ENV == "production":
+        warnings += [checks.Warning(f"MAILROOM_PLATFORM_SECRET_REFS binds {ref!r} to every row ('*') in production",
+                                    hint="'*' is for test rigs: bind the reference to the rows it serves.",
+                                    id="intake.W003")
+                     for ref, owners in sorted(parsed.bindings.items()) if ANY_ROW in owners]
+    ai_ref = settings.MAILROOM_AI_API_KEY_REF
+    if ai_ref and ai_ref not in parsed.bindings:
+        warnings.append(checks.Warning("MAILROOM_AI_API_KEY_REF is not listed in MAILROOM_PLATFORM_SECRET_REFS: "
+                                       "the AI proposer cannot read its key", id="intake.W002"))
+    elif ai_ref and parsed.bindings[ai_ref]:
+        warnings.append(checks.Warning("MAILROOM_PLATFORM_SECRET_REFS binds MAILROOM_AI_API_KEY_REF to rows: "
+                                       "ignored, the AI key resolves only for the platform",
+                                       hint="List the AI key's reference without '=<owners>'.", id="intake.W005"))
+    return warnings
 
 
 @checks.register(checks.Tags.security)
 def mailbox_secret_refs(app_configs=None, **kwargs):
     from .models import Mailbox
 
-    warnings = secret_ref_warnings(Mailbox.objects.all(), ("webhook_secret_ref", "credentials_ref"), "mailbox",
-                                   "intake.W001")
-    ai_ref = settings.MAILROOM_AI_API_KEY_REF
-    if ai_ref and ai_ref not in settings.MAILROOM_PLATFORM_SECRET_REFS:
-        warnings.append(checks.Warning("MAILROOM_AI_API_KEY_REF is not listed in MAILROOM_PLATFORM_SECRET_REFS: "
-                                       "the AI proposer cannot read its key", id="intake.W002"))
-    return warnings
+    return [*platform_ref_warnings(),
+            *secret_ref_warnings(Mailbox.objects.all(), ("webhook_secret_ref", "credentials_ref"), "mailbox",
+                                 "intake.W001")]

@@ -7,10 +7,22 @@ only name the tenant's own secrets:
     file:<MAILROOM_SECRETS_DIR>/<slug>/<file>    the resolved path (symlinks followed, no "..") stays inside
     vault:<mount>/mailroom/<slug>/<path>#<key>
 
-Anything else only if it is listed, exactly, in `MAILROOM_PLATFORM_SECRET_REFS` (the demo's secret, a
-reference a superuser sets). `resolve_secret(ref, tenant=...)` checks this every time, so a row forced into
-the database past `clean()` gains nothing; `tenant=None` (a platform caller: the AI key) allows only the
-list.
+Anything else is a platform reference: it must be listed in `MAILROOM_PLATFORM_SECRET_REFS` (comma-separated),
+and a row may use it only if the entry binds it to that row:
+
+    <ref>                           platform-only: resolves only for a platform caller (tenant=None)
+    <ref>=<owner>[|<owner>...]      only for the rows named; an owner is
+                                    mailbox:<mailbox slug>, destination:<tenant slug>/<slug>,
+                                    tenant:<slug> (any row of that tenant), or * (any row: test rigs)
+
+The binding is what follows the entry's LAST "=" (owners never contain "="), so a reference may contain ":",
+"/", "#" or "|"; one that contains "=" ends its entry with "=" (platform-only) or "=<owners>". An entry whose
+binding does not parse binds nothing (`manage.py check` names it). A listed reference is a platform
+reference even if it looks like a tenant's own: the list decides. `MAILROOM_AI_API_KEY_REF` resolves only
+for the platform, whatever its entry says. Who may SET a platform reference on a row: intake.secret_policy.
+
+`resolve_secret(ref, tenant=..., owner=row)` checks all this every time, so a row forced into the database
+past `clean()` gains nothing (SecretRefused, recorded `refused`, nothing read).
 
 Vault values are cached per process for `MAILROOM_SECRET_CACHE_SECONDS`; `forget(ref)` drops the cached
 value so the next resolution re-reads it (a destination or provider that refused our credentials does
@@ -24,6 +36,7 @@ import os
 import re
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -42,7 +55,8 @@ class SecretUnavailable(Exception):
 
 
 class SecretRefused(SecretUnavailable):
-    """The reference is outside its owner's scope (another tenant's secret, a platform secret not listed)."""
+    """The reference is outside its owner's scope (another tenant's secret, a platform secret not listed or not
+    bound to the row)."""
 
 
 def env_prefix(slug: str) -> str:
@@ -55,8 +69,87 @@ def allowed_forms(tenant) -> str:
                                 dir=settings.MAILROOM_SECRETS_DIR or "<MAILROOM_SECRETS_DIR>")
 
 
+# --- platform references ----------------------------------------------------------------------------
+
+ANY_ROW = "*"
+_SLUG = r"[-a-zA-Z0-9_]+"
+_OWNER = re.compile(rf"\*|tenant:{_SLUG}|mailbox:{_SLUG}|destination:{_SLUG}/{_SLUG}")
+_REF_SCHEMES = ("env:", "file:", "vault:")
+
+
+@dataclass(frozen=True)
+class PlatformRefs:
+    """`MAILROOM_PLATFORM_SECRET_REFS` parsed: ref -> the owners it is bound to (empty: platform-only), and the
+    entries that bind nothing because they do not parse."""
+
+    bindings: dict[str, frozenset[str]]
+    malformed: tuple[str, ...]
+
+
+def parse_platform_refs(entries) -> PlatformRefs:
+    bindings: dict[str, set[str]] = {}
+    malformed = []
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        ref, sep, binding = entry.rpartition("=")
+        if not sep:
+            ref, binding = entry, ""
+        owners = [owner.strip() for owner in binding.split("|")] if binding.strip() else []
+        if not ref.startswith(_REF_SCHEMES) or not all(_OWNER.fullmatch(owner) for owner in owners):
+            malformed.append(entry)
+            continue
+        bindings.setdefault(ref, set()).update(owners)
+    return PlatformRefs({ref: frozenset(owners) for ref, owners in bindings.items()}, tuple(malformed))
+
+
+_parsed: dict = {}  # tuple(setting) -> PlatformRefs (the setting may change under tests)
+
+
+def platform_bindings() -> PlatformRefs:
+    key = tuple(settings.MAILROOM_PLATFORM_SECRET_REFS or ())
+    parsed = _parsed.get(key)
+    if parsed is None:
+        parsed = _parsed[key] = parse_platform_refs(key)
+    return parsed
+
+
 def platform_refs() -> set[str]:
-    return {ref for ref in settings.MAILROOM_PLATFORM_SECRET_REFS if ref}
+    """Every reference listed in MAILROOM_PLATFORM_SECRET_REFS (bound or platform-only)."""
+    return set(platform_bindings().bindings)
+
+
+def is_platform_ref(ref: str) -> bool:
+    return bool(ref) and ref in platform_bindings().bindings
+
+
+def is_row(owner) -> bool:
+    return hasattr(owner, "_meta")
+
+
+def owner_label(owner, tenant) -> str:
+    """How a binding names `owner` ("mailbox:<slug>", "destination:<tenant>/<slug>"); "" for anything else."""
+    model = owner._meta.label_lower if is_row(owner) else ""
+    if model == "intake.mailbox" and owner.slug:
+        return f"mailbox:{owner.slug}"
+    if model == "ticketing.destination" and owner.slug and tenant is not None:
+        return f"destination:{tenant.slug}/{owner.slug}"
+    return ""
+
+
+def binding_problem(ref: str, tenant, owner) -> str:
+    """Why listed platform reference `ref` may not be used by `owner` of `tenant`; "" when it may."""
+    if tenant is None and not is_row(owner):
+        return ""  # a platform caller (the AI proposer): every listed reference
+    owners = platform_bindings().bindings[ref]
+    label = owner_label(owner, tenant)
+    mine = {ANY_ROW, label} | ({f"tenant:{tenant.slug}"} if tenant is not None else set())
+    if owners & mine:
+        return ""
+    if not owners:
+        return "this platform secret reference is platform-only (bound to no row in MAILROOM_PLATFORM_SECRET_REFS)"
+    # Not which rows it is bound to: that would name other tenants' rows to whoever reads the message.
+    return f"this platform secret reference is not bound to {label or 'this row'} in MAILROOM_PLATFORM_SECRET_REFS"
 
 
 def _ttl() -> float:
@@ -82,10 +175,15 @@ def _overlapping_prefixes(tenant) -> list[str]:
     return prefixes
 
 
-def scope_problem(ref: str, tenant) -> str:
-    """Why `tenant` (None: the platform) may not use `ref`; "" when it may."""
-    if ref in platform_refs():
-        return ""
+def scope_problem(ref: str, tenant, owner=None) -> str:
+    """Why `owner` (a row, a label or None) of `tenant` (None: the platform) may not use `ref`; "" when it may."""
+    if is_row(owner) and tenant is not None and getattr(owner, "tenant_id", None) not in (None, tenant.pk):
+        return "the row belongs to another tenant"
+    ai_key = settings.MAILROOM_AI_API_KEY_REF
+    if ai_key and ref == ai_key and (tenant is not None or is_row(owner)):
+        return "the AI key (MAILROOM_AI_API_KEY_REF) resolves only for the platform, never for a tenant's row"
+    if is_platform_ref(ref):
+        return binding_problem(ref, tenant, owner)
     if tenant is None:
         return "a platform secret reference must be listed in MAILROOM_PLATFORM_SECRET_REFS"
     scheme, _, target = ref.partition(":")
@@ -118,15 +216,16 @@ def scope_problem(ref: str, tenant) -> str:
     return "a secret reference starts with env:, file: or vault:"
 
 
-def ref_error(ref: str, tenant) -> str:
-    """The message `clean()` shows for a reference `tenant` may not use ("" when it may)."""
+def ref_error(ref: str, tenant, owner=None) -> str:
+    """The message `clean()` shows for a reference `owner` of `tenant` may not use ("" when it may)."""
     if not ref:
         return ""
-    problem = scope_problem(ref, tenant)
+    problem = scope_problem(ref, tenant, owner)
     if not problem:
         return ""
-    return (f"{problem}. Allowed: {allowed_forms(tenant)}; or a reference listed in "
-            "MAILROOM_PLATFORM_SECRET_REFS.")
+    label = owner_label(owner, tenant) or "<owner>"
+    return (f"{problem}. Allowed: {allowed_forms(tenant)}; or a platform reference bound to this row in "
+            f"MAILROOM_PLATFORM_SECRET_REFS ({ref}={label}), set by a platform operator.")
 
 
 # --- reading ----------------------------------------------------------------------------------------
@@ -152,6 +251,7 @@ def clear_cache() -> None:
         _recorded.clear()
         _digests.clear()
         _others_cache.clear()
+        _parsed.clear()
 
 
 def reread(ref: str, *, tenant, owner=None) -> bool:
@@ -164,17 +264,17 @@ def reread(ref: str, *, tenant, owner=None) -> bool:
 
 
 def resolve_secret(ref: str, *, tenant, owner=None) -> str:
-    """The secret `ref` names, for `tenant` (the owner's tenant; None for a platform caller).
+    """The secret `ref` names, for `owner` of `tenant` (the owner's tenant; None for a platform caller).
 
-    `owner` (a Mailbox, a Destination or a label) is only recorded. Raises SecretUnavailable
-    (SecretRefused when the reference is outside the tenant's scope: nothing is read).
+    `owner` (a Mailbox, a Destination or a label) is recorded, and is what a platform reference must be bound
+    to. Raises SecretUnavailable (SecretRefused when the reference is outside the row's scope: nothing is read).
     """
     if not ref:
         raise SecretUnavailable("no secret reference configured")
     with _lock:
         fresh = ref in _reread
         _reread.discard(ref)
-    problem = scope_problem(ref, tenant)
+    problem = scope_problem(ref, tenant, owner)
     if problem:
         _record(ref, tenant, owner, "refused", fresh)
         logger.warning("secret reference %s refused for tenant %s: %s", ref, getattr(tenant, "slug", "-"), problem)
@@ -291,9 +391,9 @@ def _read_vault(target: str) -> str:
 
 
 def out_of_scope(rows, fields):
-    """(row, field, ref, problem) for each reference of `rows` (with `.tenant`) outside its tenant's scope."""
+    """(row, field, ref, problem) for each reference of `rows` (with `.tenant`) the row may not use."""
     for row in rows:
         for field in fields:
             ref = getattr(row, field)
-            if ref and (problem := scope_problem(ref, row.tenant)):
+            if ref and (problem := scope_problem(ref, row.tenant, row)):
                 yield row, field, ref, problem

@@ -1,6 +1,7 @@
 """Secret references are scoped to their tenant (intake.secrets): refused at save with the allowed forms
 named, refused again at resolve time for a row forced past the save, and platform references only from
-MAILROOM_PLATFORM_SECRET_REFS."""
+MAILROOM_PLATFORM_SECRET_REFS, for the rows they are bound to (the attacks of issue 20 finding 2:
+tests/test_secret_boundary.py)."""
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
@@ -84,15 +85,26 @@ def test_a_variable_in_a_longer_tenant_namespace_is_not_the_shorter_tenants(tena
     assert resolve_secret("env:MAILROOM_T_ACME_EU_TOKEN", tenant=acme_eu) == "acme-eu's"
 
 
-def test_platform_references_only_from_the_allow_list(tenant, settings, monkeypatch):
+def test_platform_references_only_from_the_allow_list_and_for_the_rows_they_are_bound_to(tenant, settings,
+                                                                                          monkeypatch):
     monkeypatch.setenv("MAILROOM_DEMO_WEBHOOK_SECRET", "demo")
+    demo = make_mailbox(tenant, slug="demo", webhook_secret_ref="env:MAILROOM_T_ACME_WEBHOOK")
+    other = make_mailbox(tenant, slug="other", webhook_secret_ref="env:MAILROOM_T_ACME_WEBHOOK")
+    settings.MAILROOM_PLATFORM_SECRET_REFS = []
     with pytest.raises(SecretRefused):
         resolve_secret("env:MAILROOM_DEMO_WEBHOOK_SECRET", tenant=None)
     with pytest.raises(SecretRefused):
-        resolve_secret("env:MAILROOM_DEMO_WEBHOOK_SECRET", tenant=tenant)
-    settings.MAILROOM_PLATFORM_SECRET_REFS = ["env:MAILROOM_DEMO_WEBHOOK_SECRET"]
+        resolve_secret("env:MAILROOM_DEMO_WEBHOOK_SECRET", tenant=tenant, owner=demo)
+    settings.MAILROOM_PLATFORM_SECRET_REFS = ["env:MAILROOM_DEMO_WEBHOOK_SECRET"]  # platform-only
     assert resolve_secret("env:MAILROOM_DEMO_WEBHOOK_SECRET", tenant=None) == "demo"
-    assert resolve_secret("env:MAILROOM_DEMO_WEBHOOK_SECRET", tenant=tenant) == "demo"
+    with pytest.raises(SecretRefused, match="platform-only"):
+        resolve_secret("env:MAILROOM_DEMO_WEBHOOK_SECRET", tenant=tenant, owner=demo)
+    settings.MAILROOM_PLATFORM_SECRET_REFS = ["env:MAILROOM_DEMO_WEBHOOK_SECRET=mailbox:demo"]
+    assert resolve_secret("env:MAILROOM_DEMO_WEBHOOK_SECRET", tenant=tenant, owner=demo) == "demo"
+    with pytest.raises(SecretRefused, match="not bound to mailbox:other"):
+        resolve_secret("env:MAILROOM_DEMO_WEBHOOK_SECRET", tenant=tenant, owner=other)
+    with pytest.raises(SecretRefused):
+        resolve_secret("env:MAILROOM_DEMO_WEBHOOK_SECRET", tenant=tenant)  # no row: nothing it is bound to
     with pytest.raises(TypeError):
         resolve_secret("env:MAILROOM_DEMO_WEBHOOK_SECRET")  # the tenant is required
 
@@ -162,16 +174,20 @@ def _destination_form(destination, **changes):
 
 
 def test_the_admin_form_names_the_allowed_forms_and_keeps_platform_refs_for_superusers(tenant, settings):
-    settings.MAILROOM_PLATFORM_SECRET_REFS = ["env:MAILROOM_DEMO_WEBHOOK_SECRET"]
+    settings.MAILROOM_PLATFORM_SECRET_REFS = ["env:MAILROOM_DEMO_WEBHOOK_SECRET=destination:acme/desk"]
     destination = make_destination(tenant, slug="desk", kind="zendesk", is_default=False,
                                    base_url="https://acme.zendesk.example", credentials_ref="env:MAILROOM_T_ACME_DESK")
     url = f"/admin/ticketing/destination/{destination.pk}/change/"
     client = Client()
     client.force_login(_staff(tenant))
-    for ref in ("env:SECRET_KEY", "env:MAILROOM_DEMO_WEBHOOK_SECRET"):
-        response = client.post(url, _destination_form(destination, credentials_ref=ref))
-        assert response.status_code == 200, ref  # the form again, with the error
-        assert "Allowed: env:MAILROOM_T_ACME_&lt;NAME&gt;" in response.content.decode(), ref
+    response = client.post(url, _destination_form(destination, credentials_ref="env:SECRET_KEY"))
+    assert response.status_code == 200  # the form again, with the error
+    assert "Allowed: env:MAILROOM_T_ACME_&lt;NAME&gt;" in response.content.decode()
+    response = client.post(url, _destination_form(destination, credentials_ref="env:MAILROOM_DEMO_WEBHOOK_SECRET"))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "only a platform operator (superuser) may use a platform secret reference" in page
+    assert "Use one of the tenant&#x27;s own: env:MAILROOM_T_ACME_&lt;NAME&gt;" in page
     assert Destination.objects.get(pk=destination.pk).credentials_ref == "env:MAILROOM_T_ACME_DESK"
 
     root = get_user_model().objects.create_superuser("root", "root@example.com", "pw-for-tests-only")
@@ -181,14 +197,23 @@ def test_the_admin_form_names_the_allowed_forms_and_keeps_platform_refs_for_supe
     assert Destination.objects.get(pk=destination.pk).credentials_ref == "env:MAILROOM_DEMO_WEBHOOK_SECRET"
 
 
-def test_a_base_url_change_by_a_non_superuser_is_audited(tenant, caplog):
+def test_a_base_url_change_by_a_non_superuser_needs_the_credentials_again_and_is_audited(tenant, caplog):
     destination = make_destination(tenant, slug="desk", kind="zendesk", is_default=False,
                                    base_url="https://acme.zendesk.example", credentials_ref="env:MAILROOM_T_ACME_DESK")
     client = Client()
     user = _staff(tenant)
     client.force_login(user)
-    response = client.post(f"/admin/ticketing/destination/{destination.pk}/change/",
-                           _destination_form(destination, base_url="https://collector.example/"))
+    url = f"/admin/ticketing/destination/{destination.pk}/change/"
+    for confirmation in ("", "env:MAILROOM_T_ACME_OTHER"):  # not entered again; entered wrong
+        response = client.post(url, _destination_form(destination, base_url="https://collector.example/",
+                                                      confirm_credentials_ref=confirmation))
+        assert response.status_code == 200, confirmation
+    assert "base_url moves to another host (acme.zendesk.example -&gt; collector.example)" in response.content.decode()
+    assert Destination.objects.get(pk=destination.pk).base_url == "https://acme.zendesk.example"
+    assert not LogEntry.objects.filter(object_id=str(destination.pk)).exists()
+
+    response = client.post(url, _destination_form(destination, base_url="https://collector.example/",
+                                                  confirm_credentials_ref="env:MAILROOM_T_ACME_DESK"))
     assert response.status_code == 302
     [entry] = LogEntry.objects.filter(object_id=str(destination.pk), change_message__startswith="base_url")
     assert entry.user == user

@@ -1,8 +1,10 @@
 """Changes to a destination that deserve a trace outside the inbox events' audit trail.
 
-A destination's `base_url` is where its credentials are sent: when someone other than a superuser changes
-it, an admin `LogEntry` (the admin's history of the destination: who, when, old and new host) and a
-WARNING on the `mailroom.audit` logger are written. `AuditEvent` is not used: it belongs to an inbox event.
+A destination's `base_url` is where its credentials are sent. Who may change it is the secret rule's
+(intake.secret_policy: not on a row holding a platform reference; to another host only with the credentials
+reference entered again). When someone other than a superuser changes it, through the admin or the API, an
+admin `LogEntry` (the destination's history: who, when, old and new host) and a WARNING on the
+`mailroom.audit` logger are written. `AuditEvent` is not used: it belongs to an inbox event.
 """
 import logging
 from urllib.parse import urlsplit

@@ -58,6 +58,14 @@ class Destination(models.Model):
         super().clean()
         if self.tenant_id:
             check_secret_refs(self, self.tenant, ("credentials_ref",))
+        # The egress guard on every URL it would call (intake.egress; checked again at connect time).
+        from django.core.exceptions import ValidationError
+
+        from .destinations import egress_errors
+
+        refused = egress_errors(self.kind, self.base_url, self.settings)
+        if refused:
+            raise ValidationError(refused)
 
 
 class Intent(models.Model):

@@ -6,13 +6,16 @@ validated by the model's `full_clean` (field checks, `clean()`, constraints: a s
 reference is refused with the model's message) and kept inside the user's tenants.
 """
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError, transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from intake import secret_policy
 from intake.logging import mask_address
 from intake.models import AuditEvent, InboxEvent, Mailbox
 from intake.selectors import visible_tenants
+from ticketing import audit
 from ticketing.classification.conditions import validate_conditions
 from ticketing.destinations import configuration_errors
 from ticketing.models import PRIORITIES, Destination, Intent, RoutingPolicy, RoutingRule, TicketMapping
@@ -156,8 +159,8 @@ class TenantDestinationField(serializers.PrimaryKeyRelatedField):
 
 
 class AssignSerializer(serializers.Serializer):
-    assignee = serializers.CharField(allow_null=True, help_text="a username (a member of the item's tenant); "
-                                                                 "null unassigns")
+    assignee = serializers.CharField(allow_null=True, help_text="a username (an active member of the item's tenant "
+                                                                 "who can see the queue); null unassigns")
 
 
 class EscalationSerializer(serializers.Serializer):
@@ -192,6 +195,10 @@ class ConfirmSerializer(serializers.Serializer):
 
 class CloseSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=2000)
+
+
+class ReleaseSerializer(serializers.Serializer):
+    note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
 
 class BulkReplaySerializer(serializers.Serializer):
@@ -261,7 +268,20 @@ class FullCleanModelSerializer(serializers.ModelSerializer):
         except DjangoValidationError as exc:
             raise serializers.ValidationError(
                 exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}) from None
-        instance.save()
+        try:
+            with transaction.atomic():
+                instance.save()
+        except IntegrityError:
+            # A row saved at the same moment took a unique value (an address, a slug): a 400 that says which,
+            # found by judging again now that the other row is visible; never a 500.
+            try:
+                instance.full_clean()
+            except DjangoValidationError as exc:
+                raise serializers.ValidationError(
+                    exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}) from None
+            raise serializers.ValidationError(
+                {"non_field_errors": ["another change saved at the same moment conflicts with this one; "
+                                      "try again"]}) from None
         return instance
 
     def create(self, validated_data):
@@ -271,7 +291,32 @@ class FullCleanModelSerializer(serializers.ModelSerializer):
         return self._saved(instance, validated_data)
 
 
-class MailboxSerializer(FullCleanModelSerializer):
+class SecretRulesMixin:
+    """The secret rule (intake.secret_policy) with the request's user: a platform secret reference is set, and a
+    row holding one redirected, only by a superuser; a base_url moved to another host needs `credentials_ref` in
+    the same request. A destination's base_url change is audited as the admin's is (ticketing.audit)."""
+
+    def validate(self, data):
+        data = super().validate(data)
+        row = self.instance if self.instance is not None else self.Meta.model()
+        holder = secret_policy.holder_for(row)
+        try:
+            secret_policy.check_secret_change(
+                actor=self.context["request"].user, row=row, before=secret_policy.stored_values(row), changes=data,
+                reentered=[name for name in holder.ref_fields if name in self.initial_data])
+        except secret_policy.SecretChangeRefused as refused:
+            raise serializers.ValidationError(refused.message_dict) from None
+        return data
+
+    def update(self, instance, validated_data):
+        old_url = getattr(instance, "base_url", None)
+        saved = super().update(instance, validated_data)
+        if isinstance(saved, Destination):
+            audit.base_url_changed(self.context["request"].user, saved, old_url or "")
+        return saved
+
+
+class MailboxSerializer(SecretRulesMixin, FullCleanModelSerializer):
     tenant = VisibleTenantField()
 
     class Meta:
@@ -282,7 +327,7 @@ class MailboxSerializer(FullCleanModelSerializer):
         read_only_fields = ("health", "health_detail", "last_polled_at", "created_at")
 
 
-class DestinationSerializer(FullCleanModelSerializer):
+class DestinationSerializer(SecretRulesMixin, FullCleanModelSerializer):
     tenant = VisibleTenantField()
 
     class Meta:

@@ -139,7 +139,8 @@ def propose(facts, policy, open_fields) -> Proposal:
     headers = {"Content-Type": "application/json"}
     if settings.MAILROOM_AI_API_KEY_REF:
         try:
-            # A platform secret: MAILROOM_PLATFORM_SECRET_REFS must list it.
+            # A platform secret: MAILROOM_PLATFORM_SECRET_REFS lists it, and it resolves only for the platform
+            # (tenant=None, no row): intake.secrets refuses the AI key to every tenant's row.
             key = resolve_secret(settings.MAILROOM_AI_API_KEY_REF, tenant=None, owner="platform:ai")
             headers["Authorization"] = f"Bearer {key}"
         except SecretUnavailable:

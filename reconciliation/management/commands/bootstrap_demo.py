@@ -11,5 +11,6 @@ class Command(BaseCommand):
         result = do_bootstrap_demo(settings.BASE_DIR / ".env")
         self.stdout.write(f"demo ready: mailbox {result['mailbox']}, admin user {result['username']}")
         if not result["secret_ref_listed"]:
-            self.stderr.write("MAILROOM_PLATFORM_SECRET_REFS is set without env:MAILROOM_DEMO_WEBHOOK_SECRET: "
-                              "add it, or the demo mailbox's webhooks are refused")
+            self.stderr.write("MAILROOM_PLATFORM_SECRET_REFS is set without binding the demo's webhook secret to "
+                              "its mailbox: add env:MAILROOM_DEMO_WEBHOOK_SECRET=mailbox:demo, or the demo mailbox's "
+                              "webhooks are refused")
