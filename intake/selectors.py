@@ -3,7 +3,8 @@ import time
 
 from django.db.models import QuerySet
 
-from .models import Mailbox, Switch, Tenant
+from .models import AuditEvent, Mailbox, Switch, Tenant
+from .vocabulary import AuditKind
 
 # Webhooks look their mailbox up on every request; a few seconds of staleness (a changed
 # secret reference takes effect within MAILBOX_CACHE_SECONDS) buys a query per request.
@@ -32,6 +33,44 @@ def forget_cached_mailboxes() -> None:
 
 def global_pause_on() -> bool:
     return Switch.objects.filter(name=Switch.GLOBAL_PAUSE, on=True).exists()
+
+
+# A tenant's own pause (its admins set it; every mailbox and destination of the tenant waits) is a
+# Switch row named after the tenant, so it needs no schema of its own.
+TENANT_PAUSE_PREFIX = "tenant-pause-"
+
+
+def tenant_pause_name(tenant_id: int) -> str:
+    return f"{TENANT_PAUSE_PREFIX}{int(tenant_id)}"
+
+
+def tenant_pause_on(tenant_id: int, cache: dict | None = None) -> bool:
+    """Whether the tenant's pause is on; read once per task group when `cache` is given."""
+    key = ("tenant_pause", tenant_id)
+    if cache is not None and key in cache:
+        return cache[key]
+    on = Switch.objects.filter(name=tenant_pause_name(tenant_id), on=True).exists()
+    if cache is not None:
+        cache[key] = on
+    return on
+
+
+def paused_tenant_ids() -> set[int]:
+    """The tenants whose own pause is on."""
+    names = Switch.objects.filter(name__startswith=TENANT_PAUSE_PREFIX, on=True).values_list("name", flat=True)
+    return {int(name[len(TENANT_PAUSE_PREFIX):]) for name in names if name[len(TENANT_PAUSE_PREFIX):].isdigit()}
+
+
+def quarantine_unreleased(event_id: int) -> bool:
+    """Whether the event was ever quarantined and no security user released it since (the audit trail says).
+
+    Such an event is judged again (validation and the malware scan) before it may go anywhere: a close
+    or a replay is never a way out of quarantine.
+    """
+    latest = (AuditEvent.objects.filter(inbox_event_id=event_id,
+                                        kind__in=(AuditKind.QUARANTINED, AuditKind.QUARANTINE_RELEASED))
+              .order_by("-pk").values_list("kind", flat=True).first())
+    return latest == AuditKind.QUARANTINED
 
 
 def visible_tenants(user) -> QuerySet:

@@ -232,6 +232,7 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
     candidates = list(
         # write_pending events belong to their intent, whose own sweeps watch them.
         InboxEvent.objects.filter(state__in=STALE_CANDIDATE_STATES, mailbox__paused=False)
+        .exclude(tenant_id__in=selectors.paused_tenant_ids())  # a tenant's pause parks like a mailbox's
         .filter(Q(retry_at__isnull=True, updated_at__lt=cutoff) | Q(retry_at__lte=now))
         .order_by("updated_at")
         .values_list("pk", "state", "dispatch_count", "retry_at")[:limit]

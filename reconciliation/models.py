@@ -2,7 +2,7 @@
 
 `RecoveryItem` is an `InboxEvent` seen through the recovery queue; its
 permissions are the operator's capabilities. `PauseSwitch` is the global
-`Switch` seen through the pause page; mailbox and destination pauses are
+`Switch` seen through the pause page; tenant, mailbox and destination pauses are
 edited there too. Bodies and quarantine release stay on `intake.InboxEvent`
 (`intake.view_message_body`, `intake.release_quarantine`).
 """
@@ -34,10 +34,8 @@ class PauseSwitch(Switch):
         proxy = True
         verbose_name = "pause"
         verbose_name_plural = "pauses"
+        # "change": a tenant's own pauses. The global pause is for superusers only (services.pauses).
         default_permissions = ("view", "change")
-        permissions = [
-            ("set_global_pause", "Can turn the global pause on and off (every tenant)"),
-        ]
 
 
 # --- reconcilers (reconciliation.reconcilers) ------------------------------------------------------

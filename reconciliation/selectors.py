@@ -17,7 +17,7 @@ from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent, Mailbox, Switch
-from intake.selectors import visible_tenants
+from intake.selectors import paused_tenant_ids, visible_tenants
 from intake.vocabulary import AuditKind, ReasonCode
 from ticketing.models import Destination, Intent, RoutingRule, TicketMapping
 from ticketing.selectors import WORK_ACTIONS  # the intents that carry an event's ticket work
@@ -153,11 +153,13 @@ def visible_destinations(user) -> QuerySet:
 
 
 def pause_status(user) -> dict:
-    """What is paused, as far as this user may see: the global switch, their mailboxes and destinations."""
+    """What is paused, as far as this user may see: the global switch, their tenants' own pauses, their
+    mailboxes and destinations."""
     switch = Switch.objects.filter(name=Switch.GLOBAL_PAUSE).first()
     return {
         "global": bool(switch and switch.on),
         "global_switch": switch,
+        "tenants": list(visible_tenants(user).filter(pk__in=paused_tenant_ids()).order_by("slug")),
         "mailboxes": list(visible_mailboxes(user).filter(paused=True).order_by("slug")),
         "destinations": list(visible_destinations(user).filter(paused=True).order_by("tenant__slug", "slug")),
     }

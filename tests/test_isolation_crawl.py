@@ -216,7 +216,12 @@ class Crawl:
                     self.check_page("POST", url, response, refused_only=True)
                     self.check_write(f"POST {url}", before)
         url = reverse("admin:reconciliation_pauseswitch_changelist")
-        for target, model in (("mailbox", "intake.Mailbox"), ("destination", "ticketing.Destination")):
+        before = counts()
+        response = self.admin.post(url, {"target": "global", "id": "", "paused": "1"})
+        self.check_page("POST", f"{url} global", response, refused_only=True)
+        self.check_write("POST global pause", before)
+        for target, model in (("tenant", "intake.Tenant"), ("mailbox", "intake.Mailbox"),
+                              ("destination", "ticketing.Destination")):
             for pk in sorted(owned_by(apps.get_model(model), self.owned)):
                 before = counts()
                 response = self.admin.post(url, {"target": target, "id": pk, "paused": "1"})
@@ -344,3 +349,61 @@ def test_the_crawl_reports_a_write_to_another_tenant(two_tenants, monkeypatch):
     assert any("changed A's rows" in leak for leak in leaks), leaks
     assert any(re.search(r"POST /admin/reconciliation/recoveryitem/\d+/act/assign_me/ -> 302", leak)
                for leak in leaks), leaks
+
+
+# --- the rules of the tenant-boundary review (issue 20) --------------------------------------------------------
+
+def test_tenant_b_cannot_take_a_s_address_secret_or_pause(two_tenants, settings):
+    """B's every-permission user and B's tenant admin try A's address (three spellings), a platform secret bound
+    to A's destination and A's or everyone's pause, through the admin and the API: every try is refused and no
+    row of anyone's changes."""
+    from intake.models import Mailbox, Switch, Tenant
+    from ticketing.models import Destination
+
+    owned, users = two_tenants
+    a_destination = Destination.objects.get(pk=min(owned_by(Destination, owned)))
+    bound_ref = "env:ZQALPHA_DESK_TOKEN"
+    settings.MAILROOM_PLATFORM_SECRET_REFS = [f"{bound_ref}=destination:{A}/{a_destination.slug}"]
+    tenant_a = Tenant.objects.get(slug=A)
+    for role in ("mailroom-admin", "everything"):
+        user = users[role]
+        b_mailbox = Mailbox.objects.filter(tenant__slug=B).order_by("pk").first()
+        b_destination = Destination.objects.filter(tenant__slug=B).order_by("pk").first()
+        c = Crawl(owned, user)
+        tries = []
+        for spelling in (f"support@{A}.test", f"Support@{A.upper()}.TEST", f"support+crawl@{A}.test"):
+            tries += [
+                ("POST", "/api/v1/mailboxes/", {"tenant": B, "slug": "crawl-grab", "address": spelling,
+                                                "provider": "raw"}),
+                ("PATCH", f"/api/v1/mailboxes/{b_mailbox.pk}/", {"address": spelling}),
+            ]
+        tries += [
+            ("POST", "/api/v1/destinations/", {"tenant": B, "slug": "crawl-steal", "name": "steal", "kind": "zendesk",
+                                               "base_url": "https://b.zendesk.example", "credentials_ref": bound_ref}),
+            ("PATCH", f"/api/v1/destinations/{b_destination.pk}/", {"credentials_ref": bound_ref}),
+        ]
+        for method, url, body in tries:
+            before = counts()
+            response = getattr(c.api, method.lower())(url, body, format="json")
+            if response.status_code not in REFUSED | {400}:
+                c.leak(f"{method} {url} {body} -> {response.status_code}")
+            # The refusal names the address tried (our input, and the uniqueness it states); nothing else of A's.
+            text = response.content.decode().lower().replace(f"{A}.test", "")
+            if A in text:
+                c.leak(f"{method} {url} -> {response.status_code} shows {A!r} beyond the address tried")
+            c.check_write(f"{method} {url} {body}", before)
+        before = counts()
+        response = c.admin.post(reverse("admin:intake_mailbox_add"), {
+            "tenant": b_mailbox.tenant_id, "slug": "crawl-grab-admin", "address": f"support@{A}.test",
+            "provider": "raw", "settings": "{}", "allowed_recipients": "[]"})
+        if response.status_code == 302:
+            c.leak("admin add of A's address was saved")
+        c.check_write("admin add of A's address", before)
+        url = reverse("admin:reconciliation_pauseswitch_changelist")
+        for target, pk in (("global", ""), ("tenant", tenant_a.pk)):
+            before = counts()
+            c.admin.post(url, {"target": target, "id": pk, "paused": "1"})
+            c.check_write(f"pause {target}", before)
+        assert not Switch.objects.filter(on=True).exists(), role
+        assert c.leaks == [], "\n".join(c.leaks)
+    assert Mailbox.objects.filter(address_key=f"support@{A}.test").values_list("tenant__slug", flat=True).get() == A

@@ -125,7 +125,8 @@ def test_a_dry_run_lists_what_would_match_and_change_and_writes_nothing(client, 
     InboxEvent.objects.filter(pk=purged.pk).update(raw=None)
     globex = make_tenant(slug="globex")
     make_destination(globex)
-    make_event(make_mailbox(globex, address="support@acme.test"), subject="Urgent: globex")  # other tenant
+    # Another tenant's message that the rule's conditions would match (addresses are unique across tenants).
+    make_event(make_mailbox(globex, address="support@globex.test"), subject="Urgent: globex", to="support@acme.test")
     rule = make_rule(tenant)  # disabled: test before enabling
     before = count_rows()
 

@@ -55,8 +55,8 @@ def test_a_reply_becomes_one_comment_on_the_same_ticket(mailbox):
 def test_two_replies_processed_concurrently_are_two_comments_in_arrival_order(mailbox):
     _, mapping = original(mailbox)
     headers = {"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"}
-    first = receive(mailbox, body="first reply", extra_headers=headers)
-    second = receive(mailbox, body="second reply", extra_headers=headers)
+    first = receive(mailbox, sender="jane@example.com", body="first reply", extra_headers=headers)
+    second = receive(mailbox, sender="jane@example.com", body="second reply", extra_headers=headers)
     barrier = threading.Barrier(2)
     errors = []
 
@@ -107,6 +107,36 @@ def test_a_participant_with_the_ticket_token_comments_on_it(mailbox):
     follow_up = receive(mailbox, sender="Jane@Example.com", subject=f"Re: [#MR-{mapping.pk}] Printer")
     assert process_inbox_event(follow_up) == "created"
     assert TicketComment.objects.get().ticket_id == int(mapping.ticket_id)
+
+
+def test_a_strangers_reply_by_headers_to_someone_elses_thread_gets_a_new_flagged_ticket(mailbox):
+    """In-Reply-To/References are as easy to copy as a ticket token: the same participant check applies."""
+    _, mapping = original(mailbox, sender="jane@example.com")
+    headers = {"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"}
+    stranger = receive(mailbox, sender="mallory@evil.example", subject="Re: Printer", body="add me",
+                       extra_headers=headers)
+    assert process_inbox_event(stranger) == "created"
+    assert TicketComment.objects.count() == 0 and Ticket.objects.count() == 2
+    event = InboxEvent.objects.get(pk=stranger)
+    assert event.details["flags"] == ["untrusted_thread_reply"]
+    flagged = event.audit_events.get(kind="flagged")
+    assert flagged.detail == {"flags": ["untrusted_thread_reply"]}
+    new_ticket = TicketMapping.objects.get(inbox_event_id=stranger)
+    assert new_ticket.action == "create_ticket" and new_ticket.ticket_id != mapping.ticket_id
+    assert "mailroom-untrusted-thread-reply" in Ticket.objects.get(pk=int(new_ticket.ticket_id)).tags
+
+    # The requester's own reply in the same thread still comments on her ticket, and only there.
+    follow_up = receive(mailbox, sender="Jane@Example.com", subject="Re: Printer", body="Still broken.",
+                        extra_headers=headers)
+    assert process_inbox_event(follow_up) == "created"
+    [comment] = TicketComment.objects.all()
+    assert comment.ticket_id == int(mapping.ticket_id)
+    assert "flags" not in InboxEvent.objects.get(pk=follow_up).details  # not even "ambiguous_thread"
+    # And the stranger's next reply joins the stranger's own ticket, not Jane's.
+    again = receive(mailbox, sender="mallory@evil.example", subject="Re: Printer", body="hello?",
+                    extra_headers=headers)
+    assert process_inbox_event(again) == "created"
+    assert TicketComment.objects.get(body__startswith="hello?").ticket_id == int(new_ticket.ticket_id)
 
 
 PROCESS_SCRIPT = r"""

@@ -17,7 +17,7 @@ STORED_AUDIT_KINDS = {
     "ticket_created", "comment_added", "linked_copy", "acknowledged", "acknowledgment_skipped", "replayed",
     "replayed_as_new_action", "ticket_confirmed", "acknowledgment_handled", "closed_not_a_request",
     "quarantine_released", "assigned", "escalation_set", "body_viewed", "attachment_downloaded", "bulk_lookup",
-    "purged", "legal_hold_set", "legal_hold_released",
+    "purged", "legal_hold_set", "legal_hold_released", "body_searched",
 }
 EVENT_REASON_CODES = {
     "credentials", "invalid_fields", "retries_exhausted", "configuration", "not_found", "rejected", "claim_expired",

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent
 from intake.normalize import normalize
-from intake.selectors import global_pause_on
+from intake.selectors import global_pause_on, tenant_pause_on
 from intake.vocabulary import AuditKind
 
 from . import classification, copies, services, threads
@@ -88,6 +88,8 @@ def _may_be_plain(event: InboxEvent, cache: dict) -> bool:
     """What can be told before normalization; the per-event path handles everything else."""
     if event.state != State.RECEIVED or event.mailbox.paused or cache["global_pause"]:
         return False
+    if tenant_pause_on(event.tenant_id, cache):
+        return False  # the per-event path parks it
     if event.route or event.route_override:
         return False  # classified before, or corrected by an operator: a replay, not plain
     return not _policy(event.tenant_id, cache).ai_enabled  # a proposal may need a review first

@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from intake.models import InboxEvent
 from intake.normalize import normalize
-from intake.selectors import global_pause_on
+from intake.selectors import global_pause_on, tenant_pause_on
 from intake.services import PROCESS_TOPIC, enqueue_outbox, wait_event
 
 from . import intents, threads
@@ -126,7 +126,7 @@ def call(intent_id: int, worker: str) -> str:
     if event.state not in (InboxEvent.State.READY, InboxEvent.State.WRITE_PENDING):
         return "done" if event.state not in InboxEvent.OPEN_STATES else "not_ready"
     # Pauses are checked again here: one may have been switched on since the hand-over.
-    if event.mailbox.paused or intent.destination.paused or global_pause_on():
+    if event.mailbox.paused or intent.destination.paused or global_pause_on() or tenant_pause_on(event.tenant_id):
         wait_event(event.pk, settings.MAILROOM_PAUSE_RECHECK_SECONDS)
         return "paused"
     parsed = normalize(event, actor=f"worker:{worker}").parsed  # past `received`: re-parsed, not re-judged

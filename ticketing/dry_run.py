@@ -1,23 +1,35 @@
 """Dry run of a routing rule: which stored events of the last N days it would match, and what would change.
 
-Read-only by construction: nothing here saves a row, counts a hit or writes an audit row, and the
-whole run happens in a transaction that is rolled back. It works for disabled rules too (test a rule
-before enabling it). Each event's stored raw is parsed again (`intake.mime.parse_message`), its facts
-built (`ticketing.classification.facts.MessageFacts.from_event`) and the rule's conditions tested
+The scan (`dry_run`) is read-only by construction: nothing in it saves a row or counts a hit, and it
+runs in a transaction that is rolled back. It works for disabled rules too (test a rule before
+enabling it). Each event's stored raw is parsed again (`intake.mime.parse_message`), its facts built
+(`ticketing.classification.facts.MessageFacts.from_event`) and the rule's conditions tested
 (`ticketing.classification.conditions.matches`). Newest first, at most `MAX_EVENTS` events; events
 whose raw was purged are skipped and counted.
+
+A run has a total time budget (`MAILROOM_DRY_RUN_SECONDS`, default 10 s; each message's regular
+expressions also keep their own limits): when it is spent the run stops and says "stopped after N of
+M messages (time budget)", so a request never holds a web worker for minutes.
+
+A rule whose conditions read the body (`BODY_KEYS`: `body_regex`, `keywords`) tells which stored
+messages contain what: `run_dry_run` lets only users with the message-body permission run it, and
+writes one `body_searched` audit row per message it searched (after the scan, outside its rollback),
+as a body view does.
 """
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
 from intake.mime import parse_message
-from intake.models import InboxEvent
+from intake.models import AuditEvent, InboxEvent
+from intake.vocabulary import AuditKind
 
-from .classification.conditions import matches
+from .classification.conditions import CLASSIFICATION_REGEX_SECONDS, Budget, matches
 from .classification.facts import MessageFacts
 from .models import RoutingRule
 
@@ -25,6 +37,12 @@ DEFAULT_DAYS = 7
 MAX_DAYS = 90
 MAX_EVENTS = 500
 ROUTE_FIELDS = ("queue", "priority", "request_type", "assignee")
+# Conditions that look into the message body (keywords: the subject or the body).
+BODY_KEYS = ("body_regex", "keywords")
+# The security role's permission (intake.InboxEvent's Meta), as reconciliation.services.roles names it too.
+VIEW_BODY_PERMISSION = "intake.view_message_body"
+BODY_DRY_RUN_DENIED = (f"this rule searches message bodies ({{keys}}): its dry run needs the message-body "
+                       f"permission ({VIEW_BODY_PERMISSION}), and every message it searches is audited")
 
 
 @dataclass
@@ -49,7 +67,23 @@ class DryRun:
     skipped_purged: int = 0
     errors: int = 0
     truncated: bool = False
+    total: int = 0                  # events in the window, at most MAX_EVENTS: what a full run would scan
+    stopped_for_time: bool = False  # the total time budget ran out after `scanned` of `total`
     matches: list[Match] = field(default_factory=list)
+    searched_ids: list[int] = field(default_factory=list)  # events whose message was tested (for the audit)
+
+    @property
+    def stopped_text(self) -> str:
+        return f"stopped after {self.scanned} of {self.total} messages (time budget)" if self.stopped_for_time else ""
+
+
+def budget_seconds() -> float:
+    return float(settings.MAILROOM_DRY_RUN_SECONDS)
+
+
+def body_keys(conditions) -> list[str]:
+    """The conditions of a rule that read the message body ([] when it reads none)."""
+    return [key for key in BODY_KEYS if isinstance(conditions, dict) and key in conditions]
 
 
 def clamp_days(value, default: int = DEFAULT_DAYS) -> int:
@@ -92,21 +126,35 @@ def _changes(rule: RoutingRule, event: InboxEvent, destinations: dict) -> list[C
     return changes
 
 
-def dry_run(rule: RoutingRule, days=DEFAULT_DAYS, *, limit: int = MAX_EVENTS) -> DryRun:
-    """What `rule` would have done to the tenant's stored events of the last `days` days (writes nothing)."""
+def dry_run(rule: RoutingRule, days=DEFAULT_DAYS, *, limit: int = MAX_EVENTS,
+            seconds: float | None = None) -> DryRun:
+    """What `rule` would have done to the tenant's stored events of the last `days` days (writes nothing).
+
+    Stops when `seconds` (default `budget_seconds()`) have passed, with `stopped_for_time` set. No permission
+    check and no audit: callers acting for a person use `run_dry_run`.
+    """
     days = clamp_days(days)
+    deadline = time.monotonic() + (budget_seconds() if seconds is None else seconds)
     result = DryRun(rule=rule, days=days, since=timezone.now() - timedelta(days=days))
     events = InboxEvent.objects.filter(tenant_id=rule.tenant_id, received_at__gte=result.since)
     if rule.mailbox_id:
         events = events.filter(mailbox_id=rule.mailbox_id)
     destinations = {d.pk: d.slug for d in rule.tenant.destinations.all()}
+    conditions = rule.conditions or {}
+    reads_body = bool(body_keys(conditions))
+    other_conditions = {k: v for k, v in conditions.items() if k not in BODY_KEYS} if reads_body else conditions
     with transaction.atomic():  # belt and braces: whatever a dry run might write is rolled back
         try:
+            result.total = events[: limit].count()
             # Streamed (a server-side cursor, a few raws in memory at a time), newest first.
             newest = events.select_related("mailbox").order_by("-received_at", "-pk")[: limit + 1]
             for event in newest.iterator(chunk_size=20):
                 if result.scanned == limit:
                     result.truncated = True
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    result.stopped_for_time = True
                     break
                 result.scanned += 1
                 if event.raw is None:
@@ -114,7 +162,14 @@ def dry_run(rule: RoutingRule, days=DEFAULT_DAYS, *, limit: int = MAX_EVENTS) ->
                     continue
                 try:
                     parsed = parse_message(bytes(event.raw), loop_header=settings.MAILROOM_LOOP_HEADER)
-                    hit = matches(rule.conditions or {}, MessageFacts.from_event(event, parsed))
+                    facts = MessageFacts.from_event(event, parsed)
+                    # Each message's regex time, and never past the run's own deadline.
+                    budget = Budget(seconds=min(CLASSIFICATION_REGEX_SECONDS, left))
+                    # The body is searched (and audited) only for a message the other conditions let through.
+                    hit = matches(other_conditions, facts, budget)
+                    if hit and reads_body:
+                        result.searched_ids.append(event.pk)
+                        hit = matches(conditions, facts, budget)
                 except Exception:  # one odd message must not hide the others
                     result.errors += 1
                     continue
@@ -123,4 +178,21 @@ def dry_run(rule: RoutingRule, days=DEFAULT_DAYS, *, limit: int = MAX_EVENTS) ->
                     result.matches.append(Match(event, _changes(rule, event, destinations)))
         finally:
             transaction.set_rollback(True)
+    return result
+
+
+def run_dry_run(*, user, rule: RoutingRule, days=DEFAULT_DAYS, limit: int = MAX_EVENTS) -> DryRun:
+    """`dry_run` for a person: a rule that reads bodies needs their body permission (PermissionDenied, a 403,
+    otherwise) and leaves a `body_searched` audit row on every message it searched, naming them."""
+    keys = body_keys(rule.conditions)
+    if keys and not (user is not None and user.is_active and user.has_perm(VIEW_BODY_PERMISSION)):
+        raise PermissionDenied(BODY_DRY_RUN_DENIED.format(keys=", ".join(keys)))
+    result = dry_run(rule, days, limit=limit)
+    if keys and result.searched_ids:
+        matched = {m.event.pk for m in result.matches}
+        now, actor = timezone.now(), f"user:{user.get_username()}"
+        AuditEvent.objects.bulk_create([
+            AuditEvent(inbox_event_id=event_id, kind=AuditKind.BODY_SEARCHED, actor=actor, at=now, detail={
+                "rule": rule.pk, "conditions": keys, "matched": event_id in matched})
+            for event_id in result.searched_ids])
     return result

@@ -27,7 +27,13 @@ thread, add_comment) at the highest action_version. A completed event whose
 acknowledgment is held or failed is replayed by reopening that acknowledgment.
 
 A quarantined event is never replayed or confirmed from here: it leaves
-quarantine only through a release (security's permission).
+quarantine only through a release (security's permission). Nor is a close a
+way out: an event that was ever quarantined and not released since
+(`intake.selectors.quarantine_unreleased`, from the audit trail) is judged
+again by any replay (back to `received`: validation and the malware scan run
+again, outcome "rejudged"), is never confirmed or replayed as a new action, and
+only a caller allowed to decide on quarantine closes a quarantined event
+(`close_not_a_request(may_close_quarantined=True)`).
 """
 import logging
 
@@ -35,6 +41,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from intake.models import InboxEvent
+from intake.selectors import quarantine_unreleased
 from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit, transition_event
 from intake.vocabulary import AuditKind, ReasonCode
 
@@ -65,6 +72,11 @@ ROUTE_KEYS = ("destination_id", "queue", "priority", "request_type")
 MAX_TICKET_ID_CHARS = 200
 
 
+QUARANTINE_UNRELEASED = ("it was quarantined and no security user released it: it cannot be {what}; a replay "
+                         "sends it back to validation and the malware scan")
+CLOSE_QUARANTINED_REFUSED = "a quarantined item is closed or released by the security role only"
+
+
 class ReplayRefused(Exception):
     """The action does not apply (any more): nothing was written."""
 
@@ -93,7 +105,7 @@ def _corrections(event: InboxEvent, intent: Intent | None, route: dict | None) -
 
 def _event(event_id: int) -> InboxEvent:
     event = InboxEvent.objects.filter(pk=event_id).only(
-        "pk", "tenant_id", "mailbox_id", "provider_message_id", "state", "route_override", "route").first()
+        "pk", "tenant_id", "mailbox_id", "provider_message_id", "state", "route_override", "route", "details").first()
     if event is None:
         raise ReplayRefused("no such event")
     return event
@@ -152,6 +164,9 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
     lookup: the ticket that exists is kept, never a second one (correct its
     fields in the desk). The audit row names the operator (`actor`) and the
     corrected fields (`corrected`: {field: {from, to}}).
+
+    An event that was quarantined and not released is judged again instead
+    ("rejudged", see the module's docstring).
     """
     now = timezone.now()
     with transaction.atomic():
@@ -162,6 +177,8 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
             raise ReplayRefused(_not_replayable(event.state))
         route, destination = _clean_route(route, event.tenant_id)
         intent = current_intent(event_id)
+        if quarantine_unreleased(event_id):
+            return _rejudge(event, intent, route, actor=actor, now=now)
         if intent is not None and intent.action == Intent.Action.ADD_COMMENT and destination is not None \
                 and destination.pk != intent.destination_id:
             raise ReplayRefused("a comment goes to its thread's ticket: its destination cannot be changed")
@@ -184,6 +201,25 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
         _send_on(event, to_state, now, route, actor=actor, kind=AuditKind.REPLAYED,
                  audit_detail={"outcome": outcome, **detail})
     return outcome
+
+
+def _rejudge(event: InboxEvent, intent: Intent | None, route: dict | None, *, actor: str, now) -> str:
+    """An unreleased quarantined event back to `received`: the worker validates and scans it again, so the
+    verdict is its own (quarantined again, or on to routing). In the caller's transaction."""
+    if intent is not None:
+        # Only mail that got past quarantine before this rule existed has one; a person must look.
+        raise ReplayRefused(QUARANTINE_UNRELEASED.format(what="sent on with the intent it already has"))
+    details = {k: v for k, v in (event.details or {}).items() if k != "scan_attempts"}  # a fresh scan
+    extra = {"retry_at": None, "dispatch_count": 1, "details": details}
+    if route is not None:
+        extra["route_override"] = route
+    if not transition_event(event.pk, [event.state], EventState.RECEIVED, actor=actor, kind=AuditKind.REPLAYED,
+                            now=now, extra=extra, audit_detail={
+                                "outcome": "rejudged", "event_state": event.state, "route": route,
+                                "corrected": _corrections(event, None, route), "quarantine_unreleased": True}):
+        raise ReplayRefused("the event changed meanwhile")
+    enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=now)
+    return "rejudged"
 
 
 def _reopen_acknowledgment(event_id: int, actor: str, now) -> str:
@@ -226,6 +262,8 @@ def replay_as_new_action(event_id: int, *, actor: str, approved_by: str, route: 
         event = _event(event_id)
         if event.state not in REPLAYABLE_EVENT_STATES:
             raise ReplayRefused(_not_replayable(event.state))
+        if quarantine_unreleased(event_id):
+            raise ReplayRefused(QUARANTINE_UNRELEASED.format(what="replayed as a new action"))
         route, destination = _clean_route(route, event.tenant_id)
         current = current_intent(event_id)
         if current is None:
@@ -278,6 +316,8 @@ def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket
         if event.state not in REPLAYABLE_EVENT_STATES:
             raise ReplayRefused(f"the event is {event.state}; a ticket can be confirmed only for "
                                 f"{', '.join(REPLAYABLE_EVENT_STATES)}")
+        if quarantine_unreleased(event_id):
+            raise ReplayRefused(QUARANTINE_UNRELEASED.format(what="completed with a ticket"))
         intent = current_intent(event_id)
         if destination_id:
             destination = tenant_destination(event.tenant_id, destination_id)
@@ -316,11 +356,13 @@ def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket
     return intent
 
 
-def close_not_a_request(event_id: int, *, actor: str, reason: str) -> int:
+def close_not_a_request(event_id: int, *, actor: str, reason: str, may_close_quarantined: bool = False) -> int:
     """Close an event as not-a-request: `suppressed`, with the reason. Returns how many intents were held.
 
     Its pending, retry_wait and unknown intents are held first, so no worker or
-    sweep writes for it afterwards; an intent in flight refuses the close.
+    sweep writes for it afterwards; an intent in flight refuses the close. A
+    quarantined event is closed only with `may_close_quarantined` (the caller
+    checked the security role); a later replay judges it again all the same.
     """
     reason = (reason or "").strip()
     if not reason:
@@ -333,6 +375,8 @@ def close_not_a_request(event_id: int, *, actor: str, reason: str) -> int:
         if event.state not in CLOSABLE_EVENT_STATES and not (
                 held_current and event.state not in (EventState.SUPPRESSED, EventState.COMPLETED)):
             raise ReplayRefused(f"the event is {event.state}; only items of the recovery queue can be closed")
+        if event.state == EventState.QUARANTINED and not may_close_quarantined:
+            raise ReplayRefused(CLOSE_QUARANTINED_REFUSED)
         held = intents.hold_open(event_id, now)
         if Intent.objects.filter(inbox_event_id=event_id, state=IntentState.IN_FLIGHT).exists():
             raise ReplayRefused("a worker is writing for this event right now; try again in a moment")

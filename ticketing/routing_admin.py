@@ -2,7 +2,8 @@
 `RoutingRule` list (readable conditions, order, enable/disable, hits, dry run).
 
 Registered from `ticketing.admin`. Tenant isolation is `TenantScopedAdminMixin`'s; the dry run
-(`ticketing.dry_run`) writes nothing.
+(`ticketing.dry_run.run_dry_run`) writes nothing but, for a rule that reads bodies, its audit rows (and
+needs the body permission).
 """
 import json
 
@@ -313,14 +314,19 @@ class RoutingRuleAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
         if str(requested) != str(days):
             self.message_user(request, f"Days must be a whole number from 1 to {dry_runs.MAX_DAYS}: "
                                        f"using {days}.", messages.WARNING)
-        result = dry_runs.dry_run(rule, days)
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts, "title": f"Dry run of “{rule.name}”",
+            "rule": rule, "conditions": describe_conditions(rule.conditions), "max_days": dry_runs.MAX_DAYS,
+            "max_events": dry_runs.MAX_EVENTS, "days": days,
+            "rule_url": reverse("admin:ticketing_routingrule_change", args=[rule.pk]),
+        }
+        try:
+            result = dry_runs.run_dry_run(user=request.user, rule=rule, days=days)
+        except PermissionDenied as exc:  # a body condition without the body permission: say why, run nothing
+            context.update(result=None, denied=str(exc))
+            return TemplateResponse(request, "admin/ticketing/routingrule/dry_run.html", context, status=403)
         for match in result.matches:
             match.sender = mask_address(match.event.sender)
             match.event_url = reverse("admin:intake_inboxevent_change", args=[match.event.pk])
-        context = {
-            **self.admin_site.each_context(request), "opts": self.opts, "title": f"Dry run of “{rule.name}”",
-            "rule": rule, "result": result, "conditions": describe_conditions(rule.conditions),
-            "max_days": dry_runs.MAX_DAYS, "max_events": dry_runs.MAX_EVENTS,
-            "rule_url": reverse("admin:ticketing_routingrule_change", args=[rule.pk]),
-        }
+        context["result"] = result
         return TemplateResponse(request, "admin/ticketing/routingrule/dry_run.html", context)

@@ -14,7 +14,7 @@ from django.db import transaction
 
 from intake.models import AuditEvent, InboxEvent
 from intake.normalize import normalize
-from intake.selectors import global_pause_on
+from intake.selectors import global_pause_on, tenant_pause_on
 from intake.services import record_audit, transition_event, wait_event
 from intake.testhooks import pause_point
 from intake.vocabulary import AuditKind, ReasonCode
@@ -135,7 +135,7 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
     cache = group_cache if group_cache is not None else {}
     if "global_pause" not in cache:  # read once per task group
         cache["global_pause"] = global_pause_on()
-    if event.mailbox.paused or cache["global_pause"]:
+    if event.mailbox.paused or cache["global_pause"] or tenant_pause_on(event.tenant_id, cache):
         return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, "paused")
 
     outcome = normalize(event, actor=f"worker:{worker}")

@@ -3,9 +3,12 @@
 A thread is `(mailbox, thread_key)`, the key being the root of References (or
 In-Reply-To, or the message's own Message-ID); a copy linked to another mailbox's ticket
 (`ticketing.copies`) is that thread's ticket too. A ticket token in the subject
-(`[#MR-12]`, added to every acknowledgment) also points at a ticket, but is
-trusted only from a participant of that ticket: anyone can type a token, and it
-must not attach their mail to a stranger's ticket.
+(`[#MR-12]`, added to every acknowledgment) also points at a ticket. Either way a
+reply joins the ticket only from a participant of it (`participants`): anyone can
+type a token or copy a Message-ID into In-Reply-To, and neither may attach their
+mail to a stranger's ticket. A non-participant's reply becomes a new ticket,
+flagged (`untrusted_ticket_token`, `untrusted_thread_reply`: an audit row and a
+`mailroom-…` tag on the ticket).
 """
 from dataclasses import dataclass, field
 
@@ -20,6 +23,8 @@ from .models import Intent, TicketMapping
 
 TOKEN_PREFIX = "MR"
 UNTRUSTED_TOKEN = "untrusted_ticket_token"
+# In-Reply-To/References name a thread whose ticket the sender does not take part in.
+UNTRUSTED_THREAD = "untrusted_thread_reply"
 # One thread root, several tickets: a sender reused a Message-ID for different messages.
 AMBIGUOUS_THREAD = "ambiguous_thread"
 MAX_THREAD_TICKETS = 50
@@ -45,6 +50,10 @@ def participants(mapping: TicketMapping) -> set[str]:
             mappings__action=Intent.Action.ADD_COMMENT)
     ).values_list("sender", flat=True)
     return {s.lower() for s in senders if s}
+
+
+def _is_participant(parsed: ParsedMessage, mapping: TicketMapping) -> bool:
+    return bool(parsed.sender) and parsed.sender.lower() in participants(mapping)
 
 
 def _earlier_in_thread(event: InboxEvent):
@@ -82,7 +91,12 @@ def plan(event: InboxEvent, parsed: ParsedMessage) -> ThreadPlan:
             .order_by("created_at", "pk")[:MAX_THREAD_TICKETS]
         )
         if tickets:
-            result.target = _choose_ticket(tickets, parsed, result.flags)
+            # Only the thread's tickets the sender takes part in (a stranger's reply made its own, flagged one).
+            theirs = [t for t in tickets if _is_participant(parsed, t)]
+            if theirs:
+                result.target = _choose_ticket(theirs, parsed, result.flags)
+            else:
+                result.flags.append(UNTRUSTED_THREAD)
             return result
     token = subject_ticket_token(parsed.subject, TOKEN_PREFIX)
     if token:
@@ -90,7 +104,7 @@ def plan(event: InboxEvent, parsed: ParsedMessage) -> ThreadPlan:
         mapping = (TicketMapping.objects.select_related("destination")
                    .filter(pk=int(number), action=Intent.Action.CREATE_TICKET, inbox_event__tenant_id=event.tenant_id)
                    .first())
-        if mapping is not None and parsed.sender.lower() in participants(mapping):
+        if mapping is not None and _is_participant(parsed, mapping):
             result.target = mapping
         elif mapping is not None:
             result.flags.append(UNTRUSTED_TOKEN)

@@ -7,17 +7,23 @@ from django import forms
 from ticketing.models import RoutingPolicy
 from ticketing.selectors import tenant_destinations
 
+from ..services import ASSIGNEE_RULE, assignable_users
+
 PRIORITIES = [("", "—"), ("low", "low"), ("normal", "normal"), ("high", "high"), ("urgent", "urgent")]
 REQUEST_TYPES = [("", "—"), ("question", "question"), ("incident", "incident"), ("problem", "problem"),
                  ("task", "task")]
 
 
 class AssignForm(forms.Form):
-    assignee = forms.ModelChoiceField(queryset=None, required=False, empty_label="(unassigned)")
+    """The choices are the item's assignable users (`services.assignable_users`); any other id, existing or
+    not, gets one and the same error."""
+
+    assignee = forms.ModelChoiceField(queryset=None, required=False, empty_label="(unassigned)",
+                                      error_messages={"invalid_choice": f"Not an assignable user: {ASSIGNEE_RULE}."})
 
     def __init__(self, *args, event=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["assignee"].queryset = event.tenant.members.filter(is_active=True).order_by("username")
+        self.fields["assignee"].queryset = assignable_users(event.tenant_id)
 
 
 class EscalationForm(forms.Form):

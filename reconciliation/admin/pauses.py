@@ -1,7 +1,9 @@
-"""The pause page (`PauseSwitchAdmin`): the global pause, every visible mailbox and destination, each with its switch.
+"""The pause page (`PauseSwitchAdmin`): the global pause, each visible tenant's pause, every visible mailbox and
+destination, each with its switch.
 
 Turning a switch goes through `reconciliation.services` (permission, tenant,
-log); a resume reports how many waiting events it released.
+log); a resume reports how many waiting events it released. The global switch is shown to everyone who
+sees the page, and offered only to superusers (the service refuses anyone else).
 """
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -10,7 +12,7 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from intake.models import Mailbox, Switch
+from intake.models import Mailbox, Switch, Tenant
 from ticketing.models import Destination
 
 from .. import selectors, services
@@ -54,7 +56,8 @@ class PauseSwitchAdmin(admin.ModelAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.opts, "title": "Pauses",
             "global_on": bool(switch and switch.on), "switch": switch,
-            "can_global": user.has_perm(services.PERM_GLOBAL_PAUSE), "can_change": self.has_change_permission(request),
+            "can_global": services.may_set_global_pause(user), "can_change": self.has_change_permission(request),
+            "tenants": services.tenant_pauses(user),
             "mailboxes": mailboxes,
             "destinations": list(selectors.visible_destinations(user).order_by("tenant__slug", "slug")),
             "waiting_total": sum(waiting.values()),
@@ -68,6 +71,9 @@ class PauseSwitchAdmin(admin.ModelAdmin):
             if target == "global":
                 released = services.do_set_global_pause(request.user, paused)
                 label = "Global pause"
+            elif target == "tenant" and object_id.isdigit():
+                released = services.do_set_tenant_pause(request.user, int(object_id), paused)
+                label = "Tenant pause"
             elif target == "mailbox" and object_id.isdigit():
                 released = services.do_set_mailbox_pause(request.user, int(object_id), paused)
                 label = "Mailbox"
@@ -76,7 +82,7 @@ class PauseSwitchAdmin(admin.ModelAdmin):
                 label = "Destination"
             else:
                 raise Http404("no such switch")
-        except (Mailbox.DoesNotExist, Destination.DoesNotExist):
+        except (Tenant.DoesNotExist, Mailbox.DoesNotExist, Destination.DoesNotExist):
             raise Http404("no such switch") from None
         state = "on: no destination writes; intake still stores mail" if paused else \
             f"off: {released} waiting event(s) released"

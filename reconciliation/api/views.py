@@ -3,7 +3,6 @@
 Queue actions call exactly what the admin's item page calls (RecoveryItemAdmin._act_*), with the
 same acting user: the same permission checks, intents, keys and audit rows ("user:<name>").
 """
-from django.contrib.auth import get_user_model
 from django.http import HttpResponse
 from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.timezone import is_naive, make_aware
@@ -112,8 +111,8 @@ class EventViewSet(viewsets.ReadOnlyModelViewSet):
         except services.ActionRefused:
             raise NotFound("No such attachment.") from None
         response = HttpResponse(payload, content_type="application/octet-stream")
-        filename = (attachment.filename or f"attachment-{index}").replace('"', "")
-        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+        response["Content-Disposition"] = services.attachment_content_disposition(attachment.filename,
+                                                                                  index=int(index))
         response["X-Content-Type-Options"] = "nosniff"
         response["Cache-Control"] = "no-store"
         return response
@@ -186,10 +185,11 @@ class QueueViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         username = form.validated_data["assignee"]
         assignee = None
         if username:
-            assignee = get_user_model()._default_manager.filter(
-                **{get_user_model().USERNAME_FIELD: username}).first()
+            # Only the item's assignable users are looked up: a user of another tenant, one without the queue
+            # and one that does not exist get the same answer.
+            assignee = services.assignable_user(event, username)
             if assignee is None:
-                raise ValidationError({"assignee": f"No user {username!r}."})
+                raise ValidationError({"assignee": services.ASSIGNEE_REFUSED.format(name=username)})
         services.do_assign(request.user, event.pk, assignee)
         return self._done(event.pk, f"assigned to {username}" if username else "unassigned")
 
@@ -237,6 +237,13 @@ class QueueViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         event, form = self._input(serializers.CloseSerializer, pk)
         services.do_close_not_a_request(request.user, event.pk, reason=form.validated_data["reason"])
         return self._done(event.pk, "closed as not-a-request")
+
+    @_action_schema(serializers.ReleaseSerializer, "Release from quarantine (security role), back into the pipeline")
+    @action(detail=True, methods=["post"])
+    def release(self, request, pk=None):
+        event, form = self._input(serializers.ReleaseSerializer, pk)
+        services.do_release_quarantine(request.user, event.pk, note=form.validated_data["note"])
+        return self._done(event.pk, "released from quarantine")
 
     @extend_schema(request=serializers.BulkReplaySerializer, responses=serializers.BulkItemSerializer(many=True),
                    summary="Bulk replay (at most MAILROOM_BULK_REPLAY_CAP items; each looked up first)")

@@ -3,7 +3,7 @@
 Per mailbox: events still `received`, `ready` or `write_pending` (the open states, so the read uses
 the (state, updated_at) index and its size is the open backlog, not the table), received more than
 `Tenant.settings["unmapped_after_minutes"]` (default MAILROOM_UNMAPPED_AFTER_MINUTES, 15) ago,
-without a `TicketMapping`. A paused mailbox, or the global pause, waits on purpose: not a finding.
+without a `TicketMapping`. A paused mailbox, its tenant's pause or the global pause waits on purpose: not a finding.
 
 The event is not moved: it stays open, so a worker that is merely slow still completes it, and
 an open `unmapped` finding puts it in the recovery queue (`reconciliation.selectors.recovery_queue`,
@@ -17,7 +17,7 @@ from datetime import timedelta
 from django.db.models import Exists, OuterRef
 
 from intake.models import InboxEvent
-from intake.selectors import global_pause_on
+from intake.selectors import global_pause_on, tenant_pause_on
 from ticketing.models import TicketMapping
 
 from ..models import Finding
@@ -44,7 +44,7 @@ def threshold_minutes(tenant) -> int:
 def reconcile_mailbox(mailbox, summaries: list, now) -> None:
     with recording(KIND, mailbox.slug, summaries, now) as current:
         _resolve_settled(mailbox, current)
-        if mailbox.paused or global_pause_on():
+        if mailbox.paused or global_pause_on() or tenant_pause_on(mailbox.tenant_id):
             current.run.cursor = {}
             return
         _find(mailbox, current)

@@ -2,13 +2,16 @@
 
 At most `MAILROOM_BULK_REPLAY_CAP` (20) items at once. Preview and replay share
 one plan (`_bulk_plan`); the replay looks everything up again, because the
-preview may be stale.
+preview may be stale. An item that was quarantined and never released by a
+security user is not looked up, linked or sent on: its plan is "rejudge"
+(validation and the malware scan again, as a single replay does).
 """
 from dataclasses import dataclass
 
 from django.conf import settings
 
 from intake.models import InboxEvent
+from intake.selectors import quarantine_unreleased
 from intake.services import record_audit
 from intake.vocabulary import AuditKind
 from ticketing import intents as ticketing_intents, replay
@@ -38,17 +41,21 @@ class BulkItem:
     found_ticket_id: str = ""
     found_ticket_url: str = ""
     lookup_detail: str = ""
-    plan: str = "skip"          # confirm, replay, resolve, reroute, skip
+    plan: str = "skip"          # confirm, replay, resolve, reroute, rejudge, skip
     plan_text: str = ""
     outcome: str = ""
 
 
-def _bulk_plan(event: InboxEvent, intent: Intent | None, found: Lookup) -> tuple[str, str]:
+def _bulk_plan(event: InboxEvent, intent: Intent | None, found: Lookup, *, unreleased: bool) -> tuple[str, str]:
     state = event.state
     if state == InboxEvent.State.QUARANTINED:
         return "skip", "quarantined: only a release (security role) lets it out"
     if state not in replay.REPLAYABLE_EVENT_STATES:
         return "skip", f"{state}: nothing to replay"
+    if unreleased:
+        if intent is not None:
+            return "skip", "quarantined once and never released, yet sent on: review it on its own page"
+        return "rejudge", "quarantined once and never released: back to validation and the malware scan"
     if intent is None:
         return "reroute", "never sent to a destination: back to routing"
     if intent.state not in (Intent.State.FAILED, Intent.State.HELD, Intent.State.UNKNOWN):
@@ -81,9 +88,10 @@ def _bulk_items(user, event_ids) -> list[tuple[BulkItem, InboxEvent, Intent | No
     for event_id in ids:
         event = events[event_id]
         intent = current_intent(event_id)
+        unreleased = quarantine_unreleased(event_id)
         found = lookup_existing(intent) if event.state in replay.REPLAYABLE_EVENT_STATES \
-            and intent is not None else Lookup("no_intent" if intent is None else "skipped")
-        plan, text = _bulk_plan(event, intent, found)
+            and intent is not None and not unreleased else Lookup("no_intent" if intent is None else "skipped")
+        plan, text = _bulk_plan(event, intent, found, unreleased=unreleased)
         item = BulkItem(
             event_id=event_id, subject=event.subject, event_state=event.state,
             intent_state=intent.state if intent else "", destination=intent.destination.slug if intent else "",
@@ -116,7 +124,7 @@ def do_bulk_replay(user, event_ids) -> list[BulkItem]:
                 replay.confirm_existing_ticket(event.pk, actor=actor, ticket_id=found.ticket.ticket_id,
                                                ticket_url=found.ticket.url)
                 item.outcome = f"linked ticket {found.ticket.ticket_id}"
-            elif item.plan in ("replay", "reroute"):
+            elif item.plan in ("replay", "reroute", "rejudge"):  # replay_same_key judges an unreleased one again
                 item.outcome = replay.replay_same_key(event.pk, actor=actor)
             elif item.plan == "resolve":
                 item.outcome = ticketing_intents.resolve_unknown(intent.pk, actor=actor) or "unchanged"

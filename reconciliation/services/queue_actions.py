@@ -3,8 +3,17 @@
 Each one checks the acting user's permission and tenant (`access`), writes
 through the owning app's services (intake.services, ticketing.replay), and
 leaves an AuditEvent naming the user ("user:<username>").
+
+Quarantine is the security role's decision: only `PERM_RELEASE` closes or releases a
+quarantined item, and a replay of one that was ever quarantined and not released judges
+it again (`ticketing.replay`). An assignee must be an active member of the item's tenant
+who can see the queue (`assignable_users`); anyone else, existing or not, gets the same
+refusal (`ASSIGNEE_REFUSED`), so the action reveals no usernames.
 """
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from intake.models import InboxEvent
@@ -14,18 +23,38 @@ from ticketing import replay
 from ticketing.models import Intent
 
 from .access import ActionRefused, actor_name, refusing, require, visible_event
-from .roles import PERM_ASSIGN, PERM_CLOSE, PERM_CONFIRM, PERM_RELEASE, PERM_REPLAY, PERM_REPLAY_NEW
+from .roles import PERM_ASSIGN, PERM_CLOSE, PERM_CONFIRM, PERM_RELEASE, PERM_REPLAY, PERM_REPLAY_NEW, PERM_VIEW_QUEUE
+
+ASSIGNEE_RULE = "an assignee is an active member of the item's tenant who can see the recovery queue"
+ASSIGNEE_REFUSED = "no assignable user {name!r}: " + ASSIGNEE_RULE
+CLOSE_QUARANTINED_DENIED = ("closing a quarantined item is the security role's decision "
+                            f"(needs {PERM_RELEASE}); a release or a security user's close is the way out")
 
 # --- triage ---------------------------------------------------------------------
+
+
+def assignable_users(tenant_id: int) -> QuerySet:
+    """Who may own an item of the tenant: its active members who can see the recovery queue."""
+    app_label, codename = PERM_VIEW_QUEUE.split(".")
+    grants = (Q(is_superuser=True)
+              | Q(user_permissions__content_type__app_label=app_label, user_permissions__codename=codename)
+              | Q(groups__permissions__content_type__app_label=app_label, groups__permissions__codename=codename))
+    users = get_user_model()._default_manager.filter(is_active=True, mailroom_tenants__pk=tenant_id)
+    return users.filter(pk__in=users.filter(grants).values("pk")).order_by(get_user_model().USERNAME_FIELD)
+
+
+def assignable_user(event: InboxEvent, username: str):
+    """The assignable user called `username` for the item, or None: whether they exist elsewhere is not said."""
+    field = get_user_model().USERNAME_FIELD
+    return assignable_users(event.tenant_id).filter(**{field: username}).first()
+
 
 def do_assign(user, event_id: int, assignee) -> None:
     """Make `assignee` (a user, or None to unassign) the owner of the item."""
     require(user, PERM_ASSIGN)
     event = visible_event(user, event_id)
-    if assignee is not None:
-        member = assignee.is_superuser or event.tenant.members.filter(pk=assignee.pk).exists()
-        if not assignee.is_active or not member:
-            raise ActionRefused(f"{assignee.get_username()} is not a member of tenant {event.tenant.slug}")
+    if assignee is not None and not assignable_users(event.tenant_id).filter(pk=assignee.pk).exists():
+        raise ActionRefused(ASSIGNEE_REFUSED.format(name=assignee.get_username()))
     now = timezone.now()
     with transaction.atomic():
         InboxEvent.objects.filter(pk=event.pk).update(owner=assignee)
@@ -99,11 +128,26 @@ def do_settle_acknowledgment(user, event_id: int, *, note: str = "") -> None:
     refusing(replay.settle_acknowledgment, event.pk, actor=actor_name(user), note=note)
 
 
+def may_close(user, event: InboxEvent) -> bool:
+    """A quarantined item is closed by the security role (`PERM_RELEASE`); any other by `PERM_CLOSE`."""
+    needed = PERM_RELEASE if event.state == InboxEvent.State.QUARANTINED else PERM_CLOSE
+    return user is not None and user.is_active and user.has_perm(needed)
+
+
 def do_close_not_a_request(user, event_id: int, *, reason: str) -> None:
-    """Close the item as not-a-request (suppressed), with a mandatory reason. Nothing is deleted."""
-    require(user, PERM_CLOSE)
+    """Close the item as not-a-request (suppressed), with a mandatory reason. Nothing is deleted.
+
+    A quarantined item only by the security role; a replay after the close judges it again all the same.
+    """
+    if user is None or not (user.has_perm(PERM_CLOSE) or user.has_perm(PERM_RELEASE)):
+        require(user, PERM_CLOSE)
     event = visible_event(user, event_id)
-    refusing(replay.close_not_a_request, event.pk, actor=actor_name(user), reason=reason)
+    if not may_close(user, event):
+        if event.state == InboxEvent.State.QUARANTINED:
+            raise PermissionDenied(CLOSE_QUARANTINED_DENIED)
+        require(user, PERM_CLOSE)
+    refusing(replay.close_not_a_request, event.pk, actor=actor_name(user), reason=reason,
+             may_close_quarantined=user.has_perm(PERM_RELEASE))
 
 
 def do_release_quarantine(user, event_id: int, *, note: str = "") -> None:

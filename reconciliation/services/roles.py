@@ -3,6 +3,10 @@
 The roles are groups created by migration `reconciliation/0002_role_groups`
 (`ensure_role_groups`): `operator`, `security`, `mailroom-admin`
 (docs/design.md §7 "Recovery console").
+
+Quarantine is the security role's decision: closing or releasing a quarantined item needs
+`PERM_RELEASE` (`queue_actions`). Stopping every tenant is the platform's: the global pause needs a
+superuser, and no role grants it (`pauses`).
 """
 from django.apps import apps as global_apps
 from django.db.models import Q
@@ -16,7 +20,6 @@ PERM_REPLAY_NEW = "reconciliation.replay_new_action"
 PERM_VIEW_BODY = "intake.view_message_body"
 PERM_RELEASE = "intake.release_quarantine"
 PERM_PAUSE = "reconciliation.change_pauseswitch"
-PERM_GLOBAL_PAUSE = "reconciliation.set_global_pause"
 
 # The roles as (app_label, codename) pairs.
 # Permissions of models that do not exist yet are skipped until they do: run ensure_role_groups()
@@ -40,8 +43,8 @@ ROLE_PERMISSIONS = {
         ("ticketing", "view_routingrule"), ("ticketing", "add_routingrule"), ("ticketing", "change_routingrule"),
         ("ticketing", "delete_routingrule"),
         ("ticketing", "view_routingpolicy"), ("ticketing", "change_routingpolicy"),
+        # Their own tenant's pauses; the global pause is the platform's (superusers: services.pauses).
         ("reconciliation", "view_pauseswitch"), ("reconciliation", "change_pauseswitch"),
-        ("reconciliation", "set_global_pause"),
     ],
 }
 
