@@ -4,6 +4,8 @@ With nothing set, Mailroom runs on the embedded default: a SQLite file and a
 file-system Celery broker under `var/`. `DATABASE_URL` and `CELERY_BROKER_URL`
 switch it to PostgreSQL and Redis/RabbitMQ.
 """
+import ipaddress
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -72,6 +74,8 @@ MIDDLEWARE = [
     # Next: provider webhooks need none of the browser middleware below.
     "intake.middleware.WebhookShortcutMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # A strict Content-Security-Policy on every page (MAILROOM_CONTENT_SECURITY_POLICY).
+    "intake.middleware.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -161,6 +165,25 @@ MAILROOM_SNS_CERT_HOST_PATTERN = env.str("MAILROOM_SNS_CERT_HOST_PATTERN",
 MAILROOM_SNS_CA_BUNDLE = env.str("MAILROOM_SNS_CA_BUNDLE", default="")
 MAILROOM_SNS_MAX_AGE_SECONDS = env.int("MAILROOM_SNS_MAX_AGE_SECONDS", default=3600)
 MAILROOM_SNS_TIMEOUT_SECONDS = env.float("MAILROOM_SNS_TIMEOUT_SECONDS", default=10.0)
+# The egress guard (intake.egress): tenant-configured URLs and hosts (destinations, provider endpoints, IMAP,
+# SNS) reach public addresses, and besides them only these networks (comma-separated CIDRs). Unset: loopback in
+# development, nothing in production; set, even to an empty value: exactly that list.
+_egress_networks = os.environ.get("MAILROOM_EGRESS_ALLOWED_NETWORKS")
+if _egress_networks is None:
+    _egress_networks = "127.0.0.0/8,::1" if MAILROOM_ENV == "development" else ""
+MAILROOM_EGRESS_ALLOWED_NETWORKS = [item.strip() for item in _egress_networks.split(",") if item.strip()]
+for _network in MAILROOM_EGRESS_ALLOWED_NETWORKS:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(f"MAILROOM_EGRESS_ALLOWED_NETWORKS: {_network!r} is not a network "
+                                   "(comma-separated CIDRs such as 10.20.0.0/16)") from None
+# A routing rule's dry run (ticketing.dry_run) stops after this many seconds in all and says how far it got.
+MAILROOM_DRY_RUN_SECONDS = env.float("MAILROOM_DRY_RUN_SECONDS", default=10.0)
+# A REST destination's body template (ticketing.destinations.rest_templates) renders within this many seconds and
+# this many characters beyond eight times the request's own text; past either, nothing is sent.
+MAILROOM_REST_TEMPLATE_SECONDS = env.float("MAILROOM_REST_TEMPLATE_SECONDS", default=2.0)
+MAILROOM_REST_TEMPLATE_MAX_CHARS = env.int("MAILROOM_REST_TEMPLATE_MAX_CHARS", default=1_000_000)
 # An event in `received` with no progress for this long is enqueued again.
 MAILROOM_STALE_EVENT_SECONDS = env.int("MAILROOM_STALE_EVENT_SECONDS", default=300)
 # Past this many dispatches without progress an event is a poison message.
@@ -220,7 +243,9 @@ MAILROOM_AI_MAX_INPUT_CHARS = env.int("MAILROOM_AI_MAX_INPUT_CHARS", default=800
 
 # Secret references (intake.secrets): a tenant's rows name only its own secrets (env:MAILROOM_T_<SLUG>_*,
 # files under MAILROOM_SECRETS_DIR/<slug>/, vault:<mount>/mailroom/<slug>/...#key); anything else only
-# when listed here, exactly (comma-separated in the environment). The AI key's reference belongs here too.
+# when listed here (comma-separated in the environment) and bound to the rows it serves: `<ref>` is
+# platform-only (the AI key), `<ref>=<owner>|...` with mailbox:<slug>, destination:<tenant>/<slug>,
+# tenant:<slug> or * (any row: test rigs). Only a superuser sets one on a row (intake.secret_policy).
 MAILROOM_SECRETS_DIR = env.str("MAILROOM_SECRETS_DIR", default="")
 MAILROOM_PLATFORM_SECRET_REFS = env.list("MAILROOM_PLATFORM_SECRET_REFS", default=[])
 MAILROOM_SECRET_CACHE_SECONDS = env.int("MAILROOM_SECRET_CACHE_SECONDS", default=60)  # vault values, per process
@@ -233,6 +258,21 @@ if env.str("EMAIL_URL", default=""):
 else:
     EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
     EMAIL_FILE_PATH = VAR_DIR / "sent-mail"
+# Acknowledgments go only to authenticated senders (ticketing.acknowledgments), at most this many per tenant
+# and per recipient domain in any hour (Tenant.settings ack_per_hour / ack_per_domain_per_hour override them).
+MAILROOM_ACK_PER_HOUR = env.int("MAILROOM_ACK_PER_HOUR", default=500)
+MAILROOM_ACK_PER_DOMAIN_PER_HOUR = env.int("MAILROOM_ACK_PER_DOMAIN_PER_HOUR", default=100)
+# Whether a mailbox's `ack_policy: "always"` (acknowledge unauthenticated senders too) is honoured at all.
+MAILROOM_ACK_ALLOW_UNAUTHENTICATED = env.bool("MAILROOM_ACK_ALLOW_UNAUTHENTICATED", default=False)
+
+# --- Browser-facing edge ----------------------------------------------------
+# The console's pages load only their own static files (intake.middleware.ContentSecurityPolicyMiddleware);
+# empty: no header.
+MAILROOM_CONTENT_SECURITY_POLICY = env.str("MAILROOM_CONTENT_SECURITY_POLICY", default=(
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"))
+# /api/schema/ and /api/docs/ without logging in: in development only, unless set.
+MAILROOM_PUBLIC_API_SCHEMA = env.bool("MAILROOM_PUBLIC_API_SCHEMA", default=MAILROOM_ENV == "development")
 # --- Malware scanning (clamd) -----------------------------------------------
 # tcp://host:port or unix:///path/clamd.sock; "off" is an explicit, logged opt-out
 # that only the embedded default (SQLite) takes unless told otherwise.

@@ -3,7 +3,8 @@
     mailroom-mailgate --url https://mailroom.example.com --mailbox support --secret-file /etc/mailroom/gate.secret
 
 Reads ONE message (bytes) on stdin and posts it to `POST <url>/webhooks/raw/<mailbox>/` with the raw
-webhook's HMAC headers (`intake.signing`, the same scheme the server verifies). The exit status is the
+webhook's HMAC headers (`intake.signing`, the v2 scheme the server verifies; the Mailroom server must be
+upgraded before its mailgates, since a server older than v2 knows only v1). The exit status is the
 MTA's answer (sysexits, which Postfix's pipe(8) and Exim's pipe transport both understand); it is
 the whole point of this program, because the MTA keeps the message for as long as we say "temporary":
 

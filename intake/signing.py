@@ -1,24 +1,49 @@
 """The raw webhook's signature scheme (docs/design.md §2, step 1).
 
-`X-Mailroom-Signature: v1=<hex HMAC-SHA256(secret, timestamp + "." + body)>`
-with `X-Mailroom-Timestamp` within the tolerance window.
+    X-Mailroom-Timestamp: <unix seconds>                      (within the tolerance window)
+    X-Mailroom-Signature: v2=<hex HMAC-SHA256(secret, timestamp + "." + message_id + "." + body)>
+    X-Mailroom-Message-Id: <message_id>                       (optional; "" in the signature when absent)
+
+v2 covers the message id, so a captured request cannot be replayed under a new id (which
+would store it again as a new event). v1 (`v1=<hex HMAC-SHA256(secret, timestamp + "." +
+body)>`) is still accepted during its deprecation period, but only without
+`X-Mailroom-Message-Id`: the header it does not cover is refused, never believed. Several
+signatures may be sent, comma-separated (a secret rotation, or v2 and v1 together).
 """
 import hashlib
 import hmac
 import time
+
+V1 = "v1"
+V2 = "v2"
+V1_WITH_MESSAGE_ID = "X-Mailroom-Message-Id needs a v2 signature (v1 does not cover it)"
 
 
 class SignatureError(Exception):
     pass
 
 
+def _mac(secret: str, message: bytes) -> str:
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
 def sign(secret: str, timestamp: int | str, body: bytes) -> str:
-    mac = hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256)
-    return "v1=" + mac.hexdigest()
+    """The deprecated v1 signature: timestamp and body only."""
+    return "v1=" + _mac(secret, str(timestamp).encode() + b"." + body)
+
+
+def sign_v2(secret: str, timestamp: int | str, message_id: str, body: bytes) -> str:
+    """The v2 signature: timestamp, `X-Mailroom-Message-Id` ("" when not sent) and body."""
+    return "v2=" + _mac(secret, str(timestamp).encode() + b"." + message_id.encode("utf-8", "surrogateescape")
+                        + b"." + body)
 
 
 def verify(secret: str, timestamp: str | None, signature: str | None, body: bytes, tolerance: int,
-           now: float | None = None) -> None:
+           now: float | None = None, *, message_id: str = "") -> str:
+    """The scheme that verified ("v2" or "v1"); raises SignatureError otherwise.
+
+    `message_id` is the `X-Mailroom-Message-Id` header as received ("" when absent).
+    """
     if not timestamp or not signature:
         raise SignatureError("missing signature headers")
     try:
@@ -27,14 +52,30 @@ def verify(secret: str, timestamp: str | None, signature: str | None, body: byte
         raise SignatureError("timestamp is not an integer") from None
     if abs((now if now is not None else time.time()) - sent_at) > tolerance:
         raise SignatureError("timestamp outside the tolerance window")
-    expected = sign(secret, sent_at, body)
-    # Several signatures may be sent during a secret rotation.
     candidates = [s.strip() for s in signature.split(",")]
-    if not any(hmac.compare_digest(expected, c) for c in candidates):
-        raise SignatureError("signature mismatch")
+    # Each scheme's MAC is computed only when a signature of that scheme was sent (one HMAC of the body per scheme).
+    v2 = [c for c in candidates if c.startswith("v2=")]
+    if v2:
+        expected = sign_v2(secret, sent_at, message_id, body)
+        if any(hmac.compare_digest(expected, c) for c in v2):
+            return V2
+    v1 = [c for c in candidates if c.startswith("v1=")]
+    if v1:
+        expected = sign(secret, sent_at, body)
+        if any(hmac.compare_digest(expected, c) for c in v1):
+            if message_id:
+                raise SignatureError(V1_WITH_MESSAGE_ID)
+            return V1
+    raise SignatureError("signature mismatch")
 
 
-def signed_headers(secret: str, body: bytes, timestamp: int | None = None) -> dict:
-    """Headers a client sends with `body`: used by send_test_email, benchmarks and tests."""
+def signed_headers(secret: str, body: bytes, timestamp: int | None = None, *, message_id: str | None = None) -> dict:
+    """Headers a client sends with `body` (v2): used by the mailgate, send_test_email, benchmarks and tests.
+
+    With `message_id`, also the `X-Mailroom-Message-Id` header it signs.
+    """
     ts = int(time.time()) if timestamp is None else timestamp
-    return {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign(secret, ts, body)}
+    headers = {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign_v2(secret, ts, message_id or "", body)}
+    if message_id:
+        headers["X-Mailroom-Message-Id"] = message_id
+    return headers

@@ -1,4 +1,9 @@
-"""HTTP entry points of intake. Thin: verify, hand to `services.ingest`, answer."""
+"""HTTP entry points of intake. Thin: verify, hand to `services.ingest`, answer.
+
+Every webhook answer is JSON with `charset=utf-8` and `X-Content-Type-Options: nosniff`
+(`webhook_json`; `intake.middleware.WebhookShortcutMiddleware` sees to the answers of
+provider adapters too).
+"""
 import logging
 
 from django.conf import settings
@@ -9,14 +14,26 @@ from django.views.decorators.http import require_GET, require_POST
 
 from . import selectors, services, signing
 from .keys import raw_message_keys
+from .models import Mailbox
 from .secrets import SecretUnavailable, resolve_secret
 from .vocabulary import WebhookRejection
 
 logger = logging.getLogger(__name__)
 
+JSON_CONTENT_TYPE = "application/json; charset=utf-8"
+# Mailboxes seen signing with the deprecated v1 scheme (logged once per process and mailbox).
+_v1_seen: set[str] = set()
+
+
+def webhook_json(data: dict, status: int = 200) -> JsonResponse:
+    """A webhook answer: JSON, its charset named, never sniffed as anything else."""
+    response = JsonResponse(data, status=status, content_type=JSON_CONTENT_TYPE)
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
 
 def _error(status: int, message: str) -> JsonResponse:
-    return JsonResponse({"error": message}, status=status)
+    return webhook_json({"error": message}, status=status)
 
 
 def _reject(provider: str, reason: WebhookRejection, status: int, message: str) -> JsonResponse:
@@ -41,7 +58,9 @@ def _read_body(request, limit: int) -> bytes | None:
 @require_POST
 def raw_webhook(request, mailbox_slug: str):
     mailbox = selectors.mailbox_by_slug(mailbox_slug)
-    if mailbox is None:
+    if mailbox is None or mailbox.provider != Mailbox.Provider.RAW:
+        # Another provider's mailbox is "unknown" here, as on the provider webhook: its secret is that
+        # provider's, never a key to a second way in.
         return _reject("raw", WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
     body = _read_body(request, settings.MAILROOM_MAX_MESSAGE_BYTES)
     if body is None:
@@ -53,20 +72,26 @@ def raw_webhook(request, mailbox_slug: str):
         # Fail closed: without a secret nothing can be verified, so nothing is stored.
         logger.error("mailbox %s has no usable webhook secret: %s", mailbox.slug, exc)
         return _reject("raw", WebhookRejection.NO_SECRET, 401, "signature cannot be verified")
+    message_id = request.headers.get("X-Mailroom-Message-Id", "")
     try:
-        signing.verify(
+        scheme = signing.verify(
             secret,
             request.headers.get("X-Mailroom-Timestamp"),
             request.headers.get("X-Mailroom-Signature"),
             body,
             settings.MAILROOM_SIGNATURE_TOLERANCE_SECONDS,
+            message_id=message_id,
         )
     except signing.SignatureError as exc:
         logger.warning("rejected webhook for mailbox %s: %s", mailbox.slug, exc)
-        return _reject("raw", WebhookRejection.BAD_SIGNATURE, 401, "invalid signature")
+        message = str(exc) if str(exc) == signing.V1_WITH_MESSAGE_ID else "invalid signature"
+        return _reject("raw", WebhookRejection.BAD_SIGNATURE, 401, message)
+    if scheme == signing.V1 and mailbox.slug not in _v1_seen:
+        _v1_seen.add(mailbox.slug)
+        logger.warning("mailbox %s: raw webhook signed with the deprecated v1 scheme; sign with v2", mailbox.slug)
     if not body:
         return _reject("raw", WebhookRejection.EMPTY_BODY, 400, "empty body: expected an RFC 5322 message")
-    provider_message_id, thread_key = raw_message_keys(body, request.headers.get("X-Mailroom-Message-Id", ""))
+    provider_message_id, thread_key = raw_message_keys(body, message_id)
     try:
         result = services.ingest(mailbox, provider_message_id, body, source="raw", thread_key=thread_key)
     except IntegrityError:
@@ -76,7 +101,7 @@ def raw_webhook(request, mailbox_slug: str):
         if selectors.mailbox_by_slug(mailbox_slug) is not None:
             raise
         return _reject("raw", WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
-    return JsonResponse(
+    return webhook_json(
         {"inbox_event_id": result.inbox_event_id, "duplicate": result.duplicate},
         status=200 if result.duplicate else 202,
     )

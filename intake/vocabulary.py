@@ -51,6 +51,7 @@ class AuditKind(TextChoices):
     ASSIGNED = "assigned", "Assigned"
     ESCALATION_SET = "escalation_set", "Escalation time set"
     BODY_VIEWED = "body_viewed", "Message body viewed"
+    BODY_SEARCHED = "body_searched", "Message body searched by a routing rule's dry run"
     ATTACHMENT_DOWNLOADED = "attachment_downloaded", "Attachment downloaded"
     BULK_LOOKUP = "bulk_lookup", "Looked up for a bulk replay"
     # retention (intake.retention)
@@ -152,5 +153,10 @@ class ReasonCode(TextChoices):
     NO_SENDER = "no_sender", "The message has no sender to answer."
     SPAM_FLAGGED = "spam_flagged", "A trusted spam header flagged the message."
     NOREPLY_SENDER = "noreply_sender", "The sender is a no-reply or bounce address."
-    DMARC_FAIL = "dmarc_fail", "The sender's domain failed DMARC at our own mail server."
+    DMARC_FAIL = "dmarc_fail", "The sender's domain failed DMARC (our own mail server's or the provider's verdict)."
     INVALID_SENDER = "invalid_sender", "The sender address is not valid."
+    UNAUTHENTICATED_SENDER = "unauthenticated_sender", ("No trusted SPF, DKIM or DMARC result shows that the From "
+                                                        "address is the sender's (a forged From gets no email).")
+    ACK_RATE_LIMITED = "ack_rate_limited", "The tenant has sent as many acknowledgments this hour as it may."
+    ACK_DOMAIN_RATE_LIMITED = "ack_domain_rate_limited", ("As many acknowledgments went to the sender's domain "
+                                                          "this hour as one domain may get.")

@@ -21,7 +21,6 @@ import logging
 
 from django.conf import settings
 from django.db import transaction
-from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -31,7 +30,7 @@ from .models import Mailbox
 from .providers import provider_for
 from .providers.base import WebhookRejected
 from .secrets import SecretUnavailable
-from .views import _error, _read_body, _reject
+from .views import _error, _read_body, _reject, webhook_json
 from .vocabulary import AuditKind, WebhookRejection
 
 logger = logging.getLogger(__name__)
@@ -105,7 +104,7 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
 
     # Committed: now, and only now, acknowledge.
     any_new = any(not outcome.duplicate for outcome in stored)
-    return JsonResponse(
+    return webhook_json(
         {
             "inbox_events": [{"inbox_event_id": o.inbox_event_id, "duplicate": o.duplicate} for o in stored],
             "poll": bool(result.poll),

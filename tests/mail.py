@@ -18,6 +18,7 @@ def make_message(subject="Printer on fire", sender="customer@example.com", to="s
     return message.as_bytes()
 
 
-def webhook_headers(secret: str, body: bytes, timestamp=None) -> dict:
-    """Headers for Django's test client (HTTP_* keys)."""
-    return {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in signed_headers(secret, body, timestamp).items()}
+def webhook_headers(secret: str, body: bytes, timestamp=None, message_id: str | None = None) -> dict:
+    """Headers for Django's test client (HTTP_* keys), signed with v2 (and `X-Mailroom-Message-Id` if given)."""
+    headers = signed_headers(secret, body, timestamp, message_id=message_id)
+    return {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in headers.items()}

@@ -1,16 +1,29 @@
-"""Acknowledgments reach a real SMTP server: one per completed ticket, never for anything else."""
+"""Acknowledgments reach a real SMTP server: one per completed ticket, never for anything else.
+
+The mail here comes from senders our MTA authenticated (`tests.senderauth`): only they are acknowledged
+(tests/test_ack_policy.py shows a forged From getting nothing).
+"""
+import pytest
 from django.test import Client
 
 from intake.models import AuditEvent, InboxEvent
 from tests.conftest import WEBHOOK_SECRET
 from tests.mail import make_message, webhook_headers
+from tests.senderauth import stamped, trust_our_mta
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
 from ticketing import acknowledgments
 from ticketing.models import Intent, TicketMapping
 from ticketing.services import process_inbox_event
 
 
-def post(body) -> int:
+@pytest.fixture(autouse=True)
+def _our_mta_is_trusted(mailbox):
+    trust_our_mta(mailbox)
+
+
+def post(body, authenticated: bool = True) -> int:
+    if authenticated:
+        body = stamped(body)  # every sender below writes from example.com
     response = Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
                              **webhook_headers(WEBHOOK_SECRET, body))
     assert response.status_code == 202
@@ -72,7 +85,7 @@ def test_smtp_down_is_retried_later_not_lost(mailbox, smtp_server, settings):
 
 
 def test_mailbox_can_turn_acknowledgments_off(mailbox, smtp_server):
-    mailbox.settings = {"acknowledge": False}
+    mailbox.settings = {**mailbox.settings, "acknowledge": False}
     mailbox.save()
     event_id = post(make_message())
     assert process_inbox_event(event_id) == "created"

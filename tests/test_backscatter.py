@@ -1,5 +1,8 @@
 """No backscatter: mail that no person sent, or that is not theirs, makes a ticket but no acknowledgment.
 
+Only senders our MTA authenticated are acknowledged at all (tests/test_ack_policy.py); the cases here are
+the other reasons, which hold whatever the authentication says.
+
 Every case goes through the real pipeline (webhook, normalization, the built-in
 destination, the acknowledgment task against a real SMTP server) and is
 checked where it lands: the ticket, the mail server, the intents, the audit.
@@ -19,6 +22,8 @@ from ticketing.services import process_inbox_event
 from ticketing.tasks import send_acknowledgment
 
 TRUSTED = "mx.acme.test"
+# What normalization stores from our MTA's header for a sender of example.com that passed DMARC.
+AUTHENTICATED = {"dmarc": "pass", "dmarc.header.from": "example.com"}
 
 
 @pytest.fixture(autouse=True)
@@ -119,7 +124,7 @@ def test_mailer_daemon_and_postmaster_never_become_acknowledged_tickets(smtp_ser
 
 def test_a_local_part_that_only_contains_noreply_is_a_person():
     for sender in ("jane.noreply@example.com", "replyteam@example.com", "bouncer@example.com"):
-        event = InboxEvent(sender=sender, mailbox=Mailbox(settings={}))
+        event = InboxEvent(sender=sender, mailbox=Mailbox(settings={}), auth_results=AUTHENTICATED)
         assert acknowledgments.acknowledgment_skip_reason(event) is None, sender
 
 
@@ -148,10 +153,11 @@ def test_a_forged_dmarc_fail_from_another_authserv_id_does_not_suppress_the_ackn
 
 
 def test_a_forged_dmarc_fail_alone_is_ignored(smtp_server):
+    # Not believed either way: no dmarc_fail, but nothing authenticates the sender, so no acknowledgment.
     event_id = deliver(sender="jane@example.com",
                        extra_headers={"Authentication-Results": authentication_results("mx.evil.example", "fail")})
     assert InboxEvent.objects.get(pk=event_id).auth_results == {}
-    assert len(smtp_server.messages) == 1
+    assert_ticket_without_acknowledgment(event_id, smtp_server, "unauthenticated_sender")
 
 
 # --- addresses we cannot write to -----------------------------------------------------------------
@@ -201,7 +207,10 @@ def test_skip_reasons_in_order():
     assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, auth_results={"dmarc": "fail"})) == \
         "dmarc_fail"
     assert reason(InboxEvent(sender="jane@example", mailbox=mailbox)) == "invalid_sender"
+    assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox)) == "unauthenticated_sender"
     assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, auth_results={"dmarc": "pass"})) is None
     assert reason(InboxEvent(sender="jane@example.com", mailbox=Mailbox(settings={"acknowledge": False}))) == \
         "disabled"
-    assert acknowledgments.wants_acknowledgment(InboxEvent(sender="jane@example.com", mailbox=mailbox))
+    assert acknowledgments.wants_acknowledgment(InboxEvent(sender="jane@example.com", mailbox=mailbox,
+                                                           auth_results=AUTHENTICATED))
+    assert not acknowledgments.wants_acknowledgment(InboxEvent(sender="jane@example.com", mailbox=mailbox))

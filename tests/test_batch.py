@@ -12,6 +12,7 @@ from django.db import connection, transaction
 
 from intake.models import AuditEvent, InboxEvent, OutboxMessage
 from tests.factories import email_message, ingest_message, make_desk_destination, make_destination, make_mailbox
+from tests.senderauth import stamped, trust_our_mta
 from ticketing import batch, services, tasks
 from ticketing.models import CopiedMessage, Intent, RoutingRule, Ticket, TicketMapping
 
@@ -141,10 +142,12 @@ def _per_event(event_ids: list[int]) -> dict:
 
 
 def receive(mailbox, **fields) -> int:
-    return ingest_message(mailbox, **fields).inbox_event_id
+    """A message from an example.com sender our MTA authenticated (acknowledged where the mailbox trusts it)."""
+    return ingest_message(mailbox, stamped(email_message(**fields))).inbox_event_id
 
 
 def test_plain_mail_makes_the_same_rows_as_the_per_event_path(mailbox, monkeypatch):
+    trust_our_mta(mailbox)
     RoutingRule.objects.create(tenant=mailbox.tenant, name="billing", position=1, queue="billing", priority="high",
                                conditions={"subject_regex": "invoice"}, stop_processing=True)
     ids = [receive(mailbox, subject=f"Printer {n} on fire", sender=f"person{n}@example.com") for n in range(5)]
@@ -208,6 +211,7 @@ def test_a_mixed_group_has_the_same_outcome_per_event_as_the_per_event_path(mail
 
 
 def test_a_group_processed_twice_makes_nothing_twice(mailbox):
+    trust_our_mta(mailbox)
     ids = [receive(mailbox, subject=f"Question {n}", sender=f"p{n}@example.com") for n in range(6)]
     assert tasks.process_inbox_events(ids) == {"created": 6}
     rows = _counts()
@@ -273,7 +277,7 @@ def test_two_workers_processing_the_same_group_concurrently_make_every_ticket_on
     monkeypatch.setenv(WEBHOOK_SECRET_VAR, WEBHOOK_SECRET)
     tenant = make_tenant(slug="race")
     make_destination(tenant)
-    box = make_mailbox(tenant, slug="race-support", address="support@race.test")
+    box = trust_our_mta(make_mailbox(tenant, slug="race-support", address="support@race.test"))
     for round_ in range(3):
         ids = [receive(box, subject=f"Race {round_}/{n}", sender=f"r{n}@example.com") for n in range(20)]
         barrier, errors = threading.Barrier(3), []

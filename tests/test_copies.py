@@ -12,6 +12,7 @@ from intake.models import AuditEvent, InboxEvent
 from intake.services import transition_event
 from reconciliation import services as console
 from tests.factories import email_message, ingest_message, make_mailbox
+from tests.senderauth import stamped, trust_our_mta
 from tests.test_recovery_queue import make_user
 from ticketing.copies import LINK_COPY
 from ticketing.models import Destination, Intent, RoutingPolicy, Ticket, TicketComment, TicketMapping
@@ -26,8 +27,10 @@ def sales(mailbox):
 
 
 def deliver(mailboxes, **fields) -> list[int]:
-    """The same bytes delivered to each mailbox, as the mail server fans out To and Cc."""
-    raw = email_message(to="support@acme.test", extra_headers={"Cc": "sales@acme.test"}, **fields)
+    """The same bytes delivered to each mailbox, as the mail server fans out To and Cc (and authenticated it)."""
+    raw = stamped(email_message(to="support@acme.test", extra_headers={"Cc": "sales@acme.test"}, **fields))
+    for box in mailboxes:
+        trust_our_mta(box)
     return [ingest_message(box, raw).inbox_event_id for box in mailboxes]
 
 

@@ -86,7 +86,8 @@ def test_the_validation_handshake_echoes_the_token_as_text_plain(outlook, client
                            data=b"", content_type="text/plain")
 
     assert response.status_code == 200
-    assert response["Content-Type"] == "text/plain"
+    assert response["Content-Type"] == "text/plain; charset=utf-8"  # the echoed token is never sniffed as HTML
+    assert response["X-Content-Type-Options"] == "nosniff"
     assert response.content.decode() == token
     assert count_rows() == before and poll_requests(outlook) == 0
 
@@ -430,7 +431,7 @@ def test_graph_validates_our_webhook_when_the_subscription_is_created(outlook, g
     outcome, row = ensure_graph_subscription(outlook)
 
     assert outcome == "created"
-    assert graph.validations == [{"ok": True, "status": 200, "content_type": "text/plain"}]
+    assert graph.validations == [{"ok": True, "status": 200, "content_type": "text/plain; charset=utf-8"}]
 
     # A URL that does not answer the handshake (another mailbox's, unknown here) makes the create fail.
     outlook.settings = {**outlook.settings, "notification_url": f"{live_server.url}/webhooks/graph/nobody/"}

@@ -267,15 +267,20 @@ def test_sendgrid_forged_credentials_and_parsed_mode_store_nothing(provider_mail
     assert stored() == (0, 0, 0)
 
 
-def test_one_message_by_mailgun_and_by_the_raw_webhook_is_one_event(provider_mailbox):
+def test_the_raw_webhook_is_no_second_door_into_a_mailgun_mailbox(provider_mailbox):
+    from intake.models import WebhookRejectionCount
+
     mailbox = provider_mailbox("mailgun")
-    # The raw webhook signs with the same mailbox secret.
     raw = make_message()
     assert post_mailgun(Client(), mailgun_fields(raw)).status_code == 202
-    response = Client().post(f"/webhooks/raw/{mailbox.slug}/", data=raw, content_type="message/rfc822",
-                             **webhook_headers(MAILGUN_KEY, raw))
-    assert response.status_code == 200 and response.json()["duplicate"] is True
+    # Signed with the mailbox's own (Mailgun) key, a raw delivery is still refused: the raw webhook is only
+    # for raw mailboxes, and a mailbox of another provider is unknown there (as on the provider webhook).
+    for body in (raw, make_message(subject="A new message through the wrong door")):
+        response = Client().post(f"/webhooks/raw/{mailbox.slug}/", data=body, content_type="message/rfc822",
+                                 **webhook_headers(MAILGUN_KEY, body))
+        assert response.status_code == 404 and response.json() == {"error": "unknown mailbox"}
     assert InboxEvent.objects.count() == 1
+    assert WebhookRejectionCount.objects.get(provider="raw", reason="unknown_mailbox").count == 2
 
 
 # --- the generic view -----------------------------------------------------------------------------

@@ -136,6 +136,42 @@ def test_delivered_once_and_a_second_delivery_is_a_duplicate(mailbox, live_serve
     assert InboxEvent.objects.count() == 1
 
 
+def test_the_mailgate_signs_with_v2(secret_file):
+    # What the MTA host sends, as the server reads it: a v2 signature (v1 is deprecated).
+    seen = {}
+
+    class Recorder(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen["body"] = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen["headers"] = dict(self.headers)
+            answer = b'{"inbox_event_id": 1, "duplicate": false}'
+            self.send_response(202)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        raw = email_message()
+        done = mailgate("--url", f"http://127.0.0.1:{httpd.server_address[1]}", "--mailbox", "support",
+                        "--secret-file", secret_file, stdin=raw)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert done.returncode == EX_OK, done.stderr
+    from intake import signing
+
+    headers = seen["headers"]
+    assert headers["X-Mailroom-Signature"].startswith("v2=") and seen["body"] == raw
+    assert signing.verify(WEBHOOK_SECRET, headers["X-Mailroom-Timestamp"], headers["X-Mailroom-Signature"], raw,
+                          300) == signing.V2
+
+
 def test_full_webhook_url_and_the_secret_from_the_environment(mailbox, live_server):
     done = mailgate("--url", f"{live_server.url}/webhooks/raw/support/", "--mailbox", "support",
                     stdin=email_message(), env={"MAILROOM_MAILGATE_SECRET": WEBHOOK_SECRET})

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test import Client
 
 from intake.models import AuditEvent, InboxEvent, OutboxMessage
-from intake.signing import sign
+from intake.signing import sign, sign_v2
 from tests.conftest import WEBHOOK_SECRET
 from tests.mail import make_message, webhook_headers
 from ticketing.models import Ticket, TicketMapping
@@ -194,3 +194,164 @@ def test_the_database_refuses_an_unknown_state_and_a_success_without_a_result(ma
         Intent.objects.filter(pk=intent.pk).update(result_ref="")
     with pytest.raises(IntegrityError), transaction.atomic():
         TicketMapping.objects.filter(inbox_event_id=event_id).update(ticket_id="")
+
+
+# --- the v2 signature: the message id is signed too -------------------------------------------------------
+
+def v1_headers(body, timestamp=None, **extra) -> dict:
+    ts = int(time.time()) if timestamp is None else timestamp
+    return {"HTTP_X_MAILROOM_TIMESTAMP": str(ts), "HTTP_X_MAILROOM_SIGNATURE": sign(WEBHOOK_SECRET, ts, body), **extra}
+
+
+def v2_headers(body, message_id=None, timestamp=None) -> dict:
+    return webhook_headers(WEBHOOK_SECRET, body, timestamp, message_id=message_id)
+
+
+def test_v2_is_what_clients_send_and_it_signs_the_message_id(mailbox):
+    body = make_message()
+    headers = v2_headers(body, message_id="crm-4711")
+    assert headers["HTTP_X_MAILROOM_SIGNATURE"].startswith("v2=")
+    assert headers["HTTP_X_MAILROOM_MESSAGE_ID"] == "crm-4711"
+    response = post(Client(), body, **headers)
+    assert response.status_code == 202
+    event = InboxEvent.objects.get(pk=response.json()["inbox_event_id"])
+    assert "crm-4711" in event.provider_message_id  # the id the client chose, because it signed it
+    assert post(Client(), body, **headers).json() == {"inbox_event_id": event.pk, "duplicate": True}
+
+
+def test_v1_without_a_message_id_still_works_exactly_as_before(mailbox):
+    body = make_message()
+    first = post(Client(), body, **v1_headers(body))
+    assert first.status_code == 202 and first.json()["duplicate"] is False
+    event = InboxEvent.objects.get(pk=first.json()["inbox_event_id"])
+    # The same key as v2 without the header gives: one message, one event, whichever scheme signed it.
+    again = post(Client(), body, **v2_headers(body))
+    assert again.status_code == 200 and again.json() == {"inbox_event_id": event.pk, "duplicate": True}
+
+
+def test_a_captured_request_replayed_under_a_new_message_id_makes_no_new_event(mailbox, count_rows):
+    client = Client()
+    body = make_message()
+    captured_v2 = v2_headers(body, message_id="crm-1")
+    assert post(client, body, **captured_v2).status_code == 202
+    other = make_message()
+    captured_v1 = v1_headers(other)
+    assert post(client, other, **captured_v1).status_code == 202
+    unsigned_id = make_message()
+    captured_v2_without_id = v2_headers(unsigned_id)
+    assert post(client, unsigned_id, **captured_v2_without_id).status_code == 202
+    before = count_rows()
+    replays = {
+        "v2, another id": {**captured_v2, "HTTP_X_MAILROOM_MESSAGE_ID": "crm-2"},
+        "v2, the id dropped": {k: v for k, v in captured_v2.items() if k != "HTTP_X_MAILROOM_MESSAGE_ID"},
+        "v2 signed without an id, one added": {**captured_v2_without_id, "HTTP_X_MAILROOM_MESSAGE_ID": "crm-3"},
+        "v1, an id added": {**captured_v1, "HTTP_X_MAILROOM_MESSAGE_ID": "crm-4"},
+    }
+    bodies = {"v2, another id": body, "v2, the id dropped": body, "v2 signed without an id, one added": unsigned_id,
+              "v1, an id added": other}
+    for case, headers in replays.items():
+        response = post(client, bodies[case], **headers)
+        assert response.status_code == 401, case
+        assert "inbox_event_id" not in response.json(), case
+    assert post(client, other, **replays["v1, an id added"]).json()["error"] == \
+        "X-Mailroom-Message-Id needs a v2 signature (v1 does not cover it)"
+    assert count_rows() == before
+    # Replayed as captured (within the tolerance window), each is the duplicate it is.
+    assert post(client, body, **captured_v2).json()["duplicate"] is True
+    assert post(client, other, **v1_headers(other)).json()["duplicate"] is True
+    assert InboxEvent.objects.count() == 3
+
+
+def test_v1_and_v2_sent_together_verify_as_v2(mailbox):
+    # A client during the deprecation period may send both (comma-separated): the v2 one must cover the id.
+    body = make_message()
+    ts = int(time.time())
+    both = f"{sign(WEBHOOK_SECRET, ts, body)}, {sign_v2(WEBHOOK_SECRET, ts, 'crm-9', body)}"
+    headers = {"HTTP_X_MAILROOM_TIMESTAMP": str(ts), "HTTP_X_MAILROOM_SIGNATURE": both,
+               "HTTP_X_MAILROOM_MESSAGE_ID": "crm-9"}
+    assert post(Client(), body, **headers).status_code == 202
+    assert post(Client(), body, **{**headers, "HTTP_X_MAILROOM_MESSAGE_ID": "crm-10"}).status_code == 401
+
+
+def test_a_forged_v2_signature_is_refused(mailbox, count_rows):
+    body = make_message()
+    ts = int(time.time())
+    before = count_rows()
+    for forged in (sign_v2("not-the-secret", ts, "", body), sign_v2(WEBHOOK_SECRET, ts, "", body + b"x"),
+                   "v2=" + "0" * 64, "v3=" + sign_v2(WEBHOOK_SECRET, ts, "", body)[3:]):
+        response = post(Client(), body, HTTP_X_MAILROOM_TIMESTAMP=str(ts), HTTP_X_MAILROOM_SIGNATURE=forged)
+        assert response.status_code == 401 and response.json() == {"error": "invalid signature"}
+    assert count_rows() == before
+
+
+# --- only raw mailboxes take the raw webhook -------------------------------------------------------------
+
+def test_the_raw_webhook_of_an_imap_mailbox_is_404_and_counted(mailbox, count_rows):
+    from intake.models import Mailbox, WebhookRejectionCount
+
+    Mailbox.objects.filter(pk=mailbox.pk).update(provider="imap")  # same slug and secret, another provider
+    from intake import selectors
+
+    selectors.forget_cached_mailboxes()
+    before = count_rows()
+    body = make_message()
+    response = post_signed(Client(), body)
+    assert response.status_code == 404 and response.json() == {"error": "unknown mailbox"}
+    assert count_rows() == before
+    assert WebhookRejectionCount.objects.get(provider="raw", reason="unknown_mailbox").count == 1
+
+
+# --- what every webhook answer says about itself -----------------------------------------------------------
+
+def assert_plain_answer(response, media_type="application/json"):
+    assert response["Content-Type"] == f"{media_type}; charset=utf-8", response["Content-Type"]
+    assert response["X-Content-Type-Options"] == "nosniff"
+
+
+def test_webhook_answers_name_their_charset_and_are_never_sniffed(mailbox, settings, tenant):
+    from intake.models import Mailbox
+
+    client = Client()
+    body = make_message()
+    answers = {
+        202: post_signed(client, body), 200: post_signed(client, body),
+        401: post(client, body, HTTP_X_MAILROOM_TIMESTAMP="1", HTTP_X_MAILROOM_SIGNATURE="v2=00"),
+        404: client.post("/webhooks/raw/nope/", data=body, content_type="message/rfc822"),
+        400: post(client, b"", **webhook_headers(WEBHOOK_SECRET, b"")),
+    }
+    for status, response in answers.items():
+        assert response.status_code == status
+        assert_plain_answer(response)
+    settings.MAILROOM_MAX_MESSAGE_BYTES = 10
+    assert_plain_answer(post_signed(client, body))
+    # The provider webhook and what an adapter answers itself (Graph's handshake is text/plain).
+    assert_plain_answer(client.post("/webhooks/mailgun/nope/mime", data=b"x", content_type="text/plain"))
+    Mailbox.objects.create(tenant=tenant, slug="graph-box", address="graph-box@acme.test", provider="graph")
+    handshake = client.post("/webhooks/graph/graph-box/?validationToken=token%3C1%3E", data=b"",
+                            content_type="text/plain")
+    assert handshake.status_code == 200 and handshake.content == b"token<1>"
+    assert_plain_answer(handshake, "text/plain")
+
+
+def test_the_sample_command_signs_with_v2_and_only_for_raw_mailboxes(mailbox, live_server, caplog, monkeypatch):
+    import io
+    import logging
+
+    from django.core.management import CommandError, call_command
+
+    from intake import views
+    from intake.models import Mailbox
+
+    monkeypatch.setattr(views, "_v1_seen", set())  # the server says so (once) when a mailbox is signed with v1
+    out = io.StringIO()
+    with caplog.at_level(logging.WARNING, logger="intake.views"):
+        call_command("send_test_email", "support", url=live_server.url, stdout=out)
+        assert out.getvalue().startswith("202 ")
+        assert "deprecated v1" not in caplog.text
+        body = make_message()
+        assert post(Client(), body, **v1_headers(body)).status_code == 202
+        assert "mailbox support: raw webhook signed with the deprecated v1 scheme" in caplog.text
+    assert InboxEvent.objects.filter(mailbox=mailbox).count() == 2
+    Mailbox.objects.filter(pk=mailbox.pk).update(provider="imap")
+    with pytest.raises(CommandError, match="only a raw mailbox takes the raw webhook"):
+        call_command("send_test_email", "support", url=live_server.url, stdout=io.StringIO())

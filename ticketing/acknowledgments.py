@@ -4,22 +4,52 @@ The acknowledgment is its own `notify_requester` intent with its own key, so a
 task run twice sends one email. It carries `Auto-Submitted: auto-replied` and
 our loop header, so our own mail coming back is recognised and suppressed.
 
-No backscatter: the ticket is made for every accepted message, but it is only
-acknowledged when a person is likely to be on the other end and the address
-is likely to be theirs (`acknowledgment_skip_reason`). A skipped
-acknowledgment is audited (`acknowledgment_skipped`, with the reason) in the
-transaction that stores the mapping, so it is written exactly once.
+No backscatter, no relay: the ticket is made for every accepted message, but it
+is only acknowledged when a person is likely to be on the other end and the
+address is provably theirs (`acknowledgment_skip_reason`):
+
+- the sender must be authenticated (`sender_authentication`): a trusted
+  Authentication-Results (the mailbox's `trusted_authserv_id`, stored by
+  normalization) or the hosted provider's own verdict (Gmail, Graph, SES,
+  Mailgun: `intake.validation.authresults`) shows a DMARC pass for the From
+  domain, or an SPF/DKIM pass for a domain aligned with it. A forged From gets
+  nothing. The mailbox setting `ack_policy` may say `"never"`, or `"always"` (a
+  closed system whose MTA writes no results), which is honoured only when the
+  platform allows it (`MAILROOM_ACK_ALLOW_UNAUTHENTICATED`); an unauthenticated
+  sender is then acknowledged without their subject echoed back;
+- at most `MAILROOM_ACK_PER_HOUR` acknowledgments per tenant and
+  `MAILROOM_ACK_PER_DOMAIN_PER_HOUR` per recipient domain in any hour
+  (`Tenant.settings` `ack_per_hour` / `ack_per_domain_per_hour` override them),
+  counted over the `notify_requester` intents planned (`AcknowledgmentBudget`).
+  Workers planning at the same moment each see the others' committed intents
+  only, so the caps can be overrun by at most one per concurrent worker.
+
+A skipped acknowledgment is audited (`acknowledgment_skipped`, with the reason)
+in the transaction that stores the mapping, so it is written exactly once.
 """
 import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from email.utils import make_msgid
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
+from django.db.models import BinaryField, Subquery, Value
+from django.db.models.functions import Coalesce, Substr
+from django.utils import timezone
 
 from intake.failures import AmbiguousOutcome, TransientError
 from intake.mime.addresses import is_valid_address
-from intake.models import InboxEvent
+from intake.models import AuditEvent, InboxEvent, Tenant
 from intake.services import enqueue_outbox, record_audit
+from intake.validation.authresults import (
+    MAX_FIELDS_BLOCK,
+    PROVIDERS_WITH_VERDICTS,
+    aligned_method,
+    domain_of,
+    header_fields,
+    provider_authentication_results,
+)
 from intake.vocabulary import AuditKind, ReasonCode
 
 from . import intents
@@ -41,6 +71,15 @@ NOREPLY_LOCAL_PARTS = frozenset({
 NOREPLY_PREFIXES = ("noreply", "no-reply")
 SKIP_AUDIT_KIND = AuditKind.ACKNOWLEDGMENT_SKIPPED
 
+# `Mailbox.settings["ack_policy"]`: who is acknowledged. Anything else reads as the default.
+ACK_AUTHENTICATED = "authenticated"   # only senders whose From domain is authenticated (the default)
+ACK_ALWAYS = "always"                 # every sender (only where MAILROOM_ACK_ALLOW_UNAUTHENTICATED is on)
+ACK_NEVER = "never"                   # nobody (as `"acknowledge": false`)
+ACK_POLICIES = (ACK_AUTHENTICATED, ACK_ALWAYS, ACK_NEVER)
+# SES's receipt verdict (the SNS notification, kept in the provider_metadata audit row) as a DMARC result.
+SES_DMARC_VERDICTS = {"PASS": "pass", "FAIL": "fail"}
+ONE_HOUR = timedelta(hours=1)
+
 
 def _is_noreply(address: str) -> bool:
     local = address.rpartition("@")[0].strip().strip('"').lower()
@@ -48,14 +87,87 @@ def _is_noreply(address: str) -> bool:
     return local in NOREPLY_LOCAL_PARTS or base in NOREPLY_LOCAL_PARTS or local.startswith(NOREPLY_PREFIXES)
 
 
+def ack_policy(mailbox) -> str:
+    """The mailbox's `ack_policy`, as it is applied (an unknown value, or `always` not allowed: authenticated)."""
+    mailbox_settings = mailbox.settings or {}
+    if not mailbox_settings.get("acknowledge", True):
+        return ACK_NEVER
+    policy = mailbox_settings.get("ack_policy", ACK_AUTHENTICATED)
+    if policy == ACK_ALWAYS and not settings.MAILROOM_ACK_ALLOW_UNAUTHENTICATED:
+        return ACK_AUTHENTICATED
+    return policy if policy in ACK_POLICIES else ACK_AUTHENTICATED
+
+
+@dataclass(frozen=True)
+class SenderAuthentication:
+    """Whether the From address of an event is believed to be the sender's own."""
+
+    method: str = ""      # "dmarc", "dkim" or "spf": what authenticated the From domain; "" when nothing did
+    source: str = ""      # whose results: "mailbox" (its trusted authserv-id) or "provider:<name>"
+    dmarc_failed: bool = False   # a trusted source said DMARC fail
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.method)
+
+
+def _message_head(event: InboxEvent) -> bytes:
+    """The start of the stored message (its header block): read from the database only as far as needed."""
+    if event.pk is None or "raw" not in event.get_deferred_fields():
+        return bytes(event.raw or b"")[:MAX_FIELDS_BLOCK]
+    head = InboxEvent.objects.filter(pk=event.pk).annotate(
+        head=Substr("raw", 1, MAX_FIELDS_BLOCK, output_field=BinaryField())).values_list("head", flat=True).first()
+    return bytes(head or b"")
+
+
+def _ses_receipt_results(event: InboxEvent) -> dict[str, str]:
+    """SES's DMARC verdict from the SNS receipt (kept by the webhook as provider metadata)."""
+    if event.pk is None:
+        return {}
+    metadata = AuditEvent.objects.filter(inbox_event_id=event.pk, kind=AuditKind.PROVIDER_METADATA).values_list(
+        "detail", flat=True).first() or {}
+    verdict = SES_DMARC_VERDICTS.get(str(metadata.get("dmarcVerdict", "")).upper())
+    return {"dmarc": verdict} if verdict else {}
+
+
+def sender_authentication(event: InboxEvent) -> SenderAuthentication:
+    """What the trusted results say about the event's From domain.
+
+    Sources, each trusted for its own reason: `event.auth_results` (the mailbox's own MTA,
+    `trusted_authserv_id`), and for a Gmail, Graph, SES or Mailgun mailbox the provider's
+    verdict in the stored message (and SES's receipt). A sender taken from Sender or
+    Reply-To (the From header held no address) is never authenticated: DMARC speaks for From.
+    """
+    sender = (event.sender or "").strip()
+    from_domain = domain_of(sender) if "@" in sender else ""
+    sources: list[tuple[str, dict]] = [("mailbox", event.auth_results or {})]
+    provider = event.mailbox.provider
+    if provider in PROVIDERS_WITH_VERDICTS:
+        fields = header_fields(_message_head(event))
+        sources.append((f"provider:{provider}",
+                        provider_authentication_results(provider, fields, from_domain=from_domain)))
+    if provider == "ses":
+        sources.append(("provider:ses", _ses_receipt_results(event)))
+    dmarc_failed = any(results.get("dmarc") == "fail" for _, results in sources)
+    if (event.details or {}).get("sender_source", "from") != "from":
+        return SenderAuthentication(dmarc_failed=dmarc_failed)
+    for source, results in sources:
+        method = aligned_method(results, from_domain)
+        if method:
+            return SenderAuthentication(method=method, source=source, dmarc_failed=dmarc_failed)
+    return SenderAuthentication(dmarc_failed=dmarc_failed)
+
+
 def acknowledgment_skip_reason(event: InboxEvent) -> str | None:
-    """Why `event` must not be acknowledged, or None when it may be.
+    """Why `event` must not be acknowledged, or None when it may be (the hourly caps aside: `plan`).
 
     Reads the event as normalization stored it: `sender`, `details["spam_flagged"]`
-    (a trusted spam header said so) and `auth_results` (only our own MTA's
-    Authentication-Results, see `intake.validation.authentication_results`).
+    (a trusted spam header said so), `details["sender_source"]`, `auth_results` (only
+    our own MTA's Authentication-Results, see `intake.validation.authentication_results`)
+    and, for a hosted provider's mailbox, that provider's verdict (`sender_authentication`).
     """
-    if not (event.mailbox.settings or {}).get("acknowledge", True):
+    policy = ack_policy(event.mailbox)
+    if policy == ACK_NEVER:
         return ReasonCode.ACK_DISABLED
     sender = (event.sender or "").strip()
     if not sender:
@@ -64,10 +176,13 @@ def acknowledgment_skip_reason(event: InboxEvent) -> str | None:
         return ReasonCode.SPAM_FLAGGED
     if _is_noreply(sender):
         return ReasonCode.NOREPLY_SENDER
-    if (event.auth_results or {}).get("dmarc") == "fail":
+    authentication = sender_authentication(event)
+    if authentication.dmarc_failed:
         return ReasonCode.DMARC_FAIL
     if not is_valid_address(sender):
         return ReasonCode.INVALID_SENDER
+    if policy != ACK_ALWAYS and not authentication.authenticated:
+        return ReasonCode.UNAUTHENTICATED_SENDER
     return None
 
 
@@ -75,16 +190,76 @@ def wants_acknowledgment(event: InboxEvent) -> bool:
     return acknowledgment_skip_reason(event) is None
 
 
+@dataclass
+class AcknowledgmentBudget:
+    """The hourly caps: acknowledgments per tenant and per recipient domain, over the intents planned.
+
+    Counted from the database once per tenant (and domain), then kept up to date in memory,
+    so a batch that plans several acknowledgments in one transaction counts its own too.
+    """
+
+    now: datetime = field(default_factory=timezone.now)
+    _tenants: dict = field(default_factory=dict)      # tenant id -> Tenant (its settings)
+    _planned: dict = field(default_factory=dict)      # tenant id -> count this hour
+    _by_domain: dict = field(default_factory=dict)    # (tenant id, domain) -> count this hour
+
+    def _recent(self, tenant_id: int):
+        since = self.now - ONE_HOUR
+        # Intents are numbered as they are made: the newest one older than the hour bounds the scan to the
+        # last hour's intents (walked back along the primary key), however large the table has grown.
+        older = Intent.objects.filter(created_at__lt=since).order_by("-pk").values("pk")[:1]
+        return Intent.objects.filter(pk__gt=Coalesce(Subquery(older), Value(0)), created_at__gte=since,
+                                     action=Intent.Action.NOTIFY_REQUESTER, inbox_event__tenant_id=tenant_id)
+
+    def limits(self, tenant_id: int) -> tuple[int, int]:
+        """(per tenant, per recipient domain) in any hour, for `tenant_id`."""
+        if tenant_id not in self._tenants:
+            self._tenants[tenant_id] = Tenant.objects.only("settings").filter(pk=tenant_id).first() or Tenant()
+        tenant = self._tenants[tenant_id]
+        return (tenant.int_setting("ack_per_hour", settings.MAILROOM_ACK_PER_HOUR),
+                tenant.int_setting("ack_per_domain_per_hour", settings.MAILROOM_ACK_PER_DOMAIN_PER_HOUR))
+
+    def refusal(self, event: InboxEvent) -> tuple[str, int] | None:
+        """(reason, limit) when acknowledging `event` would pass a cap; else None, and the event is counted."""
+        tenant_id = event.tenant_id
+        domain = domain_of(event.sender)
+        per_tenant, per_domain = self.limits(tenant_id)
+        if tenant_id not in self._planned:
+            self._planned[tenant_id] = self._recent(tenant_id).count()
+        if self._planned[tenant_id] >= per_tenant:
+            return ReasonCode.ACK_RATE_LIMITED, per_tenant
+        key = (tenant_id, domain)
+        if key not in self._by_domain:
+            self._by_domain[key] = self._recent(tenant_id).filter(inbox_event__sender__iendswith="@" + domain).count()
+        if self._by_domain[key] >= per_domain:
+            return ReasonCode.ACK_DOMAIN_RATE_LIMITED, per_domain
+        self._planned[tenant_id] += 1
+        self._by_domain[key] += 1
+        return None
+
+
+def skip_audit_detail(event: InboxEvent, budget: AcknowledgmentBudget) -> dict | None:
+    """None when `event` is to be acknowledged (and counted against `budget`); else the skip's audit detail."""
+    reason = acknowledgment_skip_reason(event)
+    if reason is not None:
+        return {"reason": reason}
+    refused = budget.refusal(event)
+    if refused is not None:
+        reason, limit = refused
+        return {"reason": reason, "limit_per_hour": limit}
+    return None
+
+
 def plan(event: InboxEvent, destination) -> Intent | None:
     """Inside the transaction that stores the ticket mapping: the intent and its outbox row,
     or the audit row saying why there is none."""
     # As stored: the caller's copy may predate normalization's sender, details and auth results.
-    stored = InboxEvent.objects.select_related("mailbox").filter(pk=event.pk).first() or event
-    reason = acknowledgment_skip_reason(stored)
-    if reason is not None:
+    stored = InboxEvent.objects.select_related("mailbox").defer("raw").filter(pk=event.pk).first() or event
+    skipped = skip_audit_detail(stored, AcknowledgmentBudget())
+    if skipped is not None:
         # Planned once (the mapping just inserted is unique per event), so audited once.
-        record_audit(event.pk, SKIP_AUDIT_KIND, actor="system:acknowledgments", detail={"reason": reason})
-        logger.info("event %s: no acknowledgment (%s)", event.pk, reason)
+        record_audit(event.pk, SKIP_AUDIT_KIND, actor="system:acknowledgments", detail=skipped)
+        logger.info("event %s: no acknowledgment (%s)", event.pk, skipped["reason"])
         return None
     # Planned once: the mapping just inserted in this transaction is unique per event.
     intent = intents.create_intent(event, Intent.Action.NOTIFY_REQUESTER, destination)
@@ -94,7 +269,12 @@ def plan(event: InboxEvent, destination) -> Intent | None:
 
 def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent) -> EmailMessage:
     token = ticket_token(mapping)
-    subject = " ".join((event.subject or "your request").split())[:200]
+    # Only an authenticated sender's own subject is echoed: for anyone else (`ack_policy` "always") it could be
+    # text a stranger chose, sent on from the tenant's address.
+    if sender_authentication(event).authenticated:
+        subject = "Re: " + " ".join((event.subject or "your request").split())[:200]
+    else:
+        subject = "We have received your request"
     sla_hours = (mapping.destination.settings or {}).get("sla_hours")
     promise = f"We aim to answer within {int(sla_hours)} hours.\n\n" if sla_hours else ""
     body = (
@@ -110,13 +290,13 @@ def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent) -> Email
     if event.message_id_header:
         headers["In-Reply-To"] = f"<{event.message_id_header}>"
         headers["References"] = f"<{event.message_id_header}>"
-    return EmailMessage(subject=f"[#{token}] Re: {subject}", body=body, from_email=event.mailbox.address,
+    return EmailMessage(subject=f"[#{token}] {subject}", body=body, from_email=event.mailbox.address,
                         to=[event.sender], headers=headers)
 
 
 def send(intent_id: int, worker: str) -> str:
     """One attempt at the acknowledgment of `intent_id`; safe to run twice."""
-    intent = Intent.objects.select_related("destination", "inbox_event__mailbox").filter(
+    intent = Intent.objects.select_related("destination", "inbox_event__mailbox").defer("inbox_event__raw").filter(
         pk=intent_id, action=Intent.Action.NOTIFY_REQUESTER).first()
     if intent is None:
         return "missing"

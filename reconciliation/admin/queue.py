@@ -27,6 +27,9 @@ from .dashboard import dashboard_view
 from .filters import MailboxFilter, OwnerFilter, ReasonFilter, StateFilter, TenantFilter
 from .forms import AssignForm, CloseForm, ConfirmForm, EscalationForm, ReleaseForm, ReplayNewForm, RouteForm
 
+REJUDGED_MESSAGE = ("It was quarantined and never released: sent back to validation and the malware scan, "
+                    "which decide again.")
+
 
 @admin.register(RecoveryItem)
 class RecoveryItemAdmin(admin.ModelAdmin):
@@ -223,7 +226,7 @@ class RecoveryItemAdmin(admin.ModelAdmin):
             "replay": user.has_perm(services.PERM_REPLAY),
             "replay_new": user.has_perm(services.PERM_REPLAY) and user.has_perm(services.PERM_REPLAY_NEW),
             "confirm": user.has_perm(services.PERM_CONFIRM),
-            "close": user.has_perm(services.PERM_CLOSE),
+            "close": services.may_close(user, event),  # a quarantined item: security only
             "release": user.has_perm(services.PERM_RELEASE),
             "body": user.has_perm(services.PERM_VIEW_BODY),
         }
@@ -251,6 +254,7 @@ class RecoveryItemAdmin(admin.ModelAdmin):
             "release": bound.get("release") or ReleaseForm(),
         }
         pauses = selectors.pause_status(user)
+        tenant_paused = any(t.pk == event.tenant_id for t in pauses["tenants"])
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts, "title": f"Item #{event.pk}", "event": event, "can": can,
@@ -259,7 +263,8 @@ class RecoveryItemAdmin(admin.ModelAdmin):
             "mappings": list(selectors.event_mappings(event.pk)), "in_queue": in_queue,
             "replayable": replayable, "forms": action_forms, "stuck_ack": stuck_ack, "proposal": proposal,
             "destination_name": {d.pk: d.slug for d in ticketing_selectors.tenant_destinations(event.tenant_id)},
-            "paused_here": pauses["global"] or event.mailbox.paused,
+            "paused_here": pauses["global"] or event.mailbox.paused or tenant_paused,
+            "tenant_paused": tenant_paused,
             "pauses": pauses,
             "queue_url": reverse("admin:reconciliation_recoveryitem_changelist"),
         }
@@ -313,6 +318,8 @@ class RecoveryItemAdmin(admin.ModelAdmin):
 
     def _act_replay(self, request, event):
         outcome = services.do_replay(request.user, event.pk)
+        if outcome == "rejudged":
+            return REJUDGED_MESSAGE
         return f"Replayed with its original idempotency key ({outcome})."
 
     def _act_correct(self, request, event):
@@ -320,6 +327,8 @@ class RecoveryItemAdmin(admin.ModelAdmin):
         if not form.is_valid():
             return _InvalidForm("correct", form)
         outcome = services.do_correct_and_replay(request.user, event.pk, **form.route())
+        if outcome == "rejudged":
+            return f"Route corrected to {form.cleaned_data['destination'].slug}. {REJUDGED_MESSAGE}"
         return f"Route corrected to {form.cleaned_data['destination'].slug} and replayed with the original " \
                f"idempotency key ({outcome})."
 
@@ -380,8 +389,8 @@ class RecoveryItemAdmin(admin.ModelAdmin):
         except services.ActionRefused:
             raise Http404("no such attachment") from None
         response = HttpResponse(payload, content_type="application/octet-stream")
-        filename = (attachment.filename or f"attachment-{index}").replace('"', "")
-        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+        response["Content-Disposition"] = services.attachment_content_disposition(attachment.filename,
+                                                                                  index=int(index))
         response["X-Content-Type-Options"] = "nosniff"
         response["Cache-Control"] = "no-store"
         return response

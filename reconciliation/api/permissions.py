@@ -5,9 +5,19 @@ or the model's own view permission; configuration follows the model permissions 
 role grants (view, add, change, delete). Tenant scoping is the querysets' job (selectors): another
 tenant's object is a 404.
 """
+from django.conf import settings
 from rest_framework.permissions import BasePermission
 
 from ..services import PERM_VIEW_QUEUE
+
+
+class SchemaAccess(BasePermission):
+    """/api/schema/ and /api/docs/: open where MAILROOM_PUBLIC_API_SCHEMA is on (development by default);
+    otherwise (production) only a signed-in user: an API token, or a console session in the browser."""
+
+    def has_permission(self, request, view):
+        user = request.user
+        return settings.MAILROOM_PUBLIC_API_SCHEMA or bool(user and user.is_authenticated and user.is_active)
 
 
 class CanReadEvents(BasePermission):

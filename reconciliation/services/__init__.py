@@ -15,13 +15,18 @@ commands, the migrations and the tests use:
     queue_actions   one item: assign, escalate, replay, correct, new action, confirm, settle, close, release
     bodies          message body and attachments (security; audited)
     bulk_replay     look up, then link, replay, resolve, reroute or skip many items
-    pauses          the global, mailbox and destination pauses
+    pauses          the global (superusers only), tenant, mailbox and destination pauses
     proposals       the AI proposer's suggestion on a low-confidence item: show it, accept it
     api_tokens      REST API tokens (hashed at rest): issue one, authenticate one
 """
 from .access import ActionRefused, actor_name, visible_event  # noqa: F401
 from .api_tokens import do_issue_api_token, user_for_token  # noqa: F401
-from .bodies import BodyView, do_download_attachment, do_view_message_body  # noqa: F401
+from .bodies import (  # noqa: F401
+    BodyView,
+    attachment_content_disposition,
+    do_download_attachment,
+    do_view_message_body,
+)
 from .bulk_replay import (  # noqa: F401
     DEFAULT_BULK_REPLAY_CAP,
     BulkItem,
@@ -29,9 +34,22 @@ from .bulk_replay import (  # noqa: F401
     do_bulk_replay,
     do_bulk_replay_preview,
 )
-from .pauses import do_set_destination_pause, do_set_global_pause, do_set_mailbox_pause  # noqa: F401
+from .pauses import (  # noqa: F401
+    GLOBAL_PAUSE_REFUSED,
+    do_set_destination_pause,
+    do_set_global_pause,
+    do_set_mailbox_pause,
+    do_set_tenant_pause,
+    may_set_global_pause,
+    tenant_pauses,
+)
 from .proposals import do_accept_proposal, stored_proposal  # noqa: F401
 from .queue_actions import (  # noqa: F401
+    ASSIGNEE_REFUSED,
+    ASSIGNEE_RULE,
+    CLOSE_QUARANTINED_DENIED,
+    assignable_user,
+    assignable_users,
     do_assign,
     do_assign_to_me,
     do_close_not_a_request,
@@ -42,12 +60,12 @@ from .queue_actions import (  # noqa: F401
     do_replay_as_new_action,
     do_set_escalation,
     do_settle_acknowledgment,
+    may_close,
 )
 from .roles import (  # noqa: F401
     PERM_ASSIGN,
     PERM_CLOSE,
     PERM_CONFIRM,
-    PERM_GLOBAL_PAUSE,
     PERM_PAUSE,
     PERM_RELEASE,
     PERM_REPLAY,

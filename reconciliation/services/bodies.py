@@ -1,6 +1,9 @@
 """Message bodies and attachments (the security role): every view and download leaves an audit row."""
+import re
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime
+from urllib.parse import quote
 
 from intake.mime import attachment_payload, parse_message
 from intake.mime.body import alternative_texts
@@ -51,3 +54,44 @@ def do_download_attachment(user, event_id: int, index: int):
     record_audit(event.pk, AuditKind.ATTACHMENT_DOWNLOADED, actor=actor_name(user), detail={
         "index": index, "sha256": attachment.sha256, "sniffed_type": attachment.sniffed_type})
     return attachment, attachment_payload(parsed, index)
+
+
+# What a quoted-string filename may hold: printable ASCII but `"` and `\\` (which some clients mishandle escaped).
+_QUOTABLE = frozenset(chr(c) for c in range(0x20, 0x7f)) - {'"', "\\"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+
+def _ascii_form(text: str) -> str:
+    """é -> e, ü -> u; every run of what has no ASCII form (Cyrillic, CJK, quotes) -> "_"."""
+    out = []
+    for char in unicodedata.normalize("NFKD", text):
+        if unicodedata.combining(char):
+            continue
+        char = char if char in _QUOTABLE else "_"
+        if not (char == "_" and out and out[-1] == "_"):
+            out.append(char)
+    return "".join(out).strip()
+
+
+def attachment_content_disposition(filename: str, *, index: int) -> str:
+    """`Content-Disposition` for downloading attachment `index` named `filename` (RFC 6266).
+
+    `filename="<ASCII>"` for every client, and for any other name also
+    `filename*=UTF-8''<percent-encoded>` (RFC 8187), which clients prefer. Control characters
+    (CR/LF included) are dropped; a name without letters or digits of its own falls back to
+    `attachment-<index>` (with its extension).
+    """
+    name = _CONTROL.sub("", filename or "").strip()
+    if not any(char.isalnum() for char in name):
+        name = ""
+    stem, dot, extension = name.rpartition(".")
+    if not dot or not stem:
+        stem, extension = name, ""
+    ascii_stem, ascii_extension = _ascii_form(stem), _ascii_form(extension)[:20]
+    if not any(char.isalnum() for char in ascii_stem):
+        ascii_stem = f"attachment-{index}"
+    ascii_name = ascii_stem + (f".{ascii_extension}" if any(c.isalnum() for c in ascii_extension) else "")
+    disposition = f'attachment; filename="{ascii_name}"'
+    if name and name != ascii_name:
+        disposition += "; filename*=UTF-8''" + quote(name, safe="!#$&+-.^_`|~")
+    return disposition

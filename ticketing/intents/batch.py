@@ -105,29 +105,32 @@ def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now,
                               now=now)
     if moved != len(successes):
         raise Conflict(f"{len(successes) - moved} events were already completed")
+    from .. import acknowledgments  # it builds on this package
+
+    budget = acknowledgments.AcknowledgmentBudget(now=now)  # one for the group: it counts its own acknowledgments
     audits = []
     for s in successes:
         audits.extend((leading_audits or {}).get(s.event.pk, ()))
         audits.append(AuditEvent(inbox_event_id=s.event.pk, kind=AUDIT_KIND[Intent.Action.CREATE_TICKET], actor=actor,
                                  at=now, detail={"intent": s.intent_id, "action": Intent.Action.CREATE_TICKET,
                                                  "destination": s.destination.pk, "ticket_id": s.ticket_id}))
-        skipped = _plan_acknowledgment(s, now)
+        skipped = _plan_acknowledgment(s, now, budget)
         if skipped is not None:
             audits.append(skipped)
     AuditEvent.objects.bulk_create(audits)
     _enqueue_acknowledgments([s for s in successes if s.acknowledgment is not None], now)
 
 
-def _plan_acknowledgment(success: BuiltinSuccess, now) -> AuditEvent | None:
+def _plan_acknowledgment(success: BuiltinSuccess, now, budget) -> AuditEvent | None:
     """`acknowledgments.plan`, deferred: the intent to insert (kept on `success`), or the skip's audit row."""
     from .. import acknowledgments  # it builds on this package
 
     event = success.event
-    reason = acknowledgments.acknowledgment_skip_reason(event)
-    if reason is not None:
-        logger.info("event %s: no acknowledgment (%s)", event.pk, reason)
+    skipped = acknowledgments.skip_audit_detail(event, budget)
+    if skipped is not None:
+        logger.info("event %s: no acknowledgment (%s)", event.pk, skipped["reason"])
         return AuditEvent(inbox_event_id=event.pk, kind=acknowledgments.SKIP_AUDIT_KIND,
-                          actor="system:acknowledgments", detail={"reason": reason}, at=now)
+                          actor="system:acknowledgments", detail=skipped, at=now)
     key = intent_key(event, Intent.Action.NOTIFY_REQUESTER, 1)
     # Planned once: the mapping inserted in this transaction is unique per event (a plain INSERT, as
     # `create_intent`).

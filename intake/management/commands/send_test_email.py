@@ -24,7 +24,7 @@ def sample_message(to: str, subject: str, sender: str = "customer@example.com") 
 
 
 class Command(BaseCommand):
-    help = "Send a signed sample email to a mailbox's raw webhook and print the answer."
+    help = "Send a sample email, signed with the v2 scheme, to a raw mailbox's webhook and print the answer."
 
     def add_arguments(self, parser):
         parser.add_argument("mailbox")
@@ -37,6 +37,9 @@ class Command(BaseCommand):
         mailbox = Mailbox.objects.filter(slug=options["mailbox"]).first()
         if mailbox is None:
             raise CommandError(f"no mailbox {options['mailbox']!r}")
+        if mailbox.provider != Mailbox.Provider.RAW:
+            raise CommandError(f"mailbox {mailbox.slug!r} is a {mailbox.provider} mailbox: only a raw mailbox "
+                               "takes the raw webhook")
         try:
             secret = resolve_secret(mailbox.webhook_secret_ref, tenant=mailbox.tenant, owner=mailbox)
         except SecretUnavailable as exc:
