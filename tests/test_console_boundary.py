@@ -23,6 +23,7 @@ from intake.services import PROCESS_TOPIC, transition_event
 from reconciliation import services
 from tests.factories import ingest_message, make_destination, make_mailbox, make_tenant
 from tests.test_api import API, api, make_user
+from tests.test_recovery_queue import operator, security  # noqa: F401  (fixtures: the two roles of one tenant)
 from ticketing import replay, tasks
 from ticketing.models import Intent, RoutingRule, Ticket, TicketMapping
 from ticketing.services import process_inbox_event
@@ -83,16 +84,6 @@ def ticket_count(event_ids) -> int:
 
 def state(event_id) -> str:
     return InboxEvent.objects.get(pk=event_id).state
-
-
-@pytest.fixture
-def operator(tenant):
-    return make_user("oper", groups=["operator"], tenants=[tenant])
-
-
-@pytest.fixture
-def security(tenant):
-    return make_user("sec", groups=["security"], tenants=[tenant])
 
 
 @pytest.fixture

@@ -6,9 +6,11 @@ Swagger UI rendered by its external script). A page given an inline script on pu
 check itself can fail.
 """
 import pytest
+from django.urls import reverse
 
 from tests.browser import browser, chromium_path, screenshot_dir  # noqa: F401  (fixtures)
 from tests.test_recovery_queue import PASSWORD, QUEUE_URL, make_user, new_event, quarantine
+from ticketing.models import RoutingRule
 
 pytestmark = pytest.mark.live
 
@@ -39,7 +41,9 @@ def test_the_console_loads_under_the_policy_without_a_violation(live_server, bro
                                                                 mailbox, width):
     event_id = new_event(mailbox, subject="Printer on fire <script>alert(1)</script>", sender="eve@customer.test")
     quarantine(event_id)
-    make_user("sec", groups=["security", "operator"], tenants=[tenant])
+    make_user("sec", groups=["security", "operator", "mailroom-admin"], tenants=[tenant])
+    rule = RoutingRule.objects.create(tenant=tenant, name="printers", conditions={"body_regex": "printer"},
+                                      queue="hardware")
     context, page, console = new_page(browser, width)
     try:
         page.goto(f"{live_server.url}/admin/login/?next={QUEUE_URL}")
@@ -59,6 +63,14 @@ def test_the_console_loads_under_the_policy_without_a_violation(live_server, bro
         page.goto(f"{live_server.url}{QUEUE_URL}{event_id}/change/")
         assert page.eval_on_selector("#item-facts", "e => getComputedStyle(e).display") == "grid"
         page.screenshot(path=screenshot_dir / f"csp-item-{width}.png", full_page=True)
+        # The pages the tenant boundary changed: the pauses (a tenant's own pause) and a body rule's dry run.
+        for name, url in (("pauses", "/admin/reconciliation/pauseswitch/"),
+                          ("dry-run", reverse("admin:ticketing_routingrule_dry_run", args=[rule.pk]))):
+            response = page.goto(f"{live_server.url}{url}")
+            assert response.status == 200, url
+            page.wait_for_load_state("load")
+            assert violations(page, console) == [], url
+            page.screenshot(path=screenshot_dir / f"csp-{name}-{width}.png", full_page=True)
         page.goto(f"{live_server.url}/api/docs/")
         page.wait_for_selector("#swagger-ui .info", timeout=20_000)  # rendered by the external script
         assert violations(page, console) == []
