@@ -6,9 +6,11 @@
 
 v2 covers the message id, so a captured request cannot be replayed under a new id (which
 would store it again as a new event). v1 (`v1=<hex HMAC-SHA256(secret, timestamp + "." +
-body)>`) is still accepted during its deprecation period, but only without
-`X-Mailroom-Message-Id`: the header it does not cover is refused, never believed. Several
-signatures may be sent, comma-separated (a secret rotation, or v2 and v1 together).
+body)>`, the contract's scheme) is still accepted during its deprecation period, with or
+without `X-Mailroom-Message-Id`; as v1 does not cover that header, `verify` says so
+(`V1_UNSIGNED_ID`) and the webhook answers a second request of the same bytes under another id,
+within the tolerance window, as the duplicate of the first (intake.views). Several signatures
+may be sent, comma-separated (a secret rotation, or v2 and v1 together).
 """
 import hashlib
 import hmac
@@ -16,7 +18,7 @@ import time
 
 V1 = "v1"
 V2 = "v2"
-V1_WITH_MESSAGE_ID = "X-Mailroom-Message-Id needs a v2 signature (v1 does not cover it)"
+V1_UNSIGNED_ID = "v1-unsigned-id"  # v1 verified, and an X-Mailroom-Message-Id it does not cover was sent
 
 
 class SignatureError(Exception):
@@ -40,7 +42,7 @@ def sign_v2(secret: str, timestamp: int | str, message_id: str, body: bytes) -> 
 
 def verify(secret: str, timestamp: str | None, signature: str | None, body: bytes, tolerance: int,
            now: float | None = None, *, message_id: str = "") -> str:
-    """The scheme that verified ("v2" or "v1"); raises SignatureError otherwise.
+    """The scheme that verified ("v2", "v1", or V1_UNSIGNED_ID); raises SignatureError otherwise.
 
     `message_id` is the `X-Mailroom-Message-Id` header as received ("" when absent).
     """
@@ -59,13 +61,13 @@ def verify(secret: str, timestamp: str | None, signature: str | None, body: byte
         expected = sign_v2(secret, sent_at, message_id, body)
         if any(hmac.compare_digest(expected, c) for c in v2):
             return V2
+        # A client that signs with v2 signs its id: a v1 beside it must not vouch for an id the v2 one refutes.
+        raise SignatureError("signature mismatch")
     v1 = [c for c in candidates if c.startswith("v1=")]
     if v1:
         expected = sign(secret, sent_at, body)
         if any(hmac.compare_digest(expected, c) for c in v1):
-            if message_id:
-                raise SignatureError(V1_WITH_MESSAGE_ID)
-            return V1
+            return V1_UNSIGNED_ID if message_id else V1
     raise SignatureError("signature mismatch")
 
 

@@ -9,6 +9,7 @@ matches mailboxes of two tenants anyway (a row whose key was written past `save(
 delivered to neither. The data migration (0013) stops on colliding rows, naming them.
 """
 import json
+from io import StringIO
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -430,3 +431,18 @@ def test_two_creates_of_one_address_at_the_same_moment_keep_one_and_answer_the_o
     body = assert_problem(response, 400)
     assert "already used by another mailbox" in body["errors"]["address"][0]
     assert list(Mailbox.objects.filter(address_key="help@globex.test").values_list("slug", flat=True)) == ["first"]
+
+
+def test_the_platform_verifies_domains_from_the_shell_and_a_domain_stays_with_one_tenant(mailbox, globex):
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    call_command("verify_domain", "globex", "Globex-EU.Test", "help.globex.test", stdout=out)
+    assert "globex-eu.test: verified for globex" in out.getvalue()
+    assert set(VerifiedDomain.objects.filter(tenant=globex).values_list("domain", flat=True)) >= {
+        "globex-eu.test", "help.globex.test"}
+    with pytest.raises(CommandError, match="acme.test is a verified domain of another tenant"):
+        call_command("verify_domain", "globex", "ACME.test", stdout=StringIO())
+    assert VerifiedDomain.objects.get(domain="acme.test").tenant.slug == "acme"
+    with pytest.raises(CommandError, match="no tenant 'nobody'"):
+        call_command("verify_domain", "nobody", stdout=StringIO())

@@ -7,6 +7,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from intake.keys import content_fingerprint
 from intake.models import AuditEvent, InboxEvent, OutboxMessage
 from intake.signing import sign, sign_v2
 from tests.conftest import WEBHOOK_SECRET
@@ -245,21 +246,44 @@ def test_a_captured_request_replayed_under_a_new_message_id_makes_no_new_event(m
         "v2, another id": {**captured_v2, "HTTP_X_MAILROOM_MESSAGE_ID": "crm-2"},
         "v2, the id dropped": {k: v for k, v in captured_v2.items() if k != "HTTP_X_MAILROOM_MESSAGE_ID"},
         "v2 signed without an id, one added": {**captured_v2_without_id, "HTTP_X_MAILROOM_MESSAGE_ID": "crm-3"},
-        "v1, an id added": {**captured_v1, "HTTP_X_MAILROOM_MESSAGE_ID": "crm-4"},
     }
-    bodies = {"v2, another id": body, "v2, the id dropped": body, "v2 signed without an id, one added": unsigned_id,
-              "v1, an id added": other}
+    bodies = {"v2, another id": body, "v2, the id dropped": body, "v2 signed without an id, one added": unsigned_id}
     for case, headers in replays.items():
         response = post(client, bodies[case], **headers)
         assert response.status_code == 401, case
         assert "inbox_event_id" not in response.json(), case
-    assert post(client, other, **replays["v1, an id added"]).json()["error"] == \
-        "X-Mailroom-Message-Id needs a v2 signature (v1 does not cover it)"
+    # v1 does not sign the id, so the same bytes under an id added are the duplicate of the captured message.
+    first_v1 = InboxEvent.objects.get(fingerprint=content_fingerprint(other)).pk
+    for message_id in ("crm-4", "crm-5"):
+        response = post(client, other, **{**captured_v1, "HTTP_X_MAILROOM_MESSAGE_ID": message_id})
+        assert response.status_code == 200
+        assert response.json() == {"inbox_event_id": first_v1, "duplicate": True}
     assert count_rows() == before
     # Replayed as captured (within the tolerance window), each is the duplicate it is.
     assert post(client, body, **captured_v2).json()["duplicate"] is True
     assert post(client, other, **v1_headers(other)).json()["duplicate"] is True
     assert InboxEvent.objects.count() == 3
+
+
+def test_v1_with_a_message_id_keeps_the_contract_and_a_replay_under_another_id_is_a_duplicate(mailbox, count_rows):
+    """The contract's v1 client sends its own X-Mailroom-Message-Id: that id is used, and the same request again is
+    the duplicate. The same bytes under another id within the signature's window are the first's duplicate too
+    (v1 does not cover the id); a different message under a new id is a new event."""
+    client = Client()
+    body = make_message()
+    headers = v1_headers(body, HTTP_X_MAILROOM_MESSAGE_ID="crm-77")
+    first = post(client, body, **headers)
+    assert first.status_code == 202
+    event = InboxEvent.objects.get(pk=first.json()["inbox_event_id"])
+    assert "crm-77" in event.provider_message_id
+    assert post(client, body, **headers).json() == {"inbox_event_id": event.pk, "duplicate": True}
+    before = count_rows()
+    replay = post(client, body, **{**headers, "HTTP_X_MAILROOM_MESSAGE_ID": "crm-78"})
+    assert replay.status_code == 200 and replay.json() == {"inbox_event_id": event.pk, "duplicate": True}
+    assert count_rows() == before
+    other = make_message(subject="Another request")
+    fresh = post(client, other, **v1_headers(other, HTTP_X_MAILROOM_MESSAGE_ID="crm-79"))
+    assert fresh.status_code == 202 and fresh.json()["inbox_event_id"] != event.pk
 
 
 def test_v1_and_v2_sent_together_verify_as_v2(mailbox):
