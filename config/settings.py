@@ -243,9 +243,10 @@ MAILROOM_AI_MAX_INPUT_CHARS = env.int("MAILROOM_AI_MAX_INPUT_CHARS", default=800
 
 # Secret references (intake.secrets): a tenant's rows name only its own secrets (env:MAILROOM_T_<SLUG>_*,
 # files under MAILROOM_SECRETS_DIR/<slug>/, vault:<mount>/mailroom/<slug>/...#key); anything else only
-# when listed here (comma-separated in the environment) and bound to the rows it serves: `<ref>` is
-# platform-only (the AI key), `<ref>=<owner>|...` with mailbox:<slug>, destination:<tenant>/<slug>,
-# tenant:<slug> or * (any row: test rigs). Only a superuser sets one on a row (intake.secret_policy).
+# when listed here (comma-separated in the environment), best bound to the rows it serves:
+# `<ref>=<owner>|...` with mailbox:<slug>, destination:<tenant>/<slug>, tenant:<slug> or *; a plain `<ref>`
+# serves any row. Only a superuser sets one on a row (intake.secret_policy); the AI key resolves for the
+# platform only.
 MAILROOM_SECRETS_DIR = env.str("MAILROOM_SECRETS_DIR", default="")
 MAILROOM_PLATFORM_SECRET_REFS = env.list("MAILROOM_PLATFORM_SECRET_REFS", default=[])
 MAILROOM_SECRET_CACHE_SECONDS = env.int("MAILROOM_SECRET_CACHE_SECONDS", default=60)  # vault values, per process

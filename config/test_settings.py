@@ -10,7 +10,7 @@ os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 # The suite's fixtures name fixed variables for every tenant: platform references, listed here (and in the
 # environment, so that the processes tests start see the same list). "=*" binds one to every row, which only
 # a test rig does (intake.secrets; tests/test_secret_boundary.py binds its own to single rows). The AI keys
-# are platform-only. Tenant-scoped references need no listing.
+# resolve only for the platform when named by MAILROOM_AI_API_KEY_REF. Tenant-scoped references need no listing.
 TEST_SECRET_REFS = [f"env:{name}=*" for name in (
     "MAILROOM_TEST_WEBHOOK_SECRET", "MAILROOM_LIVE_TEST_WEBHOOK_SECRET", "MAILROOM_TEST_MAILGUN_KEY",
     "MAILROOM_TEST_BASIC", "FAKEDESK_CREDENTIALS", "FAKEDESK_BAD_CREDENTIALS", "DESK_CREDENTIALS", "ZD_CREDENTIALS",

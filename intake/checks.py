@@ -32,20 +32,23 @@ def platform_ref_warnings() -> list:
     parsed = platform_bindings()
     warnings = [checks.Warning(f"MAILROOM_PLATFORM_SECRET_REFS entry {entry!r} does not parse: it binds nothing "
                                "and resolves for nobody",
-                               hint="Write <ref> (platform-only) or <ref>=<owner>[|<owner>...], an owner being "
+                               hint="Write <ref> (unbound) or <ref>=<owner>[|<owner>...], an owner being "
                                     "mailbox:<slug>, destination:<tenant>/<slug>, tenant:<slug> or *; a reference "
                                     "that contains '=' ends its entry with '=' or '=<owners>'.", id="intake.W004")
                 for entry in parsed.malformed]
     if settings.MAILROOM_ENV == "production":
-        warnings += [checks.Warning(f"MAILROOM_PLATFORM_SECRET_REFS binds {ref!r} to every row ('*') in production",
-                                    hint="'*' is for test rigs: bind the reference to the rows it serves.",
+        warnings += [checks.Warning(f"MAILROOM_PLATFORM_SECRET_REFS lets {ref!r} serve every row (unbound or '*') "
+                                    "in production",
+                                    hint="Bind the reference to the rows it serves: <ref>=mailbox:<slug>, "
+                                         "<ref>=destination:<tenant>/<slug> or <ref>=tenant:<slug>.",
                                     id="intake.W003")
-                     for ref, owners in sorted(parsed.bindings.items()) if ANY_ROW in owners]
+                     for ref, owners in sorted(parsed.bindings.items())
+                     if ANY_ROW in owners and ref != settings.MAILROOM_AI_API_KEY_REF]
     ai_ref = settings.MAILROOM_AI_API_KEY_REF
     if ai_ref and ai_ref not in parsed.bindings:
         warnings.append(checks.Warning("MAILROOM_AI_API_KEY_REF is not listed in MAILROOM_PLATFORM_SECRET_REFS: "
                                        "the AI proposer cannot read its key", id="intake.W002"))
-    elif ai_ref and parsed.bindings[ai_ref]:
+    elif ai_ref and ai_ref not in parsed.unbound:
         warnings.append(checks.Warning("MAILROOM_PLATFORM_SECRET_REFS binds MAILROOM_AI_API_KEY_REF to rows: "
                                        "ignored, the AI key resolves only for the platform",
                                        hint="List the AI key's reference without '=<owners>'.", id="intake.W005"))

@@ -10,13 +10,14 @@ only name the tenant's own secrets:
 Anything else is a platform reference: it must be listed in `MAILROOM_PLATFORM_SECRET_REFS` (comma-separated),
 and a row may use it only if the entry binds it to that row:
 
-    <ref>                           platform-only: resolves only for a platform caller (tenant=None)
     <ref>=<owner>[|<owner>...]      only for the rows named; an owner is
                                     mailbox:<mailbox slug>, destination:<tenant slug>/<slug>,
-                                    tenant:<slug> (any row of that tenant), or * (any row: test rigs)
+                                    tenant:<slug> (any row of that tenant), or * (any row)
+    <ref>                           unbound: any row a superuser points at it (as before bindings existed,
+                                    the contract's plain list); `manage.py check` asks to bind it in production
 
 The binding is what follows the entry's LAST "=" (owners never contain "="), so a reference may contain ":",
-"/", "#" or "|"; one that contains "=" ends its entry with "=" (platform-only) or "=<owners>". An entry whose
+"/", "#" or "|"; one that contains "=" ends its entry with "=" (unbound) or "=<owners>". An entry whose
 binding does not parse binds nothing (`manage.py check` names it). A listed reference is a platform
 reference even if it looks like a tenant's own: the list decides. `MAILROOM_AI_API_KEY_REF` resolves only
 for the platform, whatever its entry says. Who may SET a platform reference on a row: intake.secret_policy.
@@ -79,11 +80,12 @@ _REF_SCHEMES = ("env:", "file:", "vault:")
 
 @dataclass(frozen=True)
 class PlatformRefs:
-    """`MAILROOM_PLATFORM_SECRET_REFS` parsed: ref -> the owners it is bound to (empty: platform-only), and the
-    entries that bind nothing because they do not parse."""
+    """`MAILROOM_PLATFORM_SECRET_REFS` parsed: ref -> the owners it serves (an unbound entry: `*`), the refs listed
+    without owners, and the entries that bind nothing because they do not parse."""
 
     bindings: dict[str, frozenset[str]]
     malformed: tuple[str, ...]
+    unbound: frozenset[str] = frozenset()
 
 
 def parse_platform_refs(entries) -> PlatformRefs:
@@ -100,7 +102,9 @@ def parse_platform_refs(entries) -> PlatformRefs:
             malformed.append(entry)
             continue
         bindings.setdefault(ref, set()).update(owners)
-    return PlatformRefs({ref: frozenset(owners) for ref, owners in bindings.items()}, tuple(malformed))
+    unbound = frozenset(ref for ref, owners in bindings.items() if not owners)
+    return PlatformRefs({ref: frozenset(owners or {ANY_ROW}) for ref, owners in bindings.items()}, tuple(malformed),
+                        unbound)
 
 
 _parsed: dict = {}  # tuple(setting) -> PlatformRefs (the setting may change under tests)
@@ -115,7 +119,7 @@ def platform_bindings() -> PlatformRefs:
 
 
 def platform_refs() -> set[str]:
-    """Every reference listed in MAILROOM_PLATFORM_SECRET_REFS (bound or platform-only)."""
+    """Every reference listed in MAILROOM_PLATFORM_SECRET_REFS (bound or not)."""
     return set(platform_bindings().bindings)
 
 
@@ -146,8 +150,6 @@ def binding_problem(ref: str, tenant, owner) -> str:
     mine = {ANY_ROW, label} | ({f"tenant:{tenant.slug}"} if tenant is not None else set())
     if owners & mine:
         return ""
-    if not owners:
-        return "this platform secret reference is platform-only (bound to no row in MAILROOM_PLATFORM_SECRET_REFS)"
     # Not which rows it is bound to: that would name other tenants' rows to whoever reads the message.
     return f"this platform secret reference is not bound to {label or 'this row'} in MAILROOM_PLATFORM_SECRET_REFS"
 

@@ -335,9 +335,9 @@ def test_the_ai_key_resolves_only_for_the_platform(rig, settings):
 def test_platform_entries_parse_unambiguously_and_bad_ones_bind_nothing(db, settings):
     parsed = parse_platform_refs([
         " vault:secret/platform/hooks#globex=mailbox:globex-support|tenant:acme ",
-        "file:/run/secrets/a=b=",  # a reference with "=": its entry ends with "=" (here: platform-only)
+        "file:/run/secrets/a=b=",  # a reference with "=": its entry ends with "=" (here: unbound)
         "file:/run/secrets/c=d",  # ... else what follows its last "=" must be owners: "d" is not
-        "env:PLATFORM_ONLY",
+        "env:UNBOUND",
         "env:EVERY_ROW=*",
         "vault:secret/x#key|part=destination:acme/desk",
         "vault:secret/x#k=v",  # "v" is not an owner
@@ -347,18 +347,24 @@ def test_platform_entries_parse_unambiguously_and_bad_ones_bind_nothing(db, sett
     ])
     assert parsed.bindings == {
         "vault:secret/platform/hooks#globex": frozenset({"mailbox:globex-support", "tenant:acme"}),
-        "file:/run/secrets/a=b": frozenset(),
-        "env:PLATFORM_ONLY": frozenset(),
+        "file:/run/secrets/a=b": frozenset({"*"}),
+        "env:UNBOUND": frozenset({"*"}),
         "env:EVERY_ROW": frozenset({"*"}),
         "vault:secret/x#key|part": frozenset({"destination:acme/desk"}),
     }
     assert parsed.malformed == ("file:/run/secrets/c=d", "vault:secret/x#k=v", "env:NO_OWNER=mailbox:", "plain=*")
 
-    settings.MAILROOM_PLATFORM_SECRET_REFS = ["env:EVERY_ROW=*", "vault:secret/x#k=v"]
+    assert parsed.unbound == frozenset({"file:/run/secrets/a=b", "env:UNBOUND"})
+
+    settings.MAILROOM_PLATFORM_SECRET_REFS = ["env:EVERY_ROW=*", "env:UNBOUND", "env:ONE=mailbox:one",
+                                              "vault:secret/x#k=v"]
     settings.MAILROOM_ENV = "production"
     found = {(w.id, w.msg) for w in checks.run_checks() if w.id in ("intake.W003", "intake.W004")}
     assert found == {
-        ("intake.W003", "MAILROOM_PLATFORM_SECRET_REFS binds 'env:EVERY_ROW' to every row ('*') in production"),
+        ("intake.W003", "MAILROOM_PLATFORM_SECRET_REFS lets 'env:EVERY_ROW' serve every row (unbound or '*') "
+                        "in production"),
+        ("intake.W003", "MAILROOM_PLATFORM_SECRET_REFS lets 'env:UNBOUND' serve every row (unbound or '*') "
+                        "in production"),
         ("intake.W004", "MAILROOM_PLATFORM_SECRET_REFS entry 'vault:secret/x#k=v' does not parse: it binds nothing "
                         "and resolves for nobody")}
     settings.MAILROOM_ENV = "development"

@@ -47,8 +47,9 @@ def ensure_platform_ref(env_file: Path, ref: str, owner: str) -> bool:
     without the binding some other way: the operator chose that list.
     """
     current = os.environ.get(PLATFORM_REFS_VAR, "")
-    bound = parse_platform_refs([*settings.MAILROOM_PLATFORM_SECRET_REFS, *current.split(",")]).bindings
-    if bound.get(ref, frozenset()) & {owner, ANY_ROW}:
+    parsed = parse_platform_refs([*settings.MAILROOM_PLATFORM_SECRET_REFS, *current.split(",")])
+    owners = parsed.bindings.get(ref, frozenset())
+    if owner in owners or (ANY_ROW in owners and ref not in parsed.unbound):
         return True
     entry = f"{ref}={owner}"
     if current == ref and env_file.exists():
