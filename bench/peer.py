@@ -1,5 +1,5 @@
-"""The peer in the end-to-end comparison: django-helpdesk's `get_email`, timed by the scripts in
-../shared/peer/django-helpdesk/ (see its README) under $PEER_DIR.
+"""The peer in the end-to-end comparison: django-helpdesk's `get_email`, timed by the peer's own scripts
+(provided beside the project, not part of it) under $PEER_DIR.
 
 Used by `bench/e2e.py --peer`; runnable alone to time the peer once:
 

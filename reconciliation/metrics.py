@@ -1,4 +1,4 @@
-"""`GET /metrics` (../shared/DESIGN.md §8): Prometheus text, read from the database at each scrape.
+"""`GET /metrics` (the README's runbook, a contract): Prometheus text, read from the database at each scrape.
 
 Every number comes from the database when Prometheus asks, through a custom collector, so any web
 process answers the same (no per-process state, no prometheus multiprocess directory). Each query is

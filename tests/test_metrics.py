@@ -1,4 +1,4 @@
-"""GET /metrics (../shared/DESIGN.md §8, reconciliation.metrics): bearer token, Prometheus text from the database."""
+"""GET /metrics (the documented contract, reconciliation.metrics): bearer token, Prometheus text from the database."""
 from datetime import timedelta
 
 import pytest

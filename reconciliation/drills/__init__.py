@@ -1,4 +1,4 @@
-"""The rehearsal set behind `manage.py drill` (../shared/DESIGN.md §8: exit non-zero on any failed scenario).
+"""The rehearsal set behind `manage.py drill` (the contract: exit non-zero on any failed scenario).
 
 Each scenario sends synthetic mail through the real code path, in this process:
 `intake.services.ingest` -> `ticketing.services.process_inbox_event`, with the sweeps' own per-intent
