@@ -98,6 +98,29 @@ def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str,
     return IngestResult(again["pk"], duplicate=True)
 
 
+def ingest_under_an_unsigned_id(mailbox: Mailbox, provider_message_id: str, body: bytes, *,
+                                thread_key: str) -> IngestResult:
+    """Ingest a v1 request whose X-Mailroom-Message-Id the signature does not cover.
+
+    A captured v1 request could be sent again under any id and be stored as a new message. So the same bytes
+    (content fingerprint) stored in this mailbox within twice the tolerance window (a captured signature is
+    good for no longer) under another id are answered as that event's duplicate. Such ingests of a mailbox are
+    serialised by a row lock, so two replays at once cannot both pass. v2 signs the id and never comes here.
+    """
+    window = timedelta(seconds=2 * settings.MAILROOM_SIGNATURE_TOLERANCE_SECONDS)
+    with transaction.atomic():
+        list(Mailbox.objects.select_for_update().filter(pk=mailbox.pk).values_list("pk", flat=True))
+        first = (InboxEvent.objects.filter(mailbox=mailbox, fingerprint=content_fingerprint(body),
+                                           received_at__gte=timezone.now() - window)
+                 .exclude(provider_message_id=provider_message_id).order_by("pk").values_list("pk", flat=True).first())
+        if first is not None:
+            logger.warning("mailbox %s: a v1-signed message sent again under another X-Mailroom-Message-Id "
+                           "within the signature's window: answered as the duplicate of event %s",
+                           mailbox.slug, first)
+            return IngestResult(first, duplicate=True)
+        return ingest(mailbox, provider_message_id, body, source="raw", thread_key=thread_key)
+
+
 @dataclass(frozen=True)
 class _IngestRow:
     mailbox: Mailbox

@@ -5,18 +5,16 @@ Every webhook answer is JSON with `charset=utf-8` and `X-Content-Type-Options: n
 provider adapters too).
 """
 import logging
-from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.http import HttpResponse, JsonResponse
-from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from . import selectors, services, signing
-from .keys import content_fingerprint, raw_message_keys
-from .models import InboxEvent, Mailbox
+from .keys import raw_message_keys
+from .models import Mailbox
 from .secrets import SecretUnavailable, resolve_secret
 from .vocabulary import WebhookRejection
 
@@ -95,7 +93,7 @@ def raw_webhook(request, mailbox_slug: str):
     provider_message_id, thread_key = raw_message_keys(body, message_id)
     try:
         if scheme == signing.V1_UNSIGNED_ID:
-            result = ingest_under_an_unsigned_id(mailbox, provider_message_id, body, thread_key=thread_key)
+            result = services.ingest_under_an_unsigned_id(mailbox, provider_message_id, body, thread_key=thread_key)
         else:
             result = services.ingest(mailbox, provider_message_id, body, source="raw", thread_key=thread_key)
     except IntegrityError:
@@ -109,28 +107,6 @@ def raw_webhook(request, mailbox_slug: str):
         {"inbox_event_id": result.inbox_event_id, "duplicate": result.duplicate},
         status=200 if result.duplicate else 202,
     )
-
-
-def ingest_under_an_unsigned_id(mailbox, provider_message_id: str, body: bytes, *, thread_key: str):
-    """Ingest a v1 request whose X-Mailroom-Message-Id the signature does not cover.
-
-    A captured v1 request could be sent again under any id and be stored as a new message. So the same bytes
-    (content fingerprint) stored in this mailbox within twice the tolerance window (a captured signature is
-    good for no longer) under another id are answered as that event's duplicate. Such ingests of a mailbox are
-    serialised by a row lock, so two replays at once cannot both pass. v2 signs the id and never comes here.
-    """
-    window = timedelta(seconds=2 * settings.MAILROOM_SIGNATURE_TOLERANCE_SECONDS)
-    with transaction.atomic():
-        list(Mailbox.objects.select_for_update().filter(pk=mailbox.pk).values_list("pk", flat=True))
-        first = (InboxEvent.objects.filter(mailbox=mailbox, fingerprint=content_fingerprint(body),
-                                           received_at__gte=timezone.now() - window)
-                 .exclude(provider_message_id=provider_message_id).order_by("pk").values_list("pk", flat=True).first())
-        if first is not None:
-            logger.warning("mailbox %s: a v1-signed message sent again under another X-Mailroom-Message-Id "
-                           "within the signature's window: answered as the duplicate of event %s",
-                           mailbox.slug, first)
-            return services.IngestResult(first, duplicate=True)
-        return services.ingest(mailbox, provider_message_id, body, source="raw", thread_key=thread_key)
 
 
 @require_GET
