@@ -19,6 +19,7 @@ from django.utils import timezone
 from intake.models import AuditEvent, InboxEvent, Mailbox, Switch
 from intake.selectors import paused_tenant_ids, visible_tenants
 from intake.vocabulary import AuditKind, ReasonCode
+from ticketing import numbers
 from ticketing.models import Destination, Intent, RoutingRule, TicketMapping
 from ticketing.selectors import WORK_ACTIONS  # the intents that carry an event's ticket work
 
@@ -182,7 +183,8 @@ def event_intents(event_id: int) -> QuerySet:
 
 
 def event_mappings(event_id: int) -> QuerySet:
-    return TicketMapping.objects.filter(inbox_event_id=event_id).select_related("destination").order_by("pk")
+    return numbers.with_numbers(TicketMapping.objects.filter(inbox_event_id=event_id)).select_related(
+        "destination").order_by("pk")
 
 
 # --- the REST API's reads (reconciliation.api): each scoped to the user's tenants -------------------
@@ -210,8 +212,8 @@ def visible_intents(user) -> QuerySet:
 
 
 def visible_mappings(user) -> QuerySet:
-    return TicketMapping.objects.filter(inbox_event__tenant__in=visible_tenants(user).values("pk")).select_related(
-        "destination")
+    return numbers.with_numbers(TicketMapping.objects.filter(
+        inbox_event__tenant__in=visible_tenants(user).values("pk"))).select_related("destination")
 
 
 def visible_routing_rules(user) -> QuerySet:

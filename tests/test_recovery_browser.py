@@ -103,7 +103,7 @@ def test_an_operator_works_the_queue_in_a_browser(live_server, page, screenshot_
 
     page.goto(f"{base}{QUEUE_URL}{failed}/change/")
     assert page.inner_text("#item-state") == "completed"
-    assert page.locator("#mappings a.ticket-link").inner_text() == f"#{intent.result_ref}"
+    assert page.locator("#mappings a.ticket-link").inner_text() == f"desk #{intent.result_ref}"
     timeline = page.inner_text("#timeline")
     assert "assigned" in timeline and "replayed" in timeline and "user:oper" in timeline
     page.screenshot(path=screenshot_dir / "03-detail-completed.png", full_page=True)

@@ -427,7 +427,7 @@ def test_confirm_existing_ticket_completes_the_item_with_zero_destination_calls(
     [confirmed] = audit(unknown, "ticket_confirmed")
     assert confirmed.actor == "user:oper" and confirmed.detail["destination_calls"] == 0
     page = operator_client.get(f"{QUEUE_URL}{unknown}/change/").content.decode()
-    assert f'class="ticket-link" target="_blank" rel="noopener noreferrer">#{orphan["id"]}<' in page
+    assert f'class="ticket-link" target="_blank" rel="noopener noreferrer">desk #{orphan["id"]}<' in page
     assert len(desk.tickets()) == 1
 
 

@@ -52,7 +52,7 @@ from intake.validation.authresults import (
 )
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import intents
+from . import intents, numbers
 from .models import Intent, TicketMapping
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,8 @@ logger = logging.getLogger(__name__)
 
 
 def ticket_token(mapping: TicketMapping) -> str:
-    return f"MR-{mapping.pk}"
+    """`MR-n`: the ticket's number, as the console shows it (ticketing.numbers)."""
+    return numbers.format_number(numbers.number_of(mapping))
 
 
 # Local parts that no person reads: automated senders and bounce addresses.

@@ -2,6 +2,7 @@ from django.contrib import admin
 
 from intake.admin import ReadOnlyAdminMixin, TenantScopedAdminMixin
 
+from . import numbers
 from .models import (
     CopiedMessage,
     DestinationAttempt,
@@ -43,9 +44,23 @@ class IntentAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
 @admin.register(TicketMapping)
 class TicketMappingAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     tenant_path = "inbox_event__tenant"
-    list_display = ("inbox_event", "action", "destination", "ticket_id", "ticket_url", "created_at")
+    list_display = ("inbox_event", "action", "number", "destination", "ticket_id", "ticket_url", "created_at")
     list_filter = ("action", ("destination", admin.RelatedOnlyFieldListFilter))
     search_fields = ("=inbox_event__id", "ticket_id")
+
+    def get_queryset(self, request):
+        return numbers.with_numbers(super().get_queryset(request))
+
+    @admin.display(description="ticket", ordering="ticket_number")
+    def number(self, mapping):
+        return numbers.format_number(mapping.ticket_number) if mapping.ticket_number else "-"
+
+    def get_search_results(self, request, queryset, search_term):
+        """`MR-n` finds ticket n's mappings (its create, its comments, its copies); anything else as usual."""
+        number = numbers.parse_number(search_term)
+        if number is not None:
+            return numbers.tickets_of_number(queryset, number), False
+        return super().get_search_results(request, queryset, search_term)
 
 
 @admin.register(CopiedMessage)
@@ -76,10 +91,25 @@ class TicketCommentInline(admin.TabularInline):
 class TicketAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     tenant_path = "destination__tenant"
     inlines = [TicketCommentInline]
-    list_display = ("__str__", "destination", "subject", "status", "created_at")
+    list_display = ("number", "destination", "subject", "status", "created_at")
     list_filter = ("status", ("destination", admin.RelatedOnlyFieldListFilter))
     search_fields = ("subject", "external_ref")
-    readonly_fields = ("destination", "idempotency_key", "external_ref", "requester", "created_at")
+    search_help_text = "Subject, reference, or a ticket number such as MR-12."
+    readonly_fields = ("number", "destination", "idempotency_key", "external_ref", "requester", "created_at")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).with_numbers()
+
+    @admin.display(description="ticket", ordering="mapping_number")
+    def number(self, ticket):
+        return str(ticket)  # "MR-n": the number its acknowledgment named (ticketing.numbers)
+
+    def get_search_results(self, request, queryset, search_term):
+        """`MR-n` (or `#MR-n`, `[#MR-n]`) finds ticket n; anything else searches subject and reference."""
+        number = numbers.parse_number(search_term)
+        if number is not None:
+            return queryset.filter(mapping_number=number), False
+        return super().get_search_results(request, queryset, search_term)
 
     def has_delete_permission(self, request, obj=None):
         return False

@@ -1,6 +1,7 @@
 """Where tickets are made: destinations, durable intents, mappings and the built-in ticket store."""
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Cast
 
 from intake.models import InboxEvent, Mailbox, Tenant, check_secret_refs
 
@@ -165,8 +166,25 @@ class ThreadLease(models.Model):
         ]
 
 
+# Mailroom's ticket numbers read "MR-n" (ticketing.numbers): n is the id of the ticket's creating mapping.
+TICKET_NUMBER_PREFIX = "MR"
+
+
+class TicketQuerySet(models.QuerySet):
+    def with_numbers(self):
+        """Each ticket annotated with `mapping_number`: the id of the mapping that created it (None before)."""
+        return self.annotate(mapping_number=models.Subquery(
+            TicketMapping.objects.filter(destination_id=models.OuterRef("destination_id"),
+                                         ticket_id=Cast(models.OuterRef("pk"), models.CharField()),
+                                         action=Intent.Action.CREATE_TICKET)
+            .order_by("pk").values("pk")[:1]))
+
+
 class Ticket(models.Model):
-    """The built-in ticket store: the embedded default destination."""
+    """The built-in ticket store: the embedded default destination.
+
+    Its name is Mailroom's ticket number (`number`), not its own id: the number an acknowledgment
+    gives the customer is the one every destination's tickets have (ticketing.numbers)."""
 
     class Status(models.TextChoices):
         NEW = "new"
@@ -190,8 +208,19 @@ class Ticket(models.Model):
     assignee = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField()
 
+    objects = TicketQuerySet.as_manager()
+
+    @property
+    def number(self) -> int | None:
+        if "mapping_number" in self.__dict__:
+            return self.__dict__["mapping_number"]
+        if self.pk is None:
+            return None
+        return Ticket.objects.filter(pk=self.pk).with_numbers().values_list("mapping_number", flat=True).first()
+
     def __str__(self):
-        return f"MR-{self.pk}"
+        number = self.number
+        return f"{TICKET_NUMBER_PREFIX}-{number}" if number else f"ticket {self.pk} (not mapped yet)"
 
 
 class TicketComment(models.Model):
@@ -205,7 +234,7 @@ class TicketComment(models.Model):
     created_at = models.DateTimeField()
 
     def __str__(self):
-        return f"comment {self.pk} on MR-{self.ticket_id}"
+        return f"comment {self.pk} on {self.ticket}"
 
 
 

@@ -20,8 +20,8 @@ from intake.validation import subject_ticket_token
 
 from .copies import LINK_COPY
 from .models import Intent, TicketMapping
+from .numbers import PREFIX as TOKEN_PREFIX
 
-TOKEN_PREFIX = "MR"
 UNTRUSTED_TOKEN = "untrusted_ticket_token"
 # In-Reply-To/References name a thread whose ticket the sender does not take part in.
 UNTRUSTED_THREAD = "untrusted_thread_reply"

@@ -15,7 +15,7 @@ from intake import secret_policy
 from intake.logging import mask_address
 from intake.models import AuditEvent, InboxEvent, Mailbox
 from intake.selectors import visible_tenants
-from ticketing import audit
+from ticketing import audit, numbers
 from ticketing.classification.conditions import validate_conditions
 from ticketing.destinations import configuration_errors
 from ticketing.models import PRIORITIES, Destination, Intent, RoutingPolicy, RoutingRule, TicketMapping
@@ -74,10 +74,17 @@ class MappingSerializer(serializers.ModelSerializer):
     destination = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     # Not format "uri": the built-in ticket store's tickets are paths on this site.
     ticket_url = serializers.CharField(read_only=True, help_text="the ticket's URL, or its path on this site")
+    ticket_number = serializers.SerializerMethodField(
+        help_text="Mailroom's number of the ticket, `MR-n`, as acknowledgments and the console name it")
 
     class Meta:
         model = TicketMapping
-        fields = ("id", "inbox_event", "action", "destination", "ticket_id", "ticket_url", "created_at")
+        fields = ("id", "inbox_event", "action", "destination", "ticket_id", "ticket_number", "ticket_url",
+                  "created_at")
+
+    def get_ticket_number(self, mapping) -> str:
+        number = getattr(mapping, "ticket_number", None) or numbers.number_of(mapping)
+        return numbers.format_number(number)
 
 
 class EventDetailSerializer(EventSerializer):
