@@ -3,7 +3,8 @@
 Everything is scoped to the user's tenants (`visible_tenants`) and bounded: the backlog reads only
 non-terminal states (index `inbox_event_state_updated`), throughput reads a window of `received_at`
 per mailbox (index `inbox_event_mailbox_received`) and of `updated_at` per state, and every series is
-aggregated in the database (`TruncHour`/`TruncDay`), never loaded row by row.
+aggregated in the database (`TruncHour`/`TruncDay`), never loaded row by row. Every query is portable
+ORM (no DISTINCT ON, no PostgreSQL-only function): the embedded default (SQLite) shows the same page.
 
 "Completed" in a bucket means an event in state `completed` whose last change (`updated_at`) falls in
 it: the moment it completed, unless something touched it since.
@@ -11,7 +12,7 @@ it: the moment it completed, unless something touched it since.
 from datetime import timedelta
 
 from django.apps import apps
-from django.db.models import Count, Min
+from django.db.models import Count, Min, OuterRef, Subquery
 from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
 
@@ -98,15 +99,14 @@ def run_model():
 def last_reconciliations(user) -> list[dict] | None:
     """Per visible mailbox, its last reconciliation run (None: never); None when no run model exists."""
     model = run_model()
-    mailboxes = list(visible_mailboxes(user).order_by("tenant__slug", "slug"))
     if model is None:
         return None
-    scopes = {m.slug: m for m in mailboxes}
-    latest = {}
-    rows = model.objects.filter(scope__in=list(scopes)).order_by("scope", "-started_at").distinct("scope")
-    for run in rows:
-        latest[run.scope] = run
-    return [{"mailbox": m, "run": latest.get(m.slug)} for m in mailboxes]
+    # The latest run per mailbox as a correlated subquery (one probe of index `reconciliation_run_scope` per
+    # mailbox), not DISTINCT ON: the same answer on PostgreSQL and SQLite. Ties on started_at: the later row.
+    latest = model.objects.filter(scope=OuterRef("slug")).order_by("-started_at", "-pk").values("pk")[:1]
+    mailboxes = list(visible_mailboxes(user).annotate(last_run_id=Subquery(latest)).order_by("tenant__slug", "slug"))
+    runs = model.objects.in_bulk([m.last_run_id for m in mailboxes if m.last_run_id is not None])
+    return [{"mailbox": m, "run": runs.get(m.last_run_id)} for m in mailboxes]
 
 
 def dashboard(user, now=None) -> dict:

@@ -9,7 +9,9 @@ CONFLICT DO NOTHING), routes and `classified` rows, tickets, succeeded intents, 
 events, audit rows and acknowledgment plans (`ticketing.intents.batch`). The unique keys are the
 backstop: an event whose intent someone else made, or any conditional write that did not land, goes
 back to the per-event path (`services.process_inbox_event`), as does every event that is not plain.
-What ends up stored is what the per-event path would have stored (tests/test_batch.py compares them).
+What ends up stored is what the per-event path would have stored (tests/test_batch.py compares them on
+PostgreSQL, tests/test_sqlite_parity.py on SQLite). The embedded default (SQLite) runs this same path: its
+statements read the group's rows from a JSON array instead of arrays (`ticketing.intents.batch`, which says why).
 """
 import json
 import logging
@@ -179,13 +181,22 @@ UPDATE {table} AS e SET route = v.route::jsonb
 FROM unnest(%(ids)s::bigint[], %(routes)s::text[]) AS v(id, route)
 WHERE e.id = v.id AND e.route = '{{}}'::jsonb
 """
+# SQLite (the embedded default; `intents_batch.group_statement`): rows [id, route text] from a JSON array; the
+# JSONField is text there, `json()` compares it minified.
+_STORE_ROUTES_SQLITE = """
+UPDATE {table} AS e SET route = json_extract(v.value, '$[1]')
+FROM json_each(%(rows)s) AS v
+WHERE e.id = json_extract(v.value, '$[0]') AND json(e.route) = '{{}}'
+"""
 
 
 def _store_routes(plain: list[_Plain], actor: str, now) -> dict[int, list[AuditEvent]]:
     """`services._store_route` for the group: the routes, the rules' hits, and the `classified` rows to write."""
+    sql, params = intents_batch.group_statement(
+        _STORE_ROUTES, _STORE_ROUTES_SQLITE,
+        {"ids": [p.event.pk for p in plain], "routes": [json.dumps(p.route) for p in plain]}, {})
     with connection.cursor() as cursor:
-        cursor.execute(_STORE_ROUTES.format(table=InboxEvent._meta.db_table),
-                       {"ids": [p.event.pk for p in plain], "routes": [json.dumps(p.route) for p in plain]})
+        cursor.execute(sql.format(table=InboxEvent._meta.db_table), params)
         if cursor.rowcount != len(plain):
             raise intents_batch.Conflict("a route was stored by someone else")
     hits = Counter(rule_id for p in plain for rule_id in p.route["rules"])

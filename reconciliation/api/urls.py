@@ -1,4 +1,4 @@
-"""/api/v1/ (the REST API), /api/schema/ (OpenAPI 3) and /api/docs/ (Swagger UI, assets from /static/).
+"""/api/v1/ (the REST API and its index), /api/schema/ (OpenAPI 3) and /api/docs/ (Swagger UI, assets from /static/).
 
 Included by config/urls.py under `api/`.
 """
@@ -9,6 +9,7 @@ from rest_framework.routers import DefaultRouter
 
 from . import views
 from .authentication import ApiTokenAuthentication
+from .index import ApiIndex
 from .permissions import SchemaAccess
 
 router = DefaultRouter(trailing_slash=True)
@@ -28,6 +29,9 @@ DOCS_AUTHENTICATION = [ApiTokenAuthentication, SessionAuthentication]
 
 app_name = "api"
 urlpatterns = [
+    # The index lists the registry above, so a new resource shows up there by itself (reconciliation.api.index).
+    path("v1/", ApiIndex.as_view(routes=[(prefix, basename) for prefix, _, basename in router.registry]),
+         name="index"),
     path("v1/", include(router.urls)),
     # Public in development; in production behind a token or a console session (SchemaAccess). The docs page
     # loads its script from ?script= (the split view), so it keeps to the Content-Security-Policy.

@@ -12,7 +12,16 @@ as a handful of statements in the caller's transaction:
 
 A row that does not land (someone else moved it) raises `Conflict`: the caller rolls the whole
 transaction back and takes the per-event path, whose conditional writes decide again.
+
+Both databases run this path. PostgreSQL reads a group's rows from typed arrays (`unnest`); SQLite, the
+embedded default, has no arrays, so the same statements read them from one JSON array (`json_each`,
+one `[...]` per row): the same columns, the same ON CONFLICT and conditional UPDATE, the same `Conflict`
+(SQLite 3.35+ for RETURNING and UPDATE ... FROM, as `ticketing.leases` already needs). Portable SQL
+rather than the per-event path on SQLite: `make run` then writes a group the way production does (one
+write transaction for the group, which also suits SQLite's single writer), and tests/test_sqlite_parity.py
+compares its rows with the per-event path's on a real SQLite file.
 """
+import json
 import logging
 from dataclasses import dataclass
 
@@ -63,6 +72,38 @@ FROM unnest(%(ids)s::bigint[], %(refs)s::text[]) AS v(id, ref)
 WHERE i.id = v.id AND i.state = %(pending)s
 """
 
+# The same two statements on SQLite, rows from %(rows)s = a JSON array of [key, event, destination, ref] and
+# of [id, ref]. `WHERE true` keeps the parser from reading ON CONFLICT as a join's ON (SQLite's upsert rule).
+_INSERT_PENDING_SQLITE = """
+INSERT INTO {table} (idempotency_key, inbox_event_id, action, action_version, destination_id, state, attempts,
+                     claimed_by, last_error_kind, last_error, external_ref, result_ref, created_at)
+SELECT json_extract(v.value, '$[0]'), json_extract(v.value, '$[1]'), %(action)s, 1, json_extract(v.value, '$[2]'),
+       %(pending)s, 0, '', '', '', json_extract(v.value, '$[3]'), '', %(now)s
+FROM json_each(%(rows)s) AS v WHERE true
+ON CONFLICT DO NOTHING
+RETURNING id, inbox_event_id, idempotency_key
+"""
+
+_SUCCEED_SQLITE = """
+UPDATE {table} AS i SET state = %(succeeded)s, attempts = i.attempts + 1, claimed_by = %(worker)s,
+       claimed_until = NULL, next_attempt_at = NULL, completed_at = %(now)s, last_error_kind = '',
+       last_error = '', result_ref = json_extract(v.value, '$[1]')
+FROM json_each(%(rows)s) AS v
+WHERE i.id = json_extract(v.value, '$[0]') AND i.state = %(pending)s
+"""
+
+
+def group_statement(postgres_sql: str, sqlite_sql: str, columns: dict[str, list], params: dict) -> tuple[str, dict]:
+    """(SQL, parameters) for this database: PostgreSQL gets `columns` as arrays, SQLite as one JSON array of rows
+    (`rows`, in the columns' order) and its timestamps as the ORM stores them (`now`)."""
+    if settings.USING_POSTGRES:
+        return postgres_sql, {**params, **columns}
+    rows = [list(row) for row in zip(*columns.values(), strict=True)]
+    params = {**params, "rows": json.dumps(rows)}
+    if "now" in params:
+        params["now"] = connection.ops.adapt_datetimefield_value(params["now"])
+    return sqlite_sql, params
+
 
 def create_missing(pairs: list[tuple[InboxEvent, Destination]], action: str, now) -> dict[int, tuple[int, str]]:
     """Version 1 of `action` for each (event, destination), pending, where none exists yet.
@@ -73,11 +114,13 @@ def create_missing(pairs: list[tuple[InboxEvent, Destination]], action: str, now
     if not pairs:
         return {}
     keys = [intent_key(event, action, 1) for event, _ in pairs]
+    sql, params = group_statement(
+        _INSERT_PENDING, _INSERT_PENDING_SQLITE,
+        {"keys": keys, "events": [event.pk for event, _ in pairs], "destinations": [d.pk for _, d in pairs],
+         "refs": [f"mailroom-{key[:40]}" for key in keys]},
+        {"action": action, "pending": IntentState.PENDING, "now": now})
     with connection.cursor() as cursor:
-        cursor.execute(_INSERT_PENDING.format(table=Intent._meta.db_table), {
-            "action": action, "pending": IntentState.PENDING, "now": now, "keys": keys,
-            "events": [event.pk for event, _ in pairs], "destinations": [d.pk for _, d in pairs],
-            "refs": [f"mailroom-{key[:40]}" for key in keys]})
+        cursor.execute(sql.format(table=Intent._meta.db_table), params)
         return {event_id: (intent_id, key) for intent_id, event_id, key in cursor.fetchall()}
 
 
@@ -92,10 +135,12 @@ def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now,
     if not successes:
         return
     actor = f"worker:{worker}"
+    sql, params = group_statement(
+        _SUCCEED, _SUCCEED_SQLITE,
+        {"ids": [s.intent_id for s in successes], "refs": [s.ticket_id for s in successes]},
+        {"succeeded": IntentState.SUCCEEDED, "pending": IntentState.PENDING, "worker": worker, "now": now})
     with connection.cursor() as cursor:
-        cursor.execute(_SUCCEED.format(table=Intent._meta.db_table), {
-            "succeeded": IntentState.SUCCEEDED, "pending": IntentState.PENDING, "worker": worker, "now": now,
-            "ids": [s.intent_id for s in successes], "refs": [s.ticket_id for s in successes]})
+        cursor.execute(sql.format(table=Intent._meta.db_table), params)
         if cursor.rowcount != len(successes):
             raise Conflict(f"{len(successes) - cursor.rowcount} intents were no longer pending")
     TicketMapping.objects.bulk_create([
