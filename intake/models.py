@@ -31,6 +31,10 @@ class Tenant(models.Model):
         help_text="Per-tenant overrides, positive integers: raw_retention_days, unmapped_after_minutes, "
                   "escalate_after_hours (see intake.models.TENANT_SETTINGS).",
     )
+    # A `manage.py drill` scratch tenant (reconciliation.drills): set only by the drill, never through the
+    # admin or the API. The live paths (workers, sweeps, reconcilers, escalation, /metrics) skip its rows:
+    # the drill drives them itself, in its own process.
+    is_drill = models.BooleanField(default=False, editable=False)
 
     def __str__(self):
         return self.slug

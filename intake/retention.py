@@ -66,7 +66,8 @@ def purge_expired_bodies(now=None, batch_size: int | None = None, max_batches: i
     run = str(uuid.uuid4())
     purged = batches = 0
     tenants = {}
-    for tenant in Tenant.objects.only("pk", "slug", "settings").order_by("pk"):
+    # Not a drill tenant's (reconciliation.drills): its rows are evidence kept on purpose (`drill --keep`).
+    for tenant in Tenant.objects.filter(is_drill=False).only("pk", "slug", "settings").order_by("pk"):
         days = retention_days(tenant)
         for _ in range(max_batches):
             count = _purge_batch(purgeable(tenant, now), batch_size, now, {"run": run, "retention_days": days})

@@ -1,9 +1,9 @@
 """Reads of the intake app."""
 import time
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
-from .models import AuditEvent, Mailbox, Switch, Tenant
+from .models import AuditEvent, InboxEvent, Mailbox, Switch, Tenant
 from .vocabulary import AuditKind
 
 # Webhooks look their mailbox up on every request; a few seconds of staleness (a changed
@@ -59,6 +59,30 @@ def paused_tenant_ids() -> set[int]:
     """The tenants whose own pause is on."""
     names = Switch.objects.filter(name__startswith=TENANT_PAUSE_PREFIX, on=True).values_list("name", flat=True)
     return {int(name[len(TENANT_PAUSE_PREFIX):]) for name in names if name[len(TENANT_PAUSE_PREFIX):].isdigit()}
+
+
+# --- drill tenants (reconciliation.drills): their rows are the drill's own, out of every live path ---------
+
+def drill_tenants() -> QuerySet:
+    """The drill tenants' ids, as a subquery (`.exclude(tenant_id__in=drill_tenants())`)."""
+    return Tenant.objects.filter(is_drill=True).values("pk")
+
+
+def drill_events() -> QuerySet:
+    """The drill tenants' event ids, as a subquery: a NOT IN that locks nothing (no join under FOR UPDATE)."""
+    return InboxEvent.objects.filter(tenant_id__in=drill_tenants()).values("pk")
+
+
+def drill_outbox() -> Q:
+    """The outbox rows that announce a drill's events (`.exclude(drill_outbox())`); they carry no tenant."""
+    ids = list(drill_events().values_list("pk", flat=True))
+    return Q(payload__inbox_event_id__in=ids) if ids else Q(pk__in=[])
+
+
+def drill_event_ids(event_ids) -> set[int]:
+    """Those of `event_ids` that belong to a drill tenant."""
+    ids = set(event_ids)
+    return set(drill_events().filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
 
 
 def quarantine_unreleased(event_id: int) -> bool:

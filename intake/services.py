@@ -256,6 +256,7 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
         # write_pending events belong to their intent, whose own sweeps watch them.
         InboxEvent.objects.filter(state__in=STALE_CANDIDATE_STATES, mailbox__paused=False)
         .exclude(tenant_id__in=selectors.paused_tenant_ids())  # a tenant's pause parks like a mailbox's
+        .exclude(tenant_id__in=selectors.drill_tenants())  # a drill drives its own events (reconciliation.drills)
         .filter(Q(retry_at__isnull=True, updated_at__lt=cutoff) | Q(retry_at__lte=now))
         .order_by("updated_at")
         .values_list("pk", "state", "dispatch_count", "retry_at")[:limit]
@@ -299,6 +300,8 @@ def release_waiting_events(mailbox_id: int | None = None) -> int:
     waiting = InboxEvent.objects.filter(state__in=InboxEvent.OPEN_STATES, retry_at__isnull=False)
     if mailbox_id is not None:
         waiting = waiting.filter(mailbox_id=mailbox_id)
+    else:  # every mailbox but a drill's, which releases its own
+        waiting = waiting.exclude(tenant_id__in=selectors.drill_tenants())
     released = 0
     for event_id, retry_at in waiting.values_list("pk", "retry_at").iterator():
         with transaction.atomic():

@@ -128,6 +128,9 @@ def trip(destination: Destination, reason: str, now=None) -> bool:
 def _notify_admins(destination: Destination, reason: str, now) -> None:
     from django.contrib.auth import get_user_model
 
+    if destination.tenant.is_drill:  # a drill (reconciliation.drills) trips its own breaker on purpose
+        return
+
     admins = list(get_user_model().objects.filter(
         mailroom_tenants=destination.tenant_id, is_active=True, groups__name=ADMIN_GROUP).exclude(email="")
         .distinct().order_by("pk"))
@@ -163,5 +166,7 @@ def resumed(destination_id: int) -> int:
 def prune(older_than_seconds: float | None = None) -> int:
     """Forget attempts older than every window (beat, hourly)."""
     keep = older_than_seconds if older_than_seconds is not None else 86400
-    deleted, _ = DestinationAttempt.objects.filter(at__lt=timezone.now() - timedelta(seconds=keep)).delete()
+    old = DestinationAttempt.objects.filter(at__lt=timezone.now() - timedelta(seconds=keep))
+    # Not a drill's (reconciliation.drills): its breaker history is part of what it rehearses, and goes with it.
+    deleted, _ = old.exclude(destination__tenant__is_drill=True).delete()
     return deleted

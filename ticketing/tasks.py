@@ -3,6 +3,8 @@ import logging
 
 from celery import shared_task
 
+from intake.selectors import drill_event_ids
+
 from . import intents, services
 
 logger = logging.getLogger(__name__)
@@ -15,9 +17,13 @@ def process_inbox_events(inbox_event_ids: list[int]) -> dict:
 
     from . import batch
 
+    # A drill's events are driven by the drill itself, in its own process (reconciliation.drills): dropped here.
+    drill = drill_event_ids(inbox_event_ids)
+    kept = [event_id for event_id in inbox_event_ids if event_id not in drill]
+    outcomes: dict = {"drill": len(inbox_event_ids) - len(kept)} if drill else {}
+    inbox_event_ids = kept
     worker = services.worker_identity()
     group_cache: dict = {}  # the pause switch, policies and default destinations, read once per group
-    outcomes: dict = {}
     try:
         # Plain mail to the built-in store, set-based; everything else (and any conflict) per event.
         handled, rest = batch.process_plain(inbox_event_ids, worker, group_cache) if settings.MAILROOM_SET_BASED \

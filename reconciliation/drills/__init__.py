@@ -8,8 +8,15 @@ database. The destination is always a FakeDesk the command started itself on 127
 checks that it answers FakeDesk's control API before anything is sent.
 
 Every run works in a scratch tenant of its own (`drill-<timestamp>-<hex>`: mailbox, zendesk destination),
-so it runs on a fresh database or a busy one and touches no other tenant. Its rows are evidence and are
-kept; at the end the scratch mailbox and destination are paused, so nothing writes through them again.
+so it runs on a fresh database or a busy one and touches no other tenant. The tenant is marked
+`Tenant.is_drill`, and every live path leaves its rows to this process, so the drill runs while the
+stack runs: the Celery task drops its events (`ticketing.tasks.process_inbox_events`), the intent and
+intake sweeps, the reconcilers, escalation and the breaker's emails skip it, and /metrics leaves it out.
+
+Afterwards the tenant and every row it made are deleted in one transaction (`cleanup.discard`), so the
+queue, the pauses, the admin's filters and /metrics are as the drill found them; the printed table and
+the JSON report (`report`) are the evidence. With `--keep` the rows stay instead, the scratch mailbox and
+destination paused (`manage.py drill --discard SLUG` removes them later).
 """
-from .runner import Result, format_table, run_drill  # noqa: F401
+from .runner import DrillRun, Result, format_table, run_drill  # noqa: F401
 from .scenarios import SCENARIOS, Expectation, Observation, Scenario  # noqa: F401

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from intake.keys import raw_message_keys
-from intake.models import InboxEvent, Mailbox, Tenant
+from intake.models import InboxEvent, Mailbox, OutboxMessage, Tenant
 from intake.secrets import env_prefix
 from intake.services import ingest, release_waiting_events
 from ticketing import breaker, intents
@@ -21,6 +21,7 @@ from ticketing.models import Destination, Intent, TicketMapping
 from ticketing.services import process_inbox_event
 
 from ..selectors import recovery_queue
+from .cleanup import drill_outbox_rows
 
 CREDENTIALS_NAME = "DESK_CREDENTIALS"  # in the scratch tenant's scope: MAILROOM_T_<SLUG>_DESK_CREDENTIALS
 WORKER = "drill:worker"
@@ -69,7 +70,8 @@ class Scratch:
         self.credentials_var = env_prefix(self.slug) + CREDENTIALS_NAME
         os.environ[self.credentials_var] = desk.credentials
         with transaction.atomic():
-            self.tenant = Tenant.objects.create(slug=self.slug, name=f"Drill {self.slug[6:]}")
+            # Marked a drill tenant: the live workers, sweeps and reconcilers leave its rows to this process.
+            self.tenant = Tenant.objects.create(slug=self.slug, name=f"Drill {self.slug[6:]}", is_drill=True)
             # Synthetic customers are never written to: no acknowledgments from this mailbox.
             self.mailbox = Mailbox.objects.create(tenant=self.tenant, slug=self.slug, address=self.address,
                                                   provider=Mailbox.Provider.RAW, settings={"acknowledge": False})
@@ -78,12 +80,21 @@ class Scratch:
                 credentials_ref=f"env:{self.credentials_var}", settings=dict(DESK_SETTINGS), is_default=True)
 
     def close(self) -> None:
-        """Keep every row (evidence); pause the scratch mailbox and destination: the desk is gone."""
+        """The desk is gone: forget its credentials. What becomes of the rows is `keep`'s or `discard`'s."""
         os.environ.pop(self.credentials_var, None)
-        Mailbox.objects.filter(pk=self.mailbox.pk).update(paused=True)
-        Destination.objects.filter(pk=self.destination.pk).update(
-            paused=True, paused_by="system:drill", paused_at=timezone.now(),
-            paused_reason="drill finished: its FakeDesk is gone (evidence kept)")
+
+    def keep(self) -> None:
+        """Keep every row (evidence); pause the scratch mailbox and destination. Only the drill's outbox rows go:
+        they announce work no live worker takes (ticketing.tasks drops a drill's events), and would read as stuck."""
+        with transaction.atomic():
+            Mailbox.objects.filter(pk=self.mailbox.pk).update(paused=True)
+            Destination.objects.filter(pk=self.destination.pk).update(
+                paused=True, paused_by="system:drill", paused_at=timezone.now(),
+                paused_reason="drill finished: its FakeDesk is gone (evidence kept)")
+            events = list(InboxEvent.objects.filter(tenant=self.tenant).values_list("pk", flat=True))
+            made = list(Intent.objects.filter(inbox_event_id__in=events).values_list("pk", flat=True))
+            OutboxMessage.objects.filter(drill_outbox_rows(event_ids=events, intent_ids=made,
+                                                           mailbox_ids=[self.mailbox.pk])).delete()
 
     # --- mail ---------------------------------------------------------------------------------------
 

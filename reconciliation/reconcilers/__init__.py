@@ -17,6 +17,7 @@ MAILROOM_OUTBOX_STUCK_SECONDS (300).
 from django.utils import timezone
 
 from intake.models import Mailbox
+from intake.selectors import drill_tenants
 from ticketing.models import Destination
 
 from . import (
@@ -31,15 +32,18 @@ __all__ = ["ALL", "Summary", "reconcile", "select"]
 
 
 def select(mailbox: str | None = None, destination: str | None = None):
-    """(mailboxes, destinations, whole) for the options: a mailbox slug; a destination `slug` or `tenant/slug`."""
+    """(mailboxes, destinations, whole) for the options: a mailbox slug; a destination `slug` or `tenant/slug`.
+
+    Never a drill tenant's (reconciliation.drills): its FakeDesk lived only as long as the drill."""
+    boxes = Mailbox.objects.select_related("tenant").exclude(tenant_id__in=drill_tenants())
+    targets = Destination.objects.select_related("tenant").exclude(tenant_id__in=drill_tenants())
     if mailbox is None and destination is None:
-        return (list(Mailbox.objects.select_related("tenant").order_by("slug")),
-                list(Destination.objects.select_related("tenant").order_by("tenant__slug", "slug")), True)
-    mailboxes = list(Mailbox.objects.select_related("tenant").filter(slug=mailbox)) if mailbox else []
+        return list(boxes.order_by("slug")), list(targets.order_by("tenant__slug", "slug")), True
+    mailboxes = list(boxes.filter(slug=mailbox)) if mailbox else []
     destinations = []
     if destination:
         tenant, _, slug = destination.rpartition("/")
-        rows = Destination.objects.select_related("tenant").filter(slug=slug)
+        rows = targets.filter(slug=slug)
         destinations = list((rows.filter(tenant__slug=tenant) if tenant else rows).order_by("tenant__slug"))
     return mailboxes, destinations, False
 

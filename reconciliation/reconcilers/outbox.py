@@ -8,6 +8,7 @@ the finding is resolved "published" once the row was published (or purged).
 from datetime import timedelta
 
 from intake.models import OutboxMessage
+from intake.selectors import drill_outbox
 
 from ..models import Finding
 from .base import ALL, limit, open_findings, recording, resolve, setting
@@ -26,7 +27,8 @@ def reconcile_outbox(summaries: list, now) -> None:
             if outbox_id not in still:
                 resolve(finding_id, "published", current.now)
         cutoff = current.now - timedelta(seconds=float(setting("MAILROOM_OUTBOX_STUCK_SECONDS", 300)))
-        rows = list(OutboxMessage.objects.filter(published_at__isnull=True, created_at__lt=cutoff).order_by("pk")
+        rows = list(OutboxMessage.objects.filter(published_at__isnull=True, created_at__lt=cutoff)
+                    .exclude(drill_outbox()).order_by("pk")  # a drill's rows go with it (reconciliation.drills)
                     .values_list("pk", "topic", "payload", "created_at", "attempts")[:budget])
         current.run.scanned = len(rows)
         for pk, topic, payload, created_at, attempts in rows:

@@ -20,6 +20,7 @@ from django.utils.timesince import timesince
 
 from intake.logging import mask_address
 from intake.models import InboxEvent, Tenant
+from intake.selectors import drill_tenants
 from ticketing import notifications
 from ticketing.models import Notification
 
@@ -63,7 +64,9 @@ def overdue_items(now=None):
     now = now or timezone.now()
     emailed = Notification.objects.filter(kind=Notification.Kind.ESCALATION, inbox_event=OuterRef("pk"),
                                           escalation_at=OuterRef("escalate_at"))
+    # Not a drill's items (reconciliation.drills): synthetic, and nobody is to be woken for them.
     return (selectors.recovery_queue().filter(escalate_at__lte=now).exclude(Exists(emailed))
+            .exclude(tenant_id__in=drill_tenants())
             .select_related("tenant", "owner", "mailbox").order_by("escalate_at", "pk"))
 
 
@@ -122,7 +125,7 @@ def send_daily_digests(now=None) -> int:
     """One digest per tenant with open items per (UTC) day, to its operators. Returns how many went out."""
     now = now or timezone.now()
     sent = 0
-    for tenant in Tenant.objects.order_by("pk"):
+    for tenant in Tenant.objects.filter(is_drill=False).order_by("pk"):
         key = f"digest:{tenant.pk}:{now.date().isoformat()}"
         if notifications.already_sent(key):
             continue

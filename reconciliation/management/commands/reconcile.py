@@ -1,7 +1,8 @@
 """`manage.py reconcile [--mailbox SLUG] [--destination [TENANT/]SLUG]`: one reconciliation pass now.
 
 Prints one summary line per reconciler and scope (scanned, findings, repaired, error). Without
-options every mailbox and destination and the outbox are reconciled, as the beat task does.
+options every mailbox and destination and the outbox are reconciled, as the beat task does (a drill's
+scratch tenant never is). Exits non-zero when a reconciler failed.
 """
 from django.core.management.base import BaseCommand, CommandError
 
@@ -25,5 +26,6 @@ class Command(BaseCommand):
         for summary in summaries:
             self.stdout.write(summary.line())
         failed = [s for s in summaries if s.error]
-        if failed:
-            self.stderr.write(f"{len(failed)} reconciler(s) failed; see the lines above")
+        if failed:  # a monitor or a cron job sees it in the exit status, not only in the text
+            raise CommandError(f"{len(failed)} reconciler(s) failed: "
+                               f"{', '.join(f'{s.kind} {s.scope}' for s in failed)}; see the lines above")
