@@ -139,6 +139,14 @@ class ReasonCode(TextChoices):
     CONFLICT = "conflict", "The destination reported a conflict (HTTP 409)."
     SMTP_UNAVAILABLE = "smtp_unavailable", "The mail server refused or could not be reached: nothing was sent."
     SMTP_TIMEOUT = "smtp_timeout", "The mail server did not answer in time: whether the email went out is unknown."
+    # --- on an event: a later attempt failed for good after an earlier attempt's outcome was unknown
+    # (ticketing.intents.record_failure asks the destination before calling it a failure)
+    ASKING_AFTER_UNKNOWN = "asking_after_unknown", ("A later attempt failed for good, but an earlier attempt's "
+                                                    "outcome is unknown: the destination is asked by our "
+                                                    "reference before it counts as a failure (not yet answered).")
+    FAILED_AFTER_UNKNOWN = "failed_after_unknown", ("A later attempt failed for good, but an earlier attempt's "
+                                                    "outcome is unknown and the destination cannot be asked: "
+                                                    "check the desk before replaying.")
     # --- in audit rows only -----------------------------------------------------------------
     # why an intent left `unknown` for `pending` (intent_pending)
     IDEMPOTENCY_KEY_RETAINED = "idempotency_key_retained", ("The destination still keeps our idempotency key: "

@@ -5,7 +5,9 @@ past the read timeout) and a whole worker SIGKILLed twice mid-run.
 Zendesk keeps our idempotency key, Salesforce upserts on our external id, Jira Service Management
 has neither and a search that lags: each must end with zero duplicates (one record per reference)
 and zero orphans (no record without its mapping, no mapping without its record); whatever did not
-complete is an item in the recovery queue with a reason.
+complete is an item in the recovery queue with a reason. Right after it settles, no desk record may
+lack its mapping: an attempt that failed for good after an earlier one's answer was lost asks the desk
+first (ticketing.intents.record_failure), so such a ticket ends mapped, never as a `failed` item.
 """
 import importlib
 import random
@@ -46,7 +48,7 @@ def soaked(request, live_mailbox, desk_factory, monkeypatch):
 
 def test_seeded_soak_with_faults_and_killed_workers(soaked, live_server, live_mailbox, live_broker, live_processes,
                                                     monkeypatch):
-    from intake.models import InboxEvent
+    from intake.models import AuditEvent, InboxEvent
     from reconciliation.selectors import recovery_queue
     from ticketing.models import Intent, TicketMapping
 
@@ -75,15 +77,18 @@ def test_seeded_soak_with_faults_and_killed_workers(soaked, live_server, live_ma
             time.sleep(0.01)
         wait_for(lambda: all(settled(i) for i in ids), timeout=180, interval=0.5,
                  describe=lambda: f"{Counter(state_of(i) for i in ids)}\n{live_processes.logs(10)}")
+    assert_no_record_without_its_mapping(desk, ids)
 
     states = Counter(InboxEvent.objects.filter(pk__in=ids).values_list("state", flat=True))
     records = desk.tickets()
     by_reference = Counter(r["external_id"] for r in records)
     mappings = {m.inbox_event_id: m for m in TicketMapping.objects.filter(inbox_event_id__in=ids)}
     faults = Counter(r["fault"] for r in desk.requests_log())
+    # Tickets a failure for good after an unknown outcome found by asking the desk (record_failure).
+    asked = AuditEvent.objects.filter(inbox_event_id__in=ids, kind="ticket_created", detail__settled_by="lookup")
     print(f"\nsoak {kit.DIALECT}: {n_emails} emails, seed {SEED}, workers killed {kills}; event states "
           f"{dict(states)}; records {len(records)}, mappings {len(mappings)}, writes {sum(faults.values())}, "
-          f"faults {dict(faults)}")
+          f"faults {dict(faults)}, found by asking after a failure {asked.count()}")
 
     assert max(by_reference.values(), default=1) == 1, "a duplicate: two records carry one reference"
     record_ids = {kit.ticket_id_of(r) for r in records}
@@ -99,3 +104,19 @@ def test_seeded_soak_with_faults_and_killed_workers(soaked, live_server, live_ma
         assert event_id in queue and queue[event_id].reason_code, state_of(event_id)
     assert states["completed"] + len(not_completed) == n_emails
     assert states["completed"] >= n_emails * 0.7, "the faults are a minority: most mail must get through"
+
+
+def assert_no_record_without_its_mapping(desk, ids):
+    """Right after the soak settles: every desk record carries the external reference of an intent that
+    succeeded with its mapping. A record whose intent failed (or is held) is the orphan that a failure
+    recorded after an unknown outcome, without asking the desk, would leave."""
+    from ticketing.models import Intent, TicketMapping
+
+    mapped = TicketMapping.objects.filter(inbox_event_id__in=ids, action="create_ticket").values("inbox_event_id")
+    mapped_refs = set(Intent.objects.filter(inbox_event_id__in=mapped, action="create_ticket", state="succeeded")
+                      .values_list("external_ref", flat=True))
+    unmapped = [record["external_id"] for record in desk.tickets() if record["external_id"] not in mapped_refs]
+    intents = {i.external_ref: i for i in Intent.objects.filter(external_ref__in=unmapped)}
+    assert not unmapped, "desk records without a mapping: " + "; ".join(
+        f"{ref}: {state_of(intents[ref].inbox_event_id)}, {intents[ref].attempts} attempts, "
+        f"last {intents[ref].last_error_kind}" if ref in intents else f"{ref}: no intent" for ref in unmapped)

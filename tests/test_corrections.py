@@ -115,9 +115,10 @@ def test_a_corrected_body_under_a_key_that_already_made_a_ticket_never_makes_a_s
     intent = intent_of(event_id)
     assert intents.hold(intent, timezone.now(), "system:test", ReasonCode.OUTCOME_UNKNOWN) == "held"
 
-    console.do_correct_and_replay(operator, event_id, destination_id=destination.pk, priority="urgent")
-    # Same key, other body: Zendesk's IdempotentRequestError, settled by lookup, not by a second create.
-    assert process_inbox_event(event_id) == "unknown"
-    assert intents.resolve_unknown(intent.pk) == "succeeded"
+    # It was unknown once, so the replay asks Zendesk first: the ticket is found and linked, nothing is sent
+    # (the same key with the corrected body would meet IdempotentRequestError, never a second create).
+    assert console.do_correct_and_replay(operator, event_id, destination_id=destination.pk,
+                                         priority="urgent") == "linked"
+    assert process_inbox_event(event_id) == "done" and len(creates) == 1
     assert InboxEvent.objects.get(pk=event_id).state == "completed"
     assert len(desk.tickets()) == 1 and intent_of(event_id).result_ref == str(desk.tickets()[0]["id"])

@@ -11,7 +11,10 @@ the action's audit row); this module writes neither state itself.
     replay_same_key          failed/held -> pending under the original idempotency key,
                              optionally with a corrected route (destination, queue, priority,
                              request type; the key stays even for a new destination); an event
-                             without an intent goes back to `ready` (routing takes `route_override`)
+                             without an intent goes back to `ready` (routing takes `route_override`).
+                             An intent that was ever `unknown` is asked for first (found:
+                             failed/held -> succeeded, "linked", no write; refused unless a
+                             consistent lookup finds nothing)
     replay_as_new_action     a new action_version with its own key; the previous intent
                              stays as evidence (an `unknown` one is held, so no sweep acts on it)
     confirm_existing_ticket  failed/unknown/held -> succeeded with the ticket a reviewer found;
@@ -75,6 +78,8 @@ MAX_TICKET_ID_CHARS = 200
 QUARANTINE_UNRELEASED = ("it was quarantined and no security user released it: it cannot be {what}; a replay "
                          "sends it back to validation and the malware scan")
 CLOSE_QUARANTINED_REFUSED = "a quarantined item is closed or released by the security role only"
+UNSETTLED_REFUSED = ("an earlier attempt's outcome is unknown and {why}: a replay could make a second ticket. "
+                     "Check the desk, then confirm the ticket you find, or replay it as a new action (approved)")
 
 
 class ReplayRefused(Exception):
@@ -150,24 +155,32 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
     `route` (destination_id, queue, priority, request_type) is stored as the
     event's `route_override`; the worker sends its fields (they win over the
     classified route) and its destination becomes the intent's. Returns
-    "reopened" (an intent went failed/held -> pending) or "rerouted" (no
-    intent yet: the event went back to `ready`).
+    "reopened" (an intent went failed/held -> pending), "rerouted" (no
+    intent yet: the event went back to `ready`) or "linked" (see below).
 
     The key rule for a corrected route: the intent keeps its key (and its
     external_ref), whether the destination changed or not; only
     `replay_as_new_action` (its own permission) mints a new one. A destination
     only remembers a key it answered with success (FakeDesk and Zendesk alike),
     so a correction after a rejected create (401, 422) goes through with the
-    corrected body. If the key was used successfully before (a held intent
-    whose create did land), the corrected body is answered
-    `IdempotentRequestError` -> `unknown`, and `resolve_unknown` settles it by
-    lookup: the ticket that exists is kept, never a second one (correct its
-    fields in the desk). The audit row names the operator (`actor`) and the
+    corrected body. A held intent whose create did land was `unknown` once, so
+    the lookup below finds that ticket and links it (correct its fields in the
+    desk); should the key still meet a corrected body, it is answered
+    `IdempotentRequestError` -> `unknown`, settled by lookup: never a second ticket.
+    The audit row names the operator (`actor`) and the
     corrected fields (`corrected`: {field: {from, to}}).
 
     An event that was quarantined and not released is judged again instead
     ("rejudged", see the module's docstring).
+
+    An intent that was ever `unknown` (an earlier attempt's answer was lost) is looked up by its
+    external_ref first, outside the transaction (`_ask_first`): found -> succeeded with that ticket's
+    mapping and no write ("linked"); a consistent lookup finding nothing -> the replay goes on; a search
+    that lags, no lookup (a comment), or a lookup failing -> `ReplayRefused`, nothing changes. A stuck
+    acknowledgment is reopened without asking: SMTP has no lookup, and resending it (same Message-ID)
+    is the decision this action records.
     """
+    asked = _ask_first(event_id)
     now = timezone.now()
     with transaction.atomic():
         event = _event(event_id)
@@ -189,6 +202,13 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
             if intent.state not in REPLAYABLE_INTENT_STATES:
                 raise ReplayRefused(f"its intent is {intent.state}; only a failed or held intent is replayed "
                                     "with its key")
+            if asked is None and intents.last_unknown_at(intent) is not None or (
+                    asked is not None and asked[0] != intent.pk):
+                raise ReplayRefused("its intent changed meanwhile; try again")
+            if asked is not None and asked[1].says == intents.FOUND:
+                return _link_found(event, intent, asked[1], route, actor=actor, now=now)
+            if asked is not None:
+                detail["lookup"] = asked[1].says
             if not intents.replay(intent, now, destination_id=destination.pk if destination is not None else None):
                 raise ReplayRefused("someone else moved its intent meanwhile")
             outcome, to_state = "reopened", EventState.WRITE_PENDING
@@ -201,6 +221,36 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
         _send_on(event, to_state, now, route, actor=actor, kind=AuditKind.REPLAYED,
                  audit_detail={"outcome": outcome, **detail})
     return outcome
+
+
+def _ask_first(event_id: int) -> tuple[int, intents.Answer] | None:
+    """(intent id, what its destination says) before a same-key replay of an intent that was ever unknown,
+    asked with no transaction open (an HTTP call); None when there is nothing to ask. Raises ReplayRefused
+    when the destination cannot say that no record exists."""
+    state = InboxEvent.objects.filter(pk=event_id).values_list("state", flat=True).first()
+    if state not in REPLAYABLE_EVENT_STATES or quarantine_unreleased(event_id):
+        return None  # refused, or judged again, by the checks in the transaction
+    intent = current_intent(event_id)
+    if intent is None or intent.state not in REPLAYABLE_INTENT_STATES or intents.last_unknown_at(intent) is None:
+        return None
+    answer = intents.ask_destination(intent)
+    if answer.says not in (intents.FOUND, intents.NOTHING):
+        raise ReplayRefused(UNSETTLED_REFUSED.format(why=answer.detail))
+    return intent.pk, answer
+
+
+def _link_found(event: InboxEvent, intent: Intent, answer: intents.Answer, route: dict | None, *, actor: str,
+                now) -> str:
+    """failed/held -> succeeded with the ticket the lookup found (its mapping, the event completed), and
+    the replay's audit row; nothing is sent. In the caller's transaction."""
+    if not intents.record_success(intent, answer.ticket, actor, from_states=REPLAYABLE_INTENT_STATES,
+                                  audit_detail={"settled_by": "lookup"}):
+        raise ReplayRefused("someone else moved its intent meanwhile")
+    record_audit(event.pk, AuditKind.REPLAYED, actor=actor, at=now, detail={
+        "outcome": "linked", "event_state": event.state, "route": route, "intent": intent.pk,
+        "intent_state": intent.state, "ticket_id": answer.ticket.ticket_id, "lookup": answer.says,
+        "destination_calls": 1})
+    return "linked"
 
 
 def _rejudge(event: InboxEvent, intent: Intent | None, route: dict | None, *, actor: str, now) -> str:

@@ -27,6 +27,9 @@ from .dashboard import dashboard_view
 from .filters import MailboxFilter, OwnerFilter, ReasonFilter, StateFilter, TenantFilter
 from .forms import AssignForm, CloseForm, ConfirmForm, EscalationForm, ReleaseForm, ReplayNewForm, RouteForm
 
+# A replay of an item whose earlier attempt had an unknown outcome asks the destination first (ticketing.replay).
+LINKED_MESSAGE = ("The destination already had this ticket (found by our reference): the item is linked to it "
+                  "and complete; nothing was sent again.")
 REJUDGED_MESSAGE = ("It was quarantined and never released: sent back to validation and the malware scan, "
                     "which decide again.")
 
@@ -320,6 +323,8 @@ class RecoveryItemAdmin(admin.ModelAdmin):
         outcome = services.do_replay(request.user, event.pk)
         if outcome == "rejudged":
             return REJUDGED_MESSAGE
+        if outcome == "linked":
+            return LINKED_MESSAGE
         return f"Replayed with its original idempotency key ({outcome})."
 
     def _act_correct(self, request, event):
@@ -329,6 +334,8 @@ class RecoveryItemAdmin(admin.ModelAdmin):
         outcome = services.do_correct_and_replay(request.user, event.pk, **form.route())
         if outcome == "rejudged":
             return f"Route corrected to {form.cleaned_data['destination'].slug}. {REJUDGED_MESSAGE}"
+        if outcome == "linked":
+            return LINKED_MESSAGE
         return f"Route corrected to {form.cleaned_data['destination'].slug} and replayed with the original " \
                f"idempotency key ({outcome})."
 

@@ -46,7 +46,8 @@ class BulkItem:
     outcome: str = ""
 
 
-def _bulk_plan(event: InboxEvent, intent: Intent | None, found: Lookup, *, unreleased: bool) -> tuple[str, str]:
+def _bulk_plan(event: InboxEvent, intent: Intent | None, found: Lookup, *, unreleased: bool,
+               unknown_before: bool = False) -> tuple[str, str]:
     state = event.state
     if state == InboxEvent.State.QUARANTINED:
         return "skip", "quarantined: only a release (security role) lets it out"
@@ -68,6 +69,9 @@ def _bulk_plan(event: InboxEvent, intent: Intent | None, found: Lookup, *, unrel
         return "skip", "outcome unknown and the destination cannot be asked: review it on its own page"
     if found.status == "not_found":
         return "replay", "nothing found: replay with the original idempotency key"
+    if unknown_before:  # its failure is known only if the destination can say no record exists
+        return "skip", "an earlier attempt's outcome is unknown and the destination cannot be asked: review it " \
+                       "on its own page"
     if intent.state == Intent.State.FAILED:
         return "replay", "a known failure (nothing was written): replay with the original idempotency key"
     return "skip", "held and the destination cannot be asked: review it on its own page"
@@ -91,7 +95,8 @@ def _bulk_items(user, event_ids) -> list[tuple[BulkItem, InboxEvent, Intent | No
         unreleased = quarantine_unreleased(event_id)
         found = lookup_existing(intent) if event.state in replay.REPLAYABLE_EVENT_STATES \
             and intent is not None and not unreleased else Lookup("no_intent" if intent is None else "skipped")
-        plan, text = _bulk_plan(event, intent, found, unreleased=unreleased)
+        unknown_before = intent is not None and ticketing_intents.last_unknown_at(intent) is not None
+        plan, text = _bulk_plan(event, intent, found, unreleased=unreleased, unknown_before=unknown_before)
         item = BulkItem(
             event_id=event_id, subject=event.subject, event_state=event.state,
             intent_state=intent.state if intent else "", destination=intent.destination.slug if intent else "",

@@ -18,6 +18,19 @@ all in one transaction.
     unknown ---------------------------------- reopen ----------------> pending     event write_pending
     unknown ---------------------------------- hold ------------------> held        (event unknown/outcome_unknown)
     unknown ---------------------------------- record_success --------> succeeded   found by external_ref
+  a failure for good (PermanentError, or TransientError at the cap) of an intent that was ever unknown
+  (it has an intent_unknown row) is known only once its destination, asked by external_ref, says so:
+    in_flight -------------------------------- record_failure --------> succeeded   found: mapping, no write
+    in_flight -------------------------------- record_failure --------> failed      a consistent lookup: none
+    in_flight -------------------------------- record_failure --------> held        event unknown/search_found_nothing
+                                                                                    (lagging search: none) or
+                                                                                    unknown/failed_after_unknown (no
+                                                                                    lookup; an acknowledgment's event
+                                                                                    stays completed)
+    in_flight -------------------------------- record_failure --------> unknown     event unknown/asking_after_unknown
+                                                                                    (lookup failed, or not due yet)
+    unknown (`awaits_lookup`) ---------------- settle_known_failure --> succeeded/failed/held  by resolve_unknown,
+                                                                                    asked again; never reopened
   operators (ticketing.replay; their action's own audit row records the move):
     failed/held ------------------------------ replay ----------------> pending     same key, fresh retry budget
     failed/held/unknown ---------------------- record_success --------> succeeded   a reviewer found the ticket
@@ -34,7 +47,8 @@ What entering a state does to the other fields, decided once (`_ENTRY`; "-" = un
     failed       -         NULL             -           NULL           now           this failure
     unknown      -         NULL             -           NULL           -             this failure (or claim_expired)
     succeeded    -         NULL             -           NULL           now           cleared
-    held         -         NULL             -           NULL           -             - (supersede: "superseded")
+    held         -         NULL             -           NULL           -             - (from in_flight: this failure;
+                                                                        supersede: "superseded")
     pending      -         now              ""          NULL           NULL          -
     pending by an operator's `replay`: attempts = 0 as well (a fresh retry budget; the
     machine's requeue and reopen keep counting, so the retry cap still holds).
@@ -51,29 +65,39 @@ in the same transaction.
 from .core import (  # noqa: F401  (the package's API)
     ATTEMPT_AUDIT_KIND,
     AUDIT_KIND,
+    CANNOT,
     CONFIRMABLE_STATES,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETRY_BASE_SECONDS,
     DEFAULT_RETRY_CAP_SECONDS,
+    DOUBT,
+    FOUND,
+    LATER,
+    NOTHING,
     NOTIFY_TOPIC,
     OPEN_STATES,
     OPERATOR_RESULT_REF,
     REPLAYABLE_STATES,
     SUPERSEDABLE_STATES,
+    Answer,
     EventState,
     IntentState,
+    ask_destination,
+    awaits_lookup,
     claim,
     create_if_missing,
     create_intent,
     ensure_intent,
     fail,
     intent_key,
+    last_unknown_at,
     max_attempts,
     outcome_unknown,
     record_acknowledgment_sent,
     record_failure,
     record_success,
     retry_later,
+    settle_known_failure,
     still_claimed,
 )
 from .operator import create_held, hold_open, replay, settle, supersede  # noqa: F401

@@ -3,6 +3,7 @@
 See the package docstring for the diagram and the fields each state sets."""
 import logging
 import random
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -11,10 +12,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from intake.keys import stable_key
-from intake.models import InboxEvent
+from intake.models import AuditEvent, InboxEvent
 from intake.services import NOT_COMPLETED_STATES, record_audit, transition_event
 from intake.vocabulary import AuditKind, ReasonCode
 
+from ..destinations import adapter_for
 from ..destinations.base import AmbiguousOutcome, PermanentError, TicketResult, TransientError
 from ..models import Destination, Intent, TicketMapping
 
@@ -28,7 +30,7 @@ AUDIT_KIND = {Intent.Action.CREATE_TICKET: AuditKind.TICKET_CREATED, Intent.Acti
               Intent.Action.NOTIFY_REQUESTER: AuditKind.ACKNOWLEDGED}
 # The audit row of an attempt that did not succeed, by the state it left the intent in.
 ATTEMPT_AUDIT_KIND = {IntentState.RETRY_WAIT: AuditKind.INTENT_RETRY_WAIT, IntentState.FAILED: AuditKind.INTENT_FAILED,
-                      IntentState.UNKNOWN: AuditKind.INTENT_UNKNOWN}
+                      IntentState.UNKNOWN: AuditKind.INTENT_UNKNOWN, IntentState.HELD: AuditKind.INTENT_HELD}
 NOTIFY_TOPIC = "intent.notify"
 OPERATOR_RESULT_REF = "handled-by-operator"
 
@@ -143,8 +145,11 @@ def still_claimed(intent_id: int, worker: str, margin_seconds: float = 0) -> boo
 # --- outcomes of an attempt -------------------------------------------------
 
 def record_success(intent: Intent, result: TicketResult, actor: str,
-                   from_states=(IntentState.IN_FLIGHT,), event: InboxEvent | None = None) -> bool:
-    """-> succeeded, with the mapping, the event's `completed` state and the audit row, atomically."""
+                   from_states=(IntentState.IN_FLIGHT,), event: InboxEvent | None = None,
+                   audit_detail: dict | None = None) -> bool:
+    """-> succeeded, with the mapping, the event's `completed` state and the audit row, atomically.
+
+    `audit_detail`: more for the audit row (how the ticket was found, when no create answered)."""
     now = timezone.now()
     # savepoint=False: inside the built-in store's transaction this is one unit with the create.
     with transaction.atomic(savepoint=False):
@@ -156,7 +161,7 @@ def record_success(intent: Intent, result: TicketResult, actor: str,
         _move_event(intent.inbox_event_id, EventState.COMPLETED, now, actor)
         record_audit(intent.inbox_event_id, AUDIT_KIND[intent.action], actor=actor, at=now,
                      detail={"intent": intent.pk, "action": intent.action, "destination": intent.destination_id,
-                             "ticket_id": result.ticket_id})
+                             "ticket_id": result.ticket_id, **(audit_detail or {})})
         if intent.action == Intent.Action.CREATE_TICKET:
             from .. import acknowledgments  # it builds on this package
 
@@ -208,6 +213,10 @@ def record_failure(intent: Intent, exc, worker: str) -> str:
     if isinstance(exc, TransientError) and attempts < max_attempts(intent):
         return retry_later(intent, exc, worker, attempts)
     if isinstance(exc, (TransientError, PermanentError)):
+        if last_unknown_at(intent) is not None:
+            # An earlier attempt's outcome was never settled: this failure is known only once the
+            # destination says that attempt made nothing.
+            return _fail_after_unknown(intent, exc, worker, attempts)
         return fail(intent, exc, worker, attempts)
     return outcome_unknown(intent, exc, worker, attempts)
 
@@ -222,13 +231,18 @@ def retry_later(intent: Intent, exc, worker: str, attempts: int, delay: float | 
     return _attempt_ended(intent, exc, worker, attempts, IntentState.RETRY_WAIT, now, next_attempt_at=due)
 
 
-def fail(intent: Intent, exc, worker: str, attempts: int) -> str:
+def fail(intent: Intent, exc, worker: str, attempts: int, audit: dict | None = None) -> str:
     """in_flight -> failed, the event failed/<reason>: a permanent failure, or a transient one at the cap."""
-    reason, detail = exc.reason, exc.detail
-    if isinstance(exc, TransientError):
-        reason, detail = ReasonCode.RETRIES_EXHAUSTED, f"{attempts} attempts; last: {exc}"
+    reason, detail = _failure_reason(exc.kind, exc.reason, str(exc), attempts)
     return _attempt_ended(intent, exc, worker, attempts, IntentState.FAILED, timezone.now(),
-                          event_state=EventState.FAILED, reason=reason, detail=detail)
+                          event_state=EventState.FAILED, reason=reason, detail=detail, audit=audit)
+
+
+def _failure_reason(kind: str, reason: str, text: str, attempts: int) -> tuple[str, str]:
+    """The event's reason for a failure for good: a transient one at the cap is `retries_exhausted`."""
+    if kind == TransientError.kind:
+        return ReasonCode.RETRIES_EXHAUSTED, f"{attempts} attempts; last: {text}"
+    return reason, text.partition(": ")[2]
 
 
 def outcome_unknown(intent: Intent, exc: AmbiguousOutcome, worker: str, attempts: int) -> str:
@@ -238,7 +252,7 @@ def outcome_unknown(intent: Intent, exc: AmbiguousOutcome, worker: str, attempts
 
 
 def _attempt_ended(intent: Intent, exc, worker: str, attempts: int, to_state: str, now, event_state=None,
-                   reason: str = "", detail: str = "", **fields) -> str:
+                   reason: str = "", detail: str = "", audit: dict | None = None, **fields) -> str:
     with transaction.atomic():
         rows = _expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker)
         if not _move(rows, to_state, now, last_error_kind=f"{exc.kind}:{exc.reason}", last_error=str(exc)[:2000],
@@ -249,8 +263,130 @@ def _attempt_ended(intent: Intent, exc, worker: str, attempts: int, to_state: st
         due = fields.get("next_attempt_at")
         record_audit(intent.inbox_event_id, ATTEMPT_AUDIT_KIND[to_state], actor=f"worker:{worker}", at=now, detail={
             "intent": intent.pk, "attempt": attempts, "error_kind": exc.kind, "reason": exc.reason,
-            "retry_at": due.isoformat() if due else None})
+            "retry_at": due.isoformat() if due else None, **(audit or {})})
     logger.info("intent %s: %s (%s/%s)", intent.pk, to_state, exc.kind, exc.reason)
+    return to_state
+
+
+# --- a failure for good after an unknown outcome ------------------------------------------------
+# Known failure, known success and unknown outcome stay apart: an intent that was ever `unknown`
+# (its intent_unknown audit row) fails for good only when the destination, asked by external_ref,
+# says no record exists. Its lost answer may have been a ticket the destination committed.
+
+FOUND, NOTHING, DOUBT, LATER, CANNOT = "found", "nothing", "doubt", "later", "cannot"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the destination says about an intent's external reference (`ask_destination`).
+
+    `says`: FOUND (`ticket`), NOTHING (a consistent lookup found no record), DOUBT (a search that lags
+    behind writes found none), LATER (a lagging search not due yet, or the lookup failed for now),
+    CANNOT (no lookup: a comment, an acknowledgment, a kind without one, or a lookup refused)."""
+
+    says: str
+    detail: str = ""
+    ticket: TicketResult | None = None
+
+
+def last_unknown_at(intent: Intent):
+    """When the intent last became `unknown` (its latest intent_unknown row); None: it never did."""
+    return (AuditEvent.objects.filter(inbox_event_id=intent.inbox_event_id, kind=AuditKind.INTENT_UNKNOWN,
+                                      detail__intent=intent.pk).order_by("-at").values_list("at", flat=True).first())
+
+
+def ask_destination(intent: Intent, now=None) -> Answer:
+    """Ask the intent's destination for the record carrying its external_ref. A read; the caller holds no
+    transaction (it is an HTTP call). A lookup finds tickets, so only a create is settled this way."""
+    slug = intent.destination.slug
+    if intent.action != Intent.Action.CREATE_TICKET:
+        return Answer(CANNOT, f"a lookup by external reference finds tickets, not a {intent.action}")
+    adapter = adapter_for(intent.destination)
+    settle = None if adapter.consistent_lookup else adapter.lookup_settle_seconds
+    if not adapter.consistent_lookup and settle is None:
+        return Answer(CANNOT, f"{slug} offers no lookup by external reference")
+    if settle is not None and (now or timezone.now()) < (
+            (last_unknown_at(intent) or intent.created_at) + timedelta(seconds=settle)):
+        return Answer(LATER, f"{slug}'s search lags behind its writes: it is asked {settle:g} s after the "
+                             "unknown outcome")
+    try:
+        found = adapter.find_by_external_ref(intent.external_ref)
+    except NotImplementedError:
+        return Answer(CANNOT, f"{slug} offers no lookup by external reference")
+    except PermanentError as exc:
+        return Answer(CANNOT, f"{slug} refused the lookup ({exc.kind}:{exc.reason})")
+    except (TransientError, AmbiguousOutcome) as exc:
+        return Answer(LATER, f"the lookup failed for now ({exc.kind}:{exc.reason})")
+    if found is not None:
+        return Answer(FOUND, f"{slug} has ticket {found.ticket_id} with our reference", found)
+    if settle is None:
+        return Answer(NOTHING, f"{slug} has no record with our reference (a consistent lookup)")
+    return Answer(DOUBT, f"{slug}'s search, which lags behind its writes, found no record with our reference")
+
+
+def awaits_lookup(intent: Intent) -> bool:
+    """An unknown intent parked by `_fail_after_unknown`: its last error is the known failure, not the doubt."""
+    return intent.last_error_kind.partition(":")[0] in (TransientError.kind, PermanentError.kind)
+
+
+def _fail_after_unknown(intent: Intent, exc, worker: str, attempts: int) -> str:
+    """in_flight -> succeeded / failed / held / unknown: a failure for good of an intent that was ever unknown.
+
+    Found -> succeeded with the mapping; a consistent lookup finding nothing -> failed (the failure is
+    known now); a lagging search finding nothing, or no lookup -> held, the event unknown (a person
+    checks the desk); a lagging search not due yet or a lookup that failed -> unknown, where
+    `resolve_unknown` asks again (`settle_known_failure`), never sending the write again.
+    """
+    answer = ask_destination(intent)  # after the attempt's call, before any transaction
+    reason, _ = _failure_reason(exc.kind, exc.reason, str(exc), attempts)
+    asked = {"lookup": answer.says, "lookup_detail": answer.detail}
+    if answer.says == FOUND:
+        # From unknown too: the claim may have run out while we asked.
+        done = record_success(intent, answer.ticket, f"worker:{worker}", (IntentState.IN_FLIGHT, IntentState.UNKNOWN),
+                              audit_detail={"settled_by": "lookup", "instead_of": reason})
+        return IntentState.SUCCEEDED if done else ""
+    now = timezone.now()
+    if answer.says == NOTHING:
+        return fail(intent, exc, worker, attempts, audit=asked)
+    if answer.says == LATER:
+        return _attempt_ended(intent, exc, worker, attempts, IntentState.UNKNOWN, now, event_state=EventState.UNKNOWN,
+                              reason=ReasonCode.ASKING_AFTER_UNKNOWN, detail=f"{reason}; {answer.detail}",
+                              audit=asked)
+    event_reason = ReasonCode.SEARCH_FOUND_NOTHING if answer.says == DOUBT else ReasonCode.FAILED_AFTER_UNKNOWN
+    # An acknowledgment's event stays completed: its ticket exists, only the email is in doubt.
+    event_state = EventState.UNKNOWN if intent.action != Intent.Action.NOTIFY_REQUESTER else None
+    return _attempt_ended(intent, exc, worker, attempts, IntentState.HELD, now, event_state=event_state,
+                          reason=event_reason, detail=f"{reason}; {answer.detail}", audit=asked)
+
+
+def settle_known_failure(intent: Intent, actor: str) -> str:
+    """unknown (parked by `_fail_after_unknown`) -> succeeded / failed / held, by asking again.
+
+    Returns the new state, or '' (not due yet, the lookup failed again, or someone else moved it)."""
+    answer = ask_destination(intent)
+    if answer.says == LATER:
+        return ""
+    kind, _, error_reason = intent.last_error_kind.partition(":")
+    reason, detail = _failure_reason(kind, error_reason, intent.last_error, intent.attempts)
+    if answer.says == FOUND:
+        done = record_success(intent, answer.ticket, actor, (IntentState.UNKNOWN,),
+                              audit_detail={"settled_by": "lookup", "instead_of": reason})
+        return IntentState.SUCCEEDED if done else ""
+    now = timezone.now()
+    if answer.says == NOTHING:
+        to_state, event_state, event_reason = IntentState.FAILED, EventState.FAILED, reason
+    else:
+        to_state, event_state = IntentState.HELD, EventState.UNKNOWN
+        event_reason = ReasonCode.SEARCH_FOUND_NOTHING if answer.says == DOUBT else ReasonCode.FAILED_AFTER_UNKNOWN
+        detail = f"{reason}; {answer.detail}"
+    with transaction.atomic():
+        if not _move(_expecting(intent.pk, IntentState.UNKNOWN), to_state, now):
+            return ""
+        _move_event(intent.inbox_event_id, event_state, now, actor, event_reason, detail)
+        record_audit(intent.inbox_event_id, ATTEMPT_AUDIT_KIND[to_state], actor=actor, at=now, detail={
+            "intent": intent.pk, "attempt": intent.attempts, "error_kind": kind, "reason": error_reason,
+            "lookup": answer.says, "lookup_detail": answer.detail})
+    logger.info("intent %s: %s after its lookup (%s)", intent.pk, to_state, answer.says)
     return to_state
 
 

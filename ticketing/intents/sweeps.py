@@ -12,13 +12,24 @@ from django.db.models import Q
 from django.utils import timezone
 
 from intake.models import AuditEvent
+from intake.selectors import drill_events
 from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit
 from intake.vocabulary import AuditKind, ReasonCode
 
 from ..destinations import adapter_for
 from ..destinations.base import AmbiguousOutcome, PermanentError, TransientError
 from ..models import Intent
-from .core import NOTIFY_TOPIC, EventState, IntentState, _expecting, _move, _move_event, record_success
+from .core import (
+    NOTIFY_TOPIC,
+    EventState,
+    IntentState,
+    _expecting,
+    _move,
+    _move_event,
+    awaits_lookup,
+    record_success,
+    settle_known_failure,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +42,11 @@ def _enqueue(intent: Intent, now) -> None:
         enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": intent.inbox_event_id}, now=now)
 
 
+def _live(queryset):
+    """Without a drill's intents: the drill runs these transitions itself, for its own events only."""
+    return queryset.exclude(inbox_event_id__in=drill_events())
+
+
 def _locked_batch(queryset, limit: int):
     return list(queryset.select_for_update(skip_locked=True).order_by("pk")[:limit])
 
@@ -40,7 +56,8 @@ def expire_claims(limit: int = 500) -> int:
     now = timezone.now()
     expired = 0
     with transaction.atomic():
-        for intent in _locked_batch(Intent.objects.filter(state=IntentState.IN_FLIGHT, claimed_until__lt=now), limit):
+        for intent in _locked_batch(_live(Intent.objects.filter(state=IntentState.IN_FLIGHT, claimed_until__lt=now)),
+                                    limit):
             expired += expire(intent, now)
     return expired
 
@@ -71,7 +88,7 @@ def enqueue_due(limit: int = 500, lost_after_seconds: float | None = None) -> in
     due = Q(state=IntentState.RETRY_WAIT, next_attempt_at__lte=now) | Q(
         state=IntentState.PENDING, next_attempt_at__lte=now - timedelta(seconds=lost_after))
     with transaction.atomic():
-        intents = _locked_batch(Intent.objects.filter(due), limit)
+        intents = _locked_batch(_live(Intent.objects.filter(due)), limit)
         for intent in intents:
             requeue(intent, now)
     return len(intents)
@@ -102,6 +119,9 @@ def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str
     if intent.action == Intent.Action.NOTIFY_REQUESTER:
         # Mail servers keep no key and offer no lookup: whether it went out is unknowable.
         return hold(intent, now, actor, event_reason=None)
+    if awaits_lookup(intent):
+        # A failure for good after an unknown outcome, waiting for its lookup: asked, never sent again.
+        return settle_known_failure(intent, actor)
     adapter = adapter_for(intent.destination)
     window = adapter.idempotency_window_seconds
     key_still_kept = (
@@ -180,7 +200,7 @@ def reopen(intent: Intent, now, actor: str, why: str) -> str:
 
 def resolve_unknown_intents(limit: int = 200) -> dict:
     tally: dict = {}
-    unknown = Intent.objects.filter(state=IntentState.UNKNOWN).order_by("pk").values_list("pk", flat=True)
+    unknown = _live(Intent.objects.filter(state=IntentState.UNKNOWN)).order_by("pk").values_list("pk", flat=True)
     for intent_id in unknown[:limit]:
         outcome = resolve_unknown(intent_id) or "unchanged"
         tally[outcome] = tally.get(outcome, 0) + 1
