@@ -122,7 +122,8 @@ def queue_summary(user) -> dict:
 
 
 def search_queue(queryset: QuerySet, term: str) -> QuerySet:
-    """Sender, subject, Message-ID (header or provider id) or ticket id (mapping, result or external ref)."""
+    """Sender, subject, Message-ID (header or provider id), ticket id (mapping, result or external ref) or a
+    ticket number `MR-n`."""
     term = (term or "").strip()
     if not term:
         return queryset
@@ -133,6 +134,10 @@ def search_queue(queryset: QuerySet, term: str) -> QuerySet:
              | Q(provider_message_id=bare) | ticket)
     if term.isdigit():
         match |= Q(pk=int(term))
+    number = numbers.parse_number(term)
+    if number is not None:  # "MR-12": the events of ticket 12 (its create, its comments, its copies)
+        match |= Q(Exists(numbers.tickets_of_number(TicketMapping.objects.filter(inbox_event=OuterRef("pk")),
+                                                    number)))
     return queryset.filter(match)
 
 

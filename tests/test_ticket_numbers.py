@@ -139,3 +139,42 @@ def test_comments_and_the_api_carry_their_tickets_number(mailbox, tenant):
 ])
 def test_what_a_person_types_as_a_number(typed, number):
     assert numbers.parse_number(typed) == number
+
+
+def test_a_ticket_linked_to_a_second_event_keeps_one_number_and_both_tokens_find_it(mailbox, smtp_server,
+                                                                                     operator_client, tenant):
+    """An operator confirms a customer's second email onto the ticket of the first: the ticket keeps its
+    number, the second event names that number, and a token for either create mapping finds the ticket."""
+    from reconciliation import services as console
+    from reconciliation.services import ActionRefused as ReplayRefused
+
+    shift_the_ids(mailbox)
+    first = post("Printer on fire again", "jane@example.com", "<dup-1@example.com>")
+    assert process_inbox_event(first) == "created"
+    acknowledge(first)
+    token = TOKEN.search(smtp_server.messages[-1]["Subject"]).group(1)
+    ticket = Ticket.objects.get(pk=int(TicketMapping.objects.get(inbox_event_id=first).ticket_id))
+    assert ticket.number != ticket.pk
+    second = ingest_message(mailbox, subject="Printer STILL on fire").inbox_event_id
+    InboxEvent.objects.filter(pk=second).update(state="failed", reason_code="credentials")
+    operator = make_user("confirmer", groups=["operator"], tenants=[tenant])
+    # Bare digits that are another ticket's number are refused: "12" must not link ticket 12 for MR-12.
+    with pytest.raises(ReplayRefused, match="numbered"):
+        console.do_confirm_existing_ticket(operator, second, ticket_id=str(ticket.pk))
+    with pytest.raises(ReplayRefused, match="has no ticket MR-999999"):
+        console.do_confirm_existing_ticket(operator, second, ticket_id="MR-999999")
+    console.do_confirm_existing_ticket(operator, second, ticket_id=token.lower())
+    linked = TicketMapping.objects.get(inbox_event_id=second)
+    assert linked.ticket_id == str(ticket.pk) and linked.pk != int(token[3:])
+    assert numbers.number_of(linked) == int(token[3:]) and str(ticket) == token
+    for typed in (token, f"MR-{linked.pk}"):  # the ticket's number, and the one a token of the link would name
+        page = operator_client.get("/admin/ticketing/ticket/", {"q": typed}).content.decode()
+        assert page.count('class="field-number"') == 1 and f">{token}<" in page, typed
+    # The queue's search finds the ticket's events by its number (here the confirmed one, now completed).
+    assert set(console_search(token)) == {first, second}
+
+
+def console_search(term: str) -> list[int]:
+    from reconciliation.selectors import search_queue
+
+    return list(search_queue(InboxEvent.objects.all(), term).values_list("pk", flat=True))

@@ -108,7 +108,7 @@ class TicketAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
         """`MR-n` (or `#MR-n`, `[#MR-n]`) finds ticket n; anything else searches subject and reference."""
         number = numbers.parse_number(search_term)
         if number is not None:
-            return queryset.filter(mapping_number=number), False
+            return numbers.builtin_tickets_of_number(queryset, number), False
         return super().get_search_results(request, queryset, search_term)
 
     def has_delete_permission(self, request, obj=None):

@@ -1,12 +1,13 @@
 """Mailroom's ticket number, `MR-n`: one number per ticket, the same everywhere a person reads it.
 
-The number is the id of the `TicketMapping` that created the ticket (action `create_ticket`): the
+The number is the id of the ticket's first `TicketMapping` of action `create_ticket`: the
 acknowledgment names it (`[#MR-n]` in its subject), a reply's token finds the ticket by it
 (`ticketing.threads`), and the console's ticket list, the mapping list and the API show and search it.
 It is the mapping's and not the built-in `Ticket`'s own id because every destination has mappings and
 only the built-in store has `Ticket` rows: one sequence, whatever desk the ticket went to, and the
-tokens already sent keep their meaning. Comments and linked copies have mappings of their own; their
-ticket's number is still its creating mapping's (`number_of`).
+tokens already sent keep their meaning. Comments, linked copies and events an operator confirmed onto an
+existing ticket have mappings of their own; their ticket's number is still its first create mapping's
+(`number_of`), and a number that names any create mapping of a ticket finds that ticket.
 """
 import re
 
@@ -30,13 +31,14 @@ def parse_number(text: str) -> int | None:
 
 
 def number_of(mapping: TicketMapping) -> int:
-    """The number of the ticket `mapping` points at: its own id for a create, else the creating mapping's."""
-    if mapping.action == Intent.Action.CREATE_TICKET:
-        return mapping.pk
-    creating = (TicketMapping.objects.filter(destination_id=mapping.destination_id, ticket_id=mapping.ticket_id,
-                                             action=Intent.Action.CREATE_TICKET)
-                .order_by("pk").values_list("pk", flat=True).first())
-    return creating or mapping.pk
+    """The number of the ticket `mapping` points at: the id of the earliest create mapping of that ticket.
+
+    Usually the mapping's own id; not when a later event was linked to an existing ticket (an operator's
+    confirm, a lookup, an adoption), whose create mapping is not the ticket's first."""
+    first = (TicketMapping.objects.filter(destination_id=mapping.destination_id, ticket_id=mapping.ticket_id,
+                                          action=Intent.Action.CREATE_TICKET)
+             .order_by("pk").values_list("pk", flat=True).first())
+    return first or mapping.pk
 
 
 def with_numbers(mappings: QuerySet) -> QuerySet:
@@ -47,10 +49,25 @@ def with_numbers(mappings: QuerySet) -> QuerySet:
         .order_by("pk").values("pk")[:1]))
 
 
-def tickets_of_number(mappings: QuerySet, number: int) -> QuerySet:
-    """Those of `mappings` that point at ticket `number` (its creating mapping, its comments, its copies)."""
-    creating = TicketMapping.objects.filter(pk=number, action=Intent.Action.CREATE_TICKET).values(
+def ticket_of_number(number: int) -> tuple[int, str] | None:
+    """(destination id, desk ticket id) of the ticket numbered `number`, or of the ticket any other create
+    mapping `number` points at (a token sent before a later link still finds its ticket); None: no such."""
+    found = TicketMapping.objects.filter(pk=number, action=Intent.Action.CREATE_TICKET).values_list(
         "destination_id", "ticket_id").first()
-    if creating is None:
+    return tuple(found) if found else None
+
+
+def tickets_of_number(mappings: QuerySet, number: int) -> QuerySet:
+    """Those of `mappings` that point at ticket `number` (its creates, its comments, its copies)."""
+    ticket = ticket_of_number(number)
+    if ticket is None:
         return mappings.none()
-    return mappings.filter(destination_id=creating["destination_id"], ticket_id=creating["ticket_id"])
+    return mappings.filter(destination_id=ticket[0], ticket_id=ticket[1])
+
+
+def builtin_tickets_of_number(tickets: QuerySet, number: int) -> QuerySet:
+    """Those of the built-in `tickets` numbered `number` (one at most): found through the mapping, by key."""
+    ticket = ticket_of_number(number)
+    if ticket is None or not ticket[1].isdigit():
+        return tickets.none()
+    return tickets.filter(destination_id=ticket[0], pk=int(ticket[1]))

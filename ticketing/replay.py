@@ -48,7 +48,7 @@ from intake.selectors import quarantine_unreleased
 from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit, transition_event
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import classification, intents
+from . import classification, intents, numbers
 from .destinations import ticket_url_for
 from .destinations.base import TicketResult
 from .models import Destination, Intent, Ticket
@@ -379,11 +379,10 @@ def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket
             destination = override_destination(event) or default_destination(event.tenant_id)
         if destination is None:
             raise ReplayRefused("choose the destination that holds the ticket")
-        if destination.kind in (Destination.Kind.ZENDESK, Destination.Kind.BUILTIN) and not ticket_id.isdigit():
+        if destination.kind == Destination.Kind.BUILTIN:
+            ticket_id = builtin_ticket_named(destination, ticket_id.strip())
+        elif destination.kind == Destination.Kind.ZENDESK and not ticket_id.isdigit():
             raise ReplayRefused(f"a {destination.kind} ticket id is a number")
-        if destination.kind == Destination.Kind.BUILTIN and not Ticket.objects.filter(
-                pk=int(ticket_id), destination=destination).exists():
-            raise ReplayRefused(f"{destination.slug} has no ticket {ticket_id}")
         if intent is None:
             # Never attempted: the intent is created held, then settled like any other.
             event_row = InboxEvent.objects.get(pk=event_id)
@@ -436,3 +435,26 @@ def close_not_a_request(event_id: int, *, actor: str, reason: str, may_close_qua
                                     "reason": reason[:500], "previous_state": event.state, "intents_held": held}):
             raise ReplayRefused("the event changed meanwhile")
     return held
+
+
+def builtin_ticket_named(destination: Destination, typed: str) -> str:
+    """The built-in ticket an operator names, as its own id: `MR-n` as the console lists it, or the ticket's
+    own id where that cannot be mistaken for another ticket's number (the ticket has no number yet, or its
+    number is that id). Refused otherwise, so "12" never links MR-12's customer to ticket 12's."""
+    tickets = Ticket.objects.filter(destination=destination)
+    number = numbers.parse_number(typed)
+    if number is not None:
+        ticket = numbers.builtin_tickets_of_number(tickets, number).first()
+        if ticket is None:
+            raise ReplayRefused(f"{destination.slug} has no ticket {numbers.format_number(number)}")
+        return str(ticket.pk)
+    if not typed.isdigit():
+        raise ReplayRefused(f"name a {destination.slug} ticket by its number as the ticket list shows it, "
+                            f"e.g. {numbers.format_number(12)}")
+    ticket = tickets.with_numbers().filter(pk=int(typed)).first()
+    if ticket is None:
+        raise ReplayRefused(f"{destination.slug} has no ticket {typed}")
+    if ticket.number not in (None, ticket.pk):
+        raise ReplayRefused(f"{destination.slug}'s ticket {typed} is numbered {ticket}: type {ticket} to confirm "
+                            f"that one, or {numbers.format_number(int(typed))} for the ticket with that number")
+    return typed

@@ -62,7 +62,8 @@ class ReplayNewForm(RouteForm):
 
 
 class ConfirmForm(forms.Form):
-    ticket_id = forms.CharField(max_length=200)
+    ticket_id = forms.CharField(max_length=200, help_text="the desk's ticket id; for the built-in store, the "
+                                                          "ticket's number as the ticket list shows it (MR-12)")
     ticket_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
     destination = forms.ModelChoiceField(queryset=None, required=False,
                                          help_text="where the ticket is (default: where the intent went)")

@@ -41,7 +41,7 @@ class RecoveryItemAdmin(admin.ModelAdmin):
     list_display_links = ("item",)
     list_filter = (ReasonFilter, StateFilter, MailboxFilter, OwnerFilter, TenantFilter)
     search_fields = ("subject",)  # the box; get_search_results decides what matches
-    search_help_text = "Sender, subject, Message-ID or ticket id"
+    search_help_text = "Sender, subject, Message-ID, ticket number (MR-12) or the desk's ticket id"
     ordering = ("received_at", "pk")
     list_per_page = 50
     show_facets = admin.ShowFacets.NEVER

@@ -194,7 +194,8 @@ class ReplayNewSerializer(RouteSerializer):
 
 
 class ConfirmSerializer(serializers.Serializer):
-    ticket_id = serializers.CharField(max_length=200)
+    ticket_id = serializers.CharField(max_length=200, help_text="the desk's ticket id; for the built-in store, "
+                                                                "the ticket's number MR-n")
     ticket_url = serializers.URLField(required=False, allow_blank=True, max_length=500, default="")
     destination = TenantDestinationField(required=False, allow_null=True, default=None,
                                          help_text="where the ticket is (default: where the intent went)")
