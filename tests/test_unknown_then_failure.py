@@ -9,10 +9,12 @@ functions, never by calling an adapter alone.
 """
 import importlib
 import socket
+import threading
 import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent
@@ -57,9 +59,9 @@ class Desk:
         self.destination.save()
 
 
-def start(kind, tenant, desk_factory, monkeypatch, **settings) -> Desk:
+def start(kind, tenant, desk_factory, monkeypatch, desk_options: dict | None = None, **settings) -> Desk:
     kit = importlib.import_module(f"tests.destination_kits.{kind}")
-    desk = desk_factory(dialect=kit.DIALECT, **kit.DESK_OPTIONS)
+    desk = desk_factory(dialect=kit.DIALECT, **{**kit.DESK_OPTIONS, **(desk_options or {})})
     destination = kit.configure(tenant, desk, monkeypatch, **{"max_attempts": CAP, **KIND_SETTINGS.get(kind, {}),
                                                              **settings})
     return Desk(kit, desk, destination)
@@ -227,6 +229,119 @@ def test_a_lagging_search_at_the_cap_is_asked_after_its_settle_delay(kind, first
     else:
         assert (event.state, event.reason_code) == ("unknown", "search_found_nothing")
         assert event in recovery_queue()
+
+
+def test_the_settle_delay_counts_from_the_unknown_outcome_not_from_the_park(tenant, mailbox, desk_factory,
+                                                                         monkeypatch):
+    # A search that lags 60 s (the fake's own index sees writes at once: what is asked is when).
+    d = start("jira_sm", tenant, desk_factory, monkeypatch, desk_options={"search_lag_seconds": 0},
+              max_attempts=2, search_settle_seconds=60)
+    d.desk.set_plan(["drop_after_commit", "rate_limit:0"])
+    event_id = new_event(mailbox)
+    assert process_inbox_event(event_id) == "unknown"
+    assert intents.reopen(intent_of(event_id), timezone.now(), "test", "idempotency_key_retained") == "pending"
+    assert process_inbox_event(event_id) == "unknown"  # the 429 at the cap, parked: not due yet
+    ambiguous, park = audit(event_id, "intent_unknown")
+    assert park["parked"] is True and "parked" not in ambiguous
+    # The minute passes for the ambiguous attempt's row only: the park was written just now.
+    unknown_at = timezone.now() - timedelta(seconds=61)
+    rows = AuditEvent.objects.filter(inbox_event_id=event_id, kind="intent_unknown")
+    assert rows.exclude(detail__has_key="parked").update(at=unknown_at) == 1
+    assert intents.last_unknown_at(intent_of(event_id)) == unknown_at
+
+    assert intents.resolve_unknown(intent_of(event_id).pk) == "succeeded"  # asked now, not a minute later
+    [record] = d.records()
+    assert TicketMapping.objects.get(inbox_event_id=event_id).ticket_id == d.kit.ticket_id_of(record)
+    assert d.faults() == ["drop_after_commit", "rate_limit:0"]
+
+
+# --- the claim runs out while the destination is asked ------------------------------------------------
+
+def claim_runs_out_during_the_lookup(d: Desk, event_id: int, *, then_another_worker: bool) -> dict:
+    """Worker A's attempt at the cap, after an unknown outcome, asks the desk; while the lookup is on the
+    wire, A's claim runs out and the sweep expires it. With `then_another_worker`, the intent is also
+    reopened and worker B claims it and calls the desk (its create held until A is done). Returns each
+    worker's outcome. Hooks run on the desk's threads, with their own database connections."""
+    intent_id = intent_of(event_id).pk
+    b_calling, a_done, outcomes, errors = threading.Event(), threading.Event(), {}, []
+
+    def worker_b():
+        try:
+            outcomes["b"] = process_inbox_event(event_id, worker="worker-b")
+        finally:
+            connection.close()
+
+    def on_request(request):
+        try:
+            if request.method == "POST" and b_thread.ident is not None and not b_calling.is_set():  # B's create
+                b_calling.set()
+                assert a_done.wait(30), "worker A never finished"
+            elif request.method == "GET" and "external_id" in request.query and not lookups:
+                lookups.append(request.path)
+                Intent.objects.filter(pk=intent_id).update(claimed_until=timezone.now() - timedelta(seconds=1))
+                assert intents.expire_claims() == 1
+                if then_another_worker:
+                    assert intents.resolve_unknown(intent_id) == "pending"  # the key is kept: a retry is safe
+                    b_thread.start()
+                    assert b_calling.wait(30), "worker B never called the desk"
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+        finally:
+            connection.close()
+        return None
+
+    lookups: list = []
+    b_thread = threading.Thread(target=worker_b)
+    remove = d.desk.on_request(on_request)
+    try:
+        outcomes["a"] = process_inbox_event(event_id, worker="worker-a")
+    finally:
+        a_done.set()
+        if then_another_worker and b_thread.ident is not None:
+            b_thread.join(60)
+        remove()
+    assert not errors and lookups
+    return outcomes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_found_ticket_is_left_to_the_worker_that_claimed_the_intent_meanwhile(transactional_db, tenant, mailbox,
+                                                                                desk_factory, monkeypatch):
+    d = start("zendesk", tenant, desk_factory, monkeypatch, max_attempts=2, read_timeout=10.0)
+    d.desk.set_plan(["drop_after_commit", "error_500"])
+    event_id = new_event(mailbox)
+    assert process_inbox_event(event_id, worker="worker-a") == "unknown"
+    assert intents.resolve_unknown(intent_of(event_id).pk) == "pending"
+
+    outcomes = claim_runs_out_during_the_lookup(d, event_id, then_another_worker=True)
+    # A's lookup found the ticket, but the intent was B's by then: A records nothing, B's success counts.
+    assert outcomes == {"a": "claim_lost", "b": "created"}
+    intent = intent_of(event_id)
+    assert (intent.state, intent.claimed_by) == ("succeeded", "worker-b")
+    [record] = d.records()
+    assert TicketMapping.objects.get(inbox_event_id=event_id).ticket_id == str(record["id"])
+    [created] = AuditEvent.objects.filter(inbox_event_id=event_id, kind="ticket_created")
+    assert created.actor == "worker:worker-b" and "settled_by" not in created.detail
+    assert event_of(event_id).state == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_found_ticket_settles_the_attempt_whose_claim_ran_out_while_it_asked(transactional_db, tenant, mailbox,
+                                                                               desk_factory, monkeypatch):
+    d = start("zendesk", tenant, desk_factory, monkeypatch, max_attempts=2, read_timeout=10.0)
+    d.desk.set_plan(["drop_after_commit", "error_500"])
+    event_id = new_event(mailbox)
+    assert process_inbox_event(event_id, worker="worker-a") == "unknown"
+    assert intents.resolve_unknown(intent_of(event_id).pk) == "pending"
+
+    outcomes = claim_runs_out_during_the_lookup(d, event_id, then_another_worker=False)
+    assert outcomes == {"a": "succeeded"}  # unknown/claim_expired, still A's: the ticket found settles it
+    [record] = d.records()
+    assert TicketMapping.objects.get(inbox_event_id=event_id).ticket_id == str(record["id"])
+    [created] = audit(event_id, "ticket_created")
+    assert (created["settled_by"], created["instead_of"]) == ("lookup", "retries_exhausted")
+    assert event_of(event_id).state == "completed"
 
 
 # --- operator replay --------------------------------------------------------------------------------

@@ -5,9 +5,13 @@ the operator finds no trace of it: not in the recovery queue, the pauses, the ad
 printed table and the JSON report are the run's evidence.
 
 The records are evidence everywhere else, so their foreign keys PROTECT them (an event from its audit rows,
-intents and mappings; a tenant from its mailboxes, destinations and events): the rows go leaves first, and a
-model added later that still points at a drill row makes the whole discard fail and roll back (ProtectedError)
-instead of leaving half a tenant. Only a tenant marked `is_drill` (set by the drill alone) is ever discarded.
+intents and mappings; a tenant from its mailboxes, destinations and events) and the rows go leaves first; a
+tenant's, mailbox's or destination's own configuration and bookkeeping (verified domains, routing policy,
+cursors, leases, the breaker's attempts) CASCADE and go with it. So a model added later that points at a drill
+row stops the discard only if its key PROTECTs (or RESTRICTs): the whole discard fails and rolls back
+(ProtectedError) instead of leaving half a tenant. One whose key CASCADEs is deleted with that row, unnoticed
+and uncounted here, and a SET_NULL one stays behind unlinked: a new model that is evidence takes PROTECT and a
+`drop` line below. Only a tenant marked `is_drill` (set by the drill alone) is ever discarded.
 """
 import logging
 

@@ -82,7 +82,11 @@ def do_set_escalation(user, event_id: int, escalate_at) -> None:
 # --- replays ----------------------------------------------------------------------
 
 def do_replay(user, event_id: int) -> str:
-    """Send the item on again under its original idempotency key ("reopened" or "rerouted")."""
+    """Send the item on again under its original idempotency key (`replay.replay_same_key`). Returns
+    "reopened" (its intent failed/held -> pending), "rerouted" (no intent yet: back to `ready`), "linked"
+    (an intent that was ever unknown: the lookup found its ticket, the item is complete, nothing is sent),
+    "rejudged" (quarantined and never released: back to validation and the scan) or
+    "acknowledgment_reopened" (a completed item's stuck acknowledgment is sent again)."""
     require(user, PERM_REPLAY)
     event = visible_event(user, event_id)
     return refusing(replay.replay_same_key, event.pk, actor=actor_name(user))
@@ -90,7 +94,12 @@ def do_replay(user, event_id: int) -> str:
 
 def do_correct_and_replay(user, event_id: int, *, destination_id=None, queue: str = "", priority: str = "",
                           request_type: str = "") -> str:
-    """Store the corrected route (destination, queue, priority, request type), then replay with the same key."""
+    """Store the corrected route (destination, queue, priority, request type), then replay with the same key.
+
+    Returns what `do_replay` does, but never "acknowledgment_reopened". On "linked" the corrected route is
+    not stored: the lookup found the ticket the first create made, with its original fields, and nothing
+    more is sent for it, so a stored override would only make the console show a route that ticket does
+    not have. The requested route stays in the `replayed` audit row; correct the ticket in the desk."""
     require(user, PERM_REPLAY)
     event = visible_event(user, event_id)
     route = {"destination_id": destination_id, "queue": queue, "priority": priority, "request_type": request_type}

@@ -19,7 +19,8 @@ all in one transaction.
     unknown ---------------------------------- hold ------------------> held        (event unknown/outcome_unknown)
     unknown ---------------------------------- record_success --------> succeeded   found by external_ref
   a failure for good (PermanentError, or TransientError at the cap) of an intent that was ever unknown
-  (it has an intent_unknown row) is known only once its destination, asked by external_ref, says so:
+  (it has an intent_unknown row) is known only once its destination, asked by external_ref, says so
+  (`lookup`; found: only while the attempt is still this worker's, or its claim ran out as it asked):
     in_flight -------------------------------- record_failure --------> succeeded   found: mapping, no write
     in_flight -------------------------------- record_failure --------> failed      a consistent lookup: none
     in_flight -------------------------------- record_failure --------> held        event unknown/search_found_nothing
@@ -28,7 +29,8 @@ all in one transaction.
                                                                                     lookup; an acknowledgment's event
                                                                                     stays completed)
     in_flight -------------------------------- record_failure --------> unknown     event unknown/asking_after_unknown
-                                                                                    (lookup failed, or not due yet)
+                                                                                    (lookup failed, or not due yet:
+                                                                                    parked, its row `parked`)
     unknown (`awaits_lookup`) ---------------- settle_known_failure --> succeeded/failed/held  by resolve_unknown,
                                                                                     asked again; never reopened
   operators (ticketing.replay; their action's own audit row records the move):
@@ -65,40 +67,42 @@ in the same transaction.
 from .core import (  # noqa: F401  (the package's API)
     ATTEMPT_AUDIT_KIND,
     AUDIT_KIND,
-    CANNOT,
     CONFIRMABLE_STATES,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETRY_BASE_SECONDS,
     DEFAULT_RETRY_CAP_SECONDS,
-    DOUBT,
-    FOUND,
-    LATER,
-    NOTHING,
     NOTIFY_TOPIC,
     OPEN_STATES,
     OPERATOR_RESULT_REF,
     REPLAYABLE_STATES,
     SUPERSEDABLE_STATES,
-    Answer,
     EventState,
     IntentState,
-    ask_destination,
-    awaits_lookup,
     claim,
     create_if_missing,
     create_intent,
     ensure_intent,
     fail,
     intent_key,
-    last_unknown_at,
     max_attempts,
     outcome_unknown,
     record_acknowledgment_sent,
     record_failure,
     record_success,
     retry_later,
-    settle_known_failure,
     still_claimed,
+)
+from .lookup import (  # noqa: F401
+    CANNOT,
+    DOUBT,
+    FOUND,
+    LATER,
+    NOTHING,
+    Answer,
+    ask_destination,
+    awaits_lookup,
+    last_unknown_at,
+    settle_known_failure,
 )
 from .operator import create_held, hold_open, replay, settle, supersede  # noqa: F401
 from .sweeps import (  # noqa: F401

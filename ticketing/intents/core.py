@@ -1,22 +1,21 @@
 """Creating intents, the one UPDATE every transition makes, and the transitions of an attempt.
 
-See the package docstring for the diagram and the fields each state sets."""
+A failure for good after an unknown outcome is decided in `lookup` (it asks the destination first),
+written by the transitions here. See the package docstring for the diagram and the fields each state sets."""
 import logging
 import random
-from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from intake.keys import stable_key
-from intake.models import AuditEvent, InboxEvent
+from intake.models import InboxEvent
 from intake.services import NOT_COMPLETED_STATES, record_audit, transition_event
 from intake.vocabulary import AuditKind, ReasonCode
 
-from ..destinations import adapter_for
 from ..destinations.base import AmbiguousOutcome, PermanentError, TicketResult, TransientError
 from ..models import Destination, Intent, TicketMapping
 
@@ -33,6 +32,8 @@ ATTEMPT_AUDIT_KIND = {IntentState.RETRY_WAIT: AuditKind.INTENT_RETRY_WAIT, Inten
                       IntentState.UNKNOWN: AuditKind.INTENT_UNKNOWN, IntentState.HELD: AuditKind.INTENT_HELD}
 NOTIFY_TOPIC = "intent.notify"
 OPERATOR_RESULT_REF = "handled-by-operator"
+# The last error of an intent whose claim ran out (`sweeps.expire`).
+CLAIM_EXPIRED_ERROR = f"{AmbiguousOutcome.kind}:{ReasonCode.CLAIM_EXPIRED}"
 
 # The states each operator transition starts from.
 REPLAYABLE_STATES = (IntentState.FAILED, IntentState.HELD)
@@ -146,14 +147,21 @@ def still_claimed(intent_id: int, worker: str, margin_seconds: float = 0) -> boo
 
 def record_success(intent: Intent, result: TicketResult, actor: str,
                    from_states=(IntentState.IN_FLIGHT,), event: InboxEvent | None = None,
-                   audit_detail: dict | None = None) -> bool:
+                   audit_detail: dict | None = None, *, claimed_by: str | None = None) -> bool:
     """-> succeeded, with the mapping, the event's `completed` state and the audit row, atomically.
 
-    `audit_detail`: more for the audit row (how the ticket was found, when no create answered)."""
+    `audit_detail`: more for the audit row (how the ticket was found, when no create answered).
+    `claimed_by`: only that worker's attempt settles it: in_flight under its claim, or unknown because
+    that claim ran out meanwhile (`expire` keeps `claimed_by`), never an intent another worker claimed since."""
     now = timezone.now()
+    rows = _expecting(intent.pk, *from_states)
+    if claimed_by is not None:
+        rows = rows.filter(Q(state=IntentState.IN_FLIGHT) | Q(state=IntentState.UNKNOWN,
+                                                                last_error_kind=CLAIM_EXPIRED_ERROR),
+                           claimed_by=claimed_by)
     # savepoint=False: inside the built-in store's transaction this is one unit with the create.
     with transaction.atomic(savepoint=False):
-        if not _move(_expecting(intent.pk, *from_states), IntentState.SUCCEEDED, now, result_ref=result.ticket_id):
+        if not _move(rows, IntentState.SUCCEEDED, now, result_ref=result.ticket_id):
             return False
         TicketMapping.objects.create(
             inbox_event_id=intent.inbox_event_id, action=intent.action, destination_id=intent.destination_id,
@@ -213,10 +221,12 @@ def record_failure(intent: Intent, exc, worker: str) -> str:
     if isinstance(exc, TransientError) and attempts < max_attempts(intent):
         return retry_later(intent, exc, worker, attempts)
     if isinstance(exc, (TransientError, PermanentError)):
-        if last_unknown_at(intent) is not None:
+        from . import lookup  # it builds on this module's transitions
+
+        if lookup.last_unknown_at(intent) is not None:
             # An earlier attempt's outcome was never settled: this failure is known only once the
             # destination says that attempt made nothing.
-            return _fail_after_unknown(intent, exc, worker, attempts)
+            return lookup.fail_after_unknown(intent, exc=exc, worker=worker, attempts=attempts)
         return fail(intent, exc, worker, attempts)
     return outcome_unknown(intent, exc, worker, attempts)
 
@@ -228,17 +238,18 @@ def retry_later(intent: Intent, exc, worker: str, attempts: int, delay: float | 
     if delay is None:
         delay = _retry_delay(intent, attempts, getattr(exc, "retry_after", None))
     due = now + timedelta(seconds=delay)
-    return _attempt_ended(intent, exc, worker, attempts, IntentState.RETRY_WAIT, now, next_attempt_at=due)
+    return end_attempt(intent, exc=exc, worker=worker, attempts=attempts, to_state=IntentState.RETRY_WAIT, now=now,
+                       next_attempt_at=due)
 
 
 def fail(intent: Intent, exc, worker: str, attempts: int, audit: dict | None = None) -> str:
     """in_flight -> failed, the event failed/<reason>: a permanent failure, or a transient one at the cap."""
-    reason, detail = _failure_reason(exc.kind, exc.reason, str(exc), attempts)
-    return _attempt_ended(intent, exc, worker, attempts, IntentState.FAILED, timezone.now(),
-                          event_state=EventState.FAILED, reason=reason, detail=detail, audit=audit)
+    reason, detail = failure_reason(exc.kind, reason=exc.reason, text=str(exc), attempts=attempts)
+    return end_attempt(intent, exc=exc, worker=worker, attempts=attempts, to_state=IntentState.FAILED,
+                       now=timezone.now(), event_state=EventState.FAILED, reason=reason, detail=detail, audit=audit)
 
 
-def _failure_reason(kind: str, reason: str, text: str, attempts: int) -> tuple[str, str]:
+def failure_reason(kind: str, *, reason: str, text: str, attempts: int) -> tuple[str, str]:
     """The event's reason for a failure for good: a transient one at the cap is `retries_exhausted`."""
     if kind == TransientError.kind:
         return ReasonCode.RETRIES_EXHAUSTED, f"{attempts} attempts; last: {text}"
@@ -247,12 +258,15 @@ def _failure_reason(kind: str, reason: str, text: str, attempts: int) -> tuple[s
 
 def outcome_unknown(intent: Intent, exc: AmbiguousOutcome, worker: str, attempts: int) -> str:
     """in_flight -> unknown, the event unknown/<reason>: the request may or may not have taken effect."""
-    return _attempt_ended(intent, exc, worker, attempts, IntentState.UNKNOWN, timezone.now(),
-                          event_state=EventState.UNKNOWN, reason=exc.reason, detail=exc.detail)
+    return end_attempt(intent, exc=exc, worker=worker, attempts=attempts, to_state=IntentState.UNKNOWN,
+                       now=timezone.now(), event_state=EventState.UNKNOWN, reason=exc.reason, detail=exc.detail)
 
 
-def _attempt_ended(intent: Intent, exc, worker: str, attempts: int, to_state: str, now, event_state=None,
-                   reason: str = "", detail: str = "", audit: dict | None = None, **fields) -> str:
+def end_attempt(intent: Intent, *, exc: TransientError | PermanentError | AmbiguousOutcome, worker: str,
+                attempts: int, to_state: str, now: datetime, event_state: str | None = None, reason: str = "",
+                detail: str = "", audit: dict | None = None, **fields) -> str:
+    """in_flight (still `worker`'s) -> `to_state`: the outcome of an attempt, the event moved to `event_state`
+    (None: it stays) and the audit row. Returns `to_state`, or '' when the intent is no longer that worker's."""
     with transaction.atomic():
         rows = _expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker)
         if not _move(rows, to_state, now, last_error_kind=f"{exc.kind}:{exc.reason}", last_error=str(exc)[:2000],
@@ -268,125 +282,15 @@ def _attempt_ended(intent: Intent, exc, worker: str, attempts: int, to_state: st
     return to_state
 
 
-# --- a failure for good after an unknown outcome ------------------------------------------------
-# Known failure, known success and unknown outcome stay apart: an intent that was ever `unknown`
-# (its intent_unknown audit row) fails for good only when the destination, asked by external_ref,
-# says no record exists. Its lost answer may have been a ticket the destination committed.
-
-FOUND, NOTHING, DOUBT, LATER, CANNOT = "found", "nothing", "doubt", "later", "cannot"
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What the destination says about an intent's external reference (`ask_destination`).
-
-    `says`: FOUND (`ticket`), NOTHING (a consistent lookup found no record), DOUBT (a search that lags
-    behind writes found none), LATER (a lagging search not due yet, or the lookup failed for now),
-    CANNOT (no lookup: a comment, an acknowledgment, a kind without one, or a lookup refused)."""
-
-    says: str
-    detail: str = ""
-    ticket: TicketResult | None = None
-
-
-def last_unknown_at(intent: Intent):
-    """When the intent last became `unknown` (its latest intent_unknown row); None: it never did."""
-    return (AuditEvent.objects.filter(inbox_event_id=intent.inbox_event_id, kind=AuditKind.INTENT_UNKNOWN,
-                                      detail__intent=intent.pk).order_by("-at").values_list("at", flat=True).first())
-
-
-def ask_destination(intent: Intent, now=None) -> Answer:
-    """Ask the intent's destination for the record carrying its external_ref. A read; the caller holds no
-    transaction (it is an HTTP call). A lookup finds tickets, so only a create is settled this way."""
-    slug = intent.destination.slug
-    if intent.action != Intent.Action.CREATE_TICKET:
-        return Answer(CANNOT, f"a lookup by external reference finds tickets, not a {intent.action}")
-    adapter = adapter_for(intent.destination)
-    settle = None if adapter.consistent_lookup else adapter.lookup_settle_seconds
-    if not adapter.consistent_lookup and settle is None:
-        return Answer(CANNOT, f"{slug} offers no lookup by external reference")
-    if settle is not None and (now or timezone.now()) < (
-            (last_unknown_at(intent) or intent.created_at) + timedelta(seconds=settle)):
-        return Answer(LATER, f"{slug}'s search lags behind its writes: it is asked {settle:g} s after the "
-                             "unknown outcome")
-    try:
-        found = adapter.find_by_external_ref(intent.external_ref)
-    except NotImplementedError:
-        return Answer(CANNOT, f"{slug} offers no lookup by external reference")
-    except PermanentError as exc:
-        return Answer(CANNOT, f"{slug} refused the lookup ({exc.kind}:{exc.reason})")
-    except (TransientError, AmbiguousOutcome) as exc:
-        return Answer(LATER, f"the lookup failed for now ({exc.kind}:{exc.reason})")
-    if found is not None:
-        return Answer(FOUND, f"{slug} has ticket {found.ticket_id} with our reference", found)
-    if settle is None:
-        return Answer(NOTHING, f"{slug} has no record with our reference (a consistent lookup)")
-    return Answer(DOUBT, f"{slug}'s search, which lags behind its writes, found no record with our reference")
-
-
-def awaits_lookup(intent: Intent) -> bool:
-    """An unknown intent parked by `_fail_after_unknown`: its last error is the known failure, not the doubt."""
-    return intent.last_error_kind.partition(":")[0] in (TransientError.kind, PermanentError.kind)
-
-
-def _fail_after_unknown(intent: Intent, exc, worker: str, attempts: int) -> str:
-    """in_flight -> succeeded / failed / held / unknown: a failure for good of an intent that was ever unknown.
-
-    Found -> succeeded with the mapping; a consistent lookup finding nothing -> failed (the failure is
-    known now); a lagging search finding nothing, or no lookup -> held, the event unknown (a person
-    checks the desk); a lagging search not due yet or a lookup that failed -> unknown, where
-    `resolve_unknown` asks again (`settle_known_failure`), never sending the write again.
-    """
-    answer = ask_destination(intent)  # after the attempt's call, before any transaction
-    reason, _ = _failure_reason(exc.kind, exc.reason, str(exc), attempts)
-    asked = {"lookup": answer.says, "lookup_detail": answer.detail}
-    if answer.says == FOUND:
-        # From unknown too: the claim may have run out while we asked.
-        done = record_success(intent, answer.ticket, f"worker:{worker}", (IntentState.IN_FLIGHT, IntentState.UNKNOWN),
-                              audit_detail={"settled_by": "lookup", "instead_of": reason})
-        return IntentState.SUCCEEDED if done else ""
+def settle_unknown(intent: Intent, *, to_state: str, actor: str, event_state: str, reason: str, detail: str,
+                   audit: dict) -> bool:
+    """unknown -> failed / held, the event to `event_state` (`reason`, `detail`), and the audit row: a parked
+    known failure settled by its lookup (`lookup.settle_known_failure`). False: someone else moved it."""
     now = timezone.now()
-    if answer.says == NOTHING:
-        return fail(intent, exc, worker, attempts, audit=asked)
-    if answer.says == LATER:
-        return _attempt_ended(intent, exc, worker, attempts, IntentState.UNKNOWN, now, event_state=EventState.UNKNOWN,
-                              reason=ReasonCode.ASKING_AFTER_UNKNOWN, detail=f"{reason}; {answer.detail}",
-                              audit=asked)
-    event_reason = ReasonCode.SEARCH_FOUND_NOTHING if answer.says == DOUBT else ReasonCode.FAILED_AFTER_UNKNOWN
-    # An acknowledgment's event stays completed: its ticket exists, only the email is in doubt.
-    event_state = EventState.UNKNOWN if intent.action != Intent.Action.NOTIFY_REQUESTER else None
-    return _attempt_ended(intent, exc, worker, attempts, IntentState.HELD, now, event_state=event_state,
-                          reason=event_reason, detail=f"{reason}; {answer.detail}", audit=asked)
-
-
-def settle_known_failure(intent: Intent, actor: str) -> str:
-    """unknown (parked by `_fail_after_unknown`) -> succeeded / failed / held, by asking again.
-
-    Returns the new state, or '' (not due yet, the lookup failed again, or someone else moved it)."""
-    answer = ask_destination(intent)
-    if answer.says == LATER:
-        return ""
-    kind, _, error_reason = intent.last_error_kind.partition(":")
-    reason, detail = _failure_reason(kind, error_reason, intent.last_error, intent.attempts)
-    if answer.says == FOUND:
-        done = record_success(intent, answer.ticket, actor, (IntentState.UNKNOWN,),
-                              audit_detail={"settled_by": "lookup", "instead_of": reason})
-        return IntentState.SUCCEEDED if done else ""
-    now = timezone.now()
-    if answer.says == NOTHING:
-        to_state, event_state, event_reason = IntentState.FAILED, EventState.FAILED, reason
-    else:
-        to_state, event_state = IntentState.HELD, EventState.UNKNOWN
-        event_reason = ReasonCode.SEARCH_FOUND_NOTHING if answer.says == DOUBT else ReasonCode.FAILED_AFTER_UNKNOWN
-        detail = f"{reason}; {answer.detail}"
     with transaction.atomic():
         if not _move(_expecting(intent.pk, IntentState.UNKNOWN), to_state, now):
-            return ""
-        _move_event(intent.inbox_event_id, event_state, now, actor, event_reason, detail)
-        record_audit(intent.inbox_event_id, ATTEMPT_AUDIT_KIND[to_state], actor=actor, at=now, detail={
-            "intent": intent.pk, "attempt": intent.attempts, "error_kind": kind, "reason": error_reason,
-            "lookup": answer.says, "lookup_detail": answer.detail})
-    logger.info("intent %s: %s after its lookup (%s)", intent.pk, to_state, answer.says)
-    return to_state
-
-
+            return False
+        _move_event(intent.inbox_event_id, event_state, now, actor, reason, detail)
+        record_audit(intent.inbox_event_id, ATTEMPT_AUDIT_KIND[to_state], actor=actor, at=now,
+                     detail={"intent": intent.pk, **audit})
+    return True

@@ -11,7 +11,6 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from intake.models import AuditEvent
 from intake.selectors import drill_events
 from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit
 from intake.vocabulary import AuditKind, ReasonCode
@@ -20,16 +19,16 @@ from ..destinations import adapter_for
 from ..destinations.base import AmbiguousOutcome, PermanentError, TransientError
 from ..models import Intent
 from .core import (
+    CLAIM_EXPIRED_ERROR,
     NOTIFY_TOPIC,
     EventState,
     IntentState,
     _expecting,
     _move,
     _move_event,
-    awaits_lookup,
     record_success,
-    settle_known_failure,
 )
+from .lookup import awaits_lookup, last_unknown_at, settle_known_failure
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ def expire(intent: Intent, now) -> bool:
     """in_flight -> unknown, the event unknown/claim_expired. Call with the intent's row locked."""
     with transaction.atomic(savepoint=False):
         if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT), IntentState.UNKNOWN, now,
-                     last_error_kind=f"{AmbiguousOutcome.kind}:{ReasonCode.CLAIM_EXPIRED}",
+                     last_error_kind=CLAIM_EXPIRED_ERROR,
                      last_error=f"claim of {intent.claimed_by} expired"):
             return False
         _move_event(intent.inbox_event_id, EventState.UNKNOWN, now, "system:sweep", ReasonCode.CLAIM_EXPIRED,
@@ -121,7 +120,7 @@ def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str
         return hold(intent, now, actor, event_reason=None)
     if awaits_lookup(intent):
         # A failure for good after an unknown outcome, waiting for its lookup: asked, never sent again.
-        return settle_known_failure(intent, actor)
+        return settle_known_failure(intent, actor=actor)
     adapter = adapter_for(intent.destination)
     window = adapter.idempotency_window_seconds
     key_still_kept = (
@@ -153,9 +152,7 @@ def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str
 
 def unknown_since(intent: Intent):
     """When the intent last became unknown (its audit row), else when it was created."""
-    at = (AuditEvent.objects.filter(inbox_event_id=intent.inbox_event_id, kind=AuditKind.INTENT_UNKNOWN,
-                                    detail__intent=intent.pk).order_by("-at").values_list("at", flat=True).first())
-    return at or intent.created_at
+    return last_unknown_at(intent) or intent.created_at
 
 
 def _settle_by_lagging_search(intent: Intent, adapter, now, actor: str) -> str:
