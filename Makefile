@@ -21,8 +21,10 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 
 install: $(VENV)/.installed
 
-# The embedded default: a SQLite file and a file-system broker under var/. A development instance
-# (MAILROOM_ENV=development): plain HTTP on 127.0.0.1; bootstrap_demo writes a SECRET_KEY into .env.
+# The embedded default: a SQLite database and a SQLite broker (config/broker.py) under var/. A development
+# instance (MAILROOM_ENV=development): plain HTTP on 127.0.0.1, port PORT (default 8000); bootstrap_demo writes a
+# SECRET_KEY and the admin's password into .env once. run_stack keeps the processes up, logs each to
+# var/log/<process>.log and prints the banner when the web and the worker are ready.
 run: export MAILROOM_ENV := development
 run: $(VENV)/.installed
 	mkdir -p var

@@ -1,7 +1,7 @@
 """Settings, read from the environment and an optional `.env` (django-environ).
 
-With nothing set, Mailroom runs on the embedded default: a SQLite file and a
-file-system Celery broker under `var/`. `DATABASE_URL` and `CELERY_BROKER_URL`
+With nothing set, Mailroom runs on the embedded default: a SQLite database and a
+SQLite Celery broker (config.broker) under `var/`. `DATABASE_URL` and `CELERY_BROKER_URL`
 switch it to PostgreSQL and Redis/RabbitMQ.
 """
 import ipaddress
@@ -214,8 +214,14 @@ MAILROOM_SWEEP_SECONDS = env.float("MAILROOM_SWEEP_SECONDS", default=10.0)
 MAILROOM_BULK_REPLAY_CAP = env.int("MAILROOM_BULK_REPLAY_CAP", default=20)
 # While paused, an event is looked at again this often (a resume enqueues it at once).
 MAILROOM_PAUSE_RECHECK_SECONDS = env.int("MAILROOM_PAUSE_RECHECK_SECONDS", default=300)
-# Where operators reach this instance: links to the admin in text we send elsewhere (a trimmed ticket).
-MAILROOM_PUBLIC_URL = env.str("MAILROOM_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+# Where operators reach this instance: links to the admin in text we send elsewhere (a trimmed ticket). Unset:
+# where `make run` serves (HOST, PORT), a wildcard bind (0.0.0.0, ::) read as this machine's loopback.
+_public_host = env.str("HOST", default="").strip() or "127.0.0.1"
+_public_host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(_public_host, _public_host)
+if ":" in _public_host and not _public_host.startswith("["):
+    _public_host = f"[{_public_host}]"  # an IPv6 literal in a URL
+MAILROOM_PUBLIC_URL = (env.str("MAILROOM_PUBLIC_URL", default="").rstrip("/")
+                       or f"http://{_public_host}:{env.int('PORT', default=8000)}")
 # The AI proposer (ticketing.classification.ai): an OpenAI-compatible /chat/completions endpoint; off without a URL.
 # Escalation (reconciliation.services.escalation): hours an item may sit in the recovery queue before
 # its owner (or, unassigned, the tenant's operators) is emailed. Looked up by "<state>/<reason>", then
@@ -288,16 +294,23 @@ MAILROOM_LOOP_HEADER = env.str("MAILROOM_LOOP_HEADER", default="X-Mailroom-Loop"
 MAILROOM_INSTANCE_ID = env.str("MAILROOM_INSTANCE_ID", default="mailroom")
 
 # --- Celery ---------------------------------------------------------------
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
-if CELERY_BROKER_URL.startswith("filesystem://"):
-    _broker_dir = VAR_DIR / "broker"
+# The embedded default's broker: a SQLite file under var/ (config.broker, kombu's SQLAlchemy transport made
+# safe for several producers and consumers). Any other URL (redis://, amqp://) is used as kombu reads it.
+EMBEDDED_BROKER_URL = f"sqlite:///{VAR_DIR / 'broker.sqlite3'}"
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=EMBEDDED_BROKER_URL)
+CELERY_ACCEPT_CONTENT = ["json"]
+if CELERY_BROKER_URL.startswith("filesystem:"):
+    raise ImproperlyConfigured(
+        "CELERY_BROKER_URL=filesystem:// is no longer supported: kombu's file-system transport can hand a "
+        "consumer a half-written message (celery/kombu#1551). Unset CELERY_BROKER_URL for the embedded SQLite "
+        "broker, or use redis:// or amqp://.")
+if CELERY_BROKER_URL.startswith("sqlite:"):
+    CELERY_BROKER_TRANSPORT = "config.broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_broker_dir / "queue"),
-        "data_folder_out": str(_broker_dir / "queue"),
-        "processed_folder": str(_broker_dir / "processed"),
-        "control_folder": str(_broker_dir / "control"),
-        "store_processed": False,
-        "polling_interval": 0.2,
+        # How often an idle consumer looks for work (one indexed read): also the longest a new message waits for
+        # an idle worker.
+        "polling_interval": env.float("MAILROOM_BROKER_POLLING_SECONDS", default=0.1),
+        "accept_content": CELERY_ACCEPT_CONTENT,  # what the worker accepts; anything else is dropped with a warning
     }
 else:
     # An unacked task is redelivered after this long when a whole worker dies.
@@ -317,7 +330,6 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # masks addresses: workers and beat log through LOGGING below, like every other process.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SERIALIZER = "json"
-CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE

@@ -10,6 +10,7 @@ import logging
 import re
 
 from celery.signals import task_postrun, task_prerun
+from gunicorn.glogging import Logger as GunicornLogger
 
 _ADDRESS = re.compile(r"([A-Za-z0-9._%+-])[A-Za-z0-9._%+-]*@([A-Za-z0-9-])[A-Za-z0-9.-]*(\.[A-Za-z]{2,})")
 
@@ -28,6 +29,10 @@ REDACTED = "[redacted]"
 # gunicorn's access log (run_stack, README): the path without its query string (%(U)s, not %(r)s), no
 # referrer (%(f)s may carry a query), no user (%(u)s is read from the Authorization header).
 ACCESS_LOG_FORMAT = '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms "%(a)s" %({x-request-id}o)s'
+# Requests the access log leaves out: a page's static files and the browser's favicon probe (a third of a
+# development log, and nothing an operator reads). STATIC_URL is "static/" (config/settings.py).
+QUIET_ACCESS_PATHS = ("/favicon.ico",)
+QUIET_ACCESS_PREFIXES = ("/static/",)
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("mailroom_request_id", default=None)
 task_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("mailroom_task_id", default=None)
@@ -63,6 +68,16 @@ class MaskAddressesFilter(_RewriteFilter):
 
 class RedactSecretsFilter(_RewriteFilter):
     rewrite = staticmethod(redact_secrets)
+
+
+class AccessLogger(GunicornLogger):
+    """gunicorn's logger (`--logger-class intake.logging.AccessLogger`) without access lines for static files."""
+
+    def access(self, resp, req, environ, request_time):
+        path = environ.get("PATH_INFO") or ""
+        if path in QUIET_ACCESS_PATHS or path.startswith(QUIET_ACCESS_PREFIXES):
+            return
+        super().access(resp, req, environ, request_time)
 
 
 class LogContextFilter(logging.Filter):

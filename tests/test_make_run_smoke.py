@@ -1,4 +1,4 @@
-"""`make run` from a fresh copy of the repository, on the embedded default (SQLite + file-system broker).
+"""`make run` from a fresh copy of the repository, on the embedded default (SQLite + the embedded SQLite broker).
 
 What a newcomer does: `make run`, wait for the banner, paste the printed send
 command, see the ticket; Ctrl-C stops everything. The copy reuses this
@@ -167,7 +167,7 @@ def test_make_run_serves_the_demo_and_stops_on_ctrl_c(tmp_path):
         assert command.startswith(f"PORT={port} "), command
         banner = output.text()
         assert f"http://127.0.0.1:{port}/admin/" in banner
-        assert re.search(r"database:\s+sqlite3\s+broker:\s+filesystem", banner), banner
+        assert re.search(r"database:\s+sqlite3\s+broker:\s+sqlite", banner), banner
         username = re.search(r"user:\s+(\S+)", banner).group(1)
         password = re.search(r"password:\s+(\S+)", banner).group(1)
 

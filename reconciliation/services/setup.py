@@ -73,13 +73,16 @@ def ensure_platform_ref(env_file: Path, ref: str, owner: str) -> bool:
 def do_bootstrap_demo(env_file: Path, admin_username: str = "admin") -> dict:
     """A demo tenant, mailbox `demo`, the built-in default destination and an admin user.
 
-    Secrets go to `env_file` (never the database); running it again changes nothing.
+    Secrets go to `env_file` (never the database); running it again changes nothing. The admin's password is
+    set once, when the user is made (or when `env_file` lost it and a new one was generated): setting it on
+    every run would change its hash and log every browser out.
     """
     # Django's own key: commands run from this checkout without MAILROOM_ENV=development (the printed
     # send_test_email, `manage.py shell`) start only with a real SECRET_KEY.
     ensure_env_secret(env_file, "SECRET_KEY", nbytes=50)
     ensure_env_secret(env_file, DEMO_SECRET_VAR)
     listed = ensure_platform_ref(env_file, DEMO_SECRET_REF, DEMO_SECRET_OWNER)
+    password_is_new = not os.environ.get(DEMO_PASSWORD_VAR)
     password = ensure_env_secret(env_file, DEMO_PASSWORD_VAR)
     tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo"})
     verify_domain(tenant=tenant, domain=DEMO_DOMAIN, verified_by="bootstrap_demo")
@@ -91,8 +94,12 @@ def do_bootstrap_demo(env_file: Path, admin_username: str = "admin") -> dict:
         "kind": Destination.Kind.BUILTIN, "is_default": True})
     user_model = get_user_model()
     user = user_model.objects.filter(username=admin_username).first() or user_model(username=admin_username)
-    user.is_staff = user.is_superuser = True
-    user.set_password(password)
-    user.save()
+    password_set = user.pk is None or password_is_new or not user.has_usable_password()
+    if password_set:
+        user.set_password(password)
+    if password_set or not (user.is_staff and user.is_superuser):
+        user.is_staff = user.is_superuser = True
+        user.save()
     tenant.members.add(user)
-    return {"username": admin_username, "password": password, "mailbox": mailbox.slug, "secret_ref_listed": listed}
+    return {"username": admin_username, "password": password, "password_set": password_set, "mailbox": mailbox.slug,
+            "secret_ref_listed": listed}
