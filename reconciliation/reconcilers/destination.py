@@ -39,6 +39,10 @@ ADOPTABLE = (Intent.State.PENDING, Intent.State.RETRY_WAIT, Intent.State.UNKNOWN
              Intent.State.HELD)
 
 
+# Keys looked up per query (prefix matches on the unique key; SQLite's expression depth limit is 1,000).
+KEYS_PER_QUERY = 200
+
+
 def scope_of(destination) -> str:
     return f"destination:{destination.tenant.slug}/{destination.slug}"
 
@@ -83,9 +87,13 @@ def _orphans(destination, adapter, current: Pass) -> None:
 def _check_records(destination, adapter, records, current: Pass) -> None:
     if not records:
         return
-    keys = {r.external_ref[len(REF_PREFIX):] for r in records if len(r.external_ref) > len(REF_PREFIX)}
-    found = list(Intent.objects.filter(reduce(or_, (Q(idempotency_key__startswith=k) for k in keys)))
-                 .select_related("destination")) if keys else []
+    keys = sorted({r.external_ref[len(REF_PREFIX):] for r in records if len(r.external_ref) > len(REF_PREFIX)})
+    found = []
+    # In chunks: one OR-term per key, and SQLite refuses an expression deeper than 1,000 terms.
+    for start in range(0, len(keys), KEYS_PER_QUERY):
+        chunk = keys[start:start + KEYS_PER_QUERY]
+        found += Intent.objects.filter(reduce(or_, (Q(idempotency_key__startswith=k) for k in chunk))) \
+            .select_related("destination")
     by_ref: dict[str, list[Intent]] = {}
     for intent in found:
         by_ref.setdefault(intent.external_ref, []).append(intent)
