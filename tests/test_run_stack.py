@@ -59,6 +59,16 @@ def send(env) -> str:
     return result.stdout
 
 
+
+def kill_tree(process, seen: dict) -> None:
+    """Whatever of run_stack's tree still runs after a test: each child's group, then run_stack's."""
+    for pid, (start, _) in seen.items():
+        if is_running(pid, start):
+            kill_group(pid)
+    if process.poll() is None:
+        kill_group(process.pid)
+        process.wait(timeout=10)
+
 def test_a_dead_worker_is_restarted_and_a_dead_web_stops_everything(embedded, tmp_path):
     env = embedded
     base = f"http://127.0.0.1:{env['PORT']}"
@@ -121,12 +131,7 @@ def test_a_dead_worker_is_restarted_and_a_dead_web_stops_everything(embedded, tm
         time.sleep(1)
         assert not [pid for pid, (start, _) in seen.items() if is_running(pid, start)], seen
     finally:
-        for pid, (start, _) in seen.items():
-            if is_running(pid, start):
-                kill_group(pid)
-        if process.poll() is None:
-            kill_group(process.pid)
-            process.wait(timeout=10)
+        kill_tree(process, seen)
 
 
 def test_sigterm_stops_everything_and_bootstrap_keeps_the_password(embedded, tmp_path):
@@ -161,12 +166,7 @@ def test_sigterm_stops_everything_and_bootstrap_keeps_the_password(embedded, tmp
         time.sleep(1)
         assert not [pid for pid, (start, _) in seen.items() if is_running(pid, start)], seen
     finally:
-        for pid, (start, _) in seen.items():
-            if is_running(pid, start):
-                kill_group(pid)
-        if process.poll() is None:
-            kill_group(process.pid)
-            process.wait(timeout=10)
+        kill_tree(process, seen)
 
 
 def test_the_web_run_stack_starts_leaves_static_files_out_of_its_access_log(tmp_path):

@@ -305,14 +305,21 @@ def claim_runs_out_during_the_lookup(d: Desk, event_id: int, *, then_another_wor
     return outcomes
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_found_ticket_is_left_to_the_worker_that_claimed_the_intent_meanwhile(transactional_db, tenant, mailbox,
-                                                                                desk_factory, monkeypatch):
+def reopened_after_a_lost_answer(tenant, mailbox, desk_factory, monkeypatch) -> tuple[Desk, int]:
+    """Worker A's create is answered after the desk committed (lost), the unknown is reopened; the next
+    attempt draws a 500 at the cap of 2, so A asks the desk before calling it a failure."""
     d = start("zendesk", tenant, desk_factory, monkeypatch, max_attempts=2, read_timeout=10.0)
     d.desk.set_plan(["drop_after_commit", "error_500"])
     event_id = new_event(mailbox)
     assert process_inbox_event(event_id, worker="worker-a") == "unknown"
     assert intents.resolve_unknown(intent_of(event_id).pk) == "pending"
+    return d, event_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_found_ticket_is_left_to_the_worker_that_claimed_the_intent_meanwhile(transactional_db, tenant, mailbox,
+                                                                                desk_factory, monkeypatch):
+    d, event_id = reopened_after_a_lost_answer(tenant, mailbox, desk_factory, monkeypatch)
 
     outcomes = claim_runs_out_during_the_lookup(d, event_id, then_another_worker=True)
     # A's lookup found the ticket, but the intent was B's by then: A records nothing, B's success counts.
@@ -329,11 +336,7 @@ def test_a_found_ticket_is_left_to_the_worker_that_claimed_the_intent_meanwhile(
 @pytest.mark.django_db(transaction=True)
 def test_a_found_ticket_settles_the_attempt_whose_claim_ran_out_while_it_asked(transactional_db, tenant, mailbox,
                                                                                desk_factory, monkeypatch):
-    d = start("zendesk", tenant, desk_factory, monkeypatch, max_attempts=2, read_timeout=10.0)
-    d.desk.set_plan(["drop_after_commit", "error_500"])
-    event_id = new_event(mailbox)
-    assert process_inbox_event(event_id, worker="worker-a") == "unknown"
-    assert intents.resolve_unknown(intent_of(event_id).pk) == "pending"
+    d, event_id = reopened_after_a_lost_answer(tenant, mailbox, desk_factory, monkeypatch)
 
     outcomes = claim_runs_out_during_the_lookup(d, event_id, then_another_worker=False)
     assert outcomes == {"a": "succeeded"}  # unknown/claim_expired, still A's: the ticket found settles it

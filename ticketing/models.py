@@ -170,14 +170,19 @@ class ThreadLease(models.Model):
 TICKET_NUMBER_PREFIX = "MR"
 
 
+def first_create_mapping(destination_id, ticket_id) -> models.Subquery:
+    """The id of the first create mapping of ticket (`destination_id`, `ticket_id`): its number (ticketing.numbers).
+    The arguments are expressions (OuterRef) of the queryset it annotates."""
+    return models.Subquery(
+        TicketMapping.objects.filter(destination_id=destination_id, ticket_id=ticket_id,
+                                     action=Intent.Action.CREATE_TICKET).order_by("pk").values("pk")[:1])
+
+
 class TicketQuerySet(models.QuerySet):
     def with_numbers(self):
         """Each ticket annotated with `mapping_number`: the id of the mapping that created it (None before)."""
-        return self.annotate(mapping_number=models.Subquery(
-            TicketMapping.objects.filter(destination_id=models.OuterRef("destination_id"),
-                                         ticket_id=Cast(models.OuterRef("pk"), models.CharField()),
-                                         action=Intent.Action.CREATE_TICKET)
-            .order_by("pk").values("pk")[:1]))
+        return self.annotate(mapping_number=first_create_mapping(
+            models.OuterRef("destination_id"), Cast(models.OuterRef("pk"), models.CharField())))
 
 
 class Ticket(models.Model):

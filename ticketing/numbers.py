@@ -11,9 +11,9 @@ existing ticket have mappings of their own; their ticket's number is still its f
 """
 import re
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import OuterRef, QuerySet
 
-from .models import TICKET_NUMBER_PREFIX, Intent, TicketMapping
+from .models import TICKET_NUMBER_PREFIX, Intent, TicketMapping, first_create_mapping
 
 PREFIX = TICKET_NUMBER_PREFIX
 # What a person types into a search box: "MR-5", "mr-5", "#MR-5", "[#MR-5]".
@@ -35,18 +35,13 @@ def number_of(mapping: TicketMapping) -> int:
 
     Usually the mapping's own id; not when a later event was linked to an existing ticket (an operator's
     confirm, a lookup, an adoption), whose create mapping is not the ticket's first."""
-    first = (TicketMapping.objects.filter(destination_id=mapping.destination_id, ticket_id=mapping.ticket_id,
-                                          action=Intent.Action.CREATE_TICKET)
-             .order_by("pk").values_list("pk", flat=True).first())
+    first = with_numbers(TicketMapping.objects.filter(pk=mapping.pk)).values_list("ticket_number", flat=True).first()
     return first or mapping.pk
 
 
 def with_numbers(mappings: QuerySet) -> QuerySet:
     """Mappings annotated with `ticket_number`: the number of the ticket each one points at."""
-    return mappings.annotate(ticket_number=Subquery(
-        TicketMapping.objects.filter(destination_id=OuterRef("destination_id"), ticket_id=OuterRef("ticket_id"),
-                                     action=Intent.Action.CREATE_TICKET)
-        .order_by("pk").values("pk")[:1]))
+    return mappings.annotate(ticket_number=first_create_mapping(OuterRef("destination_id"), OuterRef("ticket_id")))
 
 
 def ticket_of_number(number: int) -> tuple[int, str] | None:
