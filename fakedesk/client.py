@@ -109,6 +109,14 @@ class DeskClient:
         """Every ticket, oldest first, each with its "comments"."""
         return self.control("tickets")["tickets"]
 
+    def close(self, ticket_id: int) -> dict:
+        """Close ticket `ticket_id` (the store's id, `record["id"]`) as an agent would."""
+        return self.control("close", {"id": int(ticket_id)})
+
+    def people(self) -> list[dict]:
+        """The desk's users / customers / contacts: {"id", "email", "name", "role"}."""
+        return self.control("people")["people"]
+
     def requests_log(self) -> list[dict]:
         """Every ticket-writing request (create and comment), oldest first."""
         return self.control("requests")["requests"]

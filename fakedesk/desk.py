@@ -189,6 +189,9 @@ class Desk:
             tickets = self.store.tickets(base_url)
             for ticket in tickets:
                 ticket["comments"] = self.store.comments(ticket["id"])
+                # The same view for every dialect: the files on the record and who is on it.
+                ticket["attachments"] = self.store.attachments(ticket["id"])
+                ticket["people"] = self.store.ticket_people(ticket["id"])
         return tickets
 
     def requests_log(self) -> list[dict]:

@@ -53,6 +53,8 @@ class Handler(BaseHTTPRequestHandler):
         ("POST", re.compile(r"/_control/revoke_sessions"), "control_revoke_sessions", False),
         ("GET", re.compile(r"/_control/tickets"), "control_tickets", False),
         ("GET", re.compile(r"/_control/requests"), "control_requests", False),
+        ("GET", re.compile(r"/_control/people"), "control_people", False),
+        ("POST", re.compile(r"/_control/close"), "control_close", False),
         ("POST", re.compile(r"/_control/reset"), "control_reset", False),
     ]
     # The header a replay-protecting API reads its key from (None: the API has no such thing).
@@ -395,6 +397,24 @@ class Handler(BaseHTTPRequestHandler):
     def control_requests(self):
         entries = self.desk.requests_log()
         self._send(200, {"requests": entries, "count": len(entries)})
+
+    def control_people(self):
+        with self.desk.store.transaction():
+            people = self.desk.store.people()
+        self._send(200, {"people": people, "count": len(people)})
+
+    def control_close(self):
+        """Close a ticket as an agent would ({"id": the store's id}): each dialect then answers writes to it as
+        its API answers writes to a closed (archived, resolved) record."""
+        payload = self._json_body()
+        if payload is None:
+            return
+        ticket_id = payload.get("id")
+        with self.desk.store.transaction():
+            found = isinstance(ticket_id, int) and self.desk.store.ticket(ticket_id, self._base_url()) is not None
+            if found:
+                self.desk.store.set_status(ticket_id, "closed")
+        self._send(200 if found else 404, {"closed": bool(found)})
 
     def control_reset(self):
         self.desk.reset()

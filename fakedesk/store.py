@@ -1,4 +1,5 @@
 """The SQLite ticket store: tickets, comments, idempotency keys, the request log, and their JSON."""
+import hashlib
 import json
 import re
 import sqlite3
@@ -37,10 +38,46 @@ CREATE TABLE IF NOT EXISTS comments (
     body TEXT NOT NULL,
     public INTEGER NOT NULL,
     author_id INTEGER,
+    author TEXT NOT NULL DEFAULT '',
     metadata TEXT NOT NULL DEFAULT '{}',
     created_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS comments_ticket ON comments (ticket_id);
+CREATE TABLE IF NOT EXISTS uploads (
+    token TEXT PRIMARY KEY,
+    filename TEXT NOT NULL,
+    content_type TEXT NOT NULL DEFAULT 'application/octet-stream',
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    inline INTEGER NOT NULL DEFAULT 0,
+    created_epoch REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attachments (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ticket_id INTEGER NOT NULL REFERENCES tickets (id),
+    comment_id INTEGER,
+    filename TEXT NOT NULL,
+    content_type TEXT NOT NULL DEFAULT 'application/octet-stream',
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    inline INTEGER NOT NULL DEFAULT 0,
+    marker TEXT NOT NULL DEFAULT '',
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS attachments_ticket ON attachments (ticket_id);
+CREATE TABLE IF NOT EXISTS people (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    email TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL DEFAULT '',
+    role TEXT NOT NULL DEFAULT 'end-user',
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ticket_people (
+    ticket_id INTEGER NOT NULL REFERENCES tickets (id),
+    email TEXT NOT NULL,
+    role TEXT NOT NULL,
+    PRIMARY KEY (ticket_id, email, role)
+);
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     key TEXT PRIMARY KEY,
     fingerprint TEXT NOT NULL,
@@ -97,6 +134,8 @@ class TicketStore:
     def reset(self):
         # Ids start again from 1, as on a fresh desk.
         self._db.execute("DELETE FROM comments")
+        for table in ("uploads", "attachments", "people", "ticket_people"):
+            self._db.execute(f"DELETE FROM {table}")
         self._db.execute("DELETE FROM tickets")
         self._db.execute("DELETE FROM idempotency_keys")
         self._db.execute("DELETE FROM requests")
@@ -173,13 +212,89 @@ class TicketStore:
             (str(ticket.get("subject") or row["subject"]), str(ticket.get("description") or row["description"]),
              json.dumps(merged), _now_iso(), ticket_id))
 
-    def _insert_comment(self, ticket_id, body, public, author_id, metadata) -> int:
+    def _insert_comment(self, ticket_id, body, public, author_id, metadata, author: str = "") -> int:
+        if not author and isinstance(author_id, int):
+            found = self._db.execute("SELECT email FROM people WHERE id = ?", (author_id,)).fetchone()
+            author = found["email"] if found else ""
         cursor = self._db.execute(
-            "INSERT INTO comments (ticket_id, body, public, author_id, metadata, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (ticket_id, body, int(public), author_id if isinstance(author_id, int) else None,
+            "INSERT INTO comments (ticket_id, body, public, author_id, author, metadata, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (ticket_id, body, int(public), author_id if isinstance(author_id, int) else None, author or "",
              json.dumps(metadata), _now_iso()),
         )
         return cursor.lastrowid
+
+    def insert_comment(self, ticket_id: int, body: str, *, public: bool = True, author: str = "",
+                       author_id: int | None = None, metadata: dict | None = None) -> int:
+        """A comment as any dialect's API adds one: `author` the address (or desk user) it is written as."""
+        comment_id = self._insert_comment(ticket_id, body, public, author_id, metadata or {}, author)
+        self._db.execute("UPDATE tickets SET updated_at = ? WHERE id = ?", (_now_iso(), ticket_id))
+        return comment_id
+
+    # Files: uploads made before a write (tokens), and attachments on a record.
+
+    def add_upload(self, token: str, filename: str, content_type: str, data: bytes, inline: bool = False) -> dict:
+        self._db.execute(
+            "INSERT INTO uploads (token, filename, content_type, size, sha256, inline, created_epoch)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (token, filename, content_type, len(data), hashlib.sha256(data).hexdigest(), int(inline), time.time()))
+        return self.upload(token)
+
+    def upload(self, token: str) -> dict | None:
+        row = self._db.execute("SELECT * FROM uploads WHERE token = ?", (token,)).fetchone()
+        return None if row is None else {**dict(row), "inline": bool(row["inline"])}
+
+    def add_attachment(self, ticket_id: int, *, filename: str, content_type: str, size: int, sha256: str,
+                       inline: bool = False, comment_id: int | None = None, marker: str = "") -> int:
+        cursor = self._db.execute(
+            "INSERT INTO attachments (ticket_id, comment_id, filename, content_type, size, sha256, inline, marker,"
+            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (ticket_id, comment_id, filename, content_type, size, sha256, int(inline), marker, _now_iso()))
+        return cursor.lastrowid
+
+    def attach_data(self, ticket_id: int, filename: str, content_type: str, data: bytes, **options) -> int:
+        return self.add_attachment(ticket_id, filename=filename, content_type=content_type, size=len(data),
+                                   sha256=hashlib.sha256(data).hexdigest(), **options)
+
+    def attachments(self, ticket_id: int) -> list[dict]:
+        rows = self._db.execute("SELECT * FROM attachments WHERE ticket_id = ? ORDER BY id", (ticket_id,)).fetchall()
+        return [{**dict(row), "inline": bool(row["inline"])} for row in rows]
+
+    # People: the desk's users/customers/contacts, and who is on which ticket.
+
+    def find_or_create_person(self, email: str, name: str = "", role: str = "end-user") -> tuple[int, bool]:
+        """(id, created) of the person with `email` (case-insensitive)."""
+        email = email.strip()
+        row = self._db.execute("SELECT id FROM people WHERE lower(email) = lower(?)", (email,)).fetchone()
+        if row is not None:
+            return row["id"], False
+        cursor = self._db.execute("INSERT INTO people (email, name, role, created_at) VALUES (?, ?, ?, ?)",
+                                  (email, name or email.split("@")[0], role, _now_iso()))
+        return cursor.lastrowid, True
+
+    def person(self, person_id: int | None = None, email: str | None = None) -> dict | None:
+        if person_id is not None:
+            row = self._db.execute("SELECT * FROM people WHERE id = ?", (person_id,)).fetchone()
+        else:
+            row = self._db.execute("SELECT * FROM people WHERE lower(email) = lower(?)", (email or "",)).fetchone()
+        return None if row is None else dict(row)
+
+    def people(self) -> list[dict]:
+        return [dict(row) for row in self._db.execute("SELECT * FROM people ORDER BY id").fetchall()]
+
+    def add_ticket_person(self, ticket_id: int, email: str, role: str) -> None:
+        """`role`: "requester" or "cc" (followers, participants, watchers: who the desk keeps informed)."""
+        self._db.execute("INSERT OR IGNORE INTO ticket_people (ticket_id, email, role) VALUES (?, ?, ?)",
+                         (ticket_id, email.strip().lower(), role))
+
+    def ticket_people(self, ticket_id: int) -> dict:
+        rows = self._db.execute("SELECT email, role FROM ticket_people WHERE ticket_id = ? ORDER BY rowid",
+                                (ticket_id,)).fetchall()
+        requester = next((row["email"] for row in rows if row["role"] == "requester"), "")
+        return {"requester": requester, "cc": [row["email"] for row in rows if row["role"] == "cc"]}
+
+    def set_status(self, ticket_id: int, status: str) -> None:
+        self._db.execute("UPDATE tickets SET status = ?, updated_at = ? WHERE id = ?", (status, _now_iso(), ticket_id))
 
     def _ticket_row(self, ticket_id):
         return self._db.execute("SELECT * FROM tickets WHERE id = ?", (ticket_id,)).fetchone()
@@ -213,7 +328,8 @@ class TicketStore:
         rows = self._db.execute("SELECT * FROM comments WHERE ticket_id = ? ORDER BY id", (ticket_id,)).fetchall()
         return [
             {"id": row["id"], "type": "Comment", "body": row["body"], "public": bool(row["public"]),
-             "author_id": row["author_id"], "metadata": {"custom": json.loads(row["metadata"])},
+             "author_id": row["author_id"], "author": row["author"],
+             "metadata": {"custom": json.loads(row["metadata"])},
              "created_at": row["created_at"]}
             for row in rows
         ]

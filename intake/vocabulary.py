@@ -41,6 +41,9 @@ class AuditKind(TextChoices):
     LINKED_COPY = "linked_copy", "Linked as a copy of another mailbox's event"
     ACKNOWLEDGED = "acknowledged", "Acknowledgment sent"
     ACKNOWLEDGMENT_SKIPPED = "acknowledgment_skipped", "Acknowledgment skipped"
+    FILES_ATTACHED = "files_attached", "Files attached to the ticket"
+    FOLLOW_UP_PLANNED = "follow_up_planned", "Reply to a closed ticket: a follow-up ticket planned"
+    REQUESTER_FROM_FORWARD = "requester_from_forward", "An agent's forward: the original sender is the requester"
     # operators (the recovery console)
     REPLAYED = "replayed", "Replayed"
     REPLAYED_AS_NEW_ACTION = "replayed_as_new_action", "Replayed as a new action"
@@ -105,6 +108,10 @@ class ReasonCode(TextChoices):
     COPY_OF_UNRESOLVED = "copy_of_unresolved", ("A copy of a message another mailbox of the tenant also received, "
                                                 "whose event is not resolved: settle that one, then replay this.")
     POISON = "poison", "Handed to workers again and again without progress (poison message)."
+    TICKET_CLOSED = "ticket_closed", ("The ticket this reply belongs to is closed in the desk, and the "
+                                      "destination's closed-ticket policy is review: decide, then replay.")
+    FILES_NOT_ATTACHED = "files_not_attached", ("The ticket was made, but the desk refused some of its files: "
+                                                "they are listed on the ticket; check the desk's limits.")
     # --- on an event: validation and normalization (intake) -------------------------------
     MALWARE = "malware", "An attachment matched a malware signature."
     ATTACHMENT_TYPE = "attachment_type", "An attachment's type or extension is not allowed."
@@ -165,6 +172,8 @@ class ReasonCode(TextChoices):
     INVALID_SENDER = "invalid_sender", "The sender address is not valid."
     UNAUTHENTICATED_SENDER = "unauthenticated_sender", ("No trusted SPF, DKIM or DMARC result shows that the From "
                                                         "address is the sender's (a forged From gets no email).")
+    DESK_ACKNOWLEDGES = "desk_acknowledges", ("The destination's help desk acknowledges the requester itself "
+                                              "(one acknowledgment, with the desk's ticket number).")
     ACK_RATE_LIMITED = "ack_rate_limited", "The tenant has sent as many acknowledgments this hour as it may."
     ACK_DOMAIN_RATE_LIMITED = "ack_domain_rate_limited", ("As many acknowledgments went to the sender's domain "
                                                           "this hour as one domain may get.")

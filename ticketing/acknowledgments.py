@@ -251,12 +251,27 @@ def skip_audit_detail(event: InboxEvent, budget: AcknowledgmentBudget) -> dict |
     return None
 
 
+def mailroom_acknowledges(destination) -> bool:
+    """Does Mailroom acknowledge tickets made on `destination`? Its `acknowledge` setting, else not where the
+    desk mails the requester itself (one acknowledgment, with one ticket number)."""
+    from .destinations import adapter_class
+
+    chosen = (destination.settings or {}).get("acknowledge")
+    if isinstance(chosen, bool):
+        return chosen
+    try:
+        return not adapter_class(destination.kind).capabilities.acknowledges_requester
+    except LookupError:
+        return True
+
+
 def plan(event: InboxEvent, destination) -> Intent | None:
     """Inside the transaction that stores the ticket mapping: the intent and its outbox row,
     or the audit row saying why there is none."""
     # As stored: the caller's copy may predate normalization's sender, details and auth results.
     stored = InboxEvent.objects.select_related("mailbox").defer("raw").filter(pk=event.pk).first() or event
-    skipped = skip_audit_detail(stored, AcknowledgmentBudget())
+    skipped = ({"reason": ReasonCode.DESK_ACKNOWLEDGES} if not mailroom_acknowledges(destination)
+               else skip_audit_detail(stored, AcknowledgmentBudget()))
     if skipped is not None:
         # Planned once (the mapping just inserted is unique per event), so audited once.
         record_audit(event.pk, SKIP_AUDIT_KIND, actor="system:acknowledgments", detail=skipped)

@@ -76,6 +76,9 @@ class Intent(models.Model):
         CREATE_TICKET = "create_ticket"
         ADD_COMMENT = "add_comment"
         NOTIFY_REQUESTER = "notify_requester"
+        # The files of a ticket-making action that a desk takes only on the existing record, one call each
+        # (ticketing.attachments); planned when that action succeeds, one per event.
+        ATTACH_FILES = "attach_files"
 
     class State(models.TextChoices):
         PENDING = "pending"
@@ -100,6 +103,9 @@ class Intent(models.Model):
     last_error = models.TextField(blank=True)
     external_ref = models.CharField(max_length=200)
     result_ref = models.CharField(max_length=200, blank=True)
+    # What a multi-step write has done so far (ticketing.destinations.journal): upload tokens, each file's
+    # state. Written only under the attempt's claim (ticketing.intents.progress); never a state.
+    progress = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
 

@@ -72,6 +72,7 @@ from .rules import (  # noqa: F401
     TOO_MANY_ATTACHMENTS,
     Finding,
     Verdict,
+    attachment_type_problem,
     decide,
     findings,
     malware_finding,

@@ -164,16 +164,9 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
 
     # -- quarantine: attachment types
     for attachment in attachments:
-        if attachment.size == 0 or attachment.origin == "encrypted":
-            continue
-        name = attachment.filename or "(unnamed)"
-        extension = _extension(attachment.filename)
-        if not limits.type_allowed(attachment.sniffed_type):
-            out.append(Finding(QUARANTINED, ATTACHMENT_TYPE,
-                               f"{name}: content is {attachment.sniffed_type} (declared {attachment.declared_type}),"
-                               " which this mailbox does not accept"))
-        elif extension and extension in limits.blocked_extensions:
-            out.append(Finding(QUARANTINED, ATTACHMENT_TYPE, f"{name}: extension .{extension} is blocked"))
+        problem = attachment_type_problem(attachment, limits)
+        if problem:
+            out.append(Finding(QUARANTINED, ATTACHMENT_TYPE, f"{attachment.filename or '(unnamed)'}: {problem}"))
 
     # -- review
     if parsed.size > policy.max_message_bytes:
@@ -248,6 +241,20 @@ def validate(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *, enve
     (scan results, ...) taken into account. Never raises on any ParsedMessage that
     `parse_message` returns."""
     return decide([*findings(parsed, policy, envelope_recipients=envelope_recipients), *extra])
+
+
+def attachment_type_problem(attachment, limits) -> str | None:
+    """Why the mailbox's attachment policy refuses this file's type, or None (also asked when a released
+    message's files go to a desk: a refused file stays in Mailroom, listed on the ticket)."""
+    if attachment.size == 0 or attachment.origin == "encrypted":
+        return None
+    extension = _extension(attachment.filename)
+    if not limits.type_allowed(attachment.sniffed_type):
+        return (f"content is {attachment.sniffed_type} (declared {attachment.declared_type}),"
+                " which this mailbox does not accept")
+    if extension and extension in limits.blocked_extensions:
+        return f"extension .{extension} is blocked"
+    return None
 
 
 def malware_finding(filename: str, signature: str) -> Finding:

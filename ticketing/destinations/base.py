@@ -4,12 +4,23 @@ Adapters raise only `TransientError`, `PermanentError` or `AmbiguousOutcome`;
 what each capability flag allows when an outcome is unknown is decided in
 `ticketing.intents.resolve_unknown`, not here.
 """
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from intake.failures import AmbiguousOutcome, PermanentError, TransientError
+from intake.vocabulary import ReasonCode
+
+from .capabilities import Capabilities
+from .journal import Journal, MemoryJournal
 
 __all__ = [
     "AmbiguousOutcome",
+    "Capabilities",
+    "CommentRequest",
+    "HeldFile",
+    "Journal",
+    "OutgoingFile",
+    "TicketClosed",
     "DestinationAdapter",
     "DestinationRecord",
     "PermanentError",
@@ -21,10 +32,44 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class OutgoingFile:
+    """One attachment or inline image of the message that passed the type policy and the scanner and fits the
+    kind's limits (`ticketing.ticket_files`). `read()` decodes it from the stored message (never kept twice)."""
+
+    index: int                  # its place among the message's attachments: part of its per-file key
+    filename: str               # never empty ("attachment-<n>.<ext>" when the message gave no name)
+    content_type: str           # what the bytes are (sniffed), e.g. "image/png"
+    size: int
+    sha256: str
+    content_id: str = ""        # for inline images: what `cid:` in the HTML points at
+    inline: bool = False        # shown in the body (an image the HTML refers to), not listed as a file
+    payload: Callable[[], bytes] | None = field(default=None, repr=False, compare=False)
+
+    def read(self) -> bytes:
+        if self.payload is None:
+            raise PermanentError(ReasonCode.INVALID_FIELDS, f"{self.filename}: no payload")
+        return self.payload()
+
+    def key(self, idempotency_key: str) -> str:
+        """This file's own key under the intent's: the same on every attempt (uploads, lookups, markers)."""
+        return f"{idempotency_key}-f{self.index}"
+
+
+@dataclass(frozen=True)
+class HeldFile:
+    """A file of the message that is not sent: listed in the ticket with why and where it is (the console)."""
+
+    filename: str
+    size: int
+    reason: str                 # in words: "blocked type (application/x-dosexec)", "over this desk's 20 MB limit"
+    index: int = -1             # its place among the message's attachments (the console's link to it)
+
+
+@dataclass(frozen=True)
 class TicketRequest:
     subject: str
-    description: str
-    requester: str
+    description: str            # plain text; ends with the list of attachments when there are any
+    requester: str              # the requester's address
     tags: tuple[str, ...] = ()
     fields: dict = field(default_factory=dict)   # destination-specific extra fields (Zendesk custom field ids)
     # The route classification chose, in Mailroom's words; each adapter maps them (its settings say how).
@@ -32,6 +77,40 @@ class TicketRequest:
     priority: str = ""          # one of ticketing.models.PRIORITIES, or ""
     request_type: str = ""
     assignee: str = ""
+    requester_name: str = ""    # the display name, "" when the message gave none
+    cc: tuple[str, ...] = ()    # addresses copied on the message, the tenant's own mailboxes left out
+    html: str = ""              # sanitized HTML (`ticketing.rich_body`), "" for plain mail; `cid:` refs kept
+    files: tuple[OutgoingFile, ...] = ()
+    held_files: tuple[HeldFile, ...] = ()
+    # The desk's ticket this one follows up (a reply to a closed ticket, policy `follow_up`); "" otherwise.
+    follow_up_of: str = ""
+
+
+@dataclass(frozen=True)
+class CommentRequest:
+    """What a reply adds to its ticket. `public`: the customer sees it; an agent's mail is an internal note."""
+
+    body: str
+    author_email: str
+    author_name: str = ""
+    public: bool = True
+    from_agent: bool = False    # written by one of the tenant's agents (then `public` is False)
+    html: str = ""
+    files: tuple[OutgoingFile, ...] = ()
+    held_files: tuple[HeldFile, ...] = ()
+    cc: tuple[str, ...] = ()
+
+    @property
+    def author(self) -> str:
+        return self.author_email
+
+
+class TicketClosed(PermanentError):
+    """The desk refused the write because the ticket is closed (archived, resolved for good): the pipeline's
+    `closed_policy` decides (a follow-up ticket, reopen or review), never an invalid-fields failure."""
+
+    def __init__(self, detail: str = ""):
+        super().__init__(ReasonCode.TICKET_CLOSED, detail or "the ticket is closed")
 
 
 @dataclass(frozen=True)
@@ -88,8 +167,16 @@ class DestinationAdapter:
     # when the destination is saved (`ticketing.destinations.egress_errors`), and again at connect time.
     fetched_url_settings: tuple[str, ...] = ()
 
+    # What the desk does with files, HTML, people, authorship, closed tickets, its own acknowledgments and
+    # quota (ticketing.destinations.capabilities); docs/destinations/<kind>.md says the same in words.
+    capabilities: Capabilities = Capabilities()
+
     def __init__(self, destination):
         self.destination = destination
+        # Where a multi-step write notes what is done (an upload's token, the created record, each file),
+        # so that the next attempt goes on instead of starting over. The pipeline gives the intent's own
+        # (`ticketing.intents.progress`); alone, an adapter remembers in memory.
+        self.journal: Journal = MemoryJournal()
 
     def check_connection(self) -> str:
         """Prove the credentials and the settings work without writing anything; a line saying what was
@@ -102,8 +189,35 @@ class DestinationAdapter:
     def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
         raise NotImplementedError
 
-    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+    def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
+        """Add `comment` (with its files where the kind sends them with the comment) to `ticket_id`; raises
+        `TicketClosed` when the desk says the ticket is closed. Returns the comment's id (or the ticket's)."""
         raise NotImplementedError
+
+    # --- files after the write (capabilities.files == "after_write"); see ticketing.destinations.files ----
+
+    def upload_file(self, ticket_id: str, file: OutgoingFile, file_key: str, *, public: bool = True) -> str:
+        """Attach `file` to record `ticket_id`; the desk's id for it. `file_key` is the file's own key: send it
+        where the desk keeps one (a marker field, a header), so that `find_file` can see it."""
+        raise NotImplementedError
+
+    def find_file(self, ticket_id: str, file: OutgoingFile, file_key: str) -> str | None:
+        """The desk's id of `file` on `ticket_id` if an earlier attempt attached it (by its key where the desk
+        keeps one, else by name and size), else None. Asked before sending a file again."""
+        raise NotImplementedError
+
+    # --- the desk's own references (threading a reply to the desk's own notification) ----------------
+    # Compiled patterns, each with a named group `ref`, that find the desk's ticket reference in a reply's
+    # subject or in its text (a JSM key "SUP-12", a ServiceNow "INC0010001" or "Ref:MSG0000123" watermark,
+    # Freshdesk's "[#123]"). Searched by `ticketing.threads` for the tenant's destinations of this kind.
+    reference_patterns: tuple = ()
+    # Where each pattern is looked for: "subject", "body" (the first lines of the text) or both.
+    reference_fields: tuple[str, ...] = ("subject",)
+
+    def resolve_reference(self, ref: str) -> str | None:
+        """The ticket id (as `TicketMapping.ticket_id` holds it) that reference `ref` names; None when the desk
+        has no such ticket. The default: the reference is the id. May ask the desk (a read)."""
+        return ref
 
     def ticket_url(self, ticket_id) -> str:
         """Where a person opens the ticket (`TicketMapping.ticket_url`); "" when the destination has no such page."""

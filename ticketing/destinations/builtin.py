@@ -2,7 +2,7 @@
 from django.utils import timezone
 
 from ..models import Ticket, TicketComment
-from .base import DestinationAdapter, DestinationRecord, RecordPage, TicketRequest, TicketResult
+from .base import CommentRequest, DestinationAdapter, DestinationRecord, RecordPage, TicketRequest, TicketResult
 from .settings import COMMON_SETTINGS
 
 
@@ -42,7 +42,8 @@ class BuiltinDestination(DestinationAdapter):
             return None
         return TicketResult(ticket_id=str(ticket.pk), url=self.ticket_url(ticket.pk))
 
-    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+    def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
+        body, author = comment.body, comment.author_email
         comment = TicketComment.objects.create(
             ticket_id=int(ticket_id), idempotency_key=idempotency_key, external_ref=external_ref,
             author=author[:320], body=body, created_at=timezone.now(),

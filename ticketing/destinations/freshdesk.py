@@ -35,7 +35,7 @@ import re
 from intake.logging import mask_address
 from intake.vocabulary import ReasonCode
 
-from .base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
+from .base import AmbiguousOutcome, CommentRequest, PermanentError, TicketRequest, TicketResult, TransientError
 from .http import HttpDestination, json_object
 from .settings import HTTP_SETTINGS, Mapping, Number, Text
 
@@ -94,7 +94,8 @@ class FreshdeskDestination(HttpDestination):
                         first["id"])
         return TicketResult(ticket_id=str(first["id"]), url=self.ticket_url(first["id"]))
 
-    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+    def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
+        body = comment.body
         if not str(ticket_id).isdigit():
             raise PermanentError(ReasonCode.NOT_FOUND, "a Freshdesk ticket id is a number")
         # A customer's reply: a public note marked incoming, so the agents see it as the customer's.

@@ -40,7 +40,7 @@ from urllib.parse import quote
 from intake.logging import mask_address
 from intake.vocabulary import ReasonCode
 
-from .base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
+from .base import AmbiguousOutcome, CommentRequest, PermanentError, TicketRequest, TicketResult, TransientError
 from .http import HttpDestination, field_errors, json_object
 from .settings import HTTP_SETTINGS, Flag, Mapping, Text, Url
 
@@ -118,7 +118,8 @@ class HubSpotDestination(HttpDestination):
             raise TransientError(ReasonCode.UNREADABLE_RESPONSE, "a ticket without id")
         return TicketResult(ticket_id=str(ticket_id), url=self.ticket_url(ticket_id))
 
-    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+    def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
+        body = comment.body
         if not str(ticket_id).isdigit():
             raise PermanentError(ReasonCode.NOT_FOUND, "a HubSpot ticket id is a number")
         note = {

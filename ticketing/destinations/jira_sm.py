@@ -44,7 +44,7 @@ import re
 from intake.logging import mask_address
 from intake.vocabulary import ReasonCode
 
-from .base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult
+from .base import AmbiguousOutcome, CommentRequest, PermanentError, TicketRequest, TicketResult
 from .http import HttpDestination, json_object
 from .settings import HTTP_SETTINGS, Flag, Mapping, Number, Text
 
@@ -115,7 +115,8 @@ class JiraServiceManagementDestination(HttpDestination):
             log.warning("jira_sm: %d requests carry %s; keeping the first, %s", len(issues), external_ref, first["key"])
         return TicketResult(ticket_id=first["key"], url=self.ticket_url(first["key"]))
 
-    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+    def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
+        body = comment.body
         if not ISSUE_KEY.fullmatch(str(ticket_id)):
             raise PermanentError(ReasonCode.NOT_FOUND, "a Jira issue key looks like SUP-12")
         response = self.send("POST", f"{REQUEST_PATH}/{ticket_id}/comment", write=True,

@@ -50,7 +50,7 @@ import uuid
 
 from intake.vocabulary import ReasonCode
 
-from .base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
+from .base import AmbiguousOutcome, CommentRequest, PermanentError, TicketRequest, TicketResult, TransientError
 from .http import HttpDestination
 from .rest_templates import (
     DOTTED_PATH,
@@ -168,7 +168,8 @@ class RestDestination(HttpDestination):
                                                            f"({TICKET_ID_RULE})")
         return TicketResult(ticket_id=ticket_id, url=self.ticket_url(ticket_id))
 
-    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+    def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
+        body, author = comment.body, comment.author_email
         if not (self.settings.get("comment_url_template") and self.settings.get("comment_body_template")):
             raise PermanentError(ReasonCode.CONFIGURATION, "declare comment_url_template and comment_body_template")
         context = {"body": body, "author": author, "ticket_id": str(ticket_id), "external_ref": external_ref,

@@ -46,7 +46,7 @@ from intake.egress import EgressRefused
 from intake.http import parse_retry_after
 from intake.vocabulary import ReasonCode
 
-from .base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
+from .base import AmbiguousOutcome, CommentRequest, PermanentError, TicketRequest, TicketResult, TransientError
 from .http import HttpDestination, answered_with, egress_refusal, field_errors, json_object
 from .settings import HTTP_SETTINGS, Flag, Mapping, Text, Url
 
@@ -155,7 +155,8 @@ class SalesforceDestination(HttpDestination):
             raise TransientError(ReasonCode.UNREADABLE_RESPONSE, "a Case without Id")
         return TicketResult(ticket_id=str(case_id), url=self.ticket_url(case_id))
 
-    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+    def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
+        body = comment.body
         if not re.fullmatch(SALESFORCE_ID, str(ticket_id)):
             raise PermanentError(ReasonCode.NOT_FOUND, "a Salesforce Case Id is 15 or 18 letters and digits")
         if len(body) > MAX_COMMENT_CHARS:

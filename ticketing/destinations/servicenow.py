@@ -45,6 +45,7 @@ from intake.vocabulary import ReasonCode
 
 from .base import (
     AmbiguousOutcome,
+    CommentRequest,
     DestinationRecord,
     PermanentError,
     RecordPage,
@@ -165,7 +166,8 @@ class ServiceNowDestination(HttpDestination):
         return [row for row in self._rows(params)
                 if row.get("sys_id") and str(row.get("correlation_id", external_ref)) == external_ref]
 
-    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+    def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
+        body = comment.body
         if not re.fullmatch(r"[0-9a-f]{32}", str(ticket_id)):
             raise PermanentError(ReasonCode.NOT_FOUND, "a ServiceNow sys_id is 32 hexadecimal digits")
         # A journal entry is not an upsert: a 5xx after it is ambiguous (the default for a write here).

@@ -119,6 +119,13 @@ COMMON_SETTINGS = {
     "retry_cap_seconds": Number(minimum=0, maximum=86400, help="longest backoff (600)"),
     "breaker": Anything(check=_breaker_errors, help="circuit breaker overrides (ticketing.breaker)"),
     "sla_hours": Number(minimum=0, maximum=10000, help="promised in the acknowledgment"),
+    # What the ticket carries and who is told (ticketing.destinations.capabilities gives each kind's default).
+    "acknowledge": Flag(help="Mailroom acknowledges the requester (default: off where the desk acknowledges)"),
+    "closed_policy": Text(choices=("follow_up", "reopen", "review"),
+                          help="a reply to a closed ticket: follow_up (a new linked ticket), reopen, or review"),
+    "max_file_bytes": Number(minimum=1, maximum=2 * 1024 ** 3, integer=True,
+                             help="largest file sent to the desk (the kind's documented limit)"),
+    "agent_notes": Flag(help="mail from the tenant's agents becomes an internal note (true)"),
 }
 # Read by every HTTP destination as well (ticketing.destinations.http).
 HTTP_SETTINGS = {
@@ -127,6 +134,8 @@ HTTP_SETTINGS = {
     "read_timeout": Number(minimum=0.1, maximum=300, help="seconds to wait for an answer (10)"),
     "max_concurrency": Number(minimum=0, maximum=1000, integer=True,
                               help="calls in flight at once, across workers (ticketing.bulkhead; 8); 0: no cap"),
+    "requests_per_minute": Number(minimum=0, maximum=100000, integer=True,
+                                  help="the desk's API quota shared by all workers (ticketing.budget); 0: none"),
 }
 
 

@@ -34,6 +34,7 @@ from intake.vocabulary import ReasonCode
 
 from .base import (
     AmbiguousOutcome,
+    CommentRequest,
     DestinationRecord,
     PermanentError,
     RecordPage,
@@ -120,7 +121,8 @@ class ZendeskDestination(HttpDestination):
             path, params = body["next_page"], None
         return matches
 
-    def add_comment(self, ticket_id: str, body: str, author: str, idempotency_key: str, external_ref: str) -> str:
+    def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
+        body, author = comment.body, comment.author_email
         if not str(ticket_id).isdigit():
             raise PermanentError(ReasonCode.NOT_FOUND, "a Zendesk ticket id is a number")
         comment = {"body": body, "public": self.comment_public}

@@ -30,6 +30,7 @@ from django.db import connection
 
 from intake.models import AuditEvent, InboxEvent, OutboxMessage
 from intake.services import NOT_COMPLETED_STATES, NOTIFY_CHANNEL, transition_events
+from intake.vocabulary import ReasonCode
 
 from ..models import Destination, Intent, TicketMapping
 from .core import AUDIT_KIND, NOTIFY_TOPIC, IntentState, intent_key
@@ -171,7 +172,10 @@ def _plan_acknowledgment(success: BuiltinSuccess, now, budget) -> AuditEvent | N
     from .. import acknowledgments  # it builds on this package
 
     event = success.event
-    skipped = acknowledgments.skip_audit_detail(event, budget)
+    if not acknowledgments.mailroom_acknowledges(success.destination):
+        skipped = {"reason": ReasonCode.DESK_ACKNOWLEDGES}
+    else:
+        skipped = acknowledgments.skip_audit_detail(event, budget)
     if skipped is not None:
         logger.info("event %s: no acknowledgment (%s)", event.pk, skipped["reason"])
         return AuditEvent(inbox_event_id=event.pk, kind=acknowledgments.SKIP_AUDIT_KIND,
