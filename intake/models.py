@@ -7,8 +7,9 @@ from django.db.models.functions import Lower
 from .domains import address_key, mailbox_address_errors, normalize_domain
 from .vocabulary import AuditKind, ReasonCode, WebhookRejection  # noqa: F401  (ReasonCode: re-exported for callers)
 
-# The keys of `Tenant.settings` (per-tenant overrides; absent = the instance-wide setting). Each is a
-# positive integer; anything else is ignored (read through `Tenant.int_setting`).
+# The keys of `Tenant.settings` (per-tenant overrides; absent = the instance-wide setting). The numbers are
+# positive integers, anything else is ignored (read through `Tenant.int_setting`); `agent_addresses` is a list
+# (read by `ticketing.people`).
 TENANT_SETTINGS = {
     "raw_retention_days": "Days the raw message (and so its attachments) is kept; default MAILROOM_RAW_RETENTION_DAYS "
                           "(intake.retention).",
@@ -19,6 +20,10 @@ TENANT_SETTINGS = {
                     "(ticketing.acknowledgments).",
     "ack_per_domain_per_hour": "Acknowledgments to one recipient domain in any hour; default "
                                "MAILROOM_ACK_PER_DOMAIN_PER_HOUR (ticketing.acknowledgments).",
+    "agent_addresses": "The tenant's agents: a list of addresses (\"alice@example.com\") and domains "
+                       "(\"@example.com\"), compared ignoring case and +tags. An agent's reply becomes an internal "
+                       "note, and an agent's forward of a customer's message makes that customer the requester "
+                       "(ticketing.people). Not a number: read it with ticketing.people, not int_setting.",
 }
 
 
