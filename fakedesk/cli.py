@@ -23,12 +23,15 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="seconds before a search finds a new record (Jira, Freshdesk)")
     parser.add_argument("--retention-seconds", type=float, default=DEFAULT_RETENTION_SECONDS,
                         help="how long idempotency keys are kept")
+    parser.add_argument("--quota-per-minute", type=int, default=None,
+                        help="answer 429 with Retry-After past this many API requests in a sliding minute")
 
 
 def desk_from_options(options) -> FakeDesk:
     return FakeDesk(host=options.host, port=options.port, db_path=options.db, token=options.token,
                     idempotency_enabled=not options.no_idempotency, retention_seconds=options.retention_seconds,
-                    dialect=options.dialect, search_lag_seconds=options.search_lag)
+                    dialect=options.dialect, search_lag_seconds=options.search_lag,
+                    quota_per_minute=options.quota_per_minute)
 
 
 def run_until_signalled(desk: FakeDesk, out=sys.stdout):

@@ -6,7 +6,10 @@ server -> handler -> desk -> store, faults.
 """
 import json
 import logging
+import math
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +53,58 @@ class ApiRequest:
 RequestHook = Callable[[ApiRequest], "tuple | None"]
 
 
+class RequestQuota:
+    """The account's API rate limit: at most `per_minute` requests in any sliding minute, every API request
+    counted (reads, uploads and token requests too), as Zendesk and Freshdesk count them. A request over it is
+    refused with 429 and a Retry-After that names when the oldest counted request leaves the minute; a
+    refused request is not counted against the limit."""
+
+    WINDOW_SECONDS = 60.0
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.time):
+        if isinstance(per_minute, bool) or not isinstance(per_minute, int) or per_minute < 1:
+            raise ValueError("quota_per_minute must be a whole number >= 1")
+        self.per_minute = per_minute
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._window: deque[float] = deque()  # the admitted requests of the last minute, oldest first
+        self.admitted = 0
+        self.refused = 0
+        self.busiest_minute = 0  # the most requests admitted in one sliding minute
+        self.on_admit: Callable[[float], None] | None = None  # told the time of each admitted request (a bench)
+
+    def admit(self) -> float | None:
+        """None: the request is counted and goes on; else the seconds until one would be admitted."""
+        with self._lock:
+            now = self._clock()
+            while self._window and self._window[0] <= now - self.WINDOW_SECONDS:
+                self._window.popleft()
+            if len(self._window) >= self.per_minute:
+                self.refused += 1
+                return self._window[0] + self.WINDOW_SECONDS - now
+            self._window.append(now)
+            self.admitted += 1
+            self.busiest_minute = max(self.busiest_minute, len(self._window))
+            if self.on_admit is not None:
+                self.on_admit(now)
+            return None
+
+    def report(self) -> dict:
+        with self._lock:
+            return {"quota_per_minute": self.per_minute, "admitted": self.admitted, "refused": self.refused,
+                    "busiest_minute": self.busiest_minute}
+
+    def reset(self):
+        with self._lock:
+            self._window.clear()
+            self.admitted = self.refused = self.busiest_minute = 0
+
+
+# The rate-limit headers each API sends with its 429 (limit, remaining), beside Retry-After.
+QUOTA_HEADERS = {"zendesk": ("X-Rate-Limit", "X-Rate-Limit-Remaining"),
+                 "freshdesk": ("X-Ratelimit-Total", "X-Ratelimit-Remaining")}
+
+
 def _fingerprint(method: str, path: str, payload: dict) -> str:
     # Same key + same operation + same JSON (key order aside) is a replay; anything else is misuse.
     return json.dumps([method, path, payload], sort_keys=True, separators=(",", ":"))
@@ -60,7 +115,9 @@ class Desk:
 
     def __init__(self, db_path: str | None = None, token: str | None = None, idempotency_enabled: bool = True,
                  retention_seconds: float = DEFAULT_RETENTION_SECONDS, dialect: str = "zendesk",
-                 search_lag_seconds: float = 0.0):
+                 search_lag_seconds: float = 0.0, quota_per_minute: int | None = None):
+        # The account's API rate limit (None: none); checked before authentication and faults.
+        self.quota = RequestQuota(quota_per_minute) if quota_per_minute else None
         self.store = TicketStore(db_path)
         self.dialect = dialect
         # An eventually consistent search (Jira, Freshdesk) sees a record only this long after its write.
@@ -102,7 +159,8 @@ class Desk:
         return remove
 
     def run_request_hooks(self, request: ApiRequest):
-        """The first answer a hook gives, normalised to (status, body, headers); None to carry on."""
+        """The first answer a hook gives, normalised to (status, body, headers); else the quota's 429 when the
+        request is over it; None to carry on. (A hook sees every request, the ones the quota refuses too.)"""
         with self._hooks_lock:
             hooks = list(self._hooks)
         for hook in hooks:
@@ -110,7 +168,32 @@ class Desk:
             if answer is not None:
                 status, body, *rest = answer
                 return int(status), body, dict(rest[0]) if rest else {}
-        return None
+        return self.over_quota(request)
+
+    def over_quota(self, request: ApiRequest):
+        """The 429 of a request over the quota (logged in the request log, fault "quota"), or None."""
+        if self.quota is None:
+            return None
+        wait = self.quota.admit()
+        if wait is None:
+            return None
+        limit_header, remaining_header = QUOTA_HEADERS.get(self.dialect, QUOTA_HEADERS["zendesk"])
+        # Retry-After carries whole seconds; rounded up, so a client that honours it is admitted.
+        headers = {"Retry-After": str(max(1, math.ceil(wait))), limit_header: str(self.quota.per_minute),
+                   remaining_header: "0"}
+        with self.store.transaction():
+            self.store.log_request({
+                "at": time.time(), "method": request.method, "path": request.path,
+                "idempotency_key": request.headers.get("Idempotency-Key"), "external_id": None, "fault": "quota",
+                "committed": False, "status": 429, "idempotency_lookup": None, "ticket_id": None})
+        log.info("fakedesk: %s %s over the quota of %s/min: 429, Retry-After %s", request.method, request.path,
+                 self.quota.per_minute, headers["Retry-After"])
+        return 429, {"error": "TooManyRequests",
+                     "description": "Number of allowed API requests per minute exceeded"}, headers
+
+    def quota_report(self) -> dict | None:
+        """{quota_per_minute, admitted, refused, busiest_minute} since the start (or reset); None: no quota."""
+        return None if self.quota is None else self.quota.report()
 
     # The idempotent write, shared by create and comment.
 
@@ -202,3 +285,5 @@ class Desk:
         with self.store.transaction():
             self.store.reset()
         self.plan.replace()
+        if self.quota is not None:
+            self.quota.reset()

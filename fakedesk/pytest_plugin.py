@@ -15,6 +15,7 @@ that, on a test, a class or a module (`pytestmark`):
     @pytest.mark.fakedesk(dialect="jira_sm", search_lag_seconds=2)   # another API (fakedesk.dialects)
     @pytest.mark.fakedesk(idempotency=False, retention_seconds=60, db_path=True)
                                              # db_path=True: a SQLite file in a temporary folder
+    @pytest.mark.fakedesk(quota_per_minute=120)   # 429 + Retry-After past 120 API requests a sliding minute
 
 `desk_factory(**options)` starts more desks (same options; they are stopped at
 teardown too), e.g. two desks on one SQLite file, one after the other.
@@ -46,7 +47,8 @@ from .server import FakeDesk
 
 _RANDOM = object()  # the default token: a fresh random one per desk
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
-OPTIONS = ("process", "token", "idempotency", "retention_seconds", "db_path", "dialect", "search_lag_seconds")
+OPTIONS = ("process", "token", "idempotency", "retention_seconds", "db_path", "dialect", "search_lag_seconds",
+           "quota_per_minute")
 
 
 class RunningDesk(DeskClient):
@@ -69,6 +71,13 @@ class RunningDesk(DeskClient):
         if self._server is None:
             raise RuntimeError("request hooks need an in-process desk: drop process=True from the fakedesk marker")
         return self._server.add_request_hook(hook)
+
+    def quota_report(self) -> dict | None:
+        """The quota's counts (admitted, refused, busiest_minute; None without a quota). A desk process
+        shows its refusals in the request log instead (fault "quota", status 429)."""
+        if self._server is None:
+            raise RuntimeError("the quota report needs an in-process desk; read requests_log() of a desk process")
+        return self._server.quota_report()
 
     def tail(self, lines: int = 40) -> str:
         """The end of the desk process's log (empty for an in-process desk: it logs to this process)."""
@@ -95,7 +104,8 @@ class RunningDesk(DeskClient):
 
 def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True,
                retention_seconds: float | None = None, db_path=None, work_dir: Path | None = None,
-               dialect: str = "zendesk", search_lag_seconds: float = 0.0) -> RunningDesk:
+               dialect: str = "zendesk", search_lag_seconds: float = 0.0,
+               quota_per_minute: int | None = None) -> RunningDesk:
     """Start a FakeDesk on 127.0.0.1 with a free port; the caller stops it (`RunningDesk.stop()`)."""
     token = secrets.token_urlsafe(12) if token is _RANDOM else token
     if db_path is True:
@@ -107,7 +117,8 @@ def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True
         kwargs = {} if retention_seconds is None else {"retention_seconds": retention_seconds}
         server = FakeDesk(host="127.0.0.1", port=0, db_path=db_path, token=token,
                           idempotency_enabled=idempotency, dialect=dialect,
-                          search_lag_seconds=search_lag_seconds, **kwargs).start()
+                          search_lag_seconds=search_lag_seconds, quota_per_minute=quota_per_minute,
+                          **kwargs).start()
         return RunningDesk(server.url, token, server=server, dialect=dialect)
 
     argv = [sys.executable, "-m", "fakedesk", "--host", "127.0.0.1", "--port", "0"]
@@ -121,6 +132,8 @@ def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True
     if retention_seconds is not None:
         argv += ["--retention-seconds", str(retention_seconds)]
     argv += ["--dialect", dialect, "--search-lag", str(search_lag_seconds)]
+    if quota_per_minute:
+        argv += ["--quota-per-minute", str(quota_per_minute)]
     if work_dir is None:
         raise ValueError("a desk process needs a work_dir for its log")
     log_path = work_dir / "fakedesk.log"
@@ -167,7 +180,7 @@ def _stop_process(popen: subprocess.Popen, timeout: float = 10.0):
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "fakedesk(process=False, token=<random>, idempotency=True, retention_seconds=None, "
-                   "db_path=None, dialect='zendesk', search_lag_seconds=0): "
+                   "db_path=None, dialect='zendesk', search_lag_seconds=0, quota_per_minute=None): "
                    "how the `desk` fixture starts FakeDesk (see fakedesk.pytest_plugin)")
 
 

@@ -32,11 +32,11 @@ class FakeDesk(Desk):
     def __init__(self, host: str = "127.0.0.1", port: int = 0, db_path: str | None = None,
                  token: str | None = None, idempotency_enabled: bool = True,
                  retention_seconds: float = DEFAULT_RETENTION_SECONDS, dialect: str = "zendesk",
-                 search_lag_seconds: float = 0.0):
+                 search_lag_seconds: float = 0.0, quota_per_minute: int | None = None):
         handler_for(dialect)  # an unknown dialect fails here, before a port is bound
         super().__init__(db_path=db_path, token=token, idempotency_enabled=idempotency_enabled,
                          retention_seconds=retention_seconds, dialect=dialect,
-                         search_lag_seconds=search_lag_seconds)
+                         search_lag_seconds=search_lag_seconds, quota_per_minute=quota_per_minute)
         self._thread: threading.Thread | None = None
         try:
             self._server = _Server((host, port), self)

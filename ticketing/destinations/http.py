@@ -6,12 +6,18 @@ outcome to exactly one failure kind (marked with its status: "test connection" s
 A subclass says how it authenticates (`auth_for`), may answer a status of its own first
 (`special_error`), and builds its payloads; the intent state machine decides what a failure
 leads to (`ticketing.intents`). Nothing logged here carries a ticket body or a full address.
+
+Every request of a destination with a quota waits for its slot in the budget all workers share
+(`ticketing.budget`); a slot further away than the read timeout is not waited for: the call fails as
+rate-limited, nothing sent, and is retried after that wait. A 429 or 503 with Retry-After is shared the
+same way. A destination without a quota never asks the budget.
 """
 import json
 import logging
 import time
 
 import requests
+from django.db import DatabaseError
 from urllib3.exceptions import NewConnectionError
 
 from intake.egress import EgressRefused, guarded_session
@@ -20,6 +26,7 @@ from intake.logging import mask_address
 from intake.secrets import SecretUnavailable, forget, resolve_secret
 from intake.vocabulary import ReasonCode
 
+from .. import budget
 from .base import AmbiguousOutcome, DestinationAdapter, PermanentError, TransientError
 
 log = logging.getLogger(__name__)
@@ -45,6 +52,8 @@ class HttpDestination(DestinationAdapter):
         # intent state machine.
         self.session = guarded_session(purpose=f"destination {destination.slug or self.name}", max_retries=0)
         self.session.headers.update({"Accept": "application/json", "User-Agent": f"mailroom-{self.name}/1"})
+        # The request budget shared by every worker (None: no quota, no budget query).
+        self.quota = budget.quota_for(destination, self.capabilities)
 
     @property
     def retry_safe(self) -> bool:
@@ -91,6 +100,7 @@ class HttpDestination(DestinationAdapter):
             extra[idempotency_header] = idempotency_key
         auth, auth_headers = self.auth_for(self.secret())
         for attempt in (1, 2):
+            self.wait_for_budget()
             started = time.monotonic()
             try:
                 response = self.session.request(method, self.url(path), json=json_body, params=params, data=data,
@@ -104,6 +114,7 @@ class HttpDestination(DestinationAdapter):
                       (time.monotonic() - started) * 1000)
             if response.status_code in ok_statuses:
                 return response
+            self.note_retry_after(response)
             if response.status_code in (401, 403) and attempt == 1 and self.destination.credentials_ref:
                 log.info("%s: HTTP %s; re-reading %s once", self.name, response.status_code,
                          self.destination.credentials_ref)
@@ -114,6 +125,41 @@ class HttpDestination(DestinationAdapter):
                     continue
             break
         raise self.http_error(response, write, self.retry_safe if retry_safe is None else retry_safe)
+
+    # --- the shared request budget (ticketing.budget) --------------------------
+
+    def wait_for_budget(self) -> None:
+        """Wait for this request's slot; one further away than the read timeout is a rate-limited failure
+        (nothing sent), retried by the intent state machine after that wait."""
+        if self.quota is None:
+            return
+        try:
+            wait = budget.take(self.destination, quota=self.quota, max_wait=self.timeout[1])
+        except budget.OverBudget as exc:
+            raise TransientError(ReasonCode.RATE_LIMITED, f"request budget spent for {exc.wait:.1f} s",
+                                 retry_after=exc.wait) from None
+        except DatabaseError as exc:
+            # The budget only spares the desk's 429s, which stay handled: without it the call still goes.
+            log.warning("%s: request budget unavailable (%s); sending without it", self.name, type(exc).__name__)
+            return
+        if wait > 0:
+            time.sleep(wait)
+
+    def note_retry_after(self, response: requests.Response) -> None:
+        """A 429, or a 503 that names a Retry-After: every worker waits it out."""
+        if self.quota is None or response.status_code not in (429, 503):
+            return
+        seconds = parse_retry_after(response.headers.get("Retry-After"))
+        if not seconds:
+            return
+        try:
+            budget.note_retry_after(self.destination, seconds, quota=self.quota)
+        except DatabaseError as exc:
+            log.warning("%s: request budget unavailable (%s); Retry-After not shared", self.name,
+                        type(exc).__name__)
+        else:
+            log.info("%s: HTTP %s, Retry-After %.0f s: every worker waits it out", self.name,
+                     response.status_code, seconds)
 
     # --- error mapping ------------------------------------------------------
 
