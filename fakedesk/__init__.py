@@ -14,7 +14,7 @@ Everything it writes is kept in SQLite, so tickets can be counted by
 
 Standard library only, so it runs without Django (and ships with Mailroom for drills):
 
-    python -m fakedesk --port 8025 --db var/fakedesk.sqlite3 [--token T]
+    python -m fakedesk --port 8025 --db var/fakedesk.sqlite3 [--token T] [--quota-per-minute N]
     python manage.py fakedesk ...          # the same command line, inside Mailroom
 
 or in Python (port 0: the OS picks a free port):
@@ -30,7 +30,8 @@ request hook (`desk.on_request`) to observe or answer API requests.
 
 Modules (imports go one way: cli -> server -> handler -> desk -> store, faults):
     faults         the fault plan and how a refusing fault answers
-    store          SQLite: tickets, comments, idempotency keys, the request log
+    store          SQLite: tickets, comments, files (uploads, attachments), people, idempotency keys,
+                   the request log
     desk           `Desk`: state, the idempotent write, request hooks (no HTTP)
     handler        `Handler`: the HTTP API and the control API for one Desk
     server         `FakeDesk`: a Desk bound to a port, served from a thread
@@ -46,6 +47,9 @@ Zendesk API subset (basic auth `<anything>/token:<token>` when a token is set):
     PUT  /api/v2/tickets/{id}.json             add a comment; honours Idempotency-Key
     GET  /api/v2/tickets/{id}/comments.json    list comments
     GET  /api/v2/users/me.json                 the authenticated agent (a connection test)
+    POST /api/v2/uploads.json?filename=N       an upload (raw bytes): a token a create/update comment names
+    GET  /api/v2/users/search.json?query=email:A   find an end user or agent by address
+    POST /api/v2/users/create_or_update.json   find or make an end user (a comment's author_id)
     GET  /api/v2/tickets/show_many.json?ids=1,2   show several (unknown ids left out)
     GET  /api/v2/incremental/tickets/cursor.json?start_time=T[&cursor=C][&per_page=N]
                                                tickets updated at or after T (epoch seconds), by
@@ -57,11 +61,18 @@ Control API (no auth):
     GET/POST /_control/idempotency  {"enabled": bool, "retention_seconds": N}
     GET/POST /_control/search_lag   {"search_lag_seconds": N}: searches see a record N s after its write
     POST /_control/revoke_sessions  expire the OAuth access tokens handed out (the next call is a 401)
-    GET  /_control/tickets          every ticket with its comments
+    GET  /_control/tickets          every ticket with its comments, files ("attachments") and people
+    GET  /_control/people           the desk's users / customers / contacts
+    POST /_control/close            {"id": N}: close ticket N as an agent would (writes are refused as
+                                    each dialect's API refuses them)
+    GET  /_control/quota            the quota's count of admitted and refused requests (--quota-per-minute)
     GET  /_control/requests         the log of ticket-writing requests
     POST /_control/reset            forget tickets, keys, the log and the plan
 
-Faults (consumed one per ticket-writing request, i.e. create and comment):
+Quota (`quota_per_minute`): more API requests than that in a sliding minute are answered 429 with
+Retry-After, reads included, as the desks count them; each refusal is in the request log as fault "quota".
+
+Faults (consumed one per record-writing request: create, comment, upload, attach):
     ok                        answer normally
     rate_limit:S              429, Retry-After: S seconds; nothing written
     rate_limit_date:S         429, Retry-After as an HTTP date S seconds ahead; nothing written

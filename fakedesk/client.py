@@ -113,6 +113,10 @@ class DeskClient:
         """Close ticket `ticket_id` (the store's id, `record["id"]`) as an agent would."""
         return self.control("close", {"id": int(ticket_id)})
 
+    def quota_report(self) -> dict:
+        """What the desk's quota admitted and refused ({} when it has none)."""
+        return self.control("quota")
+
     def people(self) -> list[dict]:
         """The desk's users / customers / contacts: {"id", "email", "name", "role"}."""
         return self.control("people")["people"]

@@ -3,21 +3,47 @@
 `Handler` serves one `desk.Desk`, found as `self.server.desk`; the server (see
 `server.py`) also keeps `live_connections` and `live_lock` so that it can close
 keep-alive connections when it stops. This module does not import the server.
+
+The default dialect is Zendesk's. Beside tickets it keeps what a rich ticket needs:
+    POST /api/v2/uploads.json?filename=N       raw bytes (Content-Type: the file's); 201 {"upload": {"token",
+                                               "expires_at", "attachment", "attachments"}}; through the fault
+                                               plan, no Idempotency-Key (Zendesk keeps none for uploads).
+                                               A token is valid for 60 minutes.
+    "uploads": [tokens] on a create/update comment   each file becomes an attachment of that comment (inline
+                                               when the comment's html_body shows its content_url); an unknown
+                                               or expired token is a 422 RecordInvalid, nothing written
+    "html_body"                                kept as the comment's body when "body" is missing
+    "requester": {"name", "email"}             the person found or created, on the ticket as its requester
+    "email_ccs": [{"user_email"|"user_id", "action": "put"}]   CCs on the ticket (found or created)
+    "comment": {"author_id": N}                the comment is written as that person (their address)
+    "via_followup_source_id": N                kept in the ticket's fields (a follow-up of closed ticket N)
+    a ticket closed with POST /_control/close  refuses every update: 422 RecordInvalid, details.status
+                                               "Status: closed prevents ticket update"
+    GET  /api/v2/users/search.json?query=email:ADDR   {"users": [...]} (exact address, case-insensitive)
+    POST /api/v2/users/create_or_update.json {"user": {"email", "name", "role"}}   201 made / 200 found;
+                                               through the fault plan
 """
 import base64
 import binascii
+import hashlib
 import hmac
 import json
 import re
+import secrets
 import socket
 import time
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 from .desk import ApiRequest, Desk, WriteOutcome, log
 from .faults import rejection_for
 
 CONTROL_PREFIX = "/_control/"
+UPLOAD_TOKEN_SECONDS = 3600  # Zendesk: "The attachment's token expires after 60 minutes."
+CLOSED_TICKET = {"error": "RecordInvalid", "description": "Record validation errors",
+                 "details": {"status": [{"description": "Status: closed prevents ticket update"}]}}
+# What a create keeps as it is beside the store's own columns and what becomes people.
+NOT_STANDARD_FIELDS = ("comment", "requester", "tags", "custom_fields", "subject", "external_id", "email_ccs")
 
 
 def hard_close(connection: socket.socket):
@@ -42,6 +68,9 @@ class Handler(BaseHTTPRequestHandler):
         ("PUT", re.compile(r"/api/v2/tickets/(\d+)(?:\.json)?"), "update_ticket", True),
         ("GET", re.compile(r"/api/v2/tickets/(\d+)/comments(?:\.json)?"), "list_comments", True),
         ("GET", re.compile(r"/api/v2/users/me(?:\.json)?"), "show_me", True),
+        ("POST", re.compile(r"/api/v2/uploads(?:\.json)?"), "upload_file", True),
+        ("GET", re.compile(r"/api/v2/users/search(?:\.json)?"), "search_users", True),
+        ("POST", re.compile(r"/api/v2/users/create_or_update(?:\.json)?"), "create_or_update_user", True),
     ]
     CONTROL_ROUTES = [
         ("GET", re.compile(r"/_control/plan"), "control_get_plan", False),
@@ -55,6 +84,7 @@ class Handler(BaseHTTPRequestHandler):
         ("GET", re.compile(r"/_control/requests"), "control_requests", False),
         ("GET", re.compile(r"/_control/people"), "control_people", False),
         ("POST", re.compile(r"/_control/close"), "control_close", False),
+        ("GET", re.compile(r"/_control/quota"), "control_quota", False),
         ("POST", re.compile(r"/_control/reset"), "control_reset", False),
     ]
     # The header a replay-protecting API reads its key from (None: the API has no such thing).
@@ -208,19 +238,83 @@ class Handler(BaseHTTPRequestHandler):
                            lambda ticket: self._do_update(int(ticket_id), ticket))
 
     def _do_create(self, ticket: dict) -> WriteOutcome:
-        # Standard fields beside the ones the store has columns for (priority, group_id, type, ...).
-        standard = {k: v for k, v in ticket.items()
-                    if k not in ("comment", "requester", "tags", "custom_fields", "subject", "external_id")}
-        ticket_id = self.desk.store.create_ticket(ticket, fields=standard)
-        body = {"ticket": self.desk.store.ticket(ticket_id, self._base_url())}
+        store = self.desk.store
+        comment = ticket.get("comment") if isinstance(ticket.get("comment"), dict) else {}
+        uploads, refusal = self._uploads_of(comment)
+        if refusal is not None:
+            return refusal
+        # Standard fields beside the ones the store has columns for (priority, group_id, type,
+        # via_followup_source_id, ...).
+        standard = {k: v for k, v in ticket.items() if k not in NOT_STANDARD_FIELDS}
+        ticket_id = store.create_ticket({**ticket, "comment": _with_body(comment)}, fields=standard)
+        requester = ticket.get("requester") if isinstance(ticket.get("requester"), dict) else {}
+        if requester.get("email"):
+            store.find_or_create_person(str(requester["email"]), str(requester.get("name") or ""))
+            store.add_ticket_person(ticket_id, str(requester["email"]), "requester")
+        self._add_email_ccs(ticket_id, ticket.get("email_ccs"))
+        first_comment = store.comments(ticket_id)[0]["id"]
+        self._attach_uploads(ticket_id, first_comment, uploads, comment)
+        body = {"ticket": store.ticket(ticket_id, self._base_url())}
         return WriteOutcome(201, body, committed=True, ticket_id=ticket_id)
 
     def _do_update(self, ticket_id: int, ticket: dict) -> WriteOutcome:
-        audit = self.desk.store.add_comment(ticket_id, ticket)
-        if audit is None:
+        store = self.desk.store
+        existing = store.ticket(ticket_id, self._base_url())
+        if existing is None:
             return WriteOutcome(404, {"error": "RecordNotFound", "description": "Not found"})
-        body = {"ticket": self.desk.store.ticket(ticket_id, self._base_url()), "audit": audit}
+        if existing["status"] == "closed":
+            return WriteOutcome(422, CLOSED_TICKET)  # Zendesk: a closed ticket takes no update at all
+        comment = ticket.get("comment")
+        uploads, refusal = self._uploads_of(comment if isinstance(comment, dict) else {})
+        if refusal is not None:
+            return refusal
+        if isinstance(comment, dict):
+            ticket = {**ticket, "comment": _with_body(comment)}
+        audit = store.add_comment(ticket_id, ticket)
+        self._add_email_ccs(ticket_id, ticket.get("email_ccs"))
+        if audit["id"] is not None:
+            self._attach_uploads(ticket_id, audit["id"], uploads, ticket["comment"])
+        body = {"ticket": store.ticket(ticket_id, self._base_url()), "audit": audit}
         return WriteOutcome(200, body, committed=True, ticket_id=ticket_id)
+
+    def _uploads_of(self, comment: dict):
+        """(the uploads a comment's tokens name, None), or (None, the 422 Zendesk answers for a token it does not
+        know or that expired): checked before anything is written."""
+        tokens = comment.get("uploads") or []
+        if not isinstance(tokens, list):
+            tokens = [tokens]
+        uploads = []
+        for token in tokens:
+            upload = self.desk.store.upload(str(token))
+            if upload is None or time.time() - upload["created_epoch"] > UPLOAD_TOKEN_SECONDS:
+                return None, WriteOutcome(422, {"error": "RecordInvalid", "description": "Record validation errors",
+                                                "details": {"uploads": [{"description": "Upload token is invalid "
+                                                                         "or has expired"}]}})
+            uploads.append(upload)
+        return uploads, None
+
+    def _attach_uploads(self, ticket_id: int, comment_id: int, uploads: list[dict], comment: dict):
+        html_body = str(comment.get("html_body") or "")
+        for upload in uploads:
+            # Zendesk's `inline` is read-only: an image is inline when the HTML shows it.
+            inline = self._content_url(upload["token"], upload["filename"]) in html_body
+            self.desk.store.add_attachment(ticket_id, filename=upload["filename"],
+                                           content_type=upload["content_type"], size=upload["size"],
+                                           sha256=upload["sha256"], inline=inline, comment_id=comment_id)
+
+    def _add_email_ccs(self, ticket_id: int, email_ccs):
+        store = self.desk.store
+        for cc in email_ccs if isinstance(email_ccs, list) else []:
+            if not isinstance(cc, dict) or cc.get("action", "put") != "put":
+                continue
+            if cc.get("user_email"):
+                store.find_or_create_person(str(cc["user_email"]), str(cc.get("user_name") or ""))
+                store.add_ticket_person(ticket_id, str(cc["user_email"]), "cc")
+            elif isinstance(cc.get("user_id"), int) and (person := store.person(person_id=cc["user_id"])):
+                store.add_ticket_person(ticket_id, person["email"], "cc")
+
+    def _content_url(self, token: str, filename: str) -> str:
+        return f"{self._base_url()}/attachments/token/{token}/?name={quote(filename)}"
 
     def rejection(self, fault):
         """How this API answers a refusing fault: (status, headers, body) or None. Dialects reshape the body."""
@@ -232,20 +326,9 @@ class Handler(BaseHTTPRequestHandler):
     def _ticket_write(self, method: str, path: str, action, external_id_of=None):
         """One record-writing request, through the fault plan: `action(record) -> WriteOutcome` runs at most
         once per idempotency key (when the API honours one). `external_id_of(record)` names it in the log."""
-        fault = self.desk.plan.next()
-        rejection = self.rejection(fault)
-        if rejection is not None:
-            status, headers, body = rejection
-            self._log_write(method, path, fault, WriteOutcome(status, body))
-            self._send(status, body, headers)
+        fault = self._fault_before_write(method, path)
+        if fault is None:
             return
-        if fault.name == "drop_before_commit":
-            self._log_write(method, path, fault, WriteOutcome(0, {}))
-            self._drop_connection()
-            return
-        if fault.name == "stall_before_commit":
-            self.desk.pause(fault.seconds)
-
         payload = self._parse_json()
         record = payload if self.PAYLOAD_KEY is None or payload is None else payload.get(self.PAYLOAD_KEY)
         if not isinstance(record, dict):
@@ -257,7 +340,28 @@ class Handler(BaseHTTPRequestHandler):
         outcome = self.desk.write(method, path, key, payload, lambda: action(record))
         external_id = external_id_of(record) if external_id_of else record.get("external_id")
         self._log_write(method, path, fault, outcome, external_id=external_id)
+        self._answer_write(fault, outcome)
 
+    def _fault_before_write(self, method: str, path: str):
+        """The next fault of the plan for a write; None when it has answered already (a refusal, a drop before
+        the commit). A stall before the commit happens here."""
+        fault = self.desk.plan.next()
+        rejection = self.rejection(fault)
+        if rejection is not None:
+            status, headers, body = rejection
+            self._log_write(method, path, fault, WriteOutcome(status, body))
+            self._send(status, body, headers)
+            return None
+        if fault.name == "drop_before_commit":
+            self._log_write(method, path, fault, WriteOutcome(0, {}))
+            self._drop_connection()
+            return None
+        if fault.name == "stall_before_commit":
+            self.desk.pause(fault.seconds)
+        return fault
+
+    def _answer_write(self, fault, outcome: WriteOutcome):
+        """The answer to a write that ran, unless the fault loses or delays it."""
         if fault.name == "drop_after_commit":
             self._drop_connection()
             return
@@ -265,6 +369,67 @@ class Handler(BaseHTTPRequestHandler):
             self.desk.pause(fault.seconds)
         headers = {"x-idempotency-lookup": outcome.lookup} if outcome.lookup else {}
         self._send(outcome.status, outcome.body, headers)
+
+    # Uploads and users (Zendesk): writes through the fault plan, without an idempotency key.
+
+    def upload_file(self):
+        path = "/api/v2/uploads.json"
+        fault = self._fault_before_write("POST", path)
+        if fault is None:
+            return
+        filename = (self.query.get("filename") or [""])[0]
+        if not filename:
+            outcome = WriteOutcome(422, {"error": "RecordInvalid", "description": "Record validation errors",
+                                         "details": {"filename": [{"description": "cannot be blank"}]}})
+        else:
+            content_type = (self.headers.get("Content-Type") or "application/octet-stream").split(";")[0].strip()
+            token = secrets.token_hex(12)
+            with self.desk.store.transaction():
+                upload = self.desk.store.add_upload(token, filename, content_type, self.raw_body)
+            url = self._content_url(token, filename)
+            attachment = {
+                "id": int(hashlib.sha256(token.encode()).hexdigest()[:10], 16),
+                "url": f"{self._base_url()}/api/v2/attachments/{token}.json", "file_name": filename,
+                "content_url": url, "mapped_content_url": url, "content_type": content_type,
+                "size": upload["size"], "inline": False, "deleted": False, "thumbnails": [],
+            }
+            expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(upload["created_epoch"] + UPLOAD_TOKEN_SECONDS))
+            outcome = WriteOutcome(201, {"upload": {"token": token, "expires_at": expires, "attachment": attachment,
+                                                    "attachments": [attachment]}}, committed=True)
+        self._log_write("POST", path, fault, outcome)
+        self._answer_write(fault, outcome)
+
+    def search_users(self):
+        """Zendesk's user search, for the `email:ADDR` query Mailroom sends (exact address, any case)."""
+        query = (self.query.get("query") or [""])[0].strip()
+        name, _, value = query.partition(":")
+        with self.desk.store.transaction():
+            person = self.desk.store.person(email=value.strip().strip('"')) if name == "email" and value else None
+        users = [] if person is None else [self._user(person)]
+        self._send(200, {"users": users, "count": len(users), "next_page": None, "previous_page": None})
+
+    def create_or_update_user(self):
+        path = "/api/v2/users/create_or_update.json"
+        fault = self._fault_before_write("POST", path)
+        if fault is None:
+            return
+        user = (self._parse_json() or {}).get("user")
+        if not isinstance(user, dict) or not isinstance(user.get("email"), str) or not user["email"].strip():
+            outcome = WriteOutcome(422, {"error": "RecordInvalid", "description": "Record validation errors",
+                                         "details": {"email": [{"description": "Email: cannot be blank"}]}})
+        else:
+            role = user.get("role") if user.get("role") in ("end-user", "agent", "admin") else "end-user"
+            with self.desk.store.transaction():
+                person_id, created = self.desk.store.find_or_create_person(user["email"], str(user.get("name") or ""),
+                                                                           role)
+                person = self.desk.store.person(person_id=person_id)
+            outcome = WriteOutcome(201 if created else 200, {"user": self._user(person)}, committed=True)
+        self._log_write("POST", path, fault, outcome)
+        self._answer_write(fault, outcome)
+
+    def _user(self, person: dict) -> dict:
+        return {"id": person["id"], "url": f"{self._base_url()}/api/v2/users/{person['id']}.json",
+                "name": person["name"], "email": person["email"], "role": person["role"], "active": True}
 
     def _log_write(self, method, path, fault, outcome: WriteOutcome, external_id=None):
         entry = {
@@ -416,6 +581,16 @@ class Handler(BaseHTTPRequestHandler):
                 self.desk.store.set_status(ticket_id, "closed")
         self._send(200 if found else 404, {"closed": bool(found)})
 
+    def control_quota(self):
+        self._send(200, self.desk.quota_report() or {})
+
     def control_reset(self):
         self.desk.reset()
         self._send(200, {"reset": True})
+
+
+def _with_body(comment: dict) -> dict:
+    """A Zendesk comment as the store keeps it: its html_body is its body when it has no plain one."""
+    if not comment.get("body") and isinstance(comment.get("html_body"), str):
+        return {**comment, "body": comment["html_body"]}
+    return comment

@@ -8,7 +8,13 @@ import pytest
 
 from intake.http import parse_retry_after
 from ticketing.destinations import adapter_for
-from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
+from ticketing.destinations.base import (
+    AmbiguousOutcome,
+    CommentRequest,
+    PermanentError,
+    TicketRequest,
+    TransientError,
+)
 from ticketing.destinations.http import field_errors as _field_errors
 from ticketing.destinations.zendesk import ZendeskDestination
 from ticketing.models import Destination
@@ -335,16 +341,20 @@ def test_add_comment_returns_the_comment_id_and_is_idempotent(desk, zendesk):
     adapter = zendesk()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
 
-    ref = adapter.add_comment(ticket.ticket_id, "Now it is smoking.", "4242", "key-c", "evt-2")
-    again = adapter.add_comment(ticket.ticket_id, "Now it is smoking.", "4242", "key-c", "evt-2")
+    reply = CommentRequest(body="Now it is smoking.", author_email="Jane Doe <jane.doe@example.com>")
+    ref = adapter.add_comment(ticket.ticket_id, reply, "key-c", "evt-2")
+    again = adapter.add_comment(ticket.ticket_id, reply, "key-c", "evt-2")
 
     assert ref == again
     comments = only_ticket(desk)["comments"]
     assert [c["body"] for c in comments] == ["The printer on floor 3 is on fire.", "Now it is smoking."]
     added = comments[1]
     assert str(added["id"]) == ref
-    assert added["author_id"] == 4242
+    # Written as the requester (the user Zendesk made for the ticket, found by address), publicly.
+    [jane] = [p for p in desk.people() if p["email"] == "jane.doe@example.com"]
+    assert (added["author_id"], added["author"]) == (jane["id"], "jane.doe@example.com")
     assert added["public"] is True
+    assert [e["idempotency_lookup"] for e in desk.requests_log()] == ["miss", "miss", "hit"]
     assert added["metadata"] == {"custom": {"external_ref": "evt-2"}}
 
 
@@ -353,15 +363,17 @@ def test_add_comment_errors(desk, zendesk):
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
 
     with pytest.raises(PermanentError) as missing:
-        adapter.add_comment("999", "hello", "jane@example.com", "key-c1", "evt-2")
+        adapter.add_comment("999", CommentRequest(body="hello", author_email="jane.doe@example.com"), "key-c1",
+                            "evt-2")
     assert missing.value.reason == "not_found"
 
+    hello = CommentRequest(body="hello", author_email="jane.doe@example.com")
     desk.set_plan(["rate_limit:4", "drop_after_commit"])
     with pytest.raises(TransientError) as limited:
-        adapter.add_comment(ticket.ticket_id, "hello", "jane@example.com", "key-c2", "evt-3")
+        adapter.add_comment(ticket.ticket_id, hello, "key-c2", "evt-3")
     assert limited.value.retry_after == 4.0
     with pytest.raises(AmbiguousOutcome) as dropped:
-        adapter.add_comment(ticket.ticket_id, "hello", "jane@example.com", "key-c2", "evt-3")
+        adapter.add_comment(ticket.ticket_id, hello, "key-c2", "evt-3")
     assert dropped.value.reason == "connection_lost"
     assert len(only_ticket(desk)["comments"]) == 2
 
@@ -372,7 +384,8 @@ def test_nothing_logged_contains_bodies_or_addresses(desk, zendesk, caplog):
     caplog.set_level(logging.DEBUG)
     adapter = zendesk()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    adapter.add_comment(ticket.ticket_id, "Secret reply text", "jane.doe@example.com", "key-c", "evt-2")
+    adapter.add_comment(ticket.ticket_id, CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
+                        "key-c", "evt-2")
     adapter.find_by_external_ref("evt-1")
     desk.set_plan(["reject_422"])
     with pytest.raises(PermanentError):

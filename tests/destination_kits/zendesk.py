@@ -1,4 +1,5 @@
-"""Zendesk against FakeDesk's default dialect: Idempotency-Key kept 2 h, listing by external_id."""
+"""Zendesk against FakeDesk's default dialect: Idempotency-Key kept 2 h, listing by external_id; files uploaded
+first and named by token, people on the record, comments authored, follow-ups of closed tickets."""
 from tests.factories import make_destination
 
 DIALECT = "zendesk"
@@ -6,6 +7,9 @@ PROTECTION = "key"
 DESK_OPTIONS: dict = {}
 
 GROUPS = {"billing": 360001, "tech": 360002}
+# The CC'd addresses end on the record (email_ccs), and a customer's reply is written as the customer.
+CC_ON_RECORD = True
+AUTHORED_COMMENTS = True
 PRIORITIES = ("low", "normal", "high", "urgent")
 
 
@@ -33,3 +37,20 @@ def route_of(record: dict) -> dict:
 
 def comments_of(record: dict) -> list[str]:
     return [c["body"] for c in record.get("comments") or []][1:]  # the first is the description
+
+
+def comment_records_of(record: dict) -> list[dict]:
+    """The comments after the description: body, public, and who wrote it (an address; "" for the API user)."""
+    return [{"body": c["body"], "public": c["public"], "author": c["author"]}
+            for c in (record.get("comments") or [])[1:]]
+
+
+def follow_up_of(record: dict) -> str | None:
+    """The closed ticket this one follows up (Zendesk's via_followup_source_id), or None."""
+    source = (record.get("fields") or {}).get("via_followup_source_id")
+    return None if source is None else str(source)
+
+
+def desk_reference(record: dict) -> str:
+    """What the subject of a reply to Zendesk's notification about `record` carries: "Request #<id>"."""
+    return f"Request #{record['id']}"

@@ -25,29 +25,70 @@ per call, `after_cursor` as the resume point) and keeps tickets whose `external_
 prefix; `existing_tickets` asks `GET /api/v2/tickets/show_many.json?ids=…` (100 per call; a
 deleted ticket is missing).
 
+What a ticket carries (docs/destinations/zendesk.md says it in words):
+- Files: each is uploaded first (`POST /api/v2/uploads.json?filename=…`, the raw bytes), and the create or
+  update comment names the tokens (`"uploads"`). Tokens are noted in the journal and reused while valid
+  (`ticketing.destinations.files.reuse_upload`), so a retried write sends the very same body under its
+  Idempotency-Key and Zendesk answers it with the original ticket. A lost upload answer is only transient:
+  nothing is on a ticket until a write names the token, and an unused upload expires.
+- The body: `html_body` (the sanitized HTML, `cid:` images pointing at their uploads' content_url, the
+  attachment list appended) when the message has HTML, else `body` (the plain text).
+- People: the requester by email and name (Zendesk finds or makes the end user), the CC'd addresses as
+  `email_ccs`; a customer's reply is written as that customer (`author_id`, found by
+  `GET /api/v2/users/search.json?query=email:…` or made by `POST /api/v2/users/create_or_update.json`), an
+  agent's mail as a private note (as that agent when Zendesk knows the address as an agent, else the API
+  user).
+- Closed tickets: Zendesk refuses any update to one with 422 RecordInvalid "Status: closed prevents ticket
+  update": `TicketClosed`; a follow-up ticket names the closed one in `via_followup_source_id`.
+- Zendesk's own references: "Request #123" / "Ticket #123" in a reply's subject and "Your request (#123)"
+  (its default notification's first line) in its text; the encoded id ("[ABCD-EFGH]") is not read, since no
+  public API decodes it.
+
 Nothing logged here contains a ticket body or a full email address.
 """
 import email.utils
+import functools
+import html
+import json
 import logging
+import re
 
 from intake.vocabulary import ReasonCode
 
+from ..rich_body import resolve_cid
 from .base import (
     AmbiguousOutcome,
     CommentRequest,
     DestinationRecord,
+    OutgoingFile,
     PermanentError,
     RecordPage,
+    TicketClosed,
     TicketRequest,
     TicketResult,
+    TransientError,
 )
+from .capabilities import FILES_WITH_WRITE, FOLLOW_UP, MB, REQUESTER_FIND_OR_CREATE, REVIEW, Capabilities
+from .files import reuse_upload
 from .http import HttpDestination, json_object
 from .settings import HTTP_SETTINGS, Flag, Mapping, Number, Text
 
 log = logging.getLogger(__name__)
 
 TICKETS_PATH = "/api/v2/tickets.json"
+UPLOADS_PATH = "/api/v2/uploads.json"
+USERS_SEARCH_PATH = "/api/v2/users/search.json"
+USERS_UPSERT_PATH = "/api/v2/users/create_or_update.json"
 MAX_LOOKUP_PAGES = 10
+# Zendesk keeps an upload token for 60 minutes; one older than 45 is uploaded again, so that no write (nor a
+# retry of one, waiting for its backoff) carries a token that expires on the way.
+UPLOAD_VALID_SECONDS = 45 * 60
+AGENT_ROLES = ("agent", "admin")
+# The journal step that remembers who a comment is written as (a Zendesk user id, or None: the API user).
+AUTHOR_STEP = "author_id"
+# The heading `ticketing.ticket_files.file_list` opens the description's list of files with.
+ATTACHMENTS_HEADING = "\n\nAttachments:\n"
+CLOSED_REFUSAL = "closed prevents ticket update"
 
 
 class ZendeskDestination(HttpDestination):
@@ -58,6 +99,26 @@ class ZendeskDestination(HttpDestination):
     consistent_lookup = True
     # Zendesk refuses a comment body over 65,535 characters; 64,000 leaves room for its own markup.
     max_description_chars = 64_000
+
+    capabilities = Capabilities(
+        files=FILES_WITH_WRITE,
+        max_file_bytes=50 * MB,          # Zendesk's limit per attachment
+        html=True,
+        requester=REQUESTER_FIND_OR_CREATE,
+        cc_field="email_ccs",
+        customer_authored_comments=True,
+        internal_notes=True,
+        closed_policies=(FOLLOW_UP, REVIEW),
+        acknowledges_requester=True,     # the standard trigger "Notify requester and CCs of received request"
+        requests_per_minute=700,         # Support Professional/Enterprise; Team has 200, the add-on 2,500
+    )
+    # The ticket id as Zendesk's notifications show it: its standard triggers' text says "Your request (#123)";
+    # a subject with "Request #123" / "Ticket #123" is the common customization of theirs.
+    reference_patterns = (
+        re.compile(r"\b(?:request|ticket)\s*#\s*(?P<ref>\d{1,12})\b", re.IGNORECASE),
+        re.compile(r"\byour request\s*\(#?(?P<ref>\d{1,12})\)", re.IGNORECASE),
+    )
+    reference_fields = ("subject", "body")
 
     SETTINGS = {
         **HTTP_SETTINGS,
@@ -86,15 +147,16 @@ class ZendeskDestination(HttpDestination):
     # --- The interface ------------------------------------------------------
 
     def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
+        uploads = self._uploads(request.files, idempotency_key)
+        ticket = ticket_payload(request, external_ref, self.destination.settings or {}, uploads=uploads)
         response = self._send("POST", TICKETS_PATH, write=True, idempotency_key=idempotency_key,
-                              json_body={"ticket": ticket_payload(request, external_ref,
-                                                                  self.destination.settings or {})})
+                              json_body={"ticket": ticket})
         ticket = _json(response, write=True).get("ticket") or {}
         if "id" not in ticket:
             # It answered 2xx, so the ticket probably exists; only a lookup can tell which.
             raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code} without a ticket id")
-        log.info("zendesk: created ticket %s for %s (idempotency lookup: %s)", ticket["id"], external_ref,
-                 response.headers.get("x-idempotency-lookup", "none"))
+        log.info("zendesk: created ticket %s for %s (%d file(s); idempotency lookup: %s)", ticket["id"], external_ref,
+                 len(request.files), response.headers.get("x-idempotency-lookup", "none"))
         return self._result(ticket)
 
     def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
@@ -122,21 +184,139 @@ class ZendeskDestination(HttpDestination):
         return matches
 
     def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
-        body, author = comment.body, comment.author_email
         if not str(ticket_id).isdigit():
             raise PermanentError(ReasonCode.NOT_FOUND, "a Zendesk ticket id is a number")
-        comment = {"body": body, "public": self.comment_public}
-        if str(author).isdigit():
-            comment["author_id"] = int(author)  # a Zendesk user id; otherwise the API user is the author
-        payload = {"ticket": {"comment": comment, "metadata": {"external_ref": external_ref}}}
+        # An agent's mail is an internal note; a customer's reply is public unless this destination says not.
+        public = comment.public and not comment.from_agent and self.comment_public
+        author_id = self._author_id(comment, idempotency_key, public=public)
+        uploads = self._uploads(comment.files, idempotency_key)
+        text, rich = comment.body, comment.html
+        if public and author_id is None:
+            # Written as the API user: say who wrote it, as kinds without authored comments do.
+            sender = comment.author_email if "<" in comment.author_email or not comment.author_name else (
+                f"{comment.author_name} <{comment.author_email}>")
+            text = f"From: {sender}\n\n{text}"
+            rich = f"<p>From: {html.escape(sender)}</p>{rich}" if rich and rich.strip() else rich
+        body = comment_body(text, rich, comment.files, uploads, self.max_description_chars)
+        body["public"] = public
+        if author_id is not None:
+            body["author_id"] = author_id
+        ticket = {"comment": body, "metadata": {"external_ref": external_ref}}
+        if public and comment.cc:
+            ticket["email_ccs"] = email_ccs(comment.cc)
         response = self._send("PUT", f"/api/v2/tickets/{ticket_id}.json", write=True,
-                              idempotency_key=idempotency_key, json_body=payload)
+                              idempotency_key=idempotency_key, json_body={"ticket": ticket})
         audit = _json(response, write=True).get("audit") or {}
         comment_ids = [e.get("id") for e in audit.get("events") or [] if e.get("type") == "Comment" and e.get("id")]
-        log.info("zendesk: commented on ticket %s for %s (idempotency lookup: %s)", ticket_id, external_ref,
+        log.info("zendesk: commented on ticket %s for %s (%s, author %s, %d file(s); idempotency lookup: %s)",
+                 ticket_id, external_ref, "public" if public else "private",
+                 "API user" if author_id is None else f"user {author_id}", len(body.get("uploads") or ()),
                  response.headers.get("x-idempotency-lookup", "none"))
         # The comment id when Zendesk reports it, else the ticket: the comment is on it either way.
         return str(comment_ids[0]) if comment_ids else str(ticket_id)
+
+    # --- Files: uploaded before the write, named by their tokens ---------------
+
+    def _uploads(self, files, idempotency_key: str) -> dict[int, dict]:
+        """{file index: {"token", "content_url"} or {"refused": reason}} for `files`, each uploaded once while its
+        token is valid (the journal keeps them for the next attempt of this write)."""
+        uploads = {}
+        for file in files:
+            upload = functools.partial(self._upload, file_key=file.key(idempotency_key))
+            value = reuse_upload(self, file, upload, valid_seconds=UPLOAD_VALID_SECONDS)
+            if value.get("file_key") != file.key(idempotency_key):
+                # Noted by another write of this adapter object (its journal is not an intent's): not this file.
+                self.journal.put(f"upload:{file.index}", {})
+                value = reuse_upload(self, file, upload, valid_seconds=UPLOAD_VALID_SECONDS)
+            uploads[file.index] = value
+        return uploads
+
+    def _upload(self, file: OutgoingFile, file_key: str) -> dict:
+        try:
+            response = self._send("POST", UPLOADS_PATH, write=True, params={"filename": file.filename},
+                                  data=file.read(), headers={"Content-Type": file.content_type or
+                                                             "application/octet-stream"},
+                                  retry_safe=True)
+        except AmbiguousOutcome as exc:
+            # Nothing is on a ticket until a write names the token: an upload whose answer was lost is made
+            # again, and the lost one expires unused.
+            raise TransientError(exc.reason, f"upload of file {file.index}: {exc.detail}") from exc
+        except PermanentError as exc:
+            if getattr(exc, "http_status", None) in (401, 403) or exc.reason in ("credentials", "configuration"):
+                raise
+            # A type the account's "Allowed file types" bans, a size over its plan: the ticket goes without it.
+            log.warning("zendesk: file %s refused by the upload API (%s)", file.index, exc.reason)
+            return {"refused": str(exc.reason), "file_key": file_key}
+        upload = json_object(response, write=False).get("upload") or {}
+        attachment = upload.get("attachment") or next(iter(upload.get("attachments") or []), {}) or {}
+        if not upload.get("token"):
+            raise TransientError(ReasonCode.UNREADABLE_RESPONSE, f"upload of file {file.index}: no token")
+        return {"token": str(upload["token"]), "content_url": str(attachment.get("content_url") or ""),
+                "file_key": file_key}
+
+    # --- People ------------------------------------------------------------------
+
+    def _author_id(self, comment: CommentRequest, idempotency_key: str, *, public: bool) -> int | None:
+        """Who `comment` is written as: the customer (found, else made an end user) for a public reply; for a
+        note, the agent when Zendesk knows the address as one, else None (the API user). Noted in the journal
+        so that a retry sends the same body."""
+        noted = self.journal.get(AUTHOR_STEP)
+        if isinstance(noted, dict) and noted.get("key") == idempotency_key:
+            return noted.get("user_id")
+        name, address = email.utils.parseaddr(comment.author_email)
+        address = address or comment.author_email
+        author_id = None
+        if address and "@" in address:
+            user = self._find_user(address)
+            if public:
+                user = user or self._create_end_user(address, comment.author_name or name)
+                author_id = (user or {}).get("id")
+            elif user and user.get("role") in AGENT_ROLES:
+                author_id = user.get("id")
+        author_id = int(author_id) if isinstance(author_id, int) or str(author_id or "").isdigit() else None
+        self.journal.put(AUTHOR_STEP, {"user_id": author_id, "key": idempotency_key})
+        return author_id
+
+    def _find_user(self, address: str) -> dict | None:
+        body = _json(self._send("GET", USERS_SEARCH_PATH, write=False, params={"query": f"email:{address}"}),
+                     write=False)
+        return next((user for user in body.get("users") or []
+                     if isinstance(user, dict) and str(user.get("email") or "").lower() == address.lower()), None)
+
+    def _create_end_user(self, address: str, name: str) -> dict | None:
+        """The end user made (or found) for `address`; None when the agent's role may not manage end users."""
+        payload = {"user": {"email": address, "name": name or address.split("@")[0], "role": "end-user"}}
+        try:
+            # An upsert on the address: sending it again finds the one user, so a lost answer is retried.
+            response = self._send("POST", USERS_UPSERT_PATH, write=True, json_body=payload, retry_safe=True)
+        except AmbiguousOutcome as exc:
+            raise TransientError(exc.reason, f"making the comment's author: {exc.detail}") from exc
+        except PermanentError as exc:
+            if getattr(exc, "http_status", None) != 403:
+                raise
+            # The token works (the search answered) but its role may not make users: the API user writes it.
+            log.warning("zendesk: this agent may not make end users (HTTP 403); the comment is the API user's")
+            return None
+        user = json_object(response, write=False).get("user") or {}
+        if not user.get("id"):
+            raise TransientError(ReasonCode.UNREADABLE_RESPONSE, "the user upsert answered without an id")
+        log.info("zendesk: comment author is user %s", user["id"])
+        return user
+
+    # --- The desk's own references ---------------------------------------------
+
+    def resolve_reference(self, ref: str) -> str | None:
+        """The ticket `ref` (a number from a notification) names, when Zendesk has it."""
+        if not str(ref).isdigit():
+            return None
+        try:
+            body = _json(self._send("GET", f"/api/v2/tickets/{int(ref)}.json", write=False), write=False)
+        except PermanentError as exc:
+            if exc.reason == ReasonCode.NOT_FOUND:
+                return None
+            raise
+        ticket = body.get("ticket") or {}
+        return str(ticket["id"]) if ticket.get("id") and ticket.get("status") != "deleted" else None
 
     def ticket_url(self, ticket_id) -> str:
         """The ticket in Zendesk's agent interface ("" without a base URL)."""
@@ -191,14 +371,16 @@ class ZendeskDestination(HttpDestination):
         return (f"{self.agent_email}/token", secret), {}
 
     def _send(self, method: str, path: str, *, write: bool, idempotency_key: str | None = None,
-              json_body=None, params=None):
+              json_body=None, params=None, data=None, headers=None, retry_safe: bool | None = None):
         return self.send(method, path, write=write, idempotency_key=idempotency_key, json_body=json_body,
-                         params=params)
+                         params=params, data=data, headers=headers, retry_safe=retry_safe)
 
     def special_error(self, response, body: dict, write: bool):
         if response.status_code == 400 and body.get("error") == "IdempotentRequestError":
             # Our key was used with another body: whether our ticket exists is for a lookup to say.
             return AmbiguousOutcome(ReasonCode.IDEMPOTENT_REQUEST_ERROR, f"HTTP {response.status_code}")
+        if response.status_code == 422 and closed_refusal(body):
+            return TicketClosed(f"HTTP {response.status_code}: Zendesk says the ticket is closed")
         return None
 
     def check_connection(self) -> str:
@@ -247,15 +429,17 @@ def route_fields(request: TicketRequest, settings: dict) -> dict:
     return fields
 
 
-def ticket_payload(request: TicketRequest, external_ref: str, settings: dict | None = None) -> dict:
+def ticket_payload(request: TicketRequest, external_ref: str, settings: dict | None = None,
+                   uploads: dict[int, dict] | None = None) -> dict:
     """The Zendesk ticket for a request. Deterministic: a retry must send the very same body under its key.
 
     `settings` (the destination's) map the route; `request.fields` (standard names or custom field ids)
-    are added last and win.
+    are added last and win. `uploads`: what `_uploads` made of `request.files` ({index: token and URL}).
     """
     ticket = {
         "subject": request.subject,
-        "comment": {"body": request.description},
+        "comment": comment_body(request.description, request.html, request.files, uploads or {},
+                                ZendeskDestination.max_description_chars),
         "external_id": external_ref,
         "tags": list(request.tags),
     }
@@ -263,7 +447,11 @@ def ticket_payload(request: TicketRequest, external_ref: str, settings: dict | N
     address = address or request.requester
     if address:
         # Zendesk finds or creates the end user by email; a new one needs a name.
-        ticket["requester"] = {"email": address, "name": name or address.split("@")[0]}
+        ticket["requester"] = {"email": address, "name": request.requester_name or name or address.split("@")[0]}
+    if request.cc:
+        ticket["email_ccs"] = email_ccs(request.cc)
+    if str(request.follow_up_of).isdigit():
+        ticket["via_followup_source_id"] = int(request.follow_up_of)  # a follow-up of that closed ticket
     custom_fields = []
     merged = {**route_fields(request, settings or {}), **(request.fields or {})}
     for key, value in sorted(merged.items(), key=lambda item: str(item[0])):
@@ -274,6 +462,48 @@ def ticket_payload(request: TicketRequest, external_ref: str, settings: dict | N
     if custom_fields:
         ticket["custom_fields"] = custom_fields
     return ticket
+
+
+def email_ccs(addresses) -> list[dict]:
+    """Zendesk's email_ccs for addresses: each user found, or made, by address and added ("put")."""
+    return [{"user_email": address, "action": "put"} for address in addresses if address]
+
+
+def comment_body(text: str, html_text: str, files, uploads: dict[int, dict], max_chars: int | None = None) -> dict:
+    """A Zendesk comment: `html_body` (images resolved, the file list appended) when there is HTML that fits,
+    else `body`; `uploads` the tokens of the files uploaded for it."""
+    tokens = [uploads[f.index]["token"] for f in files if (uploads.get(f.index) or {}).get("token")]
+    refused = [f.filename for f in files if (uploads.get(f.index) or {}).get("refused")]
+    refused_line = (f"\n\nZendesk refused these files (kept in Mailroom): {', '.join(refused)}"
+                    if refused else "")
+    comment = {"body": text + refused_line}
+    if html_text and html_text.strip():
+        urls = {f.content_id.strip("<>"): uploads[f.index]["content_url"] for f in files
+                if f.content_id and (uploads.get(f.index) or {}).get("content_url")}
+        rich = resolve_cid(html_text, urls) + listing_html(text) + (
+            f"<p>{html.escape(refused_line.strip())}</p>" if refused else "")
+        if max_chars is None or len(rich) <= max_chars:
+            comment = {"html_body": rich}
+    if tokens:
+        comment["uploads"] = tokens
+    return comment
+
+
+def listing_html(text: str) -> str:
+    """The list of files the plain text ends with (`ticketing.ticket_files.file_list`), as escaped HTML."""
+    at = (text or "").rfind(ATTACHMENTS_HEADING)
+    if at < 0:
+        return ""
+    lines = [line for line in text[at + len(ATTACHMENTS_HEADING):].splitlines() if line.strip()]
+    items = "".join(f"<li>{html.escape(line.removeprefix('- '))}</li>" for line in lines)
+    return f"<p>Attachments:</p><ul>{items}</ul>" if items else ""
+
+
+def closed_refusal(body: dict) -> bool:
+    """Is this 422 Zendesk's refusal of an update to a closed ticket (details naming "closed prevents ticket
+    update", under `status` or `base`)?"""
+    details = body.get("details") if isinstance(body, dict) else None
+    return bool(details) and CLOSED_REFUSAL in json.dumps(details).lower()
 
 
 _json = json_object
