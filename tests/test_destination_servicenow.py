@@ -1,17 +1,31 @@
 """The ServiceNow adapter against FakeDesk's servicenow dialect over real HTTP: the record it writes,
-the Import Set upsert, the correlation_id lookup, ServiceNow's own error bodies, check_connection.
+its caller and watch list, files after the write, journal entries, closed and resolved incidents,
+ServiceNow's own references, the Import Set upsert, the correlation_id lookup, ServiceNow's own error
+bodies, check_connection.
 
-What every kind shares (duplicates, lost answers, 429/401/422, comments through the pipeline) is in
-tests/test_destination_contract.py."""
+What every kind shares (duplicates, lost answers, 429/401/422, comments, files and people through the
+pipeline) is in tests/test_destination_contract.py and tests/test_desk_contract_rich.py."""
+import hashlib
 import logging
 import re
 
 import pytest
 import requests
 
-from tests.destination_kits import servicenow as kit
+from tests.destination_kits import only_record, servicenow as kit
 from ticketing.destinations import adapter_for
-from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
+from ticketing.destinations.base import (
+    AmbiguousOutcome,
+    CommentRequest,
+    OutgoingFile,
+    PermanentError,
+    TicketClosed,
+    TicketRequest,
+    TransientError,
+)
+from ticketing.destinations.capabilities import FILES_AFTER_WRITE, REQUESTER_FIND_OR_CREATE
+from ticketing.destinations.files import attach_each
+from ticketing.destinations.journal import MemoryJournal
 from ticketing.destinations.servicenow import ServiceNowDestination
 from ticketing.destinations.settings import validate
 
@@ -20,11 +34,40 @@ pytestmark = pytest.mark.fakedesk(dialect="servicenow")
 REQUEST = TicketRequest(
     subject="Invoice 42 charged twice",
     description="I was charged twice for invoice 42.",
-    requester="Jane Doe <jane.doe@example.com>",
+    requester="Jane Doe <jane.doe@example.com>", requester_name="Jane Doe",
     tags=("email",),
     queue="billing", priority="urgent", request_type="refund", assignee="alice",
 )
 SYS_ID = re.compile(r"[0-9a-f]{32}")
+INVOICE = b"%PDF-1.4\n% invoice 42\n%%EOF\n"
+SCREENSHOT = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+
+
+def outgoing(index: int, filename: str, data: bytes, content_type: str) -> OutgoingFile:
+    return OutgoingFile(index=index, filename=filename, content_type=content_type, size=len(data),
+                        sha256=hashlib.sha256(data).hexdigest(), payload=lambda: data)
+
+
+FILES = (outgoing(0, "invoice-42.pdf", INVOICE, "application/pdf"),
+         outgoing(1, "screen shot.png", SCREENSHOT, "image/png"))
+
+
+def copies(record: dict) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for attachment in record["attachments"]:
+        counts[attachment["sha256"]] = counts.get(attachment["sha256"], 0) + 1
+    return counts
+
+
+def api(desk, method: str, path: str, **options):
+    """A call to the fake as an agent of the instance would make it."""
+    return requests.request(method, f"{desk.url}{path}", auth=("admin", desk.token), timeout=5, **options)
+
+
+def user_sys_id(desk, address: str) -> str:
+    [user] = api(desk, "GET", "/api/now/table/sys_user", params={"sysparm_query": f"email={address}"}).json()[
+        "result"]
+    return user["sys_id"]
 
 
 @pytest.fixture
@@ -53,6 +96,16 @@ def records(desk):
 
 # --- Capabilities -------------------------------------------------------------
 
+def test_capabilities_files_after_the_write_a_caller_and_a_watch_list():
+    declared = ServiceNowDestination.capabilities
+    assert (declared.files, declared.requester, declared.cc_field) == (
+        FILES_AFTER_WRITE, REQUESTER_FIND_OR_CREATE, "watch_list")
+    assert declared.max_file_bytes == 1024 * 1024 * 1024 and declared.html is False
+    assert (declared.customer_authored_comments, declared.internal_notes) == (False, True)
+    assert declared.closed_policies == ("follow_up", "reopen", "review")
+    assert declared.acknowledges_requester is True and declared.requests_per_minute is None
+
+
 def test_capabilities_table_mode_looks_up_and_import_set_mode_upserts(servicenow):
     table = servicenow()
     assert isinstance(table, ServiceNowDestination)
@@ -76,11 +129,12 @@ def test_create_sends_the_table_api_record_with_route_and_correlation_id(desk, s
     assert SYS_ID.fullmatch(result.ticket_id) and result.ticket_id == record["sys_id"]
     assert result.url == f"{desk.url}/nav_to.do?uri=incident.do?sys_id={record['sys_id']}"
     assert record["number"] == "INC0010001"
-    sent = {name: record[name] for name in record if not name.startswith("sys_") and name != "number"}
+    sent = {name: record[name] for name in record if not name.startswith("sys_")
+            and name not in ("number", "state", "active")}
     assert sent == {
         "short_description": "Invoice 42 charged twice",
         "description": "I was charged twice for invoice 42.",
-        "caller_id": "jane.doe@example.com",
+        "caller_id": user_sys_id(desk, "jane.doe@example.com"),     # the user made for her
         "contact_type": "email",
         "correlation_id": "evt-1",
         "correlation_display": "Mailroom",
@@ -89,8 +143,7 @@ def test_create_sends_the_table_api_record_with_route_and_correlation_id(desk, s
         "category": "inquiry",
         "assigned_to": "alice.agent",
     }
-    [create] = [r for r in seen if r.method == "POST"]
-    assert create.path == "/api/now/table/incident"
+    [create] = [r for r in seen if r.method == "POST" and r.path == "/api/now/table/incident"]
     assert create.query["sysparm_input_display_value"] == ["true"]
     assert "Idempotency-Key" not in create.headers
 
@@ -170,7 +223,7 @@ def test_an_ignored_row_is_rejected_and_several_targets_are_multiple_matches(des
         {"import_set": "ISET2", "result": [{"table": "incident", "status": "inserted", "sys_id": "a" * 32},
                                            {"table": "incident", "status": "updated", "sys_id": "b" * 32}]},
     ])
-    desk.on_request(lambda request: (201, next(answers)) if request.method == "POST" else None)
+    desk.on_request(lambda request: (201, next(answers)) if request.path.startswith("/api/now/import/") else None)
 
     with pytest.raises(PermanentError) as ignored:
         adapter.create_ticket(REQUEST, "key-1", "evt-1")
@@ -222,32 +275,228 @@ def test_listing_finds_our_records_and_the_ones_that_still_exist(desk, serviceno
 def test_a_comment_is_a_customer_visible_journal_entry_or_a_work_note(desk, servicenow, seen):
     adapter = servicenow()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    assert adapter.add_comment(ticket.ticket_id, "Any news?", "jane.doe@example.com", "key-c", "evt-2") == \
-        ticket.ticket_id
-    servicenow(comment_field="work_notes").add_comment(ticket.ticket_id, "Internal", "x", "key-d", "evt-3")
+    reply = CommentRequest(body="Any news?", author_email="jane.doe@example.com", author_name="Jane Doe")
+    assert adapter.add_comment(ticket.ticket_id, reply, "key-c", "evt-2") == ticket.ticket_id
+    note = CommentRequest(body="Refund approved.", author_email="sam@acme-support.test", public=False, from_agent=True)
+    adapter.add_comment(ticket.ticket_id, note, "key-d", "evt-3")
+    servicenow(comment_field="work_notes").add_comment(ticket.ticket_id, reply, "key-e", "evt-4")
 
     patch = [r for r in seen if r.method == "PATCH"][0]
-    assert (patch.path, patch.json()) == (f"/api/now/table/incident/{ticket.ticket_id}", {"comments": "Any news?"})
-    [ticket_record] = desk.tickets()
-    assert [(c["body"], c["public"]) for c in ticket_record["comments"][1:]] == [("Any news?", True),
-                                                                                 ("Internal", False)]
+    assert (patch.path, patch.json()) == (f"/api/now/table/incident/{ticket.ticket_id}",
+                                          {"comments": "From: Jane Doe <jane.doe@example.com>\n\nAny news?"})
+    entries = kit.comment_records_of(only_record(desk))
+    assert [(c["body"], c["public"], c["author"]) for c in entries] == [
+        ("From: Jane Doe <jane.doe@example.com>\n\nAny news?", True, "mailroom.integration"),
+        ("From: sam@acme-support.test\n\nRefund approved.", False, "mailroom.integration"),
+        ("From: Jane Doe <jane.doe@example.com>\n\nAny news?", False, "mailroom.integration")]
 
 
 def test_comment_errors(desk, servicenow):
     adapter = servicenow(import_set_table="u_mailroom_incident_import")
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    hello = CommentRequest(body="hello", author_email="x@example.com")
     with pytest.raises(PermanentError) as malformed:
-        adapter.add_comment("42", "hello", "x", "key-c", "evt-2")
+        adapter.add_comment("42", hello, "key-c", "evt-2")
     assert malformed.value.reason == "not_found"
     with pytest.raises(PermanentError) as missing:
-        adapter.add_comment("f" * 32, "hello", "x", "key-c", "evt-2")
+        adapter.add_comment("f" * 32, hello, "key-c", "evt-2")
     assert missing.value.reason == "not_found"
 
     # Import Set mode makes creates retry-safe, never a journal entry: a 5xx after a PATCH stays ambiguous.
     desk.set_plan(["error_500"])
     with pytest.raises(AmbiguousOutcome) as failed:
-        adapter.add_comment(ticket.ticket_id, "hello", "x", "key-c", "evt-2")
+        adapter.add_comment(ticket.ticket_id, hello, "key-c", "evt-2")
     assert failed.value.reason == "server_error"
+
+
+# --- People ------------------------------------------------------------------------------------
+
+def test_the_caller_is_a_user_found_or_made_and_the_copied_people_watch(desk, servicenow, seen):
+    api(desk, "POST", "/api/now/table/sys_user", json={"user_name": "bob", "email": "bob@customer.test",
+                                                       "first_name": "Bob", "last_name": "Buyer"})
+    seen.clear()
+    request = TicketRequest(subject="s", description="d", requester="Jane Doe <jane.doe@example.com>",
+                            requester_name="Jane Doe", cc=("bob@customer.test", "carol@partner.test"))
+    servicenow().create_ticket(request, "key-1", "evt-1")
+
+    [record] = records(desk)
+    jane, bob = user_sys_id(desk, "jane.doe@example.com"), user_sys_id(desk, "bob@customer.test")
+    assert record["caller_id"] == jane
+    assert record["watch_list"] == f"{bob},carol@partner.test"   # a known user by sys_id, anyone else as address
+    assert only_record(desk)["people"] == {"requester": "jane.doe@example.com",
+                                           "cc": ["bob@customer.test", "carol@partner.test"]}
+    made = [r.json() for r in seen if r.method == "POST" and r.path == "/api/now/table/sys_user"]
+    assert made == [{"user_name": "jane.doe@example.com", "email": "jane.doe@example.com", "first_name": "Jane",
+                     "last_name": "Doe", "notification": "2"}]
+    assert [p["name"] for p in desk.people() if p["email"] == "jane.doe@example.com"] == ["Jane Doe"]
+
+
+def test_a_known_caller_is_found_and_a_retry_sends_the_same_record(desk, servicenow, seen):
+    journal = MemoryJournal()
+    first = servicenow()
+    first.journal = journal
+    first.create_ticket(REQUEST, "key-1", "evt-1")
+    again = servicenow()
+    again.journal = journal
+    seen.clear()
+    again.create_ticket(REQUEST, "key-1", "evt-1")
+    assert [(r.method, r.path) for r in seen] == [("POST", "/api/now/table/incident")]   # the ids were noted
+    servicenow().create_ticket(REQUEST, "key-2", "evt-2")
+    assert len(desk.people()) == 1
+    assert len({r["caller_id"] for r in records(desk)}) == 1
+
+
+@pytest.mark.parametrize("settings, refusal", [({"create_callers": False}, None), ({}, 403)])
+def test_without_a_user_the_caller_is_the_address(desk, servicenow, settings, refusal):
+    if refusal:
+        desk.on_request(lambda request: (refusal, {"error": {"message": "Operation Failed", "detail":
+                                                             "ACL Exception Insert Failed due to security constraints"},
+                                                   "status": "failure"})
+                        if request.method == "POST" and request.path == "/api/now/table/sys_user" else None)
+    servicenow(**settings).create_ticket(REQUEST, "key-1", "evt-1")
+    assert records(desk)[0]["caller_id"] == "jane.doe@example.com" and desk.people() == []
+    assert only_record(desk)["people"]["requester"] == "jane.doe@example.com"
+
+
+def test_a_replys_copied_people_join_the_watch_list(desk, servicenow):
+    adapter = servicenow()
+    ticket = adapter.create_ticket(TicketRequest(subject="s", description="d", requester="jane.doe@example.com",
+                                                 cc=("carol@partner.test",)), "key-1", "evt-1")
+    adapter.add_comment(ticket.ticket_id, CommentRequest(body="Adding Dan.", author_email="jane.doe@example.com",
+                                                         cc=("carol@partner.test", "dan@customer.test")),
+                        "key-c", "evt-2")
+    assert records(desk)[0]["watch_list"] == "carol@partner.test,dan@customer.test"
+
+
+# --- Files after the write ----------------------------------------------------------------------
+
+def test_two_files_are_attached_once_each_with_their_hash(desk, servicenow, seen):
+    adapter = servicenow()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    adapter.journal = MemoryJournal()
+    done = attach_each(adapter, ticket, FILES, "key-1")
+    assert len(done["done"]) == 2 and all(SYS_ID.fullmatch(i) for i in done["done"])
+    assert copies(only_record(desk)) == {f.sha256: 1 for f in FILES}
+    upload = [r for r in seen if r.method == "POST" and r.path == "/api/now/attachment/file"][1]
+    assert upload.query == {"table_name": ["incident"], "table_sys_id": [ticket], "file_name": ["screen shot.png"]}
+    assert (upload.headers["Content-Type"], upload.body) == ("image/png", SCREENSHOT)
+    listed = api(desk, "GET", "/api/now/attachment", params={"sysparm_query": f"table_sys_id={ticket}"}).json()
+    assert sorted(row["hash"] for row in listed["result"]) == sorted(f.sha256 for f in FILES)
+    count = len(desk.requests_log())
+    assert attach_each(adapter, ticket, FILES, "key-1") == done and len(desk.requests_log()) == count
+
+
+def test_a_lost_upload_answer_never_doubles_a_file(desk, servicenow):
+    adapter = servicenow()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    adapter.journal = MemoryJournal()
+    desk.set_plan(["ok", "drop_after_commit"])            # the second file's upload loses its answer
+    with pytest.raises(TransientError) as caught:
+        attach_each(adapter, ticket, FILES, "key-1")
+    assert caught.value.reason == "connection_lost"
+    assert len(attach_each(adapter, ticket, FILES, "key-1")["done"]) == 2
+    assert copies(only_record(desk)) == {f.sha256: 1 for f in FILES}
+    assert len([w for w in desk.requests_log() if w["path"] == "/api/now/attachment/file"]) == 2
+
+
+def test_a_file_of_the_same_name_and_size_but_other_bytes_is_not_ours(desk, servicenow):
+    adapter = servicenow()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    other = b"%PDF-1.4\n% invoice 43\n%%EOF\n"
+    assert len(other) == len(INVOICE)
+    api(desk, "POST", "/api/now/attachment/file", data=other, headers={"Content-Type": "application/pdf"},
+        params={"table_name": "incident", "table_sys_id": ticket, "file_name": "invoice-42.pdf"})
+    assert adapter.find_file(ticket, FILES[0], "key-1-f0") is None
+    attached = adapter.upload_file(ticket, FILES[0], "key-1-f0")
+    assert adapter.find_file(ticket, FILES[0], "key-1-f0") == attached
+
+
+# --- Closed and resolved incidents ------------------------------------------------------------------
+
+def test_a_closed_incident_is_ticket_closed_without_a_write(desk, servicenow):
+    adapter = servicenow()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    desk.close(only_record(desk)["id"])
+    count = len(desk.requests_log())
+    with pytest.raises(TicketClosed) as caught:
+        adapter.add_comment(ticket, CommentRequest(body="Again.", author_email="jane.doe@example.com"), "k", "e")
+    assert caught.value.reason == "ticket_closed" and "INC0010001" in caught.value.detail
+    assert len(desk.requests_log()) == count
+    adapter.journal = MemoryJournal()
+    assert attach_each(adapter, ticket, FILES[:1], "key-2") == {"done": [], "refused": ["invoice-42.pdf"]}
+    # The instance refuses the writes itself too (its write ACL), as 403s.
+    patch = api(desk, "PATCH", f"/api/now/table/incident/{ticket}", json={"comments": "x"})
+    assert (patch.status_code, patch.json()["error"]["message"]) == (403, "Operation Failed")
+
+
+def test_a_record_closed_between_the_read_and_the_write_is_ticket_closed(desk, servicenow):
+    adapter = servicenow()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    desk.close(only_record(desk)["id"])
+    stale = [{"sys_id": ticket, "number": "INC0010001", "state": "2", "active": "true", "watch_list": ""}]
+    answered = []
+
+    def open_at_first(request):
+        if request.method == "GET" and request.path == "/api/now/table/incident" and not answered:
+            answered.append(request)
+            return 200, {"result": stale}
+        return None
+    desk.on_request(open_at_first)
+    with pytest.raises(TicketClosed):
+        adapter.add_comment(ticket, CommentRequest(body="Again.", author_email="jane.doe@example.com"), "k", "e")
+    assert [w["status"] for w in desk.requests_log()][-1] == 403
+
+
+@pytest.mark.parametrize("policy, state", [("reopen", "2"), ("follow_up", "6"), (None, "6")])
+def test_a_resolved_incident_takes_the_comment_and_reopens_only_under_reopen(desk, servicenow, policy, state):
+    adapter = servicenow(closed_policy=policy) if policy else servicenow()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    api(desk, "PATCH", f"/api/now/table/incident/{ticket}", json={"state": "6", "close_code": "Solution provided"})
+    adapter.add_comment(ticket, CommentRequest(body="Still broken.", author_email="jane.doe@example.com"), "k", "e")
+    assert (records(desk)[0]["state"], records(desk)[0]["active"]) == (state, "true")
+    assert "Still broken." in kit.comment_records_of(only_record(desk))[-1]["body"]
+
+
+@pytest.mark.parametrize("table, link", [("incident", "parent_incident"), ("sn_customerservice_case", "parent")])
+def test_a_follow_up_links_the_closed_record(desk, servicenow, table, link):
+    adapter = servicenow(table=table)
+    closed = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    adapter.create_ticket(TicketRequest(subject="Again", description="It happened again.",
+                                        requester="jane.doe@example.com", follow_up_of=closed), "key-2", "evt-2")
+    follow_up = records(desk)[1]
+    assert follow_up[link] == closed and follow_up["description"] == "It happened again."
+    if table == "incident":
+        assert kit.follow_up_of(desk.tickets()[1]) == closed and kit.follow_up_of(desk.tickets()[0]) is None
+
+
+# --- ServiceNow's own references ----------------------------------------------------------------------
+
+def test_the_number_and_the_watermark_name_the_record(desk, servicenow):
+    adapter = servicenow()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    reference = kit.desk_reference(only_record(desk))
+    text = f"RE: Incident INC0010001 -- opened on your behalf\n{reference}"
+    found = [m.group("ref") for pattern in adapter.reference_patterns for m in pattern.finditer(text)]
+    assert found == ["INC0010001", reference.removeprefix("Ref:")]
+    assert set(adapter.reference_fields) == {"subject", "body"}
+    assert [adapter.resolve_reference(ref) for ref in found] == [ticket, ticket]
+    assert adapter.resolve_reference("INC0099999") is None and adapter.resolve_reference("MSG0099999_x") is None
+    # Another table's record is not this destination's, whichever reference names it.
+    problems = servicenow(table="problem")
+    problem = problems.create_ticket(REQUEST, "key-2", "evt-2").ticket_id
+    problem_mark = kit.desk_reference(desk.tickets()[1]).removeprefix("Ref:")
+    assert (problems.resolve_reference(problem_mark), adapter.resolve_reference(problem_mark)) == (problem, None)
+    assert [m.group("ref") for m in problems.reference_patterns[0].finditer("PRB0010001 INC0010001")] == [
+        "PRB0010001"]
+
+
+def test_an_unreadable_watermark_table_leaves_the_number(desk, servicenow):
+    adapter = servicenow()
+    adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    desk.on_request(lambda request: (403, {"error": {"message": "User Not Authorized", "detail": "ACL"},
+                                           "status": "failure"}) if "sys_watermark" in request.path else None)
+    assert adapter.resolve_reference(kit.desk_reference(only_record(desk)).removeprefix("Ref:")) is None
+    assert adapter.resolve_reference("INC0010001") == records(desk)[0]["sys_id"]
 
 
 # --- ServiceNow's error answers ----------------------------------------------------------------
@@ -266,7 +515,8 @@ def test_a_400_is_invalid_fields_with_servicenow_s_message(desk, servicenow):
 ])
 def test_a_403_is_a_data_policy_or_an_acl(desk, servicenow, detail, reason):
     desk.on_request(lambda request: (403, {"error": {"message": "Operation Failed", "detail": detail},
-                                           "status": "failure"}))
+                                           "status": "failure"}) if request.path == "/api/now/table/incident"
+                    and request.method == "POST" else None)
     with pytest.raises(PermanentError) as caught:
         servicenow().create_ticket(REQUEST, "key-1", "evt-1")
     assert caught.value.reason == reason
@@ -354,8 +604,11 @@ def test_settings_are_checked_field_by_field():
 def test_nothing_logged_carries_bodies_addresses_or_the_password(desk, servicenow, caplog):
     caplog.set_level(logging.DEBUG)
     adapter = servicenow()
-    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    adapter.add_comment(ticket.ticket_id, "Secret reply text", "jane.doe@example.com", "key-c", "evt-2")
+    ticket = adapter.create_ticket(TicketRequest(subject="s", description="d", requester="jane.doe@example.com",
+                                                 cc=("bob@customer.test",)), "key-1", "evt-1")
+    adapter.add_comment(ticket.ticket_id, CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
+                        "key-c", "evt-2")
+    attach_each(adapter, ticket.ticket_id, FILES[:1], "key-1")
     adapter.find_by_external_ref("evt-1")
     desk.set_plan(["reject_422"])
     with pytest.raises(PermanentError):
@@ -363,7 +616,7 @@ def test_nothing_logged_carries_bodies_addresses_or_the_password(desk, serviceno
 
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "evt-1" in text
-    for secret in ("jane.doe@example.com", "charged twice", "Secret reply text", desk.token):
+    for secret in ("jane.doe@example.com", "bob@customer.test", "charged twice", "Secret reply text", desk.token):
         assert secret not in text
 
 

@@ -1,5 +1,6 @@
 """ServiceNow against FakeDesk's servicenow dialect: Table API creates, settled by the consistent
 correlation_id lookup (no idempotency key)."""
+from fakedesk.dialects.servicenow_records import watermark
 from intake.secrets import env_prefix
 from tests.factories import make_destination
 from ticketing.destinations.servicenow import DEFAULT_PRIORITIES
@@ -7,6 +8,9 @@ from ticketing.destinations.servicenow import DEFAULT_PRIORITIES
 DIALECT = "servicenow"
 PROTECTION = "consistent_lookup"
 DESK_OPTIONS: dict = {}
+# The people copied are on the watch list; every journal entry is written as the integration user.
+CC_ON_RECORD = True
+AUTHORED_COMMENTS = False
 
 GROUPS = {"billing": "Billing", "tech": "Service Desk"}
 
@@ -40,3 +44,18 @@ def route_of(record: dict) -> dict:
 
 def comments_of(record: dict) -> list[str]:
     return [c["body"] for c in record.get("comments") or []][1:]  # the first is the description
+
+
+def comment_records_of(record: dict) -> list[dict]:
+    """The journal entries after the description: {"body", "public", "author"}."""
+    return [{"body": c["body"], "public": c["public"], "author": c["author"]} for c in record.get("comments") or []][1:]
+
+
+def follow_up_of(record: dict) -> str | None:
+    """The closed incident a follow-up names as its parent."""
+    return (record.get("fields") or {}).get("parent_incident") or None
+
+
+def desk_reference(record: dict) -> str:
+    """What a reply to ServiceNow's notification carries: the watermark of its last line."""
+    return f"Ref:{watermark(record['id'], record['fields']['sys_id'])}" if record else ""
