@@ -1,8 +1,12 @@
 """The HubSpot adapter against FakeDesk's hubspot dialect over real HTTP: the ticket upsert by the unique
-property, the requester's contact, notes, HubSpot's error bodies, check_connection.
+property, the requester's and the CC'd contacts, notes, files (uploaded, then attached by a note), closed
+stages, follow-ups, HubSpot's error bodies, check_connection.
 
 What every kind shares (duplicates, lost answers, 429/401/422, comments through the pipeline) is in
 tests/test_destination_contract.py."""
+import email.parser
+import email.policy
+import hashlib
 import json
 import logging
 from datetime import datetime
@@ -14,8 +18,19 @@ from tests.destination_kits import hubspot as kit
 from tests.factories import make_event
 from ticketing import intents
 from ticketing.destinations import adapter_for
-from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
-from ticketing.destinations.hubspot import HubSpotDestination, ticket_properties
+from ticketing.destinations.base import (
+    AmbiguousOutcome,
+    CommentRequest,
+    OutgoingFile,
+    PermanentError,
+    TicketClosed,
+    TicketRequest,
+    TransientError,
+)
+from ticketing.destinations.capabilities import FILES_AFTER_WRITE, MB, REQUESTER_FIND_OR_CREATE
+from ticketing.destinations.files import attach_each
+from ticketing.destinations.hubspot import HubSpotDestination, note_html, ticket_properties
+from ticketing.destinations.journal import MemoryJournal
 from ticketing.destinations.settings import validate
 from ticketing.models import Destination
 
@@ -30,6 +45,37 @@ REQUEST = TicketRequest(
     fields={"mailroom_requester": "from-fields"},
 )
 UPSERT_PATH = "/crm/v3/objects/tickets/batch/upsert"
+NOTES_PATH = "/crm/v3/objects/notes"
+EMAILS_PATH = "/crm/v3/objects/emails"
+FILES_PATH = "/files/v3/files"
+REPLY = CommentRequest(body="Still charged twice.", author_email="jane.doe@example.com", author_name="Jane Doe")
+
+
+def outgoing(index: int, filename: str, data: bytes, content_type: str = "application/pdf") -> OutgoingFile:
+    return OutgoingFile(index=index, filename=filename, content_type=content_type, size=len(data),
+                        sha256=hashlib.sha256(data).hexdigest(), payload=lambda: data)
+
+
+FILES = (outgoing(0, "invoice-42.pdf", b"%PDF-1.7 invoice 42"),
+         outgoing(1, "screenshot.png", b"\x89PNG shot", "image/png"))
+
+
+def multipart_fields(request) -> dict:
+    """The parts of a multipart/form-data request: name -> text, or (filename, bytes) for the file."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        f"Content-Type: {request.headers['Content-Type']}\r\n\r\n".encode() + request.body)
+    parts = {}
+    for part in message.iter_parts():
+        name, data = part.get_param("name", header="content-disposition"), part.get_payload(decode=True)
+        parts[name] = (part.get_filename(), data) if part.get_filename() else data.decode()
+    return parts
+
+
+def attached_by_sha(record: dict) -> dict:
+    counts = {}
+    for attachment in record["attachments"]:
+        counts[attachment["sha256"]] = counts.get(attachment["sha256"], 0) + 1
+    return counts
 MISSING_SCOPES = {"status": "error", "message": "This app hasn't been granted all required scopes to make this call.",
                   "correlationId": "c0ffee", "category": "MISSING_SCOPES",
                   "errors": [{"message": "One or more of the following scopes are required.",
@@ -77,18 +123,27 @@ def test_capabilities_an_upsert_with_a_consistent_lookup_and_a_default_api_url(h
     eu = HubSpotDestination(Destination(kind="hubspot", settings={"portal_id": "99",
                                                                   "app_url": "https://app-eu1.hubspot.com"}))
     assert eu.ticket_url("7") == "https://app-eu1.hubspot.com/contacts/99/record/0-5/7"
+    caps = HubSpotDestination.capabilities
+    assert (caps.files, caps.max_file_bytes, caps.html, caps.requester, caps.cc_field) == (
+        FILES_AFTER_WRITE, 20 * MB, False, REQUESTER_FIND_OR_CREATE, "associations")
+    assert (caps.closed_policies, caps.acknowledges_requester, caps.customer_authored_comments,
+            caps.requests_per_minute) == (("follow_up", "reopen", "review"), False, True, 600)
+    assert (bare.create_contacts, bare.closed_policy, HubSpotDestination.reference_patterns) == (True, "follow_up", ())
 
 
 def test_settings_are_checked_field_by_field():
     good = {"id_property": "ticket_ref", "pipeline": "12345", "pipeline_stage": "67890", "portal_id": 4242,
             "app_url": "https://app-eu1.hubspot.com", "create_contacts": True, "requester_property": "requester",
             "queues": {"billing": "111:222", "tech": "333"}, "priorities": {"urgent": "HIGH"},
-            "owners": {"alice": "7001"}, "categories": {"refund": "BILLING_ISSUE"}, "connect_timeout": 2}
+            "owners": {"alice": "7001"}, "categories": {"refund": "BILLING_ISSUE"}, "connect_timeout": 2,
+            "files_folder": "/support/mailroom", "reopen_stage": "2", "closed_policy": "reopen"}
     assert validate(HubSpotDestination.SETTINGS, good) == {}
     errors = validate(HubSpotDestination.SETTINGS, {
         "id_property": "Mailroom Ref", "portal_id": "acme", "create_contacts": "no", "queues": {"billing": "a:b:c"},
-        "priorities": {"urgent": "CRITICAL"}, "owners": {"alice": "alice@acme"}, "pipline": "0"})
-    assert set(errors) == {"id_property", "portal_id", "create_contacts", "queues", "priorities", "owners", "pipline"}
+        "priorities": {"urgent": "CRITICAL"}, "owners": {"alice": "alice@acme"}, "pipline": "0",
+        "files_folder": "mailroom"})
+    assert set(errors) == {"id_property", "portal_id", "create_contacts", "queues", "priorities", "owners", "pipline",
+                           "files_folder"}
     assert errors["priorities"] == ["'urgent': must be one of LOW, MEDIUM, HIGH, URGENT"]
 
 
@@ -134,17 +189,18 @@ def test_a_retry_updates_the_one_ticket_and_the_lookup_finds_it(desk, hubspot):
 
 # --- The requester's contact ---------------------------------------------------------------
 
-def test_a_known_contact_is_associated_with_the_ticket(desk, hubspot, seen):
+def test_a_known_contact_is_read_by_email_and_associated_with_the_ticket(desk, hubspot, seen):
     contact_id = desk.control("hubspot/contacts", {"email": "jane.doe@example.com"})["id"]
     ticket = hubspot().create_ticket(REQUEST, "key-1", "evt-1")
 
-    [search] = [r for r in seen if r.path == "/crm/v3/objects/contacts/search"]
-    assert search.json()["filterGroups"] == [{"filters": [
-        {"propertyName": "email", "operator": "EQ", "value": "jane.doe@example.com"}]}]
+    [lookup] = [r for r in seen if r.path.startswith("/crm/v3/objects/contacts/")]
+    assert (lookup.method, lookup.path, lookup.query) == (
+        "GET", "/crm/v3/objects/contacts/jane.doe%40example.com", {"idProperty": ["email"]})
     assert [r.path for r in seen if r.method == "PUT"] == [
         f"/crm/v4/objects/tickets/{ticket.ticket_id}/associations/default/contacts/{contact_id}"]
     [record] = desk.tickets()
     assert record["fields"]["associations"] == {"contacts": [{"id": contact_id, "email": "jane.doe@example.com"}]}
+    assert record["people"] == {"requester": "jane.doe@example.com", "cc": []}
 
 
 def test_an_unknown_sender_gets_a_contact_only_with_create_contacts(desk, hubspot, seen):
@@ -159,10 +215,23 @@ def test_an_unknown_sender_gets_a_contact_only_with_create_contacts(desk, hubspo
     assert desk.tickets()[1]["fields"]["associations"]["contacts"][0]["email"] == "jane.doe@example.com"
 
 
-@pytest.mark.parametrize("path", ["/crm/v4/objects/tickets/", "/crm/v3/objects/contacts/search"])
+def test_the_requester_comes_first_and_the_ccd_addresses_are_associated_contacts_too(desk, hubspot):
+    copied = TicketRequest("s", "d", "Jane Doe <jane.doe@example.com>", cc=("bob@example.com", "Eve@Example.com"))
+    adapter = hubspot(create_contacts=True)
+    adapter.create_ticket(copied, "key-1", "evt-1")
+    adapter.create_ticket(copied, "key-2", "evt-2")  # the same three contacts, found this time
+
+    first, second = desk.tickets()
+    assert first["people"] == second["people"] == {"requester": "jane.doe@example.com",
+                                                   "cc": ["bob@example.com", "eve@example.com"]}
+    assert sorted(p["email"] for p in desk.people()) == ["bob@example.com", "eve@example.com", "jane.doe@example.com"]
+    assert kit.CC_ON_RECORD is True
+
+
+@pytest.mark.parametrize("path", ["/crm/v4/objects/tickets/", "/crm/v3/objects/contacts/jane"])
 def test_a_failed_association_neither_fails_nor_repeats_the_ticket(desk, hubspot, caplog, path):
     desk.control("hubspot/contacts", {"email": "jane.doe@example.com"})
-    answer(desk, "PUT" if "v4" in path else "POST", path, 500, {"status": "error", "category": "INTERNAL_ERROR"})
+    answer(desk, "PUT" if "v4" in path else "GET", path, 500, {"status": "error", "category": "INTERNAL_ERROR"})
     caplog.set_level(logging.INFO)
     result = hubspot().create_ticket(REQUEST, "key-1", "evt-1")
 
@@ -210,35 +279,76 @@ def test_a_5xx_after_the_upsert_is_transient_but_after_a_note_ambiguous(desk, hu
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
     desk.set_plan([fault])
     with pytest.raises(AmbiguousOutcome) as note:
-        adapter.add_comment(ticket.ticket_id, "More.", "jane@example.com", "key-c", "evt-2")
+        adapter.add_comment(ticket.ticket_id, REPLY, "key-c", "evt-2")
     assert note.value.reason == "server_error"
 
 
 # --- Notes ------------------------------------------------------------------------------------
 
-def test_a_comment_is_a_note_associated_with_the_ticket(desk, hubspot, seen):
+def test_a_customers_reply_is_logged_as_the_incoming_email_it_is(desk, hubspot, seen):
     adapter = hubspot()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    note_id = adapter.add_comment(ticket.ticket_id, "Still charged twice.", "jane@example.com", "key-c", "evt-2")
+    with_cc = CommentRequest(body="Still charged twice.\n\nSee below.", author_email="jane.doe@example.com",
+                             author_name="Jane Doe", cc=("bob@example.com",))
+    email_id = adapter.add_comment(ticket.ticket_id, with_cc, "key-c", "evt-2")
 
-    [note] = [r.json() for r in seen if r.path == "/crm/v3/objects/notes"]
+    [logged] = [r.json() for r in seen if r.path == EMAILS_PATH]
+    assert logged["associations"] == [{"to": {"id": ticket.ticket_id}, "types": [
+        {"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 224}]}]
+    properties = logged["properties"]
+    assert (properties["hs_email_direction"], properties["hs_email_text"], properties["hs_email_html"]) == (
+        "INCOMING_EMAIL", "Still charged twice.\n\nSee below.", "<p>Still charged twice.</p><p>See below.</p>")
+    assert json.loads(properties["hs_email_headers"]) == {
+        "from": {"email": "jane.doe@example.com", "firstName": "Jane", "lastName": "Doe"}, "to": [],
+        "cc": [{"email": "bob@example.com"}], "bcc": []}
+    [record] = desk.tickets()
+    assert kit.comment_records_of(record) == [{"body": "Still charged twice.\n\nSee below.", "public": True,
+                                               "author": "jane.doe@example.com"}]
+    assert str(record["comments"][1]["id"]) == email_id and not [r for r in seen if r.path == NOTES_PATH]
+
+
+@pytest.mark.parametrize(("settings", "comment"), [
+    ({}, CommentRequest(body="Refund issued.", author_email="sam@support.example", author_name="Sam Agent",
+                        public=False, from_agent=True)),
+    ({"customer_replies": "note"}, REPLY),
+])
+def test_an_agents_mail_or_with_customer_replies_note_any_reply_is_an_internal_note(desk, hubspot, seen, settings,
+                                                                                     comment):
+    adapter = hubspot(**settings)
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    note_id = adapter.add_comment(ticket.ticket_id, comment, "key-c", "evt-2")
+
+    [note] = [r.json() for r in seen if r.path == NOTES_PATH]
     assert note["associations"] == [{"to": {"id": ticket.ticket_id}, "types": [
         {"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 228}]}]
-    assert note["properties"]["hs_note_body"] == "Still charged twice."
+    assert note["properties"]["hs_note_body"] == note_html(comment)
     [record] = desk.tickets()
-    assert kit.comments_of(record) == ["Still charged twice."]
-    assert str(record["comments"][1]["id"]) == note_id and record["comments"][1]["public"] is False
+    [written] = kit.comment_records_of(record)
+    author = "Sam Agent <sam@support.example> (agent)" if comment.from_agent else "Jane Doe <jane.doe@example.com>"
+    assert written == {"body": f"From: {author}\n\n{comment.body}", "public": False, "author": ""}
+    assert str(record["comments"][1]["id"]) == note_id and not [r for r in seen if r.path == EMAILS_PATH]
 
 
-def test_the_note_timestamp_is_when_the_reply_came_in_the_same_on_every_attempt(desk, hubspot, seen, mailbox):
+def test_a_note_keeps_the_texts_paragraphs_and_escapes_its_markup():
+    agent = CommentRequest(body="Hi <b>team</b> & all\nline two\n\nsecond paragraph", author_email="sam@x.example",
+                           from_agent=True, public=False, cc=("bob@example.com",))
+    assert note_html(agent) == ("<p>From: sam@x.example (agent)</p><p>CC: bob@example.com</p>"
+                                "<p>Hi &lt;b&gt;team&lt;/b&gt; &amp; all<br>line two</p><p>second paragraph</p>")
+    long = note_html(CommentRequest(body="&" * 70_000, author_email="a@example.com"))
+    assert len(long) <= 65_536 and long.endswith("note limit.]</p>")
+    assert long == note_html(CommentRequest(body="&" * 70_000, author_email="a@example.com"))  # the same every time
+
+
+def test_the_timestamp_is_when_the_reply_came_in_the_same_on_every_attempt(desk, hubspot, seen, mailbox):
     event = make_event(mailbox)
     intent = intents.ensure_intent(event, "add_comment", event.tenant.destinations.get(is_default=True))
     adapter = hubspot()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    adapter.add_comment(ticket.ticket_id, "Reply.", "a", intent.idempotency_key, intent.external_ref)
-    adapter.add_comment(ticket.ticket_id, "Reply.", "a", intent.idempotency_key, intent.external_ref)
+    reply = CommentRequest(body="Reply.", author_email="a@example.com")
+    adapter.add_comment(ticket.ticket_id, reply, intent.idempotency_key, intent.external_ref)
+    adapter.add_comment(ticket.ticket_id, reply, intent.idempotency_key, intent.external_ref)
 
-    first, again = [r.json() for r in seen if r.path == "/crm/v3/objects/notes"]
+    first, again = [r.json() for r in seen if r.path == EMAILS_PATH]
     assert first == again
     stamp = datetime.fromisoformat(first["properties"]["hs_timestamp"].replace("Z", "+00:00"))
     assert abs((stamp - intent.created_at).total_seconds()) < 0.001
@@ -247,11 +357,114 @@ def test_the_note_timestamp_is_when_the_reply_came_in_the_same_on_every_attempt(
 def test_a_note_on_a_ticket_that_does_not_exist_is_not_found(desk, hubspot):
     adapter = hubspot()
     with pytest.raises(PermanentError) as missing:
-        adapter.add_comment("999", "hello", "a", "key-c", "evt-2")
+        adapter.add_comment("999", REPLY, "key-c", "evt-2")
     with pytest.raises(PermanentError) as malformed:
-        adapter.add_comment("TICKET-9", "hello", "a", "key-d", "evt-3")
+        adapter.add_comment("TICKET-9", REPLY, "key-d", "evt-3")
     assert (missing.value.reason, malformed.value.reason) == ("not_found", "not_found")
-    assert [e["status"] for e in desk.requests_log()] == [400]  # the malformed id was never sent
+    assert desk.requests_log() == []  # the ticket was read first; nothing was written
+
+
+# --- Closed stages and follow-ups ----------------------------------------------------------------
+
+def test_a_reply_to_a_ticket_in_a_closed_stage_is_refused_as_closed(desk, hubspot, seen):
+    adapter = hubspot()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    desk.close(int(ticket.ticket_id))
+    with pytest.raises(TicketClosed) as caught:
+        adapter.add_comment(ticket.ticket_id, REPLY, "key-c", "evt-2")
+
+    assert caught.value.reason == "ticket_closed"
+    assert [r.path for r in seen if r.path.startswith("/crm/v3/pipelines")] == [
+        "/crm/v3/pipelines/tickets/billing-pipeline"]
+    [record] = desk.tickets()
+    assert kit.comments_of(record) == [] and len(desk.requests_log()) == 1
+
+
+@pytest.mark.parametrize(("settings", "stage"), [({}, "billing-new"), ({"reopen_stage": "billing-new"}, "billing-new")])
+def test_closed_policy_reopen_moves_the_ticket_to_an_open_stage_then_notes(desk, hubspot, seen, settings, stage):
+    adapter = hubspot(closed_policy="reopen", **settings)
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    desk.close(int(ticket.ticket_id))
+    adapter.add_comment(ticket.ticket_id, REPLY, "key-c", "evt-2")
+    adapter.add_comment(ticket.ticket_id, REPLY, "key-d", "evt-3")  # open now: no second move
+
+    [move] = [r.json() for r in seen if r.method == "PATCH"]
+    assert move == {"properties": {"hs_pipeline_stage": stage}}
+    [record] = desk.tickets()
+    assert record["status"] == "open" and record["fields"]["hs_pipeline_stage"] == stage
+    assert len(kit.comments_of(record)) == 2
+    assert len([r for r in seen if r.path.startswith("/crm/v3/pipelines")]) == 1  # read once per adapter
+
+
+def test_a_follow_up_names_the_closed_ticket_and_is_associated_with_it(desk, hubspot):
+    adapter = hubspot()
+    closed = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    follow_up = TicketRequest("Re: Invoice 42", "Still charged.", REQUEST.requester, follow_up_of=closed.ticket_id)
+    adapter.create_ticket(follow_up, "key-2", "evt-2")
+
+    first, second = desk.tickets()
+    assert kit.follow_up_of(second) == closed.ticket_id and kit.follow_up_of(first) is None
+    assert second["fields"]["content"] == f"Follow-up of HubSpot ticket {closed.ticket_id}, which is closed.\n\n" \
+        "Still charged."
+    assert kit.desk_reference(second) == ""
+
+
+# --- Files ------------------------------------------------------------------------------------------
+
+def test_each_file_is_uploaded_privately_then_attached_by_a_note_of_its_own(desk, hubspot, seen):
+    adapter = hubspot()
+    adapter.journal = MemoryJournal()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    done = attach_each(adapter, ticket.ticket_id, FILES, "key-1")
+    assert attach_each(adapter, ticket.ticket_id, FILES, "key-1") == done  # done: nothing sent again
+
+    first_upload = multipart_fields([r for r in seen if r.path == FILES_PATH][0])
+    assert first_upload["file"] == ("invoice-42.pdf", b"%PDF-1.7 invoice 42")
+    assert (first_upload["fileName"], first_upload["folderPath"]) == ("invoice-42.pdf", "/mailroom/key-1-f0")
+    assert json.loads(first_upload["options"])["access"] == "PRIVATE"
+    notes = [r.json()["properties"] for r in seen if r.path == NOTES_PATH]
+    assert [n["hs_attachment_ids"] for n in notes] == done["done"]
+    assert notes[1]["hs_note_body"] == "<p>Attached to the email: screenshot.png</p>"
+    [record] = desk.tickets()
+    assert attached_by_sha(record) == {f.sha256: 1 for f in FILES}
+    assert [(a["filename"], a["marker"]) for a in record["attachments"]] == [
+        ("invoice-42.pdf", "key-1-f0"), ("screenshot.png", "key-1-f1")]
+    assert kit.comments_of(record) == []  # a file's note is no comment
+
+
+@pytest.mark.parametrize(("faults", "uploads", "notes"), [
+    (["drop_after_commit"], 3, 2),          # the first upload's answer lost: uploaded again (one unattached)
+    (["ok", "drop_after_commit"], 2, 2),    # the first note's answer lost: found among the ticket's notes
+    (["ok", "error_500"], 2, 3),            # the first note refused: the same upload attached by a new note
+    (["drop_before_commit"], 3, 2),
+])
+def test_a_lost_answer_on_an_upload_or_a_note_never_doubles_a_file(desk, hubspot, faults, uploads, notes):
+    adapter = hubspot()
+    adapter.journal = MemoryJournal()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    desk.set_plan(faults)
+    with pytest.raises(TransientError):
+        attach_each(adapter, ticket.ticket_id, FILES, "key-1")
+    assert len(attach_each(adapter, ticket.ticket_id, FILES, "key-1")["done"]) == 2
+
+    [record] = desk.tickets()
+    assert attached_by_sha(record) == {f.sha256: 1 for f in FILES}  # one copy of each file on the ticket
+    log = desk.requests_log()
+    assert (len([e for e in log if e["path"] == FILES_PATH]), len([e for e in log if e["path"] == NOTES_PATH])) == (
+        uploads, notes)
+
+
+def test_without_a_noted_upload_find_file_finds_nothing_and_reads_nothing(desk, hubspot, seen):
+    adapter = hubspot()
+    adapter.journal = MemoryJournal()
+    ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    before = len(seen)
+    assert adapter.find_file(ticket.ticket_id, FILES[0], "key-1-f0") is None
+    assert len(seen) == before
+    file_id = adapter.upload_file(ticket.ticket_id, FILES[0], "key-1-f0")
+    assert adapter.find_file(ticket.ticket_id, FILES[0], "key-1-f0") == file_id
+    other = adapter.create_ticket(REQUEST, "key-2", "evt-2")
+    assert adapter.find_file(other.ticket_id, FILES[0], "key-1-f0") is None
 
 
 # --- check_connection ----------------------------------------------------------------------
@@ -260,7 +473,8 @@ def test_check_connection_reads_the_unique_property_and_contacts(desk, hubspot, 
     said = hubspot().check_connection()
     assert "ticket property mailroom_ref has unique values" in said
     assert [(r.method, r.path) for r in seen] == [("GET", "/crm/v3/properties/tickets/mailroom_ref"),
-                                                  ("GET", "/crm/v3/objects/contacts")]
+                                                  ("GET", "/crm/v3/objects/contacts"),
+                                                  ("GET", "/files/v3/files/search")]
     for prop, words in (("subject", "does not require unique values"), ("nope", "have no property nope")):
         with pytest.raises(PermanentError) as caught:
             hubspot(id_property=prop).check_connection()
@@ -301,7 +515,8 @@ def test_nothing_logged_contains_bodies_addresses_or_the_token(desk, hubspot, ca
     caplog.set_level(logging.DEBUG)
     adapter = hubspot(create_contacts=True)
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    adapter.add_comment(ticket.ticket_id, "Secret reply text", "jane.doe@example.com", "key-c", "evt-2")
+    adapter.add_comment(ticket.ticket_id, CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
+                        "key-c", "evt-2")
     adapter.find_by_external_ref("evt-1")
 
     text = "\n".join(r.getMessage() for r in caplog.records)

@@ -1,10 +1,12 @@
 """The Salesforce adapter against FakeDesk's salesforce dialect over real HTTP: the Case it upserts, OAuth
 (client credentials, JWT bearer, the one refresh), 300 Multiple Choices, Salesforce's error lists,
-CaseComments, check_connection.
+CaseComments, the requester's Contact, files as ContentVersions, closed Cases, Ref ID threads,
+check_connection.
 
 What every kind shares (duplicates, lost answers, 429/401/422, comments through the pipeline) is in
 tests/test_destination_contract.py."""
 import base64
+import hashlib
 import json
 import logging
 import time
@@ -17,8 +19,19 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from tests.destination_kits import salesforce as kit
 from ticketing.destinations import adapter_for
-from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
-from ticketing.destinations.salesforce import SalesforceDestination, case_payload
+from ticketing.destinations.base import (
+    AmbiguousOutcome,
+    CommentRequest,
+    OutgoingFile,
+    PermanentError,
+    TicketClosed,
+    TicketRequest,
+    TransientError,
+)
+from ticketing.destinations.capabilities import FILES_AFTER_WRITE, MB, REQUESTER_FIND_OR_CREATE
+from ticketing.destinations.files import attach_each
+from ticketing.destinations.journal import MemoryJournal
+from ticketing.destinations.salesforce import SalesforceDestination, case_ids_from_ref, case_payload
 from ticketing.destinations.settings import validate
 
 pytestmark = pytest.mark.fakedesk(dialect="salesforce")
@@ -32,6 +45,18 @@ REQUEST = TicketRequest(
     fields={"Product__c": "Printer"},
 )
 UPSERT_PATH = "/services/data/v62.0/sobjects/Case/Mailroom_Ref__c/evt-1"
+CONTENT_VERSION_PATH = "/services/data/v62.0/sobjects/ContentVersion"
+CONTACT_PATH = "/services/data/v62.0/sobjects/Contact"
+REPLY = CommentRequest(body="Still charged twice.", author_email="jane.doe@example.com", author_name="Jane Doe")
+
+
+def outgoing(index: int, filename: str, data: bytes, content_type: str = "application/pdf") -> OutgoingFile:
+    return OutgoingFile(index=index, filename=filename, content_type=content_type, size=len(data),
+                        sha256=hashlib.sha256(data).hexdigest(), payload=lambda: data)
+
+
+FILES = (outgoing(0, "invoice-42.pdf", b"%PDF-1.7 invoice 42"),
+         outgoing(1, "screenshot.png", b"\x89PNG shot", "image/png"))
 
 
 @pytest.fixture
@@ -73,20 +98,28 @@ def test_capabilities_an_upsert_with_a_consistent_lookup(salesforce):
     assert (adapter.lookup_settle_seconds, adapter.max_description_chars, adapter.timeout) == (None, 32_000, (1.0, 4.0))
     assert (adapter.api_version, adapter.external_id_field, adapter.auth_flow) == (
         "62.0", "Mailroom_Ref__c", "client_credentials")
+    caps = adapter.capabilities
+    assert (caps.files, caps.max_file_bytes, caps.html, caps.requester, caps.cc_field) == (
+        FILES_AFTER_WRITE, 37 * MB, False, REQUESTER_FIND_OR_CREATE, "")
+    assert (caps.closed_policies, caps.default_closed_policy, caps.acknowledges_requester,
+            caps.customer_authored_comments, caps.requests_per_minute) == (
+        ("follow_up", "reopen", "review"), "follow_up", False, False, 40)
 
 
 def test_settings_are_checked_field_by_field():
     good = {"api_version": "61.0", "external_id_field": "Ticket_Ref__c", "auth_flow": "jwt_bearer",
             "login_url": "https://login.salesforce.com", "username": "mailroom@acme.example", "origin": "Web",
-            "comment_public": False, "queues": {"billing": "00G000000000001AAA"},
+            "comment_public": False, "create_contacts": False, "file_key_field": "Mailroom_File_Key__c",
+            "reopen_status": "Working", "closed_policy": "reopen", "queues": {"billing": "00G000000000001AAA"},
             "owners": {"alice": "005000000000001"}, "priorities": {"urgent": "High"},
             "case_types": {"refund": "012000000000001AAA"}, "read_timeout": 5}
     assert validate(SalesforceDestination.SETTINGS, good) == {}
     errors = validate(SalesforceDestination.SETTINGS, {
         "api_version": "62", "auth_flow": "password", "login_url": "ftp://login", "queues": {"billing": "Billing"},
-        "priorities": {"critical": "High"}, "comment_public": "yes", "externalid_field": "x"})
+        "priorities": {"critical": "High"}, "comment_public": "yes", "externalid_field": "x",
+        "file_key_field": "Reason For Change", "closed_policy": "reopen_always"})
     assert set(errors) == {"api_version", "auth_flow", "login_url", "queues", "priorities", "comment_public",
-                           "externalid_field"}
+                           "externalid_field", "file_key_field", "closed_policy"}
     assert errors["queues"] == ["'billing': must match [a-zA-Z0-9]{15}(?:[a-zA-Z0-9]{3})?"]
 
 
@@ -97,12 +130,13 @@ def test_create_upserts_the_case_by_its_external_id_with_the_mapped_route(desk, 
 
     [upsert] = [r for r in seen if r.method == "PATCH"]
     assert upsert.path == UPSERT_PATH
+    [record] = desk.tickets()
     assert upsert.json() == {
         "Subject": "Invoice 42 charged twice", "Description": "I was charged twice for invoice 42.",
         "Origin": "Email", "SuppliedEmail": "jane.doe@example.com", "SuppliedName": "Jane Doe",
+        "ContactId": record["fields"]["ContactId"],
         "OwnerId": kit.QUEUES["billing"], "Priority": "Urgent", "Type": "Refund", "Product__c": "Printer",
     }  # our reference travels in the URL only
-    [record] = desk.tickets()
     assert result.ticket_id == record["fields"]["Id"] and len(result.ticket_id) == 18
     assert result.url == f"{desk.url}/lightning/r/Case/{result.ticket_id}/view"
     assert record["fields"]["Mailroom_Ref__c"] == "evt-1" and record["external_id"] == "evt-1"
@@ -164,7 +198,12 @@ def test_the_token_is_cached_and_fetched_again_once_after_the_session_is_revoked
     desk.revoke_sessions()
     assert salesforce_again.create_ticket(REQUEST, "key-2", "evt-2").ticket_id
     assert len(token_requests(seen)) == 2
-    assert [e["status"] for e in desk.requests_log()] == [201, 401, 201]
+    # The first call after the revocation, the requester's Contact lookup (a read), drew the 401 and the refresh.
+    second_token = [i for i, r in enumerate(seen) if r.path == "/services/oauth2/token"][1]
+    refused, again = seen[second_token - 1], seen[second_token + 1]
+    assert refused.path.endswith("/query") and again.query == refused.query
+    assert refused.headers["Authorization"] != again.headers["Authorization"]
+    assert [e["status"] for e in desk.requests_log()] == [201, 201]
     form = parse_qs(token_requests(seen)[0].body.decode())
     assert form["grant_type"] == ["client_credentials"] and form["client_id"] == ["mailroom-connected-app"]
 
@@ -268,46 +307,241 @@ def test_a_5xx_after_the_upsert_is_transient_but_after_a_comment_ambiguous(desk,
     case = adapter.create_ticket(REQUEST, "key-1", "evt-1")
     desk.set_plan([fault])
     with pytest.raises(AmbiguousOutcome) as comment:
-        adapter.add_comment(case.ticket_id, "More.", "jane@example.com", "key-c", "evt-2")
+        adapter.add_comment(case.ticket_id, REPLY, "key-c", "evt-2")
     assert comment.value.reason == "server_error"
 
 
 # --- CaseComments ---------------------------------------------------------------------------
 
-def test_a_comment_is_a_case_comment_published_or_not(desk, salesforce, seen):
+def test_a_customers_reply_is_a_published_case_comment_opening_with_who_wrote_it(desk, salesforce, seen):
     adapter = salesforce()
     case = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    comment_id = adapter.add_comment(case.ticket_id, "Still charged twice.", "jane@example.com", "key-c", "evt-2")
-    salesforce(comment_public=False).add_comment(case.ticket_id, "Internal.", "x", "key-d", "evt-3")
+    with_cc = CommentRequest(body="Still charged twice.", author_email="jane.doe@example.com",
+                             author_name="Jane Doe", cc=("bob@example.com",))
+    comment_id = adapter.add_comment(case.ticket_id, with_cc, "key-c", "evt-2")
 
-    posted = [r for r in seen if r.path == "/services/data/v62.0/sobjects/CaseComment"]
-    assert posted[0].json() == {"ParentId": case.ticket_id, "CommentBody": "Still charged twice.",
-                                "IsPublished": True}
+    [posted] = [r.json() for r in seen if r.path == "/services/data/v62.0/sobjects/CaseComment"]
+    assert posted == {"ParentId": case.ticket_id, "IsPublished": True, "CommentBody":
+                      "From: Jane Doe <jane.doe@example.com>\nCC: bob@example.com\n\nStill charged twice."}
     assert comment_id.startswith("00a") and len(comment_id) == 18
     [record] = desk.tickets()
-    assert kit.comments_of(record) == ["Still charged twice.", "Internal."]
-    assert [c["public"] for c in record["comments"][1:]] == [True, False]
+    assert kit.comment_records_of(record) == [{"body": posted["CommentBody"], "public": True, "author": ""}]
+
+
+def test_an_agents_mail_is_an_unpublished_comment_and_comment_public_false_publishes_none(desk, salesforce):
+    case = salesforce().create_ticket(REQUEST, "key-1", "evt-1")
+    agent = CommentRequest(body="Refund issued.", author_email="sam@support.example", author_name="Sam",
+                           public=False, from_agent=True)
+    salesforce().add_comment(case.ticket_id, agent, "key-c", "evt-2")
+    salesforce(comment_public=False).add_comment(case.ticket_id, REPLY, "key-d", "evt-3")
+
+    [record] = desk.tickets()
+    assert [(c["body"].split("\n")[0], c["public"]) for c in kit.comment_records_of(record)] == [
+        ("From: Sam <sam@support.example> (agent)", False), ("From: Jane Doe <jane.doe@example.com>", False)]
 
 
 def test_a_long_comment_is_cut_to_salesforces_limit_the_same_way_every_time(desk, salesforce, seen):
     adapter = salesforce()
     case = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    adapter.add_comment(case.ticket_id, "x" * 5000, "a", "key-c", "evt-2")
-    adapter.add_comment(case.ticket_id, "x" * 5000, "a", "key-c", "evt-2")
+    long_reply = CommentRequest(body="x" * 5000, author_email="a@example.com")
+    adapter.add_comment(case.ticket_id, long_reply, "key-c", "evt-2")
+    adapter.add_comment(case.ticket_id, long_reply, "key-c", "evt-2")
 
     first, again = [r.json()["CommentBody"] for r in seen if r.path.endswith("/CaseComment")]
     assert first == again and len(first) == 4000
-    assert first.endswith("comment limit.]")
+    assert first.startswith("From: a@example.com\n\nxxx") and first.endswith("comment limit.]")
 
 
 def test_a_comment_on_a_case_that_does_not_exist_is_not_found(desk, salesforce):
     adapter = salesforce()
     with pytest.raises(PermanentError) as missing:
-        adapter.add_comment("500000000000999AAQ", "hello", "a", "key-c", "evt-2")
+        adapter.add_comment("500000000000999AAQ", REPLY, "key-c", "evt-2")
     with pytest.raises(PermanentError) as malformed:
-        adapter.add_comment("42", "hello", "a", "key-d", "evt-3")
+        adapter.add_comment("42", REPLY, "key-d", "evt-3")
     assert (missing.value.reason, malformed.value.reason) == ("not_found", "not_found")
-    assert [e["status"] for e in desk.requests_log()] == [400]  # the malformed id was never sent
+    assert desk.requests_log() == []  # the Case was read first; nothing was written
+
+
+# --- Closed Cases -----------------------------------------------------------------------------------
+
+def test_a_reply_to_a_closed_case_is_refused_as_closed_before_anything_is_written(desk, salesforce):
+    adapter = salesforce()
+    case = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    desk.close(desk.tickets()[0]["id"])
+
+    with pytest.raises(TicketClosed) as caught:
+        adapter.add_comment(case.ticket_id, REPLY, "key-c", "evt-2")
+    assert caught.value.reason == "ticket_closed"
+    [record] = desk.tickets()
+    assert kit.comment_records_of(record) == [] and len(desk.requests_log()) == 1  # the create only
+
+
+def test_closed_policy_reopen_sets_the_open_status_then_comments(desk, salesforce, seen):
+    adapter = salesforce(closed_policy="reopen", reopen_status="Working")
+    case = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    desk.close(desk.tickets()[0]["id"])
+    adapter.add_comment(case.ticket_id, REPLY, "key-c", "evt-2")
+
+    [reopen] = [r for r in seen if r.method == "PATCH" and r.path.endswith(f"/Case/{case.ticket_id}")]
+    assert reopen.json() == {"Status": "Working"}
+    [record] = desk.tickets()
+    assert record["status"] == "open" and record["fields"]["Status"] == "Working"
+    assert len(kit.comment_records_of(record)) == 1
+    assert [(e["method"], e["status"]) for e in desk.requests_log()] == [("PATCH", 201), ("PATCH", 204),
+                                                                         ("POST", 201)]
+
+
+def test_a_follow_up_case_has_the_closed_case_as_parent(desk, salesforce):
+    adapter = salesforce()
+    closed = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    follow_up = TicketRequest(subject="Re: Invoice 42", description="Still charged.", requester=REQUEST.requester,
+                              follow_up_of=closed.ticket_id)
+    adapter.create_ticket(follow_up, "key-2", "evt-2")
+
+    first, second = desk.tickets()
+    assert kit.follow_up_of(second) == closed.ticket_id and kit.follow_up_of(first) is None
+
+
+# --- People -----------------------------------------------------------------------------------------
+
+def test_the_requester_becomes_a_contact_once_and_is_found_by_email_after(desk, salesforce, seen):
+    first = salesforce().create_ticket(REQUEST, "key-1", "evt-1")
+    second = salesforce().create_ticket(TicketRequest("Another", "d", "JANE.DOE@example.com"), "key-2", "evt-2")
+
+    assert first.ticket_id != second.ticket_id
+    [contact_post] = [r.json() for r in seen if r.path == CONTACT_PATH]
+    assert contact_post == {"FirstName": "Jane", "LastName": "Doe", "Email": "jane.doe@example.com"}
+    [person] = desk.people()
+    assert person["email"] == "jane.doe@example.com"
+    one, two = desk.tickets()
+    assert one["fields"]["ContactId"] == two["fields"]["ContactId"] and one["fields"]["ContactId"].startswith("003")
+    assert one["people"] == {"requester": "jane.doe@example.com", "cc": []}
+    queries = [r.query["q"][0] for r in seen if r.path.endswith("/query")]
+    assert queries == ["SELECT Id FROM Contact WHERE Email = 'jane.doe@example.com' ORDER BY CreatedDate LIMIT 1",
+                       "SELECT Id FROM Contact WHERE Email = 'JANE.DOE@example.com' ORDER BY CreatedDate LIMIT 1"]
+
+
+def test_without_create_contacts_an_unknown_requester_keeps_supplied_email_only(desk, salesforce, seen):
+    salesforce(create_contacts=False).create_ticket(REQUEST, "key-1", "evt-1")
+    [record] = desk.tickets()
+    assert "ContactId" not in record["fields"] and record["fields"]["SuppliedEmail"] == "jane.doe@example.com"
+    assert desk.people() == [] and not [r for r in seen if r.path == CONTACT_PATH]
+
+
+def test_a_contact_salesforce_refuses_leaves_the_case_with_supplied_email(desk, salesforce, caplog):
+    desk.on_request(lambda r: (400, [{"errorCode": "FIELD_CUSTOM_VALIDATION_EXCEPTION", "message": "no",
+                                      "fields": ["Email"]}]) if r.path == CONTACT_PATH else None)
+    caplog.set_level(logging.WARNING)
+    result = salesforce().create_ticket(REQUEST, "key-1", "evt-1")
+    [record] = desk.tickets()
+    assert result.ticket_id == record["fields"]["Id"] and "ContactId" not in record["fields"]
+    assert "j***@e***.com" in caplog.text and "jane.doe@example.com" not in caplog.text
+
+
+def test_ccd_addresses_open_the_description_a_case_has_no_cc(desk, salesforce):
+    copied = TicketRequest("s", "The text.", "jane.doe@example.com", cc=("bob@example.com", "eve@example.com"))
+    salesforce().create_ticket(copied, "key-1", "evt-1")
+    [record] = desk.tickets()
+    assert record["description"] == "CC: bob@example.com, eve@example.com\n\nThe text."
+    assert record["people"]["cc"] == [] and kit.CC_ON_RECORD is False
+    long = case_payload(TicketRequest("s", "y" * 32_000, "a@example.com", cc=("bob@example.com",)), {}, "X__c")
+    assert len(long["Description"]) == 32_000 and long["Description"].endswith("description limit.]")
+
+
+# --- Files ------------------------------------------------------------------------------------------
+
+def attached_by_sha(record: dict) -> dict:
+    counts = {}
+    for attachment in record["attachments"]:
+        counts[attachment["sha256"]] = counts.get(attachment["sha256"], 0) + 1
+    return counts
+
+
+def test_two_files_become_two_content_versions_on_the_case_once(desk, salesforce, seen):
+    adapter = salesforce()
+    adapter.journal = MemoryJournal()
+    case = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    done = attach_each(adapter, case.ticket_id, FILES, "key-1")
+    again = attach_each(adapter, case.ticket_id, FILES, "key-1")  # the journal says done: nothing is sent
+
+    assert again == done and len(done["done"]) == 2 and done["refused"] == []
+    [first, _] = [r.json() for r in seen if r.path == CONTENT_VERSION_PATH]
+    assert {k: v for k, v in first.items() if k != "VersionData"} == {
+        "Title": "invoice-42", "PathOnClient": "invoice-42.pdf", "FirstPublishLocationId": case.ticket_id,
+        "ReasonForChange": "key-1-f0"}
+    assert base64.b64decode(first["VersionData"]) == b"%PDF-1.7 invoice 42"
+    [record] = desk.tickets()
+    assert attached_by_sha(record) == {f.sha256: 1 for f in FILES}
+    assert [(a["filename"], a["marker"]) for a in record["attachments"]] == [
+        ("invoice-42.pdf", "key-1-f0"), ("screenshot.png", "key-1-f1")]
+    assert all(v.startswith("068") for v in done["done"])
+
+
+@pytest.mark.parametrize("fault", ["drop_after_commit", "drop_before_commit", "error_500"])
+def test_a_lost_upload_answer_is_looked_up_by_its_key_never_sent_twice(desk, salesforce, fault):
+    adapter = salesforce()
+    adapter.journal = MemoryJournal()
+    case = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    desk.set_plan([fault])
+    with pytest.raises(TransientError):
+        attach_each(adapter, case.ticket_id, FILES, "key-1")
+    result = attach_each(adapter, case.ticket_id, FILES, "key-1")
+
+    assert len(result["done"]) == 2
+    [record] = desk.tickets()
+    assert attached_by_sha(record) == {f.sha256: 1 for f in FILES}  # one copy of each file
+    uploads = [e for e in desk.requests_log() if e["path"].endswith("/ContentVersion")]
+    # A file committed before its answer was lost is found by its key; one never written is sent again.
+    assert len(uploads) == (2 if fault == "drop_after_commit" else 3)
+    assert [e["committed"] for e in uploads].count(True) == 2
+
+
+def test_find_file_sees_only_the_key_on_this_case(desk, salesforce):
+    adapter = salesforce()
+    adapter.journal = MemoryJournal()
+    one = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    other = adapter.create_ticket(REQUEST, "key-2", "evt-2")
+    version = adapter.upload_file(one.ticket_id, FILES[0], "key-1-f0")
+    assert adapter.find_file(one.ticket_id, FILES[0], "key-1-f0") == version
+    assert adapter.find_file(one.ticket_id[:15], FILES[0], "key-1-f0") == version
+    assert adapter.find_file(other.ticket_id, FILES[0], "key-1-f0") is None
+    assert adapter.find_file(one.ticket_id, FILES[0], "key-1-f1") is None
+    assert adapter.find_file(one.ticket_id, FILES[0], "it's\\odd") is None  # quoted, not a broken query
+
+
+def test_a_file_salesforce_refuses_is_refused_for_good_and_the_others_go_on(desk, salesforce):
+    adapter = salesforce()
+    adapter.journal = MemoryJournal()
+    case = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    desk.on_request(lambda r: (400, [{"errorCode": "STORAGE_LIMIT_EXCEEDED", "message": "storage limit exceeded"}])
+                    if r.path == CONTENT_VERSION_PATH and b"invoice-42" in r.body else None)
+    result = attach_each(adapter, case.ticket_id, FILES, "key-1")
+    assert result["refused"] == ["invoice-42.pdf"] and len(result["done"]) == 1
+
+
+# --- Email-to-Case references --------------------------------------------------------------------------
+
+def test_a_ref_id_in_a_reply_names_its_case(desk, salesforce):
+    adapter = salesforce()
+    case = adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    [record] = desk.tickets()
+    subject = f"Re: Invoice 42 charged twice {kit.desk_reference(record)}"
+    assert subject.endswith("[ ref:_00D001._5000000001:ref ]")
+
+    [pattern] = adapter.reference_patterns
+    ref = pattern.search(subject).group("ref")
+    assert adapter.resolve_reference(ref) == case.ticket_id
+    assert set(adapter.reference_fields) == {"subject", "body"}
+    assert adapter.resolve_reference("_00D001._5000000009") is None  # no such Case in this org
+    assert adapter.resolve_reference("nonsense") is None
+    assert pattern.search("ref:_00D001._0010000001:ref") is None  # an Account, not a Case
+
+
+def test_the_zeros_of_a_ref_id_may_have_stood_anywhere_in_its_middle():
+    assert case_ids_from_ref("_00D50IQwR._50050PQo5L") == ["5005000000PQo5L"]
+    assert case_ids_from_ref("_00D001._500AB12345") == ["500AB0000012345"]
+    assert len(case_ids_from_ref("_00D001._500ABx12345")) == 5 and "500AB0000x12345" in case_ids_from_ref(
+        "_00D001._500ABx12345")
 
 
 # --- check_connection ----------------------------------------------------------------------
@@ -346,6 +580,14 @@ def test_the_fake_refuses_calls_without_a_session_and_unknown_grants(desk):
                             headers={"Authorization": f"Bearer {token['access_token']}"})
     [field] = [f for f in describe.json()["fields"] if f["name"] == "Mailroom_Ref__c"]
     assert (field["externalId"], field["unique"]) == (True, True)
+    auth = {"Authorization": f"Bearer {token['access_token']}"}
+    for soql, code in (("SELECT Id FROM Nope", "INVALID_TYPE"), ("SELECT Bogus FROM Contact", "INVALID_FIELD"),
+                       ("SELECT Id FROM Contact WHERE Email LIKE 'x'", "MALFORMED_QUERY")):
+        refused = requests.get(desk.url + "/services/data/v62.0/query", params={"q": soql}, headers=auth, timeout=5)
+        assert (refused.status_code, refused.json()[0]["errorCode"]) == (400, code)
+    empty = requests.get(desk.url + "/services/data/v62.0/query", timeout=5, headers=auth,
+                         params={"q": "SELECT Id FROM Contact WHERE Email = 'nobody@example.com'"}).json()
+    assert (empty["totalSize"], empty["done"], empty["records"]) == (0, True, [])
 
 
 # --- Privacy --------------------------------------------------------------------------------
@@ -354,7 +596,8 @@ def test_nothing_logged_contains_bodies_addresses_or_tokens(desk, salesforce, ca
     caplog.set_level(logging.DEBUG)
     adapter = salesforce()
     case = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    adapter.add_comment(case.ticket_id, "Secret reply text", "jane.doe@example.com", "key-c", "evt-2")
+    adapter.add_comment(case.ticket_id, CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
+                        "key-c", "evt-2")
     desk.revoke_sessions()
     adapter.find_by_external_ref("evt-1")
 
