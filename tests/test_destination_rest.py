@@ -3,9 +3,12 @@ declared capabilities (and none declared), lookups, check_connection, settings v
 
 What every kind shares (duplicates, lost answers, 429/401/422, comments through the pipeline) is in
 tests/test_destination_contract.py."""
+import base64
+import hashlib
 import json
 import logging
 import time
+from collections import Counter
 
 import pytest
 import requests
@@ -13,7 +16,16 @@ import requests
 from tests.destination_kits import only_record, rest as kit
 from tests.factories import make_destination
 from ticketing.destinations import adapter_for
-from ticketing.destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TransientError
+from ticketing.destinations.base import (
+    AmbiguousOutcome,
+    CommentRequest,
+    OutgoingFile,
+    PermanentError,
+    TicketClosed,
+    TicketRequest,
+    TransientError,
+)
+from ticketing.destinations.files import attach_each
 from ticketing.destinations.rest import RestDestination
 from ticketing.destinations.settings import validate
 from ticketing.models import Destination
@@ -73,8 +85,8 @@ def test_create_renders_the_template_maps_the_route_and_reads_the_id(desk, rest,
     assert create.json() == {
         "queue": "Billing", "priority": "P1", "type": "refund-request", "assignee": "agent-alice",
         "subject": "Invoice 42 charged twice", "description": "I was charged twice.",
-        "requester": {"email": "jane.doe@example.com", "name": "Jane Doe"},
-        "tags": ["email", "billing"], "external_ref": "evt-1",
+        "requester": {"email": "jane.doe@example.com", "name": "Jane Doe"}, "cc": [],
+        "tags": ["email", "billing"], "attachments": [], "external_ref": "evt-1",
     }
 
 
@@ -175,7 +187,8 @@ def test_a_declared_upsert_puts_on_the_reference_and_a_comment_stays_ambiguous(d
     assert (only_record(desk)["subject"], only_record(desk)["external_id"]) == ("Corrected", "mr/1 2")
     desk.set_plan(["error_500"])
     with pytest.raises(AmbiguousOutcome):   # `upsert` is about the create; a comment twice is two comments
-        adapter.add_comment(first.ticket_id, "hello", "j@example.com", "key-c", "evt-c")
+        adapter.add_comment(first.ticket_id, CommentRequest(body="hello", author_email="j@example.com"), "key-c",
+                            "evt-c")
 
 
 # --- Lookups -------------------------------------------------------------------------------------
@@ -246,13 +259,15 @@ def test_an_answer_without_the_id_is_ambiguous(desk, rest):
 def test_a_comment_renders_its_template_and_returns_the_comment_id(desk, rest, seen):
     adapter = rest()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    assert adapter.add_comment(ticket.ticket_id, 'Still "broken"\n', "jane@example.com", "key-c", "evt-2") == "2"
+    reply = CommentRequest(body='Still "broken"\n', author_email="jane@example.com", author_name="Jane")
+    assert adapter.add_comment(ticket.ticket_id, reply, "key-c", "evt-2") == "2"
     assert (seen[-1].path, seen[-1].json(), seen[-1].headers["Idempotency-Key"]) == (
-        "/records/1/comments", {"body": 'Still "broken"\n', "public": True}, "key-c")
+        "/records/1/comments", {"body": 'Still "broken"\n', "public": True,
+                                "author": {"email": "jane@example.com", "name": "Jane"}, "attachments": []}, "key-c")
     assert [c["body"] for c in only_record(desk)["comments"]] == ["I was charged twice.", 'Still "broken"\n']
 
     with pytest.raises(PermanentError) as undeclared:
-        rest.plain().add_comment(ticket.ticket_id, "x", "y", "key-d", "evt-3")
+        rest.plain().add_comment(ticket.ticket_id, CommentRequest(body="x", author_email="y"), "key-d", "evt-3")
     assert undeclared.value.reason == "configuration"
 
 
@@ -417,7 +432,8 @@ def test_nothing_logged_carries_bodies_addresses_or_the_token(desk, rest, caplog
     caplog.set_level(logging.DEBUG)
     adapter = rest()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    adapter.add_comment(ticket.ticket_id, "Secret reply text", "jane.doe@example.com", "key-c", "evt-2")
+    adapter.add_comment(ticket.ticket_id, CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
+                        "key-c", "evt-2")
     adapter.find_by_external_ref("evt-1")
     desk.set_plan(["reject_422"])
     with pytest.raises(PermanentError):
@@ -438,3 +454,206 @@ def test_the_fake_refuses_a_missing_or_wrong_bearer_token(desk):
     assert desk.tickets() == []
     ok = requests.get(f"{desk.url}/health", headers={"Authorization": f"Bearer {desk.token}"}, timeout=5)
     assert ok.json() == {"status": "ok"}
+
+
+# --- Files, people, authorship, closed records and references (issue 22) ---------------------------------
+
+AWKWARD = bytes(range(256)) * 4 + b'\r\n"}]\\u0000{{ subject }}'
+
+
+def outgoing(index: int, filename: str, data: bytes, content_type: str = "application/octet-stream") -> OutgoingFile:
+    return OutgoingFile(index=index, filename=filename, content_type=content_type, size=len(data),
+                        sha256=hashlib.sha256(data).hexdigest(), payload=lambda: data)
+
+
+SCREENSHOT = outgoing(0, "screenshot.png", b"\x89PNG" + AWKWARD, "image/png")
+INVOICE = outgoing(1, 'invoice "4471".pdf', b"%PDF" + AWKWARD[::-1], "application/pdf")
+WITH_FILES = TicketRequest(subject="Invoice 4471", description="See the files.", requester="jane.doe@example.com",
+                           requester_name="Jane Doe", cc=("bob@example.com", "carol@example.com"),
+                           files=(SCREENSHOT, INVOICE))
+PER_FILE = {"files": "per_file", "attachment_url_template": "/records/{ticket_id}/attachments",
+            "attachment_body_template": '{"filename": "{{ filename }}", "content_type": "{{ content_type }}", '
+                                        '"sha256": "{{ sha256 }}", "content_base64": "{{ content_base64 }}", '
+                                        '"key": "{{ file_key }}"}',
+            "attachment_id_path": "data.id"}
+FILE_LOOKUP = {"attachment_lookup_url_template": "/records/{ticket_id}/attachments?key={file_key}",
+               "attachment_lookup_id_path": "data.0.id"}
+
+
+BODY_WITHOUT_FILES = ('{"subject": "{{ subject }}", "description": "{{ description }}", '
+                      '"external_ref": "{{ external_ref }}"}')
+
+
+def sha256s(record: dict) -> Counter:
+    return Counter(a["sha256"] for a in record["attachments"])
+
+
+def test_the_kit_declares_inline_files_and_its_capabilities_follow_the_templates(rest):
+    capabilities = rest().capabilities
+    assert (capabilities.files, capabilities.html, capabilities.cc_field, capabilities.customer_authored_comments,
+            capabilities.internal_notes, capabilities.closed_policies, capabilities.acknowledges_requester) == (
+        "with_write", True, "cc", True, True, ("follow_up", "review"), False)
+    plain = rest.plain().capabilities   # the kit's body (html, cc), but no files, comments or closed_status
+    assert (plain.files, plain.html, plain.cc_field, plain.customer_authored_comments, plain.closed_policies) == (
+        "none", True, "cc", False, ("review",))
+    # On the class (no destination): what a REST destination declaring nothing does.
+    nothing = RestDestination.capabilities
+    assert (nothing.files, nothing.html, nothing.cc_field, nothing.customer_authored_comments,
+            nothing.internal_notes, nothing.acknowledges_requester, nothing.requests_per_minute) == (
+        "none", False, "", False, False, False, None)
+    assert rest(requests_per_minute=120).capabilities.requests_per_minute == 120
+    assert (rest(requests_per_minute=120).quota.per_minute, rest().quota) == (120, None)   # no quota unless declared
+    assert rest(max_file_bytes=1000).capabilities.max_file_bytes == 1000
+
+
+def test_a_declaration_that_could_lose_or_double_files_sends_none(rest):
+    # "inline" with a body that writes no files; "per_file" with no way to settle a lost answer.
+    assert rest(body_template=BODY_WITHOUT_FILES).capabilities.files == "none"
+    assert rest.plain(**PER_FILE).capabilities.files == "none"
+    assert rest.plain(**PER_FILE, **FILE_LOOKUP).capabilities.files == "after_write"
+    assert rest(**PER_FILE).capabilities.files == "after_write"   # the kit's Idempotency-Key settles it
+
+
+def test_inline_files_go_in_the_create_once_each_with_the_requester_and_ccs(desk, rest, seen):
+    rest().create_ticket(WITH_FILES, "key-1", "evt-1")
+
+    sent = seen[0].json()["attachments"]
+    assert [(f["filename"], f["content_type"], f["size"], f["sha256"]) for f in sent] == [
+        (f.filename, f.content_type, f.size, f.sha256) for f in WITH_FILES.files]
+    assert [base64.b64decode(f["content_base64"]) for f in sent] == [f.read() for f in WITH_FILES.files]
+    record = only_record(desk)
+    assert sha256s(record) == Counter({SCREENSHOT.sha256: 1, INVOICE.sha256: 1})
+    assert [a["filename"] for a in record["attachments"]] == ["screenshot.png", 'invoice "4471".pdf']
+    assert "content_base64" not in json.dumps(record["fields"])   # the record keeps the files, not a copy
+    assert record["people"] == {"requester": "jane.doe@example.com", "cc": ["bob@example.com", "carol@example.com"]}
+    assert [(p["email"], p["name"]) for p in desk.people()] == [("jane.doe@example.com", "Jane Doe")]
+
+
+def test_a_lost_answer_after_a_create_with_files_is_retried_under_its_key_and_each_file_is_there_once(desk, rest):
+    adapter = rest()
+    desk.set_plan(["drop_after_commit"])
+    with pytest.raises(AmbiguousOutcome):
+        adapter.create_ticket(WITH_FILES, "key-1", "evt-1")
+    again = adapter.create_ticket(WITH_FILES, "key-1", "evt-1")   # the same body, the same key: a replay
+
+    record = only_record(desk)
+    assert again.ticket_id == str(record["id"])
+    assert sha256s(record) == Counter({SCREENSHOT.sha256: 1, INVOICE.sha256: 1})
+    assert [e["idempotency_lookup"] for e in desk.requests_log()] == ["miss", "hit"]
+
+
+def test_the_fake_refuses_a_file_whose_declared_sha256_is_not_its_content(desk):
+    bad = {"subject": "s", "description": "d", "external_ref": "evt-1",
+           "attachments": [{"filename": "a.bin", "content_base64": "AAAA", "sha256": "0" * 64}]}
+    answer = requests.post(f"{desk.url}/records", json=bad, headers={"Authorization": f"Bearer {desk.token}"},
+                           timeout=5)
+    assert answer.status_code == 422 and answer.json()["error"]["details"] == {
+        "attachments.0": ["sha256 does not match the content"]}
+    assert desk.tickets() == []
+
+
+@pytest.mark.parametrize("declared", [{}, FILE_LOOKUP], ids=["by-key", "by-lookup"])
+def test_per_file_calls_attach_each_file_once_even_when_an_answer_is_lost(desk, rest, declared):
+    # by-key: the kit's Idempotency-Key (each file has its own); by-lookup: no key, the declared lookup.
+    adapter = rest(**PER_FILE, **declared) if not declared else rest.plain(**PER_FILE, **declared)
+    assert adapter.capabilities.files == "after_write"
+    ticket_id = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    desk.set_plan(["ok", "drop_after_commit"])   # the second file's answer is lost
+
+    with pytest.raises(TransientError):
+        attach_each(adapter, ticket_id, WITH_FILES.files, "key-1")
+    done = attach_each(adapter, ticket_id, WITH_FILES.files, "key-1")
+
+    record = only_record(desk)
+    assert sha256s(record) == Counter({SCREENSHOT.sha256: 1, INVOICE.sha256: 1})
+    assert [a["marker"] for a in record["attachments"]] == ["key-1-f0", "key-1-f1"]
+    assert done == {"done": [str(a["id"]) for a in record["attachments"]], "refused": []}
+
+
+def test_a_comment_carries_its_author_public_flag_and_files(desk, rest):
+    adapter = rest()
+    ticket_id = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    adapter.add_comment(ticket_id, CommentRequest(body="Still broken.", author_email="jane.doe@example.com",
+                                                  author_name="Jane Doe", files=(SCREENSHOT,)), "key-2", "evt-2")
+    adapter.add_comment(ticket_id, CommentRequest(body="Refund issued.", author_email="alice@support.example",
+                                                  public=False, from_agent=True), "key-3", "evt-3")
+
+    record = only_record(desk)
+    assert kit.comment_records_of(record) == [
+        {"body": "Still broken.", "public": True, "author": "jane.doe@example.com"},
+        {"body": "Refund issued.", "public": False, "author": "alice@support.example"}]
+    [attached] = record["attachments"]
+    assert (attached["sha256"], attached["comment_id"]) == (SCREENSHOT.sha256, record["comments"][1]["id"])
+
+
+def test_a_comment_template_without_the_author_opens_with_who_wrote_it(desk, rest, seen):
+    adapter = rest(comment_body_template='{"body": "{{ body }}"}')
+    assert adapter.capabilities.customer_authored_comments is False
+    adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    adapter.add_comment("1", CommentRequest(body="Hi", author_email="zoe@example.net", author_name="Zoe Q"),
+                        "key-c", "evt-c")
+    assert seen[-1].json() == {"body": "From: Zoe Q <zoe@example.net>\n\nHi"}
+
+
+def test_a_private_comment_is_false_in_the_template_too(desk, rest, seen):
+    adapter = rest(comment_body_template='{"body": "{{ body }}"{% if not public %}, "internal": true{% endif %}}')
+    adapter.create_ticket(REQUEST, "key-1", "evt-1")
+    adapter.add_comment("1", CommentRequest(body="Note", author_email="a@support.example", public=False,
+                                            from_agent=True), "key-c", "evt-c")
+    assert seen[-1].json() == {"body": "From: a@support.example\n\nNote", "internal": True}
+
+
+def test_a_comment_on_a_closed_record_is_refused_as_closed_where_the_status_is_declared(desk, rest):
+    adapter = rest()
+    ticket_id = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
+    desk.close(int(ticket_id))
+    with pytest.raises(TicketClosed) as caught:
+        adapter.add_comment(ticket_id, CommentRequest(body="Hi", author_email="jane@example.com"), "key-2", "evt-2")
+    assert caught.value.reason == "ticket_closed"
+    with pytest.raises(TransientError) as undeclared:   # without closed_status, a 409 is the common table's
+        rest(closed_status=None).add_comment(ticket_id, CommentRequest(body="Hi", author_email="j@example.com"),
+                                             "key-3", "evt-3")
+    assert undeclared.value.reason == "conflict"
+    assert only_record(desk)["comments"][1:] == []
+
+
+def test_a_follow_up_names_the_closed_record(desk, rest, seen):
+    follow_up = TicketRequest(subject="Again", description="Still broken", requester="jane@example.com",
+                              follow_up_of="1")
+    rest().create_ticket(follow_up, "key-1", "evt-1")
+    assert kit.follow_up_of(only_record(desk)) == "1" and seen[-1].json()["description"] == "Still broken"
+    rest(body_template=BODY_WITHOUT_FILES).create_ticket(follow_up, "key-2", "evt-2")
+    assert seen[-1].json()["description"] == "Follow-up of record 1, which is closed.\n\nStill broken"
+
+
+def test_a_declared_reference_template_finds_the_record_in_a_reply_s_subject(rest):
+    adapter = rest(reference_template="[REC-{ticket_id}]")
+    [pattern] = adapter.reference_patterns
+    found = pattern.search("Re: [REC-42] Printer on fire")
+    assert found and adapter.resolve_reference(found.group("ref")) == "42"
+    assert pattern.search("Re: [REC-] x") is None and pattern.search("REC-42") is None
+    assert rest().reference_patterns == () and kit.desk_reference(None) == ""
+    errors = validate(RestDestination.SETTINGS, {**PLAIN, "reference_template": "{ticket_id}"})
+    assert errors == {"reference_template": ["must be at most 100 characters, with at least 2 around {ticket_id}"]}
+    errors = validate(RestDestination.SETTINGS, {**PLAIN, "reference_template": "[{ticket_id}-{queue}]"})
+    assert errors == {"reference_template": ["must hold {ticket_id} once and no other placeholder"]}
+
+
+def test_the_new_settings_are_checked_field_by_field():
+    assert validate(RestDestination.SETTINGS, {**PLAIN, **PER_FILE, **FILE_LOOKUP, "closed_status": 409}) == {}
+    errors = validate(RestDestination.SETTINGS, {
+        **PLAIN, "files": "attached", "attachment_url_template": "/records/{external_ref}/files",
+        "attachment_body_template": '{"name": {{ filename }}}', "closed_status": 500,
+        "attachment_lookup_id_path": "data..id"})
+    assert set(errors) == {"files", "attachment_url_template", "attachment_body_template", "closed_status",
+                           "attachment_lookup_id_path"}
+    assert errors["attachment_url_template"] == ["unknown placeholder {external_ref} (known: {ticket_id}, {file_key})"]
+
+
+def test_the_egress_guard_checks_the_attachment_urls_too(settings):
+    from ticketing.destinations import egress_errors
+
+    assert {"attachment_url_template", "attachment_lookup_url_template"} <= set(RestDestination.fetched_url_settings)
+    errors = egress_errors("rest", "", {**PLAIN, "create_url": "https://api.example.com/records",
+                                       "attachment_url_template": "http://169.254.169.254/{ticket_id}"})
+    assert errors.get("settings")

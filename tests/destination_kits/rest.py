@@ -1,11 +1,17 @@
 """Generic REST against FakeDesk's rest dialect, declared the way an admin would: an Idempotency-Key
-header the API keeps (what settles a lost answer), a consistent lookup, comments and a health check."""
+header the API keeps (what settles a lost answer), a consistent lookup, comments and a health check.
+Files go inline (`files` "inline": `files_json` in the create and comment bodies, under the create's key, so a
+retry sends the same body and the API answers the first record); the requester and CCs go in the body, a
+comment carries its author and public flag, and a comment on a closed record is answered 409 (`closed_status`)."""
 from intake.secrets import env_prefix
 from tests.factories import make_destination
 
 DIALECT = "rest"
 PROTECTION = "key"
 DESK_OPTIONS: dict = {}
+# The body template writes the CCs and the comment template the author: both end on the record.
+CC_ON_RECORD = True
+AUTHORED_COMMENTS = True
 
 QUEUES = {"billing": "Billing", "tech": "Tech"}
 PRIORITIES = {"low": "P4", "normal": "P3", "high": "P2", "urgent": "P1"}
@@ -15,12 +21,18 @@ BODY_TEMPLATE = """{
   {% if priority %}"priority": "{{ priority }}",{% endif %}
   {% if request_type %}"type": "{{ request_type }}",{% endif %}
   {% if assignee %}"assignee": "{{ assignee }}",{% endif %}
+  {% if html %}"html": "{{ html }}",{% endif %}
+  {% if follow_up_of %}"follow_up_of": "{{ follow_up_of }}",{% endif %}
   "subject": "{{ subject }}",
   "description": "{{ description }}",
   "requester": {"email": "{{ requester_email }}", "name": "{{ requester_name }}"},
+  "cc": {{ cc_json }},
   "tags": {{ tags_json }},
+  "attachments": {{ files_json }},
   "external_ref": "{{ external_ref }}"
 }"""
+COMMENT_TEMPLATE = """{"body": "{{ body }}", "public": {{ public }},
+  "author": {"email": "{{ author }}", "name": "{{ author_name }}"}, "attachments": {{ files_json }}}"""
 SETTINGS = {
     "create_url": "/records",
     "body_template": BODY_TEMPLATE,
@@ -32,13 +44,15 @@ SETTINGS = {
     "lookup_url_template": "/records?ref={external_ref}",
     "lookup_id_path": "data.0.id",
     "comment_url_template": "/records/{ticket_id}/comments",
-    "comment_body_template": '{"body": "{{ body }}", "public": true}',
+    "comment_body_template": COMMENT_TEMPLATE,
     "comment_id_path": "data.id",
     "check_url": "/health",
     "queues": QUEUES,
     "priorities": PRIORITIES,
     "request_types": {"refund": "refund-request"},
     "assignees": {"alice": "agent-alice"},
+    "files": "inline",
+    "closed_status": 409,
 }
 
 
@@ -70,3 +84,19 @@ def route_of(record: dict) -> dict:
 
 def comments_of(record: dict) -> list[str]:
     return [c["body"] for c in record.get("comments") or []][1:]  # the first is the description
+
+
+def comment_records_of(record: dict) -> list[dict]:
+    """The comments after the description: their text, whether the requester sees them, who wrote them."""
+    return [{"body": c["body"], "public": c["public"], "author": c["author"]}
+            for c in (record.get("comments") or [])[1:]]
+
+
+def follow_up_of(record: dict) -> str | None:
+    """The closed record this one follows up, as the body template sends it."""
+    return (record.get("fields") or {}).get("follow_up_of") or None
+
+
+def desk_reference(record: dict) -> str:
+    """The API's notifications name no record unless `reference_template` is declared (this kit declares none)."""
+    return ""

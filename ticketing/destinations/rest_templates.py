@@ -6,7 +6,9 @@ Templates come from admins, so the engine has no loaders, no {% load %}, no {% i
 very same body), and none of the filters whose argument sets the size of what they build (`ljust:30000000`,
 `rjust`, `center`, `stringformat`, `floatformat`) or whose time grows badly on hostile text (`urlize`);
 `join` first checks what it would build. Every string value is inserted as JSON string content:
-`json.dumps(value)[1:-1]`.
+`json.dumps(value)[1:-1]`; true, false and null as the JSON literal (which `{% if %}` tests as the value);
+a list or an object (a file) item by item; our own JSON (`*_json`) as it is. `mentions` says whether a
+template uses a variable (what the REST destination's capabilities are read from).
 
 A render is bounded (`RenderBudget`): MAILROOM_REST_TEMPLATE_SECONDS of time and
 MAILROOM_REST_TEMPLATE_MAX_CHARS of output beyond eight times the request's own text, checked as every node of
@@ -24,7 +26,7 @@ from urllib.parse import quote
 from django.conf import settings
 from django.template import Context, Engine, Library, TemplateSyntaxError, defaultfilters, defaulttags
 from django.template.defaulttags import ForNode
-from django.utils.safestring import mark_safe
+from django.utils.safestring import SafeString, mark_safe
 
 from .settings import Url
 
@@ -110,20 +112,36 @@ ENGINE = _engine()
 
 
 class RawJson(str):
-    """JSON text made by us (`tags_json`): inserted as is."""
+    """JSON text made by us (`tags_json`, `cc_json`, `files_json`): inserted as is."""
+
+
+class JsonLiteral(SafeString):
+    """true, false or null as a template value: it renders as the JSON literal and tests as the value, so that
+    `{% if public %}` is false for a private comment (the text "false" alone would be true)."""
+
+    def __new__(cls, value):
+        literal = super().__new__(cls, json.dumps(value))
+        literal.value = value
+        return literal
+
+    def __bool__(self):
+        return bool(self.value)
 
 
 def json_text(value) -> str:
     """A value as it goes into a JSON template: a string as JSON string content (quotes, backslashes, control
-    characters escaped), a number as a number, a list as a list of such strings."""
+    characters escaped), a number as a number, true/false/null as the literal, a list as a list of such values,
+    an object (a file) as an object of such values (`{{ file.filename }}`)."""
     if isinstance(value, RawJson):
         return mark_safe(value)
     if isinstance(value, str):
         return mark_safe(json.dumps(value, ensure_ascii=False)[1:-1])
     if isinstance(value, (list, tuple)):
         return [json_text(item) for item in value]
+    if isinstance(value, dict):
+        return {str(name): json_text(item) for name, item in value.items()}
     if isinstance(value, bool) or value is None:
-        return mark_safe(json.dumps(value))
+        return JsonLiteral(value)
     if isinstance(value, (int, float)):
         return mark_safe(json.dumps(value))
     return json_text(str(value))
@@ -208,6 +226,14 @@ def render_json(source: str, context: dict, *, seconds: float | None = None, max
     except ValueError as exc:
         raise TemplateProblem(f"the template did not render valid JSON (line {exc.lineno}, column {exc.colno})") \
             from None
+
+
+def mentions(source, name: str) -> bool:
+    """Does template `source` use the variable `name` (in a {{ }} or a {% %}, as itself or with a filter or an
+    attribute: `{{ html }}`, `{% for file in files %}`, `{{ files_json }}` is `files_json`, not `files`)?"""
+    if not isinstance(source, str):
+        return False
+    return re.search(r"\{[{%]((?![}%]\}).)*?(?<![\w.])" + re.escape(name) + r"(?!\w)", source, re.S) is not None
 
 
 def fill_url(template: str, values: dict) -> str:
