@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 TOPIC_TASKS = {
     PROCESS_TOPIC: ("ticketing.tasks.process_inbox_events", "inbox_event_id"),
     "intent.notify": ("ticketing.tasks.send_acknowledgments", "intent_id"),
+    "intent.attach_files": ("ticketing.tasks.attach_files", "intent_id"),
     POLL_TOPIC: ("intake.tasks.poll_mailbox", None),
 }
 

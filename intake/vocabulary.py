@@ -110,8 +110,6 @@ class ReasonCode(TextChoices):
     POISON = "poison", "Handed to workers again and again without progress (poison message)."
     TICKET_CLOSED = "ticket_closed", ("The ticket this reply belongs to is closed in the desk, and the "
                                       "destination's closed-ticket policy is review: decide, then replay.")
-    FILES_NOT_ATTACHED = "files_not_attached", ("The ticket was made, but the desk refused some of its files: "
-                                                "they are listed on the ticket; check the desk's limits.")
     # --- on an event: validation and normalization (intake) -------------------------------
     MALWARE = "malware", "An attachment matched a malware signature."
     ATTACHMENT_TYPE = "attachment_type", "An attachment's type or extension is not allowed."
@@ -161,6 +159,8 @@ class ReasonCode(TextChoices):
     LOOKUP_FOUND_NOTHING = "lookup_found_nothing", "A lookup by external reference found no record: safe to retry."
     UPSERT_RETRY_SAFE = "upsert_retry_safe", ("The destination inserts or updates on our key: "
                                               "a retry updates the one record.")
+    FILES_LOOKED_UP_FIRST = "files_looked_up_first", ("Each file whose upload's answer was lost is looked up on "
+                                                      "the record before it is sent again.")
     # `Intent.last_error_kind` of an unknown intent a reviewer replaced by a new action
     SUPERSEDED = "superseded", "Replaced by a new action a reviewer approved."
     # why no acknowledgment was sent (acknowledgment_skipped)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from intake.mime import ParsedMessage, parse_message
-from intake.models import InboxEvent
+from intake.models import InboxEvent, Mailbox, Tenant
 from intake.replytext import reply_text, strip_reply
 from tests.factories import ingest_message
 from ticketing.destinations.base import DestinationAdapter, TicketResult
@@ -381,7 +381,7 @@ def test_a_description_over_zendesks_limit_is_trimmed_at_a_paragraph_with_a_noti
     text = long_text()
     assert len(text) > 70_000
     parsed = ParsedMessage(subject="Logs", sender="jane@example.com", text=text)
-    work = Work(SimpleNamespace(pk=4242, details={}), Intent.Action.CREATE_TICKET, parsed)
+    work = Work(stored_event(pk=4242, details={}), Intent.Action.CREATE_TICKET, parsed)
 
     first = work.perform(adapter, intent())
     again = work.perform(adapter, intent())  # a retry sends the same body under the same key
@@ -398,6 +398,12 @@ def test_a_description_over_zendesks_limit_is_trimmed_at_a_paragraph_with_a_noti
     assert "4242" in notice
 
 
+def stored_event(*, pk: int, details: dict):
+    """An event as `Work` reads it, without a database: its tenant (no agents) and mailbox (default policy)."""
+    return SimpleNamespace(pk=pk, details=details, tenant=Tenant(settings={}), tenant_id=None,
+                           mailbox=Mailbox(settings={}))
+
+
 class RecordingAdapter(DestinationAdapter):
     max_description_chars = 1_000
 
@@ -409,8 +415,8 @@ class RecordingAdapter(DestinationAdapter):
         self.sent.append(request.description)
         return TicketResult(ticket_id="1")
 
-    def add_comment(self, ticket_id, body, author, idempotency_key, external_ref):
-        self.sent.append(body)
+    def add_comment(self, ticket_id, comment, idempotency_key, external_ref):
+        self.sent.append(comment.body)
         return "c1"
 
 
@@ -419,7 +425,7 @@ def test_a_comment_over_the_limit_is_trimmed_the_same_way_every_time(settings):
     adapter = RecordingAdapter()
     body = long_text(paragraphs=20, chars=90)
     target = SimpleNamespace(ticket_id="1", ticket_url="")
-    work = Work(SimpleNamespace(pk=7, details={"reply_text": body}), Intent.Action.ADD_COMMENT,
+    work = Work(stored_event(pk=7, details={"reply_text": body}), Intent.Action.ADD_COMMENT,
                 ParsedMessage(sender="jane@example.com", text="ignored: the stored reply text is sent"), target=target)
     work.perform(adapter, intent())
     work.perform(adapter, intent())
@@ -433,7 +439,7 @@ def test_no_limit_no_trim():
     adapter = RecordingAdapter()
     adapter.max_description_chars = None
     text = long_text()
-    Work(SimpleNamespace(pk=1, details={}), Intent.Action.CREATE_TICKET,
+    Work(stored_event(pk=1, details={}), Intent.Action.CREATE_TICKET,
          ParsedMessage(text=text)).perform(adapter, intent())
     assert adapter.sent == [text]
     assert DestinationAdapter.max_description_chars is None

@@ -98,3 +98,11 @@ def lookup_existing(intent: Intent | None) -> Lookup:
     if found is None:
         return Lookup("not_found", detail=f"no record with external_id {intent.external_ref}")
     return Lookup("found", ticket=found)
+
+
+def follow_up_intent(event_id: int) -> Intent | None:
+    """The create_ticket intent that follows up a closed ticket for this event (`intents.follow_up_instead`),
+    while it is not done; None otherwise."""
+    return (Intent.objects.select_related("destination")
+            .filter(inbox_event_id=event_id, action=Intent.Action.CREATE_TICKET, progress__has_key="follow_up_of")
+            .exclude(state=Intent.State.SUCCEEDED).order_by("-action_version").first())

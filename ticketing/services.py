@@ -12,6 +12,8 @@ import socket
 from django.conf import settings
 from django.db import transaction
 
+from intake.logging import mask_address
+from intake.mime.htmlsource import html_source
 from intake.models import AuditEvent, InboxEvent
 from intake.normalize import normalize
 from intake.selectors import global_pause_on, tenant_pause_on
@@ -19,10 +21,20 @@ from intake.services import record_audit, transition_event, wait_event
 from intake.testhooks import pause_point
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import breaker, classification, copies, intents, leases, selectors, threads
+from . import breaker, classification, copies, intents, leases, people, rich_body, selectors, threads, ticket_files
 from .classification.rules import record_hits
 from .destinations import adapter_for
-from .destinations.base import AmbiguousOutcome, PermanentError, TicketRequest, TicketResult, TransientError
+from .destinations.base import (
+    AmbiguousOutcome,
+    CommentRequest,
+    PermanentError,
+    TicketClosed,
+    TicketRequest,
+    TicketResult,
+    TransientError,
+)
+from .destinations.capabilities import FILES_WITH_WRITE, FOLLOW_UP
+from .intents.progress import ClaimLost, IntentJournal
 from .models import Destination, Intent, TicketMapping
 
 logger = logging.getLogger(__name__)
@@ -61,21 +73,30 @@ def _wait(event: InboxEvent, seconds: float, outcome: str) -> str:
 class Work:
     """One attempt's payload: what to send for the intent's action."""
 
-    def __init__(self, event: InboxEvent, action: str, parsed, target: TicketMapping | None = None, flags=()):
+    def __init__(self, event: InboxEvent, action: str, parsed, target: TicketMapping | None = None, flags=(),
+                 follow_up_of: str = ""):
         # A create_ticket takes its fields from `event.route` (stored by classification) and the
         # operator's `event.route_override`, which wins (`classification.ticket_fields`).
         self.event, self.action, self.parsed, self.target, self.flags = event, action, parsed, target, list(flags)
+        self.follow_up_of = follow_up_of
 
     def perform(self, adapter, intent: Intent) -> TicketResult:
         # Built only from the stored message, so every attempt sends the same body
         # (a destination that keeps our key rejects the same key with another body).
-        parsed = self.parsed
         if self.action == Intent.Action.ADD_COMMENT:
-            body = self._fit(adapter, self.comment_text())
-            adapter.add_comment(self.target.ticket_id, body, parsed.sender, intent.idempotency_key,
+            adapter.add_comment(self.target.ticket_id, self.comment_request(adapter), intent.idempotency_key,
                                 intent.external_ref)
             return TicketResult(ticket_id=self.target.ticket_id, url=self.target.ticket_url)
         return adapter.create_ticket(self.ticket_request(adapter), intent.idempotency_key, intent.external_ref)
+
+    def _rich(self, adapter) -> tuple[str, tuple, tuple]:
+        """(sanitized HTML or "", the files sent with the write, the list the text ends with) for this desk."""
+        capabilities = ticket_files.effective_capabilities(adapter)
+        html = rich_body.sanitized_html(html_source(self.parsed)) if capabilities.html else ""
+        files, held = ticket_files.select_files(self.event, self.parsed, capabilities, html=html)
+        listing = ticket_files.file_list(self.event, files, held)
+        with_write = files if capabilities.files == FILES_WITH_WRITE else ()
+        return html, with_write, (files, held, listing)
 
     def ticket_request(self, adapter) -> TicketRequest:
         """The new ticket's fields; the set-based path (`ticketing.batch`) builds its rows from this too."""
@@ -85,10 +106,34 @@ class Work:
         tags = ("mailroom",) + tuple(f"mailroom-{flag.replace('_', '-')}" for flag in self.flags)
         if chosen["sensitive"]:
             tags += (classification.NEEDS_APPROVAL,)
+        person = people.requester(self.event, parsed)
+        cc = people.copied(self.event, parsed, person.email)
+        html, files, (_, held, listing) = self._rich(adapter)
+        if cc and not adapter.capabilities.cc_field:
+            listing += "\n\nCopied: " + ", ".join(cc)
+        if person.forwarded_by:
+            listing += f"\n\nForwarded by {person.forwarded_by} (an agent); the requester is the original sender."
         return TicketRequest(subject=parsed.subject or "(no subject)",
-                             description=self._fit(adapter, parsed.text), requester=parsed.sender, tags=tags,
+                             description=self._fit(adapter, parsed.text, reserve=len(listing)) + listing,
+                             requester=person.email, tags=tags,
                              queue=chosen["queue"], priority=chosen["priority"],
-                             request_type=chosen["request_type"], assignee=chosen["assignee"])
+                             request_type=chosen["request_type"], assignee=chosen["assignee"],
+                             requester_name=person.name, cc=cc, html=html, files=files, held_files=held,
+                             follow_up_of=self.follow_up_of)
+
+    def comment_request(self, adapter) -> CommentRequest:
+        """What a reply adds: the new text, written as the customer (public) or, from one of the tenant's
+        agents, as an internal note (unless the destination's `agent_notes` setting is false)."""
+        parsed = self.parsed
+        public, from_agent = people.comment_kind(self.event, parsed)
+        if from_agent and (getattr(adapter.destination, "settings", None) or {}).get("agent_notes") is False:
+            public = True
+        html, files, (_, held, listing) = self._rich(adapter)
+        text = self.comment_text()
+        return CommentRequest(body=self._fit(adapter, text, reserve=len(listing)) + listing,
+                              author_email=parsed.sender, author_name=parsed.sender_name, public=public,
+                              from_agent=from_agent, html=html if html else "", files=files, held_files=held,
+                              cc=people.copied(self.event, parsed, parsed.sender))
 
     def comment_text(self) -> str:
         """What a reply adds to its ticket: the new text only, as normalization stored it.
@@ -110,14 +155,15 @@ class Work:
         return (f"\n\n[Mailroom: this message was shortened to fit the {limit:,}-character limit of this help desk."
                 f" The full original is Mailroom inbox event {self.event.pk}: {url} ]")
 
-    def _fit(self, adapter, text: str) -> str:
-        """`text` cut at a paragraph boundary, with the notice, when the destination takes less."""
+    def _fit(self, adapter, text: str, reserve: int = 0) -> str:
+        """`text` cut at a paragraph boundary, with the notice, when the destination takes less (`reserve`:
+        characters kept free for what follows it, the list of files)."""
         from intake.mime.texttrim import trim_text
 
         limit = getattr(adapter, "max_description_chars", None)
-        if not limit or len(text) <= limit:
+        if not limit or len(text) + reserve <= limit:
             return text
-        trimmed, _ = trim_text(text, limit, self.truncation_notice(limit))
+        trimmed, _ = trim_text(text, max(limit - reserve, limit // 2), self.truncation_notice(limit))
         return trimmed
 
 
@@ -147,6 +193,12 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
 
     # A ticket made from a message that reused another's Message-ID says so, for the agent.
     ticket_flags = [REUSED_MESSAGE_ID] if event.message_id_reused else []
+    follow_up = selectors.follow_up_intent(event.pk)
+    if follow_up is not None:  # a reply its desk refused because the ticket is closed: a follow-up ticket
+        work = Work(event, Intent.Action.CREATE_TICKET, parsed, flags=ticket_flags,
+                    follow_up_of=str(follow_up.progress.get("follow_up_of", "")))
+        return _act(event, follow_up.destination, work, worker)
+    _note_forward(event, parsed, worker)
     if not threads.is_thread_work(parsed):
         destination = _classify_and_route(event, parsed, worker, cache)
         if isinstance(destination, str):
@@ -225,6 +277,24 @@ def _low_confidence_settled(event: InboxEvent) -> bool:
                                      detail__reason=ReasonCode.LOW_CONFIDENCE).exists()
 
 
+def _note_forward(event: InboxEvent, parsed, worker: str) -> None:
+    """An agent's forward makes the original sender the requester: said once, in the audit trail."""
+    details = event.details or {}
+    if "requester_from_forward" in details:
+        return
+    person = people.requester(event, parsed)
+    if not person.forwarded_by:
+        return
+    details["requester_from_forward"] = True
+    details[people.FORWARDED_REQUESTER] = person.email  # a participant of the ticket (ticketing.threads)
+    with transaction.atomic():
+        InboxEvent.objects.filter(pk=event.pk).update(details=details)
+        record_audit(event.pk, AuditKind.REQUESTER_FROM_FORWARD, actor=f"worker:{worker}",
+                     detail={"forwarded_by": mask_address(person.forwarded_by),
+                             "requester": mask_address(person.email)})
+    event.details = details
+
+
 def _flag(event: InboxEvent, flags: list[str], worker: str) -> None:
     details = event.details or {}
     if set(flags) <= set(details.get("flags", [])):
@@ -270,7 +340,10 @@ def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, l
 def _attempt_in_transaction(adapter, intent: Intent, work: Work, worker: str, lease=None) -> str:
     if not intents.claim(intent.pk, worker, lease):
         return "busy"
-    result = work.perform(adapter, intent)
+    try:
+        result = work.perform(adapter, intent)
+    except TicketClosed as exc:  # a solved built-in ticket under the `review` policy
+        return _ticket_closed(intent, work, worker, adapter, exc)
     intents.record_success(intent, result, f"worker:{worker}", event=work.event)
     return "created"
 
@@ -296,8 +369,14 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
     if not intents.still_claimed(intent.pk, worker, margin_seconds=read_timeout):
         logger.warning("intent %s: claim lost before the call; no request sent", intent.pk)
         return "claim_lost"
+    adapter.journal = IntentJournal(intent, worker)
     try:
         result = work.perform(adapter, intent)
+    except ClaimLost:
+        logger.warning("intent %s: claim lost between two steps; the next attempt goes on", intent.pk)
+        return "claim_lost"
+    except TicketClosed as exc:
+        return _ticket_closed(intent, work, worker, adapter, exc)
     except (TransientError, PermanentError, AmbiguousOutcome) as exc:
         return intents.record_failure(intent, exc, worker) or "claim_lost"  # the breaker counts it there
     breaker.record_success(intent.destination)
@@ -309,3 +388,22 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
     logger.error("intent %s: success for ticket %s could not be recorded; reconciliation will look",
                  intent.pk, result.ticket_id)
     return "late_success"
+
+
+def closed_policy(destination, adapter) -> str:
+    """What a reply to a closed ticket of `destination` becomes: its `closed_policy` setting when the desk can
+    carry it out, else the kind's default (`Capabilities.default_closed_policy`)."""
+    chosen = (destination.settings or {}).get("closed_policy")
+    capabilities = adapter.capabilities
+    if chosen in capabilities.closed_policies or chosen == "review":
+        return chosen
+    return capabilities.default_closed_policy
+
+
+def _ticket_closed(intent: Intent, work: Work, worker: str, adapter, exc: TicketClosed) -> str:
+    """The desk refused the write because the ticket is closed: a follow-up ticket, or review (a failure with
+    reason ticket_closed, shown in the recovery queue). `reopen` is the adapter's own (it reopens and writes)."""
+    breaker.record_success(intent.destination)  # the desk answered: it is up
+    if work.action == Intent.Action.ADD_COMMENT and closed_policy(intent.destination, adapter) == FOLLOW_UP:
+        return intents.follow_up_instead(intent, worker=worker, closed_ticket_id=work.target.ticket_id) or "claim_lost"
+    return intents.record_failure(intent, exc, worker) or "claim_lost"

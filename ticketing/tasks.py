@@ -91,6 +91,22 @@ def send_acknowledgments(intent_ids: list[int]) -> dict:
 
 
 @shared_task
+def attach_files(intent_ids: list[int]) -> dict:
+    """A group of `attach_files` intents (ticketing.attachments); each keeps its own intent."""
+    from . import attachments
+
+    worker, outcomes = services.worker_identity(), {}
+    for intent_id in intent_ids:
+        try:
+            outcome = attachments.deliver(intent_id, worker)
+        except Exception:
+            logger.exception("attach_files %s failed", intent_id)  # its intent's sweeps bring it back
+            outcome = "error"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return outcomes
+
+
+@shared_task
 def prune_breaker_attempts() -> int:
     from . import breaker
 

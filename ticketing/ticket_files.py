@@ -9,6 +9,7 @@ HTML. Everything here is computed from the stored message alone: every attempt s
 """
 import hashlib
 import mimetypes
+from dataclasses import replace
 from functools import partial
 
 from django.conf import settings
@@ -53,6 +54,15 @@ def console_url(event, index: int) -> str:
     return f"{base}/admin/reconciliation/recoveryitem/{event.pk}/attachment/{index}/"
 
 
+def effective_capabilities(adapter) -> Capabilities:
+    """The kind's capabilities with the destination's own `max_file_bytes` (a plan's lower limit) applied."""
+    capabilities = adapter.capabilities
+    limit = (getattr(adapter.destination, "settings", None) or {}).get("max_file_bytes")
+    if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < capabilities.max_file_bytes:
+        capabilities = replace(capabilities, max_file_bytes=limit)
+    return capabilities
+
+
 def select_files(event, parsed, capabilities: Capabilities, *, html: str = ""
                  ) -> tuple[tuple[OutgoingFile, ...], tuple[HeldFile, ...]]:
     """(the files to send, the files held back) for `event`'s ticket on a desk with `capabilities`."""
@@ -69,7 +79,7 @@ def select_files(event, parsed, capabilities: Capabilities, *, html: str = ""
         name = _name(attachment, index)
         reason = None
         if capabilities.files == FILES_NONE:
-            reason = "this help desk takes no files through its API"
+            reason = "this destination takes no files"
         elif attachment.origin == "encrypted":
             reason = "encrypted content"
         elif attachment.filename in infected or (not attachment.filename and "(unnamed)" in infected):

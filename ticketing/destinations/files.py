@@ -10,7 +10,7 @@ Two ways, by kind (`Capabilities.files`):
   after it; a file found `sent` (an answer lost, a worker killed) is looked up on the record
   (`adapter.find_file`, by the file's own key where the desk keeps one) before it is sent again.
   A file the desk refuses for good (too large for its plan, a type it bans) is noted `refused` and the
-  others go on: the ticket lists it, and the event says so (reason files_not_attached).
+  others go on: the audit row of the `attach_files` intent names it.
 """
 import logging
 import time

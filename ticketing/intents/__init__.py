@@ -12,6 +12,10 @@ all in one transaction.
     in_flight -------------------------------- retry_later -----------> retry_wait  transient, under the cap
     in_flight -------------------------------- retry_later -----------> retry_wait  destination paused (breaker)
     in_flight -------------------------------- fail ------------------> failed      event failed/<reason>
+    in_flight (add_comment) ------------------ follow_up_instead -----> failed      ticket closed: a create_ticket
+                                                                                    intent follows it up (event
+                                                                                    stays write_pending)
+    in_flight (attach_files) ----------------- record_files_attached -> succeeded   (event stays completed)
     in_flight -------------------------------- outcome_unknown -------> unknown     event unknown/<reason>
     in_flight (claim ran out) ---------------- expire ----------------> unknown     event unknown/claim_expired
     retry_wait (due) / pending (hand-over lost) requeue --------------> pending
@@ -65,12 +69,14 @@ action's own row (`replayed`, `replayed_as_new_action`, `ticket_confirmed`,
 in the same transaction.
 """
 from .core import (  # noqa: F401  (the package's API)
+    ATTACH_TOPIC,
     ATTEMPT_AUDIT_KIND,
     AUDIT_KIND,
     CONFIRMABLE_STATES,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETRY_BASE_SECONDS,
     DEFAULT_RETRY_CAP_SECONDS,
+    FOLLOWING_ACTIONS,
     NOTIFY_TOPIC,
     OPEN_STATES,
     OPERATOR_RESULT_REF,
@@ -83,11 +89,13 @@ from .core import (  # noqa: F401  (the package's API)
     create_intent,
     ensure_intent,
     fail,
+    follow_up_instead,
     intent_key,
     max_attempts,
     outcome_unknown,
     record_acknowledgment_sent,
     record_failure,
+    record_files_attached,
     record_success,
     retry_later,
     still_claimed,

@@ -56,8 +56,8 @@ class BuiltinSuccess:
 
 _INSERT_PENDING = """
 INSERT INTO {table} (idempotency_key, inbox_event_id, action, action_version, destination_id, state, attempts,
-                     claimed_by, last_error_kind, last_error, external_ref, result_ref, created_at)
-SELECT v.key, v.event, %(action)s, 1, v.destination, %(pending)s, 0, '', '', '', v.ref, '', %(now)s
+                     claimed_by, last_error_kind, last_error, external_ref, result_ref, progress, created_at)
+SELECT v.key, v.event, %(action)s, 1, v.destination, %(pending)s, 0, '', '', '', v.ref, '', '{{}}', %(now)s
 FROM unnest(%(keys)s::text[], %(events)s::bigint[], %(destinations)s::bigint[], %(refs)s::text[])
      AS v(key, event, destination, ref)
 ON CONFLICT DO NOTHING
@@ -77,9 +77,9 @@ WHERE i.id = v.id AND i.state = %(pending)s
 # of [id, ref]. `WHERE true` keeps the parser from reading ON CONFLICT as a join's ON (SQLite's upsert rule).
 _INSERT_PENDING_SQLITE = """
 INSERT INTO {table} (idempotency_key, inbox_event_id, action, action_version, destination_id, state, attempts,
-                     claimed_by, last_error_kind, last_error, external_ref, result_ref, created_at)
+                     claimed_by, last_error_kind, last_error, external_ref, result_ref, progress, created_at)
 SELECT json_extract(v.value, '$[0]'), json_extract(v.value, '$[1]'), %(action)s, 1, json_extract(v.value, '$[2]'),
-       %(pending)s, 0, '', '', '', json_extract(v.value, '$[3]'), '', %(now)s
+       %(pending)s, 0, '', '', '', json_extract(v.value, '$[3]'), '', '{{}}', %(now)s
 FROM json_each(%(rows)s) AS v WHERE true
 ON CONFLICT DO NOTHING
 RETURNING id, inbox_event_id, idempotency_key

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from intake.keys import stable_key
 from intake.models import InboxEvent
-from intake.services import NOT_COMPLETED_STATES, record_audit, transition_event
+from intake.services import NOT_COMPLETED_STATES, PROCESS_TOPIC, enqueue_outbox, record_audit, transition_event
 from intake.vocabulary import AuditKind, ReasonCode
 
 from ..destinations.base import AmbiguousOutcome, PermanentError, TicketResult, TransientError
@@ -26,11 +26,15 @@ IntentState = Intent.State
 
 # The audit row of a success, by action.
 AUDIT_KIND = {Intent.Action.CREATE_TICKET: AuditKind.TICKET_CREATED, Intent.Action.ADD_COMMENT: AuditKind.COMMENT_ADDED,
-              Intent.Action.NOTIFY_REQUESTER: AuditKind.ACKNOWLEDGED}
+              Intent.Action.NOTIFY_REQUESTER: AuditKind.ACKNOWLEDGED,
+              Intent.Action.ATTACH_FILES: AuditKind.FILES_ATTACHED}
 # The audit row of an attempt that did not succeed, by the state it left the intent in.
 ATTEMPT_AUDIT_KIND = {IntentState.RETRY_WAIT: AuditKind.INTENT_RETRY_WAIT, IntentState.FAILED: AuditKind.INTENT_FAILED,
                       IntentState.UNKNOWN: AuditKind.INTENT_UNKNOWN, IntentState.HELD: AuditKind.INTENT_HELD}
 NOTIFY_TOPIC = "intent.notify"
+ATTACH_TOPIC = "intent.attach_files"
+# The intent actions that are not a ticket-making action of their own: they follow one (after its mapping).
+FOLLOWING_ACTIONS = (Intent.Action.NOTIFY_REQUESTER, Intent.Action.ATTACH_FILES)
 OPERATOR_RESULT_REF = "handled-by-operator"
 # The last error of an intent whose claim ran out (`sweeps.expire`).
 CLAIM_EXPIRED_ERROR = f"{AmbiguousOutcome.kind}:{ReasonCode.CLAIM_EXPIRED}"
@@ -170,13 +174,52 @@ def record_success(intent: Intent, result: TicketResult, actor: str,
         record_audit(intent.inbox_event_id, AUDIT_KIND[intent.action], actor=actor, at=now,
                      detail={"intent": intent.pk, "action": intent.action, "destination": intent.destination_id,
                              "ticket_id": result.ticket_id, **(audit_detail or {})})
-        if intent.action == Intent.Action.CREATE_TICKET:
-            from .. import acknowledgments  # it builds on this package
+        from .. import acknowledgments, attachments  # they build on this package
 
-            if event is None:
-                event = InboxEvent.objects.select_related("mailbox").get(pk=intent.inbox_event_id)
+        if event is None:
+            event = InboxEvent.objects.select_related("mailbox").get(pk=intent.inbox_event_id)
+        attachments.plan(event, intent.destination)
+        if intent.action == Intent.Action.CREATE_TICKET:
             acknowledgments.plan(event, intent.destination)
     return True
+
+
+def record_files_attached(intent: Intent, worker: str, detail: dict) -> bool:
+    """An `attach_files` intent's in_flight -> succeeded (its result: how many files the desk holds), with its
+    audit row. The event stays `completed`: its mapping is the ticket-making action's."""
+    now = timezone.now()
+    with transaction.atomic():
+        if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker), IntentState.SUCCEEDED, now,
+                     result_ref=f"{detail.get('attached', 0)} files"):
+            return False
+        record_audit(intent.inbox_event_id, AuditKind.FILES_ATTACHED, actor=f"worker:{worker}", at=now,
+                     detail={"intent": intent.pk, **detail})
+    return True
+
+
+def follow_up_instead(intent: Intent, *, worker: str, closed_ticket_id: str) -> str:
+    """A comment the desk refused because its ticket is closed, under the `follow_up` policy: the comment
+    intent in_flight -> failed, and a create_ticket intent for the same event that follows up the
+    closed ticket (`Intent.progress["follow_up_of"]`), with the audit row, in one transaction. The comment
+    intent ends failed (its reason ticket_closed: replaced, nothing for a person to do); the event stays
+    write_pending and goes back to a worker. Returns "follow_up" ('' when the attempt was no longer ours)."""
+    now = timezone.now()
+    with transaction.atomic():
+        if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker), IntentState.FAILED, now,
+                     last_error_kind=f"{PermanentError.kind}:{ReasonCode.TICKET_CLOSED}",
+                     last_error="the ticket is closed: a follow-up ticket replaces this comment"):
+            return ""
+        event = InboxEvent.objects.get(pk=intent.inbox_event_id)
+        follow_up = _insert(event, Intent.Action.CREATE_TICKET, intent.destination, 1, IntentState.PENDING, now,
+                            if_missing=True)
+        Intent.objects.filter(idempotency_key=follow_up.idempotency_key).update(
+            progress={"follow_up_of": str(closed_ticket_id)}, next_attempt_at=now)
+        record_audit(intent.inbox_event_id, AuditKind.FOLLOW_UP_PLANNED, actor=f"worker:{worker}", at=now,
+                     detail={"intent": intent.pk, "closed_ticket_id": str(closed_ticket_id),
+                             "destination": intent.destination_id})
+        enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": intent.inbox_event_id}, now=now)
+    logger.info("intent %s: ticket %s is closed; a follow-up ticket is planned", intent.pk, closed_ticket_id)
+    return "follow_up"
 
 
 def record_acknowledgment_sent(intent: Intent, message_id: str, worker: str, detail: dict) -> bool:

@@ -19,6 +19,7 @@ from ..destinations import adapter_for
 from ..destinations.base import AmbiguousOutcome, PermanentError, TransientError
 from ..models import Intent
 from .core import (
+    ATTACH_TOPIC,
     CLAIM_EXPIRED_ERROR,
     NOTIFY_TOPIC,
     EventState,
@@ -37,6 +38,8 @@ def _enqueue(intent: Intent, now) -> None:
     """Hand an intent to the task that carries out its action."""
     if intent.action == Intent.Action.NOTIFY_REQUESTER:
         enqueue_outbox(NOTIFY_TOPIC, {"intent_id": intent.pk}, now=now)
+    elif intent.action == Intent.Action.ATTACH_FILES:
+        enqueue_outbox(ATTACH_TOPIC, {"intent_id": intent.pk}, now=now)
     else:
         enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": intent.inbox_event_id}, now=now)
 
@@ -118,6 +121,9 @@ def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str
     if intent.action == Intent.Action.NOTIFY_REQUESTER:
         # Mail servers keep no key and offer no lookup: whether it went out is unknowable.
         return hold(intent, now, actor, event_reason=None)
+    if intent.action == Intent.Action.ATTACH_FILES:
+        # Each file sent without a known answer is looked up on the record before it is sent again.
+        return reopen(intent, now, actor, ReasonCode.FILES_LOOKED_UP_FIRST)
     if awaits_lookup(intent):
         # A failure for good after an unknown outcome, waiting for its lookup: asked, never sent again.
         return settle_known_failure(intent, actor=actor)
