@@ -419,6 +419,16 @@ def test_tenant_isolation(mailbox, operator, scanner_off, monkeypatch):
     assert not Mailbox.objects.get(pk=other_mailbox.pk).paused
 
 
+def test_a_tenant_slug_with_a_nul_byte_is_a_400_not_a_500(mailbox):
+    """PostgreSQL refuses NUL in a text query: the slug names no tenant, said as for any unknown one."""
+    client = api(make_user("ann", groups=["mailroom-admin"], tenants=[mailbox.tenant]))
+    for path, body in (("destinations", {"tenant": "ac\x00me", "slug": "desk", "kind": "builtin"}),
+                       ("mailboxes", {"tenant": "\x00", "slug": "x", "address": "x@acme.test"})):
+        refused = client.post(f"{API}/{path}/", body, format="json")
+        assert_problem(refused, 400)
+        assert "tenant" in refused.json()["errors"]
+
+
 # --- schema and docs ----------------------------------------------------------------------------------------
 
 @pytest.mark.django_db

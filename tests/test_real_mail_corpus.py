@@ -77,10 +77,17 @@ def normalized(text: str) -> str:
     return " ".join(text.split())
 
 
+# What Mailroom adds after the message's text on a ticket (ticketing.services.Work.ticket_request): the files,
+# the people copied, an agent's forward. The corpus judges the message's own text.
+MAILROOM_SECTIONS = ("\n\nAttachments:\n", "\n\nCopied: ", "\n\nForwarded by ")
+
+
 def body_text(event: InboxEvent, raw: bytes) -> str:
     mapping = TicketMapping.objects.filter(inbox_event=event, action=Intent.Action.CREATE_TICKET).first()
     if mapping is not None:
-        return Ticket.objects.get(pk=int(mapping.ticket_id)).description
+        description = Ticket.objects.get(pk=int(mapping.ticket_id)).description
+        ends = [description.find(marker) for marker in MAILROOM_SECTIONS if marker in description]
+        return description[:min(ends)] if ends else description
     return parse_message(raw, loop_header=django_settings.MAILROOM_LOOP_HEADER).text
 
 

@@ -244,6 +244,12 @@ class VisibleTenantField(serializers.SlugRelatedField):
     def get_queryset(self):
         return visible_tenants(self.context["request"].user)
 
+    def to_internal_value(self, data):
+        # A slug with a NUL byte names no tenant, and PostgreSQL refuses it in a query (a 500 otherwise).
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("does_not_exist", slug_name=self.slug_field, value=data.replace("\x00", "\\x00"))
+        return super().to_internal_value(data)
+
 
 class TenantScopedRelatedField(serializers.PrimaryKeyRelatedField):
     """A mailbox or destination id among the user's tenants' (another tenant's: 'does not exist')."""
