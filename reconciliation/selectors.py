@@ -240,3 +240,8 @@ def visible_findings(user) -> QuerySet:
     if user.is_superuser:
         return rows
     return rows.filter(tenant__in=visible_tenants(user).values("pk"))
+
+
+def rule_names(tenant_id: int) -> dict[str, str]:
+    """{rule id as stored in a route's origin ("rule:<id>"): its name} for the tenant's routing rules."""
+    return {str(pk): name for pk, name in RoutingRule.objects.filter(tenant_id=tenant_id).values_list("pk", "name")}

@@ -106,7 +106,14 @@ def test_an_operator_works_the_queue_in_a_browser(live_server, page, screenshot_
     assert page.locator("#mappings a.ticket-link").inner_text() == f"desk #{intent.result_ref}"
     timeline = page.inner_text("#timeline")
     assert "assigned" in timeline and "replayed" in timeline and "user:oper" in timeline
+    # Details in words (reconciliation.rendering): the corrected route names who corrected it, no dict repr.
+    assert "{'" not in timeline and "None" not in timeline and "priority: high" in timeline
+    assert page.inner_text("#item-route").split("\n") == ["priority: high", f"destination: {good.slug} (corrected)"]
     page.screenshot(path=screenshot_dir / "03-detail-completed.png", full_page=True)
+    page.set_viewport_size({"width": 800, "height": 900})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 800
+    page.screenshot(path=screenshot_dir / "03-detail-completed-800.png", full_page=True)
+    page.set_viewport_size({"width": 1400, "height": 900})
     actors = dict(AuditEvent.objects.filter(inbox_event_id=failed, kind__in=["assigned", "replayed"])
                   .values_list("kind", "actor"))
     assert actors == {"assigned": "user:oper", "replayed": "user:oper"}

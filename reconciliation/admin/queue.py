@@ -17,12 +17,14 @@ from django.utils.timesince import timesince
 
 from intake.logging import mask_address
 from intake.models import InboxEvent
+from intake.vocabulary import AuditKind
 from ticketing import selectors as ticketing_selectors
 from ticketing.models import Destination, Intent
 from ticketing.replay import REPLAYABLE_EVENT_STATES
 
 from .. import selectors, services
 from ..models import RecoveryItem
+from ..rendering import route_lines, timeline_rows
 from .dashboard import dashboard_view
 from .filters import MailboxFilter, OwnerFilter, ReasonFilter, StateFilter, TenantFilter
 from .forms import AssignForm, CloseForm, ConfirmForm, EscalationForm, ReleaseForm, ReplayNewForm, RouteForm
@@ -258,14 +260,20 @@ class RecoveryItemAdmin(admin.ModelAdmin):
         }
         pauses = selectors.pause_status(user)
         tenant_paused = any(t.pk == event.tenant_id for t in pauses["tenants"])
+        destination_names = {d.pk: d.slug for d in ticketing_selectors.tenant_destinations(event.tenant_id)}
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts, "title": f"Item #{event.pk}", "event": event, "can": can,
             "reason_text": selectors.reason_text(event.reason_code), "age": timesince(event.received_at),
-            "timeline": list(selectors.event_timeline(event.pk)), "intents": intents, "current_intent": current,
+            "timeline": timeline_rows(selectors.event_timeline(event.pk), kind_labels=dict(AuditKind.choices),
+                                      rule_names=selectors.rule_names(event.tenant_id),
+                                      destination_names=destination_names),
+            "override_lines": route_lines(event.route_override, selectors.rule_names(event.tenant_id),
+                                          destination_names),
+            "intents": intents, "current_intent": current,
             "mappings": list(selectors.event_mappings(event.pk)), "in_queue": in_queue,
             "replayable": replayable, "forms": action_forms, "stuck_ack": stuck_ack, "proposal": proposal,
-            "destination_name": {d.pk: d.slug for d in ticketing_selectors.tenant_destinations(event.tenant_id)},
+            "destination_name": destination_names,
             "paused_here": pauses["global"] or event.mailbox.paused or tenant_paused,
             "tenant_paused": tenant_paused,
             "pauses": pauses,
