@@ -121,3 +121,17 @@ def test_the_daily_digest_goes_once_per_tenant_and_day(tenant, mailbox, operator
     assert text.index(f"#{items[1]} ") < text.index(f"#{items[0]} ")  # overdue first
     assert SENDER not in text and "hunter2" not in text
     assert Notification.objects.filter(kind="digest", tenant=tenant).count() == 1
+
+
+def test_the_escalation_input_holds_whole_minutes_so_the_browser_accepts_a_picked_time():
+    """A value with seconds makes a datetime-local input's step base fall between minutes: the browser then
+    refuses every whole-minute time a person picks. The form renders minutes and takes them back."""
+    from datetime import UTC, datetime
+
+    from reconciliation.admin.forms import EscalationForm
+
+    html = str(EscalationForm(initial={"escalate_at": datetime(2026, 12, 1, 21, 19, 47, tzinfo=UTC)})["escalate_at"])
+    assert 'value="2026-12-01T21:19"' in html and 'step="60"' in html
+    posted = EscalationForm({"escalate_at": "2026-12-02T09:30"})
+    assert posted.is_valid(), posted.errors
+    assert posted.cleaned_data["escalate_at"].replace(tzinfo=None) == datetime(2026, 12, 2, 9, 30)

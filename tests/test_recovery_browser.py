@@ -80,6 +80,10 @@ def test_an_operator_works_the_queue_in_a_browser(live_server, page, screenshot_
     assert page.locator("#view-body").count() == 0
     page.click("#assign-me")
     assert "Assigned to you." in success_message(page)
+    # A whole-minute escalation time, typed as a person picks it, is accepted by the browser and saved.
+    page.fill("#form-escalate input[name=escalate_at]", "2031-05-04T09:30")
+    page.click("#form-escalate input[type=submit]")
+    assert page.inner_text("#item-escalate") == "2031-05-04 09:30"
     assert page.inner_text("#item-owner") == "oper"
     stale = page.context.new_page()  # a second tab, opened before the replay: it will try again later
     stale.goto(f"{base}{QUEUE_URL}{failed}/change/")

@@ -27,8 +27,11 @@ class AssignForm(forms.Form):
 
 
 class EscalationForm(forms.Form):
+    # Minute precision: a value with seconds would make the browser's step base fall between minutes, so that
+    # it refuses every whole-minute time a person picks.
     escalate_at = forms.DateTimeField(required=False, help_text="UTC; empty clears it",
-                                      widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+                                      widget=forms.DateTimeInput(format="%Y-%m-%dT%H:%M",
+                                                                 attrs={"type": "datetime-local", "step": 60}))
 
 
 class RouteForm(forms.Form):
