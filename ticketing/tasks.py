@@ -74,36 +74,34 @@ def send_acknowledgment(intent_id: int) -> str:
     return acknowledgments.send(intent_id, services.worker_identity())
 
 
-@shared_task
-def send_acknowledgments(intent_ids: list[int]) -> dict:
-    """A group of acknowledgments (the relay publishes them in groups); each keeps its own intent."""
-    from . import acknowledgments
-
+def _each_intent(intent_ids: list[int], carry_out, what: str) -> dict:
+    """One group's intents carried out one by one, each keeping its own intent (a failure is logged, and that
+    intent's sweeps bring it back); {outcome: count}."""
     worker, outcomes = services.worker_identity(), {}
     for intent_id in intent_ids:
         try:
-            outcome = acknowledgments.send(intent_id, worker)
+            outcome = carry_out(intent_id, worker)
         except Exception:
-            logger.exception("acknowledgment %s failed", intent_id)  # its intent's sweeps bring it back
+            logger.exception("%s %s failed", what, intent_id)
             outcome = "error"
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     return outcomes
+
+
+@shared_task
+def send_acknowledgments(intent_ids: list[int]) -> dict:
+    """A group of acknowledgments (the relay publishes them in groups)."""
+    from . import acknowledgments
+
+    return _each_intent(intent_ids, acknowledgments.send, "acknowledgment")
 
 
 @shared_task
 def attach_files(intent_ids: list[int]) -> dict:
-    """A group of `attach_files` intents (ticketing.attachments); each keeps its own intent."""
+    """A group of `attach_files` intents (ticketing.attachments)."""
     from . import attachments
 
-    worker, outcomes = services.worker_identity(), {}
-    for intent_id in intent_ids:
-        try:
-            outcome = attachments.deliver(intent_id, worker)
-        except Exception:
-            logger.exception("attach_files %s failed", intent_id)  # its intent's sweeps bring it back
-            outcome = "error"
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    return outcomes
+    return _each_intent(intent_ids, attachments.deliver, "attach_files")
 
 
 @shared_task

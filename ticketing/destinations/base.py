@@ -100,10 +100,6 @@ class CommentRequest:
     held_files: tuple[HeldFile, ...] = ()
     cc: tuple[str, ...] = ()
 
-    @property
-    def author(self) -> str:
-        return self.author_email
-
 
 class TicketClosed(PermanentError):
     """The desk refused the write because the ticket is closed (archived, resolved for good): the pipeline's
