@@ -459,7 +459,7 @@ def test_the_console_says_a_replay_linked_the_ticket_it_found(tenant, mailbox, d
                                                              client):
     from django.contrib.messages import get_messages
 
-    from reconciliation.admin.queue import LINKED_MESSAGE
+    from reconciliation.admin.item import LINKED_MESSAGE
     from tests.test_recovery_queue import act
 
     d = start("zendesk", tenant, desk_factory, monkeypatch)
