@@ -57,6 +57,8 @@ class AuditKind(TextChoices):
     BODY_SEARCHED = "body_searched", "Message body searched by a routing rule's dry run"
     ATTACHMENT_DOWNLOADED = "attachment_downloaded", "Attachment downloaded"
     BULK_LOOKUP = "bulk_lookup", "Looked up for a bulk replay"
+    REQUESTER_ENTERED = "requester_entered", "Requester address entered by an operator"
+    BULK_JOB_APPLIED = "bulk_job_applied", "Handled by a bulk job over a filter"
     # retention (intake.retention)
     PURGED = "purged", "Message body purged by retention"
     LEGAL_HOLD_SET = "legal_hold_set", "Legal hold placed"

@@ -125,7 +125,9 @@ class ApiToken(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     key_hash = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
+    name = models.CharField(max_length=100, blank=True, help_text="What the token is for (a script, a job)")
     created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Refused from this time on; empty: never")
     last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

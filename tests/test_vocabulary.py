@@ -18,7 +18,7 @@ STORED_AUDIT_KINDS = {
     "replayed_as_new_action", "ticket_confirmed", "acknowledgment_handled", "closed_not_a_request",
     "quarantine_released", "assigned", "escalation_set", "body_viewed", "attachment_downloaded", "bulk_lookup",
     "purged", "legal_hold_set", "legal_hold_released", "body_searched", "files_attached", "follow_up_planned",
-    "requester_from_forward",
+    "requester_from_forward", "requester_entered", "bulk_job_applied",
 }
 EVENT_REASON_CODES = {
     "credentials", "invalid_fields", "retries_exhausted", "configuration", "not_found", "rejected", "claim_expired",

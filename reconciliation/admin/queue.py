@@ -21,6 +21,7 @@ from ticketing.models import Intent
 from .. import selectors, services
 from ..models import RecoveryItem
 from .body import BodyViewsMixin
+from .bulk import bulk_urls
 from .dashboard import dashboard_view
 from .filters import MailboxFilter, OwnerFilter, ReasonFilter, StateFilter, TenantFilter
 from .item import ItemPageMixin
@@ -191,6 +192,7 @@ class RecoveryItemAdmin(ItemPageMixin, BodyViewsMixin, admin.ModelAdmin):
             path("<int:pk>/body/", wrap(self.body_view), name="reconciliation_recoveryitem_body"),
             path("<int:pk>/attachment/<int:index>/", wrap(self.attachment_view),
                  name="reconciliation_recoveryitem_attachment"),
+            *bulk_urls(self),
         ] + super().get_urls()
 
     def dashboard_view(self, request):
