@@ -1,5 +1,6 @@
-"""The front door: `/` leads to the console, /api/v1/ is the API's index, /favicon.ico exists, "View site" leads
-to the API docs. A newcomer's first three URLs answer something useful, and none of them shows a row."""
+"""The front door: `/` is a landing page leading to the console, /api/v1/ is the API's index, /favicon.ico exists,
+the console's "Start page" link leads back to `/`. A newcomer's first three URLs answer something useful, and none
+of them shows a row."""
 import json
 
 import pytest
@@ -23,10 +24,15 @@ def two_tenants(db):
     return acme, globex
 
 
-def test_root_redirects_to_the_console_and_an_anonymous_visitor_lands_on_the_login_page(db):
+def test_root_is_a_landing_page_whose_console_link_takes_an_anonymous_visitor_to_the_login_page(db, two_tenants):
     response = Client().get("/")
-    assert response.status_code == 302 and response["Location"] == "/admin/"
-    followed = Client().get("/", follow=True)
+    page = response.content.decode()
+    assert response.status_code == 200 and "<h1>Mailroom</h1>" in page
+    assert '<a class="button-primary" id="open-console" href="/admin/">Open the console</a>' in page
+    assert 'href="/api/docs/"' in page and 'href="/healthz"' in page
+    for secret in ("acme-door", "globex-door", "help@"):
+        assert secret not in page
+    followed = Client().get("/admin/", follow=True)
     assert followed.status_code == 200
     assert followed.redirect_chain[-1][0].startswith("/admin/login/")
 
@@ -44,12 +50,14 @@ def test_favicon_is_served_and_linked_from_every_console_page(db):
     assert f'<link rel="icon" href="{ICON}"'.encode() in client.get("/admin/").content
 
 
-def test_view_site_goes_to_the_api_docs_which_a_console_session_may_read_in_production(db, settings):
+def test_the_console_links_its_start_page_and_the_api_docs_which_a_console_session_may_read_in_production(
+        db, settings):
     settings.MAILROOM_PUBLIC_API_SCHEMA = False  # production: the docs need a signed-in user
     client = Client()
     client.force_login(make_user("viewer", groups=["operator"]))
     page = client.get("/admin/").content.decode()
-    assert '<a href="/api/docs/">View site</a>' in page
+    assert '<a href="/" id="start-page-link">Start page</a>' in page and '<a href="/api/docs/">API docs</a>' in page
+    assert "You are signed in as <strong>viewer</strong>." in client.get("/").content.decode()
     assert client.get("/api/docs/").status_code == 200
     assert Client().get("/api/docs/").status_code in (401, 403)  # and not for a stranger
 

@@ -55,8 +55,9 @@ def test_the_banners_url_and_credentials_open_the_console_and_its_dashboard(runn
         context.set_default_timeout(20_000)
         page = context.new_page()
         try:
-            page.goto(f"{base}/")  # `/` leads to the console, which asks for the banner's credentials
-            assert "/admin/login/" in page.url, page.url
+            page.goto(f"{base}/")  # `/` is the landing page; its button leads to the console, which asks for the
+            page.click("#open-console")  # banner's credentials
+            page.wait_for_url(re.compile(r"/admin/login/"))
             page.fill("#id_username", user)
             page.fill("#id_password", password)
             page.click("input[type=submit]")

@@ -24,16 +24,16 @@ class Destination(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="destinations")
     slug = models.SlugField()
     kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.BUILTIN)
-    base_url = models.URLField(blank=True)
-    credentials_ref = models.CharField(max_length=300, blank=True, help_text=(
+    base_url = models.URLField("base URL", blank=True)
+    credentials_ref = models.CharField("credentials reference", max_length=300, blank=True, help_text=(
         "env:MAILROOM_T_<TENANT>_<NAME>, a file under MAILROOM_SECRETS_DIR/<tenant>/ "
         "or vault:<mount>/mailroom/<tenant>/<path>#<key>"))
     settings = models.JSONField(default=dict, blank=True)
-    is_default = models.BooleanField(default=False)
+    is_default = models.BooleanField("default destination", default=False)
     paused = models.BooleanField(default=False, help_text="Workers make no writes to a paused destination.")
     # Who paused it, when and why: a person ("user:<name>") or the circuit breaker ("system:breaker",
     # ticketing.breaker). Only a person resumes; resuming clears the three.
-    paused_reason = models.CharField(max_length=500, blank=True)
+    paused_reason = models.CharField("pause reason", max_length=500, blank=True)
     paused_by = models.CharField(max_length=150, blank=True)
     paused_at = models.DateTimeField(null=True, blank=True)
 
@@ -96,18 +96,18 @@ class Intent(models.Model):
     destination = models.ForeignKey(Destination, on_delete=models.PROTECT, related_name="intents")
     state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
     attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
-    claimed_by = models.CharField(max_length=200, blank=True)
-    claimed_until = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField("next attempt", null=True, blank=True)
+    claimed_by = models.CharField("claimed by (worker)", max_length=200, blank=True)
+    claimed_until = models.DateTimeField("claim expires", null=True, blank=True)
     last_error_kind = models.CharField(max_length=50, blank=True)
     last_error = models.TextField(blank=True)
-    external_ref = models.CharField(max_length=200)
-    result_ref = models.CharField(max_length=200, blank=True)
+    external_ref = models.CharField("external reference", max_length=200)
+    result_ref = models.CharField("result reference", max_length=200, blank=True)
     # What a multi-step write has done so far (ticketing.destinations.journal): upload tokens, each file's
     # state. Written only under the attempt's claim (ticketing.intents.progress); never a state.
     progress = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField()
-    completed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField("created")
+    completed_at = models.DateTimeField("completed", null=True, blank=True)
 
     class Meta:
         default_permissions = ("add", "change", "view")  # evidence: nobody deletes intents
@@ -144,9 +144,9 @@ class TicketMapping(models.Model):
     inbox_event = models.ForeignKey(InboxEvent, on_delete=models.PROTECT, related_name="mappings")
     action = models.CharField(max_length=30)
     destination = models.ForeignKey(Destination, on_delete=models.PROTECT, related_name="+")
-    ticket_id = models.CharField(max_length=200)
-    ticket_url = models.URLField(max_length=500, blank=True)
-    created_at = models.DateTimeField()
+    ticket_id = models.CharField("ticket ID", max_length=200)
+    ticket_url = models.URLField("ticket URL", max_length=500, blank=True)
+    created_at = models.DateTimeField("created")
 
     class Meta:
         default_permissions = ("add", "change", "view")  # evidence: nobody deletes mappings
@@ -161,15 +161,18 @@ class TicketMapping(models.Model):
 
 class ThreadLease(models.Model):
     mailbox = models.ForeignKey(Mailbox, on_delete=models.CASCADE, related_name="+")
-    thread_key = models.CharField(max_length=64)
-    owner = models.CharField(max_length=200)
-    token = models.BigIntegerField(default=0)
-    expires_at = models.DateTimeField()
+    thread_key = models.CharField("thread key", max_length=64)
+    owner = models.CharField("holder", max_length=200)
+    token = models.BigIntegerField("fencing token", default=0)
+    expires_at = models.DateTimeField("expires")
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["mailbox", "thread_key"], name="thread_lease_one_per_thread"),
         ]
+
+    def __str__(self):
+        return f"lease on thread {self.thread_key[:12]} of mailbox {self.mailbox_id}"
 
 
 # Mailroom's ticket numbers read "MR-n" (ticketing.numbers): n is the id of the ticket's creating mapping.
@@ -205,7 +208,7 @@ class Ticket(models.Model):
     destination = models.ForeignKey(Destination, on_delete=models.PROTECT, related_name="tickets")
     # Our intent key: a second create for the same intent cannot insert a second row.
     idempotency_key = models.CharField(max_length=64, unique=True)
-    external_ref = models.CharField(max_length=200, db_index=True)
+    external_ref = models.CharField("external reference", max_length=200, db_index=True)
     subject = models.CharField(max_length=998, blank=True)
     requester = models.CharField(max_length=320, blank=True)
     description = models.TextField(blank=True)
@@ -217,7 +220,7 @@ class Ticket(models.Model):
     priority = models.CharField(max_length=10, blank=True)
     request_type = models.CharField(max_length=100, blank=True)
     assignee = models.CharField(max_length=200, blank=True)
-    created_at = models.DateTimeField()
+    created_at = models.DateTimeField("created")
 
     objects = TicketQuerySet.as_manager()
 
@@ -239,10 +242,10 @@ class TicketComment(models.Model):
 
     ticket = models.ForeignKey(Ticket, on_delete=models.PROTECT, related_name="comments")
     idempotency_key = models.CharField(max_length=64, unique=True)
-    external_ref = models.CharField(max_length=200)
+    external_ref = models.CharField("external reference", max_length=200)
     author = models.CharField(max_length=320, blank=True)
     body = models.TextField(blank=True)
-    created_at = models.DateTimeField()
+    created_at = models.DateTimeField("created")
 
     def __str__(self):
         return f"comment {self.pk} on {self.ticket}"
@@ -266,13 +269,15 @@ class RoutingPolicy(models.Model):
     default_queue = models.CharField(max_length=100, blank=True)
     default_priority = models.CharField(max_length=10, default="normal")
     default_request_type = models.CharField(max_length=100, blank=True)
-    ai_enabled = models.BooleanField(default=False, help_text="Let the AI proposer suggest fields no rule set.")
-    ai_min_confidence = models.FloatField(default=0.7)
+    ai_enabled = models.BooleanField("AI proposals enabled", default=False,
+                                     help_text="Let the AI proposer suggest fields no rule set.")
+    ai_min_confidence = models.FloatField("AI minimum confidence", default=0.7)
     # One message delivered to several mailboxes of the tenant (To support@, Cc sales@): one ticket
     # (the other deliveries link to it), or one ticket per mailbox.
     one_ticket_per_message = models.BooleanField(default=True)
 
     class Meta:
+        verbose_name = "routing policy"
         verbose_name_plural = "routing policies"
         constraints = [
             models.CheckConstraint(condition=Q(ai_min_confidence__gte=0) & Q(ai_min_confidence__lte=1),
@@ -282,7 +287,7 @@ class RoutingPolicy(models.Model):
         ]
 
     def __str__(self):
-        return f"routing policy of {self.tenant_id}"
+        return f"Routing policy — {self.tenant.slug}"
 
 
 class RoutingRule(models.Model):
@@ -303,7 +308,7 @@ class RoutingRule(models.Model):
     sensitive = models.BooleanField(default=False, help_text="tag the ticket needs-approval")
     stop_processing = models.BooleanField(default=True, help_text="off: later rules may fill fields still empty")
     hits = models.PositiveIntegerField(default=0)
-    last_hit_at = models.DateTimeField(null=True, blank=True)
+    last_hit_at = models.DateTimeField("last hit", null=True, blank=True)
 
     class Meta:
         ordering = ("tenant", "position", "pk")
@@ -325,9 +330,9 @@ class CopiedMessage(models.Model):
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
-    fingerprint = models.CharField(max_length=64)
-    primary = models.ForeignKey(InboxEvent, on_delete=models.PROTECT, related_name="+")
-    created_at = models.DateTimeField()
+    fingerprint = models.CharField("content fingerprint", max_length=64)
+    primary = models.ForeignKey(InboxEvent, verbose_name="primary delivery", on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField("created")
 
     class Meta:
         default_permissions = ("add", "change", "view")  # evidence
@@ -346,12 +351,15 @@ class DestinationAttempt(models.Model):
     """
 
     destination = models.ForeignKey(Destination, on_delete=models.CASCADE, related_name="+")
-    at = models.DateTimeField()
-    ok = models.BooleanField()
+    at = models.DateTimeField("time")
+    ok = models.BooleanField("succeeded")
     reason = models.CharField(max_length=50, blank=True)  # the failure's reason code ("credentials", ...)
 
     class Meta:
         indexes = [models.Index(fields=["destination", "at"], name="destination_attempt_recent")]
+
+    def __str__(self):
+        return f"{'success' if self.ok else 'failure'} of destination {self.destination_id}"
 
 
 class Notification(models.Model):
@@ -373,10 +381,10 @@ class Notification(models.Model):
     inbox_event = models.ForeignKey(InboxEvent, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     destination = models.ForeignKey(Destination, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # An escalation email: the `escalate_at` it was for (a new time set by an operator is a new escalation).
-    escalation_at = models.DateTimeField(null=True, blank=True)
+    escalation_at = models.DateTimeField("escalation time", null=True, blank=True)
     recipients = models.JSONField(default=list, blank=True)
     subject = models.CharField(max_length=300)
-    sent_at = models.DateTimeField()
+    sent_at = models.DateTimeField("sent")
 
     class Meta:
         default_permissions = ("view",)  # evidence

@@ -112,7 +112,7 @@ class RoutingPolicyForm(forms.ModelForm):
     request_types = SlugListField(required=False, help_text="comma-separated slugs")
     sensitive_request_types = SlugListField(required=False, help_text="a subset of the request types")
     default_priority = forms.ChoiceField(choices=[(p, p) for p in PRIORITIES], initial="normal")
-    ai_min_confidence = forms.FloatField(min_value=0, max_value=1, initial=0.7)
+    ai_min_confidence = forms.FloatField(min_value=0, max_value=1, initial=0.7, label="AI minimum confidence")
 
     class Meta:
         model = RoutingPolicy
