@@ -1,9 +1,11 @@
 from django.contrib import admin, messages
 from django.http import Http404
 from django.urls import reverse
-from django.utils.html import format_html, format_html_join
+from django.utils.html import escape, format_html, format_html_join
+from django.utils.safestring import SafeData
 
 from . import retention, secret_policy
+from .admin_forms import MailboxForm, secret_warnings
 from .logging import mask_address
 from .models import (
     AuditEvent,
@@ -61,6 +63,23 @@ class TenantScopedAdminMixin:
 
     def _get_obj_does_not_exist_redirect(self, request, opts, object_id):
         raise Http404(f"no {opts.verbose_name} {object_id}")
+
+    # The admin renders help texts as HTML: "<TENANT>" in a placeholder would vanish as a tag.
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        return literal_help(super().formfield_for_dbfield(db_field, request, **kwargs))
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        for field in form.base_fields.values():
+            literal_help(field)
+        return form
+
+
+def literal_help(field):
+    """`field` with its help text escaped, once (a text marked safe is the author's HTML and stays)."""
+    if field is not None and field.help_text and not isinstance(field.help_text, SafeData):
+        field.help_text = escape(field.help_text)
+    return field
 
 
 class PlatformSecretsForSuperusersMixin:
@@ -159,11 +178,13 @@ class VerifiedDomainAdmin(SuperusersEditDomainsMixin, TenantScopedAdminMixin, ad
 
 @admin.register(Mailbox)
 class MailboxAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, admin.ModelAdmin):
+    form = MailboxForm  # settings checked key by key per provider; allowed recipients one per line
     list_display = ("slug", "tenant", "address", "provider", "poll_enabled", "paused", "health_status",
                     "last_polled_at")
     list_filter = ("provider", "poll_enabled", "paused", "health", ("tenant", admin.RelatedOnlyFieldListFilter))
     search_fields = ("slug", "address")
-    readonly_fields = ("health_status", "health_detail", "last_polled_at", "poll_backoff_until")
+    # `paused` is turned on the pause page, which asks why and audits it (reconciliation.services.pauses).
+    readonly_fields = ("paused", "health_status", "health_detail", "last_polled_at", "poll_backoff_until")
     exclude = ("health",)
     actions = ("poll_now", "reset_health")
 
@@ -173,7 +194,9 @@ class MailboxAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, ad
     def formfield_for_dbfield(self, db_field, request, **kwargs):
         field = super().formfield_for_dbfield(db_field, request, **kwargs)
         if db_field.name in ("address", "allowed_recipients") and field is not None:
-            field.help_text = (f"{field.help_text} " if field.help_text else "") + self._domains_help(request)
+            # Both parts literal: the model's text is escaped already (literal_help), this one here.
+            field.help_text = format_html("{}{}", format_html("{} ", field.help_text) if field.help_text else "",
+                                          self._domains_help(request))
         return field
 
     @staticmethod
@@ -229,6 +252,8 @@ class MailboxAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, ad
             if (stored.get("credentials_ref"), stored.get("settings")) != (obj.credentials_ref, obj.settings):
                 obj.health, obj.health_detail, obj.poll_backoff_until = Mailbox.Health.OK, "", None
         super().save_model(request, obj, form, change)
+        for warning in secret_warnings(obj, ("webhook_secret_ref", "credentials_ref")):
+            self.message_user(request, warning, messages.WARNING)
 
 
 @admin.register(PollCursor)
@@ -377,6 +402,13 @@ class WebhookNonceAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelA
 @admin.register(SecretResolution)
 class SecretResolutionAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("at", "ref", "owner", "tenant", "outcome", "fresh")
+    # A read-only page shows the model's help texts as HTML: "mailbox:<id>" would lose its placeholder.
+    fields = readonly_fields = ("at", "ref", "owner_of", "tenant", "outcome", "fresh")
+
+    @admin.display(description="owner")
+    def owner_of(self, obj):
+        return obj.owner or "-"
+
     list_filter = ("outcome", "fresh")
     search_fields = ("ref", "owner")
     ordering = ("-at",)

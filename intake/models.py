@@ -39,7 +39,7 @@ class Tenant(models.Model):
     # A `manage.py drill` scratch tenant (reconciliation.drills): set only by the drill, never through the
     # admin or the API. The live paths (workers, sweeps, reconcilers, escalation, /metrics) skip its rows:
     # the drill drives them itself, in its own process.
-    is_drill = models.BooleanField(default=False, editable=False)
+    is_drill = models.BooleanField("drill tenant", default=False, editable=False)
 
     def __str__(self):
         return self.slug
@@ -63,7 +63,7 @@ class VerifiedDomain(models.Model):
                               help_text="Lower case, without a trailing dot; an internationalized name in its "
                                         "xn-- form. One tenant per domain.")
     verified_by = models.CharField(max_length=150, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField("added", auto_now_add=True)
 
     class Meta:
         default_permissions = ("view",)
@@ -108,16 +108,16 @@ class Mailbox(models.Model):
     slug = models.SlugField(unique=True)
     address = models.EmailField()
     # `address` lower-cased without its +tag (intake.domains.address_key), kept by save(): unique across tenants.
-    address_key = models.CharField(max_length=320, editable=False)
+    address_key = models.CharField("address key", max_length=320, editable=False)
     provider = models.CharField(max_length=20, choices=Provider.choices, default=Provider.RAW)
     # References (`env:`, `file:` or `vault:`, scoped to the tenant: intake.secrets), never the secret itself.
-    webhook_secret_ref = models.CharField(max_length=300, blank=True)
-    credentials_ref = models.CharField(max_length=300, blank=True)
+    webhook_secret_ref = models.CharField("webhook secret reference", max_length=300, blank=True)
+    credentials_ref = models.CharField("credentials reference", max_length=300, blank=True)
     settings = models.JSONField(default=dict, blank=True)
     allowed_recipients = models.JSONField(default=list, blank=True)
-    poll_enabled = models.BooleanField(default=False)
+    poll_enabled = models.BooleanField("polling enabled", default=False)
     paused = models.BooleanField(default=False, help_text="Intake still stores mail; processing waits.")
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField("created", auto_now_add=True)
 
     class Health(models.TextChoices):
         OK = "ok"
@@ -127,9 +127,9 @@ class Mailbox(models.Model):
     # Polling's view of the provider: a mailbox whose credentials were refused is not polled again
     # until an admin fixes them; a throttled one waits until poll_backoff_until.
     health = models.CharField(max_length=30, choices=Health.choices, default=Health.OK)
-    health_detail = models.CharField(max_length=500, blank=True)
-    last_polled_at = models.DateTimeField(null=True, blank=True)
-    poll_backoff_until = models.DateTimeField(null=True, blank=True)
+    health_detail = models.CharField("health detail", max_length=500, blank=True)
+    last_polled_at = models.DateTimeField("last polled", null=True, blank=True)
+    poll_backoff_until = models.DateTimeField("no polling until", null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "mailboxes"
@@ -164,13 +164,17 @@ class Mailbox(models.Model):
 
                 raise ValidationError(problems)
             check_secret_refs(self, self.tenant, ("webhook_secret_ref", "credentials_ref"))
-        # The egress guard on the hosts and URLs the settings name (intake.egress; checked again at connect).
+        # The provider's settings key by key (types, ranges, names), then the egress guard on the hosts and URLs
+        # they name (intake.egress; checked again at connect). Here, so the admin, the API and commands agree.
         from .providers import endpoint_errors
+        from .providers.settings_schema import errors_by_field
 
-        if refused := endpoint_errors(self.provider, self.settings):
+        problems = errors_by_field(self.provider, self.settings).get("settings", [])
+        refused = endpoint_errors(self.provider, self.settings).get("settings", [])
+        if problems or refused:
             from django.core.exceptions import ValidationError
 
-            raise ValidationError(refused)
+            raise ValidationError({"settings": [*problems, *refused]})
 
     def validate_constraints(self, exclude=None):
         # clean() checked the address's uniqueness, with a message on the field the user typed.
@@ -196,8 +200,11 @@ def check_secret_refs(obj, tenant, fields) -> None:
 
 class PollCursor(models.Model):
     mailbox = models.OneToOneField(Mailbox, on_delete=models.CASCADE, related_name="poll_cursor")
-    value = models.JSONField(default=dict, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    value = models.JSONField("position", default=dict, blank=True)
+    updated_at = models.DateTimeField("updated", auto_now=True)
+
+    def __str__(self):
+        return f"poll position of mailbox {self.mailbox_id}"
 
 
 class InboxEvent(models.Model):
@@ -218,49 +225,50 @@ class InboxEvent(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     mailbox = models.ForeignKey(Mailbox, on_delete=models.PROTECT, related_name="events")
-    provider_message_id = models.CharField(max_length=998)
-    dedupe_key = models.CharField(max_length=64, unique=True)
+    provider_message_id = models.CharField("provider message ID", max_length=998)
+    dedupe_key = models.CharField("deduplication key", max_length=64, unique=True)
     # sha256 of what the author wrote (intake.keys.content_fingerprint): tells a second delivery
     # of this message from another message that reuses its Message-ID.
-    fingerprint = models.CharField(max_length=64, blank=True)
+    fingerprint = models.CharField("content fingerprint", max_length=64, blank=True)
     # This message reused the Message-ID of an earlier, different one: its provider message id
     # is `<id>#<fingerprint prefix>` (intake.keys.reused_id).
-    message_id_reused = models.BooleanField(default=False)
+    message_id_reused = models.BooleanField("Message-ID reused", default=False)
     source = models.CharField(max_length=20)
     state = models.CharField(max_length=20, choices=State.choices, default=State.RECEIVED)
-    reason_code = models.CharField(max_length=50, blank=True)
-    reason_detail = models.TextField(blank=True)
-    received_at = models.DateTimeField()
-    updated_at = models.DateTimeField()
-    raw = models.BinaryField(null=True, editable=False)
-    size = models.PositiveIntegerField()
-    message_id_header = models.CharField(max_length=998, blank=True)
+    reason_code = models.CharField("reason", max_length=50, blank=True)
+    reason_detail = models.TextField("reason detail", blank=True)
+    received_at = models.DateTimeField("received")
+    updated_at = models.DateTimeField("updated")
+    raw = models.BinaryField("raw message", null=True, editable=False)
+    size = models.PositiveIntegerField("size (bytes)")
+    message_id_header = models.CharField("Message-ID", max_length=998, blank=True)
     sender = models.CharField(max_length=320, blank=True)
     subject = models.CharField(max_length=998, blank=True)
-    thread_key = models.CharField(max_length=64, blank=True)
+    thread_key = models.CharField("thread key", max_length=64, blank=True)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    escalate_at = models.DateTimeField(null=True, blank=True)
+    escalate_at = models.DateTimeField("escalates at", null=True, blank=True)
     # How often the event was handed to the broker; a cap catches poison messages.
-    dispatch_count = models.PositiveIntegerField(default=0)
+    dispatch_count = models.PositiveIntegerField("times dispatched", default=0)
     # Sender-authentication signals from the trusted authserv-id only: they inform, never authorize.
-    auth_results = models.JSONField(default=dict, blank=True)
+    auth_results = models.JSONField("sender authentication", default=dict, blank=True)
     # What normalization found: attachments (name, types, size, sha256), parser defects, flags.
-    details = models.JSONField(default=dict, blank=True)
+    details = models.JSONField("parse details", default=dict, blank=True)
     # An event-level wait (for example while the malware scanner is unreachable).
-    retry_at = models.DateTimeField(null=True, blank=True)
+    retry_at = models.DateTimeField("waits until", null=True, blank=True)
     # An operator's correction of the route: destination, queue, priority, request type.
-    route_override = models.JSONField(default=dict, blank=True)
+    route_override = models.JSONField("route correction", default=dict, blank=True)
     # What classification chose and why: {"fields": {name: {"value", "origin"}}, "destination_id",
     # "sensitive", "rules": [ids], "ai": {...}}; origins are "rule:<id>", "ai", "default", "operator:<user>".
     route = models.JSONField(default=dict, blank=True)
     # A copy of a message also delivered to another mailbox of the tenant: the event that made (or
     # failed to make) the ticket (`ticketing.copies`). Set when the copy is linked or sent to review.
-    copy_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="copies")
+    copy_of = models.ForeignKey("self", verbose_name="copy of", null=True, blank=True, on_delete=models.PROTECT,
+                                related_name="copies")
     # Retention (intake.retention): a held event's body is never purged; `purged_at` is when it was.
     legal_hold = models.BooleanField(default=False, db_default=False)  # db_default: ingest inserts in raw SQL
-    purged_at = models.DateTimeField(null=True, blank=True, editable=False)
+    purged_at = models.DateTimeField("body purged at", null=True, blank=True, editable=False)
 
     class Meta:
         default_permissions = ("add", "change", "view")  # evidence: nobody deletes events
@@ -298,8 +306,8 @@ class InboxEvent(models.Model):
 class OutboxMessage(models.Model):
     topic = models.CharField(max_length=100)
     payload = models.JSONField()
-    created_at = models.DateTimeField()
-    published_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField("created")
+    published_at = models.DateTimeField("published", null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
 
     class Meta:
@@ -321,7 +329,7 @@ class AuditEvent(models.Model):
     actor = models.CharField(max_length=150)
     kind = models.CharField(max_length=50, choices=AuditKind.choices)
     detail = models.JSONField(default=dict, blank=True)
-    at = models.DateTimeField()
+    at = models.DateTimeField("time")
 
     class Meta:
         default_permissions = ("add", "view")  # append-only
@@ -341,7 +349,7 @@ class WebhookRejectionCount(models.Model):
     provider = models.CharField(max_length=20)
     reason = models.CharField(max_length=30, choices=WebhookRejection.choices)
     count = models.BigIntegerField(default=0)
-    last_at = models.DateTimeField()
+    last_at = models.DateTimeField("last rejected")
 
     class Meta:
         constraints = [
@@ -358,12 +366,15 @@ class WebhookNonce(models.Model):
     mailbox = models.ForeignKey(Mailbox, on_delete=models.CASCADE, related_name="+")
     provider = models.CharField(max_length=20)
     nonce = models.CharField(max_length=200)
-    seen_at = models.DateTimeField()
+    seen_at = models.DateTimeField("seen")
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["provider", "nonce"], name="webhook_nonce_once_per_provider"),
         ]
+
+    def __str__(self):
+        return f"{self.provider} token seen {self.seen_at:%Y-%m-%d %H:%M}"
 
 
 class ProviderSubscription(models.Model):
@@ -371,16 +382,19 @@ class ProviderSubscription(models.Model):
 
     mailbox = models.ForeignKey(Mailbox, on_delete=models.CASCADE, related_name="subscriptions")
     provider = models.CharField(max_length=20)
-    external_id = models.CharField(max_length=300)
+    external_id = models.CharField("external ID", max_length=300)
     resource = models.CharField(max_length=500, blank=True)
-    expires_at = models.DateTimeField()
-    created_at = models.DateTimeField()
-    renewed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField("expires")
+    created_at = models.DateTimeField("created")
+    renewed_at = models.DateTimeField("renewed", null=True, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["mailbox", "provider"], name="provider_subscription_one_per_mailbox"),
         ]
+
+    def __str__(self):
+        return f"{self.provider} subscription of mailbox {self.mailbox_id}"
 
 
 class Switch(models.Model):
@@ -409,12 +423,12 @@ class SecretResolution(models.Model):
         UNAVAILABLE = "unavailable"
         REFUSED = "refused"
 
-    ref = models.CharField(max_length=300)
+    ref = models.CharField("secret reference", max_length=300)
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     owner = models.CharField(max_length=100, blank=True, help_text='"mailbox:<id>", "destination:<id>" or a label')
     outcome = models.CharField(max_length=20, choices=Outcome.choices)
-    fresh = models.BooleanField(default=False, help_text="A re-read after the credentials were refused.")
-    at = models.DateTimeField(db_index=True)
+    fresh = models.BooleanField("re-read", default=False, help_text="A re-read after the credentials were refused.")
+    at = models.DateTimeField("time", db_index=True)
 
     class Meta:
         indexes = [models.Index(fields=["ref", "at"], name="secret_resolution_ref_at")]

@@ -291,6 +291,18 @@ def resolve_secret(ref: str, *, tenant, owner=None) -> str:
     return value
 
 
+def resolution_problem(ref: str, *, tenant, owner=None) -> str:
+    """Why `ref` does not resolve right now ("environment variable X is not set"), or "" when it does (or is
+    empty). For a warning when a row is saved: the text never carries the value."""
+    if not ref:
+        return ""
+    try:
+        resolve_secret(ref, tenant=tenant, owner=owner)
+    except SecretUnavailable as exc:
+        return str(exc)
+    return ""
+
+
 def _read(ref: str, fresh: bool) -> str:
     scheme, _, target = ref.partition(":")
     if scheme == "env":

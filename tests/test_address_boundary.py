@@ -187,7 +187,8 @@ def test_a_mailbox_from_before_the_rule_keeps_what_it_has_and_gains_nothing(glob
     legacy = make_mailbox(globex, slug="legacy", address="ceo@victim.test", allowed_recipients=["@victim.test"])
     VerifiedDomain.objects.filter(domain="victim.test").delete()
     client = api(intruder)
-    assert client.patch(f"{API}/mailboxes/{legacy.pk}/", {"paused": True}, format="json").status_code == 200
+    assert client.patch(f"{API}/mailboxes/{legacy.pk}/", {"paused": True, "pause_reason": "legacy row"},
+                        format="json").status_code == 200
     assert client.patch(f"{API}/mailboxes/{legacy.pk}/", {"address": "CEO@Victim.test"},
                         format="json").status_code == 200  # the same address (key): kept
     body = assert_problem(client.patch(f"{API}/mailboxes/{legacy.pk}/", {"address": "cfo@victim.test"},

@@ -214,8 +214,9 @@ def test_a_security_release_still_makes_the_ticket_in_the_console_and_the_api(ma
 
 # --- 6: the global pause is the platform's -------------------------------------------------------------------
 
-def toggle(client, target, paused, object_id=""):
-    return client.post(PAUSES_URL, {"target": target, "paused": "1" if paused else "0", "id": object_id})
+def toggle(client, target, paused, object_id="", reason="a test pause"):
+    return client.post(PAUSES_URL, {"target": target, "paused": "1" if paused else "0", "id": object_id,
+                                    "reason": reason if paused else ""})
 
 
 def test_a_tenant_admin_can_neither_set_nor_lift_the_global_pause(mailbox, tenant_admin, platform):
@@ -248,7 +249,7 @@ def test_a_tenant_pause_holds_only_that_tenant_and_its_resume_drains_it_once(ten
     assert toggle(admin, "tenant", True, tenant.pk).status_code == 302
     assert Switch.objects.get(name=tenant_pause_name(tenant.pk)).changed_by == "user:ada"
     entry = LogEntry.objects.filter(user=tenant_admin).latest("pk")
-    assert entry.change_message == "tenant acme pause on (was off)"
+    assert entry.change_message == "tenant acme pause on (was off); reason: a test pause"
     assert toggle(admin, "tenant", True, globex.pk).status_code == 404  # not theirs to pause
     assert not Switch.objects.filter(name=tenant_pause_name(globex.pk), on=True).exists()
 

@@ -62,8 +62,9 @@ def drain_outbox(times: int = 1) -> Counter:
     return outcomes
 
 
-def toggle(client, target, paused, object_id=""):
-    return client.post(PAUSES_URL, {"target": target, "paused": "1" if paused else "0", "id": object_id})
+def toggle(client, target, paused, object_id="", reason="a test pause"):
+    return client.post(PAUSES_URL, {"target": target, "paused": "1" if paused else "0", "id": object_id,
+                                    "reason": reason if paused else ""})
 
 
 def assert_each_completed_once(desk, ids):

@@ -348,9 +348,9 @@ def test_admin_saving_new_credentials_lifts_credentials_invalid(admin_client, po
 
     # Any other edit leaves a refused mailbox refused.
     Mailbox.objects.filter(pk=polled_mailbox.pk).update(health="credentials_invalid", health_detail="refused")
-    admin_client.post(f"/admin/intake/mailbox/{polled_mailbox.pk}/change/", {**form, "paused": "on"})
+    admin_client.post(f"/admin/intake/mailbox/{polled_mailbox.pk}/change/", {**form, "poll_enabled": ""})
     mailbox.refresh_from_db()
-    assert mailbox.paused and mailbox.health == "credentials_invalid"
+    assert not mailbox.poll_enabled and mailbox.health == "credentials_invalid"
 
 
 def test_unusable_settings_back_off_instead_of_crashing(polled_mailbox):

@@ -153,7 +153,7 @@ def test_api_a_row_holding_a_platform_secret_cannot_be_redirected_by_a_tenant_ad
             "reference (credentials_ref). Replace that reference with one of the tenant's own first."], change
     assert snapshot(rig.desk) == before
     # What does not decide where the secret goes stays the tenant admin's; so does replacing the reference.
-    assert client.patch(url, {"paused": True}, format="json").status_code == 200
+    assert client.patch(url, {"paused": True, "pause_reason": "rotation"}, format="json").status_code == 200
     moved = client.patch(url, {"credentials_ref": OWN_DESK_REF, "base_url": "https://desk.acme.example"},
                          format="json")
     assert moved.status_code == 200, moved.content

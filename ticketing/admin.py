@@ -1,6 +1,9 @@
+from django import forms
 from django.contrib import admin
+from django.utils.html import format_html_join
 
 from intake.admin import ReadOnlyAdminMixin, TenantScopedAdminMixin
+from intake.admin_forms import LinesField
 
 from . import numbers
 from .models import (
@@ -73,7 +76,16 @@ class CopiedMessageAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.Model
 @admin.register(ThreadLease)
 class ThreadLeaseAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     tenant_path = "mailbox__tenant"
-    list_display = ("mailbox", "thread_key", "owner", "token", "expires_at")
+    list_display = ("mailbox", "thread_key", "holder", "token", "expires_at")
+
+    @admin.display(description="holder", ordering="owner")
+    def holder(self, lease):
+        """`worker:vm:24553` (or `vm:24553`, ticketing.services) as "worker on vm, process 24553"."""
+        parts = lease.owner.split(":")
+        if len(parts) >= 2 and parts[-1].isdigit():
+            role = parts[0] if len(parts) >= 3 else "worker"
+            return f"{role} on {parts[-2]}, process {parts[-1]}"
+        return lease.owner
 
 
 class TicketCommentInline(admin.TabularInline):
@@ -87,18 +99,37 @@ class TicketCommentInline(admin.TabularInline):
         return False
 
 
+class TicketForm(forms.ModelForm):
+    tags = LinesField(help_text="One tag per line.")
+
+    class Meta:
+        model = Ticket
+        fields = "__all__"
+
+
 @admin.register(Ticket)
 class TicketAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     tenant_path = "destination__tenant"
     inlines = [TicketCommentInline]
-    list_display = ("number", "destination", "subject", "status", "created_at")
+    form = TicketForm
+    list_display = ("number", "destination", "subject", "status", "tag_chips", "created_at")
     list_filter = ("status", ("destination", admin.RelatedOnlyFieldListFilter))
     search_fields = ("subject", "external_ref")
     search_help_text = "Subject, reference, or a ticket number such as MR-12."
     readonly_fields = ("number", "destination", "idempotency_key", "external_ref", "requester", "created_at")
 
+    class Media:
+        css = {"all": ("reconciliation/forms.css",)}  # the tag chips: classes, no inline style (the CSP)
+
     def get_queryset(self, request):
         return super().get_queryset(request).with_numbers()
+
+    @admin.display(description="tags")
+    def tag_chips(self, ticket):
+        tags = ticket.tags if isinstance(ticket.tags, list) else []
+        if not tags:
+            return "-"
+        return format_html_join("", '<span class="tag-chip">{}</span>', ((str(tag),) for tag in tags))
 
     @admin.display(description="ticket", ordering="mapping_number")
     def number(self, ticket):

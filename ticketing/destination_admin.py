@@ -11,6 +11,7 @@ from django.contrib import admin, messages
 from django.utils.html import format_html_join
 
 from intake.admin import PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin
+from intake.admin_forms import secret_warnings
 
 from . import audit
 from .destinations import adapter_class, configuration_errors, connection_report
@@ -61,7 +62,8 @@ class DestinationAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin
     list_filter = ("kind", "is_default", "paused", ("tenant", admin.RelatedOnlyFieldListFilter))
     search_fields = ("slug", "base_url")
     # paused_*: written by the pause switch and the breaker
-    readonly_fields = ("paused_by", "paused_at", "paused_reason", "known_settings")
+    # paused too: turned on the pause page, which asks why (reconciliation.services.pauses)
+    readonly_fields = ("paused", "paused_by", "paused_at", "paused_reason", "known_settings")
     actions = ("test_connection",)
 
     @admin.display(description="Settings this kind reads")
@@ -74,6 +76,8 @@ class DestinationAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin
         super().save_model(request, obj, form, change)
         if change:
             audit.base_url_changed(request.user, obj, old_url or "")
+        for warning in secret_warnings(obj, ("credentials_ref",)):
+            self.message_user(request, warning, messages.WARNING)
 
     @admin.action(description="Test connection (reads only: nothing is written)", permissions=("change",))
     def test_connection(self, request, queryset):

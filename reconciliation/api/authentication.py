@@ -1,4 +1,5 @@
-"""`Authorization: Token <t>`: a token made by `manage.py api_token`, looked up by its SHA-256."""
+"""`Authorization: Token <t>`: a token made in the console (API tokens) or by `manage.py api_token`, looked up by
+its SHA-256; an expired or revoked one is refused (401)."""
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
@@ -20,7 +21,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Invalid token.") from None
         found = services.user_for_token(token)
         if found is None:
-            raise exceptions.AuthenticationFailed("Invalid token.")
+            raise exceptions.AuthenticationFailed("Invalid token.")  # unknown, revoked or expired alike
         return found
 
     def authenticate_header(self, request):
@@ -33,4 +34,5 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "apiKey", "in": "header", "name": "Authorization",
-                "description": "`Token <token>`; make one with `python manage.py api_token <username>`."}
+                "description": "`Token <token>`; make one in the console (API tokens) or with "
+                               "`python manage.py api_token <username>`."}

@@ -5,7 +5,7 @@ trail, intents and mappings. Configuration writes (mailboxes, destinations, rout
 validated by the model's `full_clean` (field checks, `clean()`, constraints: a secret that is not a
 reference is refused with the model's message) and kept inside the user's tenants.
 """
-from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied, ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
@@ -20,7 +20,7 @@ from ticketing.classification.conditions import validate_conditions
 from ticketing.destinations import configuration_errors
 from ticketing.models import PRIORITIES, Destination, Intent, RoutingPolicy, RoutingRule, TicketMapping
 
-from .. import selectors
+from .. import selectors, services
 from ..models import Finding, ReconciliationRun
 
 # --- errors -------------------------------------------------------------------------------------------
@@ -175,7 +175,8 @@ class EscalationSerializer(serializers.Serializer):
 
 
 class RouteSerializer(serializers.Serializer):
-    destination = TenantDestinationField()
+    # Left out or null: the item's current destination is kept (as the console's correction form does).
+    destination = TenantDestinationField(required=False, allow_null=True, default=None)
     queue = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     priority = serializers.ChoiceField(choices=("", *PRIORITIES), required=False, default="")
     request_type = serializers.CharField(required=False, allow_blank=True, max_length=100, default="",
@@ -330,24 +331,69 @@ class SecretRulesMixin:
         return saved
 
 
-class MailboxSerializer(SecretRulesMixin, FullCleanModelSerializer):
+class PauseThroughServiceMixin:
+    """`paused` is turned by the pause service (reconciliation.services.pauses), as on the pause page: a pause
+    needs `pause_reason`, the pause permission, and is audited with it; a resume drains the backlog."""
+
+    pause_service = ""  # the name of the service's do_set_*_pause
+
+    def validate(self, data):
+        data = super().validate(data)
+        reason = data.pop("pause_reason", "")
+        wanted = data.pop("paused", None)
+        self._pause_change = None
+        if wanted is not None and bool(wanted) != bool(getattr(self.instance, "paused", False)):
+            user = self.context["request"].user
+            if not user.has_perm(services.PERM_PAUSE):
+                raise DjangoPermissionDenied(f"needs {services.PERM_PAUSE} to pause or resume")
+            if wanted and not reason.strip():
+                raise serializers.ValidationError({"pause_reason": services.REASON_NEEDED})
+            self._pause_change = (bool(wanted), reason)
+        return data
+
+    def _pause(self, instance):
+        if self._pause_change:
+            paused, reason = self._pause_change
+            getattr(services, self.pause_service)(self.context["request"].user, instance.pk, paused, reason=reason)
+            instance.refresh_from_db()
+        return instance
+
+    def create(self, validated_data):
+        with transaction.atomic():
+            return self._pause(super().create(validated_data))
+
+    def update(self, instance, validated_data):
+        with transaction.atomic():
+            return self._pause(super().update(instance, validated_data))
+
+
+PAUSE_REASON_HELP = "Why (required when `paused` turns true); shown on the pause page and audited."
+
+
+class MailboxSerializer(PauseThroughServiceMixin, SecretRulesMixin, FullCleanModelSerializer):
     tenant = VisibleTenantField()
+    pause_reason = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=300,
+                                         help_text=PAUSE_REASON_HELP)
+    pause_service = "do_set_mailbox_pause"
 
     class Meta:
         model = Mailbox
         fields = ("id", "tenant", "slug", "address", "provider", "webhook_secret_ref", "credentials_ref", "settings",
-                  "allowed_recipients", "poll_enabled", "paused", "health", "health_detail", "last_polled_at",
-                  "created_at")
+                  "allowed_recipients", "poll_enabled", "paused", "pause_reason", "health", "health_detail",
+                  "last_polled_at", "created_at")
         read_only_fields = ("health", "health_detail", "last_polled_at", "created_at")
 
 
-class DestinationSerializer(SecretRulesMixin, FullCleanModelSerializer):
+class DestinationSerializer(PauseThroughServiceMixin, SecretRulesMixin, FullCleanModelSerializer):
     tenant = VisibleTenantField()
+    pause_reason = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=300,
+                                         help_text=PAUSE_REASON_HELP)
+    pause_service = "do_set_destination_pause"
 
     class Meta:
         model = Destination
         fields = ("id", "tenant", "slug", "kind", "base_url", "credentials_ref", "settings", "is_default", "paused",
-                  "paused_reason", "paused_by", "paused_at")
+                  "pause_reason", "paused_reason", "paused_by", "paused_at")
         read_only_fields = ("paused_reason", "paused_by", "paused_at")
 
     def validate(self, data):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from importlib import import_module
 
 from intake.egress import url_problem
+from intake.providers.settings_schema import https_problem
 
 from .base import AmbiguousOutcome, DestinationAdapter, PermanentError, TransientError
 
@@ -45,6 +46,9 @@ def configuration_errors(kind: str, base_url: str, credentials_ref: str, setting
     errors: dict[str, list[str]] = {}
     if adapter.needs_base_url and not base_url:
         errors["base_url"] = ["This kind needs its base URL."]
+    elif base_url and kind != "builtin" and (problem := https_problem(base_url)):
+        # An external desk gets our credentials and customers' mail: TLS, unless the platform allow-lists the host.
+        errors["base_url"] = [f"The base URL {problem}."]
     if adapter.needs_credentials and not credentials_ref:
         errors["credentials_ref"] = ["This kind needs credentials: a secret reference."]
     problems = validate(adapter.SETTINGS, settings if settings is not None else {})
