@@ -44,7 +44,9 @@ def log_in(page, base_url, username, next_url=QUEUE_URL):
 
 
 def queue_rows(page) -> list[int]:
-    return [int(text.lstrip("#")) for text in page.locator("#result_list tbody th.field-item a").all_inner_texts()]
+    # "#12", or "#12 OVERDUE" when its escalation time has passed
+    return [int(re.match(r"#(\d+)", text).group(1))
+            for text in page.locator("#result_list tbody th.field-item a").all_inner_texts()]
 
 
 def success_message(page) -> str:
@@ -79,18 +81,19 @@ def test_an_operator_works_the_queue_in_a_browser(live_server, page, screenshot_
     assert "needs the message-body permission" in page.inner_text("#item-body")
     assert page.locator("#view-body").count() == 0
     page.click("#assign-me")
-    assert "Assigned to you." in success_message(page)
+    assert "Assigned to you, oper (was: nobody)." in success_message(page)
     # A whole-minute escalation time, typed as a person picks it, is accepted by the browser and saved.
     page.fill("#form-escalate input[name=escalate_at]", "2031-05-04T09:30")
     page.click("#form-escalate input[type=submit]")
-    assert page.inner_text("#item-escalate") == "2031-05-04 09:30"
+    assert page.inner_text("#item-escalate").startswith("2031-05-04 09:30 UTC (in ")
     assert page.inner_text("#item-owner") == "oper"
     stale = page.context.new_page()  # a second tab, opened before the replay: it will try again later
     stale.goto(f"{base}{QUEUE_URL}{failed}/change/")
     page.select_option("#form-correct select[name=destination]", label=str(good))
     page.select_option("#form-correct select[name=priority]", "high")
     page.click("#correct-replay")
-    assert "Route corrected to desk and replayed with the original idempotency key" in success_message(page)
+    assert "Route corrected: priority normal → high; destination desk-bad → desk. Replayed with its original " \
+           "idempotency key" in success_message(page)
     page.screenshot(path=screenshot_dir / "02-detail-after-replay.png", full_page=True)
 
     # A worker picks up the outbox row the replay wrote.

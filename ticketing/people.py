@@ -1,6 +1,7 @@
 """Who a ticket is for and who is copied, and whether mail comes from one of the tenant's agents.
 
-- `requester`: the sender; but when one of the tenant's agents forwards a customer's message (an inline
+- `requester`: the address an operator entered for mail without a usable sender (`entered_requester`), else
+  the sender; but when one of the tenant's agents forwards a customer's message (an inline
   forward block or an attached message: `intake.mime.forwards`), the original sender, unless that is an
   agent too or one of the tenant's own addresses. `Requester.forwarded_by` then names the agent: the
   pipeline flags the ticket (`AGENT_FORWARD`) and audits it. A forward from anyone else keeps its sender.
@@ -16,8 +17,10 @@ the cautious side) and whom a forward is for (flagged for a person to see).
 from dataclasses import dataclass
 
 from intake.domains import address_key, normalize_domain, split_address
+from intake.mime import parse_message
 from intake.mime.forwards import forwarded_original
 from intake.models import Mailbox
+from intake.vocabulary import ReasonCode
 
 AGENT_ADDRESSES = "agent_addresses"
 # The flag (ticket tag `mailroom-agent-forward`, audit) of a ticket whose requester an agent's forward named.
@@ -26,6 +29,9 @@ AGENT_FORWARD = "agent_forward"
 # takes part in the ticket's thread as its requester (`ticketing.threads.participants`).
 FORWARDED_REQUESTER = "forwarded_requester"
 MAX_COPIED = 50
+# Where the console keeps the requester an operator entered for mail without a usable sender
+# (`InboxEvent.details`, {"address", "by", "at"}; `reconciliation.services.do_enter_requester`).
+REQUESTER_ENTERED = "requester_entered"
 
 
 @dataclass(frozen=True)
@@ -77,8 +83,30 @@ def own_addresses(tenant_id: int) -> set[str]:
     return keys
 
 
+def entered_requester(event) -> str:
+    """The address an operator entered as the event's requester, or ""."""
+    entry = (getattr(event, "details", None) or {}).get(REQUESTER_ENTERED)
+    address = entry.get("address") if isinstance(entry, dict) else None
+    return address if isinstance(address, str) and "@" in address else ""
+
+
+def lacks_requester(event) -> bool:
+    """Would a ticket made now be for nobody? No usable sender (validation said so, or the stored message
+    has none) and no address entered by an operator."""
+    if entered_requester(event):
+        return False
+    if event.reason_code == ReasonCode.MISSING_SENDER:
+        return True
+    if event.sender or not event.raw:
+        return False
+    return not parse_message(bytes(event.raw)).sender  # an event stopped before normalization stored it
+
+
 def requester(event, parsed) -> Requester:
     """The person the ticket is for (see the module doc)."""
+    entered = entered_requester(event)
+    if entered:
+        return Requester(email=entered)
     sender = Requester(email=parsed.sender, name=parsed.sender_name)
     if not parsed.sender or not is_agent(event.tenant, parsed.sender):
         return sender

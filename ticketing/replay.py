@@ -48,7 +48,7 @@ from intake.selectors import quarantine_unreleased
 from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit, transition_event
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import classification, intents, numbers
+from . import classification, intents, numbers, people
 from .destinations import ticket_url_for
 from .destinations.base import TicketResult
 from .models import Destination, Intent, Ticket
@@ -78,6 +78,8 @@ MAX_TICKET_ID_CHARS = 200
 QUARANTINE_UNRELEASED = ("it was quarantined and no security user released it: it cannot be {what}; a replay "
                          "sends it back to validation and the malware scan")
 CLOSE_QUARANTINED_REFUSED = "a quarantined item is closed or released by the security role only"
+NO_REQUESTER_REFUSED = ("it has no usable sender address, so its ticket would be for nobody: enter the requester's "
+                        "address on the item first")
 UNSETTLED_REFUSED = ("an earlier attempt's outcome is unknown and {why}: a replay could make a second ticket. "
                      "Check the desk, then confirm the ticket you find, or replay it as a new action (approved)")
 
@@ -110,7 +112,8 @@ def _corrections(event: InboxEvent, intent: Intent | None, route: dict | None) -
 
 def _event(event_id: int) -> InboxEvent:
     event = InboxEvent.objects.filter(pk=event_id).only(
-        "pk", "tenant_id", "mailbox_id", "provider_message_id", "state", "route_override", "route", "details").first()
+        "pk", "tenant_id", "mailbox_id", "provider_message_id", "state", "route_override", "route", "details",
+        "reason_code", "sender").first()
     if event is None:
         raise ReplayRefused("no such event")
     return event
@@ -171,7 +174,8 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
     corrected fields (`corrected`: {field: {from, to}}).
 
     An event that was quarantined and not released is judged again instead
-    ("rejudged", see the module's docstring).
+    ("rejudged", see the module's docstring). One without a usable sender is refused until an operator
+    entered its requester (`people.lacks_requester`): its ticket would be for nobody.
 
     An intent that was ever `unknown` (an earlier attempt's answer was lost) is looked up by its
     external_ref first, outside the transaction (`_ask_first`): found -> succeeded with that ticket's
@@ -192,6 +196,8 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
         intent = current_intent(event_id)
         if quarantine_unreleased(event_id):
             return _rejudge(event, intent, route, actor=actor, now=now)
+        if people.lacks_requester(event):
+            raise ReplayRefused(NO_REQUESTER_REFUSED)
         if intent is not None and intent.action == Intent.Action.ADD_COMMENT and destination is not None \
                 and destination.pk != intent.destination_id:
             raise ReplayRefused("a comment goes to its thread's ticket: its destination cannot be changed")
@@ -314,6 +320,8 @@ def replay_as_new_action(event_id: int, *, actor: str, approved_by: str, route: 
             raise ReplayRefused(_not_replayable(event.state))
         if quarantine_unreleased(event_id):
             raise ReplayRefused(QUARANTINE_UNRELEASED.format(what="replayed as a new action"))
+        if people.lacks_requester(event):
+            raise ReplayRefused(NO_REQUESTER_REFUSED)
         route, destination = _clean_route(route, event.tenant_id)
         current = current_intent(event_id)
         if current is None:

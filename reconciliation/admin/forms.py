@@ -1,13 +1,15 @@
-"""The forms of an item's actions: assign, escalate, correct the route, new action, confirm, close, release.
+"""The forms of an item's actions: assign, escalate, correct the route, new action, confirm, close, release,
+the requester of mail without a usable sender.
 
-Destination choices are the item's tenant's destinations only.
+Destination choices are the item's tenant's destinations only. An empty destination keeps the current one
+(the service does the same when none is given).
 """
 from django import forms
 
 from ticketing.models import RoutingPolicy
 from ticketing.selectors import tenant_destinations
 
-from ..services import ASSIGNEE_RULE, assignable_users
+from ..services import ASSIGNEE_RULE, ActionRefused, assignable_users, requester_address
 
 PRIORITIES = [("", "—"), ("low", "low"), ("normal", "normal"), ("high", "high"), ("urgent", "urgent")]
 REQUEST_TYPES = [("", "—"), ("question", "question"), ("incident", "incident"), ("problem", "problem"),
@@ -35,14 +37,17 @@ class EscalationForm(forms.Form):
 
 
 class RouteForm(forms.Form):
-    destination = forms.ModelChoiceField(queryset=None)
+    destination = forms.ModelChoiceField(queryset=None, required=False, empty_label="(keep the current one)",
+                                         help_text="empty: the destination stays as it is")
     queue = forms.CharField(required=False, max_length=100, help_text="queue or group (a Zendesk group id)")
     priority = forms.ChoiceField(choices=PRIORITIES, required=False)
     request_type = forms.ChoiceField(choices=REQUEST_TYPES, required=False)
 
-    def __init__(self, *args, event=None, **kwargs):
+    def __init__(self, *args, event=None, current_destination: str = "", **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["destination"].queryset = tenant_destinations(event.tenant_id)
+        if current_destination:
+            self.fields["destination"].empty_label = f"(keep: {current_destination})"
         policy = RoutingPolicy.objects.filter(tenant_id=event.tenant_id).first()
         known = {value for value, _ in REQUEST_TYPES}
         extra = [(v, v) for v in (policy.request_types if policy else []) if v not in known]
@@ -61,7 +66,7 @@ class ReplayNewForm(RouteForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["destination"].required = False
+        self.fields["destination"].help_text = "empty: where the previous version went"
 
 
 class ConfirmForm(forms.Form):
@@ -82,3 +87,23 @@ class CloseForm(forms.Form):
 
 class ReleaseForm(forms.Form):
     note = forms.CharField(max_length=500, required=False)
+
+
+class RequesterForm(forms.Form):
+    """Checked as the service checks it (`requester_address`: syntax, one address, not one of the tenant's
+    own), so the reason shows at the field; the service checks again."""
+
+    address = forms.CharField(max_length=320, label="Requester's email address",
+                              widget=forms.TextInput(attrs={"autocomplete": "off", "inputmode": "email",
+                                                            "placeholder": "name@example.com"}),
+                              help_text="whom the ticket is for: the message names no usable sender")
+
+    def __init__(self, *args, event=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tenant_id = event.tenant_id
+
+    def clean_address(self):
+        try:
+            return requester_address(self.tenant_id, self.cleaned_data["address"])
+        except ActionRefused as exc:
+            raise forms.ValidationError(str(exc)) from None

@@ -2,7 +2,9 @@
 
 URLs: `<pk>/change/` (the item page) and `<pk>/act/<action>/`. Every write goes
 through `reconciliation.services`; this module validates forms and maps
-refusals to messages, 403s and 404s.
+refusals to messages, 403s and 404s. Each action's message names what it changed
+(the route before and after, the previous owner or time); an invalid form names
+the form and its fields, and the page shows the errors at the form (status 400).
 """
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -10,23 +12,37 @@ from django.http import Http404, HttpResponseNotAllowed
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.timesince import timesince
 
 from intake.models import InboxEvent
 from intake.vocabulary import AuditKind
-from ticketing import selectors as ticketing_selectors
+from ticketing import people, selectors as ticketing_selectors
 from ticketing.models import Destination
 from ticketing.replay import REPLAYABLE_EVENT_STATES
 
-from .. import selectors, services
-from ..rendering import route_lines, timeline_rows
-from .forms import AssignForm, CloseForm, ConfirmForm, EscalationForm, ReleaseForm, ReplayNewForm, RouteForm
+from .. import selectors, services, times
+from ..rendering import corrected_by, effective_route, route_changes, route_lines, timeline_rows
+from ..services.escalation import escalation_recipients
+from .forms import (
+    AssignForm,
+    CloseForm,
+    ConfirmForm,
+    EscalationForm,
+    ReleaseForm,
+    ReplayNewForm,
+    RequesterForm,
+    RouteForm,
+)
 
 # A replay of an item whose earlier attempt had an unknown outcome asks the destination first (ticketing.replay).
 LINKED_MESSAGE = ("The destination already had this ticket (found by our reference): the item is linked to it "
                   "and complete; nothing was sent again.")
 REJUDGED_MESSAGE = ("It was quarantined and never released: sent back to validation and the malware scan, "
                     "which decide again.")
+FORM_TITLES = {"assign": "Assign to a user", "escalate": "Escalation time", "correct": "Correct the route and replay",
+               "replay_new": "Replay as a new action", "confirm": "Confirm an existing ticket",
+               "close": "Close as not-a-request", "release": "Release from quarantine", "requester": "Requester"}
 
 
 class InvalidForm:
@@ -34,6 +50,37 @@ class InvalidForm:
 
     def __init__(self, name, form):
         self.name, self.form = name, form
+
+
+def form_errors_words(name: str, form) -> str:
+    """ "Not done — Correct the route and replay: destination: Select a valid choice." """
+    parts = []
+    for field, errors in form.errors.items():
+        words = " ".join(str(e) for e in errors)
+        if field == "__all__":
+            parts.append(words)
+        else:
+            label = form.fields[field].label if field in form.fields else None
+            parts.append(f"{(label or field.replace('_', ' ')).lower()}: {words}")
+    return f"Not done — {FORM_TITLES.get(name, name)}: {'; '.join(parts)} (see the form below)."
+
+
+def route_now(event: InboxEvent, destination_names: dict | None = None, rule_names: dict | None = None, *,
+              intent=False, audits=None) -> list:
+    """The route the item's next attempt uses, field by field with its origin (`rendering.effective_route`).
+    The page passes what it already read (`intent`: its current intent or None; `audits`: its timeline)."""
+    if destination_names is None:
+        destination_names = {d.pk: d.slug for d in ticketing_selectors.tenant_destinations(event.tenant_id)}
+    if intent is False:
+        intent = ticketing_selectors.current_intent(event.pk)
+    default = ticketing_selectors.default_destination(event.tenant_id)
+    return effective_route(event.route, event.route_override,
+                           intent_destination_id=intent.destination_id if intent else None,
+                           default_destination_id=default.pk if default else None,
+                           corrected_by_name=corrected_by(audits if audits is not None
+                                                          else selectors.event_timeline(event.pk)),
+                           rule_names=rule_names if rule_names is not None else selectors.rule_names(event.tenant_id),
+                           destination_names=destination_names)
 
 
 class ItemPageMixin:
@@ -74,35 +121,42 @@ class ItemPageMixin:
             else None
         in_queue = selectors.recovery_queue_for(user).filter(pk=event.pk).exists()
         replayable = event.state in REPLAYABLE_EVENT_STATES
+        destination_names = {d.pk: d.slug for d in ticketing_selectors.tenant_destinations(event.tenant_id)}
+        rule_names = selectors.rule_names(event.tenant_id)
+        audits = list(selectors.event_timeline(event.pk))
+        effective = route_now(event, destination_names, rule_names, intent=current, audits=audits)
         route = event.route_override or {}
         proposal = services.stored_proposal(event)
         if proposal and not route:  # the correction form starts from the AI proposal
             route = proposal["fields"]
-        initial_route = {"destination": route.get("destination_id") or (current.destination_id if current else None),
+        # No destination preselected: empty keeps the current one, so only a pick the operator makes counts as one.
+        initial_route = {"destination": route.get("destination_id"),
                          "queue": route.get("queue", ""), "priority": route.get("priority", ""),
                          "request_type": route.get("request_type", "")}
+        keep = effective[0].value if effective[0].value != "—" else ""
         bound = forms_override or {}
         action_forms = {
             "assign": bound.get("assign") or AssignForm(event=event, initial={"assignee": event.owner_id}),
             "escalate": bound.get("escalate") or EscalationForm(initial={"escalate_at": event.escalate_at}),
-            "correct": bound.get("correct") or RouteForm(event=event, initial=initial_route),
+            "correct": bound.get("correct") or RouteForm(event=event, initial=initial_route, current_destination=keep),
             "replay_new": bound.get("replay_new") or ReplayNewForm(event=event, initial=initial_route),
             "confirm": bound.get("confirm") or ConfirmForm(event=event),
             "close": bound.get("close") or CloseForm(),
             "release": bound.get("release") or ReleaseForm(),
+            "requester": bound.get("requester") or RequesterForm(event=event),
         }
         pauses = selectors.pause_status(user)
         tenant_paused = any(t.pk == event.tenant_id for t in pauses["tenants"])
-        destination_names = {d.pk: d.slug for d in ticketing_selectors.tenant_destinations(event.tenant_id)}
+        now = timezone.now()
+        overdue = bool(in_queue and event.escalate_at and event.escalate_at <= now)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts, "title": f"Item #{event.pk}", "event": event, "can": can,
             "reason_text": selectors.reason_text(event.reason_code), "age": timesince(event.received_at),
-            "timeline": timeline_rows(selectors.event_timeline(event.pk), kind_labels=dict(AuditKind.choices),
-                                      rule_names=selectors.rule_names(event.tenant_id),
-                                      destination_names=destination_names),
-            "override_lines": route_lines(event.route_override, selectors.rule_names(event.tenant_id),
-                                          destination_names),
+            "timeline": timeline_rows(audits, kind_labels=dict(AuditKind.choices),
+                                      rule_names=rule_names, destination_names=destination_names),
+            "override_lines": route_lines(event.route_override, rule_names, destination_names),
+            "effective_route": effective,
             "intents": intents, "current_intent": current,
             "mappings": list(selectors.event_mappings(event.pk)), "in_queue": in_queue,
             "replayable": replayable, "forms": action_forms, "stuck_ack": stuck_ack, "proposal": proposal,
@@ -110,6 +164,11 @@ class ItemPageMixin:
             "paused_here": pauses["global"] or event.mailbox.paused or tenant_paused,
             "tenant_paused": tenant_paused,
             "pauses": pauses,
+            "overdue": timesince(event.escalate_at, now, depth=1) if overdue else "",
+            "nobody_escalated": in_queue and not escalation_recipients(event),
+            "needs_requester": replayable and people.lacks_requester(event),
+            "entered_requester": (event.details or {}).get(people.REQUESTER_ENTERED)
+            if people.entered_requester(event) else None,
             "queue_url": reverse("admin:reconciliation_recoveryitem_changelist"),
         }
         context["urls"] = {name: reverse("admin:reconciliation_recoveryitem_act", args=[event.pk, name])
@@ -119,7 +178,7 @@ class ItemPageMixin:
         return TemplateResponse(request, self.detail_template, context, status=status)
 
     ACTIONS = ("assign_me", "assign", "escalate", "replay", "correct", "replay_new", "confirm", "close", "release",
-               "ack_handled", "accept_proposal")
+               "ack_handled", "accept_proposal", "enter_requester")
 
     def action_view(self, request, pk, action):
         if request.method != "POST":
@@ -135,15 +194,46 @@ class ItemPageMixin:
             raise Http404("no such item") from None
         else:
             if isinstance(outcome, InvalidForm):
-                messages.error(request, "Please correct the errors below.")
+                messages.error(request, form_errors_words(outcome.name, outcome.form))
                 return self._detail(request, event, forms_override={outcome.name: outcome.form})
             messages.success(request, outcome)
         return redirect(reverse("admin:reconciliation_recoveryitem_change", args=[event.pk]))
 
+    # --- what an action did, in words ----------------------------------------------------------
+
+    def _sent(self, request, event_id: int, outcome: str) -> str:
+        """What a replay's outcome means now: the ticket, if a worker already wrote it, or what happens next."""
+        if outcome == "rejudged":
+            return REJUDGED_MESSAGE
+        if outcome == "linked":
+            return LINKED_MESSAGE
+        if outcome == "acknowledgment_reopened":
+            return "The acknowledgment is sent again, with its original Message-ID."
+        mappings = list(selectors.event_mappings(event_id))
+        if mappings and services.visible_event(request.user, event_id).state == InboxEvent.State.COMPLETED:
+            m = mappings[-1]
+            number = f"MR-{m.ticket_number}" if getattr(m, "ticket_number", None) else f"#{m.ticket_id}"
+            return f"Replayed: ticket created ({m.destination.slug} {number})."
+        if outcome == "rerouted":
+            return "Replayed: back to routing (it had no intent yet); a worker makes the ticket next."
+        return "Replayed with its original idempotency key: a worker sends it next."
+
+    def _corrected(self, request, event, outcome: str, before: list) -> str:
+        """ "Route corrected: priority normal → high; destination kept (desk). Replayed: …" """
+        if outcome == "linked":
+            return f"{LINKED_MESSAGE} The corrected route was not stored: that ticket keeps its first fields " \
+                   "(correct them in the desk)."
+        after = route_now(services.visible_event(request.user, event.pk))
+        return f"Route corrected: {route_changes(before, after)}. {self._sent(request, event.pk, outcome)}"
+
     # Each returns the success message, or InvalidForm; services raise PermissionDenied (403) or ActionRefused.
     def _act_assign_me(self, request, event):
         services.do_assign_to_me(request.user, event.pk)
-        return "Assigned to you."
+        return f"Assigned to you, {request.user.get_username()} (was: {self._owner(event)})."
+
+    @staticmethod
+    def _owner(event) -> str:
+        return event.owner.get_username() if event.owner_id else "nobody"
 
     def _act_assign(self, request, event):
         form = AssignForm(request.POST, event=event)
@@ -151,46 +241,60 @@ class ItemPageMixin:
             return InvalidForm("assign", form)
         assignee = form.cleaned_data["assignee"]
         services.do_assign(request.user, event.pk, assignee)
-        return f"Assigned to {assignee.get_username()}." if assignee else "Unassigned."
+        if assignee is None:
+            return f"Unassigned (was: {self._owner(event)})."
+        return f"Assigned to {assignee.get_username()} (was: {self._owner(event)})."
 
     def _act_escalate(self, request, event):
         form = EscalationForm(request.POST)
         if not form.is_valid():
             return InvalidForm("escalate", form)
-        services.do_set_escalation(request.user, event.pk, form.cleaned_data["escalate_at"])
-        return "Escalation time saved." if form.cleaned_data["escalate_at"] else "Escalation time cleared."
+        new = form.cleaned_data["escalate_at"]
+        services.do_set_escalation(request.user, event.pk, new)
+        was = times.absolute(event.escalate_at) if event.escalate_at else "not set"
+        if new is None:
+            return f"Escalation cleared (was: {was})."
+        return f"Escalation set to {times.when(new)}. Was: {was}."
 
     def _act_replay(self, request, event):
         outcome = services.do_replay(request.user, event.pk)
-        if outcome == "rejudged":
-            return REJUDGED_MESSAGE
-        if outcome == "linked":
-            return LINKED_MESSAGE
-        return f"Replayed with its original idempotency key ({outcome})."
+        return self._sent(request, event.pk, outcome)
 
     def _act_correct(self, request, event):
         form = RouteForm(request.POST, event=event)
         if not form.is_valid():
             return InvalidForm("correct", form)
+        before = route_now(event)
         outcome = services.do_correct_and_replay(request.user, event.pk, **form.route())
-        if outcome == "rejudged":
-            return f"Route corrected to {form.cleaned_data['destination'].slug}. {REJUDGED_MESSAGE}"
-        if outcome == "linked":
-            return LINKED_MESSAGE
-        return f"Route corrected to {form.cleaned_data['destination'].slug} and replayed with the original " \
-               f"idempotency key ({outcome})."
+        return self._corrected(request, event, outcome, before)
 
     def _act_accept_proposal(self, request, event):
+        before = route_now(event)
         outcome = services.do_accept_proposal(request.user, event.pk)
-        return f"AI proposal accepted and replayed with the original idempotency key ({outcome})."
+        return f"AI proposal accepted. {self._corrected(request, event, outcome, before)}"
 
     def _act_replay_new(self, request, event):
         form = ReplayNewForm(request.POST, event=event)
         if not form.is_valid():
             return InvalidForm("replay_new", form)
+        before = route_now(event)
         intent = services.do_replay_as_new_action(request.user, event.pk, reason=form.cleaned_data["reason"],
                                                   **form.route())
-        return f"Replayed as new action version {intent.action_version} with its own key; your approval is recorded."
+        after = route_now(services.visible_event(request.user, event.pk))
+        return f"Replayed as new action version {intent.action_version} with its own key " \
+               f"({route_changes(before, after)}); your approval is recorded."
+
+    def _act_enter_requester(self, request, event):
+        form = RequesterForm(request.POST, event=event)
+        if not form.is_valid():
+            return InvalidForm("requester", form)
+        was = people.entered_requester(event) or "none"
+        address = services.do_enter_requester(request.user, event.pk, address=form.cleaned_data["address"])
+        said = f"Requester set to {address} (was: {was})."
+        if request.POST.get("then") != "replay":
+            return f"{said} Replay it to make the ticket for them."
+        messages.success(request, said)  # kept even if the replay is refused
+        return self._sent(request, event.pk, services.do_replay(request.user, event.pk))
 
     def _act_confirm(self, request, event):
         form = ConfirmForm(request.POST, event=event)
@@ -211,7 +315,7 @@ class ItemPageMixin:
         if not form.is_valid():
             return InvalidForm("close", form)
         services.do_close_not_a_request(request.user, event.pk, reason=form.cleaned_data["reason"])
-        return "Closed as not-a-request."
+        return f"Closed as not-a-request (was: {event.state}); the reason is kept and shown."
 
     def _act_release(self, request, event):
         form = ReleaseForm(request.POST)
@@ -219,4 +323,3 @@ class ItemPageMixin:
             return InvalidForm("release", form)
         services.do_release_quarantine(request.user, event.pk, note=form.cleaned_data["note"])
         return "Released from quarantine: back in the pipeline."
-

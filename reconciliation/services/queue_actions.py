@@ -9,17 +9,25 @@ quarantined item, and a replay of one that was ever quarantined and not released
 it again (`ticketing.replay`). An assignee must be an active member of the item's tenant
 who can see the queue (`assignable_users`); anyone else, existing or not, gets the same
 refusal (`ASSIGNEE_REFUSED`), so the action reveals no usernames.
+
+Mail without a usable sender (`missing_sender`) is not replayed until an operator entered whom its
+ticket is for (`do_enter_requester`; `ticketing.people.lacks_requester`).
 """
+import email.utils
+
 from django.contrib.auth import get_user_model
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import validate_email
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from intake.domains import address_key
+from intake.logging import mask_address
 from intake.models import InboxEvent
 from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit, transition_event
 from intake.vocabulary import AuditKind
-from ticketing import replay
+from ticketing import people, replay
 from ticketing.models import Intent
 
 from .access import ActionRefused, actor_name, refusing, require, visible_event
@@ -99,11 +107,59 @@ def do_correct_and_replay(user, event_id: int, *, destination_id=None, queue: st
     Returns what `do_replay` does, but never "acknowledgment_reopened". On "linked" the corrected route is
     not stored: the lookup found the ticket the first create made, with its original fields, and nothing
     more is sent for it, so a stored override would only make the console show a route that ticket does
-    not have. The requested route stays in the `replayed` audit row; correct the ticket in the desk."""
+    not have. The requested route stays in the `replayed` audit row; correct the ticket in the desk.
+
+    No `destination_id` keeps the current destination: the intent's (`replay_same_key` leaves it), and a
+    destination an earlier correction chose stays in the stored route."""
     require(user, PERM_REPLAY)
     event = visible_event(user, event_id)
+    destination_id = destination_id or (event.route_override or {}).get("destination_id")
     route = {"destination_id": destination_id, "queue": queue, "priority": priority, "request_type": request_type}
     return refusing(replay.replay_same_key, event.pk, actor=actor_name(user), route=route)
+
+
+MAX_ADDRESS_CHARS = 320
+
+
+def requester_address(tenant_id: int, text: str) -> str:
+    """The one email address `text` names ("Name <a@b.example>" or "a@b.example"), checked; ActionRefused
+    saying what is wrong otherwise. One of the tenant's own mailbox addresses is refused: a ticket for it
+    would mail ourselves."""
+    text = (text or "").strip()
+    if not text:
+        raise ActionRefused("enter the requester's email address")
+    if len(text) > MAX_ADDRESS_CHARS or any(c in text for c in ",;\r\n"):
+        raise ActionRefused("enter one email address, e.g. name@example.com")
+    _, address = email.utils.parseaddr(text)
+    try:
+        validate_email(address)
+    except ValidationError:
+        raise ActionRefused("that is not a valid email address (name@example.com)") from None
+    if address_key(address) in people.own_addresses(tenant_id):
+        raise ActionRefused("that is one of this tenant's own mailbox addresses, not a requester")
+    return address
+
+
+def do_enter_requester(user, event_id: int, *, address: str) -> str:
+    """Say whom the ticket of an item without a usable sender is for: stored on the event
+    (`details["requester_entered"]`, read by `ticketing.people.requester`) with its audit row. Needs the
+    replay permission (it decides whom the destination writes to); returns the address."""
+    require(user, PERM_REPLAY)
+    event = visible_event(user, event_id)
+    address = requester_address(event.tenant_id, address)
+    now = timezone.now()
+    actor = actor_name(user)
+    with transaction.atomic():
+        locked = InboxEvent.objects.select_for_update().only("pk", "state", "details").get(pk=event.pk)
+        if locked.state not in replay.REPLAYABLE_EVENT_STATES:
+            raise ActionRefused(f"the event is {locked.state}: its requester is no longer entered here")
+        previous = people.entered_requester(locked)
+        details = {**(locked.details or {}),
+                   people.REQUESTER_ENTERED: {"address": address, "by": actor, "at": now.isoformat()}}
+        InboxEvent.objects.filter(pk=locked.pk).update(details=details)
+        record_audit(locked.pk, AuditKind.REQUESTER_ENTERED, actor=actor, at=now, detail={
+            "requester": mask_address(address), "previous": mask_address(previous) if previous else None})
+    return address
 
 
 def do_replay_as_new_action(user, event_id: int, *, reason: str, destination_id=None, queue: str = "",
