@@ -20,7 +20,7 @@ from intake.models import InboxEvent
 from intake.selectors import visible_tenants
 from ticketing.models import Intent
 
-from .selectors import queue_summary, visible_mailboxes
+from .selectors import queue_summary, tenants_without_escalation_recipients, visible_mailboxes
 
 BACKLOG_STATES = (*InboxEvent.OPEN_STATES, *InboxEvent.RECOVERY_STATES)
 # Intents whose last_error_kind is a failure still standing (a retry wait is one too, for now).
@@ -43,7 +43,8 @@ def oldest(user) -> dict:
     queue = queue_summary(user)
     in_pipeline = _events(user).filter(state__in=InboxEvent.OPEN_STATES).aggregate(at=Min("received_at"))["at"]
     now = timezone.now()
-    return {"queue_open": queue["open"], "queue_oldest_at": queue["oldest_received_at"],
+    return {"queue_open": queue["open"], "queue_overdue": queue["overdue"],
+            "queue_oldest_at": queue["oldest_received_at"],
             "queue_oldest_age": queue["oldest_age"], "pipeline_oldest_at": in_pipeline,
             "pipeline_oldest_age": (now - in_pipeline) if in_pipeline else None}
 
@@ -116,4 +117,6 @@ def dashboard(user, now=None) -> dict:
         "backlog": backlog_by_state(user), "oldest": oldest(user), "hourly": hourly, "daily": daily,
         "failures_24h": failures(user, hourly["since"]), "failures_30d": failures(user, daily["since"]),
         "reconciliations": last_reconciliations(user),
+        # Tenants whose escalations reach nobody (no operator with an email address): a warning on top.
+        "unreachable_tenants": tenants_without_escalation_recipients(user),
     }

@@ -1,4 +1,5 @@
 """Reads for operators: the recovery queue and what it shows."""
+from django.contrib.auth import get_user_model
 from django.db.models import (
     Case,
     Count,
@@ -41,6 +42,12 @@ REASON_TEXT = {
 
 def reason_text(code: str) -> str:
     return REASON_TEXT.get(code or "", "")
+
+
+def reason_label(code: str) -> str:
+    """A reason code as a short phrase for a list cell ("missing_sender" -> "Missing sender"); the sentence is
+    `reason_text`."""
+    return (code or "").replace("_", " ").capitalize()
 
 
 def visible_events(user, model=InboxEvent) -> QuerySet:
@@ -112,6 +119,19 @@ def with_queue_columns(queryset: QuerySet) -> QuerySet:
     )
 
 
+def with_queue_list_columns(queryset: QuerySet) -> QuerySet:
+    """What the queue's list shows beyond the event's own fields (the current intent's state, a held intent):
+    subqueries, so one query for the whole page. The item page has the rest (`with_queue_columns`)."""
+    current = Intent.objects.filter(inbox_event=OuterRef("pk"), action__in=WORK_ACTIONS).order_by(
+        "-action_version", "-pk")
+    held = held_intents().filter(inbox_event=OuterRef("pk"))
+    return queryset.annotate(
+        intent_state=Subquery(current.values("state")[:1]),
+        has_held_intent=Exists(held),
+        held_action=Subquery(held.order_by("-action_version").values("action")[:1]),
+    )
+
+
 def queue_summary(user) -> dict:
     """The head of the queue page: how many items are open and how old the oldest one is."""
     totals = recovery_queue_for(user).order_by().aggregate(open=Count("pk"), oldest=Min("received_at"),
@@ -119,6 +139,18 @@ def queue_summary(user) -> dict:
     oldest = totals["oldest"]
     return {"open": totals["open"], "overdue": totals["overdue"], "oldest_received_at": oldest,
             "oldest_age": (timezone.now() - oldest) if oldest else None}
+
+
+def queue_overview(user) -> dict:
+    """The queue page's head and its reason filter from one grouped read of the queue (not one read each):
+    `queue_summary`'s keys plus `reason_codes` (as `queue_reason_codes`)."""
+    rows = list(recovery_queue_for(user).order_by().values("reason_code").annotate(
+        n=Count("pk"), oldest=Min("received_at"), overdue=Count("pk", filter=overdue_q())))
+    oldest = min((row["oldest"] for row in rows), default=None)
+    codes = {row["reason_code"] for row in rows} - {""}
+    return {"open": sum(row["n"] for row in rows), "overdue": sum(row["overdue"] for row in rows),
+            "oldest_received_at": oldest, "oldest_age": (timezone.now() - oldest) if oldest else None,
+            "reason_codes": sorted(codes, key=lambda code: (REASON_ORDER.get(code, len(REASON_ORDER)), code))}
 
 
 def search_queue(queryset: QuerySet, term: str) -> QuerySet:
@@ -245,3 +277,16 @@ def visible_findings(user) -> QuerySet:
 def rule_names(tenant_id: int) -> dict[str, str]:
     """{rule id as stored in a route's origin ("rule:<id>"): its name} for the tenant's routing rules."""
     return {str(pk): name for pk, name in RoutingRule.objects.filter(tenant_id=tenant_id).values_list("pk", "name")}
+
+
+# Who is emailed about an overdue unassigned item (reconciliation.services.escalation.tenant_operators): the
+# tenant's active members in this group with an email address. Kept here too, as a read, so the pages can warn.
+ESCALATION_GROUP = "operator"
+
+
+def tenants_without_escalation_recipients(user) -> list:
+    """The user's tenants (not drills) where nobody can receive an escalation email: no active member of the
+    `operator` group with an email address. Their overdue unassigned items would only log a warning."""
+    reachable = get_user_model().objects.filter(mailroom_tenants=OuterRef("pk"), is_active=True,
+                                                groups__name=ESCALATION_GROUP).exclude(email="")
+    return list(visible_tenants(user).filter(is_drill=False).exclude(Exists(reachable)).order_by("slug"))

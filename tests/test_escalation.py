@@ -101,7 +101,7 @@ def test_overdue_items_come_first_and_are_flagged_in_the_queue(tenant, mailbox, 
     client = Client()
     client.force_login(operators[0])
     page = client.get(QUEUE_URL).content.decode()
-    assert page.index(f"#{overdue} <strong class=\"overdue\"") < page.index(f"#{older}<")
+    assert page.index(f"#{overdue} <span class=\"overdue-mark\"") < page.index(f"#{older}<")
     assert page.count('class="overdue"') == 1 and 'id="overdue-count">1<' in page
 
 

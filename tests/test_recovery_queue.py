@@ -81,7 +81,7 @@ def tickets_for(desk, intent) -> list:
 
 
 def queue_ids(response) -> list[int]:
-    return [int(n) for n in re.findall(r'<th class="field-item"><a href="[^"]+">#(\d+)</a>', response.content.decode())]
+    return [int(n) for n in re.findall(r'<th class="field-item"><a href="[^"]+">#(\d+)[ <]', response.content.decode())]
 
 
 def act(client, event_id, action, **data):
@@ -221,7 +221,9 @@ def test_queue_lists_every_recovery_item_oldest_first_with_its_columns(operator_
     assert re.search(r'id="open-count">4<', html)
     assert re.search(r'id="oldest-age">4\xa0hours<', html)
     assert "The destination refused our credentials" in html  # the reason's human text
-    assert "desk-bad v1" in html and intent_of(failed).external_ref in html  # destination reference
+    # The destination reference left the list (too wide for a screen): the item page has it.
+    assert "desk-bad v1" not in html and intent_of(failed).external_ref not in html
+    assert intent_of(failed).external_ref in operator_client.get(f"{QUEUE_URL}{failed}/change/").content.decode()
     assert "Nothing is paused" in html
 
 

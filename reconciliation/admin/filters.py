@@ -15,7 +15,10 @@ class ReasonFilter(admin.SimpleListFilter):
     parameter_name = "reason"
 
     def lookups(self, request, model_admin):
-        return [(code, code) for code in selectors.queue_reason_codes(request.user)]
+        # The queue page has read them already with its head (RecoveryItemAdmin.changelist_view).
+        overview = getattr(request, "queue_overview", None)
+        codes = overview["reason_codes"] if overview else selectors.queue_reason_codes(request.user)
+        return [(code, selectors.reason_label(code)) for code in codes]
 
     def queryset(self, request, queryset):
         return queryset.filter(reason_code=self.value()) if self.value() else queryset
