@@ -52,7 +52,7 @@ if env.bool("MAILROOM_TRUST_X_FORWARDED_PROTO", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "config.apps.MailroomAdminConfig",  # django.contrib.admin with the Mailroom site (config.admin_site)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -147,6 +147,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# One time format in every admin page: "2026-12-01 08:51 UTC" (config/formats/en/formats.py).
+FORMAT_MODULE_PATH = "config.formats"
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
@@ -376,6 +378,10 @@ CELERY_BEAT_SCHEDULE.update({
                            "schedule": crontab(minute=0, hour=MAILROOM_DIGEST_HOUR)},
     "prune-breaker-attempts": {"task": "ticketing.tasks.prune_breaker_attempts", "schedule": 3600.0},
 })
+# Bulk jobs over the queue's filter whose worker died mid-job resume from their cursor (reconciliation.tasks).
+CELERY_BEAT_SCHEDULE["resume-bulk-jobs"] = {"task": "reconciliation.tasks.resume_bulk_jobs", "schedule": 30.0}
+MAILROOM_BULK_JOB_CHUNK = env.int("MAILROOM_BULK_JOB_CHUNK", default=50)  # items per chunk (one transaction)
+MAILROOM_BULK_JOB_CLAIM_SECONDS = env.float("MAILROOM_BULK_JOB_CLAIM_SECONDS", default=120.0)  # a dead runner's wait
 
 # --- Logging: never bodies, never full addresses ---------------------------
 # Also never secrets: Authorization values, token=/key=/secret= parameters are redacted. LOG_FORMAT=json

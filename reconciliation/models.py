@@ -51,8 +51,8 @@ class ReconciliationRun(models.Model):
 
     kind = models.CharField(max_length=30)
     scope = models.CharField(max_length=200)
-    started_at = models.DateTimeField()
-    finished_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField("started")
+    finished_at = models.DateTimeField("finished", null=True, blank=True)
     scanned = models.PositiveIntegerField(default=0)
     findings = models.PositiveIntegerField(default=0)
     repaired = models.PositiveIntegerField(default=0)
@@ -90,7 +90,7 @@ class Finding(models.Model):
     detail = models.JSONField(default=dict, blank=True)
     first_seen = models.DateTimeField()
     last_seen = models.DateTimeField()
-    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField("resolved", null=True, blank=True)
     resolution = models.CharField(max_length=200, blank=True)
 
     class Meta:
@@ -124,14 +124,92 @@ class ApiToken(models.Model):
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     key_hash = models.CharField(max_length=64, unique=True)
-    prefix = models.CharField(max_length=12)
+    prefix = models.CharField("key prefix", max_length=12)
     name = models.CharField(max_length=100, blank=True, help_text="What the token is for (a script, a job)")
-    created_at = models.DateTimeField()
-    expires_at = models.DateTimeField(null=True, blank=True, help_text="Refused from this time on; empty: never")
-    last_used_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField("created")
+    expires_at = models.DateTimeField("expires", null=True, blank=True,
+                                      help_text="Refused from this time on; empty: never")
+    last_used_at = models.DateTimeField("last used", null=True, blank=True)
 
     class Meta:
         default_permissions = ("view",)  # revoked by a superuser (reconciliation grants no delete permission)
+        verbose_name = "API token"
 
     def __str__(self):
         return f"{self.prefix}… ({self.user})"
+
+
+# --- bulk work over the queue's filter (reconciliation.services.bulk_jobs) ---------------------------
+
+
+class BulkJob(models.Model):
+    """One action over every queue item a frozen filter matched, run in chunks by a background task.
+
+    `filters` is the queue's filter as the user confirmed it (the age turned into a fixed cut-off) and
+    `max_pk` the newest item then: mail that arrives later is never part of the job. `cursor` is the last
+    item handled; it and the counts move in the same transaction as the chunk's per-item writes, so a
+    crash loses at most one chunk's claim, never a half-counted chunk. State changes go through
+    `services.bulk_jobs` only (guarded UPDATEs).
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Waiting for a worker"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        CANCELLED = "cancelled", "Cancelled"
+        FAILED = "failed", "Failed"
+
+    class Action(models.TextChoices):
+        CLOSE = "close", "Close as not a request"
+        SUPPRESS = "suppress", "Suppress as spam (closed as not a request)"
+        REPLAY = "replay", "Replay with the original idempotency key"
+        ASSIGN = "assign", "Assign"
+
+    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="bulk_jobs")
+    tenant_ids = models.JSONField(default=list, help_text="The tenants the user could see when the job started")
+    action = models.CharField(max_length=20, choices=Action.choices)
+    assignee = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                 related_name="+")
+    reason = models.TextField(blank=True)
+    filters = models.JSONField(default=dict, blank=True)
+    max_pk = models.BigIntegerField(default=0)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    total = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
+    succeeded = models.PositiveIntegerField(default=0)
+    skipped = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    cursor = models.BigIntegerField(default=0)
+    samples = models.JSONField(default=list, blank=True, help_text="The first skipped and failed items, with why")
+    error = models.TextField(blank=True)
+    claimed_by = models.CharField(max_length=200, blank=True)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField("created")
+    started_at = models.DateTimeField("started", null=True, blank=True)
+    finished_at = models.DateTimeField("finished", null=True, blank=True)
+
+    class Meta:
+        default_permissions = ("view",)
+        verbose_name = "bulk job"
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=["pending", "running", "done", "cancelled", "failed"]),
+                                   name="bulk_job_known_state"),
+            models.CheckConstraint(condition=Q(action__in=["close", "suppress", "replay", "assign"]),
+                                   name="bulk_job_known_action"),
+            models.CheckConstraint(condition=Q(done=models.F("succeeded") + models.F("skipped") + models.F("failed")),
+                                   name="bulk_job_counts_add_up"),
+            models.CheckConstraint(condition=~Q(action="assign") | Q(assignee__isnull=False),
+                                   name="bulk_job_assign_has_assignee"),
+            models.CheckConstraint(condition=~Q(action__in=["close", "suppress"]) | ~Q(reason=""),
+                                   name="bulk_job_close_has_reason"),
+            models.CheckConstraint(condition=Q(state__in=["pending", "running"]) | Q(finished_at__isnull=False),
+                                   name="bulk_job_finished_has_time"),
+            models.CheckConstraint(condition=~Q(state="running") | Q(started_at__isnull=False),
+                                   name="bulk_job_running_has_started"),
+        ]
+        indexes = [models.Index(fields=["state", "claimed_until"], name="bulk_job_open"),
+                   models.Index(fields=["started_by", "-created_at"], name="bulk_job_by_user")]
+
+    def __str__(self):
+        return f"bulk {self.action} #{self.pk} ({self.state}, {self.done}/{self.total})"

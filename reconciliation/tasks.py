@@ -28,3 +28,19 @@ def send_daily_digests() -> int:
 
     return send()
 
+
+
+@shared_task
+def run_bulk_job(job_id: int, token: str | None = None) -> str:
+    """One chunk of a bulk job; the next chunk is its own task (services.bulk_jobs.run_and_continue)."""
+    from .services.bulk_jobs import run_and_continue
+
+    return run_and_continue(job_id, token)
+
+
+@shared_task
+def resume_bulk_jobs() -> list[int]:
+    """Start again the bulk jobs whose worker died or whose task was lost (beat: every 30 s)."""
+    from .services.bulk_jobs import resume_stalled_bulk_jobs
+
+    return resume_stalled_bulk_jobs()
