@@ -91,14 +91,14 @@ ADDRESS_TAKEN = "This address is already used by another mailbox."
 
 class MailboxProvider(models.TextChoices):
     """One per provider adapter (intake.providers); `Mailbox.Provider`."""
-    RAW = "raw"
-    IMAP = "imap"
-    GMAIL = "gmail"
-    GRAPH = "graph"
-    MAILGUN = "mailgun"
-    POSTMARK = "postmark"
-    SENDGRID = "sendgrid"
-    SES = "ses"
+    RAW = "raw", "Raw MIME webhook"
+    IMAP = "imap", "IMAP"
+    GMAIL = "gmail", "Gmail API"
+    GRAPH = "graph", "Microsoft Graph"
+    MAILGUN = "mailgun", "Mailgun"
+    POSTMARK = "postmark", "Postmark"
+    SENDGRID = "sendgrid", "SendGrid"
+    SES = "ses", "Amazon SES"
 
 
 class Mailbox(models.Model):

@@ -179,3 +179,24 @@ class ReasonCode(TextChoices):
     ACK_RATE_LIMITED = "ack_rate_limited", "The tenant has sent as many acknowledgments this hour as it may."
     ACK_DOMAIN_RATE_LIMITED = "ack_domain_rate_limited", ("As many acknowledgments went to the sender's domain "
                                                           "this hour as one domain may get.")
+
+
+def actor_words(actor: str) -> str:
+    """Who an audit row or a lease names, as a person reads it: `user:olga` -> "olga",
+    `worker:vm:24553` -> "worker on vm, process 24553", `system:sweep` -> "Mailroom (sweep)",
+    `provider:raw` -> "mail provider (raw)". Anything else is returned as stored."""
+    role, _, rest = actor.partition(":")
+    if not rest:
+        return actor
+    if role == "user":
+        return rest
+    if role == "system":
+        return f"Mailroom ({rest})"
+    if role == "provider":
+        return f"mail provider ({rest})"
+    host, _, pid = rest.rpartition(":")
+    if pid.isdigit() and host:
+        return f"{role} on {host}, process {pid}"
+    if role == "worker":
+        return f"worker {rest}"
+    return actor

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from django.utils.dateparse import parse_datetime
 
+from intake.vocabulary import actor_words
+
 from . import times
 
 MAX_VALUE_CHARS = 300
@@ -153,6 +155,10 @@ class TimelineRow:
     actor: str
     lines: list
 
+    @property
+    def actor_words(self) -> str:
+        return actor_words(self.actor)
+
 
 def timeline_rows(audits, *, kind_labels: dict, rule_names: dict | None = None,
                   destination_names: dict | None = None) -> list[TimelineRow]:
@@ -250,6 +256,6 @@ def route_changes(before: list[RouteField], after: list[RouteField]) -> str:
             kept = f"destination kept ({field_.value})" if was == field_.value else \
                 f"destination {was} → {field_.value}"
         elif was != field_.value:
-            parts.append(f"{field_.label} {'none' if was == '—' else was} → "
-                         f"{'none' if field_.value == '—' else field_.value}")
+            parts.append(f"{field_.label} {'not set' if was == '—' else was} → "
+                         f"{'not set' if field_.value == '—' else field_.value}")
     return "; ".join([*parts, kept] if parts else ["no field changed", kept])

@@ -80,3 +80,18 @@ def test_a_long_value_is_cut_and_a_huge_detail_is_bounded():
     lines = detail_lines({"text": "x" * 5000, **{f"k{i}": i for i in range(100)}})
     assert len(lines[0]) < 400 and lines[0].endswith("…")
     assert len(lines) <= 41
+
+
+@pytest.mark.parametrize(("stored", "words"), [
+    ("user:olga", "olga"),
+    ("worker:vm:24553", "worker on vm, process 24553"),
+    ("worker:mail-1.example.internal:7", "worker on mail-1.example.internal, process 7"),
+    ("system:sweep", "Mailroom (sweep)"),
+    ("provider:raw", "mail provider (raw)"),
+    ("operator", "operator"),
+])
+def test_who_did_it_reads_as_words_on_the_timeline(stored, words):
+    audit = type("Audit", (), {"at": datetime(2026, 12, 1, tzinfo=UTC), "kind": "replayed", "actor": stored,
+                               "detail": {}})()
+    row = timeline_rows([audit], kind_labels=dict(AuditKind.choices))[0]
+    assert (row.actor, row.actor_words) == (stored, words)

@@ -4,6 +4,7 @@ from django.utils.html import format_html_join
 
 from intake.admin import ReadOnlyAdminMixin, TenantScopedAdminMixin
 from intake.admin_forms import LinesField
+from intake.vocabulary import actor_words
 
 from . import numbers
 from .models import (
@@ -81,11 +82,8 @@ class ThreadLeaseAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAd
     @admin.display(description="holder", ordering="owner")
     def holder(self, lease):
         """`worker:vm:24553` (or `vm:24553`, ticketing.services) as "worker on vm, process 24553"."""
-        parts = lease.owner.split(":")
-        if len(parts) >= 2 and parts[-1].isdigit():
-            role = parts[0] if len(parts) >= 3 else "worker"
-            return f"{role} on {parts[-2]}, process {parts[-1]}"
-        return lease.owner
+        owner = lease.owner if lease.owner.count(":") >= 2 else f"worker:{lease.owner}"
+        return actor_words(owner)
 
 
 class TicketCommentInline(admin.TabularInline):

@@ -8,8 +8,8 @@ from intake.models import InboxEvent, Mailbox, Tenant, check_secret_refs
 
 class DestinationKind(models.TextChoices):
     """One per adapter (ticketing.destinations); `Destination.Kind`."""
-    BUILTIN = "builtin"
-    ZENDESK = "zendesk"
+    BUILTIN = "builtin", "Built-in ticket store"
+    ZENDESK = "zendesk", "Zendesk"
     JIRA_SM = "jira_sm", "Jira Service Management"
     SERVICENOW = "servicenow", "ServiceNow"
     SALESFORCE = "salesforce", "Salesforce"
