@@ -282,7 +282,7 @@ def test_an_admin_closes_200_in_bulk_corrects_and_replays_and_enters_a_requester
         page.wait_for_load_state("load")
         said = messages_text(page)
         # Never classified (it failed first), so its priority was the policy's default or none at all.
-        assert re.search(r"Route corrected: priority \S+ → high; destination kept \(builtin\)\. Replayed", said), said
+        assert re.search(r"Route corrected: priority .+? → high; destination kept \(builtin\)\. Replayed", said), said
         photograph(page, screenshot_dir, "item-corrected", watch)
         wait_out_of_queue(page, item_url)
         assert page.inner_text("#item-state") == "completed"
