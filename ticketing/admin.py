@@ -82,8 +82,8 @@ class ThreadLeaseAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAd
     @admin.display(description="holder", ordering="owner")
     def holder(self, lease):
         """`worker:vm:24553` (or `vm:24553`, ticketing.services) as "worker on vm, process 24553"."""
-        owner = lease.owner if lease.owner.count(":") >= 2 else f"worker:{lease.owner}"
-        return actor_words(owner)
+        host_and_pid = lease.owner.count(":") == 1 and lease.owner.rpartition(":")[2].isdigit()
+        return actor_words(f"worker:{lease.owner}" if host_and_pid else lease.owner)
 
 
 class TicketCommentInline(admin.TabularInline):
