@@ -1,5 +1,6 @@
 """The operators' dashboard: backlog, oldest item, throughput and failures as inline SVG, tenant-scoped."""
 import re
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -95,7 +96,12 @@ def test_dashboard_shows_backlog_throughput_and_failures_of_the_users_tenants(cl
     assert sum(int(t.rsplit(": ", 1)[1]) for t in hourly if t.startswith("completed")) == 1
     daily = titles(html, "daily")
     assert len(daily) == 60
-    assert f"received {timezone.now():%m-%d}: 5" in daily
+    # Each received event on the day it arrived (one arrived 5 hours ago: yesterday, shortly after midnight).
+    received_days = Counter(f"{at:%m-%d}" for at in InboxEvent.objects.filter(pk__in=[e.pk for e in seeded])
+                            .values_list("received_at", flat=True))
+    assert sum(received_days.values()) == 5
+    for day, count in received_days.items():
+        assert f"received {day}: {count}" in daily
     assert f"completed {timezone.now() - timedelta(hours=1):%m-%d}: 1" in daily
 
     assert titles(html, "events-24h") == ["attachment_type: 1"]
