@@ -279,14 +279,19 @@ def rule_names(tenant_id: int) -> dict[str, str]:
     return {str(pk): name for pk, name in RoutingRule.objects.filter(tenant_id=tenant_id).values_list("pk", "name")}
 
 
-# Who is emailed about an overdue unassigned item (reconciliation.services.escalation.tenant_operators): the
-# tenant's active members in this group with an email address. Kept here too, as a read, so the pages can warn.
+# Who receives the escalation of an overdue unassigned item: the tenant's active members of this group with an
+# email address. One definition, for the escalation emails (services.escalation) and the pages' warnings.
 ESCALATION_GROUP = "operator"
 
 
+def escalation_operators(tenant):
+    """The users who receive a tenant's escalations; `tenant` is an id or an `OuterRef` to one."""
+    return get_user_model().objects.filter(mailroom_tenants=tenant, is_active=True,
+                                           groups__name=ESCALATION_GROUP).exclude(email="")
+
+
 def tenants_without_escalation_recipients(user) -> list:
-    """The user's tenants (not drills) where nobody can receive an escalation email: no active member of the
-    `operator` group with an email address. Their overdue unassigned items would only log a warning."""
-    reachable = get_user_model().objects.filter(mailroom_tenants=OuterRef("pk"), is_active=True,
-                                                groups__name=ESCALATION_GROUP).exclude(email="")
+    """The user's tenants (not drills) where nobody can receive an escalation email (`escalation_operators` is
+    empty). Their overdue unassigned items would only log a warning."""
+    reachable = escalation_operators(OuterRef("pk"))
     return list(visible_tenants(user).filter(is_drill=False).exclude(Exists(reachable)).order_by("slug"))

@@ -9,11 +9,12 @@ the page needs no script (the Content-Security-Policy allows none inline).
 """
 from dataclasses import dataclass
 
-from django.http import Http404, HttpResponse
+from django.http import Http404
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from .. import services
+from ..downloads import attachment_response
 
 FOLD_LINES = 200
 FOLD_CHARS = 20_000
@@ -74,9 +75,4 @@ class BodyViewsMixin:
             attachment, payload = services.do_download_attachment(request.user, event.pk, index)
         except services.ActionRefused:
             raise Http404("no such attachment") from None
-        response = HttpResponse(payload, content_type="application/octet-stream")
-        response["Content-Disposition"] = services.attachment_content_disposition(attachment.filename,
-                                                                                  index=int(index))
-        response["X-Content-Type-Options"] = "nosniff"
-        response["Cache-Control"] = "no-store"
-        return response
+        return attachment_response(attachment.filename, payload, index=int(index))

@@ -10,28 +10,14 @@ from django.utils.html import format_html
 
 from .. import services, times
 from ..models import BulkJob
+from .access import QueueViewOnlyMixin
 
 
 @admin.register(BulkJob)
-class BulkJobAdmin(admin.ModelAdmin):
+class BulkJobAdmin(QueueViewOnlyMixin, admin.ModelAdmin):
     list_display = ("job", "action", "state", "progress", "started_by", "started")
     list_filter = ("state", "action")
     ordering = ("-pk",)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def has_view_permission(self, request, obj=None):
-        return request.user.has_perm(services.PERM_VIEW_QUEUE)
-
-    def has_module_permission(self, request):
-        return self.has_view_permission(request)
 
     def get_queryset(self, request):
         return services.visible_jobs(request.user).select_related("started_by")

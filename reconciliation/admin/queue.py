@@ -20,6 +20,7 @@ from ticketing.models import Intent
 
 from .. import selectors, services, times
 from ..models import RecoveryItem
+from .access import QueueViewOnlyMixin
 from .body import BodyViewsMixin
 from .bulk import bulk_urls
 from .dashboard import dashboard_view
@@ -45,7 +46,7 @@ class QueueChangeList(ChangeList):
 
 
 @admin.register(RecoveryItem)
-class RecoveryItemAdmin(ItemPageMixin, BodyViewsMixin, admin.ModelAdmin):
+class RecoveryItemAdmin(QueueViewOnlyMixin, ItemPageMixin, BodyViewsMixin, admin.ModelAdmin):
     # What fits a 1400 px screen beside the filters (reconciliation/queue.css; cards below 1100 px); first
     # seen, latest attempt, attempts and the destination reference are on the item page.
     list_display = ("item", "age", "state_reason", "short_subject", "masked_sender", "mailbox_slug", "owner_name",
@@ -61,22 +62,7 @@ class RecoveryItemAdmin(ItemPageMixin, BodyViewsMixin, admin.ModelAdmin):
     actions = ("assign_to_me", "bulk_replay")
     detail_template = "admin/reconciliation/recoveryitem/detail.html"
 
-    # --- permissions: view and actions only; nobody adds, edits or deletes through the queue
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def has_view_permission(self, request, obj=None):
-        return request.user.has_perm(services.PERM_VIEW_QUEUE)
-
-    def has_module_permission(self, request):
-        return self.has_view_permission(request)
-
+    # --- permissions: viewing (QueueViewOnlyMixin) and the actions' own
     def has_assign_permission(self, request):
         return request.user.has_perm(services.PERM_ASSIGN)
 

@@ -3,7 +3,6 @@
 Queue actions call exactly what the admin's item page calls (RecoveryItemAdmin._act_*), with the
 same acting user: the same permission checks, intents, keys and audit rows ("user:<name>").
 """
-from django.http import HttpResponse
 from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.timezone import is_naive, make_aware
 from drf_spectacular.types import OpenApiTypes
@@ -18,6 +17,7 @@ from intake.models import InboxEvent, Mailbox
 from ticketing.models import Destination, Intent, RoutingRule, TicketMapping
 
 from .. import selectors, services
+from ..downloads import attachment_response
 from ..models import Finding, ReconciliationRun
 from . import serializers
 from .pagination import LatestRunsFirst, NewestFirst, OldestFirst
@@ -110,12 +110,7 @@ class EventViewSet(viewsets.ReadOnlyModelViewSet):
             attachment, payload = services.do_download_attachment(request.user, event.pk, int(index))
         except services.ActionRefused:
             raise NotFound("No such attachment.") from None
-        response = HttpResponse(payload, content_type="application/octet-stream")
-        response["Content-Disposition"] = services.attachment_content_disposition(attachment.filename,
-                                                                                  index=int(index))
-        response["X-Content-Type-Options"] = "nosniff"
-        response["Cache-Control"] = "no-store"
-        return response
+        return attachment_response(attachment.filename, payload, index=int(index))
 
 
 class IntentViewSet(viewsets.ReadOnlyModelViewSet):

@@ -13,7 +13,6 @@ console: never the message body or subject, never a full address.
 import logging
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db.models import Count, Exists, Min, OuterRef
 from django.utils import timezone
 from django.utils.timesince import timesince
@@ -28,7 +27,7 @@ from .. import selectors
 
 logger = logging.getLogger(__name__)
 
-OPERATOR_GROUP = "operator"
+OPERATOR_GROUP = selectors.ESCALATION_GROUP
 DIGEST_ITEM_LINKS = 10
 
 
@@ -41,9 +40,7 @@ def queue_url() -> str:
 
 
 def tenant_operators(tenant_id: int) -> list:
-    return list(get_user_model().objects.filter(mailroom_tenants=tenant_id, is_active=True,
-                                                groups__name=OPERATOR_GROUP).exclude(email="")
-                .distinct().order_by("pk"))
+    return list(selectors.escalation_operators(tenant_id).distinct().order_by("pk"))
 
 
 def escalation_recipients(event: InboxEvent) -> list:
