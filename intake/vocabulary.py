@@ -41,6 +41,7 @@ class AuditKind(TextChoices):
     LINKED_COPY = "linked_copy", "Linked as a copy of another mailbox's event"
     ACKNOWLEDGED = "acknowledged", "Acknowledgment sent"
     ACKNOWLEDGMENT_SKIPPED = "acknowledgment_skipped", "Acknowledgment skipped"
+    ACKNOWLEDGMENT_BOUNCED = "acknowledgment_bounced", "Acknowledgment bounced (the requester's address refused it)"
     FILES_ATTACHED = "files_attached", "Files attached to the ticket"
     FOLLOW_UP_PLANNED = "follow_up_planned", "Reply to a closed ticket: a follow-up ticket planned"
     REQUESTER_FROM_FORWARD = "requester_from_forward", "An agent's forward: the original sender is the requester"
@@ -125,6 +126,8 @@ class ReasonCode(TextChoices):
     SCANNER_UNAVAILABLE = "scanner_unavailable", "The malware scanner could not be reached."
     ENCRYPTED = "encrypted", ("The message is encrypted (PGP or S/MIME): "
                               "a person must decide what to do with it.")
+    ENCRYPTED_ARCHIVE = "encrypted_archive", ("An attached archive is encrypted, so its files cannot be checked: "
+                                              "a person must decide.")
     SENDER_RATE_LIMITED = "sender_rate_limited", ("More messages from this sender than the mailbox allows "
                                                   "in its window (a flood?).")
     UNPARSEABLE = "unparseable", "The message could not be parsed."
@@ -137,6 +140,8 @@ class ReasonCode(TextChoices):
     AUTO_SUBMITTED = "auto_submitted", "Marked Auto-Submitted (an automatic reply or notification)."
     AUTOREPLY_HEADER = "autoreply_header", "Marked as an automatic reply (X-Autoreply / X-Autorespond)."
     PRECEDENCE_BULK = "precedence_bulk", "Bulk or mailing-list mail (Precedence: bulk/list/junk)."
+    CALENDAR_REPLY = "calendar_reply", ("A calendar client's meeting reply (accepted, declined, counter-proposal "
+                                        "or cancellation): no request in it.")
     # --- on an event: operator decisions (reconciliation) ---------------------------------
     NOT_A_REQUEST = "not_a_request", "Closed by a reviewer as not-a-request."
     # --- transient failures: retried, so they reach an event only as retries_exhausted ----
@@ -170,6 +175,14 @@ class ReasonCode(TextChoices):
     NO_SENDER = "no_sender", "The message has no sender to answer."
     SPAM_FLAGGED = "spam_flagged", "A trusted spam header flagged the message."
     NOREPLY_SENDER = "noreply_sender", "The sender is a no-reply or bounce address."
+    LIST_MAIL = "list_mail", "Mailing-list or bulk mail (List-Id, List-Unsubscribe with Precedence)."
+    AUTOMATED_NOTIFICATION = "automated_notification", ("A notification from an automated system (an issue tracker's, "
+                                                        "a monitoring system's or a CI service's header).")
+    SPAM_SCORE = "spam_score", "A trusted spam score is at or above the mailbox's threshold."
+    ADDRESS_NOT_DELIVERABLE = "address_not_deliverable", ("The address is internationalised (RFC 6532) and the mail "
+                                                          "server does not take SMTPUTF8: nothing was sent.")
+    ADDRESS_BOUNCED = "address_bounced", ("An earlier acknowledgment to this address bounced: none is sent to it "
+                                          "until the mark expires.")
     DMARC_FAIL = "dmarc_fail", "The sender's domain failed DMARC (our own mail server's or the provider's verdict)."
     INVALID_SENDER = "invalid_sender", "The sender address is not valid."
     UNAUTHENTICATED_SENDER = "unauthenticated_sender", ("No trusted SPF, DKIM or DMARC result shows that the From "

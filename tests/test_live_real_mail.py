@@ -7,15 +7,14 @@ state and reason its manifest line names, with exactly one event per distinct
 message and one ticket per completed event — the two ServiceNow updates that
 share a Message-ID included.
 """
-import json
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import requests
 
 from intake.signing import signed_headers
+from tests.corpus_manifest import CORPUS, load_manifest
 from tests.live import (  # noqa: F401  (fixtures)
     LIVE_SECRET,
     event_states,
@@ -28,10 +27,8 @@ from tests.live import (  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.live
 
-CORPUS = Path(__file__).parent / "corpus"
 # Cases that need another mailbox configuration than the live mailbox's are left to the in-process test.
-CASES = [case for case in json.loads((CORPUS / "manifest.json").read_text(encoding="utf-8"))
-         if not case.get("allowed_recipients")]
+CASES = [case for case in load_manifest() if not case.get("allowed_recipients")]
 FINAL = {"completed", "suppressed", "awaiting_review", "quarantined", "failed"}
 
 

@@ -3,8 +3,9 @@
 `tests/corpus/*.eml` are messages as clients and systems really write them
 (Gmail, Outlook/Exchange, Apple Mail, Thunderbird, ServiceNow, Jira, Zabbix,
 Nagios, Mailman, bounces, auto-replies, legacy charsets, signed and encrypted
-mail, broken headers, odd attachment names). `tests/corpus/manifest.json`
-holds one line per message with what must come out of it:
+mail, broken headers, odd attachment names, list and monitoring mail, calendar
+replies). `tests/corpus/manifest.json` and `manifest-*.json` (tests/corpus_manifest.py)
+hold one line per message with what must come out of it:
 
     file                the .eml file
     sender, subject     InboxEvent.sender (compared case-insensitively; "" = none) and .subject
@@ -18,6 +19,7 @@ holds one line per message with what must come out of it:
     ack                 true: an acknowledgment is planned (the sender is authenticated by the
                         corpus's MTA, mx1.acme.test); false: it is skipped (audit kind
                         `acknowledgment_skipped`) while the ticket is still made
+    ack_reason          with "ack": false, the reason that audit row names (noreply_sender, list_mail, ...)
     after               a message delivered and processed first (same-Message-ID pairs)
     message_id_reused   expected InboxEvent.message_id_reused
     allowed_recipients  set on the mailbox before delivery
@@ -28,9 +30,6 @@ Each message is ingested as intake/views.py does for source "raw"
 `process_inbox_event` runs (twice if the first run left the event waiting, e.g.
 on its thread). Every mismatch of a message is reported at once.
 """
-import json
-from pathlib import Path
-
 import pytest
 from django.conf import settings as django_settings
 
@@ -38,15 +37,15 @@ from intake.keys import raw_message_keys
 from intake.mime import parse_message
 from intake.models import AuditEvent, InboxEvent
 from intake.services import ingest
+from tests.corpus_manifest import CORPUS, load_manifest
 from ticketing.models import Intent, Ticket, TicketMapping
 from ticketing.services import process_inbox_event
 
-CORPUS = Path(__file__).parent / "corpus"
-MANIFEST = json.loads((CORPUS / "manifest.json").read_text(encoding="utf-8"))
+MANIFEST = load_manifest()
 BY_FILE = {case["file"]: case for case in MANIFEST}
 FINAL_STATES = {"completed", "suppressed", "awaiting_review", "quarantined", "failed"}
 KEYS = {"file", "sender", "subject", "state", "reason", "body", "body_absent", "replacement_chars", "attachments",
-        "attachments_include", "ack", "after", "message_id_reused", "allowed_recipients", "note"}
+        "attachments_include", "ack", "ack_reason", "after", "message_id_reused", "allowed_recipients", "note"}
 # An acknowledgment in one of these states will be (or was) sent.
 SENDING_INTENT_STATES = (Intent.State.PENDING, Intent.State.IN_FLIGHT, Intent.State.RETRY_WAIT,
                          Intent.State.SUCCEEDED)
@@ -142,6 +141,10 @@ def mismatches(case: dict, raw: bytes, result, event: InboxEvent, earlier: Inbox
         else:
             expect("acknowledgment planned / skipped (audit acknowledgment_skipped)", (sending, skipped),
                    (False, True))
+            if "ack_reason" in case:
+                reasons = [row.detail.get("reason") for row in AuditEvent.objects.filter(
+                    inbox_event=event, kind="acknowledgment_skipped")]
+                expect("acknowledgment skip reason", reasons, [case["ack_reason"]])
 
     if "message_id_reused" in case:
         flag = getattr(event, "message_id_reused", MISSING)

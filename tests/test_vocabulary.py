@@ -18,7 +18,7 @@ STORED_AUDIT_KINDS = {
     "replayed_as_new_action", "ticket_confirmed", "acknowledgment_handled", "closed_not_a_request",
     "quarantine_released", "assigned", "escalation_set", "body_viewed", "attachment_downloaded", "bulk_lookup",
     "purged", "legal_hold_set", "legal_hold_released", "body_searched", "files_attached", "follow_up_planned",
-    "requester_from_forward", "requester_entered", "bulk_job_applied",
+    "requester_from_forward", "requester_entered", "bulk_job_applied", "acknowledgment_bounced",
 }
 EVENT_REASON_CODES = {
     "credentials", "invalid_fields", "retries_exhausted", "configuration", "not_found", "rejected", "claim_expired",
@@ -27,7 +27,7 @@ EVENT_REASON_CODES = {
     "too_many_attachments", "too_complex", "missing_sender", "recipient_not_allowed", "empty",
     "scanner_unavailable", "encrypted", "sender_rate_limited", "unparseable", "mailbox_misconfigured",
     "own_mail_loop", "delivery_report", "mailer_daemon", "empty_return_path", "auto_submitted", "autoreply_header",
-    "precedence_bulk", "not_a_request", "ticket_closed",
+    "precedence_bulk", "not_a_request", "ticket_closed", "calendar_reply", "encrypted_archive",
 }
 # Functions whose `kind` (second positional argument, or keyword) is an audit kind.
 KIND_TAKERS = {"record_audit": 1, "transition_event": None}
