@@ -21,6 +21,14 @@ that know the difference can skip the retries, which cannot help, and route
 to review at once (e.g. with reason `too_large`). Setting `max_stream_bytes`
 to clamd's limit gives the same answer without sending anything.
 
+What is scanned (`intake.normalize`, through `intake.mime.iter_attachment_payloads`):
+every listed attachment, one stream each. An archive or an Outlook .msg is scanned
+whole (clamd looks inside archives and OLE files itself, within its own limits) and
+each file listed inside it is scanned again on its own (`nested`, origin "archive"
+or "outlook"), so a hit names the inner file. An archive member past
+`intake.mime.archives`' decompression limits, or an encrypted one, is sent as an
+empty stream: only the archive's own scan covers it.
+
 `scanner_from_setting("off")` returns None: scanning disabled by
 configuration, a decision the caller must make visibly, not a scanner that
 says "clean".

@@ -114,14 +114,54 @@ DSN = (b"From: Mail Delivery System <bounces@mx.example.net>\r\nTo: support@acme
     (message(headers={"Precedence": "list"}), "precedence_bulk"),
     (message(headers={"X-Autoreply": "yes"}), "autoreply_header"),
     (message(headers={"X-Autorespond": "Out of office"}), "autoreply_header"),
-    (message(headers={"Return-Path": "<>"}), "empty_return_path"),
-    (message(sender="MAILER-DAEMON@mx.example.net"), "mailer_daemon"),
-    (message(sender="Postmaster <postmaster@example.org>"), "mailer_daemon"),
+    (message(sender="MAILER-DAEMON@mx.example.net", subject="Undelivered Mail Returned to Sender"),
+     "mailer_daemon"),
+    (message(sender="Postmaster <postmaster@example.org>",
+             body="Final-Recipient: rfc822; lager@example.org\nAction: failed\nStatus: 5.1.1\n"), "mailer_daemon"),
     (DSN, "delivery_report"),
     (message(headers={"X-Mailroom-Loop": "support@acme.test"}), "own_mail_loop"),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_each_loop_and_noise_rule_suppresses_with_its_reason(raw, reason):
     assert state_reason(raw) == (SUPPRESSED, reason)
+
+
+# -- suppression only on evidence ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("sender", ["Tomasz Wieczorek <postmaster@branch.example>", "MAILER-DAEMON@mx.example.net",
+                                    "postmaster@example.org"])
+def test_a_daemon_address_writing_ordinary_text_is_a_person_not_a_bounce(sender):
+    raw = message(sender=sender, subject="New relay from 1 July",
+                  body="Could you add our new relay mail2.example.org to your allow list?\n")
+    assert state_reason(raw) == (OK, "")
+
+
+@pytest.mark.parametrize("subject, body, evidence", [
+    ("Undelivered Mail Returned to Sender", "Hello.\n", "bounce text 'undelivered mail returned to sender'"),
+    ("Mail", "This is the mail system at host mx.example.net.\n\nI'm sorry to tell you.\n",
+     "bounce text 'this is the mail system at host'"),
+    ("Mail", "Final-Recipient: rfc822; a@example.org\nAction: failed\nStatus: 5.1.1\n"
+             "Diagnostic-Code: smtp; 550 5.1.1 unknown\n",
+     "DSN fields (Final-Recipient, Diagnostic-Code, Action: failed, Status: 5.1.1)"),
+    ("Mail", "Remote host said: 550 5.7.1 Message rejected as spam\n", "SMTP reply 550 5.7.1"),
+    ("Undeliverable: Re: invoice", "Hello.\n", "bounce text 'undeliverable:'"),
+    ("Mail", "Sorry.\n\n----- Original message headers -----\nFrom: support@acme.test\n",
+     "quoted original 'original message headers'"),
+    ("Mail", None, "no body text"),
+])
+def test_a_daemon_sender_is_suppressed_only_with_evidence_and_the_detail_names_it(subject, body, evidence):
+    parsed = parse_message(message(sender="MAILER-DAEMON@mx.example.net", subject=subject, body=body))
+    [daemon] = [f for f in findings(parsed) if f.reason_code == "mailer_daemon"]
+    assert (daemon.state, daemon.detail) == (SUPPRESSED, f"sender MAILER-DAEMON@mx.example.net and {evidence}")
+
+
+def test_an_empty_return_path_alone_goes_to_review_and_beside_other_signs_is_not_a_finding():
+    verdict = verdict_of(message(headers={"Return-Path": "<>"}))
+    assert (verdict.state, verdict.reason_code) == (AWAITING_REVIEW, "empty_return_path")
+    assert verdict.detail.startswith("Return-Path: <>")
+    out_of_office = verdict_of(message(headers={"Return-Path": "<>", "Auto-Submitted": "auto-replied"}))
+    assert (out_of_office.state, out_of_office.reason_code) == (SUPPRESSED, "auto_submitted")
+    assert "empty_return_path" not in {f.reason_code for f in out_of_office.findings}
+    assert state_reason(b"Return-Path: <>\r\n" + DSN) == (SUPPRESSED, "delivery_report")
 
 
 @pytest.mark.parametrize("headers", [
@@ -252,7 +292,8 @@ def test_a_real_pdf_declared_as_octet_stream_with_an_odd_name_is_fine():
     ("letter.docx", zip_of(("[Content_Types].xml", CONTENT_TYPES), ("word/document.xml", b"<w/>"),
                            ("word/vbaProject.bin", b"\xd0\xcf\x11\xe0")), MACRO_OFFICE_TYPE, QUARANTINED),
     ("archive.docx", zip_of(("setup.exe", EXE)), "application/zip", QUARANTINED),
-    ("files.zip", zip_of(("a.txt", b"hello")), "application/zip", QUARANTINED),
+    # Archives are allowed: the files inside them are judged instead (intake.validation.policy).
+    ("files.zip", zip_of(("a.txt", b"hello")), "application/zip", OK),
     ("legacy.doc", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\0" * 600 + "_VBA_PROJECT".encode("utf-16-le"),
      MACRO_OFFICE_TYPE, QUARANTINED),
 ])
@@ -320,6 +361,8 @@ def test_quarantine_wins_over_review_and_suppression():
                                      {"X-Autoreply": "1"}, {"Return-Path": "<>"}, {"X-Mailroom-Loop": "1"}])
 @pytest.mark.parametrize("breakage", ["none", "no_sender", "empty", "too_large", "exe"])
 def test_a_loop_signal_never_yields_ok_whatever_else_is_wrong(headers, breakage):
+    # An empty Return-Path alone is a review reason, not suppression (tests/test_automated_senders.py).
+    alone = SUPPRESSED if "Return-Path" not in headers else AWAITING_REVIEW
     kwargs = {"headers": headers}
     if breakage == "no_sender":
         kwargs["sender"] = None
@@ -330,7 +373,7 @@ def test_a_loop_signal_never_yields_ok_whatever_else_is_wrong(headers, breakage)
     policy = MailboxPolicy(max_message_bytes=100) if breakage == "too_large" else MailboxPolicy()
     verdict = verdict_of(message(**kwargs), policy)
     assert verdict.state != OK
-    assert verdict.state == (SUPPRESSED if breakage == "none" else
+    assert verdict.state == (alone if breakage == "none" else
                              QUARANTINED if breakage == "exe" else AWAITING_REVIEW)
 
 

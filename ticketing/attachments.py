@@ -7,6 +7,11 @@ Each file has its own key (`OutgoingFile.key`) and its own step in the intent's 
 before its call, done after; a file marked sent is looked up on the record before it is sent again
 (`ticketing.destinations.files.attach_each`). So a lost answer, a killed worker or a retry never
 doubles a file, and what is done stays done across attempts.
+
+Which files: `ticketing.ticket_files.select_files`. A file listed inside another (`Attachment.nested`: the
+files of an attached message, of an archive, of an Outlook .msg) is never sent on its own: the holder goes
+whole, and its files were judged and scanned as part of it. `attachment_count` counts them all, so a
+message whose only file is an archive still plans the intent for that archive.
 """
 import logging
 

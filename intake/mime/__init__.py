@@ -31,17 +31,27 @@ header objects (the first version of this parser) a 2.4 KB message took
 ~1.2 ms, mostly in header classes we do not need; now ~0.15-0.25 ms. The few
 fields we use are decoded by `intake.mime.headers`, leniently, as mail
 clients read them: the header block is first repaired
-(`intake.mime.headerblock`: junk before the headers, unindented continuations,
+(`intake.mime.headerblock`: a byte-order mark or junk before the headers, unindented continuations,
 stray lines, `Subject : x`), addresses are read by `intake.mime.addresses`
-(never joined across spaces; sender = first valid From address, else Sender,
-else Reply-To), and text by `intake.mime.charsets` (RFC 2047 words joined as
+(never joined across spaces, an RFC 2047 word one word whatever it holds, quoted
+pairs kept inside comments, a domain's trailing dot dropped; sender = first valid
+From address, else Sender, else Reply-To, where a quoted local part counts and a
+dotless intranet domain counts too, flagged `DotlessSenderDomain`), and text by
+`intake.mime.charsets` (RFC 2047 words joined as
 bytes, charset aliases such as gb2312 -> gb18030, raw 8-bit
-headers as UTF-8, else the body's charset, a detector, cp1252).
+headers as UTF-8, else the charset of the first text part that can hold 8-bit
+bytes (not us-ascii, iso-2022-*, utf-7), a detector among the CJK encodings
+before a single-byte hint wins, cp1252).
 
 Body text: text/plain and text/html parts without a filename and not marked
 `attachment` (a Content-Type too malformed to parse that still begins with
 text/plain or text/html counts as that type, its charset read from the raw
-header); in multipart/alternative the plain part unless it is blank or a stub
+header), and so are other text types without a filename (text/enriched and
+text/richtext converted by `intake.mime.richtext`, application/plain, any other
+text/* but calendars, contact cards, CSS and scripts); delimiter lines that a
+malformed multipart leaves in a text part are dropped, and a multipart whose
+declared boundary never shows is read with the one its body uses
+(`intake.mime.messageparts`); in multipart/alternative the plain part unless it is blank or a stub
 of the HTML one ("view this email in your browser", or under 40 % of the HTML
 text: `intake.mime.alternatives`), then the HTML one (converted by
 `intake.mime.htmltext`). Every alternative is recorded in `alternatives` as
@@ -56,7 +66,8 @@ whose part was longer than what is read, is cut at a paragraph boundary
 
 Signed and encrypted mail: in multipart/signed the content is walked as usual
 and the signature part (application/pgp-signature, application/pkcs7-signature,
-application/x-pkcs7-signature) is recorded in `signatures` ({"protocol":
+application/x-pkcs7-signature; an S/MIME one, or smime.p7s, also outside
+multipart/signed) is recorded in `signatures` ({"protocol":
 "pgp"|"smime", "type", "size", "sha256"}), not listed as an attachment;
 nothing is verified. S/MIME opaque signed data (application/pkcs7-mime with
 smime-type=signed-data, or whose content says so) is unwrapped (`intake.mime.cms`)
@@ -75,12 +86,30 @@ sniffed from its first bytes by libmagic (python-magic), refined for
 containers: a ZIP that holds `[Content_Types].xml` and a Word/Excel/PowerPoint
 main part is given the matching OOXML type, an OpenDocument ZIP its
 `mimetype`, and any OOXML ZIP with a `vbaProject.bin`, or an OLE (legacy
-Office) file with a VBA project, gets `MACRO_OFFICE_TYPE`. An attached message (`message/rfc822`) is one
+Office) file with a VBA project, gets `MACRO_OFFICE_TYPE`; an attached message
+is sniffed as message/rfc822 from its header block, an S/MIME signature as
+application/pkcs7-signature (`intake.mime.sniff`). Containers are listed with
+their contents: an archive (zip, 7z, gzip, bzip2, tar; `intake.mime.archives`)
+or an Outlook .msg (`intake.mime.outlookmsg`) stays one attachment, and the
+files inside follow it with `nested=True` and origin "archive"/"outlook"
+("encrypted" for an encrypted member; `intake.mime.containers`), so the policy
+judges and clamd scans each; `Attachment.contents` says "listed", "encrypted" or
+"unreadable" (which sets `too_complex`: a person looks). Limits: those modules.
+An attached message (`message/rfc822`, `message/global`, `message/news`) is one
 attachment (its re-serialized bytes), and the attachments inside it are
 listed too, with `nested=True`, so that the attachment policy sees every file
-in the mail. Names: the Content-Disposition filename, else the Content-Type
-name (RFC 2231 continuations and charsets, or RFC 2047 words), else the last
-segment of Content-Location; an attached message without one is
+in the mail; a message/news that is the only content also gives the body text.
+message/partial pieces all present in the mail are reassembled into one
+attached message (whose text is the body if there is no other); a piece
+without its siblings is a file ("partial 1 of 3.eml"). message/external-body
+is a line of text ("External file: <where> (<type>; access-type ...; size ...;
+expires ...)", `intake.mime.external`), never fetched. S/MIME certificates
+only (smime-type=certs-only, or signed data without content and signers) is a
+file, application/pkcs7-mime, and sets `smime_certs_only`.
+Names: the Content-Disposition filename, else the Content-Type name (RFC 2231
+continuations and charsets, its bytes read as text is read: valid UTF-8 first,
+a wrong declared charset replaced; or RFC 2047 words; whitespace inside kept,
+only the ends stripped), else the last segment of Content-Location; an attached message without one is
 "<subject>.eml"; a name used twice becomes "report (2).pdf". A winmail.dat
 (application/ms-tnef, application/vnd.ms-tnef, or so named) is listed as the
 files inside it (`intake.mime.tnef`, `origin="tnef"`), sniffed, checked and scanned
@@ -100,14 +129,22 @@ The modules of this package, one concern each:
     body         body text of one part, and the choice among alternatives
     parts        one part's bytes, type and name; attachment listing and payloads
                  (attachment_payload, iter_attachment_payloads)
-    sniff        sniff_type: libmagic, refined for Office (MACRO_OFFICE_TYPE, OOXML_TYPES)
+    sniff        sniff_type: libmagic, refined for Office (MACRO_OFFICE_TYPE, OOXML_TYPES),
+                 attached messages, signatures, certificates, Outlook .msg
+    archives     the members of zip, 7z, gzip, bzip2 and tar files, bounded
+    outlookmsg   unpacking an Outlook .msg (extract-msg), bounded
+    containers   listing a container's members after it; reading them again for the scanner
+    calendar     the iTIP method of a message's calendar part (meeting replies)
     headerblock  repairing a broken header block
     addresses    lenient address lists
     charsets     charset labels and decoding, RFC 2047 words
     alternatives whether a plain alternative is a stub of the HTML one
     htmltext     linear-time HTML to text
     texttrim     cutting text at a paragraph boundary
-    cms          S/MIME (CMS) content kinds and signed content
+    cms          S/MIME (CMS) content kinds, signed content, certificates only
+    richtext     text/enriched and text/richtext to plain text
+    external     the text line of a message/external-body pointer
+    messageparts message/partial reassembly; malformed multipart delimiters
     tnef         unpacking a winmail.dat
 """
 from .body import MAX_DESCRIPTION_CHARS, MAX_HTML_BYTES, MAX_TEXT_BYTES

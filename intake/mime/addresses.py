@@ -1,7 +1,8 @@
 """Addresses from header values, read leniently but never invented.
 
     parse_address_list(value) -> list[Mailbox]
-    is_valid_address(address) -> bool
+    is_valid_address(address, *, allow_dotless=False) -> bool
+    is_dotless_address(address) -> bool
 
 Real mail writes address lists every way: RFC 5322 (`"Doe, Jane" <jane@x.com>,
 b@y.com`), Outlook's semicolons (`a@x.com; b@y.com`), bare lists separated by
@@ -15,6 +16,11 @@ comments and angle brackets, and within an entry at whitespace:
   the other words are the display name when there is exactly one address;
 - an entry with no address at all is kept with `address == ""` (its text is
   the name), so that callers can read `From: MAILER-DAEMON` as what it says.
+
+An RFC 2047 word is one word whatever its text holds (Outlook writes
+`=?iso-8859-1?Q?M=FCller,_Andreas?=` with a raw comma: one name, not two
+entries); a quoted pair inside a comment (`(Ops \\(24x7\\))`) is a character,
+not the comment's end; a domain's trailing dot (`user@example.com.`) is dropped.
 
 Whitespace is only ever removed inside angle brackets next to "@" or "."
 (obsolete `<jane @ example.com>`): joining words outside brackets would turn
@@ -40,7 +46,9 @@ class Mailbox(NamedTuple):
 _SPECIALS = r'\s"(),;:<>\[\]\\'
 _TOKEN = re.compile(rf"""
     (?P<space>\s+)
+  | (?P<encoded>=\?[^?\s"<>]+\?[qQbB]\?[^?"<>]*\?=)
   | (?P<quoted>"(?:[^"\\]|\\.)*"?)
+  | (?P<pair>\\.)
   | (?P<literal>\[[^\[\]]*\]?)
   | (?P<atom>[^{_SPECIALS}]+)
   | (?P<special>.)
@@ -52,19 +60,36 @@ _PLAIN_ADDRESS = re.compile(rf"[^{_SPECIALS}@]+@[^{_SPECIALS}@]+")
 _PLAIN_NAME = re.compile(r'"[^"\\]*"|[^"(),;:<>\[\]\\@]*')   # one quantifier: no backtracking
 _ADDRESS_CHAR = r"[^\x00-\x20\x7f<>()\[\],;:\\\"@]"
 _LABEL = r"[^\x00-\x20\x7f<>()\[\],;:\\\"@.'`]+"
-_VALID_ADDRESS = re.compile(rf"""
-    {_ADDRESS_CHAR}{{1,64}}
-    @
-    (?: (?:{_LABEL}\.)+{_LABEL}
-      | \[ (?: \d{{1,3}}(?:\.\d{{1,3}}){{3}} | IPv6:[0-9A-Fa-f:.]{{2,45}} ) \] )
-""", re.X)
+_LOCAL_PART = rf"""(?: {_ADDRESS_CHAR}{{1,64}} | "(?:[^"\\\x00-\x1f\x7f]|\\[^\x00-\x1f\x7f]){{1,62}}" )"""
+_IP_LITERAL = r"\[ (?: \d{1,3}(?:\.\d{1,3}){3} | IPv6:[0-9A-Fa-f:.]{2,45} ) \]"
+_VALID_ADDRESS = re.compile(rf"{_LOCAL_PART} @ (?: (?:{_LABEL}\.)+{_LABEL} | {_IP_LITERAL} )", re.X)
+# An intranet name without a dot (root@localhost, alerts@nagios01): deliverable inside a network.
+_DOTLESS_ADDRESS = re.compile(rf"{_LOCAL_PART} @ {_LABEL}", re.X)
 
 
-def is_valid_address(address: str) -> bool:
-    """Syntactically usable: one "@", a local part, a domain with a dot (or an IP literal),
-    no whitespace or control characters, at most 254 characters."""
+def is_valid_address(address: str, *, allow_dotless: bool = False) -> bool:
+    """Syntactically usable: one "@", a local part (an atom, or a quoted string such as
+    `"john smith"`), a domain with a dot (or an IP literal), no control characters, no
+    whitespace outside the quotes, at most 254 characters. `allow_dotless`: a domain without a
+    dot (an intranet host name) also counts; the parser takes such a sender, flagged in its defects."""
+    if not isinstance(address, str) or not 3 <= len(address) <= MAX_ADDRESS_CHARS:
+        return False
+    if _VALID_ADDRESS.fullmatch(address) is not None:
+        return True
+    return allow_dotless and _DOTLESS_ADDRESS.fullmatch(address) is not None
+
+
+def is_dotless_address(address: str) -> bool:
+    """An address whose domain is a bare host name (root@localhost): valid only inside a network."""
     return (isinstance(address, str) and 3 <= len(address) <= MAX_ADDRESS_CHARS
-            and _VALID_ADDRESS.fullmatch(address) is not None)
+            and _DOTLESS_ADDRESS.fullmatch(address) is not None)
+
+
+def _tidy_address(address: str) -> str:
+    """A domain's trailing dot (the root of DNS: user@example.com.) dropped: the same mailbox."""
+    if address.endswith(".") and "@" in address and not address.endswith(".."):
+        return address[:-1]
+    return address
 
 
 def _unquote(quoted: str) -> str:
@@ -85,7 +110,7 @@ def _angle_address(text: str) -> str:
         address = address[7:]
     if address.startswith("@") and ":" in address:   # obsolete source route: <@relay:jane@x.com>
         address = address.rpartition(":")[2]
-    return address
+    return _tidy_address(address)
 
 
 def _display_name(text: str) -> str:
@@ -97,8 +122,8 @@ def _display_name(text: str) -> str:
 
 def _bare_address(word: str) -> str:
     if len(word) > 2 and word[0] == word[-1] == "'":   # 'jane@x.com', as some clients quote
-        return word[1:-1]
-    return word
+        word = word[1:-1]
+    return _tidy_address(word)
 
 
 class _Reader:
@@ -155,7 +180,7 @@ def parse_address_list(value: str) -> list[Mailbox]:
         name, _, address = stripped[:-1].partition("<")
         name = name.strip()
         if _PLAIN_ADDRESS.fullmatch(address) and _PLAIN_NAME.fullmatch(name):
-            return [Mailbox(_display_name(name.strip('"')), address)]
+            return [Mailbox(_display_name(name.strip('"')), _tidy_address(address))]
 
     reader = _Reader()
     depth = 0                       # comment nesting
@@ -164,6 +189,9 @@ def parse_address_list(value: str) -> list[Mailbox]:
     for token in _TOKEN.finditer(value):
         kind, text = token.lastgroup, token.group()
         if depth:
+            if kind == "pair":   # "\)" inside a comment is a character, not its end
+                comment.append(text[1])
+                continue
             if text == "(" and kind == "special":
                 depth += 1
             elif text == ")" and kind == "special":
@@ -187,6 +215,8 @@ def parse_address_list(value: str) -> list[Mailbox]:
             reader.end_word()
         elif kind == "quoted":
             reader.add(text, _unquote(text))
+        elif kind == "encoded":   # an RFC 2047 word is one word, whatever its text holds (",", ";", "<")
+            reader.add(text, text)
         elif kind == "atom":
             reader.add(text, text, "@" in text)
         elif kind == "literal":

@@ -9,7 +9,9 @@ from . import alternatives
 from .headers import decode_bytes
 from .htmltext import html_to_text
 from .message import _add_defect
+from .messageparts import without_delimiter_lines
 from .parts import _content_type, _text_charset
+from .richtext import enriched_to_text, richtext_to_text
 from .texttrim import cut_at_boundary
 
 if TYPE_CHECKING:
@@ -21,6 +23,8 @@ MAX_TEXT_BYTES = MAX_DESCRIPTION_CHARS * 4   # of one plain text part
 # C0 controls and DEL, dropped (tab, newline and carriage return kept): PostgreSQL refuses NUL.
 _BODY_CONTROL = dict.fromkeys([*range(0, 9), 11, 12, *range(14, 32), 127], None)
 _CRLF = re.compile(r"\r\n?")
+# The old rich text body types, converted to plain text (NeXTMail, Eudora, old Mac clients).
+_RICH_TEXT = {"text/enriched": enriched_to_text, "text/richtext": richtext_to_text}
 
 
 def _decoded(walk: _Walk, part, limit: int) -> tuple[str, bool]:
@@ -73,7 +77,11 @@ def _add_text(walk: _Walk, part, ctype: str) -> bool:
         else:
             text, cut = _decoded(walk, part, MAX_TEXT_BYTES)
             text = _CRLF.sub("\n", text).translate(_BODY_CONTROL)
+            if ctype in _RICH_TEXT:
+                text = _RICH_TEXT[ctype](text)
             source = "plain"
+        if walk.multiparts and "--" in text:   # delimiter lines a malformed multipart left in the text
+            text = without_delimiter_lines(text, [b for b in (m.get_boundary() for m in walk.multiparts) if b])
     except Exception as exc:
         _add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
         return False
@@ -92,7 +100,9 @@ def _alternative_rank(ctype: str) -> int:
         return 1
     if ctype == "text/html":
         return 2
-    return 3
+    if ctype in _RICH_TEXT:
+        return 3
+    return 4
 
 
 def _html_leaf(part, depth: int = 0):

@@ -85,6 +85,14 @@ _SAME_SCRIPT = {
 # What the detector may answer: the encodings mail uses, and no Latin sibling of cp1252 it cannot tell apart.
 _DETECTABLE = ["utf_8", "gb18030", "big5hkscs", "cp932", "euc_jp", "cp949", "cp1251", "koi8_r", "cp1253",
                "cp1255", "cp1256", "cp874", "cp1252"]
+# Asked about short text that is neither UTF-8 nor the hint: a subject or file name in a CJK encoding.
+_CJK_DETECTABLE = ["gb18030", "big5", "shift_jis", "euc_jp", "euc_kr"]
+DETECT_SHORT_MIN_HIGH_BYTES = 2
+_CJK_ORDER = {codec_name: index for index, codec_name in enumerate(
+    ["gb18030", "big5hkscs", "cp932", "euc_jp", "cp949"])}
+_LANGUAGE = {"gb18030": "Chinese", "big5hkscs": "Chinese", "cp932": "Japanese", "euc_jp": "Japanese",
+             "cp949": "Korean"}
+_SEVEN_BIT = frozenset({"ascii", "utf-7", "utf_7", "hz"})
 _ISO_2022_JP_VARIANTS = ("iso2022_jp", "iso2022_jp_ext", "iso2022_jp_2", "iso2022_jp_2004")
 _HIGH_BYTES = bytes(range(0x80, 0x100))
 _ESC = b"\x1b"
@@ -194,11 +202,95 @@ def _fallback(data: bytes, tried: str, text: str, errors: int, decoded: int, hin
 
 
 def _candidates(data: bytes, tried: str, hint: str | None):
-    """Lazily, so that the detector runs only when the cheaper candidates failed."""
+    """Lazily, so that the detector runs only when the cheaper candidates failed. A single-byte hint
+    (windows-1252, koi8-r) decodes any bytes "cleanly", so it comes after the detector has had its say
+    on whether the bytes are CJK (a raw GB2312 subject in mail whose first text part is a Latin-1 report)."""
     yield "utf-8"
-    yield codec_for(hint)
+    hint_codec = codec_for(hint)
+    single_byte = hint_codec is not None and _single_byte(hint_codec)
+    if not single_byte:
+        yield hint_codec
     yield from _SAME_SCRIPT.get(tried, ())
-    yield _detected(data)
+    detected = _detected(data)
+    yield detected
+    if detected is None:
+        yield _detected_short(data, hint_codec if single_byte else None)
+    yield hint_codec
+
+
+def reads_8bit(charset: str | None) -> bool:
+    """Whether text in `charset` can hold 8-bit bytes (not us-ascii, utf-7, iso-2022-*, hz)."""
+    codec = codec_for(charset)
+    if codec is None or codec == ISO_2022_JP:
+        return False
+    return codec not in _SEVEN_BIT and not codec.startswith("iso2022")
+
+
+@lru_cache(maxsize=64)
+def _single_byte(codec: str) -> bool:
+    """Every byte is one character (windows-1252, koi8-r, iso-8859-7), so every byte string decodes."""
+    try:
+        return len(_decode_with(_HIGH_BYTES, codec, "replace")) == len(_HIGH_BYTES)
+    except Exception:
+        return False
+
+
+def _detected_short(data: bytes, single_byte: str | None) -> str | None:
+    """The detector on a few bytes (a subject, a file name) among the CJK encodings and one single-byte
+    one (the hint, else windows-1252); the single-byte one wins a tie, as its bytes are likelier."""
+    if not DETECT_SHORT_MIN_HIGH_BYTES <= len(data) - len(data.translate(None, _HIGH_BYTES)):
+        return None
+    try:
+        from charset_normalizer import from_bytes
+    except ImportError:
+        return None
+    fallback = single_byte or "cp1252"
+    try:
+        results = list(from_bytes(data[:DETECT_MAX_BYTES], cp_isolation=[*_CJK_DETECTABLE, fallback]))
+    except Exception:
+        return None
+    if not results:
+        return None
+    best = min(result.chaos for result in results)
+    tied = [codec_for(result.encoding) for result in results if result.chaos <= best]
+    if codec_for(fallback) in tied:
+        return codec_for(fallback)
+    # On a few characters the detector often cannot tell (chaos 0 for three encodings): the reading
+    # that looks like its language wins, then the order of _CJK_DETECTABLE (raw GBK is the most common).
+    return max(tied, key=lambda codec: (_plausibility(data, codec), -_CJK_ORDER.get(codec, 99)))
+
+
+def _plausibility(data: bytes, codec: str) -> float:
+    """How much `data` read as `codec` looks like text of that codec's language: its script alone
+    (no Hanja between Hangul, kana in Japanese, no half-width katakana), plus its most frequent characters."""
+    try:
+        text = [char for char in _decode_with(data, codec, "strict") if ord(char) > 0x7F]
+    except Exception:
+        return -2.0
+    if not text:
+        return 0.0
+    def count(low: int, high: int) -> int:
+        return sum(1 for char in text if low <= ord(char) <= high)
+    if count(0xFF61, 0xFF9F):
+        return -1.0
+    ideographs, hangul, kana = count(0x4E00, 0x9FFF), count(0xAC00, 0xD7A3), count(0x3040, 0x30FF)
+    language = _LANGUAGE.get(codec, "")
+    if language == "Korean":
+        score = 1.0 if hangul == len(text) else 0.0
+    elif language == "Japanese":
+        score = 1.0 if kana else 0.0
+    else:
+        score = 1.0 if not hangul and not kana and ideographs else 0.0
+    return score + sum(1 for char in text if char in _frequent(language)) / len(text)
+
+
+@lru_cache(maxsize=8)
+def _frequent(language: str) -> frozenset:
+    try:
+        from charset_normalizer.constant import FREQUENCIES
+    except ImportError:
+        return frozenset()
+    return frozenset(FREQUENCIES.get(language, ()))
 
 
 def _detected(data: bytes) -> str | None:

@@ -1,6 +1,7 @@
 """Just enough of CMS (PKCS #7, RFC 5652) to read S/MIME `application/pkcs7-mime` parts.
 
     content_kind(blob) -> "signed-data" | "enveloped-data" | "authenveloped-data" | ""
+    is_certs_only(blob) -> bool
     signed_content(blob) -> bytes | None
 
 `content_kind` says what a DER/BER blob is from its outer content type, for
@@ -106,6 +107,32 @@ def _octets(data: bytes, pos: int, out: list, depth: int = 0) -> int:
     while (pos < start + length) if length is not None else (data[pos:pos + 2] != b"\x00\x00"):
         pos = _octets(data, pos, out, depth + 1)
     return pos if length is not None else pos + 2
+
+
+def is_certs_only(blob: bytes) -> bool:
+    """Signed data with no content and no signers: a certificates-only message (smime.p7c, RFC 8551 3.6)."""
+    try:
+        kind, pos = _kind_at(blob)
+        if kind != "signed-data":
+            return False
+        pos, _ = _expect(blob, pos, _EXPLICIT_0)
+        pos, _ = _expect(blob, pos, _SEQUENCE)                 # SignedData
+        pos = _end(blob, pos) if blob[pos] == _INTEGER else pos  # version
+        if blob[pos] != _SET:
+            return False
+        pos = _end(blob, pos)                                  # digestAlgorithms
+        content_info_end = _end(blob, pos)
+        pos, indefinite = _expect(blob, pos, _SEQUENCE)        # encapContentInfo
+        start, length = _expect(blob, pos, _OID)
+        if start + length < content_info_end - (2 if indefinite is None else 0):
+            return False                                       # it holds content
+        pos = content_info_end
+        while blob[pos] in (0xA0, 0xA1):                       # [0] certificates, [1] crls
+            pos = _end(blob, pos)
+        tag, start, length = _header(blob, pos)                # signerInfos: none
+        return tag == _SET and (length == 0 or (length is None and blob[start:start + 2] == b"\x00\x00"))
+    except (_Malformed, IndexError):
+        return False
 
 
 def signed_content(blob: bytes) -> bytes | None:

@@ -11,6 +11,8 @@ encoded word alone on a line, a stray line in the middle, obsolete
 `Subject : x` with whitespace before the colon. This module rewrites the
 header block so that the parser reads it as the clients do:
 
+- a UTF-8 byte-order mark and whitespace before the first header are dropped
+  (a BOM glued to "From:" would otherwise make that line junk, and the sender lost);
 - lines before the first header are dropped;
 - `Name<whitespace>:` becomes `Name:`;
 - a "loose" line (neither header nor indented) is a continuation of the
@@ -61,15 +63,30 @@ _PARAMETER_HEADERS = frozenset({b"content-type", b"content-disposition"})
 _LIST_ENDINGS = (b",", b";")
 
 _HEADER, _FOLD, _LOOSE, _ENVELOPE = range(4)
+_BOM = b"\xef\xbb\xbf"
+_JUNK_START = frozenset((b"\xef", b" ", b"\t", b"\r", b"\n"))
+_LEADING_JUNK = re.compile(rb"(?:\xef\xbb\xbf|[ \t\r\n])*")
 
 
 def repair_header_block(raw: bytes) -> bytes:
     """`raw` with its header block rewritten as mail clients read it; `raw` itself when it is clean."""
+    if raw[:1] in _JUNK_START:
+        raw = _without_leading_junk(raw)
     clean = _CLEAN_BLOCK.match(raw, 0, MAX_HEADER_BLOCK)
     end = clean.end()
     if end >= len(raw) or end >= MAX_HEADER_BLOCK or raw[end] in b"\r\n":
         return raw
     return _repair(raw)
+
+
+def _without_leading_junk(raw: bytes) -> bytes:
+    """`raw` without the byte-order marks and whitespace before its first header (Windows scripts and
+    PowerShell write a UTF-8 BOM first); as it is when no header follows them."""
+    junk = _LEADING_JUNK.match(raw, 0, MAX_HEADER_BLOCK)
+    rest = junk.end()
+    if rest and _HEADER_NAME.match(raw, rest) and (raw[rest - 1] in b"\r\n" or raw[:3] == _BOM):
+        return raw[rest:]
+    return raw
 
 
 def _continues(previous: bytes, content: bytes, last: bytes, inside: bool) -> bool:

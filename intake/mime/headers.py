@@ -11,9 +11,10 @@ import weakref
 from contextvars import ContextVar
 from email.parser import BytesParser
 from email.policy import compat32
+from email.utils import collapse_rfc2231_value
 
 from . import charsets
-from .addresses import Mailbox, is_valid_address, parse_address_list
+from .addresses import Mailbox, is_dotless_address, is_valid_address, parse_address_list
 from .headerblock import repair_header_block
 from .message import ParsedMessage, _add_defect
 from .policy import _PARAMETER_HEADERS, MAX_PARAMETER_HEADER_CHARS
@@ -27,6 +28,9 @@ MAX_REFERENCES = 200
 # C0 controls and DEL, as spaces: PostgreSQL refuses NUL, and nothing else here is useful.
 _HEADER_CONTROL = dict.fromkeys([*range(0, 32), 127], " ")
 _ANGLE_ID = re.compile(r"<([^<>\s]+)>")
+# In a filename: folding is undone and control characters dropped, other whitespace kept as sent.
+_FOLDING = re.compile(r"\r?\n(?=[ \t])")
+_FILENAME_CONTROL = dict.fromkeys([*range(0, 9), *range(10, 32), 127], None)
 # The message being parsed, set by _fill_headers: its body's charset is the hint for raw 8-bit
 # header bytes, and _clean_filename (called from the part walk with the name alone) needs it too.
 _MESSAGE_BEING_PARSED: ContextVar = ContextVar("intake_mime_message_being_parsed", default=None)
@@ -79,6 +83,7 @@ def _body_charset(message) -> str | None:
     """The 8-bit charset the body declares (top level, else the first text part that has one).
 
     Clients that write raw 8-bit headers write them in that charset (Foxmail: GBK headers, gb2312 body).
+    A 7-bit charset (us-ascii, iso-2022-jp, utf-7) never reads 8-bit bytes: such a part says nothing.
     """
     stack, looked = [message], 0
     while stack and looked < MAX_HINT_PARTS:
@@ -95,7 +100,7 @@ def _body_charset(message) -> str | None:
             charset = part.get_content_charset()
         except Exception:
             continue
-        if charset and _codec(charset) not in (None, "ascii", "utf-8"):
+        if charset and _codec(charset) not in (None, "ascii", "utf-8") and charsets.reads_8bit(charset):
             return charset
     return None
 
@@ -108,6 +113,7 @@ def _charset_hint() -> str | None:
 
 
 def _clean_id(value: str) -> str:
+    value = _unescape_surrogates(value)   # RFC 6532 ids hold raw UTF-8 (<id@exämple.es>)
     match = _ANGLE_ID.search(value)
     if match:
         return match.group(1)[:998]
@@ -140,11 +146,13 @@ def _addresses(values: list[str], defects: list, budget: int = MAX_HEADER_CHARS,
     test@example.com, never "Testtest@example.com".
     """
     return [(name, address) for name, address in _mailboxes(values, defects, budget, hint)
-            if "@" in address.strip("@") and len(address.split()) == 1]
+            if "@" in address.strip("@") and (len(address.split()) == 1 or address.startswith('"'))]
 
 
 def _first_valid(mailboxes: list[Mailbox]) -> Mailbox | None:
-    return next((mailbox for mailbox in mailboxes if is_valid_address(mailbox.address)), None)
+    """The first usable address; an intranet one without a dot in its domain (root@localhost) counts,
+    as mail clients deliver to it: the caller flags it."""
+    return next((mailbox for mailbox in mailboxes if is_valid_address(mailbox.address, allow_dotless=True)), None)
 
 
 def _sender_hint(mailboxes: list[Mailbox]) -> str:
@@ -177,13 +185,60 @@ def _token(value: str | None) -> str | None:
 
 
 def _clean_filename(name) -> str:
+    """A display name from a filename parameter: words and 8-bit bytes decoded, folding undone, path and
+    controls removed, and only the ends stripped: "Q3  report.pdf" keeps its two spaces, as the sender's
+    file system has them."""
     if not name:
         return ""
     if not isinstance(name, str):
         name = str(name)
-    name = decode_header_value(name, 1000, None if name.isascii() else _charset_hint())
-    name = name.replace("\\", "/").rsplit("/", 1)[-1].strip(" .")
+    name = _unescape_surrogates(name[:1000], None if name.isascii() else _charset_hint())
+    name = _FOLDING.sub("", name)
+    if "=?" in name:
+        try:
+            name = charsets.decode_encoded_words(name)
+        except Exception:
+            pass
+    name = name.translate(_FILENAME_CONTROL).replace("\\", "/").rsplit("/", 1)[-1].strip(" .\t")
     return name[:255]
+
+
+def content_type_param(part, name: str) -> str:
+    """A Content-Type parameter's value as sent (RFC 2231 values collapsed to their text), stripped; "" when
+    missing or unreadable. The caller bounds and decodes it as the parameter needs."""
+    try:
+        value = part.get_param(name)
+    except Exception:
+        return ""
+    if isinstance(value, tuple):   # RFC 2231: (charset, language, value)
+        value = value[2]
+    return str(value or "").strip()
+
+
+def part_filename(part) -> str | None:
+    """A part's filename (Content-Disposition filename, else Content-Type name), as `get_filename` gives it,
+    except that an RFC 2231 name is decoded from its bytes as `intake.mime.charsets` decodes text: a name
+    declared iso-8859-1 that is UTF-8, or declared utf-8 that is windows-1252, comes out as written,
+    not as mojibake or U+FFFD."""
+    missing = object()
+    value = part.get_param("filename", missing, "content-disposition")
+    if value is missing:
+        value = part.get_param("name", missing, "content-type")
+        if value is missing:
+            return None
+    if not isinstance(value, tuple):
+        return collapse_rfc2231_value(value).strip()
+    charset, _language, text = value
+    try:
+        data = text.encode("raw-unicode-escape")
+    except Exception:
+        return collapse_rfc2231_value(value).strip()
+    if data.isascii():
+        return collapse_rfc2231_value(value).strip()
+    try:   # valid multibyte UTF-8 is no accident in Latin text: what the sender's system wrote
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return charsets.decode(data, charset or None, _charset_hint())
 
 
 def _header_map(message) -> dict[str, list[str]]:
@@ -255,6 +310,8 @@ def _fill_headers(parsed: ParsedMessage, message, loop_header: str) -> None:
             sender, source = _first_valid(_mailboxes(headers.get(fallback, []), defects, 4096, hint)), fallback
     if sender is not None:
         parsed.sender_name, parsed.sender, parsed.sender_source = sender.name, sender.address, source
+        if is_dotless_address(sender.address):
+            _add_defect(defects, "DotlessSenderDomain")
     if source != "from":
         parsed.sender_hint = _sender_hint(from_mailboxes)
     parsed.recipients = _unique([a for _, a in _addresses(headers.get("to", []) + headers.get("cc", []), defects,

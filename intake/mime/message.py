@@ -17,10 +17,11 @@ class Attachment:
     sha256: str
     content_id: str          # without angle brackets; "" if none
     is_inline: bool          # Content-Disposition inline, or a Content-ID and no disposition
-    nested: bool = False     # inside an attached message/rfc822 (itself listed as an attachment)
+    nested: bool = False     # inside another listed file (attached message, archive, .msg), which goes whole
     # Where the file came from: "" a MIME part; "tnef" unpacked from a winmail.dat (listed instead of
     # it); "encrypted" the payload of encrypted mail (kept, never judged by the type policy).
     origin: str = ""
+    contents: str = ""       # archive or .msg: "listed" (files follow, nested), "encrypted", "unreadable"
 
 
 @dataclass
@@ -66,6 +67,13 @@ class ParsedMessage:
     # The parsed message and the attachment parts, for decoding payloads on demand.
     _message: Any = field(default=None, repr=False, compare=False)
     _attachment_parts: list = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def email_message(self) -> Any:
+        """The parsed `email.message.EmailMessage` (header values read raw, `intake.mime.policy`), or None
+        when the bytes could not be parsed: for readers of headers and parts this class does not keep
+        (validation's automated-sender and calendar rules)."""
+        return self._message
 
 
 def _add_defect(defects: list, name: str) -> None:

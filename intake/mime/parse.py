@@ -44,6 +44,19 @@ def _parse(raw: bytes, parsed: ParsedMessage):
         return None
 
 
+def _message_text(walk: _Walk, inner) -> bool:
+    """The body text of an attached message, appended to the walk's text; True if it had any."""
+    sub = _Walk([])
+    try:
+        _walk(sub, inner, 1, "body", ())
+    except Exception:
+        return False
+    for text, source in zip(sub.text, sub.text_sources, strict=True):
+        _append_text(walk, text, source)
+    walk.truncated = walk.truncated or sub.truncated
+    return bool(sub.text)
+
+
 def parse_message(raw: bytes, *, loop_header: str = DEFAULT_LOOP_HEADER) -> ParsedMessage:
     """Parse an RFC 5322 message. Never raises; see the module docstring for what is filled in."""
     parsed = ParsedMessage(loop_header=loop_header)
@@ -74,6 +87,8 @@ def parse_message(raw: bytes, *, loop_header: str = DEFAULT_LOOP_HEADER) -> Pars
     except Exception as exc:
         _add_defect(parsed.defects, f"ContentTypeError:{type(exc).__name__}")
     walk = _Walk(parsed.defects)
+    walk.root = message
+    walk.reparse = not parsed.too_complex
     try:
         _walk(walk, message, 0, "body", ())
     except Exception as exc:  # RecursionError, or a part the email package chokes on
@@ -88,6 +103,11 @@ def parse_message(raw: bytes, *, loop_header: str = DEFAULT_LOOP_HEADER) -> Pars
                     break
             except Exception:
                 pass
+    if not walk.text:
+        # A forwarded news article (message/news) or a reassembled message/partial as the only content.
+        for inner in walk.message_bodies[:10]:
+            if _message_text(walk, inner):
+                break
     if not walk.text:
         # Outlook's rich text mail can have its only body inside winmail.dat.
         for body, source in walk.tnef_bodies:
@@ -105,6 +125,7 @@ def parse_message(raw: bytes, *, loop_header: str = DEFAULT_LOOP_HEADER) -> Pars
         walk.encrypted = walk.encrypted or "pgp"
     parsed.encrypted = walk.encrypted
     parsed.signatures = walk.signatures
+    parsed.smime_certs_only = walk.smime_certs_only
     parsed.alternatives = walk.alternatives
     walk.attachments.sort(key=lambda item: item[0])
     attachments = [attachment for _, attachment, _ in walk.attachments]

@@ -11,7 +11,7 @@ from email.generator import BytesGenerator
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-from . import tnef
+from . import containers, tnef
 from .headers import _clean_filename, _clean_id, decode_header_value
 from .message import Attachment, ParsedMessage, _add_defect
 from .policy import _GENERATE_POLICY
@@ -49,6 +49,8 @@ def _part_bytes(part) -> bytes:
     """Decoded payload of a leaf part, the serialized message of an attached message, or a winmail.dat member."""
     if isinstance(part, _TnefMember):
         return _tnef_member_bytes(tnef.unpack(_part_bytes(part.container)), part.index)
+    if isinstance(part, (containers.ArchiveMember, containers.MsgMember)):
+        return containers.member_bytes(part, container_data=_part_bytes(part.container))
     if part.is_multipart():
         inner = part.get_payload()
         target = inner[0] if part.get_content_maintype() == "message" and inner else part
@@ -159,7 +161,7 @@ def _add_attachment(walk: _Walk, part, path: tuple, ctype: str, disposition, nam
     attachment = Attachment(
         filename=name,
         declared_type=ctype,
-        sniffed_type=sniff_type(data),
+        sniffed_type=sniff_type(data, declared_type=ctype, filename=name),
         size=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
         content_id=content_id,
@@ -167,12 +169,18 @@ def _add_attachment(walk: _Walk, part, path: tuple, ctype: str, disposition, nam
         nested=nested,
         origin=origin,
     )
+    position = len(walk.attachments)
     walk.attachments.append((path, attachment, part))
+    # An archive or a .msg: its files are listed after it (intake.mime.containers).
+    expanded = containers.expand(walk, part=part, path=path, attachment=attachment, data=data)
+    if expanded is not attachment:
+        walk.attachments[position] = (path, expanded, part)
 
 
 def attachment_payload(parsed: ParsedMessage, index: int) -> bytes:
     """Decoded bytes of `parsed.attachments[index]` (decoded again from the parsed message; a file from a
-    winmail.dat is unpacked again)."""
+    winmail.dat, an archive or a .msg is unpacked again; b"" for an archive member that cannot be had
+    within `intake.mime.archives`' limits)."""
     return _part_bytes(parsed._attachment_parts[index])
 
 
@@ -180,13 +188,20 @@ def iter_attachment_payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment
     """Each attachment with its decoded bytes, one at a time (for scanning).
 
     Only one payload is alive at a time if the caller drops it before the next; the
-    files of one winmail.dat come from one unpacking of it, dropped after the last.
-    A part that could not be decoded at parse time yields b"" (its size is 0 too).
+    files of one winmail.dat come from one unpacking of it, dropped after the last;
+    the members of one archive or .msg likewise (`intake.mime.containers.Payloads`:
+    an archive's are read in one pass, at most `archives.MAX_DECOMPRESSED_BYTES`).
+    A part that could not be decoded at parse time yields b"" (its size is 0 too),
+    and so does an archive member past those limits (the archive itself is scanned
+    whole: clamd looks inside archives with its own limits).
     """
     unpacked_from = unpacked = None
+    members = containers.Payloads(parsed._attachment_parts, _part_bytes)
     for attachment, part in zip(parsed.attachments, parsed._attachment_parts, strict=True):
         try:
-            if isinstance(part, _TnefMember):
+            if isinstance(part, (containers.ArchiveMember, containers.MsgMember)):
+                data = members.get(part)
+            elif isinstance(part, _TnefMember):
                 if part.container is not unpacked_from:
                     unpacked_from, unpacked = part.container, None
                     unpacked = tnef.unpack(_part_bytes(part.container))

@@ -6,14 +6,16 @@
 from __future__ import annotations
 
 import hashlib
+from email.message import EmailMessage
 from email.parser import BytesParser
 from typing import Any
 
-from . import cms, tnef
-from .body import _add_text, _alternative_rank, _drop_text, _html_instead_of_stub
-from .headers import _clean_filename
+from . import cms, messageparts, tnef
+from .body import _add_text, _alternative_rank, _append_text, _drop_text, _html_instead_of_stub
+from .external import external_file_line
+from .headers import _clean_filename, content_type_param, part_filename
 from .message import Attachment, _add_defect
-from .parts import _add_attachment, _content_type, _part_bytes, _part_name, _TnefMember
+from .parts import _add_attachment, _content_type, _message_file_name, _part_bytes, _part_name, _TnefMember
 from .policy import _PARSE_POLICY
 from .sniff import sniff_type
 
@@ -35,7 +37,14 @@ _PKCS7_MIME_TYPES = frozenset({"application/pkcs7-mime", "application/x-pkcs7-mi
 _ENCRYPTED_SMIME_KINDS = frozenset({"enveloped-data", "authenveloped-data"})
 _TNEF_TYPES = frozenset({"application/vnd.ms-tnef", "application/ms-tnef"})
 # Other renderings of the body in multipart/alternative (Gmail AMP, Apple Watch): neither body nor file.
-_RENDERING_TYPES = frozenset({"text/x-amp-html", "text/watch-html", "text/enriched", "text/richtext"})
+_RENDERING_TYPES = frozenset({"text/x-amp-html", "text/watch-html"})
+# Attached messages: listed as one file, the files inside them listed too (nested).
+_ATTACHED_MESSAGE_TYPES = frozenset({"message/rfc822", "message/global", "message/news"})
+# text/* types that are data or code rather than a body, listed as files even without a filename.
+_TEXT_NOT_BODY = frozenset({
+    "text/calendar", "text/x-vcalendar", "text/vcard", "text/x-vcard", "text/directory", "text/css",
+    "text/javascript", "text/ecmascript", "text/x-amp-html", "text/watch-html", "text/rfc822-headers",
+})
 
 
 class _Walk:
@@ -57,6 +66,13 @@ class _Walk:
         self.alternatives: list[dict] = []
         # id(part) -> (text, cut) of HTML parts converted so far: the alternative choice may convert one early.
         self.html_text: dict[int, tuple[str, bool]] = {}
+        self.root = None                     # the message walked (message/partial pieces are looked up in it)
+        self.partials: dict | None = None    # message/partial pieces by id and number, found on first need
+        # Attached messages (message/news, reassembled message/partial) whose text is the body if there is no other.
+        self.message_bodies: list = []
+        self.multiparts: list = []           # the multipart parts enclosing the part being walked
+        self.smime_certs_only = False
+        self.reparse = True                  # False when only the headers were parsed (nothing to look at again)
 
 
 def _walk_alternative(walk: _Walk, children: list, depth: int, path: tuple) -> None:
@@ -131,17 +147,11 @@ def _walk_encrypted(walk: _Walk, children: list, role: str, path: tuple) -> None
         if ctype == "application/pgp-encrypted" and not child.is_multipart():
             continue
         _add_attachment(walk, child, path + (index,), ctype, child.get_content_disposition(),
-                        _part_name(child, ctype, child.get_filename()), role == "nested", origin="encrypted")
+                        _part_name(child, ctype, part_filename(child)), role == "nested", origin="encrypted")
 
 
 def _smime_type(part) -> str:
-    try:
-        value = part.get_param("smime-type")
-    except Exception:
-        return ""
-    if isinstance(value, tuple):
-        value = value[2]
-    return str(value or "").strip().lower()
+    return content_type_param(part, "smime-type").lower()
 
 
 def _is_smime_p7m(filename) -> bool:
@@ -158,15 +168,7 @@ def _unwrap_signed_data(walk: _Walk, data: bytes, depth: int):
     if content is None:
         _add_defect(walk.defects, "UnreadableSignedData")
         return None
-    if content.count(b"\n--") > MAX_BOUNDARY_LINES:
-        _add_defect(walk.defects, "TooManyBoundaryLines")
-        walk.too_complex = True
-        return None
-    try:
-        return BytesParser(policy=_PARSE_POLICY).parsebytes(content)
-    except Exception as exc:
-        _add_defect(walk.defects, f"Unparseable:{type(exc).__name__}")
-        return None
+    return _parsed(walk, content, depth)
 
 
 def _walk_pkcs7(walk: _Walk, part, depth: int, role: str, path: tuple, ctype: str, disposition, filename) -> None:
@@ -181,6 +183,11 @@ def _walk_pkcs7(walk: _Walk, part, depth: int, role: str, path: tuple, ctype: st
         data = b""
     kind = _smime_type(part) or cms.content_kind(data)
     name = _part_name(part, ctype, filename)
+    if kind == "certs-only" or (kind == "signed-data" and cms.is_certs_only(data)):
+        # Certificates only (smime.p7c: a correspondent's certificate, as Outlook sends it): a file.
+        walk.smime_certs_only = True
+        _add_attachment(walk, part, path, ctype, disposition, name or "smime.p7c", role == "nested", data=data)
+        return
     if kind == "signed-data":
         if role != "nested":
             _record_signature(walk, part, "smime", ctype, data)
@@ -199,6 +206,8 @@ def _add_tnef(walk: _Walk, part, role: str, path: tuple, ctype: str, disposition
     """A winmail.dat is listed as the files inside it (origin "tnef"), and its body kept in case there is
     no other. One that cannot be unpacked is listed as itself: the default policy refuses its type, so a
     person looks at it."""
+    from . import containers  # here, not at the top: this function's own dependency (archives, .msg)
+
     try:
         data = _part_bytes(part)
     except Exception as exc:
@@ -214,7 +223,7 @@ def _add_tnef(walk: _Walk, part, role: str, path: tuple, ctype: str, disposition
         attachment = Attachment(
             filename=_clean_filename(member.name),
             declared_type=member.mime_type or "application/octet-stream",
-            sniffed_type=sniff_type(member.data),
+            sniffed_type=sniff_type(member.data, declared_type=member.mime_type, filename=member.name),
             size=len(member.data),
             sha256=hashlib.sha256(member.data).hexdigest(),
             content_id="",
@@ -222,7 +231,13 @@ def _add_tnef(walk: _Walk, part, role: str, path: tuple, ctype: str, disposition
             nested=role == "nested",
             origin="tnef",
         )
-        walk.attachments.append((path + (index,), attachment, _TnefMember(part, index)))
+        stand_in, position = _TnefMember(part, index), len(walk.attachments)
+        walk.attachments.append((path + (index,), attachment, stand_in))
+        # An archive or a .msg inside the winmail.dat: its files are listed after it too.
+        listed = containers.expand(walk, part=stand_in, path=path + (index,), attachment=attachment,
+                                   data=member.data)
+        if listed is not attachment:
+            walk.attachments[position] = (path + (index,), listed, stand_in)
     if role == "body" and unpacked.body:
         walk.tnef_bodies.append((unpacked.body, unpacked.body_source))
 
@@ -250,10 +265,19 @@ def _walk(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
     if part.is_multipart():
         children = part.get_payload()
         if maintype == "message":
-            if ctype in ("message/rfc822", "message/global"):
-                _add_attachment(walk, part, path, ctype, part.get_content_disposition(),
-                                _part_name(part, ctype, part.get_filename()), role == "nested")
+            if ctype in _ATTACHED_MESSAGE_TYPES:
+                name = _part_name(part, ctype, part_filename(part)) or _message_file_name(part)
+                _add_attachment(walk, part, path, ctype, part.get_content_disposition(), name, role == "nested")
+                if ctype == "message/news" and role == "body" and children:
+                    walk.message_bodies.append(children[0])
                 role = "nested"
+            elif ctype == "message/partial":
+                _walk_partial(walk, part, depth, role, path)
+                return
+            elif ctype == "message/external-body":
+                if role == "body":   # a pointer, never fetched: where the file is, for a person
+                    _append_text(walk, external_file_line(part), "plain")
+                return
             else:
                 return  # delivery-status and other report data
         if depth + 1 > MAX_DEPTH:
@@ -266,19 +290,26 @@ def _walk(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
         elif ctype == "multipart/encrypted":
             _walk_encrypted(walk, children, role, path)
         elif ctype == "multipart/alternative" and role == "body":
+            walk.multiparts.append(part)
             _walk_alternative(walk, children, depth, path)
+            walk.multiparts.pop()
         else:
+            walk.multiparts.append(part)
             for index, child in enumerate(children):
                 _walk(walk, child, depth + 1, role, path + (index,))
+            walk.multiparts.pop()
         return
 
     disposition = part.get_content_disposition()
-    filename = part.get_filename()
+    filename = part_filename(part)
     if ctype in _REPORT_TYPES:
         return
     if maintype == "multipart":
-        # A multipart whose boundary never shows: its raw body is the best text there is.
-        if role == "body":
+        # A multipart whose boundary never shows: the one its body really uses, else its raw body as text.
+        inner = _with_found_boundary(walk, part, depth)
+        if inner is not None:
+            _walk(walk, inner, depth + 1, role, path + (0,))
+        elif role == "body":
             _add_text(walk, part, "text/plain")
         return
     if ctype in _PKCS7_MIME_TYPES or (ctype == "application/octet-stream" and _is_smime_p7m(filename)):
@@ -294,4 +325,79 @@ def _walk(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
             return
         if role == "body" and disposition == "inline" and len(walk.fallback_text) < 10:
             walk.fallback_text.append((part, ctype))
+    elif (maintype == "text" or ctype == "application/plain") and disposition != "attachment" and not filename \
+            and ctype not in _TEXT_NOT_BODY:
+        # Another text type as the body (text/enriched, text/richtext, application/plain in PGP/MIME).
+        if role == "body":
+            _add_text(walk, part, ctype)
+        return
+    protocol = _SIGNATURE_TYPES.get(ctype) if ctype != "application/pgp-signature" else None
+    if protocol or (ctype == "application/octet-stream" and str(filename or "").strip().lower() == "smime.p7s"):
+        # An S/MIME signature outside multipart/signed (some gateways re-wrap signed mail in multipart/mixed).
+        if role != "nested":
+            _record_signature(walk, part, "smime", ctype)
+        return
     _add_attachment(walk, part, path, ctype, disposition, _part_name(part, ctype, filename), role == "nested")
+
+
+def _walk_partial(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
+    """message/partial: with every piece in the mail, the first stands for the reassembled message (an
+    attached message, as message/rfc822) and the others are skipped; else each piece is a file."""
+    if walk.partials is None:
+        walk.partials = messageparts.partial_groups(walk.root if walk.root is not None else part, MAX_PARTS)
+    pid, number, total = messageparts.partial_info(part)
+    pieces = walk.partials.get(pid, {})
+    if pid and messageparts.is_complete(pieces, total):
+        if number != 1 or pieces.get(1) is not part:
+            return
+        inner = _parsed(walk, messageparts.reassembled(pieces, total), depth)
+        if inner is not None:
+            wrapper = EmailMessage(policy=_PARSE_POLICY)
+            wrapper["Content-Type"] = "message/rfc822"
+            wrapper.set_payload([inner])
+            _add_attachment(walk, wrapper, path, "message/rfc822", "attachment", _message_file_name(wrapper),
+                            role == "nested")
+            if role == "body":
+                walk.message_bodies.append(inner)
+            _walk(walk, inner, depth + 1, "nested", path + (0,))
+            return
+    name = _part_name(part, "message/partial", part_filename(part)) or f"partial {number or '?'} of {total or '?'}.eml"
+    _add_attachment(walk, part, path, "message/partial", part.get_content_disposition(), name, role == "nested")
+
+
+def _parsed(walk: _Walk, data: bytes, depth: int):
+    """`data` parsed as a MIME entity under the walk's limits; None if it cannot be."""
+    if depth + 1 > MAX_DEPTH:
+        _add_defect(walk.defects, "DepthLimitExceeded")
+        walk.too_complex = True
+        return None
+    if data.count(b"\n--") > MAX_BOUNDARY_LINES:
+        _add_defect(walk.defects, "TooManyBoundaryLines")
+        walk.too_complex = True
+        return None
+    try:
+        return BytesParser(policy=_PARSE_POLICY).parsebytes(data)
+    except Exception as exc:
+        _add_defect(walk.defects, f"Unparseable:{type(exc).__name__}")
+        return None
+
+
+def _with_found_boundary(walk: _Walk, part, depth: int):
+    """A multipart whose declared boundary never shows, parsed again with the one its body uses; or None."""
+    if not walk.reparse:
+        return None
+    try:
+        body = part.get_payload(decode=True)
+    except Exception:
+        return None
+    if not isinstance(body, bytes) or b"--" not in body:
+        return None
+    boundary = messageparts.found_boundary(body)
+    if boundary is None or boundary == part.get_boundary():
+        return None
+    header = f'Content-Type: {part.get_content_type()}; boundary="{boundary}"\r\n\r\n'.encode("ascii", "replace")
+    inner = _parsed(walk, header + body, depth)
+    if inner is None or not inner.is_multipart():
+        return None
+    _add_defect(walk.defects, "BoundaryMismatch")
+    return inner

@@ -12,9 +12,21 @@ Office documents: modern ones are ZIP files;
 `intake.mime.sniff_type` gives a ZIP the OOXML type only if it holds
 `[Content_Types].xml` and a Word/Excel/PowerPoint main part (ODF: its
 `mimetype` member), and `MACRO_OFFICE_TYPE` if it holds a VBA project, so the
-defaults allow docx/xlsx/pptx/odt/ods/odp but not a plain `application/zip`,
-not macro-enabled documents, not executables. Empty (0-byte) attachments are
-not checked: they hold nothing.
+defaults allow docx/xlsx/pptx/odt/ods/odp, not macro-enabled documents, not
+executables, not a file whose name says pdf while its bytes say exe.
+
+What real mail carries is allowed by default: contact cards (vCard), calendar
+files, HTML pages, attached messages (.eml, sniffed as message/rfc822 from
+their header block; Outlook .msg), S/MIME and OpenPGP signatures and keys,
+audio and video. Archives (zip, 7z, gzip, bzip2, tar) are allowed as
+containers only: `intake.mime` lists their members as attachments of their
+own (`nested`, `origin="archive"`; the files of a .msg likewise with
+`origin="outlook"`), each judged by this same policy, type and extension, so
+a zip holding an .exe or a .js quarantines the message as if it were attached
+alone. An archive whose members are encrypted goes to review
+(`encrypted_archive`); one that could not be listed in full (limits, damage)
+goes to review as `too_complex`. Empty (0-byte) attachments are not checked:
+they hold nothing.
 """
 from __future__ import annotations
 
@@ -22,15 +34,31 @@ import re
 from dataclasses import dataclass, field
 
 from ..mime import DEFAULT_LOOP_HEADER
+from .spamscore import DEFAULT_SPAM_SCORE_THRESHOLD
 
 DEFAULT_MAX_MESSAGE_BYTES = 25 * 1024 * 1024
 DEFAULT_ALLOWED_TYPES = frozenset({
     "application/pdf",
     "image/png", "image/jpeg", "image/gif", "image/webp", "image/bmp", "image/tiff", "image/heic", "image/heif",
     "text/plain", "text/csv", "text/calendar", "application/rtf", "text/rtf",
-    "message/rfc822",
+    # Data files people send along with logs and e-invoices.
+    "application/json", "text/xml", "application/xml",
+    # Contact cards: Apple Mail sends text/vcard, Outlook text/x-vcard, older clients text/directory.
+    "text/vcard", "text/x-vcard", "text/directory",
+    # Saved web pages and forwarded HTML receipts (XHTML sniffs as text/html too: intake.mime.sniff).
+    "text/html",
+    # Attached messages: .eml (sniffed from their header block) and Outlook .msg (whose files are listed).
+    "message/rfc822", "application/vnd.ms-outlook",
+    # Plain archives: allowed only as their members, each judged too (intake.mime.archives).
+    "application/zip", "application/x-zip-compressed", "application/x-7z-compressed",
+    "application/gzip", "application/x-gzip", "application/x-bzip2", "application/x-tar",
+    # Signatures wherever they sit (a gateway that unwraps multipart/signed leaves them in multipart/mixed).
+    "application/pkcs7-signature", "application/x-pkcs7-signature", "application/pgp-signature",
+    "application/pkcs7-mime",   # only what intake.mime.sniff_type names so: S/MIME certificates-only (smime.p7c)
     # OpenPGP public keys: Thunderbird attaches the sender's key to signed mail by default.
     "application/pgp-keys",
+    # Voice memos, recordings, phone videos.
+    "audio/*", "video/*",
     # Office Open XML and OpenDocument (what intake.mime.sniff_type names a ZIP that really is one).
     "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
     "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
@@ -63,6 +91,15 @@ def _spam_headers(value) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"spam_headers entries look like 'X-Spam-Flag: YES', not {entry!r}")
         pairs.append((header.strip(), prefix.strip()))
     return tuple(pairs)
+
+
+def _spam_score_threshold(value) -> float:
+    """`spam_score_threshold`: a number; at or above it a trusted spam score skips the acknowledgment."""
+    if value is None:
+        return DEFAULT_SPAM_SCORE_THRESHOLD
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 1000:
+        raise ValueError(f"spam_score_threshold must be a number from -100 to 1000, not {value!r}")
+    return float(value)
 
 
 def _positive_int(value, name: str) -> int:
@@ -138,6 +175,8 @@ class MailboxPolicy:
     attachments: AttachmentPolicy = field(default_factory=AttachmentPolicy)
     # (header, lowercase value prefix) pairs that mean "a spam filter flagged this".
     spam_headers: tuple[tuple[str, str], ...] = DEFAULT_SPAM_HEADERS
+    # A spam score (intake.validation.spamscore) at or above this skips the acknowledgment.
+    spam_score_threshold: float = DEFAULT_SPAM_SCORE_THRESHOLD
 
     @classmethod
     def from_settings(cls, settings: dict | None, *, allowed_recipients=(),
@@ -148,7 +187,9 @@ class MailboxPolicy:
         `max_message_bytes` (can only lower the global limit), `loop_header`,
         `trusted_authserv_id`, `spam_headers` (a list of "Header: value" strings;
         a header whose value starts with that value, case-insensitively, flags
-        spam; replaces the SpamAssassin defaults). `max_message_bytes` defaults to
+        spam; replaces the SpamAssassin defaults), `spam_score_threshold` (a number,
+        default 5.0: a trusted spam score at or above it skips the acknowledgment,
+        `intake.validation.spamscore`). `max_message_bytes` defaults to
         settings.MAILROOM_MAX_MESSAGE_BYTES. Raises ValueError on malformed values.
         """
         settings = settings or {}
@@ -165,6 +206,7 @@ class MailboxPolicy:
             raise ValueError(f"trusted_authserv_id must be a string, not {trusted!r}")
         return cls(
             spam_headers=_spam_headers(settings.get("spam_headers")),
+            spam_score_threshold=_spam_score_threshold(settings.get("spam_score_threshold")),
             allowed_recipients=tuple(_string_list(list(allowed_recipients or ()), "allowed_recipients")),
             max_message_bytes=limit,
             loop_header=loop_header,
