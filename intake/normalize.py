@@ -5,6 +5,13 @@ rules, sender rate limit, attachment types), scan attachments with clamd, and
 record the outcome: `ready` for routing, or `awaiting_review` / `suppressed` /
 `quarantined` with a reason. Nothing is ever deleted, and no exception leaves
 this stage: a message we cannot read goes to review with a reason.
+
+Besides the verdict, `InboxEvent.details` keeps what the acknowledgment is decided
+on later (`ticketing.acknowledgments.acknowledgment_skip_reason`): `spam_flagged`,
+`spam_score` ({"score", "source", "threshold"}: the mailbox's `spam_score_threshold`
+when judged; with `MAILROOM_RSPAMD_URL` set, rspamd's score when higher, `intake.spamcheck`)
+and `automated` ({"reason": "list_mail" | "automated_notification",
+"evidence"}), from `intake.validation`.
 """
 import logging
 from dataclasses import dataclass
@@ -13,7 +20,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from . import scanning, validation
+from . import scanning, spamcheck, validation
 from .mime import ParsedMessage, iter_attachment_payloads, parse_message
 from .models import InboxEvent
 from .services import transition_event, wait_event
@@ -84,12 +91,41 @@ def _scan(event: InboxEvent, parsed: ParsedMessage) -> list[validation.Finding] 
     return found
 
 
-def _details(parsed: ParsedMessage, verdict: validation.Verdict, policy: validation.MailboxPolicy | None) -> dict:
+def _rspamd(event: InboxEvent) -> spamcheck.RspamdResult | None:
+    """rspamd's verdict when the platform configured one (MAILROOM_RSPAMD_URL); None when off, skipped or down."""
+    client = spamcheck.rspamd_from_setting(
+        settings.MAILROOM_RSPAMD_URL, timeout=settings.MAILROOM_RSPAMD_TIMEOUT)
+    if client is None:
+        return None
+    try:
+        return client.check(bytes(event.raw or b""), queue_id=f"mailroom-{event.pk}")
+    except spamcheck.RspamdUnavailable as exc:
+        logger.warning("event %s: rspamd unavailable (%s); judged on the headers' score only", event.pk, exc)
+        return None
+    finally:
+        client.close()
+
+
+def _spam_score(parsed: ParsedMessage, policy: validation.MailboxPolicy | None,
+                remote: spamcheck.RspamdResult | None) -> dict | None:
+    """The higher of the headers' score and rspamd's, with the threshold it is judged against."""
+    threshold = policy.spam_score_threshold if policy is not None else validation.DEFAULT_SPAM_SCORE_THRESHOLD
+    score = validation.spam_score(parsed=parsed)
+    stored = score.as_details(threshold) if score is not None else None
+    if remote is not None and (stored is None or remote.score > stored["score"]):
+        stored = {"score": remote.score, "source": "rspamd", "threshold": threshold, "action": remote.action,
+                  **({"required_score": remote.required_score} if remote.required_score is not None else {})}
+    return stored
+
+
+def _details(parsed: ParsedMessage, verdict: validation.Verdict, policy: validation.MailboxPolicy | None,
+             remote: spamcheck.RspamdResult | None = None) -> dict:
     details = {
         "attachments": [
             {"filename": a.filename, "declared_type": a.declared_type, "sniffed_type": a.sniffed_type,
              "size": a.size, "sha256": a.sha256, "inline": a.is_inline,
-             **({"origin": a.origin} if a.origin else {}), **({"nested": True} if a.nested else {})}
+             **({"origin": a.origin} if a.origin else {}), **({"nested": True} if a.nested else {}),
+             **({"contents": a.contents} if a.contents else {})}
             for a in parsed.attachments[:200]
         ],
         "attachment_count": len(parsed.attachments),
@@ -102,9 +138,17 @@ def _details(parsed: ParsedMessage, verdict: validation.Verdict, policy: validat
     optional = {
         "signatures": parsed.signatures[:10], "encrypted": parsed.encrypted,
         "alternatives": parsed.alternatives[:10], "text_truncated": parsed.text_truncated,
+        "smime_certs_only": parsed.smime_certs_only,
         "spam_flagged": policy is not None and validation.spam_flagged(parsed, policy),
     }
     details.update({key: value for key, value in optional.items() if value})
+    # Risk signals for the acknowledgment (ticketing.acknowledgments reads them from here): never the ticket's.
+    score = _spam_score(parsed, policy, remote)
+    if score is not None:
+        details["spam_score"] = score
+    automated = validation.automated_sender(parsed=parsed)
+    if automated is not None:
+        details["automated"] = automated.as_details()
     if _is_reply(parsed):
         # Computed once and stored: every attempt at the comment sends the same text,
         # whatever a later version of the quote stripper would make of it.
@@ -158,11 +202,13 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
             scan_findings = [validation.scanner_unavailable_finding(f"scanner unreachable after {attempts} attempts")]
         if scan_findings:
             verdict = validation.validate(parsed, policy, extra=[*extra, *scan_findings])
-    return _record(event, parsed, verdict, actor, policy=policy)
+    # Only mail about to become a ticket can be acknowledged: only it is worth a remote spam check.
+    remote = _rspamd(event) if verdict.ok else None
+    return _record(event, parsed, verdict, actor, policy=policy, remote=remote)
 
 
 def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdict, actor: str,
-            policy: validation.MailboxPolicy | None = None) -> Outcome:
+            policy: validation.MailboxPolicy | None = None, remote: spamcheck.RspamdResult | None = None) -> Outcome:
     now = timezone.now()
     to_state = State.READY if verdict.ok else verdict.state
     auth = validation.authentication_results(parsed, policy.trusted_authserv_id) if policy else {}
@@ -174,7 +220,7 @@ def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdic
         audit_detail={"reason": verdict.reason_code, "findings": [f.reason_code for f in verdict.findings]},
         extra={"message_id_header": parsed.message_id[:998], "sender": parsed.sender[:320],
                "subject": parsed.subject[:998], "thread_key": event.thread_key or validation.thread_key(parsed),
-               "auth_results": auth, "details": {**(event.details or {}), **_details(parsed, verdict, policy)},
+               "auth_results": auth, "details": {**(event.details or {}), **_details(parsed, verdict, policy, remote)},
                "retry_at": None},
     )
     if moved:

@@ -135,8 +135,10 @@ class ReasonCode(TextChoices):
     # --- on an event: suppression rules (intake); no ticket wanted, an operator can still replay
     OWN_MAIL_LOOP = "own_mail_loop", "Our own mail came back (loop header)."
     DELIVERY_REPORT = "delivery_report", "A delivery report (bounce or read receipt)."
-    MAILER_DAEMON = "mailer_daemon", "Sent by a mail system (MAILER-DAEMON, postmaster)."
-    EMPTY_RETURN_PATH = "empty_return_path", "Sent with an empty Return-Path, as automatic mail is."
+    MAILER_DAEMON = "mailer_daemon", ("A mail system's report: a MAILER-DAEMON or postmaster sender with bounce "
+                                      "evidence (the detail names it).")
+    EMPTY_RETURN_PATH = "empty_return_path", ("Sent with an empty Return-Path, as automatic mail is, but with no "
+                                              "other sign of it: a person decides.")
     AUTO_SUBMITTED = "auto_submitted", "Marked Auto-Submitted (an automatic reply or notification)."
     AUTOREPLY_HEADER = "autoreply_header", "Marked as an automatic reply (X-Autoreply / X-Autorespond)."
     PRECEDENCE_BULK = "precedence_bulk", "Bulk or mailing-list mail (Precedence: bulk/list/junk)."

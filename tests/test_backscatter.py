@@ -122,6 +122,14 @@ def test_mailer_daemon_and_postmaster_never_become_acknowledged_tickets(smtp_ser
     assert acknowledgments.acknowledgment_skip_reason(event) == "noreply_sender"
 
 
+def test_a_person_writing_from_postmaster_gets_a_ticket_but_no_acknowledgment(smtp_server):
+    # No bounce evidence, so validation lets it through; an acknowledgment to postmaster@ is still backscatter.
+    event_id = deliver(sender="Tomasz Wieczorek <postmaster@example.com>", subject="New relay from 1 July",
+                       body="Could you add our new relay mail2.example.com to your allow list?\n",
+                       extra_headers={"Authentication-Results": authentication_results(TRUSTED, "pass")})
+    assert_ticket_without_acknowledgment(event_id, smtp_server, "noreply_sender")
+
+
 def test_a_local_part_that_only_contains_noreply_is_a_person():
     for sender in ("jane.noreply@example.com", "replyteam@example.com", "bouncer@example.com"):
         event = InboxEvent(sender=sender, mailbox=Mailbox(settings={}), auth_results=AUTHENTICATED)
@@ -202,8 +210,12 @@ def test_skip_reasons_in_order():
     assert reason(InboxEvent(sender="", mailbox=mailbox)) == "no_sender"
     assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, details={"spam_flagged": True})) == \
         "spam_flagged"
+    assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, details={
+        "spam_score": {"score": 9.0, "source": "X-Spam-Score", "threshold": 5.0}})) == "spam_score"
     assert reason(InboxEvent(sender="noreply@example.com", mailbox=mailbox, auth_results={"dmarc": "fail"})) == \
         "noreply_sender"
+    assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, auth_results={"dmarc": "fail"}, details={
+        "automated": {"reason": "list_mail", "evidence": "List-Id: <x.example.com>"}})) == "list_mail"
     assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, auth_results={"dmarc": "fail"})) == \
         "dmarc_fail"
     assert reason(InboxEvent(sender="jane@example", mailbox=mailbox)) == "invalid_sender"

@@ -154,7 +154,6 @@ LOOP_CASES = {
     "auto_submitted": {"Auto-Submitted": "auto-replied"},
     "precedence_bulk": {"Precedence": "bulk"},
     "autoreply_header": {"X-Autoreply": "yes"},
-    "empty_return_path": {"Return-Path": "<>"},
     "own_mail_loop": {"X-Mailroom-Loop": "mailroom"},
 }
 
@@ -171,9 +170,16 @@ def test_auto_submitted_no_is_a_person(mailbox, scanner_off):
     assert run(mailbox, make_message(extra_headers={"Auto-Submitted": "no"})).state == "completed"
 
 
-def test_mailer_daemon_sender_is_suppressed(mailbox, scanner_off):
-    event = run(mailbox, make_message(sender="MAILER-DAEMON@mx.example.com"))
+def test_mailer_daemon_sender_is_suppressed_when_the_mail_is_a_bounce(mailbox, scanner_off):
+    event = run(mailbox, make_message(sender="MAILER-DAEMON@mx.example.com",
+                                      subject="Undelivered Mail Returned to Sender"))
     assert (event.state, event.reason_code) == ("suppressed", "mailer_daemon")
+
+
+def test_an_empty_return_path_alone_is_for_a_person_to_decide(mailbox, scanner_off):
+    event = run(mailbox, make_message(extra_headers={"Return-Path": "<>"}))
+    assert (event.state, event.reason_code) == ("awaiting_review", "empty_return_path")
+    assert not Intent.objects.exists() and Ticket.objects.count() == 0
 
 
 def test_delivery_status_notification_is_suppressed(mailbox, scanner_off):

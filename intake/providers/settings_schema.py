@@ -61,6 +61,18 @@ class Seconds(Setting):
 
 
 @dataclass(frozen=True)
+class Number(Setting):
+    """A number, fractions allowed (a spam score threshold: 5.0, 7.5)."""
+    minimum: float = 0
+    maximum: float = 1000
+
+    def errors(self, value) -> list[str]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not self.minimum <= value <= self.maximum:
+            return [f"must be a number from {self.minimum:g} to {self.maximum:g}"]
+        return []
+
+
+@dataclass(frozen=True)
 class Flag(Setting):
     def errors(self, value) -> list[str]:
         return [] if isinstance(value, bool) else ["must be true or false"]
@@ -153,6 +165,8 @@ COMMON = {
     "loop_header": Text(pattern=HEADER_NAME, help="a header name"),
     "trusted_authserv_id": Text(help="our own MTA's authserv-id in Authentication-Results"),
     "spam_headers": TextList(pattern=rf"\s*{HEADER_NAME}\s*:\s*\S.*", what="'Header: value' lines"),
+    # intake.validation.spamscore: at or above it, no acknowledgment (the ticket is still made)
+    "spam_score_threshold": Number(minimum=-100, maximum=1000, help="a spam score, default 5.0"),
     "attachment_policy": Group(keys={
         "allowed_types": TextList(pattern=r"[\w.+-]+/[\w.+*-]+", what="MIME types such as image/*"),
         "extra_allowed_types": TextList(pattern=r"[\w.+-]+/[\w.+*-]+", what="MIME types such as image/*"),

@@ -12,12 +12,25 @@ Precedence (first wins; within a state, in the order of the tuples below):
 
 1. quarantined  — `malware`, `attachment_type`
 2. awaiting_review — `too_large`, `too_many_attachments`, `too_complex`,
-   `encrypted`, `missing_sender`, `recipient_not_allowed`, `empty`,
-   `sender_rate_limited`, then any other review reason the caller adds (e.g.
-   `scanner_unavailable`)
+   `encrypted`, `encrypted_archive`, `missing_sender`, `recipient_not_allowed`, `empty`,
+   `sender_rate_limited`, `empty_return_path`, then any other review reason the
+   caller adds (e.g. `scanner_unavailable`)
 3. suppressed — `own_mail_loop`, `delivery_report`, `mailer_daemon`,
-   `empty_return_path`, `auto_submitted`, `autoreply_header`, `precedence_bulk`
+   `calendar_reply`, `auto_submitted`, `autoreply_header`, `precedence_bulk`
 4. ok
+
+Suppression only on evidence, and the evidence named in the finding's detail
+(the console shows it as the reason detail): a `mailer-daemon@`/`postmaster@`
+sender is `mailer_daemon` only with bounce evidence (`intake.validation.bounces`:
+report parts, DSN fields, bounce template sentences, no body text), e.g.
+"sender MAILER-DAEMON@mx1.example and DSN fields (Final-Recipient, Status: 5.1.1)";
+without it the message is a person's (postmaster is a mailbox people answer
+from). An empty Return-Path alone is not automatic mail either: clients and
+gateways send `<>` for a person's mail too, so when no other loop or noise rule
+fired it sends the message to review (`empty_return_path`), never to
+suppression. Meeting replies (iTIP REPLY, COUNTER, REFRESH, and the organizer's
+CANCEL and DECLINECOUNTER, read by `intake.mime.calendar`) are `calendar_reply`
+with the method and PARTSTAT; a meeting REQUEST or PUBLISH is a ticket.
 
 Why: only `ok` ever leads to a ticket or an acknowledgment, so a message on
 which any loop rule fired can never be acknowledged, whatever wins. Among the
@@ -45,7 +58,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..mime import ParsedMessage
+from ..mime.calendar import calendar_method
 from ..vocabulary import ReasonCode
+from .bounces import bounce_evidence
 from .policy import MailboxPolicy
 
 OK = "ok"
@@ -72,17 +87,22 @@ EMPTY_RETURN_PATH = ReasonCode.EMPTY_RETURN_PATH
 AUTO_SUBMITTED = ReasonCode.AUTO_SUBMITTED
 AUTOREPLY_HEADER = ReasonCode.AUTOREPLY_HEADER
 PRECEDENCE_BULK = ReasonCode.PRECEDENCE_BULK
+CALENDAR_REPLY = ReasonCode.CALENDAR_REPLY
 
 STATE_ORDER = (QUARANTINED, AWAITING_REVIEW, SUPPRESSED)
 REASON_ORDER = {
     QUARANTINED: (MALWARE, ATTACHMENT_TYPE),
-    AWAITING_REVIEW: (TOO_LARGE, TOO_MANY_ATTACHMENTS, TOO_COMPLEX, ENCRYPTED, MISSING_SENDER,
-                      RECIPIENT_NOT_ALLOWED, EMPTY, SENDER_RATE_LIMITED),
-    SUPPRESSED: (OWN_MAIL_LOOP, DELIVERY_REPORT, MAILER_DAEMON, EMPTY_RETURN_PATH, AUTO_SUBMITTED,
+    AWAITING_REVIEW: (TOO_LARGE, TOO_MANY_ATTACHMENTS, TOO_COMPLEX, ENCRYPTED, ReasonCode.ENCRYPTED_ARCHIVE,
+                      MISSING_SENDER, RECIPIENT_NOT_ALLOWED, EMPTY, SENDER_RATE_LIMITED, EMPTY_RETURN_PATH),
+    SUPPRESSED: (OWN_MAIL_LOOP, DELIVERY_REPORT, MAILER_DAEMON, CALENDAR_REPLY, AUTO_SUBMITTED,
                  AUTOREPLY_HEADER, PRECEDENCE_BULK),
 }
 
 DAEMON_LOCAL_PARTS = frozenset({"mailer-daemon", "postmaster"})
+# Attachment.origin of the files listed from inside an archive or an Outlook .msg (intake.mime.containers).
+CONTAINER_MEMBER_ORIGINS = frozenset({"archive", "outlook"})
+# iTIP methods that answer or withdraw a meeting rather than ask for one (RFC 5546 §1.4).
+CALENDAR_REPLY_METHODS = frozenset({"REPLY", "COUNTER", "REFRESH", "CANCEL", "DECLINECOUNTER"})
 
 
 @dataclass(frozen=True)
@@ -125,7 +145,7 @@ def _extension(filename: str) -> str:
 def _loop_values(parsed: ParsedMessage, header: str) -> list[str]:
     if parsed.loop_header.lower() == header.lower():
         return parsed.loop_values
-    message = getattr(parsed, "_message", None)   # parsed with another loop header name: look it up
+    message = parsed.email_message   # parsed with another loop header name: look it up
     try:
         return [str(v) for v in (message.get_all(header) or [])] if message is not None else []
     except Exception:
@@ -167,19 +187,27 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
         problem = attachment_type_problem(attachment, limits)
         if problem:
             out.append(Finding(QUARANTINED, ATTACHMENT_TYPE, f"{attachment.filename or '(unnamed)'}: {problem}"))
+    # An encrypted archive (intake.mime.archives): its files cannot be judged nor scanned, a person decides.
+    for attachment in attachments:
+        if attachment.contents == "encrypted":
+            out.append(Finding(AWAITING_REVIEW, ReasonCode.ENCRYPTED_ARCHIVE,
+                               f"{attachment.filename or '(unnamed)'}: encrypted archive; its files cannot be checked"))
 
     # -- review
     if parsed.size > policy.max_message_bytes:
         out.append(Finding(AWAITING_REVIEW, TOO_LARGE,
                            f"message is {parsed.size} bytes; the limit is {policy.max_message_bytes}"))
-    for attachment in attachments:
+    # The files inside an archive or a .msg are judged by type and scanned, but the holder is the one file kept
+    # and sent: a zip of 60 PDFs is one attachment, and a log that unpacks past the size limit is no reason to ask.
+    held = [a for a in attachments if a.origin not in CONTAINER_MEMBER_ORIGINS]
+    for attachment in held:
         if attachment.size > limits.max_bytes:
             out.append(Finding(AWAITING_REVIEW, TOO_LARGE,
                                f"{attachment.filename or '(unnamed)'} is {attachment.size} bytes;"
                                f" the limit is {limits.max_bytes}"))
-    if len(attachments) > limits.max_attachments:
+    if len(held) > limits.max_attachments:
         out.append(Finding(AWAITING_REVIEW, TOO_MANY_ATTACHMENTS,
-                           f"{len(attachments)} attachments; the limit is {limits.max_attachments}"))
+                           f"{len(held)} attachments; the limit is {limits.max_attachments}"))
     if parsed.too_complex:
         out.append(Finding(AWAITING_REVIEW, TOO_COMPLEX,
                            "MIME structure beyond the parser's limits; not every part was examined"))
@@ -205,9 +233,17 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
     if parsed.content_type == "multipart/report":
         out.append(Finding(SUPPRESSED, DELIVERY_REPORT, f"multipart/report; report-type={parsed.report_type or '?'}"))
     if daemon_sender:
-        out.append(Finding(SUPPRESSED, MAILER_DAEMON, f"sender {daemon_sender[:200]}"))
-    if parsed.return_path == "":
-        out.append(Finding(SUPPRESSED, EMPTY_RETURN_PATH, "Return-Path: <>"))
+        evidence = bounce_evidence(parsed=parsed)
+        if evidence:
+            out.append(Finding(SUPPRESSED, MAILER_DAEMON,
+                               f"sender {daemon_sender[:120]} and {' and '.join(evidence[:3])}"[:300]))
+    calendar = calendar_method(parsed=parsed)
+    if calendar.method in CALENDAR_REPLY_METHODS:
+        # The attendee's answer; an organizer's CANCEL lists attendees whose PARTSTAT says nothing.
+        answer = calendar.partstat if calendar.method in ("REPLY", "COUNTER") else ""
+        partstat = f", PARTSTAT={answer}" if answer else ""
+        out.append(Finding(SUPPRESSED, CALENDAR_REPLY,
+                           f"iTIP METHOD:{calendar.method}{partstat} ({calendar.part_type})"))
     if parsed.auto_submitted is not None and parsed.auto_submitted != "no":
         out.append(Finding(SUPPRESSED, AUTO_SUBMITTED, f"Auto-Submitted: {parsed.auto_submitted[:200]}"))
     for header, value in (("X-Autoreply", parsed.x_autoreply), ("X-Autorespond", parsed.x_autorespond)):
@@ -216,6 +252,10 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
             break
     if parsed.precedence in ("bulk", "junk", "list"):
         out.append(Finding(SUPPRESSED, PRECEDENCE_BULK, f"Precedence: {parsed.precedence}"))
+    if parsed.return_path == "" and not any(f.state == SUPPRESSED for f in out):
+        # Bounces and auto-replies carry <> too, and are explained by the rule that fired for them.
+        out.append(Finding(AWAITING_REVIEW, EMPTY_RETURN_PATH,
+                           "Return-Path: <> but no other sign of automatic mail: a person decides"))
     return out
 
 
