@@ -58,6 +58,7 @@ SECTION_OF = {
     ("intake", "providersubscription"): INTERNALS,
     ("ticketing", "threadlease"): INTERNALS,
     ("ticketing", "destinationattempt"): INTERNALS,
+    ("ticketing", "undeliverableaddress"): INTERNALS,
     ("axes", "accessattempt"): INTERNALS,
     ("axes", "accessfailurelog"): INTERNALS,
     ("axes", "accesslog"): INTERNALS,

@@ -273,6 +273,12 @@ MAILROOM_ACK_PER_HOUR = env.int("MAILROOM_ACK_PER_HOUR", default=500)
 MAILROOM_ACK_PER_DOMAIN_PER_HOUR = env.int("MAILROOM_ACK_PER_DOMAIN_PER_HOUR", default=100)
 # Whether a mailbox's `ack_policy: "always"` (acknowledge unauthenticated senders too) is honoured at all.
 MAILROOM_ACK_ALLOW_UNAUTHENTICATED = env.bool("MAILROOM_ACK_ALLOW_UNAUTHENTICATED", default=False)
+# How long an address that bounced an acknowledgment for good (5.x.x) gets no acknowledgment (ticketing.bounces).
+MAILROOM_BOUNCE_MARK_DAYS = env.int("MAILROOM_BOUNCE_MARK_DAYS", default=30)
+# An rspamd normal worker asked for a spam score of mail about to become a ticket (intake.spamcheck); "" = off.
+# A platform address, never a tenant's: its score only decides whether an acknowledgment goes out.
+MAILROOM_RSPAMD_URL = env.str("MAILROOM_RSPAMD_URL", default="")
+MAILROOM_RSPAMD_TIMEOUT = env.float("MAILROOM_RSPAMD_TIMEOUT", default=5.0)
 
 # --- Browser-facing edge ----------------------------------------------------
 # The console's pages load only their own static files (intake.middleware.ContentSecurityPolicyMiddleware);

@@ -14,6 +14,9 @@ Never purged:
 Suppressed and completed events are purged: a replay after that finds no body (normalize sees an empty
 message and sends the event to review).
 
+The same run deletes ticketing's expired bounce marks (`ticketing.bounces`, reached by their reverse name
+`Tenant.undeliverable_addresses`): once expired they skip no acknowledgment, and they hold an address.
+
 Each run is audited: every purged event gets an `AuditEvent` `purged` (actor `retention`, detail
 `{"run": <uuid of the run>, "retention_days": N}`), written in bulk in the transaction that purges its
 batch, so an event's timeline says when and by which run; the run's totals are logged and returned.
@@ -40,6 +43,7 @@ ACTOR = "retention"
 # ticketing's Intent, by its reverse name (intake imports nothing of ticketing): a held intent puts its
 # event in the recovery queue whatever the event's state.
 HELD_INTENT_LOOKUP = {"intents__state": "held"}
+BOUNCE_MARKS = "undeliverable_addresses"   # ticketing's UndeliverableAddress, by its reverse name on Tenant
 
 
 def retention_days(tenant: Tenant) -> int:
@@ -77,8 +81,17 @@ def purge_expired_bodies(now=None, batch_size: int | None = None, max_batches: i
                 tenants[tenant.slug] = tenants.get(tenant.slug, 0) + count
             if count < batch_size:
                 break
-    logger.info("retention run %s purged %d bodies in %d batches", run, purged, batches)
-    return {"run": run, "purged": purged, "batches": batches, "tenants": tenants}
+    marks = purge_expired_marks(now)
+    logger.info("retention run %s purged %d bodies in %d batches, %d expired bounce marks", run, purged, batches,
+                marks)
+    return {"run": run, "purged": purged, "batches": batches, "tenants": tenants, "marks": marks}
+
+
+def purge_expired_marks(now=None) -> int:
+    """Delete the bounce marks whose time is up (ticketing.bounces); returns how many."""
+    marks = Tenant._meta.get_field(BOUNCE_MARKS).related_model
+    deleted, _ = marks.objects.filter(expires_at__lte=now or timezone.now()).delete()
+    return deleted
 
 
 def _purge_batch(candidates, batch_size: int, now, detail: dict) -> int:

@@ -1,5 +1,6 @@
 """A real SMTP server on 127.0.0.1 (aiosmtpd) that keeps what it receives."""
 import email
+from contextlib import contextmanager
 from email import policy
 
 import pytest
@@ -17,15 +18,22 @@ class Inbox:
         return "250 OK"
 
 
-@pytest.fixture
-def smtp_server(settings):
-    inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+@contextmanager
+def serving(settings, handler, *, smtputf8: bool = False):
+    """`handler` as an aiosmtpd server on 127.0.0.1 (SMTPUTF8 in its EHLO answer or not), Django's SMTP
+    backend pointed at it."""
+    controller = Controller(handler, hostname="127.0.0.1", port=free_port(), enable_SMTPUTF8=smtputf8)
     controller.start()
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", controller.port
     settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
     try:
-        yield inbox
+        yield handler
     finally:
         controller.stop()
+
+
+@pytest.fixture
+def smtp_server(settings):
+    with serving(settings, Inbox()) as inbox:
+        yield inbox

@@ -17,6 +17,14 @@ address is provably theirs (`acknowledgment_skip_reason`):
   closed system whose MTA writes no results), which is honoured only when the
   platform allows it (`MAILROOM_ACK_ALLOW_UNAUTHENTICATED`); an unauthenticated
   sender is then acknowledged without their subject echoed back;
+- the sender must be a person: not flagged or scored as spam by a trusted filter
+  (`details["spam_flagged"]`, `details["spam_score"]` at or above the mailbox's
+  `spam_score_threshold`), not a no-reply or bounce address (`_is_noreply`: the word
+  in any `-`/`_` segment, `gmail-noreply@`, `jira-noreply@`, `bounce+...@`), not list
+  mail or a product's notification (`details["automated"]`, from
+  `intake.validation.automated_sender`: List-Id, List-Unsubscribe with Precedence or
+  List-Unsubscribe-Post, the vendor headers of Jira, GitHub, GitLab, Zabbix, cron, ...,
+  `*-notifications@` senders). Such mail still becomes a ticket;
 - at most `MAILROOM_ACK_PER_HOUR` acknowledgments per tenant and
   `MAILROOM_ACK_PER_DOMAIN_PER_HOUR` per recipient domain in any hour
   (`Tenant.settings` `ack_per_hour` / `ack_per_domain_per_hour` override them),
@@ -28,6 +36,7 @@ A skipped acknowledgment is audited (`acknowledgment_skipped`, with the reason)
 in the transaction that stores the mapping, so it is written exactly once.
 """
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.utils import make_msgid
@@ -50,9 +59,10 @@ from intake.validation.authresults import (
     header_fields,
     provider_authentication_results,
 )
+from intake.validation.spamscore import spam_score_reached
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import intents, numbers
+from . import ack_transport, bounces, intents, numbers
 from .models import Intent, TicketMapping
 
 logger = logging.getLogger(__name__)
@@ -64,12 +74,18 @@ def ticket_token(mapping: TicketMapping) -> str:
     return numbers.format_number(numbers.number_of(mapping))
 
 
-# Local parts that no person reads: automated senders and bounce addresses.
+# Local parts that no person reads: automated senders and bounce addresses. Postmaster stays here although a
+# person may write from it (validation makes a ticket of such mail): an acknowledgment to a mail system's
+# address is the backscatter this module exists to prevent, and a postmaster knows the ticket exists anyway.
 NOREPLY_LOCAL_PARTS = frozenset({
-    "noreply", "no-reply", "no_reply", "donotreply", "do-not-reply", "do_not_reply",
-    "mailer-daemon", "postmaster", "bounce", "bounces",
+    "noreply", "no-reply", "no_reply", "no.reply", "donotreply", "do-not-reply", "do_not_reply", "do.not.reply",
+    "dontreply", "dont-reply", "mailer-daemon", "mailerdaemon", "postmaster", "bounce", "bounces",
 })
-NOREPLY_PREFIXES = ("noreply", "no-reply")
+NOREPLY_PREFIXES = ("noreply", "no-reply", "no_reply", "donotreply", "do-not-reply", "do_not_reply",
+                    "bounce-", "bounces-", "bounce.", "bounces.")   # bounce-mc.us5_1234.5678-jane=acme.test@...
+# The no-reply word as one `-`/`_`-separated segment anywhere: gmail-noreply@, jira-noreply@,
+# notifications-noreply@, alerts_donotreply@. A dot before it is a person's name ("jane.noreply@").
+NOREPLY_SEGMENT = re.compile(r"(?:^|[-_])(?:no[-_.]?reply|do[-_.]?not[-_.]?reply|dont[-_.]?reply)(?:$|[-_.])")
 SKIP_AUDIT_KIND = AuditKind.ACKNOWLEDGMENT_SKIPPED
 
 # `Mailbox.settings["ack_policy"]`: who is acknowledged. Anything else reads as the default.
@@ -85,7 +101,8 @@ ONE_HOUR = timedelta(hours=1)
 def _is_noreply(address: str) -> bool:
     local = address.rpartition("@")[0].strip().strip('"').lower()
     base = local.split("+", 1)[0]  # bounces+1234=x@..., noreply+tag@...
-    return local in NOREPLY_LOCAL_PARTS or base in NOREPLY_LOCAL_PARTS or local.startswith(NOREPLY_PREFIXES)
+    return (local in NOREPLY_LOCAL_PARTS or base in NOREPLY_LOCAL_PARTS or local.startswith(NOREPLY_PREFIXES)
+            or NOREPLY_SEGMENT.search(base) is not None)
 
 
 def ack_policy(mailbox) -> str:
@@ -163,9 +180,13 @@ def acknowledgment_skip_reason(event: InboxEvent) -> str | None:
     """Why `event` must not be acknowledged, or None when it may be (the hourly caps aside: `plan`).
 
     Reads the event as normalization stored it: `sender`, `details["spam_flagged"]`
-    (a trusted spam header said so), `details["sender_source"]`, `auth_results` (only
+    (a trusted spam header said so), `details["spam_score"]` (a trusted score and the
+    threshold it was judged against), `details["automated"]` (list mail or a product's
+    notification, with its reason), `details["sender_source"]`, `auth_results` (only
     our own MTA's Authentication-Results, see `intake.validation.authentication_results`)
     and, for a hosted provider's mailbox, that provider's verdict (`sender_authentication`).
+    Order: disabled, no sender, spam flag, spam score, no-reply address, list or
+    automated mail, then what the authentication says.
     """
     policy = ack_policy(event.mailbox)
     if policy == ACK_NEVER:
@@ -173,10 +194,17 @@ def acknowledgment_skip_reason(event: InboxEvent) -> str | None:
     sender = (event.sender or "").strip()
     if not sender:
         return ReasonCode.NO_SENDER
-    if (event.details or {}).get("spam_flagged") is True:
+    details = event.details or {}
+    if details.get("spam_flagged") is True:
         return ReasonCode.SPAM_FLAGGED
+    if spam_score_reached(details):
+        return ReasonCode.SPAM_SCORE
     if _is_noreply(sender):
         return ReasonCode.NOREPLY_SENDER
+    automated = details.get("automated")
+    if isinstance(automated, dict) and automated.get("reason") in (ReasonCode.LIST_MAIL,
+                                                                   ReasonCode.AUTOMATED_NOTIFICATION):
+        return ReasonCode(automated["reason"])
     authentication = sender_authentication(event)
     if authentication.dmarc_failed:
         return ReasonCode.DMARC_FAIL
@@ -184,6 +212,8 @@ def acknowledgment_skip_reason(event: InboxEvent) -> str | None:
         return ReasonCode.INVALID_SENDER
     if policy != ACK_ALWAYS and not authentication.authenticated:
         return ReasonCode.UNAUTHENTICATED_SENDER
+    if bounces.is_marked_undeliverable(tenant_id=event.tenant_id, address=sender):
+        return ReasonCode.ADDRESS_BOUNCED
     return None
 
 
@@ -327,13 +357,20 @@ def send(intent_id: int, worker: str) -> str:
     try:
         with get_connection(timeout=settings.MAILROOM_SMTP_TIMEOUT) as connection:
             message.connection = connection
-            message.send()
+            delivered = ack_transport.deliver(connection=connection, message=message)
     except (ConnectionError, TimeoutError, OSError) as exc:
         # Refused or unreachable before anything was accepted: safe to try again.
         failure = TransientError(ReasonCode.SMTP_UNAVAILABLE, type(exc).__name__)
         if not isinstance(exc, ConnectionRefusedError) and "timed out" in str(exc):
             failure = AmbiguousOutcome(ReasonCode.SMTP_TIMEOUT, type(exc).__name__)
         return intents.record_failure(intent, failure, worker) or "claim_lost"
+    if delivered == ack_transport.NOT_DELIVERABLE:
+        # An internationalised local part and a relay without SMTPUTF8: no form of the address exists to
+        # send to (never an encoded-word one), now or on a retry on this relay.
+        if not intents.record_acknowledgment_not_sent(intent, worker=worker, reason=ReasonCode.ADDRESS_NOT_DELIVERABLE):
+            return "claim_lost"
+        logger.info("event %s: acknowledgment not sent (%s)", event.pk, ReasonCode.ADDRESS_NOT_DELIVERABLE)
+        return "not_deliverable"
     if not intents.record_acknowledgment_sent(intent, message.extra_headers["Message-ID"], worker,
                                               detail={"token": ticket_token(mapping)}):
         return "claim_lost"

@@ -16,6 +16,7 @@ from .models import (
     Ticket,
     TicketComment,
     TicketMapping,
+    UndeliverableAddress,
 )
 
 
@@ -150,6 +151,16 @@ class TicketCommentAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.Model
     list_display = ("__str__", "ticket", "created_at")
     search_fields = ("external_ref",)
     exclude = ("body",)  # bodies are customer text: read them on the ticket
+
+
+@admin.register(UndeliverableAddress)
+class UndeliverableAddressAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Addresses that bounced an acknowledgment for good (ticketing.bounces): none is sent to them until the
+    mark expires. Written by the bounce only; it expires by itself."""
+    list_display = ("address", "tenant", "status", "reason", "bounced_event", "expires_at", "created_at")
+    list_filter = ("status",)
+    search_fields = ("address", "=bounced_event__id")
+    ordering = ("-created_at",)
 
 
 from . import destination_admin, routing_admin  # noqa: E402,F401  (register Destination, RoutingPolicy, RoutingRule)

@@ -27,7 +27,7 @@ from intake.normalize import normalize
 from intake.selectors import global_pause_on, tenant_pause_on
 from intake.vocabulary import AuditKind
 
-from . import classification, copies, services, threads
+from . import bounces, classification, copies, services, threads
 from .destinations import adapter_for
 from .intents import batch as intents_batch
 from .models import CopiedMessage, Intent, RoutingRule, Ticket
@@ -66,6 +66,7 @@ def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[
         else:
             outcome = normalize(event, actor=actor)
             if outcome.state != State.READY:
+                bounces.tie(event=event, state=outcome.state, reason_code=outcome.reason_code)  # our bounced mail
                 outcomes[event_id] = outcome.state  # waiting (scanner), suppressed, awaiting_review, quarantined
             elif threads.is_thread_work(outcome.parsed):
                 rest.append(event_id)

@@ -391,3 +391,29 @@ class Notification(models.Model):
 
     def __str__(self):
         return self.key
+
+
+class UndeliverableAddress(models.Model):
+    """A requester's address that bounced one of our acknowledgments for good (a 5.x.x DSN, `ticketing.bounces`):
+    no acknowledgment goes to it until `expires_at` (`MAILROOM_BOUNCE_MARK_DAYS`). One row per tenant and
+    address (lowercased); a later bounce moves the expiry on."""
+
+    # The reverse name is how intake's retention sweep purges expired marks (intake imports nothing of ticketing).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="undeliverable_addresses")
+    address = models.CharField(max_length=320)
+    status = models.CharField("DSN status", max_length=20, blank=True)
+    reason = models.CharField(max_length=200, blank=True)   # the diagnostic's first line, addresses masked
+    bounced_event = models.ForeignKey(InboxEvent, on_delete=models.CASCADE, related_name="+",
+                                      verbose_name="bounce (inbox event)")
+    expires_at = models.DateTimeField("expires")
+    created_at = models.DateTimeField("marked")
+
+    class Meta:
+        default_permissions = ("view",)  # written by the bounce tie only
+        verbose_name = "undeliverable address"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "address"], name="undeliverable_address_one_per_tenant"),
+        ]
+
+    def __str__(self):
+        return f"{self.address.rpartition('@')[2]} address (until {self.expires_at:%Y-%m-%d})"

@@ -21,7 +21,19 @@ from intake.services import record_audit, transition_event, wait_event
 from intake.testhooks import pause_point
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import breaker, classification, copies, intents, leases, people, rich_body, selectors, threads, ticket_files
+from . import (
+    bounces,
+    breaker,
+    classification,
+    copies,
+    intents,
+    leases,
+    people,
+    rich_body,
+    selectors,
+    threads,
+    ticket_files,
+)
 from .classification.rules import record_hits
 from .destinations import adapter_for
 from .destinations.base import (
@@ -186,6 +198,7 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
 
     outcome = normalize(event, actor=f"worker:{worker}")
     if outcome.state != State.READY:
+        bounces.tie(event=event, state=outcome.state, reason_code=outcome.reason_code)  # our own bounced mail
         return outcome.state  # waiting (scanner), or suppressed / awaiting_review / quarantined
     parsed = outcome.parsed
     if followed := copies.follow_primary(event, worker, cache):  # another mailbox's copy makes the ticket

@@ -9,6 +9,9 @@ all in one transaction.
     pending/retry_wait (due) ----------------- claim ----------------> in_flight
     in_flight (+ unknown: a late success) ---- record_success --------> succeeded  event completed
     in_flight (notify_requester) ------------- record_acknowledgment_sent -> succeeded
+    in_flight (notify_requester) ------------- record_acknowledgment_not_sent -> succeeded  "not-sent:<reason>"
+                                                                                    (the address cannot be written
+                                                                                    to: acknowledgment_skipped)
     in_flight -------------------------------- retry_later -----------> retry_wait  transient, under the cap
     in_flight -------------------------------- retry_later -----------> retry_wait  destination paused (breaker)
     in_flight -------------------------------- fail ------------------> failed      event failed/<reason>
@@ -77,6 +80,7 @@ from .core import (  # noqa: F401  (the package's API)
     DEFAULT_RETRY_BASE_SECONDS,
     DEFAULT_RETRY_CAP_SECONDS,
     FOLLOWING_ACTIONS,
+    NOT_SENT_REF,
     NOTIFY_TOPIC,
     OPEN_STATES,
     OPERATOR_RESULT_REF,
@@ -93,6 +97,7 @@ from .core import (  # noqa: F401  (the package's API)
     intent_key,
     max_attempts,
     outcome_unknown,
+    record_acknowledgment_not_sent,
     record_acknowledgment_sent,
     record_failure,
     record_files_attached,

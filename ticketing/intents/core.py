@@ -237,6 +237,24 @@ def record_acknowledgment_sent(intent: Intent, message_id: str, worker: str, det
     return True
 
 
+NOT_SENT_REF = "not-sent"   # the result_ref prefix of an acknowledgment that ended without an email
+
+
+def record_acknowledgment_not_sent(intent: Intent, *, worker: str, reason: str, detail: dict | None = None) -> bool:
+    """An acknowledgment's in_flight (still `worker`'s) -> succeeded without an email: the address cannot be
+    written to as it is (an internationalised local part, a relay without SMTPUTF8), and never will be by this
+    intent, so it is skipped rather than failed (a person could do nothing with it). Its audit row is the
+    `acknowledgment_skipped` one a skip at planning writes, with `reason`; the event stays `completed`."""
+    now = timezone.now()
+    with transaction.atomic():
+        if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker), IntentState.SUCCEEDED, now,
+                     result_ref=f"{NOT_SENT_REF}:{reason}"[:200]):
+            return False
+        record_audit(intent.inbox_event_id, AuditKind.ACKNOWLEDGMENT_SKIPPED, actor=f"worker:{worker}", at=now,
+                     detail={"intent": intent.pk, "reason": reason, **(detail or {})})
+    return True
+
+
 def _retry_delay(intent: Intent, attempts: int, retry_after: float | None) -> float:
     """Exponential backoff with full jitter; never sooner than the destination's Retry-After."""
     conf = intent.destination.settings or {}
