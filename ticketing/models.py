@@ -411,6 +411,7 @@ class UndeliverableAddress(models.Model):
     class Meta:
         default_permissions = ("view",)  # written by the bounce tie only
         verbose_name = "undeliverable address"
+        verbose_name_plural = "undeliverable addresses"
         constraints = [
             models.UniqueConstraint(fields=["tenant", "address"], name="undeliverable_address_one_per_tenant"),
         ]

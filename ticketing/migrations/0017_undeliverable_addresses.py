@@ -26,6 +26,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'verbose_name': 'undeliverable address',
+                'verbose_name_plural': 'undeliverable addresses',
                 'default_permissions': ('view',),
                 'constraints': [models.UniqueConstraint(fields=('tenant', 'address'), name='undeliverable_address_one_per_tenant')],
             },
