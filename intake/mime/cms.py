@@ -109,18 +109,26 @@ def _octets(data: bytes, pos: int, out: list, depth: int = 0) -> int:
     return pos if length is not None else pos + 2
 
 
+def _encap_content_info(blob: bytes) -> int | None:
+    """Where the encapContentInfo of CMS signed data starts, or None if `blob` is not signed data.
+    Raises _Malformed or IndexError on broken DER (the callers catch both)."""
+    kind, pos = _kind_at(blob)
+    if kind != "signed-data":
+        return None
+    pos, _ = _expect(blob, pos, _EXPLICIT_0)
+    pos, _ = _expect(blob, pos, _SEQUENCE)                 # SignedData
+    pos = _end(blob, pos) if blob[pos] == _INTEGER else pos  # version
+    if blob[pos] != _SET:
+        return None
+    return _end(blob, pos)                                 # past digestAlgorithms
+
+
 def is_certs_only(blob: bytes) -> bool:
     """Signed data with no content and no signers: a certificates-only message (smime.p7c, RFC 8551 3.6)."""
     try:
-        kind, pos = _kind_at(blob)
-        if kind != "signed-data":
+        pos = _encap_content_info(blob)
+        if pos is None:
             return False
-        pos, _ = _expect(blob, pos, _EXPLICIT_0)
-        pos, _ = _expect(blob, pos, _SEQUENCE)                 # SignedData
-        pos = _end(blob, pos) if blob[pos] == _INTEGER else pos  # version
-        if blob[pos] != _SET:
-            return False
-        pos = _end(blob, pos)                                  # digestAlgorithms
         content_info_end = _end(blob, pos)
         pos, indefinite = _expect(blob, pos, _SEQUENCE)        # encapContentInfo
         start, length = _expect(blob, pos, _OID)
@@ -138,15 +146,9 @@ def is_certs_only(blob: bytes) -> bool:
 def signed_content(blob: bytes) -> bytes | None:
     """The encapsulated content of opaque CMS signed data (id-data only), or None if `blob` is not that."""
     try:
-        kind, pos = _kind_at(blob)
-        if kind != "signed-data":
+        pos = _encap_content_info(blob)
+        if pos is None:
             return None
-        pos, _ = _expect(blob, pos, _EXPLICIT_0)
-        pos, _ = _expect(blob, pos, _SEQUENCE)                 # SignedData
-        pos = _end(blob, pos) if blob[pos] == _INTEGER else pos  # version
-        if blob[pos] != _SET:
-            return None
-        pos = _end(blob, pos)                                  # digestAlgorithms
         pos, _ = _expect(blob, pos, _SEQUENCE)                 # encapContentInfo
         start, length = _expect(blob, pos, _OID)
         if blob[start:start + length] != _OID_DATA:
