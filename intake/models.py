@@ -5,7 +5,12 @@ from django.db.models import Q
 from django.db.models.functions import Lower
 
 from .domains import address_key, mailbox_address_errors, normalize_domain
-from .vocabulary import AuditKind, ReasonCode, WebhookRejection  # noqa: F401  (ReasonCode: re-exported for callers)
+from .vocabulary import (  # noqa: F401  (ReasonCode: re-exported for callers)
+    AuditKind,
+    MailboxAuditKind,
+    ReasonCode,
+    WebhookRejection,
+)
 
 # The keys of `Tenant.settings` (per-tenant overrides; absent = the instance-wide setting). The numbers are
 # positive integers, anything else is ignored (read through `Tenant.int_setting`); `agent_addresses` is a list
@@ -131,6 +136,33 @@ class Mailbox(models.Model):
     last_polled_at = models.DateTimeField("last polled", null=True, blank=True)
     poll_backoff_until = models.DateTimeField("no polling until", null=True, blank=True)
 
+    class Link(models.TextChoices):
+        """The connection's health as admins are told of it (intake.health_states): up -> failing -> down ->
+        recovered (-> up), one email per transition."""
+        UP = "up"
+        FAILING = "failing"
+        DOWN = "down"
+        RECOVERED = "recovered"
+
+    link_state = models.CharField("connection", max_length=20, choices=Link.choices, default=Link.UP,
+                                  db_default=Link.UP)
+    link_state_since = models.DateTimeField("connection state since", null=True, blank=True)
+    poll_failures = models.PositiveIntegerField("failed polls in a row", default=0, db_default=0)
+    poll_errors_total = models.PositiveBigIntegerField("failed polls (total)", default=0, db_default=0)
+    last_success_at = models.DateTimeField("last successful poll", null=True, blank=True)
+    quiet_alarm_since = models.DateTimeField("silent (alarm raised) since", null=True, blank=True)
+    # OAuth: what the provider granted (never a token: those live behind credentials_ref).
+    oauth_scopes = models.CharField("granted scopes", max_length=1000, blank=True)
+    oauth_expires_at = models.DateTimeField("credentials expire", null=True, blank=True)
+    oauth_connected_at = models.DateTimeField("connected", null=True, blank=True)
+    oauth_connected_by = models.CharField("connected by", max_length=150, blank=True)
+    oauth_warned_at = models.DateTimeField("expiry warning sent", null=True, blank=True)
+    # Archive import (intake.archive): mail received before the cut-off is history; null = live only.
+    archive_before = models.DateTimeField("archive cut-off", null=True, blank=True)
+    archive_tickets = models.CharField("archive tickets", max_length=10, blank=True,
+                                       choices=[("none", "no tickets"), ("closed", "closed tickets")])
+    archive_done_at = models.DateTimeField("archive import finished", null=True, blank=True)
+
     class Meta:
         verbose_name_plural = "mailboxes"
         constraints = [
@@ -150,6 +182,8 @@ class Mailbox(models.Model):
             models.UniqueConstraint(fields=["address_key"], name="mailbox_address_unique",
                                     violation_error_message=ADDRESS_TAKEN),
             models.CheckConstraint(condition=~Q(address_key=""), name="mailbox_address_key_set"),
+            models.CheckConstraint(condition=Q(link_state__in=["up", "failing", "down", "recovered"]),
+                                   name="mailbox_known_link_state"),
         ]
 
     def __str__(self):
@@ -269,6 +303,8 @@ class InboxEvent(models.Model):
     # Retention (intake.retention): a held event's body is never purged; `purged_at` is when it was.
     legal_hold = models.BooleanField(default=False, db_default=False)  # db_default: ingest inserts in raw SQL
     purged_at = models.DateTimeField("body purged at", null=True, blank=True, editable=False)
+    # Imported as history by an archive import (intake.archive): never acknowledged, ticket closed or none.
+    history = models.BooleanField(default=False, db_default=False, editable=False)
 
     class Meta:
         default_permissions = ("add", "change", "view")  # evidence: nobody deletes events
@@ -435,3 +471,60 @@ class SecretResolution(models.Model):
 
     def __str__(self):
         return f"{self.ref} for {self.owner or 'platform'} at {self.at:%Y-%m-%d %H:%M:%S}: {self.outcome}"
+
+
+class MailboxAudit(models.Model):
+    """What happened to a mailbox's connection (tokens connected or rotated, health transitions, quiet alarms,
+    archive imports): who, when, what; never a secret value. `AuditEvent` belongs to an inbox event."""
+
+    Kind = MailboxAuditKind
+
+    mailbox = models.ForeignKey(Mailbox, on_delete=models.CASCADE, related_name="audit")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=40, choices=MailboxAuditKind.choices)
+    actor = models.CharField(max_length=150)
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField("time")
+
+    class Meta:
+        default_permissions = ("view",)  # evidence
+        indexes = [models.Index(fields=["mailbox", "at"], name="mailbox_audit_mailbox_at")]
+
+    def __str__(self):
+        return f"{self.kind} of mailbox {self.mailbox_id} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class SenderListEntry(models.Model):
+    """A sender address or @domain on a tenant's (mailbox null) or a mailbox's block or allow list
+    (intake.validation.sender_lists): blocked mail is suppressed with the list as its reason; allowed mail
+    skips the sender rate limit."""
+
+    class Kind(models.TextChoices):
+        BLOCK = "block"
+        ALLOW = "allow"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sender_lists")
+    mailbox = models.ForeignKey(Mailbox, null=True, blank=True, on_delete=models.CASCADE, related_name="sender_lists",
+                                help_text="empty: every mailbox of the tenant")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    # "name@example.com" or "@example.com", lowercase (clean() normalizes).
+    pattern = models.CharField("address or @domain", max_length=320)
+    note = models.CharField(max_length=200, blank=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField("added", auto_now_add=True)
+
+    class Meta:
+        verbose_name = "sender list entry"
+        verbose_name_plural = "sender lists"
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=["block", "allow"]), name="sender_list_known_kind"),
+            models.CheckConstraint(condition=Q(pattern=Lower("pattern")) & ~Q(pattern=""),
+                                   name="sender_list_pattern_lowercase"),
+            models.UniqueConstraint(fields=["tenant", "pattern"], condition=Q(mailbox__isnull=True),
+                                    name="sender_list_unique_per_tenant"),
+            models.UniqueConstraint(fields=["mailbox", "pattern"], condition=Q(mailbox__isnull=False),
+                                    name="sender_list_unique_per_mailbox"),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} {self.pattern}"

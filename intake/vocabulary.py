@@ -194,6 +194,30 @@ class ReasonCode(TextChoices):
     ACK_RATE_LIMITED = "ack_rate_limited", "The tenant has sent as many acknowledgments this hour as it may."
     ACK_DOMAIN_RATE_LIMITED = "ack_domain_rate_limited", ("As many acknowledgments went to the sender's domain "
                                                           "this hour as one domain may get.")
+    # Filters (issue 25): block lists, rule actions, archive import.
+    SENDER_BLOCKED = "sender_blocked", "The sender or its domain is on a block list of the tenant or the mailbox."
+    RULE_SUPPRESSED = "rule_suppressed", "A filter rule suppressed the message (the rule and its reason are shown)."
+    MARKED_SPAM = "marked_spam", "A filter rule marked the message as spam: ticket in the spam queue, no reply."
+    ARCHIVED = "archived", ("Imported as history by an archive import: stored and reconciled, "
+                            "never acknowledged.")
+    ACK_TEMPLATE_FAILED = "ack_template_failed", ("The mailbox's acknowledgment template could not be rendered "
+                                                  "within its limits: no acknowledgment was sent.")
+
+
+class MailboxAuditKind(TextChoices):
+    """`MailboxAudit.kind`: what happened to a mailbox's connection, never an event's (those are `AuditKind`)."""
+
+    TOKENS_CONNECTED = "tokens_connected", "OAuth tokens connected by an admin (consent flow)"
+    REFRESH_TOKEN_ROTATED = "refresh_token_rotated", "The provider rotated the refresh token: the new one was stored"
+    CREDENTIALS_EXPIRING = "credentials_expiring", "The admins were told the credentials expire soon"
+    CREDENTIALS_REVOKED = "credentials_revoked", "The provider refused the credentials (revoked or expired)"
+    LINK_FAILING = "link_failing", "Polling failed (the mailbox is failing)"
+    LINK_DOWN = "link_down", "Polling kept failing (the mailbox is down)"
+    LINK_RECOVERED = "link_recovered", "Polling works again (the mailbox recovered)"
+    QUIET_ALARM = "quiet_alarm", "The mailbox has been silent for longer than its traffic suggests"
+    QUIET_CLEARED = "quiet_cleared", "Mail arrives again after a quiet alarm"
+    ARCHIVE_IMPORT_STARTED = "archive_import_started", "Archive import started"
+    ARCHIVE_IMPORT_FINISHED = "archive_import_finished", "Archive import finished: the mailbox is live"
 
 
 def actor_words(actor: str) -> str:

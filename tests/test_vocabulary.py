@@ -5,8 +5,8 @@ Pure: no database.
 import ast
 
 from intake import validation
-from intake.models import AuditEvent
-from intake.vocabulary import AuditKind, ReasonCode
+from intake.models import AuditEvent, MailboxAudit
+from intake.vocabulary import AuditKind, MailboxAuditKind, ReasonCode
 from reconciliation import selectors
 from tests.test_state_doors import app_modules
 
@@ -28,6 +28,12 @@ EVENT_REASON_CODES = {
     "scanner_unavailable", "encrypted", "sender_rate_limited", "unparseable", "mailbox_misconfigured",
     "own_mail_loop", "delivery_report", "mailer_daemon", "empty_return_path", "auto_submitted", "autoreply_header",
     "precedence_bulk", "not_a_request", "ticket_closed", "calendar_reply", "encrypted_archive",
+    "sender_blocked", "rule_suppressed", "archived",
+}
+STORED_MAILBOX_AUDIT_KINDS = {
+    "tokens_connected", "refresh_token_rotated", "credentials_expiring", "credentials_revoked", "link_failing",
+    "link_down", "link_recovered", "quiet_alarm", "quiet_cleared", "archive_import_started",
+    "archive_import_finished",
 }
 # Functions whose `kind` (second positional argument, or keyword) is an audit kind.
 KIND_TAKERS = {"record_audit": 1, "transition_event": None}
@@ -37,6 +43,8 @@ def test_the_stored_words_are_unchanged():
     assert set(AuditKind.values) == STORED_AUDIT_KINDS
     assert EVENT_REASON_CODES <= set(ReasonCode.values)
     assert AuditEvent.Kind is AuditKind
+    assert set(MailboxAuditKind.values) == STORED_MAILBOX_AUDIT_KINDS
+    assert MailboxAudit.Kind is MailboxAuditKind
 
 
 def test_every_word_has_a_human_label():

@@ -307,6 +307,17 @@ class RoutingRule(models.Model):
     assignee = models.CharField(max_length=200, blank=True)
     sensitive = models.BooleanField(default=False, help_text="tag the ticket needs-approval")
     stop_processing = models.BooleanField(default=True, help_text="off: later rules may fill fields still empty")
+
+    class Action(models.TextChoices):
+        ROUTE = "route", "route (fill the ticket's fields)"
+        SUPPRESS = "suppress", "suppress (no ticket; shown in the console with the reason, replayable)"
+        TAG = "tag", "tag (add tags to the ticket)"
+        MARK_SPAM = "mark_spam", "mark as spam (ticket in the spam queue, no acknowledgment)"
+
+    action = models.CharField(max_length=20, choices=Action.choices, default=Action.ROUTE, db_default=Action.ROUTE)
+    tags = models.JSONField(default=list, blank=True, help_text="tags the ticket gets (action tag)")
+    suppress_reason = models.CharField("suppression reason", max_length=200, blank=True,
+                                       help_text="what the console shows for mail this rule suppresses")
     hits = models.PositiveIntegerField(default=0)
     last_hit_at = models.DateTimeField("last hit", null=True, blank=True)
 
@@ -315,6 +326,8 @@ class RoutingRule(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(priority="") | Q(priority__in=PRIORITIES),
                                    name="routing_rule_priority_known"),
+            models.CheckConstraint(condition=Q(action__in=["route", "suppress", "tag", "mark_spam"]),
+                                   name="routing_rule_known_action"),
         ]
         indexes = [models.Index(fields=["tenant", "enabled", "position"], name="routing_rule_order")]
 
@@ -374,12 +387,16 @@ class Notification(models.Model):
         ESCALATION = "escalation"
         DIGEST = "digest"
         BREAKER = "breaker"
+        MAILBOX_HEALTH = "mailbox_health"
+        CREDENTIALS = "credentials"
+        QUIET_MAILBOX = "quiet_mailbox"
 
     key = models.CharField(max_length=200, unique=True)
     kind = models.CharField(max_length=20, choices=Kind.choices)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     inbox_event = models.ForeignKey(InboxEvent, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     destination = models.ForeignKey(Destination, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    mailbox = models.ForeignKey(Mailbox, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # An escalation email: the `escalate_at` it was for (a new time set by an operator is a new escalation).
     escalation_at = models.DateTimeField("escalation time", null=True, blank=True)
     recipients = models.JSONField(default=list, blank=True)
