@@ -152,14 +152,14 @@ class Mailbox(models.Model):
     last_success_at = models.DateTimeField("last successful poll", null=True, blank=True)
     quiet_alarm_since = models.DateTimeField("silent (alarm raised) since", null=True, blank=True)
     # OAuth: what the provider granted (never a token: those live behind credentials_ref).
-    oauth_scopes = models.CharField("granted scopes", max_length=1000, blank=True)
+    oauth_scopes = models.CharField("granted scopes", max_length=1000, blank=True, db_default="")
     oauth_expires_at = models.DateTimeField("credentials expire", null=True, blank=True)
     oauth_connected_at = models.DateTimeField("connected", null=True, blank=True)
-    oauth_connected_by = models.CharField("connected by", max_length=150, blank=True)
+    oauth_connected_by = models.CharField("connected by", max_length=150, blank=True, db_default="")
     oauth_warned_at = models.DateTimeField("expiry warning sent", null=True, blank=True)
     # Archive import (intake.archive): mail received before the cut-off is history; null = live only.
     archive_before = models.DateTimeField("archive cut-off", null=True, blank=True)
-    archive_tickets = models.CharField("archive tickets", max_length=10, blank=True,
+    archive_tickets = models.CharField("archive tickets", max_length=10, blank=True, db_default="",
                                        choices=[("none", "no tickets"), ("closed", "closed tickets")])
     archive_done_at = models.DateTimeField("archive import finished", null=True, blank=True)
 

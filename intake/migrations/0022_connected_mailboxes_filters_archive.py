@@ -58,7 +58,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='mailbox',
             name='archive_tickets',
-            field=models.CharField(blank=True, choices=[('none', 'no tickets'), ('closed', 'closed tickets')], max_length=10, verbose_name='archive tickets'),
+            field=models.CharField(blank=True, choices=[('none', 'no tickets'), ('closed', 'closed tickets')], db_default='', max_length=10, verbose_name='archive tickets'),
         ),
         migrations.AddField(
             model_name='mailbox',
@@ -83,7 +83,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='mailbox',
             name='oauth_connected_by',
-            field=models.CharField(blank=True, max_length=150, verbose_name='connected by'),
+            field=models.CharField(blank=True, db_default='', max_length=150, verbose_name='connected by'),
         ),
         migrations.AddField(
             model_name='mailbox',
@@ -93,7 +93,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='mailbox',
             name='oauth_scopes',
-            field=models.CharField(blank=True, max_length=1000, verbose_name='granted scopes'),
+            field=models.CharField(blank=True, db_default='', max_length=1000, verbose_name='granted scopes'),
         ),
         migrations.AddField(
             model_name='mailbox',
