@@ -273,6 +273,8 @@ MAILROOM_ACK_PER_HOUR = env.int("MAILROOM_ACK_PER_HOUR", default=500)
 MAILROOM_ACK_PER_DOMAIN_PER_HOUR = env.int("MAILROOM_ACK_PER_DOMAIN_PER_HOUR", default=100)
 # Whether a mailbox's `ack_policy: "always"` (acknowledge unauthenticated senders too) is honoured at all.
 MAILROOM_ACK_ALLOW_UNAUTHENTICATED = env.bool("MAILROOM_ACK_ALLOW_UNAUTHENTICATED", default=False)
+# The most characters an acknowledgment template's body may render to (ticketing.ack_templates); past it, none is sent.
+MAILROOM_ACK_TEMPLATE_MAX_CHARS = env.int("MAILROOM_ACK_TEMPLATE_MAX_CHARS", default=20_000)
 # How long an address that bounced an acknowledgment for good (5.x.x) gets no acknowledgment (ticketing.bounces).
 MAILROOM_BOUNCE_MARK_DAYS = env.int("MAILROOM_BOUNCE_MARK_DAYS", default=30)
 # An rspamd normal worker asked for a spam score of mail about to become a ticket (intake.spamcheck); "" = off.
@@ -386,6 +388,20 @@ CELERY_BEAT_SCHEDULE.update({
 })
 # Bulk jobs over the queue's filter whose worker died mid-job resume from their cursor (reconciliation.tasks).
 CELERY_BEAT_SCHEDULE["resume-bulk-jobs"] = {"task": "reconciliation.tasks.resume_bulk_jobs", "schedule": 30.0}
+# Mailbox link health and quiet alarms (intake.mailbox_health, intake.quiet, ticketing.mailbox_alerts).
+# A week before a mailbox's OAuth credentials expire, its tenant's admins are emailed (ticketing.credential_warnings).
+CELERY_BEAT_SCHEDULE["warn-expiring-credentials"] = {"task": "ticketing.tasks.warn_expiring_credentials",
+                                                     "schedule": 3600.0}
+CELERY_BEAT_SCHEDULE["check-mailbox-health"] = {"task": "ticketing.tasks.check_mailbox_health", "schedule": 300.0}
+MAILROOM_MAILBOX_FAILING_AFTER = env.int("MAILROOM_MAILBOX_FAILING_AFTER", default=1)  # failed polls in a row
+MAILROOM_MAILBOX_DOWN_AFTER = env.int("MAILROOM_MAILBOX_DOWN_AFTER", default=3)
+MAILROOM_MAILBOX_DOWN_AFTER_MINUTES = env.float("MAILROOM_MAILBOX_DOWN_AFTER_MINUTES", default=30.0)
+MAILROOM_MAILBOX_RECOVERED_SECONDS = env.float("MAILROOM_MAILBOX_RECOVERED_SECONDS", default=900.0)
+MAILROOM_MAILBOX_ALERT_FAILING = env.bool("MAILROOM_MAILBOX_ALERT_FAILING", default=False)
+MAILROOM_QUIET_MIN_HOURS = env.float("MAILROOM_QUIET_MIN_HOURS", default=6.0)
+MAILROOM_QUIET_FACTOR = env.float("MAILROOM_QUIET_FACTOR", default=1.5)
+MAILROOM_QUIET_MIN_PER_DAY = env.float("MAILROOM_QUIET_MIN_PER_DAY", default=5.0)
+MAILROOM_QUIET_HISTORY_DAYS = env.float("MAILROOM_QUIET_HISTORY_DAYS", default=14.0)
 MAILROOM_BULK_JOB_CHUNK = env.int("MAILROOM_BULK_JOB_CHUNK", default=50)  # items per chunk (one transaction)
 MAILROOM_BULK_JOB_CLAIM_SECONDS = env.float("MAILROOM_BULK_JOB_CLAIM_SECONDS", default=120.0)  # a dead runner's wait
 

@@ -21,6 +21,8 @@
   is not polled again until an admin resets its health; another
   `PermanentError` (a missing folder, bad settings) -> the longest backoff, with
   the detail shown in the admin.
+  Every outcome is also reported to `intake.mailbox_health` (the link state
+  up/failing/down/recovered that admins are emailed about and /metrics shows).
 
 Triggers: "schedule" (the beat's periodic task: skipped when the mailbox's
 polling is disabled or it is backing off), "push" (an outbox `mailbox.poll`
@@ -42,7 +44,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import secrets, services
+from . import archive, mailbox_health, secrets, services
 from .failures import AmbiguousOutcome, PermanentError, TransientError
 from .locks import exclusive
 from .logging import mask_address
@@ -139,6 +141,8 @@ def _record_backoff(mailbox: Mailbox, report: PollReport, exc: Exception, starte
     detail = _detail(exc)
     Mailbox.objects.filter(pk=mailbox.pk).update(
         health=Mailbox.Health.BACKOFF, health_detail=detail, poll_backoff_until=until, last_polled_at=started)
+    # A permanent error (the longest backoff: a missing folder, unusable settings) waits for a person: down at once.
+    mailbox_health.record_poll_failure(mailbox, at=started, detail=detail, permanent=longest)
     report.status, report.detail, report.backoff_until = "backoff", detail, until
     logger.warning("poll of mailbox %s failed (%s); backing off %.0f s", mailbox.slug, detail, delay)
 
@@ -148,6 +152,7 @@ def _record_credentials_invalid(mailbox: Mailbox, report: PollReport, exc: Excep
     Mailbox.objects.filter(pk=mailbox.pk).update(
         health=Mailbox.Health.CREDENTIALS_INVALID, health_detail=detail, poll_backoff_until=None,
         last_polled_at=started)
+    mailbox_health.record_poll_failure(mailbox, at=started, detail=detail, permanent=True)
     report.status, report.detail = "credentials_invalid", detail
     logger.error("credentials of mailbox %s refused (%s): polling stops until an admin resets its health",
                  mailbox.slug, detail)
@@ -258,13 +263,14 @@ def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batc
             with transaction.atomic():
                 for message in batch.messages:
                     outcome = services.ingest(mailbox, message.provider_message_id, message.raw,
-                                              source=mailbox.provider)
+                                              source=mailbox.provider, history=message.history)
                     report.messages.append(PolledMessage(outcome.inbox_event_id, outcome.duplicate,
                                                          message.provider_message_id, len(message.raw)))
                     pause_point(f"poll.ingested.{len(report.messages)}")
                 if batch.cursor != cursor:
                     PollCursor.objects.filter(pk=cursor_row.pk).update(value=batch.cursor,
                                                                        updated_at=timezone.now())
+                archive.note_batch(mailbox, archive_done=batch.archive_done)  # an archive import's end
             cursor = report.cursor = batch.cursor
             pause_point(f"poll.batch_committed.{report.batches}")
             if not batch.more:
@@ -289,6 +295,7 @@ def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batc
 
     Mailbox.objects.filter(pk=mailbox.pk).update(
         health=Mailbox.Health.OK, health_detail="", poll_backoff_until=None, last_polled_at=started)
+    mailbox_health.record_poll_success(mailbox, at=started, messages=report.new)
     if report.more:
         # Bounded polls: the rest of a large backlog is fetched by a follow-up poll, not in this one.
         request_poll(mailbox.pk)

@@ -31,6 +31,7 @@ TOPIC_TASKS = {
     "intent.notify": ("ticketing.tasks.send_acknowledgments", "intent_id"),
     "intent.attach_files": ("ticketing.tasks.attach_files", "intent_id"),
     POLL_TOPIC: ("intake.tasks.poll_mailbox", None),
+    "mailbox.alert": ("ticketing.tasks.send_mailbox_alerts", "mailbox_audit_id"),  # intake.mailbox_health
 }
 
 

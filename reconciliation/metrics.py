@@ -20,6 +20,7 @@ exist (404); a missing or wrong token is a 404 too, so the URL reveals nothing t
     mailroom_destination_paused{destination}     1 paused, 0 not; destination = "<tenant>/<slug>"
     mailroom_last_reconciliation_timestamp_seconds{kind,scope}   last finished ReconciliationRun per
                                                  (kind, scope); no samples while that model does not exist
+    mailroom_mailbox_*{tenant,mailbox}           per-mailbox link health (reconciliation.mailbox_metrics)
 
 A drill's scratch tenant (`Tenant.is_drill`, reconciliation.drills) is in no series: the drill's events, intents,
 queue items, outbox rows, destinations and reconciliation scopes are left out, so running `manage.py drill`
@@ -43,6 +44,7 @@ from intake.models import InboxEvent, Mailbox, OutboxMessage, WebhookRejectionCo
 from intake.selectors import drill_events, drill_outbox, drill_tenants
 from ticketing.models import Destination, Intent, TicketMapping
 
+from .mailbox_metrics import MailboxCollector
 from .selectors import recovery_queue
 
 
@@ -148,6 +150,7 @@ def _drill_scopes() -> set[str]:
 
 REGISTRY = CollectorRegistry(auto_describe=False)
 REGISTRY.register(MailroomCollector())
+REGISTRY.register(MailboxCollector())  # per-mailbox series (reconciliation.mailbox_metrics)
 
 
 def _authorized(request) -> bool:

@@ -21,7 +21,7 @@ def already_sent(key: str) -> bool:
 
 
 def send_once(key: str, kind: str, tenant_id: int, users, subject: str, body: str, *, inbox_event_id=None,
-              destination_id=None, escalation_at=None) -> bool:
+              destination_id=None, escalation_at=None, mailbox_id=None) -> bool:
     """Send `subject`/`body` to `users` (those with an address) unless `key` was sent. True if sent now."""
     users = [u for u in users if getattr(u, "email", "")]
     if not users or already_sent(key):
@@ -30,7 +30,7 @@ def send_once(key: str, kind: str, tenant_id: int, users, subject: str, body: st
         with transaction.atomic():
             Notification.objects.create(
                 key=key[:200], kind=kind, tenant_id=tenant_id, inbox_event_id=inbox_event_id,
-                destination_id=destination_id, escalation_at=escalation_at,
+                destination_id=destination_id, escalation_at=escalation_at, mailbox_id=mailbox_id,
                 recipients=[u.get_username() for u in users], subject=subject[:300], sent_at=timezone.now())
             send_mail(subject, body, None, [u.email for u in users])
     except IntegrityError:  # sent by a concurrent run

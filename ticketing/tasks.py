@@ -112,6 +112,34 @@ def prune_breaker_attempts() -> int:
 
 
 @shared_task
+def send_mailbox_alerts(mailbox_audit_ids: list[int]) -> int:
+    """Emails for mailbox link transitions (the outbox's `mailbox.alert`, right after the transition)."""
+    from . import mailbox_alerts
+
+    return mailbox_alerts.send_pending(audit_ids=mailbox_audit_ids)
+
+
+@shared_task
+def check_mailbox_health() -> dict:
+    """Beat: raise or clear quiet-mailbox alarms, then email whatever transition is not emailed yet."""
+    from intake import mailbox_health
+
+    from . import mailbox_alerts
+
+    counts = mailbox_health.check_quiet_mailboxes()
+    counts["emailed"] = mailbox_alerts.send_pending()
+    return counts
+
+
+@shared_task
+def warn_expiring_credentials() -> int:
+    """Beat: email the tenant's admins a week before a mailbox's OAuth credentials expire (once per expiry)."""
+    from . import credential_warnings
+
+    return credential_warnings.warn_expiring_credentials()
+
+
+@shared_task
 def call_destination(intent_id: int) -> str:
     """One external destination call (ticketing.bulkhead), on the destinations queue's thread pool."""
     from . import bulkhead
