@@ -55,10 +55,32 @@ def platform_ref_warnings() -> list:
     return warnings
 
 
+def rotating_token_env_warnings() -> list:
+    """OAuth mailboxes (Graph, Gmail, IMAP with auth xoauth2) whose credentials are an `env:` reference: a
+    refresh token the provider rotates cannot be written back there (intake.secret_store)."""
+    from django.db.models import Q
+
+    from .models import Mailbox
+
+    oauth = Q(provider__in=("graph", "gmail")) | Q(provider="imap", settings__auth="xoauth2")
+    try:
+        rows = list(Mailbox.objects.filter(oauth, credentials_ref__startswith="env:").select_related("tenant")
+                    .order_by("pk"))
+    except DatabaseError:
+        return []
+    return [checks.Warning(f"mailbox {row} (tenant {row.tenant.slug}): credentials_ref is an env: reference; "
+                           "env references are unsuitable for rotating refresh tokens",
+                           hint="A rotated refresh token cannot be written back to an environment variable and is "
+                                "lost at the next restart: use file:MAILROOM_SECRETS_DIR/<slug>/... or "
+                                "vault:<mount>/mailroom/<slug>/...#<key>.", obj=row, id="intake.W006")
+            for row in rows]
+
+
 @checks.register(checks.Tags.security)
 def mailbox_secret_refs(app_configs=None, **kwargs):
     from .models import Mailbox
 
     return [*platform_ref_warnings(),
             *secret_ref_warnings(Mailbox.objects.all(), ("webhook_secret_ref", "credentials_ref"), "mailbox",
-                                 "intake.W001")]
+                                 "intake.W001"),
+            *rotating_token_env_warnings()]

@@ -375,6 +375,12 @@ def _vault_client(relogin: bool = False):
     return client
 
 
+def vault_client(*, relogin: bool = False):
+    """The process's Vault/OpenBao client (VAULT_ADDR, VAULT_TOKEN or AppRole), for writers such as
+    intake.secret_store; SecretUnavailable when Vault is not configured."""
+    return _vault_client(relogin=relogin)
+
+
 def _read_vault(target: str) -> str:
     import hvac.exceptions
     import requests

@@ -12,6 +12,7 @@ pytest_plugins = ["fakedesk.pytest_plugin", "tests.factories", "tests.clamd"]
 SERVICE_FIXTURES = {
     "clamd",                                          # tests/clamd.py
     "dovecot", "private_dovecot",                     # tests/dovecot.py
+    "oauth_dovecot",                                  # tests/test_imap_oauth.py: Dovecot with an oauth2 passdb
     "chromium_path", "browser",                       # test_recovery_browser.py (Playwright + Chromium)
     "live_processes", "live_broker", "live_mailbox",  # tests/live.py: worker, relay, web processes
     "live_server",                                    # pytest-django's live server

@@ -12,6 +12,10 @@ SIGKILL to its process group at the deadline. If `dovecot` is not installed,
 the fixture installs `dovecot-imapd` with apt-get (root, as in CI), running
 `apt-get update` first only if the plain install fails.
 
+`start_dovecot(oauth_introspection_url=...)` (or the `oauth_dovecot` fixture of tests/test_imap_oauth.py)
+adds `passdb { driver = oauth2 }` for the XOAUTH2 and OAUTHBEARER mechanisms, checking each bearer token by
+POSTing it to that URL (RFC 7662 introspection: `active`, `username`); PLAIN logins keep the users file.
+
 Each test adds its own user (`add_user()`): users get separate maildirs, so
 tests never see each other's mail. Dovecot re-reads the users file without a
 restart, but at most about once a second: `add_user` returns once the new user
@@ -74,6 +78,25 @@ service anvil {{
 """
 
 
+# Dovecot 2.3's oauth2 passdb (doc.dovecot.org/2.3, "Open Authentication v2.0 database"), appended to CONFIG.
+OAUTH_CONFIG = """\
+auth_mechanisms = plain login xoauth2 oauthbearer
+passdb {{
+  driver = oauth2
+  mechanisms = xoauth2 oauthbearer
+  args = {d}/dovecot-oauth2.conf.ext
+}}
+"""
+OAUTH_PASSDB = """\
+introspection_mode = post
+introspection_url = {url}
+force_introspection = yes
+username_attribute = username
+active_attribute = active
+active_value = true
+"""
+
+
 def ensure_dovecot_installed() -> str:
     return ensure_installed("dovecot", "dovecot-imapd")
 
@@ -87,8 +110,9 @@ def _greets(port: int) -> bool:
 
 
 class Dovecot:
-    def __init__(self, binary: str):
+    def __init__(self, binary: str, *, oauth_introspection_url: str = ""):
         self.binary = binary
+        self.oauth_introspection_url = oauth_introspection_url
         self.directory = Path(tempfile.mkdtemp(prefix="dovecot-"))
         self.directory.chmod(0o755)  # Dovecot's auth process (user dovecot) reads the users file
         for sub in ("run", "state", "mail"):
@@ -104,7 +128,13 @@ class Dovecot:
         self.process: subprocess.Popen | None = None
 
     def _write_config(self) -> None:
-        self.conf.write_text(CONFIG.format(d=self.directory, port=self.port))
+        config = CONFIG.format(d=self.directory, port=self.port)
+        if self.oauth_introspection_url:
+            config = config.replace("auth_mechanisms = plain login\n", "") + OAUTH_CONFIG.format(d=self.directory)
+            passdb = self.directory / "dovecot-oauth2.conf.ext"
+            passdb.write_text(OAUTH_PASSDB.format(url=self.oauth_introspection_url))
+            passdb.chmod(0o644)
+        self.conf.write_text(config)
 
     def start(self, attempts: int = 3) -> None:
         """Start (or restart on the same port); the first start picks a free port."""
@@ -198,8 +228,8 @@ class Dovecot:
                 pass
 
 
-def start_dovecot() -> Dovecot:
-    server = Dovecot(ensure_dovecot_installed())
+def start_dovecot(*, oauth_introspection_url: str = "") -> Dovecot:
+    server = Dovecot(ensure_dovecot_installed(), oauth_introspection_url=oauth_introspection_url)
     try:
         server.start()
     except BaseException:

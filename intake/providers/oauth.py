@@ -11,6 +11,13 @@ obtained from the token endpoint when missing or about to expire and kept in
 process memory only (never in the database, never in a log line). The cache key
 includes a hash of the credentials, so rotating the secret takes effect at once.
 
+When the token endpoint answers a refresh with a `refresh_token` other than the one sent (Microsoft rotates
+them; a discarded one stops the mailbox after about 90 days), the credentials blob is written back with it
+(intake.secret_store: the file replaced atomically, or the Vault key) and audited REFRESH_TOKEN_ROTATED before
+the new access token is used. A reference that cannot be written (`env:`) keeps the new token in this
+process's memory only (warned, audited); a write that fails keeps it in memory too and fails the poll as
+transient, so the next attempt sends the new token and writes again.
+
 `ApiClient` makes one HTTP call without automatic retries and maps every outcome
 to the failure kinds of `intake.failures`:
   - connection refused / reset / timeout, 429, 5xx  -> TransientError (retry_after from Retry-After)
@@ -32,6 +39,7 @@ from urllib3.util import parse_url
 from intake.egress import EgressRefused, guarded_session
 from intake.failures import PermanentError, TransientError
 from intake.http import json_or_empty, parse_retry_after
+from intake.secret_store import SecretWriteFailed, keep_rotated_refresh_token
 from intake.secrets import SecretUnavailable, resolve_secret
 
 log = logging.getLogger(__name__)
@@ -43,11 +51,48 @@ MAX_DETAIL_CHARS = 300
 
 _cache: dict[str, tuple[str, float]] = {}
 _cache_lock = threading.Lock()
+# credentials_ref -> (refresh token in the stored blob, the rotated one that replaced it but is not stored yet)
+_unstored: dict[str, tuple[str, str]] = {}
 
 
 def clear_token_cache() -> None:
     with _cache_lock:
         _cache.clear()
+        _unstored.clear()
+
+
+def current_refresh_token(ref: str, stored: str) -> str:
+    """The refresh token to send: a rotated one this process could not store yet wins over the stored one."""
+    with _cache_lock:
+        pending = _unstored.get(ref)
+    return pending[1] if pending and pending[0] == stored else stored
+
+
+def keep_rotation(mailbox, *, ref: str, blob: dict, sent: str, received: str, provider: str) -> None:
+    """The provider replaced refresh token `sent` by `received`: store it (before its access token is used).
+    Raises TransientError when a writable reference could not be written (the new token is kept in memory)."""
+    if not received or received == sent:
+        return
+    stored = str(blob.get("refresh_token") or "")
+    if not hasattr(mailbox, "_meta"):
+        log.warning("oauth: a rotated refresh token for %s has no mailbox to be stored for", ref)
+        with _cache_lock:
+            _unstored[ref] = (stored, received)
+        return
+    try:
+        kept = keep_rotated_refresh_token(mailbox=mailbox, blob=blob, new_refresh_token=received,
+                                          actor=f"provider:{provider}", provider=provider)
+    except (SecretWriteFailed, SecretUnavailable) as exc:
+        with _cache_lock:
+            _unstored[ref] = (stored, received)
+        log.error("oauth: mailbox %s: the rotated refresh token could not be stored (%s); kept in memory",
+                  getattr(mailbox, "slug", "-"), exc)
+        raise TransientError("secret_store", f"the rotated refresh token could not be stored: {exc}") from None
+    with _cache_lock:
+        if kept:
+            _unstored.pop(ref, None)
+        else:  # env: cannot be written; this process keeps using the new one
+            _unstored[ref] = (stored, received)
 
 
 def load_credentials(ref: str, tenant, owner=None) -> dict:
@@ -65,6 +110,21 @@ def load_credentials(ref: str, tenant, owner=None) -> dict:
     return blob
 
 
+def client_secret_for(blob: dict, tenant, owner=None) -> str:
+    """The client secret: the credentials blob's own, else the mailbox's `client_secret_ref` (a platform
+    reference bound to the mailbox, which the consent flow never copies into the tenant's blob). Never
+    added to the blob: a rotated blob written back must not carry a platform secret into the tenant's file."""
+    if blob.get("client_secret"):
+        return str(blob["client_secret"])
+    ref = str(((getattr(owner, "settings", None) or {}).get("client_secret_ref")) or "")
+    if not ref:
+        return ""
+    try:
+        return resolve_secret(ref, tenant=tenant, owner=owner)
+    except SecretUnavailable as exc:
+        raise PermanentError("credentials", f"client_secret_ref: {exc}") from None
+
+
 @dataclass
 class TokenSource:
     """Access tokens for one set of credentials, refreshed when expired."""
@@ -79,13 +139,19 @@ class TokenSource:
     tenant: object = None  # the mailbox's tenant and the mailbox: the scope of credentials_ref
     owner: object = None
 
-    def _grant(self) -> tuple[str, dict]:
+    # Whether the last `token()` came from the endpoint just now (True) or from the cache: a fresh token the
+    # server refuses means the credentials are refused; a cached one may merely have expired early.
+    last_fresh: bool = False
+    provider_label: str = ""  # for the audit row; default: the owner's provider
+
+    def _grant(self) -> tuple[str, dict, dict]:
         blob = load_credentials(self.credentials_ref, self.tenant, self.owner)
         client_id = str(blob.get("client_id") or self.client_id or "")
-        client_secret = blob.get("client_secret")
+        client_secret = client_secret_for(blob, self.tenant, self.owner)
         refresh_token = blob.get("refresh_token")
         if refresh_token:
-            form = {"grant_type": "refresh_token", "refresh_token": str(refresh_token)}
+            refresh_token = current_refresh_token(self.credentials_ref, str(refresh_token))
+            form = {"grant_type": "refresh_token", "refresh_token": refresh_token}
             if self.refresh_scope:
                 form["scope"] = self.refresh_scope
         elif client_secret:
@@ -99,30 +165,40 @@ class TokenSource:
         form["client_id"] = client_id
         if client_secret:
             form["client_secret"] = str(client_secret)
-        key = hashlib.sha256(json.dumps([self.token_url, form], sort_keys=True).encode()).hexdigest()
-        return key, form
+        return self._key(form), form, blob
+
+    def _key(self, form: dict) -> str:
+        return hashlib.sha256(json.dumps([self.token_url, form], sort_keys=True).encode()).hexdigest()
 
     def token(self) -> str:
-        key, form = self._grant()
+        key, form, blob = self._grant()
         with _cache_lock:
             cached = _cache.get(key)
         if cached and cached[1] - EXPIRY_SKEW_SECONDS > time.time():
+            self.last_fresh = False
             return cached[0]
-        access_token, expires_at = self._refresh(form)
+        access_token, expires_at, rotated = self._refresh(form)
+        if rotated:
+            # Stored before the new access token is used: the old refresh token may be void already.
+            keep_rotation(self.owner, ref=self.credentials_ref, blob=blob, sent=form["refresh_token"],
+                          received=rotated, provider=self.provider_label or getattr(self.owner, "provider", "oauth"))
+            key = self._key({**form, "refresh_token": rotated})  # what the next `_grant()` will compute
         with _cache_lock:
             _cache[key] = (access_token, expires_at)
+        self.last_fresh = True
         return access_token
 
     def invalidate(self) -> None:
         """Forget the cached token (the API refused it): the next `token()` refreshes."""
         try:
-            key, _ = self._grant()
+            key, _, _ = self._grant()
         except PermanentError:
             return
         with _cache_lock:
             _cache.pop(key, None)
 
-    def _refresh(self, form: dict) -> tuple[str, float]:
+    def _refresh(self, form: dict) -> tuple[str, float, str]:
+        """(access token, expiry, the new refresh token when the endpoint rotated it, else "")."""
         if self.session is None:
             # The token URL is the mailbox's setting: through the egress guard, like the API it unlocks.
             self.session = guarded_session(purpose="token_url")
@@ -140,7 +216,9 @@ class TokenSource:
             except (TypeError, ValueError):
                 lifetime = 3600.0
             log.info("oauth: refreshed an access token at %s (valid %.0f s)", _origin(self.token_url), lifetime)
-            return str(body["access_token"]), time.time() + lifetime
+            sent, received = form.get("refresh_token"), str(body.get("refresh_token") or "")
+            rotated = received if sent and received and received != sent else ""
+            return str(body["access_token"]), time.time() + lifetime, rotated
         error = str(body.get("error") or "")
         if response.status_code == 429 or response.status_code >= 500:
             raise TransientError("token_endpoint", f"HTTP {response.status_code}",
