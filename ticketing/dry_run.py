@@ -4,8 +4,12 @@ The scan (`dry_run`) is read-only by construction: nothing in it saves a row or 
 runs in a transaction that is rolled back. It works for disabled rules too (test a rule before
 enabling it). Each event's stored raw is parsed again (`intake.mime.parse_message`), its facts built
 (`ticketing.classification.facts.MessageFacts.from_event`) and the rule's conditions tested
-(`ticketing.classification.conditions.matches`). Newest first, at most `MAX_EVENTS` events; events
-whose raw was purged are skipped and counted.
+(`ticketing.classification.conditions.matches`): header conditions read the stored raw's header block,
+risk conditions (spam score, attachment verdict) what normalization stored in `details`. Newest first,
+at most `MAX_EVENTS` events; events whose raw was purged are skipped and counted.
+
+What a filter action would do is listed with the field changes: suppress ("outcome": suppressed with the
+rule's reason), tag (the tags added), mark_spam (the spam queue, the tags, no acknowledgment).
 
 A run has a total time budget (`MAILROOM_DRY_RUN_SECONDS`, default 10 s; each message's regular
 expressions also keep their own limits): when it is spent the run stops and says "stopped after N of
@@ -31,6 +35,7 @@ from intake.vocabulary import AuditKind
 
 from .classification.conditions import CLASSIFICATION_REGEX_SECONDS, Budget, matches
 from .classification.facts import MessageFacts
+from .classification.rules import SPAM_QUEUE, SPAM_TAG
 from .models import RoutingRule
 
 DEFAULT_DAYS = 7
@@ -102,6 +107,8 @@ def _current(event: InboxEvent) -> dict:
     current = {name: str(fields.get(name) or "") for name in ROUTE_FIELDS}
     current["destination_id"] = route.get("destination_id")
     current["sensitive"] = bool(route.get("sensitive"))
+    current["tags"] = [str(t) for t in route.get("tags") or []]
+    current["action"] = route.get("action") or "route"
     override = event.route_override or {}
     for name in ROUTE_FIELDS:
         if override.get(name):
@@ -111,8 +118,33 @@ def _current(event: InboxEvent) -> dict:
     return current
 
 
+def _action_changes(rule: RoutingRule, current: dict) -> list[Change]:
+    """What a filter action (suppress, tag, mark_spam) would do on top of the fields (`rules.py`)."""
+    tags = ", ".join(current["tags"]) or "—"
+    if rule.action == RoutingRule.Action.SUPPRESS:
+        return [Change("outcome", "ticket" if current["action"] != "suppress" else "suppressed",
+                       f"suppressed: {rule.suppress_reason or 'no reason given'} (replayable)")]
+    if rule.action == RoutingRule.Action.TAG:
+        added = [t for t in rule.tags or [] if t not in current["tags"]]
+        return [Change("tags", tags, "+ " + ", ".join(added))] if added else []
+    if rule.action == RoutingRule.Action.MARK_SPAM:
+        changes = []
+        queue = rule.queue or SPAM_QUEUE
+        if queue != current["queue"]:
+            changes.append(Change("queue", current["queue"], queue))
+        added = [t for t in [SPAM_TAG, *(rule.tags or [])] if t not in current["tags"]]
+        if added:
+            changes.append(Change("tags", tags, "+ " + ", ".join(added)))
+        if current["action"] != "mark_spam":
+            changes.append(Change("acknowledgment", "as usual", "none (marked as spam)"))
+        return changes
+    return []
+
+
 def _changes(rule: RoutingRule, event: InboxEvent, destinations: dict) -> list[Change]:
     current = _current(event)
+    if rule.action in (RoutingRule.Action.SUPPRESS, RoutingRule.Action.TAG):
+        return _action_changes(rule, current)  # these set no field and no destination
     changes = []
     if rule.destination_id and rule.destination_id != current["destination_id"]:
         changes.append(Change("destination", destinations.get(current["destination_id"], "default"),
@@ -123,7 +155,7 @@ def _changes(rule: RoutingRule, event: InboxEvent, destinations: dict) -> list[C
             changes.append(Change(name, current[name], new))
     if rule.sensitive and not current["sensitive"]:
         changes.append(Change("sensitive", "no", "yes"))
-    return changes
+    return [*changes, *_action_changes(rule, current)]
 
 
 def dry_run(rule: RoutingRule, days=DEFAULT_DAYS, *, limit: int = MAX_EVENTS,

@@ -21,6 +21,7 @@ from intake.logging import mask_address
 
 from . import dry_run as dry_runs
 from .classification.conditions import KEYS, validate_conditions
+from .classification.rules import action_errors, clean_tags
 from .models import PRIORITIES, RoutingPolicy, RoutingRule
 
 PRIORITY_CHOICES = [("", "—")] + [(p, p) for p in PRIORITIES]
@@ -48,7 +49,26 @@ def _condition(key: str, value) -> str:
         return " AND ".join(f"{method.upper()} is {result}" for method, result in value.items())
     if key == "is_reply" and isinstance(value, bool):
         return "is a reply" if value else "is not a reply"
+    if key == "header" and isinstance(value, list):
+        return " AND ".join(_header_test(t) for t in value)
+    if key == "spam_score" and isinstance(value, dict):
+        return f"spam score {_OP_WORDS.get(value.get('op'), value.get('op'))} {value.get('value')}"
+    if key == "attachment_verdict":
+        return "attachments are " + (" or ".join(value) if isinstance(value, list) else str(value))
     return f"{key} = {json.dumps(value)}"
+
+
+_OP_WORDS = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤", "equals": "is", "regex": "matches"}
+
+
+def _header_test(test) -> str:
+    if not isinstance(test, dict):
+        return json.dumps(test)
+    name, op = test.get("name"), test.get("op")
+    if op == "exists":
+        return f"header {name} {'exists' if test.get('value', True) else 'is absent'}"
+    value = f"/{test.get('value')}/" if op == "regex" else json.dumps(test.get("value"), ensure_ascii=False)
+    return f"header {name} {_OP_WORDS.get(op, op)} {value}"
 
 
 def describe_conditions(conditions) -> str:
@@ -134,16 +154,21 @@ class RoutingPolicyForm(forms.ModelForm):
 
 class RoutingRuleForm(forms.ModelForm):
     priority = forms.ChoiceField(choices=PRIORITY_CHOICES, required=False)
+    tags = forms.CharField(required=False, help_text="comma-separated: the ticket gets them (tag, mark_spam)")
+    action = forms.ChoiceField(choices=RoutingRule.Action.choices, required=False, initial=RoutingRule.Action.ROUTE)
 
     class Meta:
         model = RoutingRule
-        fields = ("tenant", "mailbox", "name", "position", "enabled", "conditions", "destination", "queue",
-                  "priority", "request_type", "assignee", "sensitive", "stop_processing")
+        fields = ("tenant", "mailbox", "name", "position", "enabled", "conditions", "action", "destination", "queue",
+                  "priority", "request_type", "assignee", "sensitive", "tags", "suppress_reason", "stop_processing")
         help_texts = {
             "conditions": 'JSON, every key must hold, for example {"recipient": "support@acme.test", '
                           '"subject_regex": "^urgent"}. Keys: recipient, sender (address, @domain or a list), '
                           'subject_regex, body_regex, keywords (list), has_attachment_type, '
-                          'auth ({"dmarc": "pass"}), is_reply (true/false). {} matches every message.',
+                          'auth ({"dmarc": "pass"}), is_reply (true/false), header ([{"name": "X-Spam-Score", '
+                          '"op": "gt", "value": 8}]; ops exists, equals, regex, gt, ge, lt, le), spam_score '
+                          '({"op": "gt", "value": 8}), spam_flagged, attachment_verdict (clean, infected, '
+                          'unscanned, none). {} matches every message.',
         }
 
     def clean_conditions(self):
@@ -157,8 +182,24 @@ class RoutingRuleForm(forms.ModelForm):
             raise forms.ValidationError(errors)
         return conditions
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and not self.is_bound:
+            self.initial["tags"] = ", ".join(self.instance.tags or [])
+
+    def clean_action(self):
+        return self.cleaned_data.get("action") or RoutingRule.Action.ROUTE  # a form without the field: route
+
+    def clean_tags(self):
+        return clean_tags(self.cleaned_data.get("tags") or "")
+
     def clean(self):
         data = super().clean()
+        # Filter actions (ticketing.classification.rules): tag needs tags, suppress a reason, and so on.
+        fields = {name: data.get(name) for name in ("destination", "queue", "priority", "request_type", "assignee")}
+        for name, message in action_errors(action=data.get("action"), tags=data.get("tags"),
+                                           suppress_reason=data.get("suppress_reason", ""), fields=fields).items():
+            self.add_error(name, message)
         tenant = data.get("tenant") or (self.instance.tenant if self.instance.tenant_id else None)
         if tenant is None:
             return data
@@ -223,6 +264,7 @@ class RoutingRuleAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("tenant", "mailbox", "name", "position", "enabled", "stop_processing")}),
         ("When", {"fields": ("conditions", "readable_conditions")}),
+        ("Then", {"fields": ("action", "tags", "suppress_reason")}),
         ("Then set", {"fields": ("destination", "queue", "priority", "request_type", "assignee", "sensitive")}),
         ("Use", {"fields": ("hits", "last_hit_at", "dry_run_link")}),
     )
@@ -239,6 +281,10 @@ class RoutingRuleAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
             parts.insert(0, f"destination={obj.destination.slug}")
         if obj.sensitive:
             parts.append("sensitive")
+        if obj.action and obj.action != RoutingRule.Action.ROUTE:
+            parts.insert(0, obj.action + (f" ({obj.suppress_reason})" if obj.suppress_reason else ""))
+        if obj.tags:
+            parts.append("tags=" + ", ".join(obj.tags))
         return ", ".join(parts) or "—"
 
     @admin.display(description="dry run")

@@ -13,10 +13,12 @@ from rest_framework import serializers
 
 from intake import secret_policy
 from intake.logging import mask_address
-from intake.models import AuditEvent, InboxEvent, Mailbox
+from intake.models import AuditEvent, InboxEvent, Mailbox, SenderListEntry
 from intake.selectors import visible_tenants
+from intake.sender_lists import add_sender_list_entry
 from ticketing import audit, numbers
 from ticketing.classification.conditions import validate_conditions
+from ticketing.classification.rules import action_errors, clean_tags
 from ticketing.destinations import configuration_errors
 from ticketing.models import PRIORITIES, Destination, Intent, RoutingPolicy, RoutingRule, TicketMapping
 
@@ -417,8 +419,9 @@ class RoutingRuleSerializer(FullCleanModelSerializer):
 
     class Meta:
         model = RoutingRule
-        fields = ("id", "tenant", "mailbox", "position", "name", "enabled", "conditions", "destination", "queue",
-                  "priority", "request_type", "assignee", "sensitive", "stop_processing", "hits", "last_hit_at")
+        fields = ("id", "tenant", "mailbox", "position", "name", "enabled", "conditions", "action", "destination",
+                  "queue", "priority", "request_type", "assignee", "sensitive", "tags", "suppress_reason",
+                  "stop_processing", "hits", "last_hit_at")
         read_only_fields = ("hits", "last_hit_at")
 
     def validate_conditions(self, conditions):
@@ -442,9 +445,42 @@ class RoutingRuleSerializer(FullCleanModelSerializer):
         if data.get("request_type") and data["request_type"] not in (policy.request_types if policy else []):
             errors["request_type"] = (f"'{data['request_type']}' is not a request type of "
                                       f"{tenant.slug}'s routing policy.")
+
+        def current(name, default=""):
+            return data[name] if name in data else getattr(self.instance, name, default)
+
+        if isinstance(data.get("tags"), (list, str)):
+            data["tags"] = clean_tags(data["tags"])
+        # Filter actions (ticketing.classification.rules): the console's checks.
+        errors.update(action_errors(action=current("action", "route"), tags=current("tags", []),
+                                    suppress_reason=current("suppress_reason"),
+                                    fields={name: current(name, None) for name in
+                                            ("destination", "queue", "priority", "request_type", "assignee")}))
         if errors:
             raise serializers.ValidationError(errors)
         return data
+
+
+class SenderListEntrySerializer(serializers.ModelSerializer):
+    """A sender block/allow list entry; written through `intake.sender_lists` (tenant scoping, the pattern)."""
+
+    tenant = VisibleTenantField()
+    mailbox = TenantScopedRelatedField(selectors.visible_mailboxes, required=False, allow_null=True,
+                                       help_text="empty: the tenant's list (every mailbox)")
+
+    class Meta:
+        model = SenderListEntry
+        fields = ("id", "tenant", "mailbox", "kind", "pattern", "note", "created_by", "created_at")
+        read_only_fields = ("created_by", "created_at")
+        validators = []  # the service normalizes the pattern first, then the unique constraints decide
+
+    def create(self, validated_data):
+        try:
+            return add_sender_list_entry(actor=self.context["request"].user, tenant=validated_data["tenant"],
+                                         mailbox=validated_data.get("mailbox"), kind=validated_data["kind"],
+                                         pattern=validated_data["pattern"], note=validated_data.get("note", ""))
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict) from None
 
 
 # --- reconciliation ---------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ router.register("queue", views.QueueViewSet, basename="queue")
 router.register("mailboxes", views.MailboxViewSet, basename="mailbox")
 router.register("destinations", views.DestinationViewSet, basename="destination")
 router.register("routing-rules", views.RoutingRuleViewSet, basename="routing-rule")
+router.register("sender-lists", views.SenderListEntryViewSet, basename="sender-list-entry")
 router.register("reconciliation-runs", views.RunViewSet, basename="reconciliation-run")
 router.register("findings", views.FindingViewSet, basename="finding")
 

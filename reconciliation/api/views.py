@@ -13,7 +13,8 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from intake.models import InboxEvent, Mailbox
+from intake.models import InboxEvent, Mailbox, SenderListEntry
+from intake.sender_lists import remove_sender_list_entry, visible_sender_list_entries
 from ticketing.models import Destination, Intent, RoutingRule, TicketMapping
 
 from .. import selectors, services
@@ -281,6 +282,16 @@ class RoutingRuleViewSet(ConfigViewSet):
     serializer_class = serializers.RoutingRuleSerializer
     queryset = RoutingRule.objects.none()
     selector = selectors.visible_routing_rules
+
+
+class SenderListEntryViewSet(ConfigViewSet):
+    serializer_class = serializers.SenderListEntrySerializer
+    queryset = SenderListEntry.objects.none()
+    selector = visible_sender_list_entries
+    http_method_names = ["get", "post", "delete", "head", "options"]  # an entry is added or removed, not edited
+
+    def perform_destroy(self, instance):
+        remove_sender_list_entry(entry=instance, actor=self.request.user)
 
 
 class RunViewSet(viewsets.ReadOnlyModelViewSet):

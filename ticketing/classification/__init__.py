@@ -21,6 +21,12 @@ Sensitive: a matching rule marked `sensitive`, or a request type in `policy.sens
 The ticket is then tagged `needs-approval`. Nothing in the mail and nothing the AI says can clear it:
 the AI's answer is read for field values only.
 
+Actions (`rules.py`): `Route.action` is "route", "suppress" (then `Route.suppressed` names the rule, its
+name and `suppress_reason`; `ticketing.services` suppresses the event with `rule_suppressed` unless an
+operator sent it on) or "mark_spam" (queue `rules.SPAM_QUEUE` or the rule's, never flagged as outside the
+vocabulary; tag `spam`; `ticketing.acknowledgments` skips it with `marked_spam`). `Route.tags` (tag and
+mark_spam rules) travel to the ticket with `mailroom` and `needs-approval` (`ticket_fields`).
+
 The AI proposer contract (`ticketing.classification.ai`, another module):
 
     propose(facts: MessageFacts, policy: RoutingPolicy, open_fields: tuple[str, ...]) -> Proposal
@@ -51,7 +57,8 @@ from .facts import MessageFacts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FIELDS", "LOW_CONFIDENCE", "NEEDS_APPROVAL", "MessageFacts", "Route", "classify", "ticket_fields"]
+__all__ = ["FIELDS", "LOW_CONFIDENCE", "MARK_SPAM", "NEEDS_APPROVAL", "SUPPRESS", "MessageFacts", "Route", "classify",
+           "suppression_text", "ticket_fields"]
 
 FIELDS = ("queue", "priority", "request_type", "assignee")
 AI_FIELDS = ("queue", "priority", "request_type")
@@ -60,6 +67,7 @@ LOW_CONFIDENCE = "low_confidence"
 NOT_IN_VOCABULARY = "not_in_vocabulary"
 AI_MODULE = "ticketing.classification.ai"
 MAX_RATIONALE_CHARS = 1000
+ROUTE, SUPPRESS, MARK_SPAM = "route", "suppress", "mark_spam"   # Route.action
 
 
 @dataclass
@@ -87,6 +95,9 @@ class Route:
     ai: dict = field(default_factory=lambda: {"status": "disabled"})
     review_reason: str = ""                # "low_confidence"
     notes: list = field(default_factory=list)                     # regex timeouts and the like
+    action: str = ROUTE                    # route, suppress or mark_spam
+    tags: list = field(default_factory=list)                      # tag and mark_spam rules' tags
+    suppressed: dict = field(default_factory=dict)                # {"rule", "name", "reason"} when suppress
 
     def value(self, name: str) -> str:
         return self.fields[name].value
@@ -103,6 +114,9 @@ class Route:
             "ai": dict(self.ai),
             "review_reason": self.review_reason,
             "notes": list(self.notes),
+            "action": self.action,
+            "tags": list(self.tags),
+            "suppressed": dict(self.suppressed),
         }
 
     @classmethod
@@ -119,7 +133,9 @@ class Route:
                    sensitive=bool(data.get("sensitive")), sensitive_reason=data.get("sensitive_reason") or "",
                    sensitive_request_types=list(data.get("sensitive_request_types") or []),
                    rules=list(data.get("rules") or []), ai=dict(data.get("ai") or {}),
-                   review_reason=data.get("review_reason") or "", notes=list(data.get("notes") or []))
+                   review_reason=data.get("review_reason") or "", notes=list(data.get("notes") or []),
+                   action=data.get("action") or ROUTE, tags=[str(t) for t in data.get("tags") or []],
+                   suppressed=dict(data.get("suppressed") or {}))
 
 
 def policy_for(tenant_id: int) -> RoutingPolicy:
@@ -152,9 +168,18 @@ def classify(event, parsed, policy: RoutingPolicy | None = None, budget: Budget 
         route.destination_id, route.destination_origin = outcome.destination_id, f"rule:{outcome.destination_rule}"
     if outcome.sensitive_rule is not None:
         route.sensitive, route.sensitive_reason = True, f"rule:{outcome.sensitive_rule}"
+    route.tags = list(outcome.tags)
+    if outcome.suppressed_by is not None:
+        rule = outcome.suppressed_by
+        route.action = SUPPRESS
+        route.suppressed = {"rule": rule.pk, "name": rule.name, "reason": rule.suppress_reason}
+    elif outcome.spam_rule is not None:
+        route.action = MARK_SPAM
 
     open_fields = tuple(name for name in AI_FIELDS if not route.fields[name].value)
-    if not policy.ai_enabled:
+    if route.action == SUPPRESS:
+        route.ai = {"status": "not_needed"}  # no ticket is made: nothing to ask
+    elif not policy.ai_enabled:
         route.ai = {"status": "disabled"}
     elif not open_fields:
         route.ai = {"status": "not_needed"}
@@ -167,7 +192,8 @@ def classify(event, parsed, policy: RoutingPolicy | None = None, budget: Budget 
         if value and not route.fields[name].value:
             route.fields[name] = FieldChoice(value, "default")
     for name, choice in route.fields.items():
-        if choice.value and not _in_vocabulary(policy, name, choice.value):
+        spam_queue = name == "queue" and route.action == MARK_SPAM and choice.origin == f"rule:{outcome.spam_rule}"
+        if choice.value and not spam_queue and not _in_vocabulary(policy, name, choice.value):
             choice.flag = NOT_IN_VOCABULARY
 
     request_type = route.value("request_type")
@@ -216,8 +242,15 @@ def _ask_ai(route: Route, facts: MessageFacts, policy: RoutingPolicy, open_field
             route.fields[name] = FieldChoice(value, "ai")
 
 
+def suppression_text(route_json: dict | None) -> str:
+    """What the console shows for an event a rule suppressed: the rule's name and its reason."""
+    suppressed = (route_json or {}).get("suppressed") or {}
+    text = f"suppressed by rule {suppressed.get('rule')} “{suppressed.get('name', '')}”"
+    return f"{text}: {suppressed['reason']}" if suppressed.get("reason") else text
+
+
 def ticket_fields(route_json: dict | None, route_override: dict | None) -> dict:
-    """What the ticket gets: {queue, priority, request_type, assignee, sensitive}.
+    """What the ticket gets: {queue, priority, request_type, assignee, sensitive, tags}.
 
     The operator's `route_override` values win over the stored route. Deterministic (built only from
     stored JSON), so every attempt sends the same body. An override may make a ticket sensitive (its
@@ -228,4 +261,4 @@ def ticket_fields(route_json: dict | None, route_override: dict | None) -> dict:
     values = {name: str(override.get(name) or route.value(name)) for name in FIELDS}
     sensitive = route.sensitive or (bool(values["request_type"])
                                     and values["request_type"] in route.sensitive_request_types)
-    return {**values, "sensitive": sensitive}
+    return {**values, "sensitive": sensitive, "tags": list(route.tags)}

@@ -12,7 +12,18 @@ Keys (all given ones must hold):
     has_attachment_type  a MIME type prefix ("application/pdf", "image/") of an attachment's sniffed type
     auth                 {"dmarc": "pass", "spf": "pass"}: every listed method has that result in the
                          trusted Authentication-Results (our own MTA's); anything else does not match
+                         ("none" also matches a method the trusted results do not mention)
     is_reply             true / false: the message answers another (In-Reply-To or References)
+    header               a list of tests, all must hold: {"name": "X-Spam-Score", "op": OP, "value": ...};
+                         names case-insensitive, every instance of a repeated header tried (any may hold).
+                         OP: exists (no value; false: the header is absent), equals (case-insensitive,
+                         whole value), regex (searched), gt / ge / lt / le (the first number of the
+                         value, "12.3 (hits)" -> 12.3; a value without one does not match)
+    spam_score           {"op": "gt", "value": 8}: the trusted score normalization stored
+                         (`intake.validation.spamscore`); no score: does not match
+    spam_flagged         true / false: a trusted spam header flagged the message
+    attachment_verdict   "clean", "infected", "unscanned", "none" (no attachments) or "unknown" (stored
+                         before the verdict was), or a list of them (any of)
 
 Regular expressions run through the `regex` package with a timeout: a pattern that backtracks
 catastrophically stops after `REGEX_TIMEOUT_SECONDS` (and the whole classification after
@@ -22,21 +33,28 @@ catastrophically stops after `REGEX_TIMEOUT_SECONDS` (and the whole classificati
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import regex
 
-from .facts import MessageFacts
+from .facts import ATTACHMENT_VERDICTS, MessageFacts
 
 logger = logging.getLogger(__name__)
 
 KEYS = ("recipient", "sender", "subject_regex", "body_regex", "keywords", "has_attachment_type", "auth",
-        "is_reply")
+        "is_reply", "header", "spam_score", "spam_flagged", "attachment_verdict")
 REGEX_KEYS = ("subject_regex", "body_regex")
 REGEX_FLAGS = regex.IGNORECASE | regex.VERSION0
 REGEX_TIMEOUT_SECONDS = 0.4
 CLASSIFICATION_REGEX_SECONDS = 1.0
 MAX_PATTERN_CHARS = 1000
+HEADER_OPS = ("exists", "equals", "regex", "gt", "ge", "lt", "le")
+NUMERIC_OPS = {"gt": lambda a, b: a > b, "ge": lambda a, b: a >= b, "lt": lambda a, b: a < b,
+               "le": lambda a, b: a <= b}
+MAX_HEADER_TESTS = 20
+HEADER_NAME = regex.compile(r"[!-9;-~]{1,100}")
+FIRST_NUMBER = regex.compile(r"[-+]?(?:\d{1,9}(?:\.\d{1,9})?|\.\d{1,9})")
 
 
 class Budget:
@@ -94,10 +112,89 @@ def validate_conditions(conditions) -> list[str]:
             if (not isinstance(value, dict) or not value
                     or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items())):
                 errors.append('auth: expected {"method": "result"}, for example {"dmarc": "pass"}')
-        elif key == "is_reply":
+        elif key in ("is_reply", "spam_flagged"):
             if not isinstance(value, bool):
-                errors.append("is_reply: expected true or false")
+                errors.append(f"{key}: expected true or false")
+        elif key == "header":
+            errors.extend(_header_errors(value))
+        elif key == "spam_score":
+            if (not isinstance(value, dict) or set(value) != {"op", "value"} or value.get("op") not in NUMERIC_OPS
+                    or not _is_number(value.get("value"))):
+                errors.append('spam_score: expected {"op": "gt" | "ge" | "lt" | "le", "value": a number}, '
+                              'for example {"op": "gt", "value": 8}')
+        elif key == "attachment_verdict":
+            values = value if isinstance(value, list) else [value]
+            if not values or not all(v in ATTACHMENT_VERDICTS for v in values):
+                errors.append(f"attachment_verdict: expected one of {', '.join(ATTACHMENT_VERDICTS)} or a list of them")
     return errors
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _header_errors(tests) -> list[str]:
+    if not isinstance(tests, list) or not tests:
+        return ['header: expected a list of tests, for example [{"name": "X-Spam-Score", "op": "gt", "value": 8}]']
+    if len(tests) > MAX_HEADER_TESTS:
+        return [f"header: at most {MAX_HEADER_TESTS} tests"]
+    errors = []
+    for n, test in enumerate(tests, start=1):
+        where = f"header test {n}"
+        if not isinstance(test, dict):
+            errors.append(f'{where}: expected {{"name": ..., "op": ..., "value": ...}}')
+            continue
+        name, op, value = test.get("name"), test.get("op"), test.get("value")
+        unknown = set(test) - {"name", "op", "value"}
+        if unknown:
+            errors.append(f"{where}: unknown keys {', '.join(sorted(map(str, unknown)))}")
+        if not isinstance(name, str) or not HEADER_NAME.fullmatch(name):
+            errors.append(f"{where}: name must be a header name (X-Spam-Score), not {name!r}")
+        if op not in HEADER_OPS:
+            errors.append(f"{where}: op must be one of {', '.join(HEADER_OPS)}, not {op!r}")
+        elif op == "exists":
+            if "value" in test and not isinstance(value, bool):
+                errors.append(f"{where}: exists takes no value (or true / false)")
+        elif op in NUMERIC_OPS:
+            if not _is_number(value):
+                errors.append(f"{where}: {op} compares with a number, not {value!r}")
+        elif not isinstance(value, str) or not value:
+            errors.append(f"{where}: {op} needs a non-empty text value")
+        elif op == "regex":
+            if len(value) > MAX_PATTERN_CHARS:
+                errors.append(f"{where}: the regular expression is longer than {MAX_PATTERN_CHARS} characters")
+            else:
+                try:
+                    regex.compile(value, REGEX_FLAGS)
+                except (regex.error, TypeError, ValueError, OverflowError) as exc:
+                    errors.append(f"{where}: invalid regular expression: {exc}")
+    return errors
+
+
+def first_number(text: str) -> float | None:
+    """The first number in a header value ("12.3 (hits)" -> 12.3), or None."""
+    match = FIRST_NUMBER.search(text[:200])
+    if match is None:
+        return None
+    number = float(match.group(0))
+    return number if math.isfinite(number) else None
+
+
+def _header_holds(test: dict, facts: MessageFacts, budget: Budget, label: str) -> bool:
+    values = facts.header_values(test["name"])
+    op = test["op"]
+    if op == "exists":
+        return bool(values) is test.get("value", True)
+    for value in values:
+        if op == "equals" and value.strip().casefold() == test["value"].strip().casefold():
+            return True
+        if op == "regex" and _search(f"header {test['name']}", test["value"], value, budget, label):
+            return True
+        if op in NUMERIC_OPS:
+            number = first_number(value)
+            if number is not None and NUMERIC_OPS[op](number, test["value"]):
+                return True
+    return False
 
 
 def _address_matches(patterns: list[str], address: str) -> bool:
@@ -141,8 +238,19 @@ def matches(conditions: dict, facts: MessageFacts, budget: Budget | None = None,
         return False
     if "auth" in conditions:
         for method, result in conditions["auth"].items():
-            if facts.auth.get(method.lower()) != result.lower():
+            found = facts.auth.get(method.lower(), "none")
+            if found != result.lower():
                 return False
+    if "spam_flagged" in conditions and facts.spam_flagged is not conditions["spam_flagged"]:
+        return False
+    if "spam_score" in conditions:
+        test = conditions["spam_score"]
+        if facts.spam_score is None or not NUMERIC_OPS[test["op"]](facts.spam_score, test["value"]):
+            return False
+    if "attachment_verdict" in conditions:
+        wanted = conditions["attachment_verdict"]
+        if facts.attachment_verdict not in (wanted if isinstance(wanted, list) else [wanted]):
+            return False
     if "has_attachment_type" in conditions:
         prefix = conditions["has_attachment_type"].lower()
         if not any(t.startswith(prefix) for t in facts.attachment_types):
@@ -158,4 +266,5 @@ def matches(conditions: dict, facts: MessageFacts, budget: Budget | None = None,
     if "body_regex" in conditions and not _search("body_regex", conditions["body_regex"], facts.body, budget,
                                                   label):
         return False
-    return True
+    # Header tests last: a regex among them spends the same budget.
+    return all(_header_holds(test, facts, budget, label) for test in conditions.get("header") or ())
