@@ -30,7 +30,7 @@ from tests.conftest import WEBHOOK_SECRET
 from tests.factories import WEBHOOK_SECRET_VAR, make_destination, make_mailbox, make_tenant
 from tests.test_api import api, failed_item, make_user, new_event, review_item
 from tests.test_recovery_queue import quarantine
-from ticketing.models import RoutingPolicy, RoutingRule, TicketMapping
+from ticketing.models import AcknowledgmentTemplate, BusinessHours, RoutingPolicy, RoutingRule, TicketMapping
 from ticketing.services import process_inbox_event
 
 A, B = "zqalpha", "zqbeta"
@@ -65,6 +65,10 @@ def seed_tenant(marker: str) -> None:
                                            scanned=4, findings=1)
     Finding.objects.create(run=run, kind="unmapped", object=f"event:{review}", tenant=tenant, inbox_event_id=review,
                            detail={"marker": marker}, first_seen=now, last_seen=now)
+    AcknowledgmentTemplate.objects.create(tenant=tenant, mailbox=mailbox, language="de",
+                                          subject=f"{marker} Ihre Anfrage {{{{ ticket_number }}}}", body=f"{marker}\n")
+    BusinessHours.objects.create(tenant=tenant, mailbox=mailbox, timezone="Europe/Berlin", response_hours=8,
+                                 weekly={"mon": [["09:00", "17:00"]]}, holidays_country="DE")
     make_user(f"{marker}-operator", groups=["operator"], tenants=[tenant])
 
 

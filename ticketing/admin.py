@@ -163,4 +163,5 @@ class UndeliverableAddressAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admi
     ordering = ("-created_at",)
 
 
-from . import destination_admin, routing_admin  # noqa: E402,F401  (register Destination, RoutingPolicy, RoutingRule)
+# Registered there: Destination, RoutingPolicy, RoutingRule, AcknowledgmentTemplate and BusinessHours.
+from . import ack_admin, destination_admin, routing_admin  # noqa: E402,F401

@@ -435,3 +435,6 @@ class UndeliverableAddress(models.Model):
 
     def __str__(self):
         return f"{self.address.rpartition('@')[2]} address (until {self.expires_at:%Y-%m-%d})"
+
+
+from .ack_models import AcknowledgmentTemplate, BusinessHours  # noqa: E402,F401  (acknowledgment templates, hours)

@@ -207,11 +207,22 @@ def render_json(source: str, context: dict, *, seconds: float | None = None, max
     seconds = settings.MAILROOM_REST_TEMPLATE_SECONDS if seconds is None else seconds
     if max_chars is None:
         max_chars = settings.MAILROOM_REST_TEMPLATE_MAX_CHARS + OUTPUT_PER_INPUT_CHAR * input_chars(context)
+    text = render_text(template, {name: json_text(value) for name, value in context.items()}, seconds=seconds,
+                       max_chars=max_chars)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise TemplateProblem(f"the template did not render valid JSON (line {exc.lineno}, column {exc.colno})") \
+            from None
+
+
+def render_text(template, values: dict, *, seconds: float, max_chars: int) -> str:
+    """A template from `compile_template` rendered as it is (no escaping: the caller's values are text for a
+    plain-text email, or already JSON-escaped by render_json), within the render budget. Raises TemplateProblem."""
     budget = RenderBudget(seconds=seconds, max_chars=max_chars)
     token = _budget.set(budget)
     try:
-        text = template.render(Context({name: json_text(value) for name, value in context.items()},
-                                       autoescape=False))
+        text = template.render(Context(values, autoescape=False))
         budget.check()  # a tag may have swallowed the budget's exception: it stays exceeded
     except TemplateProblem:
         raise
@@ -221,11 +232,7 @@ def render_json(source: str, context: dict, *, seconds: float | None = None, max
         raise TemplateProblem(f"the template failed to render ({type(exc).__name__})") from None
     finally:
         _budget.reset(token)
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise TemplateProblem(f"the template did not render valid JSON (line {exc.lineno}, column {exc.colno})") \
-            from None
+    return text
 
 
 def mentions(source, name: str) -> bool:
