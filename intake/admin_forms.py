@@ -7,6 +7,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 
+from . import archive
 from .models import Mailbox
 from .providers.settings_schema import known_settings
 from .secrets import resolution_problem
@@ -89,7 +90,12 @@ class MailboxForm(forms.ModelForm):
         model = Mailbox
         fields = "__all__"
         help_texts = {"credentials_ref": f"The password or token. {SECRET_FORMS}",
-                      "webhook_secret_ref": f"The webhook signing secret. {SECRET_FORMS}"}
+                      "webhook_secret_ref": f"The webhook signing secret. {SECRET_FORMS}",
+                      "archive_before": "Archive import (IMAP, Gmail, Graph): mail received before this moment "
+                                        "is imported as history, never acknowledged; the next polls fetch it. "
+                                        "Empty: live only.",
+                      "archive_tickets": "What the history becomes: no tickets (stored and reconciled only) or "
+                                         "closed tickets."}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -99,6 +105,20 @@ class MailboxForm(forms.ModelForm):
                 or getattr(self.instance, "provider", "") or "raw"
             field.help_text = (f"A JSON object of this provider's settings ({provider}: "
                                f"{', '.join(known_settings(provider))}). Unknown names are refused.")
+
+    def clean(self):
+        cleaned = super().clean()
+        if {"archive_before", "archive_tickets"} & set(self.changed_data):  # a new archive import (intake.archive)
+            before = cleaned.get("archive_before")
+            if before is None and self.instance.archive_before is not None:
+                errors = {"archive_before": "an archive import cannot be undone (what it imported stays history); "
+                                            "pause the mailbox to stop one"}
+            else:
+                errors = archive.choice_errors(provider=cleaned.get("provider") or self.instance.provider,
+                                               before=before, tickets=cleaned.get("archive_tickets") or "")
+            for name, message in errors.items():
+                self.add_error(name if name in self.fields else None, message)
+        return cleaned
 
 
 def secret_warnings(row, fields) -> list[str]:

@@ -20,10 +20,12 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from . import scanning, spamcheck, validation
+from . import archive, scanning, spamcheck, validation
 from .mime import ParsedMessage, iter_attachment_payloads, parse_message
 from .models import InboxEvent
+from .sender_lists import sender_list_entry_for
 from .services import transition_event, wait_event
+from .validation import sender_lists
 from .vocabulary import AuditKind, ReasonCode
 
 logger = logging.getLogger(__name__)
@@ -60,8 +62,9 @@ def _sender_over_limit(event: InboxEvent, sender: str) -> validation.Finding | N
         return None
     limit = {**DEFAULT_SENDER_LIMIT, **((event.mailbox.settings or {}).get("sender_rate_limit") or {})}
     since = event.received_at - timedelta(seconds=int(limit["seconds"]))
+    # An archive import's history is not a flood from the sender (intake.archive).
     earlier = InboxEvent.objects.filter(mailbox_id=event.mailbox_id, sender__iexact=sender,
-                                        received_at__gte=since, pk__lt=event.pk).count()
+                                        received_at__gte=since, pk__lt=event.pk, history=False).count()
     if earlier >= int(limit["count"]):
         state = validation.SUPPRESSED if limit.get("action") == "suppress" else validation.AWAITING_REVIEW
         return validation.Finding(state, SENDER_RATE_LIMITED,
@@ -89,6 +92,18 @@ def _scan(event: InboxEvent, parsed: ParsedMessage) -> list[validation.Finding] 
         logger.warning("event %s: scanner unavailable (%s)", event.pk, type(exc).__name__)
         return None
     return found
+
+
+def _scan_verdict(parsed: ParsedMessage, findings: list) -> str:
+    """`details["attachment_scan"]`, a filter rule's `attachment_verdict`: none, clean, infected or unscanned."""
+    if not parsed.attachments:
+        return "none"
+    reasons = {f.reason_code for f in findings}
+    if validation.MALWARE in reasons:
+        return "infected"
+    if validation.SCANNER_UNAVAILABLE in reasons or settings.MAILROOM_CLAMD == "off":
+        return "unscanned"
+    return "clean"
 
 
 def _rspamd(event: InboxEvent) -> spamcheck.RspamdResult | None:
@@ -174,6 +189,8 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
     if parsed is None:
         return _record(event, ParsedMessage(), validation.Verdict(State.AWAITING_REVIEW, ReasonCode.UNPARSEABLE),
                        actor)
+    if archive.without_ticket(event):  # history kept without a ticket: stored, reconciled, never acknowledged
+        return _record(event, parsed, validation.Verdict(State.SUPPRESSED, ReasonCode.ARCHIVED), actor)
 
     try:
         policy = policy_for(event.mailbox)
@@ -183,7 +200,10 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
 
     extra = []
     verdict = validation.validate(parsed, policy)
-    if verdict.ok:
+    # Sender lists (intake.validation.sender_lists): a block suppresses, an allow skips the rate limit.
+    listed = sender_list_entry_for(event, parsed.sender)
+    # An archive import is a flood by design, and no one is replied to.
+    if verdict.ok and not event.history and listed is None:
         # The limit holds back floods of would-be tickets; mail that a loop or noise rule
         # already set aside is explained better by that rule.
         rate = _sender_over_limit(event, parsed.sender)
@@ -202,8 +222,11 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
             scan_findings = [validation.scanner_unavailable_finding(f"scanner unreachable after {attempts} attempts")]
         if scan_findings:
             verdict = validation.validate(parsed, policy, extra=[*extra, *scan_findings])
+        event.details = {**(event.details or {}), "attachment_scan": _scan_verdict(parsed, scan_findings)}
+    if listed is not None and listed.kind == sender_lists.BLOCK:
+        verdict = sender_lists.blocked_verdict(verdict, sender_lists.blocked_finding(listed))
     # Only mail about to become a ticket can be acknowledged: only it is worth a remote spam check.
-    remote = _rspamd(event) if verdict.ok else None
+    remote = _rspamd(event) if verdict.ok and not event.history else None
     return _record(event, parsed, verdict, actor, policy=policy, remote=remote)
 
 
@@ -212,6 +235,7 @@ def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdic
     now = timezone.now()
     to_state = State.READY if verdict.ok else verdict.state
     auth = validation.authentication_results(parsed, policy.trusted_authserv_id) if policy else {}
+    details = {**(event.details or {}), **_details(parsed, verdict, policy, remote)}
     # One UPDATE on the hot path (ok: no audit row), plus the verdict's audit row otherwise.
     moved = transition_event(
         event.pk, [State.RECEIVED], to_state, actor=actor, now=now,
@@ -220,11 +244,11 @@ def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdic
         audit_detail={"reason": verdict.reason_code, "findings": [f.reason_code for f in verdict.findings]},
         extra={"message_id_header": parsed.message_id[:998], "sender": parsed.sender[:320],
                "subject": parsed.subject[:998], "thread_key": event.thread_key or validation.thread_key(parsed),
-               "auth_results": auth, "details": {**(event.details or {}), **_details(parsed, verdict, policy, remote)},
-               "retry_at": None},
+               "auth_results": auth, "details": details, "retry_at": None},
     )
     if moved:
         event.state, event.sender, event.subject = to_state, parsed.sender[:320], parsed.subject[:998]
+        event.details, event.auth_results = details, auth  # what classification's facts read next
         event.thread_key = event.thread_key or validation.thread_key(parsed)
         event.message_id_header = parsed.message_id[:998]
         if not verdict.ok:

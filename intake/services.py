@@ -60,7 +60,7 @@ PROVIDER_OWN_IDS = frozenset({Mailbox.Provider.GMAIL, Mailbox.Provider.GRAPH})
 
 
 def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str,
-           thread_key: str | None = None) -> IngestResult:
+           thread_key: str | None = None, *, history: bool = False) -> IngestResult:
     """Persist a message once per (mailbox, provider message id), with its audit and outbox rows.
 
     A second delivery under the same id is a duplicate only when its content
@@ -71,12 +71,15 @@ def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str,
     Returns only after the commit (or inside the caller's transaction), so a
     caller that acknowledges the provider afterwards never acknowledges
     something we could lose.
+
+    `history`: mail an archive import fetched from before the mailbox's cut-off (intake.archive); a duplicate
+    keeps what the first delivery stored.
     """
     now = timezone.now()
     fingerprint = content_fingerprint(raw)
     # Keyed now, so a reply that is processed first can see its thread's earlier mail.
     thread_key = thread_key if thread_key is not None else thread_key_for_raw(raw)
-    row = _IngestRow(mailbox, provider_message_id, raw, source, thread_key, fingerprint, now)
+    row = _IngestRow(mailbox, provider_message_id, raw, source, thread_key, fingerprint, now, history=history)
     event_id = _insert_event(row)
     if event_id is not None:
         logger.info("stored event %s via %s (%d bytes)", event_id, source, len(raw))
@@ -131,6 +134,7 @@ class _IngestRow:
     fingerprint: str
     now: object
     reuses_event: int | None = None   # the earlier, different message whose Message-ID this one reuses
+    history: bool = False             # imported as history by an archive import (intake.archive)
 
     @property
     def key(self) -> str:
@@ -141,6 +145,8 @@ class _IngestRow:
         detail = {"size": len(self.raw)}
         if self.reuses_event is not None:
             detail.update(message_id_reused=True, first_event=self.reuses_event)
+        if self.history:
+            detail["history"] = True
         return detail
 
     def reusing(self, first_event_id: int) -> "_IngestRow":
@@ -182,9 +188,10 @@ WITH event AS (
     INSERT INTO {event} (tenant_id, mailbox_id, provider_message_id, dedupe_key, source, state,
                          reason_code, reason_detail, received_at, updated_at, raw, size, message_id_header,
                          sender, subject, thread_key, dispatch_count, auth_results, details, route_override,
-                         route, fingerprint, message_id_reused)
+                         route, fingerprint, message_id_reused, history)
     VALUES (%(tenant)s, %(mailbox)s, %(pmid)s, %(key)s, %(source)s, 'received', '', '', %(now)s, %(now)s,
-            %(raw)s, %(size)s, '', '', '', %(thread)s, 1, '{{}}', '{{}}', '{{}}', '{{}}', %(fingerprint)s, %(reused)s)
+            %(raw)s, %(size)s, '', '', '', %(thread)s, 1, '{{}}', '{{}}', '{{}}', '{{}}', %(fingerprint)s, %(reused)s,
+            %(history)s)
     ON CONFLICT DO NOTHING
     RETURNING id
 ), audit AS (
@@ -210,6 +217,7 @@ def _insert_event_postgres(row: _IngestRow) -> int | None:
             "tenant": row.mailbox.tenant_id, "mailbox": row.mailbox.pk, "pmid": row.provider_message_id,
             "key": row.key, "source": row.source, "now": row.now, "raw": row.raw, "size": len(row.raw),
             "thread": row.thread_key, "fingerprint": row.fingerprint, "reused": row.reuses_event is not None,
+            "history": row.history,
             "actor": f"provider:{row.source}", "kind": AuditKind.RECEIVED.value, "detail": json.dumps(row.audit_detail),
             "topic": PROCESS_TOPIC,
             "channel": NOTIFY_CHANNEL,
@@ -226,7 +234,7 @@ def _insert_event_orm(row: _IngestRow) -> int | None:
                 tenant_id=row.mailbox.tenant_id, mailbox=row.mailbox, provider_message_id=row.provider_message_id,
                 dedupe_key=row.key, source=row.source, received_at=row.now, updated_at=row.now, raw=row.raw,
                 size=len(row.raw), thread_key=row.thread_key, dispatch_count=1, fingerprint=row.fingerprint,
-                message_id_reused=row.reuses_event is not None,
+                message_id_reused=row.reuses_event is not None, history=row.history,
             )
             record_audit(event.pk, AuditKind.RECEIVED, actor=f"provider:{row.source}", detail=row.audit_detail,
                          at=row.now)

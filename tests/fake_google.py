@@ -11,7 +11,8 @@ Endpoints (bearer token from /token required on /gmail/):
     GET  /gmail/v1/users/{u}/profile                    emailAddress, historyId
     GET  /gmail/v1/users/{u}/history                    startHistoryId, labelId, historyTypes,
                                                         maxResults, pageToken; 404 when too old
-    GET  /gmail/v1/users/{u}/messages                   q=newer_than:Nd, labelIds, maxResults, pageToken
+    GET  /gmail/v1/users/{u}/messages                   q=newer_than:Nd after:N before:N (epoch s), labelIds,
+                                                        maxResults, pageToken
     GET  /gmail/v1/users/{u}/messages/{id}?format=raw   base64url raw, unpadded
     POST /gmail/v1/users/{u}/watch                      historyId, expiration (ms)
 
@@ -43,7 +44,8 @@ class FakeServer:
         self.httpd = None
         self.url = ""
 
-    def start(self):
+    def start(self, ssl_context=None):
+        """Serve on a free port; with `ssl_context` (a server-side ssl.SSLContext) over HTTPS."""
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -89,7 +91,10 @@ class FakeServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        if ssl_context is not None:
+            self.httpd.socket = ssl_context.wrap_socket(self.httpd.socket, server_side=True)
+        scheme = "https" if ssl_context is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
@@ -129,6 +134,11 @@ class FakeGoogle(FakeServer):
         self.token_lifetime = token_lifetime
         self.access_tokens: dict[str, float] = {}
         self.token_requests = 0
+        # rotate_refresh_tokens: every refresh answers a new refresh token and voids the one sent (a client
+        # that sends a voided one again is recorded in reused_refresh_tokens).
+        self.rotate_refresh_tokens = False
+        self.rotated_refresh_tokens: list[str] = []
+        self.reused_refresh_tokens: list[str] = []
         self.messages: dict[str, dict] = {}
         self.history: list[dict] = []
         self.history_id = 5000
@@ -248,11 +258,17 @@ class FakeGoogle(FakeServer):
             if (form.get("grant_type") != "refresh_token" or form.get("client_id") != self.client_id
                     or form.get("client_secret") != self.client_secret
                     or form.get("refresh_token") != self.refresh_token):
+                if form.get("refresh_token") in self.rotated_refresh_tokens:
+                    self.reused_refresh_tokens.append(form["refresh_token"])
                 return 400, {}, {"error": "invalid_grant", "error_description": "Bad Request"}
             token = "ya29." + secrets.token_urlsafe(16)
             self.access_tokens[token] = time.time() + self.token_lifetime
-        return 200, {}, {"access_token": token, "expires_in": self.token_lifetime, "token_type": "Bearer",
-                         "scope": "https://www.googleapis.com/auth/gmail.readonly"}
+            answer = {"access_token": token, "expires_in": self.token_lifetime, "token_type": "Bearer",
+                      "scope": "https://www.googleapis.com/auth/gmail.readonly"}
+            if self.rotate_refresh_tokens:
+                self.rotated_refresh_tokens.append(self.refresh_token)
+                self.refresh_token = answer["refresh_token"] = "1//" + secrets.token_urlsafe(16)
+        return 200, {}, answer
 
     def _history(self, start: int, query, page_size: int, offset: int):
         if start < self.oldest_history_id:
@@ -286,13 +302,20 @@ class FakeGoogle(FakeServer):
     def _list(self, query, page_size: int, offset: int):
         label = (query.get("labelIds") or [None])[0]
         q = (query.get("q") or [""])[0]
-        newer = None
-        if q.startswith("newer_than:") and q.endswith("d"):
-            newer = time.time() - int(q[len("newer_than:"):-1]) * 86400
+        newer, after, before = None, None, None
+        for term in q.split():  # newer_than:Nd, after:<epoch s>, before:<epoch s> (others are not filtered here)
+            if term.startswith("newer_than:") and term.endswith("d"):
+                newer = time.time() - int(term[len("newer_than:"):-1]) * 86400
+            elif term.startswith("after:"):
+                after = int(term[len("after:"):])
+            elif term.startswith("before:"):
+                before = int(term[len("before:"):])
         matches = [
             (m["internal_ms"], mid) for mid, m in self.messages.items()
             if not m["deleted"] and (label is None or label in m["labels"])
             and (newer is None or m["internal_ms"] / 1000 >= newer)
+            and (after is None or m["internal_ms"] / 1000 > after)
+            and (before is None or m["internal_ms"] / 1000 < before)
         ]
         matches.sort(reverse=True)  # newest first, as Gmail lists
         page = matches[offset:offset + page_size]

@@ -11,6 +11,7 @@ Endpoints (bearer token required on /v1.0/):
                                                                 $skiptoken / $deltatoken; paged by
                                                                 Prefer: odata.maxpagesize; ids are
                                                                 immutable only with Prefer: IdType="ImmutableId"
+    GET    /v1.0/users/{u}/mailFolders/{folder}/messages        $filter=receivedDateTime ge/le/lt X, $top, $skip
     GET    /v1.0/users/{u}/messages/{id}/$value                 the MIME (immutable or REST id)
     POST   /v1.0/subscriptions                                  validates notificationUrl when `validate` is set
     PATCH  /v1.0/subscriptions/{id}                             renew
@@ -52,6 +53,11 @@ class FakeGraph(FakeServer):
         self.token_lifetime = token_lifetime
         self.access_tokens: dict[str, float] = {}
         self.token_requests = 0
+        # As Entra ID does: a refresh answers a new refresh token; here the one sent is then void too
+        # (rotate_refresh_tokens; a voided one sent again is recorded in reused_refresh_tokens).
+        self.rotate_refresh_tokens = False
+        self.rotated_refresh_tokens: list[str] = []
+        self.reused_refresh_tokens: list[str] = []
         self.messages: list[dict] = []
         self.change_seq = 0
         self.states: dict[str, dict] = {}
@@ -164,6 +170,8 @@ class FakeGraph(FakeServer):
         with self.lock:
             if (method == "GET" and len(rest) == 4 and rest[0] == "mailFolders" and rest[2:] == ["messages", "delta"]):
                 return self._delta(rest[1], query, prefer)
+            if method == "GET" and len(rest) == 3 and rest[0] == "mailFolders" and rest[2] == "messages":
+                return self._list(rest[1], query, prefer)
             if method == "GET" and len(rest) == 3 and rest[0] == "messages" and rest[2] == "$value":
                 message = self._find(rest[1])
                 if message is None or message["deleted"]:
@@ -182,12 +190,20 @@ class FakeGraph(FakeServer):
                 ok = ok and self.refresh_token is not None and form.get("refresh_token") == self.refresh_token
             else:
                 ok = False
+            if not ok and form.get("refresh_token") in self.rotated_refresh_tokens:
+                self.reused_refresh_tokens.append(form["refresh_token"])
+                return 400, {}, {"error": "invalid_grant", "error_description": "AADSTS70000: The provided "
+                                 "value for the 'refresh_token' is not valid."}
             if not ok:
                 return 401, {}, {"error": "invalid_client",
                                  "error_description": "AADSTS7000215: Invalid client secret."}
             token = "eyJ0eXAi." + secrets.token_urlsafe(16)
             self.access_tokens[token] = time.time() + self.token_lifetime
-        return 200, {}, {"token_type": "Bearer", "expires_in": self.token_lifetime, "access_token": token}
+            answer = {"token_type": "Bearer", "expires_in": self.token_lifetime, "access_token": token}
+            if self.rotate_refresh_tokens and form.get("grant_type") == "refresh_token":
+                self.rotated_refresh_tokens.append(self.refresh_token)
+                self.refresh_token = answer["refresh_token"] = "0.AXoA" + secrets.token_urlsafe(24)
+        return 200, {}, answer
 
     def _delta(self, folder: str, query, prefer: str):
         immutable = 'IdType="ImmutableId"' in prefer
@@ -236,6 +252,27 @@ class FakeGraph(FakeServer):
         else:
             self.states[new_token] = {"folder": folder, "watermark": watermark, "since": since}
             answer["@odata.deltaLink"] = f"{link}?$deltatoken={new_token}"
+        return 200, {}, answer
+
+    def _list(self, folder: str, query, prefer: str):
+        """`GET .../mailFolders/{folder}/messages`: $filter on receivedDateTime (ge, le, lt joined by "and"),
+        $top, $skip, newest first; `@odata.nextLink` while more match."""
+        immutable = 'IdType="ImmutableId"' in prefer
+        terms = [t.strip().split(" ", 2) for t in (query.get("$filter") or [""])[0].split(" and ") if t.strip()]
+        tests = {"ge": lambda a, b: a >= b, "le": lambda a, b: a <= b, "lt": lambda a, b: a < b}
+        bounds = [(tests[op], _parse(value)) for name, op, value in terms if name == "receivedDateTime"]
+        top = int((query.get("$top") or ["10"])[0])
+        skip = int((query.get("$skip") or ["0"])[0])
+        items = sorted((m for m in self.messages if m["folder"] == folder and not m["deleted"]
+                        and all(test(m["received"], bound) for test, bound in bounds)),
+                       key=lambda m: m["received"], reverse=True)
+        value = [{"id": m["immutable"] if immutable else m["rest"], "receivedDateTime": _iso(m["received"])}
+                 for m in items[skip:skip + top]]
+        answer = {"value": value}
+        if skip + top < len(items):
+            params = "&".join(f"{k}={quote(v[0])}" for k, v in query.items() if k != "$skip")
+            answer["@odata.nextLink"] = (f"{self.api_base}/users/{quote(self.user)}/mailFolders/{folder}/messages"
+                                         f"?{params}&$skip={skip + top}")
         return 200, {}, answer
 
     def _subscriptions(self, method: str, rest: list[str], body: bytes):

@@ -62,7 +62,7 @@ from intake.validation.authresults import (
 from intake.validation.spamscore import spam_score_reached
 from intake.vocabulary import AuditKind, ReasonCode
 
-from . import ack_transport, bounces, intents, numbers
+from . import ack_templates, ack_transport, ack_wording, bounces, intents, numbers
 from .models import Intent, TicketMapping
 
 logger = logging.getLogger(__name__)
@@ -188,9 +188,13 @@ def acknowledgment_skip_reason(event: InboxEvent) -> str | None:
     Order: disabled, no sender, spam flag, spam score, no-reply address, list or
     automated mail, then what the authentication says.
     """
+    if getattr(event, "history", False):  # imported by an archive import (intake.archive): long answered
+        return ReasonCode.ARCHIVED
     policy = ack_policy(event.mailbox)
     if policy == ACK_NEVER:
         return ReasonCode.ACK_DISABLED
+    if (getattr(event, "route", None) or {}).get("action") == "mark_spam":  # a filter rule (classification)
+        return ReasonCode.MARKED_SPAM
     sender = (event.sender or "").strip()
     if not sender:
         return ReasonCode.NO_SENDER
@@ -316,17 +320,12 @@ def plan(event: InboxEvent, destination) -> Intent | None:
 def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent) -> EmailMessage:
     token = ticket_token(mapping)
     # Only an authenticated sender's own subject is echoed: for anyone else (`ack_policy` "always") it could be
-    # text a stranger chose, sent on from the tenant's address.
-    if sender_authentication(event).authenticated:
-        subject = "Re: " + " ".join((event.subject or "your request").split())[:200]
-    else:
-        subject = "We have received your request"
-    sla_hours = (mapping.destination.settings or {}).get("sla_hours")
-    promise = f"We aim to answer within {int(sla_hours)} hours.\n\n" if sla_hours else ""
-    body = (
-        f"Hello,\n\nwe have received your request and opened ticket {token}.\n\n{promise}"
-        f"Reply to this email to add to it; keep [#{token}] in the subject.\n\n-- \n{event.mailbox.address}\n"
-    )
+    # text a stranger chose, sent on from the tenant's address. The words: the tenant's template for the
+    # requester's language, or the built-in text (ticketing.ack_wording); raises TemplateProblem.
+    words = ack_wording.wording(event=event, token=token, echo_subject=sender_authentication(event).authenticated,
+                                sla_hours=(mapping.destination.settings or {}).get("sla_hours"),
+                                planned_at=intent.created_at)
+    subject, body = words.subject, words.body
     headers = {
         "Auto-Submitted": "auto-replied",
         settings.MAILROOM_LOOP_HEADER: settings.MAILROOM_INSTANCE_ID,
@@ -336,8 +335,10 @@ def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent) -> Email
     if event.message_id_header:
         headers["In-Reply-To"] = f"<{event.message_id_header}>"
         headers["References"] = f"<{event.message_id_header}>"
-    return EmailMessage(subject=f"[#{token}] {subject}", body=body, from_email=event.mailbox.address,
-                        to=[event.sender], headers=headers)
+    message = EmailMessage(subject=f"[#{token}] {subject}", body=body, from_email=event.mailbox.address,
+                           to=[event.sender], headers=headers)
+    message.wording = words.detail   # which template and language, for the audit row
+    return message
 
 
 def send(intent_id: int, worker: str) -> str:
@@ -353,7 +354,15 @@ def send(intent_id: int, worker: str) -> str:
         return "no_ticket"  # never acknowledge what is not a ticket
     if not intents.claim(intent.pk, worker):
         return "busy"
-    message = _compose(event, mapping, intent)
+    try:
+        message = _compose(event, mapping, intent)
+    except ack_templates.TemplateProblem as exc:
+        # A template past its limits (stored before the save check, or limits lowered since): nothing is sent.
+        if not intents.record_acknowledgment_not_sent(intent, worker=worker, reason=ReasonCode.ACK_TEMPLATE_FAILED,
+                                                      detail={"problem": str(exc)[:300]}):
+            return "claim_lost"
+        logger.info("event %s: acknowledgment not sent (%s)", event.pk, ReasonCode.ACK_TEMPLATE_FAILED)
+        return "template_failed"
     try:
         with get_connection(timeout=settings.MAILROOM_SMTP_TIMEOUT) as connection:
             message.connection = connection
@@ -372,7 +381,7 @@ def send(intent_id: int, worker: str) -> str:
         logger.info("event %s: acknowledgment not sent (%s)", event.pk, ReasonCode.ADDRESS_NOT_DELIVERABLE)
         return "not_deliverable"
     if not intents.record_acknowledgment_sent(intent, message.extra_headers["Message-ID"], worker,
-                                              detail={"token": ticket_token(mapping)}):
+                                              detail={"token": ticket_token(mapping), **message.wording}):
         return "claim_lost"
     logger.info("acknowledged event %s (ticket %s)", event.pk, ticket_token(mapping))
     return "sent"

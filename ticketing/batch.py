@@ -95,6 +95,8 @@ def _may_be_plain(event: InboxEvent, cache: dict) -> bool:
         return False  # the per-event path parks it
     if event.route or event.route_override:
         return False  # classified before, or corrected by an operator: a replay, not plain
+    if event.history:
+        return False  # archive history: a closed ticket, made by the per-event path (intake.archive)
     return not _policy(event.tenant_id, cache).ai_enabled  # a proposal may need a review first
 
 
@@ -131,8 +133,8 @@ def _primaries(candidates, cache: dict, rest: list[int]):
 def _classified(event: InboxEvent, parsed, cache: dict) -> _Plain | None:
     """Classify (rules, the policy's defaults) and route; None when the event is not plain after all."""
     route = classification.classify(event, parsed, policy=_policy(event.tenant_id, cache)).as_json()
-    if route.get("review_reason"):
-        return None
+    if route.get("review_reason") or route.get("action") == classification.SUPPRESS:
+        return None  # review or a rule's suppression: the per-event path moves the event
     event.route = route  # `services.route` reads it; cleared again below if the event is not plain
     destination = services.route(event, cache)
     adapter = _builtin_adapter(destination, cache)
@@ -225,7 +227,8 @@ def _insert_tickets(plain: list[_Plain], mine: dict, now) -> list[Ticket]:
 def _stored(plain: list[_Plain]) -> dict[int, InboxEvent]:
     """The events as normalization stored them (sender, details, auth results): what the acknowledgment reads."""
     stored = {e.pk: e for e in InboxEvent.objects.filter(pk__in=[p.event.pk for p in plain])
-              .only("pk", "tenant_id", "mailbox_id", "provider_message_id", "sender", "details", "auth_results")}
+              .only("pk", "tenant_id", "mailbox_id", "provider_message_id", "sender", "details", "auth_results",
+                    "route")}
     for p in plain:
         stored[p.event.pk].mailbox = p.event.mailbox
     return stored

@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 State = InboxEvent.State
 THREAD_RETRY_SECONDS = 2
 REUSED_MESSAGE_ID = "message_id_reused"
+ARCHIVED_FLAG = "archived"   # the ticket's tag `mailroom-archived`
 
 
 def worker_identity() -> str:
@@ -118,6 +119,7 @@ class Work:
         tags = ("mailroom",) + tuple(f"mailroom-{flag.replace('_', '-')}" for flag in self.flags)
         if chosen["sensitive"]:
             tags += (classification.NEEDS_APPROVAL,)
+        tags += tuple(t for t in chosen["tags"] if t not in tags)  # filter rules' tags (tag, mark_spam)
         person = people.requester(self.event, parsed)
         cc = people.copied(self.event, parsed, person.email)
         html, files, (_, held, listing) = self._rich(adapter)
@@ -131,7 +133,7 @@ class Work:
                              queue=chosen["queue"], priority=chosen["priority"],
                              request_type=chosen["request_type"], assignee=chosen["assignee"],
                              requester_name=person.name, cc=cc, html=html, files=files, held_files=held,
-                             follow_up_of=self.follow_up_of)
+                             follow_up_of=self.follow_up_of, status="closed" if self.event.history else "")
 
     def comment_request(self, adapter) -> CommentRequest:
         """What a reply adds: the new text, written as the customer (public) or, from one of the tenant's
@@ -206,13 +208,15 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
 
     # A ticket made from a message that reused another's Message-ID says so, for the agent.
     ticket_flags = [REUSED_MESSAGE_ID] if event.message_id_reused else []
+    if event.history:  # an archive import's history: a closed ticket of its own (intake.archive), tagged so
+        ticket_flags.append(ARCHIVED_FLAG)
     follow_up = selectors.follow_up_intent(event.pk)
     if follow_up is not None:  # a reply its desk refused because the ticket is closed: a follow-up ticket
         work = Work(event, Intent.Action.CREATE_TICKET, parsed, flags=ticket_flags,
                     follow_up_of=str(follow_up.progress.get("follow_up_of", "")))
         return _act(event, follow_up.destination, work, worker)
     _note_forward(event, parsed, worker)
-    if not threads.is_thread_work(parsed):
+    if event.history or not threads.is_thread_work(parsed):  # history never reopens a thread's ticket
         destination = _classify_and_route(event, parsed, worker, cache)
         if isinstance(destination, str):
             return destination
@@ -250,6 +254,14 @@ def _classify_and_route(event: InboxEvent, parsed, worker: str, cache: dict) -> 
     actor = f"worker:{worker}"
     if not event.route:
         _store_route(event, classification.classify(event, parsed), actor)
+    if event.route.get("action") == classification.SUPPRESS and not _rule_suppression_settled(event):
+        suppressed = event.route.get("suppressed") or {}
+        transition_event(event.pk, InboxEvent.OPEN_STATES, State.SUPPRESSED, actor=actor,
+                         kind=AuditKind.SUPPRESSED, reason_code=ReasonCode.RULE_SUPPRESSED,
+                         reason_detail=classification.suppression_text(event.route),
+                         detail={"rule": suppressed.get("rule"), "rule_name": suppressed.get("name", ""),
+                                 "suppress_reason": suppressed.get("reason", "")})
+        return State.SUPPRESSED
     if event.route.get("review_reason") == classification.LOW_CONFIDENCE and not _low_confidence_settled(event):
         transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=actor,
                          kind=AuditKind.AWAITING_REVIEW, reason_code=ReasonCode.LOW_CONFIDENCE,
@@ -281,6 +293,12 @@ def _store_route(event: InboxEvent, chosen: classification.Route, actor: str) ->
 def classified_detail(route_json: dict) -> dict:
     """The `classified` audit row's detail: the route without the AI's rationale (the console shows that)."""
     return {**route_json, "ai": {k: v for k, v in route_json["ai"].items() if k != "rationale"}}
+
+
+def _rule_suppression_settled(event: InboxEvent) -> bool:
+    """A rule suppressed this event before: only an operator's replay brings it back here, and that wins."""
+    return AuditEvent.objects.filter(inbox_event_id=event.pk, kind=AuditKind.SUPPRESSED,
+                                     detail__reason=ReasonCode.RULE_SUPPRESSED).exists()
 
 
 def _low_confidence_settled(event: InboxEvent) -> bool:

@@ -35,6 +35,8 @@ class FetchedMessage:
     provider_message_id: str
     raw: bytes
     metadata: dict = field(default_factory=dict)
+    # Received before the mailbox's archive cut-off (`Mailbox.archive_before`, intake.archive): stored as history.
+    history: bool = False
 
 
 @dataclass
@@ -59,6 +61,8 @@ class PollBatch:
     messages: list[FetchedMessage]
     cursor: dict
     more: bool = False
+    # An archive import is running and this batch fetched the last of the mail before the cut-off.
+    archive_done: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ not stored it yet.
 """
 from intake.models import InboxEvent
 
-from .base import Provider
+from .base import FetchedMessage, PollBatch, Provider
 from .oauth import ApiClient, TokenSource
 
 
@@ -50,6 +50,25 @@ class ApiProvider(Provider):
             client_id=str(self.settings.get("client_id") or ""),
             **options,
         )
+
+    def with_archive(self, batch: PollBatch, cursor: dict) -> PollBatch:
+        """`batch` (live mail) while an archive import runs: live mail first, so it is ticketed as usual from the
+        start, then the history one page at a time (`archive_page`), its place under the cursor's "archive"."""
+        before = self.mailbox.archive_before
+        if before is None or self.mailbox.archive_done_at is not None:
+            return batch
+        state = (cursor or {}).get("archive")
+        if not isinstance(state, dict) or state.get("before") != before.isoformat():
+            state = {"before": before.isoformat()}
+        if batch.messages or batch.more:
+            return PollBatch(batch.messages, {**batch.cursor, "archive": state}, more=True)
+        history, state, done = self.archive_page(state)
+        return PollBatch(history, {**batch.cursor, "archive": state}, more=not done, archive_done=done)
+
+    def archive_page(self, state: dict) -> tuple[list[FetchedMessage], dict, bool]:
+        """Subclasses that import archives must provide: one page of the mail received before the cut-off, from
+        `state` (the cursor's "archive" entry), as (messages with history=True, the next state, done)."""
+        raise NotImplementedError
 
     def not_yet_stored(self, ids: list[str]) -> list[str]:
         """`ids` without repeats and without the messages this mailbox already stored, in their order.

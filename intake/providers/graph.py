@@ -40,11 +40,17 @@ or a delegated refresh token).
 Listing (reconciliation, `list_recent`): `GET .../mailFolders/{folder}/messages` with
 `$filter=receivedDateTime ge <since> and receivedDateTime le <until>`, `$select=id`, `$top=<limit>`
 (immutable ids), `@odata.nextLink` as the resume point; `fetch_listed` is the poll's `$value` fetch.
+
+Archive import (`Mailbox.archive_before` set, `archive_done_at` not yet; intake.archive): once the delta has
+nothing more, `GET .../mailFolders/{folder}/messages` with `$filter=receivedDateTime lt <cut-off>`, a page
+per call (`"archive": {"before", "next_link"}` in the cursor), every message fetched unless stored; the
+last page says `archive_done`. While a cut-off is set, a message whose receivedDateTime (from the delta,
+the listing or the scan) is before it is `history`.
 """
 import hmac
 import json
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 from django.http import HttpResponse
@@ -86,6 +92,7 @@ class GraphProvider(ApiProvider):
         super().__init__(mailbox)
         self.user = str(self.settings.get("user") or "")
         self.folder = str(self.settings.get("folder") or "inbox")
+        self._listed_dates: dict[str, str] = {}  # id -> receivedDateTime of what list_recent named
 
     # --- Webhook ------------------------------------------------------------------
 
@@ -155,9 +162,44 @@ class GraphProvider(ApiProvider):
     def poll(self, cursor: dict) -> PollBatch:
         cursor = cursor or {}
         link = cursor.get("next_link") or cursor.get("delta_link")
-        if not link:
-            return self._page(None)
-        return self._page(str(link))
+        batch = self._page(str(link) if link else None)
+        return self.with_archive(batch, cursor)
+
+    def archive_page(self, state: dict) -> tuple[list[FetchedMessage], dict, bool]:
+        before = self.mailbox.archive_before
+        fresh = {"before": before.isoformat()}
+        if state.get("next_link"):
+            response = self.client.get(str(state["next_link"]), headers=self._headers(), handle=(400, 404, 410))
+            if response.status_code != 200:  # a page link no longer served: scan again (stored ones are skipped)
+                return [], fresh, False
+        else:
+            params = {"$filter": f"receivedDateTime lt {before.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}",
+                      "$select": "id,receivedDateTime", "$top": self.page_size}
+            path = f"{self.user_path}/mailFolders/{quote(self.folder, safe='')}/messages"
+            response = self.client.get(path, params=params, headers=self._headers())
+        body = json_or_empty(response)
+        if not isinstance(body.get("value"), list):
+            raise TransientError("unreadable_response", f"graph HTTP {response.status_code}, no message page")
+        messages = self._fetch(*self._ids_and_dates(body["value"]))
+        next_link = body.get("@odata.nextLink")
+        if next_link:
+            return messages, {**fresh, "next_link": str(next_link)}, False
+        return messages, fresh, True
+
+    @staticmethod
+    def _ids_and_dates(items) -> tuple[list[str], dict[str, str]]:
+        items = [item for item in items if isinstance(item, dict) and item.get("id") and "@removed" not in item]
+        return [str(item["id"]) for item in items], {str(item["id"]): str(item.get("receivedDateTime") or "")
+                                                    for item in items}
+
+    def _is_history(self, received: str) -> bool:
+        before = self.mailbox.archive_before
+        if before is None or not received:
+            return False
+        try:
+            return datetime.fromisoformat(received.replace("Z", "+00:00")) < before
+        except ValueError:
+            return False
 
     def _page(self, link: str | None) -> PollBatch:
         if link is None:
@@ -178,9 +220,7 @@ class GraphProvider(ApiProvider):
         body = json_or_empty(response)
         if not isinstance(body.get("value"), list):
             raise TransientError("unreadable_response", f"graph HTTP {response.status_code}, no delta page")
-        ids = [str(item["id"]) for item in body["value"]
-               if isinstance(item, dict) and item.get("id") and "@removed" not in item]
-        messages = self._fetch(ids)
+        messages = self._fetch(*self._ids_and_dates(body["value"]))
         if body.get("@odata.nextLink"):
             return PollBatch(messages, {"next_link": str(body["@odata.nextLink"])}, more=True)
         if body.get("@odata.deltaLink"):
@@ -205,13 +245,14 @@ class GraphProvider(ApiProvider):
             raise TransientError("unreadable_response", f"graph HTTP {response.status_code}, no message page")
         listed = [ListedMessage(str(item["id"]), str(item["id"])) for item in body["value"]
                   if isinstance(item, dict) and item.get("id")]
+        self._listed_dates.update(self._ids_and_dates(body["value"])[1])  # for fetch_listed: history or not
         next_link = body.get("@odata.nextLink")
         return Listing(listed, {"next_link": str(next_link)} if next_link else None)
 
     def fetch_listed(self, listed: list[ListedMessage]) -> list[FetchedMessage]:
-        return self._fetch([m.provider_message_id for m in listed])
+        return self._fetch([m.provider_message_id for m in listed], self._listed_dates)
 
-    def _fetch(self, ids: list[str]) -> list[FetchedMessage]:
+    def _fetch(self, ids: list[str], received: dict[str, str] | None = None) -> list[FetchedMessage]:
         fetched = []
         for message_id in self.not_yet_stored(ids):
             response = self.client.get(f"{self.user_path}/messages/{quote(message_id, safe='')}/$value",
@@ -222,5 +263,6 @@ class GraphProvider(ApiProvider):
             if not response.content:
                 raise TransientError("unreadable_response", "graph returned an empty MIME body")
             fetched.append(FetchedMessage(provider_message_id=message_id, raw=response.content,
-                                          metadata={"folder": self.folder}))
+                                          metadata={"folder": self.folder},
+                                          history=self._is_history((received or {}).get(message_id, ""))))
         return fetched

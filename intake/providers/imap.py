@@ -6,7 +6,9 @@ nothing ever sets `\\Seen`, moves, expunges or deletes anything on the server.
 Settings (`Mailbox.settings`): `host`, `port` (993 with ssl, else 143), `ssl`
 (default true), `starttls` (default false), `username`, `folder` (default
 INBOX); optional `batch_size` (200), `max_batch_bytes` (64 MiB), `overlap` (20),
-`sync_days` (7), `timeout` (60 s). `credentials_ref` resolves to the password.
+`sync_days` (7), `timeout` (60 s). `credentials_ref` resolves to the password; with `auth: "xoauth2"` to
+OAuth credentials instead (intake.providers.imap_oauth: `oauth_flavor`, `token_url`/`authority`, `client_id`,
+`scope`), and the login is SASL XOAUTH2 (or OAUTHBEARER with `sasl: "oauthbearer"`) with an access token.
 The host passes the egress guard (`intake.egress`): when the mailbox is saved, and when it is connected
 (`GuardedIMAPClient` resolves, checks every address and connects to the checked one; TLS keeps the name).
 
@@ -28,6 +30,14 @@ The cursor (stored by the polling service only after the batch is committed):
   one), so messages already ingested under their old UIDs are duplicates.
 * Batches are bounded by `batch_size` messages and `max_batch_bytes` (but
   always at least one message), using RFC822.SIZE before fetching bodies.
+* Archive import (`Mailbox.archive_before` set, `archive_done_at` not yet): besides the live
+  mail above (fetched first, ticketed as usual), the poll scans UIDs 1..`max_uid` (those the
+  live path had not taken whole when the import began) for every message whose INTERNALDATE
+  is before the cut-off, whatever `sync_days` says, in bounded batches, its place kept in the
+  cursor as `"archive": {"before", "max_uid", "next_uid"}`. The batch that ends the scan says
+  `archive_done`. While a cut-off is set, any message fetched (polled or listed) with an
+  INTERNALDATE before it is `history`; a resync's window then starts no earlier than the
+  cut-off's day (the mail before it is the scan's).
 
 Listing (the reconciler's view, `list_recent`): `UID SEARCH SINCE <a day before since>` in the
 folder, in UID order from the resume point, at most `limit` UIDs; for those, INTERNALDATE and
@@ -46,6 +56,7 @@ from intake.keys import message_id_from_raw, provider_message_id_for_raw
 from intake.logging import mask_address
 from intake.secrets import SecretUnavailable, resolve_secret
 
+from . import imap_oauth
 from .base import FetchedMessage, ListedMessage, Listing, PermanentError, PollBatch, Provider, TransientError
 
 logger = logging.getLogger(__name__)
@@ -120,6 +131,9 @@ class ImapProvider(Provider):
         self.overlap = max(0, int(options.get("overlap", DEFAULT_OVERLAP)))
         self.sync_days = max(0, int(options.get("sync_days", DEFAULT_SYNC_DAYS)))
         self.timeout = float(options.get("timeout") or DEFAULT_TIMEOUT)
+        self.auth = options.get("auth") or "password"
+        self.sasl = options.get("sasl") or "xoauth2"
+        self._tokens = None  # an imap_oauth token source, with auth xoauth2
         self._client: IMAPClient | None = None
         self._folder_status: dict | None = None
 
@@ -130,10 +144,17 @@ class ImapProvider(Provider):
             return self._client
         if not self.host:
             raise PermanentError("settings", "no IMAP host configured")
-        try:
-            password = resolve_secret(self.mailbox.credentials_ref, tenant=self.mailbox.tenant, owner=self.mailbox)
-        except SecretUnavailable as exc:
-            raise PermanentError("credentials", f"password reference: {exc}") from None
+        password = access_token = None
+        if self.auth == "xoauth2":
+            if self._tokens is None:
+                self._tokens = imap_oauth.token_source(self.mailbox)
+            access_token = self._tokens.token()  # PermanentError / TransientError as they come
+        else:
+            try:
+                password = resolve_secret(self.mailbox.credentials_ref, tenant=self.mailbox.tenant,
+                                          owner=self.mailbox)
+            except SecretUnavailable as exc:
+                raise PermanentError("credentials", f"password reference: {exc}") from None
         try:
             # Checked here for a clear refusal, and again by the connection itself (against DNS rebinding).
             check_host(self.host, self.port, purpose=IMAP_HOST.purpose, policy=IMAP_HOST)
@@ -149,14 +170,17 @@ class ImapProvider(Provider):
                     client.starttls(ssl_module.create_default_context())
                 except imap_errors.CapabilityError:
                     raise PermanentError("settings", "the server does not offer STARTTLS") from None
-            client.login(self.username, password)
+            if access_token is not None:
+                self._oauth_login(client, access_token)
+            else:
+                client.login(self.username, password)
         except imap_errors.LoginError as exc:
             self._drop(client)
             text = _text(exc)
             if any(code in text for code in _TRANSIENT_LOGIN_TEXT):
                 raise TransientError("login unavailable", mask_address(text)) from None
             raise PermanentError("credentials", mask_address(text) or "login refused") from None
-        except PermanentError:
+        except (PermanentError, TransientError):
             self._drop(client)
             raise
         except (OSError, imaplib.IMAP4.error) as exc:
@@ -164,6 +188,22 @@ class ImapProvider(Provider):
             raise TransientError("connection", f"{type(exc).__name__}: {mask_address(_text(exc))}") from None
         self._client = client
         return client
+
+    def _oauth_login(self, client: IMAPClient, access_token: str) -> None:
+        """AUTHENTICATE XOAUTH2 / OAUTHBEARER. A cached token the server refuses may have expired or been revoked
+        early: one fresh token, once, on the same connection; a refused fresh token is a LoginError."""
+        for attempt in (1, 2):
+            try:
+                if self.sasl == "oauthbearer":
+                    client.oauthbearer_login(self.username, access_token)
+                else:
+                    client.oauth2_login(self.username, access_token)
+                return
+            except imap_errors.LoginError:
+                if attempt == 2 or self._tokens.last_fresh:
+                    raise
+            self._tokens.invalidate()
+            access_token = self._tokens.token()
 
     @staticmethod
     def _drop(client: IMAPClient) -> None:
@@ -173,6 +213,9 @@ class ImapProvider(Provider):
             pass
 
     def close(self) -> None:
+        session = getattr(self._tokens, "session", None)
+        if session is not None:
+            session.close()
         client, self._client, self._folder_status = self._client, None, None
         if client is None:
             return
@@ -226,9 +269,11 @@ class ImapProvider(Provider):
                                self.mailbox.slug, cursor.get("uidvalidity"), uidvalidity, self.sync_days)
             uidnext = int(status.get(b"UIDNEXT") or 0)
             sync_max = uidnext - 1 if uidnext else max(client.search(["ALL"]) or [0])
+            sync_since = date.today() - timedelta(days=self.sync_days)
+            if self._archive_running():  # mail before the cut-off is the archive scan's (_archive_batch)
+                sync_since = max(sync_since, self._cutoff().date())
             cursor = {"uidvalidity": uidvalidity, "last_uid": 0, "seen": [],
-                      "sync_since": (date.today() - timedelta(days=self.sync_days)).isoformat(),
-                      "sync_max_uid": sync_max}
+                      "sync_since": sync_since.isoformat(), "sync_max_uid": sync_max}
         last_uid = int(cursor.get("last_uid") or 0)
         seen = set(cursor.get("seen") or [])
         low = max(1, last_uid - self.overlap + 1)
@@ -239,7 +284,7 @@ class ImapProvider(Provider):
         chosen = self._bounded(client, candidates[: self.batch_size])
         messages = []
         if chosen:
-            fetched = client.fetch(chosen, ["BODY.PEEK[]"])
+            fetched = client.fetch(chosen, self._body_items())
             for uid in chosen:
                 data = fetched.get(uid)
                 if data is None or b"BODY[]" not in data:
@@ -247,7 +292,8 @@ class ImapProvider(Provider):
                     # that still exists (the next poll searches again).
                     continue
                 raw = bytes(data[b"BODY[]"])
-                messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid}))
+                messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid},
+                                               history=self._is_history(data)))
             if len(messages) < len(chosen):
                 present = {m.metadata["uid"] for m in messages}
                 # A UID that vanished mid-batch was expunged: moving past it loses nothing.
@@ -262,7 +308,70 @@ class ImapProvider(Provider):
             new_cursor["sync_since"] = cursor["sync_since"]
             new_cursor["sync_max_uid"] = cursor["sync_max_uid"]
         more = len(candidates) > len(chosen)
-        return PollBatch(messages=messages, cursor=new_cursor, more=more)
+        if not self._archive_running():
+            return PollBatch(messages=messages, cursor=new_cursor, more=more)
+        # An archive import: live mail first (it is ticketed as usual from the start), then the history.
+        archive = self._archive_state(cursor, uidvalidity)
+        if chosen:
+            return PollBatch(messages=messages, cursor={**new_cursor, "archive": archive}, more=True)
+        history, archive, done = self._archive_batch(client, archive)
+        return PollBatch(messages=history, cursor={**new_cursor, "archive": archive}, more=more or not done,
+                         archive_done=done)
+
+    # --- archive import (intake.archive) -------------------------------------------------------
+
+    def _cutoff(self) -> datetime | None:
+        return self.mailbox.archive_before
+
+    def _archive_running(self) -> bool:
+        return self.mailbox.archive_before is not None and self.mailbox.archive_done_at is None
+
+    def _body_items(self) -> list[str]:
+        # With a cut-off, INTERNALDATE says which messages are history.
+        return ["BODY.PEEK[]", "INTERNALDATE"] if self._cutoff() is not None else ["BODY.PEEK[]"]
+
+    def _is_history(self, data: dict) -> bool:
+        cutoff = self._cutoff()
+        arrived = _aware(data.get(b"INTERNALDATE")) if cutoff is not None else None
+        return arrived is not None and arrived < cutoff
+
+    def _archive_state(self, cursor: dict, uidvalidity: int) -> dict:
+        """The scan of UIDs 1..max_uid for mail before the cut-off; begun again when the cut-off or the
+        UIDVALIDITY changed. `max_uid`: the highest UID the live path did not take whole when the import
+        began (a resync's `sync_max_uid`, else the cursor's `last_uid`); everything above is live-fetched."""
+        before = self._cutoff().isoformat()
+        state = cursor.get("archive") if cursor.get("uidvalidity") == uidvalidity else None
+        # A finished scan under a running import is a new start (the finishing batch set archive_done_at).
+        if isinstance(state, dict) and state.get("before") == before and state["next_uid"] <= state["max_uid"]:
+            return state
+        highest = max(int(cursor.get("sync_max_uid") or 0), int(cursor.get("last_uid") or 0))
+        return {"before": before, "max_uid": highest, "next_uid": 1}
+
+    def _archive_batch(self, client: IMAPClient, state: dict) -> tuple[list[FetchedMessage], dict, bool]:
+        """(the next bounded batch of mail before the cut-off, the scan's new state, whether the scan is done)."""
+        low, high = int(state["next_uid"]), int(state["max_uid"])
+        if low > high:  # ("n:m" with n > m would mean m:n in IMAP)
+            return [], state, True
+        cutoff = self._cutoff()
+        # BEFORE compares dates in the server's time zone: ask to a day later, INTERNALDATE decides.
+        criteria = ["UID", f"{low}:{high}", "BEFORE", (cutoff + timedelta(days=1)).date()]
+        uids = sorted(uid for uid in (int(u) for u in client.search(criteria)) if low <= uid <= high)
+        chunk = uids[: self.batch_size]
+        dates = client.fetch(chunk, ["INTERNALDATE"]) if chunk else {}
+        older = [uid for uid in chunk if self._is_history(dates.get(uid) or {})]
+        chosen = self._bounded(client, older)
+        taken = chunk.index(chosen[-1]) + 1 if chosen else len(chunk)
+        rest = uids[taken:]
+        messages = []
+        if chosen:
+            fetched = client.fetch(chosen, ["BODY.PEEK[]"])
+            for uid in chosen:
+                raw = (fetched.get(uid) or {}).get(b"BODY[]")
+                if raw is not None:  # expunged since the search: nothing to take
+                    raw = bytes(raw)
+                    messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid}, history=True))
+        state = {**state, "next_uid": rest[0] if rest else high + 1}
+        return messages, state, not rest
 
     def _search_from(self, client: IMAPClient, low: int, cursor: dict) -> list[int]:
         """UIDs >= `low`; those up to `sync_max_uid` only when dated within the resync window."""
@@ -336,7 +445,12 @@ class ImapProvider(Provider):
     def _fetch_listed(self, listed: list[ListedMessage]) -> list[FetchedMessage]:
         client = self._connect()
         self._examine()
-        messages = [FetchedMessage(m.provider_message_id, m.raw, {"uid": m.handle}) for m in listed if m.raw]
+        # With an archive cut-off, what the reconciler stores from before it is history too (never acknowledged).
+        dates = (client.fetch([int(m.handle) for m in listed], ["INTERNALDATE"])
+                 if listed and self._cutoff() is not None else {})
+        messages = [FetchedMessage(m.provider_message_id, m.raw, {"uid": m.handle},
+                                   history=self._is_history(dates.get(int(m.handle)) or {}))
+                    for m in listed if m.raw]
         wanted = [int(m.handle) for m in listed if not m.raw]
         if wanted:
             fetched = client.fetch(wanted, ["BODY.PEEK[]"])
@@ -344,7 +458,8 @@ class ImapProvider(Provider):
                 raw = (fetched.get(uid) or {}).get(b"BODY[]")
                 if raw is not None:
                     raw = bytes(raw)
-                    messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid}))
+                    messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid},
+                                                   history=self._is_history(dates.get(uid) or {})))
         return messages
 
 

@@ -178,6 +178,8 @@ COMMON = {
     # ticketing.acknowledgments
     "acknowledge": Flag(),
     "ack_policy": Text(choices=("authenticated", "always", "never")),
+    # intake.quiet: the quiet-mailbox alarm (after_hours: a fixed threshold instead of the traffic's)
+    "quiet_alarm": Group(keys={"enabled": Flag(), "after_hours": Number(minimum=0.25, maximum=24 * 90)}),
 }
 POLLING = {
     # intake.schedules, intake.polling
@@ -207,14 +209,21 @@ SCHEMAS = {
              "max_batch_bytes": Whole(minimum=1), "overlap": Whole(minimum=0, maximum=100000),
              "sync_days": Whole(minimum=0, maximum=3650), "timeout": Seconds(maximum=600),
              # OAuth (docs: Mailbox.settings.auth = "xoauth2")
-             "auth": Text(choices=("password", "xoauth2")), "token_url": Url(), "client_id": Text(), "scope": Text()},
+             "auth": Text(choices=("password", "xoauth2")), "token_url": Url(), "client_id": Text(), "scope": Text(),
+             # intake.providers.imap_oauth: who issues the tokens, and the SASL mechanism
+             "oauth_flavor": Text(choices=("generic", "microsoft", "google")), "authority": Url(),
+             "sasl": Text(choices=("xoauth2", "oauthbearer")),
+             # intake.oauth_consent: the consent flow's sign-in page and client secret (a reference)
+             "authorize_url": Url(), "client_secret_ref": Text(max_length=300)},
     "gmail": {**COMMON, **POLLING, **API,
               "page_size": Whole(minimum=1, maximum=500),
               "user_id": Text(), "label_id": Text(),
               "push_auth": Text(choices=("oidc", "url_token")), "push_audience": Text(), "push_issuer": Text(),
-              "jwks_url": Url(), "push_service_account": Text(), "push_topic": Text()},
+              "jwks_url": Url(), "push_service_account": Text(), "push_topic": Text(),
+              "scope": Text(), "authorize_url": Url(), "client_secret_ref": Text(max_length=300)},
     "graph": {**COMMON, **POLLING, **API,
               "user": Text(), "folder": Text(), "tenant_id": Text(), "scope": Text(),
+              "authorize_url": Url(), "client_secret_ref": Text(max_length=300),
               "notification_url": Url(), "subscription_minutes": Whole(minimum=45, maximum=10080)},
     "mailgun": {**COMMON, "domain": Text(pattern=r"[A-Za-z0-9.-]+", help="a domain"), "api_base": Url(),
                 "timeout": Seconds(maximum=300)},
@@ -250,8 +259,12 @@ def settings_errors(provider: str, settings) -> dict[str, list[str]]:
             errors.setdefault("host", []).append("is required for IMAP (the server to poll)")
         if settings.get("ssl", True) is True and settings.get("starttls") is True:
             errors.setdefault("starttls", []).append("needs ssl: false (STARTTLS upgrades a plain connection)")
-        if settings.get("auth") == "xoauth2" and not settings.get("token_url"):
+        flavor = settings.get("oauth_flavor") or "generic"
+        if settings.get("auth") == "xoauth2" and flavor == "generic" and not settings.get("token_url"):
             errors.setdefault("token_url", []).append("is required with auth xoauth2")
+        if settings.get("auth") == "xoauth2" and flavor == "microsoft" and not settings.get("authority"):
+            errors.setdefault("authority", []).append(
+                "is required with oauth_flavor microsoft (https://login.microsoftonline.com/<tenant id>)")
     return errors
 
 

@@ -79,7 +79,9 @@ def _repair(mailbox, provider, listed, current: Pass) -> None:
             finding = current.found(Finding.Kind.MISSING_FROM_INBOX,
                                     f"mailbox:{mailbox.pk}:{message.provider_message_id}",
                                     tenant_id=mailbox.tenant_id, detail={"mailbox": mailbox.slug})
-        result = ingest(mailbox, message.provider_message_id, message.raw, source=mailbox.provider)
+        # Listed from before an archive cut-off: history, as the poll would have stored it (intake.archive).
+        result = ingest(mailbox, message.provider_message_id, message.raw, source=mailbox.provider,
+                        history=message.history)
         if result.duplicate:
             if finding is not None:  # stored meanwhile by the poller or a webhook: nothing was lost
                 resolve(finding.pk, "stored_meanwhile", current.now, inbox_event_id=result.inbox_event_id)

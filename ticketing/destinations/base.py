@@ -84,6 +84,8 @@ class TicketRequest:
     held_files: tuple[HeldFile, ...] = ()
     # The desk's ticket this one follows up (a reply to a closed ticket, policy `follow_up`); "" otherwise.
     follow_up_of: str = ""
+    # "closed": made closed (archive import history, intake.archive) where the desk supports it; "": its default.
+    status: str = ""
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class BuiltinDestination(DestinationAdapter):
             request_type=request.request_type[:100],
             assignee=request.assignee[:200],
             created_at=timezone.now(),
+            status=Ticket.Status.SOLVED if request.status == "closed" else Ticket.Status.NEW,
         )
         return TicketResult(ticket_id=str(ticket.pk), url=self.ticket_url(ticket.pk))
 

@@ -452,6 +452,8 @@ def ticket_payload(request: TicketRequest, external_ref: str, settings: dict | N
         ticket["email_ccs"] = email_ccs(request.cc)
     if str(request.follow_up_of).isdigit():
         ticket["via_followup_source_id"] = int(request.follow_up_of)  # a follow-up of that closed ticket
+    if request.status == "closed":
+        ticket["status"] = "solved"  # archive history ("closed" is reached from solved; the API creates solved)
     custom_fields = []
     merged = {**route_fields(request, settings or {}), **(request.fields or {})}
     for key, value in sorted(merged.items(), key=lambda item: str(item[0])):
