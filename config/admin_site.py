@@ -35,6 +35,9 @@ SECTION_OF = {
     ("ticketing", "destination"): CONFIGURATION,
     ("ticketing", "routingpolicy"): CONFIGURATION,
     ("ticketing", "routingrule"): CONFIGURATION,
+    ("intake", "senderlistentry"): CONFIGURATION,
+    ("ticketing", "acknowledgmenttemplate"): CONFIGURATION,
+    ("ticketing", "businesshours"): CONFIGURATION,
     ("reconciliation", "apitoken"): CONFIGURATION,
     ("auth", "user"): CONFIGURATION,
     ("auth", "group"): CONFIGURATION,
@@ -50,6 +53,7 @@ SECTION_OF = {
     ("reconciliation", "reconciliationrun"): EVIDENCE,
     ("reconciliation", "finding"): EVIDENCE,
     ("intake", "secretresolution"): EVIDENCE,
+    ("intake", "mailboxaudit"): EVIDENCE,
 
     ("intake", "outboxmessage"): INTERNALS,
     ("intake", "pollcursor"): INTERNALS,

@@ -11,6 +11,7 @@ from .models import (
     AuditEvent,
     InboxEvent,
     Mailbox,
+    MailboxAudit,
     OutboxMessage,
     PollCursor,
     ProviderSubscription,
@@ -20,6 +21,7 @@ from .models import (
     WebhookNonce,
     WebhookRejectionCount,
 )
+from .oauth_consent.admin import ConsentAdminMixin  # the consent flow's URLs and panel
 from .selectors import visible_tenants
 
 
@@ -177,15 +179,20 @@ class VerifiedDomainAdmin(SuperusersEditDomainsMixin, TenantScopedAdminMixin, ad
 
 
 @admin.register(Mailbox)
-class MailboxAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, admin.ModelAdmin):
+class MailboxAdmin(ConsentAdminMixin, PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, admin.ModelAdmin):
     form = MailboxForm  # settings checked key by key per provider; allowed recipients one per line
     list_display = ("slug", "tenant", "address", "provider", "poll_enabled", "paused", "health_status",
-                    "last_polled_at")
-    list_filter = ("provider", "poll_enabled", "paused", "health", ("tenant", admin.RelatedOnlyFieldListFilter))
+                    "link_status", "last_success_at", "last_polled_at")
+    list_filter = ("provider", "poll_enabled", "paused", "health", "link_state",
+                   ("tenant", admin.RelatedOnlyFieldListFilter))
     search_fields = ("slug", "address")
     # `paused` is turned on the pause page, which asks why and audits it (reconciliation.services.pauses).
-    readonly_fields = ("paused", "health_status", "health_detail", "last_polled_at", "poll_backoff_until")
-    exclude = ("health",)
+    readonly_fields = ("paused", "health_status", "health_detail", "last_polled_at", "poll_backoff_until",
+                       # the link state moves only through intake.mailbox_health
+                       "link_status", "link_state_since", "poll_failures", "poll_errors_total", "last_success_at",
+                       "quiet_alarm_since",
+                       "archive_done_at")  # set by the poll that ends an archive import (intake.archive)
+    exclude = ("health", "link_state")
     actions = ("poll_now", "reset_health")
 
     class Media:
@@ -220,6 +227,17 @@ class MailboxAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, ad
         return format_html('<span class="mailbox-health mailbox-health-{}" title="{}">{}</span>',
                            obj.health, obj.health_detail, label)
 
+    @admin.display(description="connection", ordering="link_state")
+    def link_status(self, obj):
+        label = obj.get_link_state_display()
+        if obj.link_state_since:
+            label = f"{label} since {obj.link_state_since:%Y-%m-%d %H:%M}"
+        if obj.poll_failures:
+            label = f"{label} ({obj.poll_failures} failed in a row)"
+        if obj.quiet_alarm_since:
+            label = f"{label}; quiet since {obj.quiet_alarm_since:%Y-%m-%d %H:%M}"
+        return format_html('<span class="mailbox-link mailbox-link-{}">{}</span>', obj.link_state, label)
+
     @admin.action(description="Poll now (queued; runs even while backing off)")
     def poll_now(self, request, queryset):
         from . import polling, schedules
@@ -251,7 +269,15 @@ class MailboxAdmin(PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, ad
             stored = Mailbox.objects.filter(pk=obj.pk).values("credentials_ref", "settings").first() or {}
             if (stored.get("credentials_ref"), stored.get("settings")) != (obj.credentials_ref, obj.settings):
                 obj.health, obj.health_detail, obj.poll_backoff_until = Mailbox.Health.OK, "", None
+        from . import archive
+
+        import_wanted = archive.form_request(obj, form.changed_data)  # written and audited by its service
         super().save_model(request, obj, form, change)
+        if import_wanted:
+            archive.start_archive_import(mailbox=obj, before=import_wanted[0], tickets=import_wanted[1],
+                                         actor=f"user:{request.user.get_username()}", user=request.user)
+            self.message_user(request, f"Archive import of mail before {import_wanted[0]:%Y-%m-%d %H:%M} started: "
+                                       "the next polls import it.", messages.SUCCESS)
         for warning in secret_warnings(obj, ("webhook_secret_ref", "credentials_ref")):
             self.message_user(request, warning, messages.WARNING)
 
@@ -412,3 +438,16 @@ class SecretResolutionAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.Mo
     list_filter = ("outcome", "fresh")
     search_fields = ("ref", "owner")
     ordering = ("-at",)
+
+
+@admin.register(MailboxAudit)
+class MailboxAuditAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """A mailbox's connection history (tokens, health transitions, quiet alarms, archive imports): evidence."""
+    list_display = ("at", "mailbox", "kind", "actor")
+    fields = readonly_fields = ("at", "mailbox", "tenant", "kind", "actor", "detail")
+    list_filter = ("kind",)
+    search_fields = ("mailbox__slug",)
+    ordering = ("-at",)
+
+
+from . import sender_list_admin  # noqa: E402,F401  (registers SenderListEntry: the sender block/allow lists)

@@ -96,7 +96,9 @@ def test_an_operator_sees_the_recovery_queue_and_a_tenant_admin_configuration_bu
     assert links_in(operator, "configuration") == [reverse("admin:reconciliation_apitoken_changelist")]  # their own
     tenant_admin = console(make_user("ada", groups=["mailroom-admin"], tenants=[tenant])).get("/admin/")
     html = tenant_admin.content.decode()
-    assert sections(html) == ["recovery", "configuration"]
+    assert sections(html) == ["recovery", "configuration", "evidence"]
+    # Of the evidence, only their mailboxes' connection history (tokens, health, archive imports).
+    assert links_in(html, "evidence") == [reverse("admin:intake_mailboxaudit_changelist")]
     # No queue permission, so no dashboard either.
     assert links_in(html, "recovery") == [reverse("admin:reconciliation_pauseswitch_changelist")]
     assert "Platform internals" not in html and "/admin/axes/" not in html

@@ -43,6 +43,15 @@ ROLE_PERMISSIONS = {
         ("ticketing", "view_routingrule"), ("ticketing", "add_routingrule"), ("ticketing", "change_routingrule"),
         ("ticketing", "delete_routingrule"),
         ("ticketing", "view_routingpolicy"), ("ticketing", "change_routingpolicy"),
+        # Sender block/allow lists (intake.sender_lists): entries are added and removed, never edited.
+        ("intake", "view_senderlistentry"), ("intake", "add_senderlistentry"), ("intake", "delete_senderlistentry"),
+        # Acknowledgment templates and business hours (ticketing.ack_admin).
+        ("ticketing", "view_acknowledgmenttemplate"), ("ticketing", "add_acknowledgmenttemplate"),
+        ("ticketing", "change_acknowledgmenttemplate"), ("ticketing", "delete_acknowledgmenttemplate"),
+        ("ticketing", "view_businesshours"), ("ticketing", "add_businesshours"), ("ticketing", "change_businesshours"),
+        ("ticketing", "delete_businesshours"),
+        # A mailbox's connection history (tokens, health, quiet alarms, archive imports): evidence, read only.
+        ("intake", "view_mailboxaudit"),
         # Their own tenant's pauses; the global pause is the platform's (superusers: services.pauses).
         ("reconciliation", "view_pauseswitch"), ("reconciliation", "change_pauseswitch"),
     ],
