@@ -306,3 +306,22 @@ def test_an_unbound_platform_reference_is_no_client_secret_and_a_grant_without_r
     response = client.get(CALLBACK, sign_in(start(client, mailbox)))
     assert response.status_code == 400 and "granted no refresh token" in response.content.decode()
     assert "client_secret" not in stub.exchanges[0] and credentials_of(mailbox) is None
+
+
+def test_reconnecting_a_mailbox_whose_blob_holds_the_app_secret_sends_and_keeps_it(tenant, secrets_dir, stub):
+    mailbox = oauth_mailbox(tenant, secrets_dir, stub)
+    mailbox.settings = {k: v for k, v in mailbox.settings.items() if k != "client_secret_ref"}
+    mailbox.save(update_fields=["settings"])
+    path = mailbox.credentials_ref.removeprefix("file:")
+    with open(path, "w") as handle:  # what a tenant wrote by hand before the console could connect
+        json.dump({"client_id": "consent-app", "client_secret": CLIENT_SECRET, "refresh_token": "revoked-long-ago"},
+                  handle)
+    client = admin_client("alice", tenant)
+
+    response = client.get(CALLBACK, sign_in(start(client, mailbox)))
+
+    assert response.status_code == 302
+    [exchange] = stub.exchanges
+    assert exchange["client_secret"] == CLIENT_SECRET, "a confidential client's exchange carries its secret"
+    assert credentials_of(mailbox) == {"client_id": "consent-app", "client_secret": CLIENT_SECRET,
+                                       "refresh_token": stub.issued[0]["refresh_token"]}

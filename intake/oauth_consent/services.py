@@ -11,6 +11,7 @@ the first answer that names it, whatever the outcome: a replayed or tampered ans
 """
 import base64
 import hashlib
+import json
 import logging
 import secrets
 import time
@@ -196,11 +197,21 @@ def complete_consent(*, user, session, state: str, code: str, error: str = "", e
 
 def _client_secret(mailbox: Mailbox, ends: ConsentEndpoints) -> str:
     if not ends.client_secret_ref:
-        return ""  # a public client: PKCE alone
+        # The tenant may have put the app's secret beside the tokens (the blob Graph and Gmail read): reconnecting
+        # keeps it. None there: a public client, PKCE alone.
+        return _stored_client_secret(mailbox)
     try:
         return resolve_secret(ends.client_secret_ref, tenant=mailbox.tenant, owner=mailbox)
     except SecretUnavailable as exc:
         raise ConsentRefused(f"The client secret (client_secret_ref) is unavailable: {exc}") from None
+
+
+def _stored_client_secret(mailbox: Mailbox) -> str:
+    try:
+        blob = json.loads(resolve_secret(mailbox.credentials_ref, tenant=mailbox.tenant, owner=mailbox))
+    except (SecretUnavailable, ValueError):
+        return ""  # nothing stored yet (a first connection), or not a JSON blob: nothing to keep
+    return str(blob.get("client_secret") or "") if isinstance(blob, dict) else ""
 
 
 def exchange_code(*, ends: ConsentEndpoints, code: str, verifier: str, redirect_uri: str, client_secret: str
