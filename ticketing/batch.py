@@ -228,7 +228,7 @@ def _stored(plain: list[_Plain]) -> dict[int, InboxEvent]:
     """The events as normalization stored them (sender, details, auth results): what the acknowledgment reads."""
     stored = {e.pk: e for e in InboxEvent.objects.filter(pk__in=[p.event.pk for p in plain])
               .only("pk", "tenant_id", "mailbox_id", "provider_message_id", "sender", "details", "auth_results",
-                    "route")}
+                    "route", "history")}
     for p in plain:
         stored[p.event.pk].mailbox = p.event.mailbox
     return stored
