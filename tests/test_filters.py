@@ -329,3 +329,25 @@ def test_in_the_workers_groups_each_action_does_what_it_does_one_event_at_a_time
     assert (ticket_of(spam).queue, ticket_of(spam).tags) == ("spam", ["mailroom", "spam"])
     assert acknowledgment_skips(spam) == [ReasonCode.MARKED_SPAM]
     assert (ticket_of(plain).queue, ticket_of(plain).tags) == ("", ["mailroom"])
+
+
+def test_a_rule_written_with_symbols_and_a_single_header_test_is_stored_in_our_words(tenant):
+    from rest_framework.test import APIClient
+
+    user = get_user_model().objects.create_superuser("root", "root@staff.test", "pw-root-root")
+    client = APIClient()
+    client.force_authenticate(user)
+    created = client.post("/api/v1/routing-rules/", {
+        "tenant": tenant.slug, "name": "spam wave", "action": "mark_spam",
+        "conditions": {"header": {"name": "X-Spam-Score", "op": ">", "value": 8},
+                       "spam_score": {"op": ">=", "value": 5}}}, format="json")
+
+    assert created.status_code == 201, created.content
+    rule = RoutingRule.objects.get(pk=created.json()["id"])
+    assert rule.conditions == {"header": [{"name": "X-Spam-Score", "op": "gt", "value": 8}],
+                               "spam_score": {"op": "ge", "value": 5}}
+    spam = MessageFacts(headers=(("x-spam-score", "12.0"),), spam_score=12.0)
+    assert matches(rule.conditions, spam) and not matches(rule.conditions, MessageFacts(spam_score=12.0))
+    refused = client.post("/api/v1/routing-rules/", {"tenant": tenant.slug, "name": "x", "conditions": {
+        "header": {"name": "X-Spam-Score", "op": "~", "value": 8}}}, format="json")
+    assert refused.status_code == 400 and "op must be one of" in refused.content.decode()

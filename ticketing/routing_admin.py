@@ -20,7 +20,7 @@ from intake.admin import TenantScopedAdminMixin
 from intake.logging import mask_address
 
 from . import dry_run as dry_runs
-from .classification.conditions import KEYS, validate_conditions
+from .classification.conditions import KEYS, canonical_conditions, validate_conditions
 from .classification.rules import action_errors, clean_tags
 from .models import PRIORITIES, RoutingPolicy, RoutingRule
 
@@ -177,6 +177,7 @@ class RoutingRuleForm(forms.ModelForm):
             conditions = {}
         if not isinstance(conditions, dict):
             raise forms.ValidationError("Conditions must be a JSON object ({...}).")
+        conditions = canonical_conditions(conditions)
         errors = validate_conditions(conditions)
         if errors:
             raise forms.ValidationError(errors)

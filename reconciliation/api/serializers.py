@@ -17,7 +17,7 @@ from intake.models import AuditEvent, InboxEvent, Mailbox, SenderListEntry
 from intake.selectors import visible_tenants
 from intake.sender_lists import add_sender_list_entry
 from ticketing import audit, numbers
-from ticketing.classification.conditions import validate_conditions
+from ticketing.classification.conditions import canonical_conditions, validate_conditions
 from ticketing.classification.rules import action_errors, clean_tags
 from ticketing.destinations import configuration_errors
 from ticketing.models import PRIORITIES, Destination, Intent, RoutingPolicy, RoutingRule, TicketMapping
@@ -425,7 +425,7 @@ class RoutingRuleSerializer(FullCleanModelSerializer):
         read_only_fields = ("hits", "last_hit_at")
 
     def validate_conditions(self, conditions):
-        conditions = {} if conditions in (None, "") else conditions
+        conditions = canonical_conditions({} if conditions in (None, "") else conditions)
         errors = validate_conditions(conditions)
         if errors:
             raise serializers.ValidationError(errors)

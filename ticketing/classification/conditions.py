@@ -79,6 +79,32 @@ def _addresses(value) -> list[str] | None:
     return [v.lower() for v in values]
 
 
+# What people type for the comparisons besides our own words: stored as our words (`canonical_conditions`).
+OP_ALIASES = {">": "gt", ">=": "ge", "<": "lt", "<=": "le", "=": "equals", "==": "equals", "eq": "equals",
+              "matches": "regex", "present": "exists"}
+
+
+def _canonical_test(test):
+    if not isinstance(test, dict) or not isinstance(test.get("op"), str):
+        return test
+    return {**test, "op": OP_ALIASES.get(test["op"].strip().lower(), test["op"].strip().lower())}
+
+
+def canonical_conditions(conditions):
+    """`conditions` as they are stored: a single header test as a list of one, "op": ">" as "gt" (and the other
+    aliases). What the console and the API save; anything that is not an object is returned as it is."""
+    if not isinstance(conditions, dict):
+        return conditions
+    canonical = dict(conditions)
+    if "header" in canonical:
+        tests = canonical["header"]
+        tests = [tests] if isinstance(tests, dict) else tests
+        canonical["header"] = [_canonical_test(t) for t in tests] if isinstance(tests, list) else tests
+    if "spam_score" in canonical:
+        canonical["spam_score"] = _canonical_test(canonical["spam_score"])
+    return canonical
+
+
 def validate_conditions(conditions) -> list[str]:
     """Clear messages for an admin: unknown keys, wrong types, invalid regular expressions."""
     if not isinstance(conditions, dict):
