@@ -367,6 +367,16 @@ def test_configuration_crud_is_validated_by_full_clean(mailbox, operator):
     assert_problem(client.patch(f"{API}/mailboxes/{mailbox_id}/", {"paused": True}, format="json"), 400)  # why?
     assert client.patch(f"{API}/mailboxes/{mailbox_id}/", {"paused": True, "pause_reason": "moving desks"},
                         format="json").json()["paused"] is True
+    # The connection's state is shown and never written through the API (its door is intake.mailbox_health).
+    forced = client.patch(f"{API}/mailboxes/{mailbox_id}/", {"link_state": "up", "poll_errors_total": 0,
+                                                             "archive_done_at": "2026-01-01T00:00:00Z"},
+                          format="json")
+    assert forced.status_code == 200 and forced.json()["archive_done_at"] is None
+    Mailbox.objects.filter(pk=mailbox_id).update(link_state="down", poll_errors_total=4)
+    shown = client.get(f"{API}/mailboxes/{mailbox_id}/").json()
+    assert (shown["link_state"], shown["poll_errors_total"]) == ("down", 4)
+    assert client.patch(f"{API}/mailboxes/{mailbox_id}/", {"link_state": "up"}, format="json").json()[
+        "link_state"] == "down"
     assert client.delete(f"{API}/mailboxes/{mailbox_id}/").status_code == 405
 
     destination = client.post(f"{API}/destinations/", {"tenant": "acme", "slug": "desk2", "kind": "builtin",

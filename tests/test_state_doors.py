@@ -273,3 +273,43 @@ def test_the_checker_names_the_model_a_write_starts_from():
     """So an owner that wrote the other machine's state (intents updating an event) is caught too."""
     models = {w.line: w.model for w in state_writes(BAD_SNIPPET)}
     assert models[7] == "Intent" and models[8] == "InboxEvent" and models[12] == "Intent"
+
+
+# --- Mailbox.link_state: intake.mailbox_health is its one door ----------------------------------------------------
+
+LINK_FIELDS = {"link_state", "link_state_since"}
+LINK_OWNER = "intake/mailbox_health.py"
+
+
+def link_state_writes(source: str, path: str) -> list[Write]:
+    """Keyword writes (`.update(link_state=...)`, `Mailbox(link_state=...)`), `x.link_state = ...` and raw SQL."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and any(k.arg in LINK_FIELDS for k in node.keywords)
+                and (isinstance(node.func, ast.Name)  # a model constructed with it
+                     or isinstance(node.func, ast.Attribute) and node.func.attr in WRITE_METHODS)):
+            found.append(Write(path, node.lineno, "a call that sets link_state"))
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        if any(isinstance(t, ast.Attribute) and t.attr in LINK_FIELDS for t in targets):
+            found.append(Write(path, node.lineno, "an assignment to link_state"))
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and re.search(r"\bUPDATE\b.*\bSET\b.*\blink_state\s*=", node.value, re.IGNORECASE | re.DOTALL)):
+            found.append(Write(path, node.lineno, "raw SQL setting link_state"))
+    return found
+
+
+def test_only_mailbox_health_moves_a_mailboxs_link_state():
+    writes = [w for relative, path in app_modules() if relative != LINK_OWNER
+              for w in link_state_writes(path.read_text(), relative)]
+    assert writes == [], "\n".join(map(str, writes))
+    owner = (ROOT / LINK_OWNER).read_text()
+    assert link_state_writes(owner, LINK_OWNER), "the owner is where the writes are"
+
+
+def test_the_link_state_checker_catches_each_kind_of_write():
+    bad = ("Mailbox.objects.filter(pk=1).update(link_state='up')\n"
+           "mailbox.link_state = 'down'\n"
+           "cursor.execute('UPDATE intake_mailbox SET link_state = %s', ['up'])\n")
+    assert len(link_state_writes(bad, "x.py")) == 3
+    assert link_state_writes("Mailbox.objects.filter(link_state='up').count()\nx = m.link_state\n", "x.py") == []

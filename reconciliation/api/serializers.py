@@ -372,6 +372,11 @@ class PauseThroughServiceMixin:
 PAUSE_REASON_HELP = "Why (required when `paused` turns true); shown on the pause page and audited."
 
 
+CONNECTION_FIELDS = ("link_state", "link_state_since", "poll_failures", "poll_errors_total", "last_success_at",
+                     "quiet_alarm_since", "oauth_scopes", "oauth_expires_at", "oauth_connected_at", "archive_before",
+                     "archive_tickets", "archive_done_at")
+
+
 class MailboxSerializer(PauseThroughServiceMixin, SecretRulesMixin, FullCleanModelSerializer):
     tenant = VisibleTenantField()
     pause_reason = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=300,
@@ -382,8 +387,10 @@ class MailboxSerializer(PauseThroughServiceMixin, SecretRulesMixin, FullCleanMod
         model = Mailbox
         fields = ("id", "tenant", "slug", "address", "provider", "webhook_secret_ref", "credentials_ref", "settings",
                   "allowed_recipients", "poll_enabled", "paused", "pause_reason", "health", "health_detail",
-                  "last_polled_at", "created_at")
-        read_only_fields = ("health", "health_detail", "last_polled_at", "created_at")
+                  "last_polled_at", "created_at", *CONNECTION_FIELDS)
+        # The connection's state, the OAuth grant and the archive import move only through their own doors
+        # (intake.mailbox_health, the consent flow, intake.archive): shown, never written here.
+        read_only_fields = ("health", "health_detail", "last_polled_at", "created_at", *CONNECTION_FIELDS)
 
 
 class DestinationSerializer(PauseThroughServiceMixin, SecretRulesMixin, FullCleanModelSerializer):
