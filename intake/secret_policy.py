@@ -41,12 +41,22 @@ class SecretHolder:
     guarded_fields: tuple[str, ...]
     origin_field: str = ""  # a URL: its origin receives `origin_credentials`
     origin_credentials: str = ""
+    settings_refs: tuple[str, ...] = ()  # keys of the row's `settings` that are references too
+
+    def refs(self, values: dict) -> dict[str, str]:
+        """Each reference the row's `values` hold: the fields, and "settings.<key>" for a settings reference."""
+        refs = {name: values.get(name) or "" for name in self.ref_fields}
+        settings = values.get("settings") if isinstance(values.get("settings"), dict) else {}
+        refs.update({f"settings.{key}": str(settings.get(key) or "") for key in self.settings_refs})
+        return refs
 
 
 # By label, not by import: intake does not import ticketing (tools/check_layering.py).
 HOLDERS = {
+    # settings.client_secret_ref: the OAuth app's secret, sent to the token URL the settings name.
     "intake.mailbox": SecretHolder(ref_fields=("webhook_secret_ref", "credentials_ref"),
-                                   guarded_fields=("provider", "settings", "slug", "tenant")),
+                                   guarded_fields=("provider", "settings", "slug", "tenant"),
+                                   settings_refs=("client_secret_ref",)),
     "ticketing.destination": SecretHolder(ref_fields=("credentials_ref",),
                                           guarded_fields=("kind", "base_url", "settings", "slug", "tenant"),
                                           origin_field="base_url", origin_credentials="credentials_ref"),
@@ -110,14 +120,15 @@ def check_secret_change(*, actor, row, before: dict | None, changes: dict, reent
         row.tenant if getattr(row, "tenant_id", None) else None)
     errors: dict[str, list[str]] = {}
 
-    for name in holder.ref_fields:
-        ref = after.get(name) or ""
-        if ref != (before.get(name) or "") and is_platform_ref(ref):
-            errors.setdefault(name, []).append(
-                "only a platform operator (superuser) may use a platform secret reference "
-                f"(MAILROOM_PLATFORM_SECRET_REFS). Use one of the tenant's own: {allowed_forms(tenant)}.")
+    refs_before, refs_after = holder.refs(before), holder.refs(after)
+    for name, ref in refs_after.items():
+        if ref != refs_before[name] and is_platform_ref(ref):
+            field, _, key = name.partition(".")
+            errors.setdefault(field, []).append(
+                f"{key + ': ' if key else ''}only a platform operator (superuser) may use a platform secret "
+                f"reference (MAILROOM_PLATFORM_SECRET_REFS). Use one of the tenant's own: {allowed_forms(tenant)}.")
 
-    held = [name for name in holder.ref_fields if is_platform_ref(after.get(name) or "") and before.get(name)]
+    held = [name for name, ref in refs_after.items() if is_platform_ref(ref) and refs_before[name]]
     if held and before:
         for name in holder.guarded_fields:
             if name in changes and after.get(name) != before.get(name):

@@ -169,6 +169,30 @@ def test_api_a_row_holding_a_platform_secret_cannot_be_redirected_by_a_tenant_ad
     assert snapshot(rig.globex_mailbox) == held
 
 
+def test_api_a_tenant_admin_cannot_name_a_platform_secret_as_an_oauth_client_secret(rig, settings):
+    # settings.client_secret_ref is sent to the token URL the settings name: a reference like the fields.
+    bound = "env:MAILROOM_PLATFORM_OAUTH_APP"
+    settings.MAILROOM_PLATFORM_SECRET_REFS = [*settings.MAILROOM_PLATFORM_SECRET_REFS, f"{bound}=mailbox:acme-support"]
+    client, url = api(rig.ann), f"{API}/mailboxes/{rig.mailbox.pk}/"
+    before = snapshot(rig.mailbox)
+    for ref in (AI_KEY_REF, GLOBEX_HOOK_REF, bound):
+        body = assert_problem(client.patch(url, {"provider": "graph", "settings": {
+            "client_id": "app", "token_url": ATTACKER_URL, "client_secret_ref": ref}}, format="json"), 400)
+        assert body["errors"]["settings"][0].startswith(f"client_secret_ref: {PLATFORM_ONLY}"), (ref, body)
+    assert snapshot(rig.mailbox) == before
+
+    # Set by a platform operator, it locks the settings (the token URL) against the tenant admin.
+    root = api(rig.root)
+    assert root.patch(url, {"provider": "graph", "settings": {"client_id": "app", "client_secret_ref": bound}},
+                      format="json").status_code == 200
+    body = assert_problem(client.patch(url, {"settings": {"client_id": "app", "client_secret_ref": bound,
+                                                          "token_url": ATTACKER_URL}}, format="json"), 400)
+    assert "uses a platform secret reference (settings.client_secret_ref)" in body["errors"]["settings"][0]
+    replaced = client.patch(url, {"settings": {"client_id": "app", "token_url": "https://login.acme.example/t"}},
+                            format="json")
+    assert replaced.status_code == 200, replaced.content  # dropping the platform secret frees the settings
+
+
 def test_api_moving_base_url_to_another_host_needs_credentials_ref_in_the_same_request(rig):
     client = api(rig.ann)
     url = f"{API}/destinations/{rig.own_desk.pk}/"
