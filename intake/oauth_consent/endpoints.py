@@ -11,7 +11,7 @@ GOOGLE_AUTHORIZE = "https://accounts.google.com/o/oauth2/v2/auth"
 GOOGLE_TOKEN = "https://oauth2.googleapis.com/token"
 DEFAULT_SCOPES = {
     ("graph", MICROSOFT): "offline_access https://graph.microsoft.com/Mail.Read",
-    ("imap", MICROSOFT): "offline_access https://outlook.office365.com/IMAP.AccessAsUser.All",
+    ("imap", MICROSOFT): "offline_access https://outlook.office.com/IMAP.AccessAsUser.All",
     ("gmail", GOOGLE): "https://www.googleapis.com/auth/gmail.readonly",
     ("imap", GOOGLE): "https://mail.google.com/",
 }

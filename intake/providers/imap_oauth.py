@@ -47,12 +47,16 @@ from .oauth import (
 
 log = logging.getLogger(__name__)
 
+KEY_SETTINGS = ("authority", "token_url", "client_id", "scope", "username", "oauth_flavor")
 MICROSOFT_APP_SCOPE = "https://outlook.office365.com/.default"
 MICROSOFT_DELEGATED_SCOPE = "https://outlook.office.com/IMAP.AccessAsUser.All"
 GOOGLE_SCOPE = "https://mail.google.com/"
 GOOGLE_TOKEN_URL = "https://oauth2.googleapis.com/token"
 # What a token endpoint says when the grant itself is refused (RFC 6749 §5.2): an admin must reconnect.
-REFUSED = ("invalid_grant", "invalid_client", "unauthorized_client", "invalid_scope", "access_denied")
+# Token-endpoint errors only a person fixes (RFC 6749 §5.2; Microsoft's interaction_required and consent_required:
+# the user or an admin must sign in or consent again).
+REFUSED = ("invalid_grant", "invalid_client", "unauthorized_client", "invalid_scope", "access_denied",
+           "interaction_required", "consent_required")
 TIMEOUT = (3.05, 20.0)
 
 _cache: dict[str, tuple[str, float]] = {}
@@ -78,6 +82,7 @@ def token_source(mailbox):
         raise PermanentError("settings", "auth xoauth2 needs a token_url")
     return TokenSource(token_url=options["token_url"], credentials_ref=mailbox.credentials_ref,
                        client_id=str(options.get("client_id") or ""), scope=str(options.get("scope") or ""),
+                       refresh_scope=str(options.get("scope") or ""),  # Microsoft v2 wants it on a refresh
                        tenant=mailbox.tenant, owner=mailbox, provider_label="imap", timeout=TIMEOUT)
 
 
@@ -98,7 +103,11 @@ class _CachedTokens:
         return blob
 
     def _key(self, blob: dict) -> str:
-        material = [type(self).__name__, self.options.get("authority"), self.options.get("token_url"), blob]
+        # Per mailbox, and by everything that decides what the token grants: two mailboxes never share one
+        # (another tenant's blob may look the same while only its client_secret_ref, or the subject, differs).
+        secret = hashlib.sha256(client_secret_for(blob, self.mailbox.tenant, self.mailbox).encode()).hexdigest()
+        material = [type(self).__name__, self.mailbox.pk, secret, blob,
+                    {name: self.options.get(name) for name in KEY_SETTINGS}, self.mailbox.address]
         return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
     def _session(self) -> requests.Session:
@@ -230,7 +239,10 @@ def _refusal(text: str) -> str:
 def _result(result: dict, label: str) -> tuple[str, float, str]:
     """msal's answer as (access token, expiry, rotated refresh token), or the failure kind."""
     if result.get("access_token"):
-        lifetime = float(result.get("expires_in") or 3600)
+        try:
+            lifetime = float(result.get("expires_in") or 3600)
+        except (TypeError, ValueError):
+            lifetime = 3600.0
         log.info("oauth: %s issued an IMAP access token (valid %.0f s)", label, lifetime)
         return str(result["access_token"]), time.time() + lifetime, str(result.get("refresh_token") or "")
     error = str(result.get("error") or "")

@@ -223,8 +223,8 @@ class TokenSource:
         if response.status_code == 429 or response.status_code >= 500:
             raise TransientError("token_endpoint", f"HTTP {response.status_code}",
                                  retry_after=parse_retry_after(response.headers.get("Retry-After")))
-        if response.status_code == 200:
-            raise TransientError("token_endpoint", "HTTP 200 without an access_token")
+        if response.status_code == 200 or error == "temporarily_unavailable":  # RFC 6749 §4.1.2.1: try later
+            raise TransientError("token_endpoint", f"HTTP {response.status_code} {error or 'without an access_token'}")
         # 400 invalid_grant / invalid_client / unauthorized_client, 401: the credentials are refused.
         detail = f"token endpoint HTTP {response.status_code} {error}".strip()
         raise PermanentError("credentials", detail[:MAX_DETAIL_CHARS])
