@@ -335,3 +335,25 @@ def test_the_language_is_read_from_content_language_first_then_from_the_text():
     # Only English (or any-language) templates: nothing to tell apart, the detector is not asked.
     assert ack_language.language_of(header="", text=GERMAN_BODY, languages=frozenset()) == ("", "")
     assert ack_language.is_known("de") and not ack_language.is_known("xx") and not ack_language.is_known("deu")
+
+
+def test_an_unauthenticated_senders_display_name_is_not_echoed_by_a_template(mailbox, tenant, tenant_admin,
+                                                                              smtp_server, settings):
+    # ack_policy "always" (allowed by the platform) acknowledges a sender nobody authenticated: their From's
+    # display name is words a stranger chose, like the subject, and must not go out from the tenant's address.
+    settings.MAILROOM_ACK_ALLOW_UNAUTHENTICATED = True
+    mailbox.settings = {**mailbox.settings, "ack_policy": "always"}
+    mailbox.save(update_fields=["settings"])
+    save(tenant_admin, tenant, subject="For {{ requester_name|default:'you' }}",
+         body="Hello {{ requester_name|default:'there' }},\n\nthis is {{ ticket_number }}.\n")
+    raw = email_message(subject="Refund", sender="Claim your refund at evil.example <jane@example.com>")
+    response = Client().post("/webhooks/raw/support/", data=raw, content_type="message/rfc822",
+                             **webhook_headers(WEBHOOK_SECRET, raw))
+    event_id = response.json()["inbox_event_id"]
+    assert process_inbox_event(event_id) == "created"
+
+    assert acknowledge(event_id) == "sent"
+
+    [ack] = smtp_server.messages
+    assert "evil.example" not in ack["Subject"] and ack["Subject"].endswith("For you")
+    assert ack.get_payload().startswith("Hello there,")

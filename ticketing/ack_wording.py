@@ -76,7 +76,9 @@ def wording(*, event: InboxEvent, token: str, echo_subject: bool, sla_hours, pla
     if template is None:
         built = _builtin(token=token, subject=subject, sla_hours=sla_hours, kept=kept, mailbox=event.mailbox.address)
         return Wording(built.subject, built.body, {**built.detail, "language": language, "found_by": found_by})
-    values = ack_templates.values(requester_name=name, ticket_number=token, subject=subject,
+    # Like the subject, the display name is the sender's own words: echoed only to an authenticated sender (a
+    # forged From's name, "Claim your refund at evil.example", must not go out from the tenant's address).
+    values = ack_templates.values(requester_name=name if echo_subject else "", ticket_number=token, subject=subject,
                                   mailbox=event.mailbox.address, kept=kept)
     rendered_subject, body = ack_templates.render(subject=template.subject, body=template.body, values=values)
     return Wording(subject=rendered_subject or "We have received your request", body=body, detail={
