@@ -26,6 +26,13 @@ from .models import InboxEvent
 from .sender_lists import sender_list_entry_for
 from .services import transition_event, wait_event
 from .validation import sender_lists
+from .validation.authresults import (
+    PROVIDERS_WITH_VERDICTS,
+    aligned_method,
+    domain_of,
+    header_fields,
+    provider_authentication_results,
+)
 from .vocabulary import AuditKind, ReasonCode
 
 logger = logging.getLogger(__name__)
@@ -202,6 +209,10 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
     verdict = validation.validate(parsed, policy)
     # Sender lists (intake.validation.sender_lists): a block suppresses, an allow skips the rate limit.
     listed = sender_list_entry_for(event, parsed.sender)
+    if listed is not None and listed.kind == sender_lists.ALLOW and not _from_authenticated(event, parsed, policy):
+        # Anyone can write an allowed address into From: an allow counts only for mail that proves it (a block
+        # needs no proof: refusing a forgery costs nothing).
+        listed = None
     # An archive import is a flood by design, and no one is replied to.
     if verdict.ok and not event.history and listed is None:
         # The limit holds back floods of would-be tickets; mail that a loop or noise rule
@@ -228,6 +239,19 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
     # Only mail about to become a ticket can be acknowledged: only it is worth a remote spam check.
     remote = _rspamd(event) if verdict.ok and not event.history else None
     return _record(event, parsed, verdict, actor, policy=policy, remote=remote)
+
+
+def _from_authenticated(event: InboxEvent, parsed: ParsedMessage, policy) -> bool:
+    """A trusted pass aligned with the From domain: our own MTA's results, or the hosted provider's verdict."""
+    from_domain = domain_of(parsed.sender or "")
+    if aligned_method(validation.authentication_results(parsed, policy.trusted_authserv_id), from_domain):
+        return True
+    provider = event.mailbox.provider
+    if provider not in PROVIDERS_WITH_VERDICTS:
+        return False
+    fields = header_fields(bytes(event.raw or b""))
+    return bool(aligned_method(provider_authentication_results(provider, fields, from_domain=from_domain),
+                               from_domain))
 
 
 def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdict, actor: str,

@@ -8,11 +8,12 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from rest_framework.test import APIClient
 
 from intake.models import AuditEvent, InboxEvent, SenderListEntry
-from intake.sender_lists import add_sender_list_entry, visible_sender_list_entries
+from intake.sender_lists import add_sender_list_entry, remove_sender_list_entry, visible_sender_list_entries
 from intake.validation.sender_lists import ListEntry, deciding_entry, lookup_keys, normalize_pattern
 from intake.vocabulary import AuditKind, ReasonCode
 from reconciliation.services import ensure_role_groups
-from tests.factories import make_destination, make_event, make_mailbox, make_tenant
+from tests.factories import email_message, make_destination, make_event, make_mailbox, make_tenant
+from tests.senderauth import stamped, trust_our_mta
 from ticketing.replay import replay_same_key
 from ticketing.services import process_inbox_event
 
@@ -99,22 +100,49 @@ def test_a_block_wins_over_a_review_reason_but_not_over_quarantine(mailbox, scan
     assert (tool.state, tool.reason_code) == ("quarantined", ReasonCode.ATTACHMENT_TYPE)
 
 
+def authenticated(mailbox, **message) -> InboxEvent:
+    """A message our MTA authenticated for its From domain (an allow counts only for such mail)."""
+    domain = message["sender"].rpartition("@")[2].strip(">")
+    event = make_event(mailbox, raw=stamped(email_message(**message), domain))
+    process_inbox_event(event.pk)
+    return InboxEvent.objects.get(pk=event.pk)
+
+
 def test_an_allow_on_the_mailbox_list_overrides_a_tenant_block_and_skips_the_rate_limit(mailbox, scanner_off):
     mailbox.settings = {"sender_rate_limit": {"count": 2, "seconds": 600}}
     mailbox.save()
+    trust_our_mta(mailbox)
     root = superuser()
     add_sender_list_entry(tenant=mailbox.tenant, mailbox=None, kind="block", pattern="@partner.example", actor=root)
     add_sender_list_entry(tenant=mailbox.tenant, mailbox=mailbox, kind="allow", pattern="alerts@partner.example",
                           actor=root)
     other = make_mailbox(mailbox.tenant, slug="sales", address="sales@acme.test")
 
-    states = [run(mailbox, sender="alerts@partner.example", subject=f"Alert {n}").state for n in range(4)]
+    states = [authenticated(mailbox, sender="alerts@partner.example", subject=f"Alert {n}").state
+              for n in range(4)]
     assert states == ["completed"] * 4          # allowed: past the limit of 2 in 10 minutes
     limited = [run(mailbox, sender="jane@example.com", subject=f"Hello {n}") for n in range(3)]
     assert [e.reason_code for e in limited] == ["", "", ReasonCode.SENDER_RATE_LIMITED]
     # The allow is the mailbox's: on the tenant's other mailboxes the tenant's block holds.
     elsewhere = run(other, sender="alerts@partner.example", to="sales@acme.test")
     assert elsewhere.reason_code == ReasonCode.SENDER_BLOCKED
+
+
+def test_a_forged_from_on_an_allowed_address_does_not_skip_the_rate_limit(mailbox, scanner_off):
+    mailbox.settings = {"sender_rate_limit": {"count": 2, "seconds": 600}}
+    mailbox.save()
+    trust_our_mta(mailbox)
+    add_sender_list_entry(tenant=mailbox.tenant, mailbox=None, kind="allow", pattern="@partner.example",
+                          actor=superuser())
+
+    # Nobody authenticated these (no trusted results), or our MTA saw DMARC fail: anyone can type the address.
+    forged = [run(mailbox, sender="alerts@partner.example", subject=f"Alert {n}") for n in range(2)]
+    forged.append(make_event(mailbox, raw=stamped(email_message(sender="alerts@partner.example", subject="Alert 2"),
+                                                  "partner.example", spf="fail", dkim="fail", dmarc="fail")))
+    process_inbox_event(forged[-1].pk)
+
+    reasons = [InboxEvent.objects.get(pk=e.pk).reason_code for e in forged]
+    assert reasons == ["", "", ReasonCode.SENDER_RATE_LIMITED]
 
 
 # --- tenant scoping -------------------------------------------------------------------------------------
@@ -209,3 +237,22 @@ def test_an_admin_of_another_tenant_neither_sees_nor_adds_entries_through_the_ap
     assert again.status_code == 400 and "already on" in again.content.decode()
     assert api.delete(f"{API}{made.json()['id']}/").status_code == 204
     assert SenderListEntry.objects.filter(tenant=acme).count() == 1
+
+
+def test_removing_an_entry_leaves_a_trace_naming_who_without_the_full_address(mailbox, caplog):
+    root = superuser()
+    entry = add_sender_list_entry(tenant=mailbox.tenant, mailbox=mailbox, kind="block",
+                                  pattern="spammer@spam.example", actor=root)
+    stranger = make_tenant(slug="initech", name="Initech", domains=("initech.test",))
+    outsider = get_user_model().objects.create_user("ivy", "ivy@staff.test", "pw-for-tests-only-42")
+    stranger.members.add(outsider)
+    with pytest.raises(PermissionDenied):
+        remove_sender_list_entry(entry=entry, actor=outsider)
+
+    with caplog.at_level("WARNING", logger="mailroom.audit"):
+        remove_sender_list_entry(entry=entry, actor=root)
+
+    assert not SenderListEntry.objects.filter(pk=entry.pk).exists()
+    [line] = [r.getMessage() for r in caplog.records if r.name == "mailroom.audit"]
+    assert "block" in line and "removed from tenant acme mailbox support by root" in line
+    assert "spammer@spam.example" not in line
