@@ -23,6 +23,7 @@ from .selectors import visible_tenants
 from .validation.sender_lists import MAILBOX, TENANT, ListEntry, deciding_entry, lookup_keys, normalize_pattern
 
 logger = logging.getLogger(__name__)
+audit_log = logging.getLogger("mailroom.audit")
 
 MANAGE_PERMISSION = "intake.add_senderlistentry"
 
@@ -67,8 +68,13 @@ def add_sender_list_entry(*, tenant: Tenant, mailbox: Mailbox | None, kind: str,
 
 
 def remove_sender_list_entry(*, entry: SenderListEntry, actor) -> None:
+    """Take `entry` off its list. PermissionDenied outside the actor's tenants. Unblocking a sender is a
+    decision someone may ask about later: it is logged on `mailroom.audit` (who, what kind, the masked entry)."""
     _check_scope(actor, entry.tenant, None)
     entry.delete()
+    audit_log.warning("sender list: %s %s removed from tenant %s%s by %s", entry.kind, mask_address(entry.pattern),
+                      entry.tenant.slug, f" mailbox {entry.mailbox.slug}" if entry.mailbox_id else "",
+                      actor.get_username())
 
 
 def sender_list_entry_for(event, sender: str) -> ListEntry | None:
