@@ -85,6 +85,11 @@ def test_header_fields_are_bounded_in_count_and_size():
     # Only the first MAX_HEADER_BLOCK_BYTES are read: a header block of megabytes costs no more.
     huge = b"".join(b"X-H%d: %s\r\n" % (n, b"v" * 1000) for n in range(1000)) + b"X-Late: 1\r\n\r\n"
     assert len(header_fields(huge)) < 70 and ("x-late", "1") not in header_fields(huge)
+    # A value folded over thousands of one-character lines keeps what a value may hold, and the fields after it.
+    folded = b"X-Folded: 1\r\n" + b" a\r\n" * 5000 + b"X-Spam-Score: 12\r\n\r\nbody"
+    fields = dict(header_fields(folded))
+    assert len(fields["x-folded"]) == MAX_HEADER_VALUE_CHARS and fields["x-spam-score"] == "12"
+    assert dict(header_fields(b"Subject: a\r\n b\r\n\tc\r\n\r\n")) == {"subject": "a b c"}
 
 
 def test_invalid_header_and_risk_conditions_have_clear_messages():

@@ -28,11 +28,15 @@ def header_fields(raw: bytes | None) -> tuple[tuple[str, str], ...]:
         if end != -1:
             head = head[:end]
             break
-    fields: list[list[str]] = []
+    # Each field's pieces in a list, joined once: appending to a string per folded line is quadratic on a
+    # block of thousands of one-character continuation lines. Pieces past what a value keeps are dropped.
+    fields: list[tuple[str, list[str], list[int]]] = []
     for line in head.decode("utf-8", errors="replace").replace("\r\n", "\n").split("\n"):
         if line[:1] in (" ", "\t"):
-            if fields:  # a folded continuation of the field above
-                fields[-1][1] += " " + line.strip()
+            if fields and fields[-1][2][0] < MAX_HEADER_VALUE_CHARS * 2:  # a folded continuation of the field above
+                piece = line.strip()
+                fields[-1][1].append(piece)
+                fields[-1][2][0] += len(piece) + 1
             continue
         name, colon, value = line.partition(":")
         name = name.strip()
@@ -40,8 +44,9 @@ def header_fields(raw: bytes | None) -> tuple[tuple[str, str], ...]:
             continue
         if len(fields) == MAX_HEADERS:
             break
-        fields.append([name.lower(), value.strip()])
-    return tuple((name, _decoded(value)[:MAX_HEADER_VALUE_CHARS]) for name, value in fields)
+        value = value.strip()
+        fields.append((name.lower(), [value], [len(value)]))
+    return tuple((name, _decoded(" ".join(pieces))[:MAX_HEADER_VALUE_CHARS]) for name, pieces, _ in fields)
 
 
 def _decoded(value: str) -> str:
