@@ -140,10 +140,24 @@ def keep_rotated_refresh_token(*, mailbox: Mailbox, blob: dict, new_refresh_toke
         logger.warning("mailbox %s: the provider rotated its refresh token but %s cannot be written; use a "
                        "file: or vault: reference", mailbox.slug, detail["ref_kind"])
     detail["kept"] = kept
+    now = timezone.now()
+    if kept:
+        _slide_expiry(mailbox, now)
     MailboxAudit.objects.create(mailbox=mailbox, tenant_id=mailbox.tenant_id,
-                                kind=MailboxAuditKind.REFRESH_TOKEN_ROTATED, actor=actor, detail=detail,
-                                at=timezone.now())
+                                kind=MailboxAuditKind.REFRESH_TOKEN_ROTATED, actor=actor, detail=detail, at=now)
     return kept
+
+
+def _slide_expiry(mailbox: Mailbox, now) -> None:
+    """A rotated refresh token lives as long as the one the consent granted, from now (Microsoft's 90 days
+    replace themselves on every use): the expiry moves on, so a mailbox in use is not warned about as expiring."""
+    row = Mailbox.objects.filter(pk=mailbox.pk).values("oauth_expires_at", "oauth_connected_at").first() or {}
+    expires, connected = row.get("oauth_expires_at"), row.get("oauth_connected_at")
+    if expires is None or connected is None or expires <= connected:
+        return
+    moved = now + (expires - connected)
+    Mailbox.objects.filter(pk=mailbox.pk).update(oauth_expires_at=moved, oauth_warned_at=None)
+    mailbox.oauth_expires_at, mailbox.oauth_warned_at = moved, None
 
 
 def store_oauth_tokens(mailbox: Mailbox, *, blob: dict, actor: str, scopes: str,

@@ -11,7 +11,13 @@ from django.core import checks
 from django.utils import timezone
 
 from intake.models import Mailbox, MailboxAudit
-from intake.secret_store import SecretNotWritable, SecretRefused, store_oauth_tokens, store_secret
+from intake.secret_store import (
+    SecretNotWritable,
+    SecretRefused,
+    keep_rotated_refresh_token,
+    store_oauth_tokens,
+    store_secret,
+)
 from intake.secrets import resolve_secret
 from tests.factories import make_mailbox, make_tenant
 from tests.openbao import openbao  # noqa: F401  (fixture)
@@ -141,6 +147,22 @@ def test_store_oauth_tokens_writes_the_blob_records_the_grant_audits_it_and_lets
     [audit] = MailboxAudit.objects.filter(mailbox=graph_box)
     assert (audit.kind, audit.actor, audit.detail["refresh_token"]) == ("tokens_connected", "ann", True)
     assert "connected" not in json.dumps(audit.detail)
+
+
+def test_a_kept_rotation_moves_the_expiry_on_by_the_grants_lifetime(graph_box):
+    connected = timezone.now() - timezone.timedelta(days=80)
+    Mailbox.objects.filter(pk=graph_box.pk).update(oauth_connected_at=connected, oauth_warned_at=timezone.now(),
+                                                   oauth_expires_at=connected + timezone.timedelta(days=90))
+    graph_box.refresh_from_db()
+
+    assert keep_rotated_refresh_token(mailbox=graph_box, blob={"client_id": "c", "client_secret": "s",
+                                                               "refresh_token": "old"},
+                                      new_refresh_token="rotated", actor="system:poll", provider="graph")
+
+    row = Mailbox.objects.get(pk=graph_box.pk)
+    left = row.oauth_expires_at - timezone.now()
+    assert timezone.timedelta(days=89) < left <= timezone.timedelta(days=90), "90 days from now, not 10"
+    assert row.oauth_warned_at is None, "the next expiry is warned about again"
 
 
 def test_store_oauth_tokens_to_an_env_reference_changes_nothing(tenant, monkeypatch):
