@@ -9,7 +9,7 @@ import io
 import json
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, timedelta
 from email.message import EmailMessage
 from email.utils import format_datetime
 
@@ -27,11 +27,12 @@ from reconciliation.models import Finding
 from reconciliation.reconcilers import reconcile
 from reconciliation.selectors import recovery_queue
 from tests.dovecot import dovecot  # noqa: F401  (fixture)
-from tests.factories import make_destination, make_mailbox, make_tenant
+from tests.factories import make_desk_destination, make_destination, make_mailbox, make_tenant
 from tests.senderauth import stamped, trust_our_mta
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
-from ticketing import acknowledgments
+from ticketing import acknowledgments, intents
 from ticketing.models import Intent, Ticket, TicketMapping
+from ticketing.services import process_inbox_event
 from ticketing.tasks import process_inbox_events
 
 FOLDER = "INBOX"
@@ -200,6 +201,41 @@ def test_archive_with_closed_tickets_makes_a_closed_ticket_per_message_and_ackno
     assert ticket.status == "new" and "mailroom-archived" not in ticket.tags
     assert acknowledge_all(smtp_server) == 1
     assert nothing_missing(box.mailbox, settings) == []
+
+
+def test_archive_history_for_zendesk_is_imported_closed_and_dated_and_a_lost_answer_makes_one_ticket(
+        box, desk, monkeypatch, smtp_server):  # noqa: F811
+    make_desk_destination(box.mailbox.tenant, desk, monkeypatch)
+    now = timezone.now().replace(microsecond=0)
+    written = {f"Order {n}: the printer jams again": now - timedelta(days=20, hours=n) for n in range(3)}
+    box.append([(client_message(n, when), when) for n, when in enumerate(written.values())])
+    archive.start_archive_import(mailbox=box.mailbox, before=now - timedelta(days=10), tickets="closed",
+                                 actor="user:admin")
+    # Zendesk documents its Idempotency-Key for the Tickets API, not for imports: this desk ignores it, and
+    # the answer to the first import is lost after the ticket was made.
+    desk.set_idempotency(enabled=False)
+    desk.set_plan(["drop_after_commit"])
+    box.poll_until_imported()
+    box.process_all()
+    [unknown] = Intent.objects.filter(state="unknown")
+    assert intents.resolve_unknown(unknown.pk) == "pending"  # the key is trusted: the import is tried again
+    assert process_inbox_event(unknown.inbox_event_id) == "created"  # ...and the lookup finds the ticket
+
+    tickets = desk.tickets()
+    assert sorted(t["subject"] for t in tickets) == sorted(written)
+    assert {t["status"] for t in tickets} == {"closed"}
+    assert {t["subject"]: t["fields"]["created_at"] for t in tickets} == {
+        subject: f"{when.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}" for subject, when in written.items()}
+    assert [(e["path"], e["committed"]) for e in desk.requests_log()] == [("/api/v2/imports/tickets", True)] * 3
+    assert box.events(history=True, state="completed").count() == 3
+    assert not Intent.objects.filter(action=Intent.Action.NOTIFY_REQUESTER).exists()
+
+    box.append([(client_message(1, timezone.now(), subject="Live: toner empty"), timezone.now())])
+    poll_mailbox(box.mailbox.pk, trigger=MANUAL)
+    box.process_all()
+    [live] = [t for t in desk.tickets() if t["subject"] == "Live: toner empty"]
+    assert live["status"] == "new" and "created_at" not in live["fields"]
+    assert desk.requests_log()[-1]["path"] == "/api/v2/tickets.json"
 
 
 def test_the_reconciler_running_before_the_import_stores_old_mail_as_history_too(box, settings):

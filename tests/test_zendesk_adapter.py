@@ -3,6 +3,7 @@ import json
 import logging
 import socket
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -16,7 +17,7 @@ from ticketing.destinations.base import (
     TransientError,
 )
 from ticketing.destinations.http import field_errors as _field_errors
-from ticketing.destinations.zendesk import ZendeskDestination
+from ticketing.destinations.zendesk import ZendeskDestination, ticket_payload
 from ticketing.models import Destination
 
 REQUEST = TicketRequest(
@@ -333,6 +334,62 @@ def test_with_idempotency_off_on_the_desk_a_replay_duplicates(desk, zendesk):
 
     assert [t["external_id"] for t in desk.tickets()] == ["evt-1", "evt-1"]
     assert adapter.find_by_external_ref("evt-1").ticket_id == "1"
+
+
+# --- Archive history: the Ticket Import API ----------------------------------------------
+
+HISTORY = TicketRequest(subject="Order 7: the printer jams again", description="Order 7 jams on page two.",
+                        requester="Jane Doe <jane.doe@example.com>", status="closed",
+                        created_at=datetime(2026, 3, 4, 10, 15, 30, tzinfo=timezone(timedelta(hours=1))))
+
+
+def test_archive_history_is_imported_closed_with_the_date_it_was_written(desk, zendesk):
+    result = zendesk().create_ticket(HISTORY, "key-1", "evt-1")
+
+    ticket = only_ticket(desk)
+    assert (result.ticket_id, ticket["status"], ticket["external_id"]) == (str(ticket["id"]), "closed", "evt-1")
+    assert (ticket["fields"]["created_at"], ticket["fields"]["solved_at"]) == (
+        "2026-03-04T09:15:30Z", "2026-03-04T09:15:30Z")
+    [entry] = desk.requests_log()
+    assert (entry["method"], entry["path"], entry["idempotency_key"]) == ("POST", "/api/v2/imports/tickets", "key-1")
+    # The comment is dated too, and the same request always makes the same body (a retry under its key).
+    payload = ticket_payload(HISTORY, "evt-1")
+    assert (payload["status"], payload["comment"]["created_at"]) == ("closed", "2026-03-04T09:15:30Z")
+    assert ticket_payload(HISTORY, "evt-1") == payload
+
+
+def test_a_live_ticket_is_still_created_through_the_tickets_api_with_the_desks_own_dates(desk, zendesk):
+    zendesk().create_ticket(REQUEST, "key-1", "evt-1")
+
+    ticket = only_ticket(desk)
+    assert ticket["status"] == "new" and "created_at" not in ticket["fields"] and "status" not in ticket["fields"]
+    assert [(e["method"], e["path"]) for e in desk.requests_log()] == [("POST", "/api/v2/tickets.json")]
+
+
+def test_a_lost_answer_to_an_import_is_settled_by_the_external_id_lookup_not_a_second_import(desk, zendesk):
+    # Zendesk documents its Idempotency-Key for ticket creation only: the desk here ignores it for this test.
+    desk.set_idempotency(enabled=False)
+    desk.set_plan(["drop_after_commit"])
+    adapter = zendesk()
+    with pytest.raises(AmbiguousOutcome):
+        adapter.create_ticket(HISTORY, "key-1", "evt-1")
+
+    again = adapter.create_ticket(HISTORY, "key-1", "evt-1")  # the next attempt, with the intent's journal
+
+    written = only_ticket(desk)
+    assert (again.ticket_id, written["status"]) == (str(written["id"]), "closed")
+    assert [e["path"] for e in desk.requests_log()] == ["/api/v2/imports/tickets"]
+
+
+def test_an_import_refused_before_it_was_written_is_sent_again_after_the_lookup_finds_nothing(desk, zendesk):
+    desk.set_idempotency(enabled=False)
+    desk.set_plan(["drop_before_commit"])
+    adapter = zendesk()
+    with pytest.raises(AmbiguousOutcome):
+        adapter.create_ticket(HISTORY, "key-1", "evt-1")
+
+    assert adapter.create_ticket(HISTORY, "key-1", "evt-1").ticket_id == str(only_ticket(desk)["id"])
+    assert [e["committed"] for e in desk.requests_log()] == [False, True]
 
 
 # --- Comments ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ thread's ticket, under the thread's lease) or classify (`ticketing.classificatio
 once, stored in `InboxEvent.route`) and route -> one attempt of the intent. The
 state machine itself lives in `ticketing.intents`.
 """
+import email.utils
 import logging
 import os
 import socket
@@ -83,6 +84,18 @@ def _wait(event: InboxEvent, seconds: float, outcome: str) -> str:
     return outcome
 
 
+def written_at(event: InboxEvent, parsed):
+    """When a message was written: its Date header (with a zone), never later than when it was stored, else
+    when it was stored. Read from the stored message only, so every attempt sends the same time."""
+    try:
+        dated = email.utils.parsedate_to_datetime(parsed.date or "")
+    except (TypeError, ValueError, IndexError):
+        dated = None
+    if dated is None or dated.tzinfo is None:
+        return event.received_at
+    return min(dated, event.received_at)
+
+
 class Work:
     """One attempt's payload: what to send for the intent's action."""
 
@@ -133,7 +146,8 @@ class Work:
                              queue=chosen["queue"], priority=chosen["priority"],
                              request_type=chosen["request_type"], assignee=chosen["assignee"],
                              requester_name=person.name, cc=cc, html=html, files=files, held_files=held,
-                             follow_up_of=self.follow_up_of, status="closed" if self.event.history else "")
+                             follow_up_of=self.follow_up_of, status="closed" if self.event.history else "",
+                             created_at=written_at(self.event, parsed) if self.event.history else None)
 
     def comment_request(self, adapter) -> CommentRequest:
         """What a reply adds: the new text, written as the customer (public) or, from one of the tenant's

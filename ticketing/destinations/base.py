@@ -6,6 +6,7 @@ what each capability flag allows when an outcome is unknown is decided in
 """
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from intake.failures import AmbiguousOutcome, PermanentError, TransientError
 from intake.vocabulary import ReasonCode
@@ -86,6 +87,9 @@ class TicketRequest:
     follow_up_of: str = ""
     # "closed": made closed (archive import history, intake.archive) where the desk supports it; "": its default.
     status: str = ""
+    # When the message was written (archive history: its Date header, else when it was stored); None: now.
+    # A desk that can date a record (Zendesk's Ticket Import API) gives the ticket and its comment this time.
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True)
