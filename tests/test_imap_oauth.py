@@ -25,6 +25,7 @@ from tests.dovecot import start_dovecot
 from tests.fake_oauth_server import FakeOAuth
 from tests.mail import make_message
 from tests.sns import sns_keys
+from tests.strict_imap import StrictIMAP
 from tests.test_recovery_queue import make_user
 from ticketing import mailbox_alerts
 
@@ -433,3 +434,78 @@ def test_a_platform_client_secret_is_used_for_the_refresh_and_never_copied_into_
     stored = box.stored()
     assert stored["refresh_token"] == oauth_server.current_refresh_token(box.username), "the rotation is kept"
     assert "client_secret" not in stored and oauth_server.client_secret not in box.credentials_file.read_text()
+
+
+@pytest.fixture
+def strict_imap(oauth_server):
+    def active(user: str, token: str) -> bool:
+        with oauth_server.lock:
+            entry = oauth_server.access_tokens.get(token)
+        return entry is not None and entry["user"] == user and entry["expires"] > time.time()
+
+    server = StrictIMAP(check=active).start()
+    yield server
+    server.stop()
+
+
+def make_strict_box(strict_imap, oauth_server, tenant, secrets_dir, slug, **settings) -> OAuthBox:
+    username = f"{slug}@acme.test"
+    credentials = secrets_dir / tenant.slug / f"{slug}.json"
+    credentials.write_text(json.dumps({"client_id": oauth_server.client_id, "client_secret": oauth_server.client_secret,
+                                       "refresh_token": oauth_server.grant(username)}))
+    mailbox = Mailbox.objects.create(
+        tenant=tenant, slug=slug, address=username, provider="imap", poll_enabled=True,
+        credentials_ref=f"file:{credentials}",
+        settings={"host": "127.0.0.1", "port": strict_imap.port, "ssl": False, "username": username,
+                  "folder": FOLDER, "auth": "xoauth2", "token_url": oauth_server.token_url, **settings})
+    return OAuthBox(strict_imap, oauth_server, mailbox, username, None, credentials)
+
+
+@pytest.mark.parametrize(("sasl", "mechanism", "after_error"), [("xoauth2", "XOAUTH2", b""),
+                                                                ("oauthbearer", "OAUTHBEARER", b"AQ==")])
+def test_a_refused_cached_token_gets_the_answer_the_sasl_mechanism_wants_then_one_refresh_on_a_new_connection(
+        strict_imap, oauth_server, tenant, secrets_dir, sasl, mechanism, after_error):
+    box = make_strict_box(strict_imap, oauth_server, tenant, secrets_dir, slug=f"strict-{sasl}", sasl=sasl)
+    assert box.poll().status == "ok"
+    oauth_server.expire_access_tokens()  # the cached token is now refused; the server closes after the NO
+    del strict_imap.sessions[:]
+
+    report = box.poll()
+
+    assert report.status == "ok", report.detail
+    refused, accepted = strict_imap.sessions
+    assert (refused["mechanism"], refused["after_error"], refused["outcome"]) == (mechanism, after_error, "refused")
+    assert (accepted["outcome"], accepted["after_error"], accepted["commands"][-1]) == ("ok", None, "LOGOUT")
+    assert len(box.refreshed()) == 2, "exactly one refresh for the refused token"
+    assert box.reload().health == "ok"
+    if sasl == "oauthbearer":  # RFC 7628 §3.1: the gs2 header names the user, host and port ride along
+        assert (accepted["fields"]["host"], accepted["fields"]["port"]) == ("127.0.0.1", str(strict_imap.port))
+
+
+def test_a_refused_fresh_token_is_a_credentials_refusal_after_the_proper_error_answer_without_a_second_refresh(
+        strict_imap, oauth_server, tenant, secrets_dir):
+    box = make_strict_box(strict_imap, oauth_server, tenant, secrets_dir, slug="strict-fresh")
+    strict_imap.check = lambda user, token: False
+
+    report = box.poll()
+
+    assert report.status == "credentials_invalid" and "AUTHENTICATIONFAILED" in report.detail, report.detail
+    # The fresh token refused: final for this login. The poll then re-reads the (just rotated) secret once
+    # (intake.polling): its cached token is refused and refreshed once, the fresh one refused again.
+    first, again, fresh = strict_imap.sessions
+    assert all((s["after_error"], s["outcome"]) == (b"", "refused") for s in (first, again, fresh))
+    assert first["fields"]["auth"] == again["fields"]["auth"] != fresh["fields"]["auth"]
+    assert len(box.refreshed()) == 2
+
+
+def test_an_unavailable_refusal_is_a_backoff_and_spends_no_refresh(strict_imap, oauth_server, tenant, secrets_dir):
+    box = make_strict_box(strict_imap, oauth_server, tenant, secrets_dir, slug="strict-unavailable")
+    assert box.poll().status == "ok"
+    strict_imap.unavailable = True  # Dovecot's answer when its introspection server fails
+
+    report = box.poll()
+
+    assert report.status == "backoff" and "UNAVAILABLE" in report.detail, report.detail
+    assert box.reload().health == "backoff"
+    assert len(box.refreshed()) == 1, "no refresh: the cached token was never said to be bad"
+    assert [s["outcome"] for s in strict_imap.sessions] == ["ok", "unavailable"]

@@ -44,6 +44,7 @@ folder, in UID order from the resume point, at most `limit` UIDs; for those, INT
 `BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)]` only (the whole message only when it has no Message-ID,
 since its id is then the content fingerprint). INTERNALDATE decides the exact window.
 """
+import functools
 import imaplib
 import logging
 import ssl as ssl_module
@@ -111,6 +112,25 @@ def _text(value) -> str:
     return str(value)
 
 
+class _Refused(Exception):
+    """The server refused the login (its text, addresses masked)."""
+
+
+class _SaslExchange:
+    """imaplib's AUTHENTICATE responder: the initial response to the first challenge, then `after_error` to the
+    server's error challenge, then the abort ("*") should the server go on asking."""
+
+    def __init__(self, initial: bytes, after_error: bytes):
+        self.initial, self.after_error = initial, after_error
+        self.calls = 0
+
+    def __call__(self, challenge: bytes) -> bytes | None:
+        self.calls += 1
+        if self.calls == 1:
+            return self.initial
+        return self.after_error if self.calls == 2 else None
+
+
 class ImapProvider(Provider):
     name = "imap"
     supports_webhook = False
@@ -144,17 +164,23 @@ class ImapProvider(Provider):
             return self._client
         if not self.host:
             raise PermanentError("settings", "no IMAP host configured")
-        password = access_token = None
         if self.auth == "xoauth2":
-            if self._tokens is None:
-                self._tokens = imap_oauth.token_source(self.mailbox)
-            access_token = self._tokens.token()  # PermanentError / TransientError as they come
-        else:
-            try:
-                password = resolve_secret(self.mailbox.credentials_ref, tenant=self.mailbox.tenant,
-                                          owner=self.mailbox)
-            except SecretUnavailable as exc:
-                raise PermanentError("credentials", f"password reference: {exc}") from None
+            self._client = self._oauth_connect()
+            return self._client
+        try:
+            password = resolve_secret(self.mailbox.credentials_ref, tenant=self.mailbox.tenant, owner=self.mailbox)
+        except SecretUnavailable as exc:
+            raise PermanentError("credentials", f"password reference: {exc}") from None
+        client = self._open()
+        try:
+            self._login(client, lambda: client.login(self.username, password))
+        except _Refused as exc:
+            raise PermanentError("credentials", str(exc)) from None
+        self._client = client
+        return client
+
+    def _open(self) -> IMAPClient:
+        """A new connection (through the egress guard), STARTTLS done, not logged in."""
         try:
             # Checked here for a clear refusal, and again by the connection itself (against DNS rebinding).
             check_host(self.host, self.port, purpose=IMAP_HOST.purpose, policy=IMAP_HOST)
@@ -164,46 +190,65 @@ class ImapProvider(Provider):
             raise PermanentError("settings", str(exc)) from None
         except (OSError, imaplib.IMAP4.error) as exc:  # refused, unreachable, TLS, timeout, greeting
             raise TransientError("connection", f"{type(exc).__name__}: {exc}") from None
+        if self.starttls:
+            try:
+                client.starttls(ssl_module.create_default_context())
+            except imap_errors.CapabilityError:
+                self._drop(client)
+                raise PermanentError("settings", "the server does not offer STARTTLS") from None
+            except (OSError, imaplib.IMAP4.error) as exc:
+                self._drop(client)
+                raise TransientError("connection", f"{type(exc).__name__}: {mask_address(_text(exc))}") from None
+        return client
+
+    def _login(self, client: IMAPClient, login) -> None:
+        """Run `login` on `client`; a NO/BAD is `_Refused`, unless its response code says "try later" (RFC 5530):
+        that, and a connection lost mid-way, are TransientError. The client is dropped on any failure."""
         try:
-            if self.starttls:
-                try:
-                    client.starttls(ssl_module.create_default_context())
-                except imap_errors.CapabilityError:
-                    raise PermanentError("settings", "the server does not offer STARTTLS") from None
-            if access_token is not None:
-                self._oauth_login(client, access_token)
-            else:
-                client.login(self.username, password)
-        except imap_errors.LoginError as exc:
+            login()
+        except imap_errors.IMAPClientAbortError as exc:  # (the password LOGIN wraps this into a LoginError)
+            self._drop(client)
+            raise TransientError("connection", f"{type(exc).__name__}: {mask_address(_text(exc))}") from None
+        except imaplib.IMAP4.error as exc:  # LoginError from LOGIN, the tagged NO/BAD from AUTHENTICATE
             self._drop(client)
             text = _text(exc)
             if any(code in text for code in _TRANSIENT_LOGIN_TEXT):
                 raise TransientError("login unavailable", mask_address(text)) from None
-            raise PermanentError("credentials", mask_address(text) or "login refused") from None
-        except (PermanentError, TransientError):
-            self._drop(client)
-            raise
-        except (OSError, imaplib.IMAP4.error) as exc:
+            raise _Refused(mask_address(text) or "login refused") from None
+        except OSError as exc:
             self._drop(client)
             raise TransientError("connection", f"{type(exc).__name__}: {mask_address(_text(exc))}") from None
-        self._client = client
-        return client
 
-    def _oauth_login(self, client: IMAPClient, access_token: str) -> None:
-        """AUTHENTICATE XOAUTH2 / OAUTHBEARER. A cached token the server refuses may have expired or been revoked
-        early: one fresh token, once, on the same connection; a refused fresh token is a LoginError."""
+    def _oauth_connect(self) -> IMAPClient:
+        """Connect and AUTHENTICATE XOAUTH2 / OAUTHBEARER. A cached token the server refuses may have expired or
+        been revoked early: one fresh token, once, on a NEW connection (a server may close the connection after a
+        failed AUTHENTICATE). A "try later" refusal is transient before anything is refreshed (a refresh spends a
+        rotation); a refused fresh token is a credentials refusal."""
+        if self._tokens is None:
+            self._tokens = imap_oauth.token_source(self.mailbox)
         for attempt in (1, 2):
+            access_token = self._tokens.token()  # PermanentError / TransientError as they come
+            client = self._open()
             try:
-                if self.sasl == "oauthbearer":
-                    client.oauthbearer_login(self.username, access_token)
-                else:
-                    client.oauth2_login(self.username, access_token)
-                return
-            except imap_errors.LoginError:
+                # imaplib's AUTHENTICATE itself: imapclient's oauth2_login/oauthbearer_login answer the error
+                # challenge with the token again, and call a lost connection a LoginError.
+                self._login(client, functools.partial(client._imap.authenticate, *self._sasl(access_token)))
+                return client
+            except _Refused as exc:
                 if attempt == 2 or self._tokens.last_fresh:
-                    raise
+                    raise PermanentError("credentials", str(exc)) from None
             self._tokens.invalidate()
-            access_token = self._tokens.token()
+        raise AssertionError("unreachable")
+
+    def _sasl(self, access_token: str) -> tuple[str, "_SaslExchange"]:
+        """(mechanism, responder). After an error challenge the client must answer, not resend the token: an empty
+        response for XOAUTH2 (Google's XOAUTH2 protocol, "Error response"), %x01 for OAUTHBEARER (RFC 7628 §3.2.3)."""
+        if self.sasl == "oauthbearer":
+            user = self.username.replace("=", "=3D").replace(",", "=2C")  # RFC 5801 saslname
+            # RFC 7628 §3.1: gs2 header, then host/port (optional) and the bearer token, each ended by %x01.
+            first = f"n,a={user},\x01host={self.host}\x01port={self.port}\x01auth=Bearer {access_token}\x01\x01"
+            return "OAUTHBEARER", _SaslExchange(first.encode(), b"\x01")
+        return "XOAUTH2", _SaslExchange(f"user={self.username}\x01auth=Bearer {access_token}\x01\x01".encode(), b"")
 
     @staticmethod
     def _drop(client: IMAPClient) -> None:
