@@ -24,7 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .models import Mailbox, MailboxAudit, MailboxAuditKind
-from .secrets import SecretRefused, SecretUnavailable, forget, scope_problem, vault_client
+from .secrets import SecretRefused, SecretUnavailable, scope_problem, vault_client, written
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def store_secret(ref: str, value: str, *, tenant, owner, actor: str) -> None:
         _write_vault(target, value)
     else:
         raise SecretWriteFailed("a secret reference starts with env:, file: or vault:")
-    forget(ref)
+    written(ref, value)
     logger.info("secret %s written by %s (sha256 %s)", ref, actor, digest(value))
 
 

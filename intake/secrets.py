@@ -246,6 +246,13 @@ def forget(ref: str) -> None:
         _reread.add(ref)
 
 
+def written(ref: str, value: str) -> None:
+    """We wrote `value` to `ref` ourselves (intake.secret_store): the next resolution reads it again, and a
+    re-read after a refusal does not count our own write as "a new secret" (`reread`)."""
+    forget(ref)
+    _digests[ref] = hashlib.sha256(value.encode()).hexdigest()
+
+
 def clear_cache() -> None:
     with _lock:
         _values.clear()
