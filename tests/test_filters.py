@@ -106,7 +106,7 @@ def test_invalid_header_and_risk_conditions_have_clear_messages():
     assert 'spam_score: expected {"op": "gt" | "ge" | "lt" | "le", "value": a number}' in text
     assert "attachment_verdict: expected one of none, clean, infected, unscanned, unknown" in text
     assert validate_conditions({"header": []}) == [
-        'header: expected a list of tests, for example [{"name": "X-Spam-Score", "op": "gt", "value": 8}]']
+        'header: expected a test such as {"name": "X-Spam-Score", "op": "gt", "value": 8}, or a list of them']
 
 
 def test_the_console_reads_header_and_risk_conditions_as_sentences():

@@ -77,6 +77,7 @@ def describe_conditions(conditions) -> str:
     """
     if not conditions:
         return "every message"
+    conditions = canonical_conditions(conditions)
     if not isinstance(conditions, dict):
         return json.dumps(conditions)
     order = {key: i for i, key in enumerate(KEYS)}  # jsonb keeps no key order: show them in a fixed one
@@ -165,8 +166,9 @@ class RoutingRuleForm(forms.ModelForm):
             "conditions": 'JSON, every key must hold, for example {"recipient": "support@acme.test", '
                           '"subject_regex": "^urgent"}. Keys: recipient, sender (address, @domain or a list), '
                           'subject_regex, body_regex, keywords (list), has_attachment_type, '
-                          'auth ({"dmarc": "pass"}), is_reply (true/false), header ([{"name": "X-Spam-Score", '
-                          '"op": "gt", "value": 8}]; ops exists, equals, regex, gt, ge, lt, le), spam_score '
+                          'auth ({"dmarc": "pass"}), is_reply (true/false), header (a test '
+                          '{"name": "X-Spam-Score", "op": "gt", "value": 8}, or a list of them; ops exists, equals, '
+                          'regex, gt (>), ge (>=), lt (<), le (<=)), spam_score '
                           '({"op": "gt", "value": 8}), spam_flagged, attachment_verdict (clean, infected, '
                           'unscanned, none). {} matches every message.',
         }

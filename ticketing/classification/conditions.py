@@ -109,6 +109,7 @@ def validate_conditions(conditions) -> list[str]:
     """Clear messages for an admin: unknown keys, wrong types, invalid regular expressions."""
     if not isinstance(conditions, dict):
         return ["conditions must be an object ({\"key\": value, ...})"]
+    conditions = canonical_conditions(conditions)  # a row written past the console and the API reads the same
     errors = []
     for key, value in conditions.items():
         if key not in KEYS:
@@ -161,7 +162,8 @@ def _is_number(value) -> bool:
 
 def _header_errors(tests) -> list[str]:
     if not isinstance(tests, list) or not tests:
-        return ['header: expected a list of tests, for example [{"name": "X-Spam-Score", "op": "gt", "value": 8}]']
+        return ['header: expected a test such as {"name": "X-Spam-Score", "op": "gt", "value": 8}, or a list of '
+                'them']
     if len(tests) > MAX_HEADER_TESTS:
         return [f"header: at most {MAX_HEADER_TESTS} tests"]
     errors = []
@@ -253,6 +255,7 @@ def matches(conditions: dict, facts: MessageFacts, budget: Budget | None = None,
     if not isinstance(conditions, dict) or validate_conditions(conditions):
         budget.note(f"{label}invalid conditions: never matches")
         return False
+    conditions = canonical_conditions(conditions)
     if "is_reply" in conditions and facts.is_reply is not conditions["is_reply"]:
         return False
     if "recipient" in conditions:
