@@ -401,7 +401,7 @@ def test_a_description_over_zendesks_limit_is_trimmed_at_a_paragraph_with_a_noti
 def stored_event(*, pk: int, details: dict):
     """An event as `Work` reads it, without a database: its tenant (no agents) and mailbox (default policy)."""
     return SimpleNamespace(pk=pk, details=details, tenant=Tenant(settings={}), tenant_id=None,
-                           mailbox=Mailbox(settings={}))
+                           mailbox=Mailbox(settings={}), history=False)
 
 
 class RecordingAdapter(DestinationAdapter):
