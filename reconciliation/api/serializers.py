@@ -382,6 +382,8 @@ class MailboxSerializer(PauseThroughServiceMixin, SecretRulesMixin, FullCleanMod
     pause_reason = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=300,
                                          help_text=PAUSE_REASON_HELP)
     pause_service = "do_set_mailbox_pause"
+    # "" (no archive import) besides the choices: a plain string in the schema, not an enum without "".
+    archive_tickets = serializers.CharField(read_only=True, help_text='"" (no archive import), "none" or "closed"')
 
     class Meta:
         model = Mailbox
