@@ -184,6 +184,8 @@ class Mailbox(models.Model):
             models.CheckConstraint(condition=~Q(address_key=""), name="mailbox_address_key_set"),
             models.CheckConstraint(condition=Q(link_state__in=["up", "failing", "down", "recovered"]),
                                    name="mailbox_known_link_state"),
+            models.CheckConstraint(condition=Q(archive_tickets__in=["", "none", "closed"]),
+                                   name="mailbox_known_archive_tickets"),
         ]
 
     def __str__(self):

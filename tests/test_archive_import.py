@@ -361,6 +361,20 @@ def test_the_mailbox_page_starts_an_import_as_its_admin_and_refuses_a_future_cut
     assert MailboxAudit.objects.filter(mailbox=box.mailbox, kind="archive_import_started").count() == 1
 
 
+def imported_without_tickets(mailbox, *, old, recent) -> "Box":
+    """Poll an API mailbox until its archive import finishes and process it: the old messages are history without
+    tickets, the recent ones ticketed, none acknowledged as history."""
+    box = Box(None, mailbox, "", "")
+    box.poll_until_imported()
+    box.process_all()
+    assert sorted(box.events(history=True).values_list("provider_message_id", flat=True)) == sorted(old)
+    assert box.events(history=True, state="suppressed", reason_code="archived").count() == 25
+    assert sorted(box.events(history=False, state="completed").values_list("provider_message_id", flat=True)) \
+        == sorted(recent)
+    assert not Intent.objects.filter(action=Intent.Action.NOTIFY_REQUESTER, inbox_event__history=True).exists()
+    return box
+
+
 def test_a_gmail_mailbox_imports_its_archive_through_the_api_then_is_live(tenant, monkeypatch):
     from tests.fake_google import FakeGoogle
 
@@ -381,14 +395,7 @@ def test_a_gmail_mailbox_imports_its_archive_through_the_api_then_is_live(tenant
         recent = [google.add_message(client_message(100 + n, now - timedelta(days=1)), age_days=1) for n in range(2)]
         archive.start_archive_import(mailbox=mailbox, before=now - timedelta(days=3), tickets="none",
                                      actor="user:admin")
-        box = Box(None, mailbox, "", "")
-        box.poll_until_imported()
-        box.process_all()
-        assert sorted(box.events(history=True).values_list("provider_message_id", flat=True)) == sorted(old)
-        assert box.events(history=True, state="suppressed", reason_code="archived").count() == 25
-        assert sorted(box.events(history=False, state="completed").values_list("provider_message_id", flat=True)) \
-            == sorted(recent)
-        assert not Intent.objects.filter(action=Intent.Action.NOTIFY_REQUESTER, inbox_event__history=True).exists()
+        box = imported_without_tickets(mailbox, old=old, recent=recent)
         assert MailboxAudit.objects.get(mailbox=mailbox, kind="archive_import_finished").detail["history_events"] == 25
 
         live = google.add_message(client_message(7, timezone.now(), subject="Live via Gmail"))
@@ -418,14 +425,7 @@ def test_a_graph_mailbox_imports_its_archive_through_the_api_then_is_live(tenant
         recent = [graph.add_message(client_message(100 + n, now - timedelta(days=1)), age_days=1) for n in range(2)]
         archive.start_archive_import(mailbox=mailbox, before=now - timedelta(days=3), tickets="none",
                                      actor="user:admin")
-        box = Box(None, mailbox, "", "")
-        box.poll_until_imported()
-        box.process_all()
-        assert sorted(box.events(history=True).values_list("provider_message_id", flat=True)) == sorted(old)
-        assert box.events(history=True, state="suppressed", reason_code="archived").count() == 25
-        assert sorted(box.events(history=False, state="completed").values_list("provider_message_id", flat=True)) \
-            == sorted(recent)
-        assert not Intent.objects.filter(action=Intent.Action.NOTIFY_REQUESTER, inbox_event__history=True).exists()
+        box = imported_without_tickets(mailbox, old=old, recent=recent)
 
         live = graph.add_message(client_message(7, timezone.now(), subject="Live via Graph"))
         poll_mailbox(mailbox.pk, trigger=MANUAL)

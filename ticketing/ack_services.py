@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from intake.selectors import visible_tenants
 
-from . import ack_language, ack_templates
+from . import ack_templates
 from .ack_models import AcknowledgmentTemplate, BusinessHours
 
 
@@ -59,7 +59,3 @@ def preview(*, template: AcknowledgmentTemplate, now=None) -> dict:
     return {"subject": f"[#{sample['ticket_number']}] {subject}", "body": body, "answer_by": kept.answer_by,
             "problem": ""}
 
-
-def detector_languages(*, tenant_id: int) -> list[str]:
-    """The languages incoming mail of the tenant is told apart in (its templates' and the built-in English)."""
-    return sorted({ack_language.FALLBACK, *ack_templates.candidate_languages(tenant_id=tenant_id)})
