@@ -289,7 +289,7 @@ class LiveBroker:
         # Celery prefers $CELERY_BROKER_URL (this process's own broker) to broker=, everywhere.
         saved = os.environ.get("CELERY_BROKER_URL")
         os.environ["CELERY_BROKER_URL"] = self.url
-        app = Celery("live-probe", broker=self.url)
+        app = Celery("live-probe", broker=self.url, set_as_current=False)
         try:
             return bool(app.control.ping(destination=[node], timeout=timeout))
         finally:

@@ -46,7 +46,7 @@ def run_sweep(broker) -> None:
     """Send beat's sweep (`resume_bulk_jobs`) to the worker, as beat would."""
     from celery import Celery
 
-    app = Celery("bulk-sweep-probe", broker=broker.url)
+    app = Celery("bulk-sweep-probe", broker=broker.url, set_as_current=False)
     try:
         app.send_task("reconciliation.tasks.resume_bulk_jobs")
     finally:

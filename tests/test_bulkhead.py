@@ -169,7 +169,7 @@ def test_calls_run_on_the_destinations_queue_and_a_redelivered_call_makes_one_ti
     destination = make_desk_destination(live_mailbox.tenant, desk, monkeypatch)
     env = worker_env(live_broker, MAILROOM_DESTINATION_QUEUE="destinations")
     live_processes.queue_worker(env, "celery", pool="prefork", concurrency=1)  # the CPU stages only
-    app = Celery("bulkhead-probe", broker=live_broker.url)
+    app = Celery("bulkhead-probe", broker=live_broker.url, set_as_current=False)
     try:
         event_id = new_event(live_mailbox)
         app.send_task("ticketing.tasks.process_inbox_events", args=[[event_id]])

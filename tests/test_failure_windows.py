@@ -120,7 +120,7 @@ def send(event_ids, broker):
     """Publish the task straight to the broker, as a relay (or a redelivery) would."""
     from celery import Celery
 
-    app = Celery("failure-window-probe", broker=broker.url)
+    app = Celery("failure-window-probe", broker=broker.url, set_as_current=False)
     try:
         for event_id in event_ids:
             app.send_task("ticketing.tasks.process_inbox_events", args=[[event_id]])

@@ -34,7 +34,7 @@ def test_a_worker_process_masks_addresses_and_stays_quiet_about_routine_tasks(tr
         PYTHON, "-m", "celery", "-A", "config", "worker", "--concurrency", "1", "--loglevel", "INFO",
         "-I", "tests.worker_log_probe", "-n", f"probe-{uuid.uuid4().hex[:8]}@%h", "--without-mingle",
         "--without-gossip"], env)
-    sender = Celery(broker=probe_broker.url)
+    sender = Celery(broker=probe_broker.url, set_as_current=False)
     marker = uuid.uuid4().hex[:8]
     sender.send_task("tests.worker_log_probe.log_text", [f"reply to jane.doe.{marker}@example.com"])
     sender.close()
