@@ -12,7 +12,7 @@ from pathlib import Path
 import environ
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
-from kombu import Queue
+from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -188,7 +188,8 @@ MAILROOM_REST_TEMPLATE_SECONDS = env.float("MAILROOM_REST_TEMPLATE_SECONDS", def
 MAILROOM_REST_TEMPLATE_MAX_CHARS = env.int("MAILROOM_REST_TEMPLATE_MAX_CHARS", default=1_000_000)
 # An event in `received` with no progress for this long is enqueued again.
 MAILROOM_STALE_EVENT_SECONDS = env.int("MAILROOM_STALE_EVENT_SECONDS", default=300)
-# Past this many dispatches without progress an event is a poison message.
+# An event that workers took this many times without progress is a poison message (waiting in the
+# broker is not a take).
 MAILROOM_MAX_DISPATCHES = env.int("MAILROOM_MAX_DISPATCHES", default=10)
 MAILROOM_CLAIM_SECONDS = env.int("MAILROOM_CLAIM_SECONDS", default=120)
 # How long a worker may hold a thread (mailbox, thread_key) while it decides and writes.
@@ -198,8 +199,10 @@ MAILROOM_RELAY_GROUP = env.int("MAILROOM_RELAY_GROUP", default=50)
 # A group's plain mail to the built-in store is written set-based (ticketing.batch); off: event by event.
 MAILROOM_SET_BASED = env.bool("MAILROOM_SET_BASED", default=True)
 MAILROOM_RELAY_SWEEP_SECONDS = env.float("MAILROOM_RELAY_SWEEP_SECONDS", default=2.0)
-# After a wake-up the relay waits this long so that concurrent commits publish as one group.
-MAILROOM_RELAY_LINGER_SECONDS = env.float("MAILROOM_RELAY_LINGER_SECONDS", default=0.02)
+# After a wake-up the relay publishes at once when no task waits in the broker; while tasks wait (the
+# workers are busy) it holds the rows until the queue empties, a group's worth of commits arrived, or this
+# long, so that they go out as one group (intake.relay.gather).
+MAILROOM_RELAY_HOLD_SECONDS = env.float("MAILROOM_RELAY_HOLD_SECONDS", default=1.0)
 MAILROOM_OUTBOX_RETENTION_DAYS = env.int("MAILROOM_OUTBOX_RETENTION_DAYS", default=7)
 # Raw messages (and so attachments) are purged after this many days (intake.retention); per tenant
 # Tenant.settings["raw_retention_days"]. Metadata, states, mappings and the audit trail stay.
@@ -295,6 +298,9 @@ MAILROOM_PUBLIC_API_SCHEMA = env.bool("MAILROOM_PUBLIC_API_SCHEMA", default=MAIL
 # that only the embedded default (SQLite) takes unless told otherwise.
 MAILROOM_CLAMD = env.str("MAILROOM_CLAMD", default="tcp://127.0.0.1:3310" if USING_POSTGRES else "off")
 MAILROOM_CLAMD_TIMEOUT = env.float("MAILROOM_CLAMD_TIMEOUT", default=30.0)
+# A decoded attachment larger than this is spooled to a temporary file (tempfile's directory) to be
+# scanned and sent from there, deleted after use; smaller ones stay in memory (intake.mime.spool).
+MAILROOM_SPOOL_THRESHOLD_BYTES = env.int("MAILROOM_SPOOL_THRESHOLD_BYTES", default=1024 * 1024)
 # While clamd is unreachable an event waits and retries, then goes to review; it never passes unscanned.
 MAILROOM_SCAN_ATTEMPTS = env.int("MAILROOM_SCAN_ATTEMPTS", default=5)
 MAILROOM_SCAN_RETRY_SECONDS = env.int("MAILROOM_SCAN_RETRY_SECONDS", default=30)
@@ -341,7 +347,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# django-celery-beat's DatabaseScheduler under a lock: a second beat stands by (intake.beat).
+CELERY_BEAT_SCHEDULER = "intake.beat:LockedScheduler"
 CELERY_TIMEZONE = TIME_ZONE
 # Celery's Django fixup closes the DB connection after every task unless this
 # is set; reconnecting per task halves throughput (see docs/performance.md).
@@ -357,7 +364,19 @@ MAILROOM_DESTINATION_CAP_WAIT_SECONDS = env.float("MAILROOM_DESTINATION_CAP_WAIT
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 # Both queues declared: a worker started without -Q consumes both (one worker is enough); run_stack
 # starts one per queue (-Q), prefork for the CPU stages and threads for the calls.
-CELERY_TASK_QUEUES = [Queue(name) for name in dict.fromkeys(["celery", MAILROOM_DESTINATION_QUEUE or "celery"])]
+queue_names = list(dict.fromkeys(["celery", MAILROOM_DESTINATION_QUEUE or "celery"]))
+# RabbitMQ (amqp://): quorum queues, replicated and durable (docs/deployment.md). They take publisher confirms
+# and per-consumer QoS (Celery drops global QoS when it sees one); a countdown goes through RabbitMQ's native
+# delayed delivery, which routes by topic, so each queue has a topic exchange of its own name.
+MAILROOM_AMQP_QUORUM = env.bool("MAILROOM_AMQP_QUORUM",
+                                default=CELERY_BROKER_URL.startswith(("amqp:", "amqps:", "pyamqp:")))
+if MAILROOM_AMQP_QUORUM:
+    CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
+    CELERY_TASK_QUEUES = [Queue(name, Exchange(name, type="topic"), routing_key=name,
+                                queue_arguments={"x-queue-type": "quorum"}) for name in queue_names]
+    CELERY_BROKER_TRANSPORT_OPTIONS["confirm_publish"] = True
+else:
+    CELERY_TASK_QUEUES = [Queue(name) for name in queue_names]
 CELERY_TASK_ROUTES = {"ticketing.tasks.call_destination": {"queue": MAILROOM_DESTINATION_QUEUE or "celery"}}
 # Reconciliation (reconciliation.reconcilers; `manage.py reconcile`): a pass every this many seconds,
 # over a sliding window, each reconciler bounded per scope and pass (the next pass resumes).
@@ -409,6 +428,8 @@ MAILROOM_BULK_JOB_CLAIM_SECONDS = env.float("MAILROOM_BULK_JOB_CLAIM_SECONDS", d
 # Also never secrets: Authorization values, token=/key=/secret= parameters are redacted. LOG_FORMAT=json
 # writes one JSON object per line (python-json-logger) with request_id (web) and task_id (Celery).
 LOG_FORMAT = env.str("LOG_FORMAT", default="plain")
+# One INFO line per stored or duplicate event for one event in N (1: all); 0: none (intake.logging).
+MAILROOM_LOG_EVENT_SAMPLE = env.int("MAILROOM_LOG_EVENT_SAMPLE", default=0)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

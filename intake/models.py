@@ -285,7 +285,8 @@ class InboxEvent(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     escalate_at = models.DateTimeField("escalates at", null=True, blank=True)
-    # How often the event was handed to the broker; a cap catches poison messages.
+    # How often a worker took the event since it last made progress (intake.services.record_taken); a cap
+    # catches poison messages.
     dispatch_count = models.PositiveIntegerField("times dispatched", default=0)
     # Sender-authentication signals from the trusted authserv-id only: they inform, never authorize.
     auth_results = models.JSONField("sender authentication", default=dict, blank=True)

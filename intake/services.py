@@ -9,15 +9,20 @@ import json
 import logging
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from functools import cached_property
 
 import psycopg
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from psycopg import postgres
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 from . import escalation, selectors
 from .keys import content_fingerprint, dedupe_key, reused_id, thread_key_for_raw
+from .logging import event_line_due
 from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
 from .vocabulary import AuditKind, ReasonCode, WebhookRejection
 
@@ -26,6 +31,7 @@ logger = logging.getLogger(__name__)
 PROCESS_TOPIC = "inbox_event.process"
 POLL_TOPIC = "mailbox.poll"
 NOTIFY_CHANNEL = "mailroom_outbox"
+UPLOAD_PIECE_BYTES = 1 << 20  # a message above the spool threshold goes to PostgreSQL this much at a time
 STALE_CANDIDATE_STATES = (InboxEvent.State.RECEIVED, InboxEvent.State.READY)
 # Every state but `completed`: a completed event stays completed (its mapping is the proof,
 # whatever happens later), so intent outcomes move the event from any of these.
@@ -75,19 +81,68 @@ def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str,
     `history`: mail an archive import fetched from before the mailbox's cut-off (intake.archive); a duplicate
     keeps what the first delivery stored.
     """
-    now = timezone.now()
-    fingerprint = content_fingerprint(raw)
-    # Keyed now, so a reply that is processed first can see its thread's earlier mail.
-    thread_key = thread_key if thread_key is not None else thread_key_for_raw(raw)
-    row = _IngestRow(mailbox, provider_message_id, raw, source, thread_key, fingerprint, now, history=history)
+    row = _row(mailbox, provider_message_id, raw, source, thread_key, history, timezone.now())
     event_id = _insert_event(row)
     if event_id is not None:
-        logger.info("stored event %s via %s (%d bytes)", event_id, source, len(raw))
+        if event_line_due():
+            logger.info("stored event %s via %s (%d bytes)", event_id, source, len(raw))
         return IngestResult(event_id, duplicate=False)
+    return _after_conflict(row)
 
-    first = _stored_event(mailbox, provider_message_id)
-    if source in PROVIDER_OWN_IDS or mailbox.provider in PROVIDER_OWN_IDS or _same_content(first, fingerprint):
-        logger.info("duplicate delivery for event %s via %s", first["pk"], source)
+
+@dataclass(frozen=True)
+class IngestItem:
+    """One message of `ingest_batch`: what `ingest` takes for one."""
+
+    provider_message_id: str
+    raw: bytes
+    thread_key: str | None = None
+    history: bool = False
+
+
+def ingest_batch(*, mailbox: Mailbox, items: list[IngestItem], source: str) -> list[IngestResult]:
+    """`ingest` for many messages of one mailbox, in the caller's transaction: one result per item, in order.
+
+    On PostgreSQL the new messages are one statement (events, their `received` audit rows, their outbox
+    rows and one NOTIFY; nothing for a message already stored); only the items that met a stored event,
+    or an earlier item of the batch under the same id, go through `ingest`'s conflict rules one by one, so
+    the outcome is the one the same items ingested in order would have. SQLite ingests them one by one.
+    Call it inside a transaction that also holds what acknowledges the batch (the poller's cursor).
+    """
+    now = timezone.now()
+    rows = [_row(mailbox, i.provider_message_id, i.raw, source, i.thread_key, i.history, now) for i in items]
+    if not settings.USING_POSTGRES:
+        return [ingest(mailbox, r.provider_message_id, r.raw, source, r.thread_key, history=r.history)
+                for r in rows]
+    first_of_key: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        first_of_key.setdefault(row.key, index)
+    inserted = _insert_events_postgres(mailbox, source, now, [rows[i] for i in first_of_key.values()])
+    results = []
+    for index, row in enumerate(rows):
+        event_id = inserted.get(row.key) if first_of_key[row.key] == index else None
+        results.append(IngestResult(event_id, duplicate=False) if event_id is not None else _after_conflict(row))
+    stored = len(inserted)
+    if stored:
+        logger.info("stored %d events via %s (%d bytes)", stored, source,
+                    sum(len(rows[first_of_key[key]].raw) for key in inserted))
+    return results
+
+
+def _row(mailbox, provider_message_id, raw, source, thread_key, history, now) -> "_IngestRow":
+    # Keyed now, so a reply that is processed first can see its thread's earlier mail.
+    thread_key = thread_key if thread_key is not None else thread_key_for_raw(raw)
+    return _IngestRow(mailbox, provider_message_id, raw, source, thread_key, content_fingerprint(raw), now,
+                      history=history)
+
+
+def _after_conflict(row: "_IngestRow") -> IngestResult:
+    """The message's key is taken: a duplicate, or another message reusing its Message-ID (stored as its own)."""
+    first = _stored_event(row.mailbox, row.provider_message_id)
+    if (row.source in PROVIDER_OWN_IDS or row.mailbox.provider in PROVIDER_OWN_IDS
+            or _same_content(first, row.fingerprint)):
+        if event_line_due():
+            logger.info("duplicate delivery for event %s via %s", first["pk"], row.source)
         return IngestResult(first["pk"], duplicate=True)
 
     row = row.reusing(first["pk"])
@@ -96,8 +151,9 @@ def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str,
         logger.warning("event %s reuses the Message-ID of event %s with other content: stored as its own",
                        event_id, first["pk"])
         return IngestResult(event_id, duplicate=False)
-    again = _stored_event(mailbox, row.provider_message_id)
-    logger.info("duplicate delivery for event %s via %s", again["pk"], source)
+    again = _stored_event(row.mailbox, row.provider_message_id)
+    if event_line_due():
+        logger.info("duplicate delivery for event %s via %s", again["pk"], row.source)
     return IngestResult(again["pk"], duplicate=True)
 
 
@@ -136,7 +192,7 @@ class _IngestRow:
     reuses_event: int | None = None   # the earlier, different message whose Message-ID this one reuses
     history: bool = False             # imported as history by an archive import (intake.archive)
 
-    @property
+    @cached_property
     def key(self) -> str:
         return dedupe_key(self.mailbox.tenant_id, self.mailbox.pk, self.provider_message_id)
 
@@ -190,7 +246,7 @@ WITH event AS (
                          sender, subject, thread_key, dispatch_count, auth_results, details, route_override,
                          route, fingerprint, message_id_reused, history)
     VALUES (%(tenant)s, %(mailbox)s, %(pmid)s, %(key)s, %(source)s, 'received', '', '', %(now)s, %(now)s,
-            %(raw)s, %(size)s, '', '', '', %(thread)s, 1, '{{}}', '{{}}', '{{}}', '{{}}', %(fingerprint)s, %(reused)s,
+            {raw}, %(size)s, '', '', '', %(thread)s, 0, '{{}}', '{{}}', '{{}}', '{{}}', %(fingerprint)s, %(reused)s,
             %(history)s)
     ON CONFLICT DO NOTHING
     RETURNING id
@@ -205,17 +261,50 @@ SELECT id, pg_notify(%(channel)s, '') FROM event
 """
 
 
+class MessageBytesDumper(Dumper):
+    """bytea in binary format handed to libpq as the very bytes object: psycopg's own (C) dumper copies it
+    first, a second whole copy of a large message in the web worker (libpq's send buffer is the other)."""
+
+    format = Format.BINARY
+    oid = postgres.types["bytea"].oid
+
+    def dump(self, obj: bytes) -> bytes:
+        return obj
+
+
 def _insert_event_postgres(row: _IngestRow) -> int | None:
-    sql = _INGEST_SQL.format(event=InboxEvent._meta.db_table, audit=AuditEvent._meta.db_table,
-                             outbox=OutboxMessage._meta.db_table)
     connection.ensure_connection()
+    if len(row.raw) <= settings.MAILROOM_SPOOL_THRESHOLD_BYTES:
+        return _run_ingest_statement(row, raw_sql="%(raw)s", raw_params={"raw": row.raw})
+    # A large message goes to the server a piece at a time, as a large object the ingest statement reads
+    # into the row (`lo_get`) and that is unlinked before the commit: libpq's send buffer holds a piece,
+    # not a second whole copy of the message. A rollback or a crash leaves no large object behind.
+    with transaction.atomic(), connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        oid = None
+        for start in range(0, len(row.raw), UPLOAD_PIECE_BYTES):
+            piece = row.raw[start:start + UPLOAD_PIECE_BYTES]
+            if oid is None:
+                cursor.execute("SELECT lo_from_bytea(0, %s)", [piece], binary=True)
+                oid = cursor.fetchone()[0]
+            else:
+                cursor.execute("SELECT lo_put(%s, %s, %s)", [oid, start, piece], binary=True)
+            del piece
+        event_id = _run_ingest_statement(row, raw_sql="lo_get(%(oid)s::oid)", raw_params={"oid": oid})
+        cursor.execute("SELECT lo_unlink(%s)", [oid])
+    return event_id
+
+
+def _run_ingest_statement(row: _IngestRow, *, raw_sql: str, raw_params: dict) -> int | None:
+    sql = _INGEST_SQL.format(event=InboxEvent._meta.db_table, audit=AuditEvent._meta.db_table,
+                             outbox=OutboxMessage._meta.db_table, raw=raw_sql)
     # A server-binding psycopg cursor with binary parameters: the message goes to PostgreSQL as bytea
     # bytes, not quoted into the SQL text on the client (Django's default client-side binding). Errors
     # are wrapped as Django's (IntegrityError, OperationalError), as through `connection.cursor()`.
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.adapters.register_dumper(bytes, MessageBytesDumper)
         cursor.execute(sql, binary=True, params={
             "tenant": row.mailbox.tenant_id, "mailbox": row.mailbox.pk, "pmid": row.provider_message_id,
-            "key": row.key, "source": row.source, "now": row.now, "raw": row.raw, "size": len(row.raw),
+            "key": row.key, "source": row.source, "now": row.now, **raw_params, "size": len(row.raw),
             "thread": row.thread_key, "fingerprint": row.fingerprint, "reused": row.reuses_event is not None,
             "history": row.history,
             "actor": f"provider:{row.source}", "kind": AuditKind.RECEIVED.value, "detail": json.dumps(row.audit_detail),
@@ -226,6 +315,58 @@ def _insert_event_postgres(row: _IngestRow) -> int | None:
     return result[0] if result else None
 
 
+# `_INGEST_SQL` for many messages: the events from arrays (one element per message), then the audit and
+# outbox rows of those the INSERT returned (the new ones only) and one NOTIFY.
+_INGEST_BATCH_SQL = """
+WITH event AS (
+    INSERT INTO {event} (tenant_id, mailbox_id, provider_message_id, dedupe_key, source, state,
+                         reason_code, reason_detail, received_at, updated_at, raw, size, message_id_header,
+                         sender, subject, thread_key, dispatch_count, auth_results, details, route_override,
+                         route, fingerprint, message_id_reused, history)
+    SELECT %(tenant)s, %(mailbox)s, m.pmid, m.key, %(source)s, 'received', '', '', %(now)s, %(now)s,
+           m.raw, octet_length(m.raw), '', '', '', m.thread, 0, '{{}}', '{{}}', '{{}}', '{{}}', m.fingerprint, false,
+           m.history
+    FROM unnest(%(pmids)s::text[], %(keys)s::text[], %(raws)s::bytea[], %(threads)s::text[],
+                %(fingerprints)s::text[], %(histories)s::boolean[]) WITH ORDINALITY
+         AS m (pmid, key, raw, thread, fingerprint, history, n)
+    ORDER BY m.n
+    ON CONFLICT DO NOTHING
+    RETURNING id, dedupe_key, size, history
+), audit AS (
+    INSERT INTO {audit} (inbox_event_id, actor, kind, detail, at)
+    SELECT id, %(actor)s, %(kind)s,
+           CASE WHEN history THEN jsonb_build_object('size', size, 'history', true)
+                ELSE jsonb_build_object('size', size) END, %(now)s
+    FROM event ORDER BY id
+), outbox AS (
+    INSERT INTO {outbox} (topic, payload, created_at, attempts)
+    SELECT %(topic)s, jsonb_build_object('inbox_event_id', id), %(now)s, 0 FROM event ORDER BY id
+), notify AS (
+    SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT 1 FROM event)
+)
+SELECT id, dedupe_key FROM event, (SELECT count(*) FROM notify) AS notified
+"""
+
+
+def _insert_events_postgres(mailbox: Mailbox, source: str, now, rows: list[_IngestRow]) -> dict[str, int]:
+    """{dedupe key: event id} of the rows stored now; the others' keys were taken already."""
+    if not rows:
+        return {}
+    sql = _INGEST_BATCH_SQL.format(event=InboxEvent._meta.db_table, audit=AuditEvent._meta.db_table,
+                                   outbox=OutboxMessage._meta.db_table)
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, binary=True, params={
+            "tenant": mailbox.tenant_id, "mailbox": mailbox.pk, "source": source, "now": now,
+            "pmids": [r.provider_message_id for r in rows], "keys": [r.key for r in rows],
+            "raws": [r.raw for r in rows], "threads": [r.thread_key for r in rows],
+            "fingerprints": [r.fingerprint for r in rows], "histories": [r.history for r in rows],
+            "actor": f"provider:{source}", "kind": AuditKind.RECEIVED.value, "topic": PROCESS_TOPIC,
+            "channel": NOTIFY_CHANNEL,
+        })
+        return dict((key, event_id) for event_id, key in cursor.fetchall())
+
+
 def _insert_event_orm(row: _IngestRow) -> int | None:
     """The embedded default (SQLite): the same three rows in one transaction."""
     try:
@@ -233,7 +374,7 @@ def _insert_event_orm(row: _IngestRow) -> int | None:
             event = InboxEvent.objects.create(
                 tenant_id=row.mailbox.tenant_id, mailbox=row.mailbox, provider_message_id=row.provider_message_id,
                 dedupe_key=row.key, source=row.source, received_at=row.now, updated_at=row.now, raw=row.raw,
-                size=len(row.raw), thread_key=row.thread_key, dispatch_count=1, fingerprint=row.fingerprint,
+                size=len(row.raw), thread_key=row.thread_key, dispatch_count=0, fingerprint=row.fingerprint,
                 message_id_reused=row.reuses_event is not None, history=row.history,
             )
             record_audit(event.pk, AuditKind.RECEIVED, actor=f"provider:{row.source}", detail=row.audit_detail,
@@ -249,10 +390,12 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
 
     Whatever was lost between the database and the broker (a relay that died
     after publishing, a message dropped by a broker, a worker killed while it
-    held the task) is found here. Past `MAILROOM_MAX_DISPATCHES` the event is a
-    poison message and goes to the recovery queue instead. An event that waits
-    on purpose (`retry_at`: a pause, an unreachable scanner) is requeued when
-    its wait is over, and that does not count as a failed dispatch.
+    held the task) is found here. An event that workers took
+    `MAILROOM_MAX_DISPATCHES` times (`record_taken`) without progress is a
+    poison message and goes to the recovery queue instead; one that only waited
+    in a busy broker was never taken, so a backlog, however long, poisons
+    nothing. An event that waits on purpose (`retry_at`: a pause, an
+    unreachable scanner) is requeued when its wait is over.
     """
     if selectors.global_pause_on():
         return {"requeued": 0, "poisoned": 0, "paused": True}
@@ -286,7 +429,7 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
                     requeued += 1
                 continue
             stale = InboxEvent.objects.filter(pk=event_id, state=state, retry_at__isnull=True, updated_at__lt=cutoff)
-            if stale.update(updated_at=now, dispatch_count=F("dispatch_count") + 1):
+            if stale.update(updated_at=now):
                 enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
                 record_audit(event_id, AuditKind.REQUEUED, actor="system:sweep", detail={"state": state}, at=now)
                 requeued += 1
@@ -295,11 +438,28 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
     return {"requeued": requeued, "poisoned": poisoned}
 
 
+def record_taken(event_ids: list[int], *, now=None) -> int:
+    """A worker took these events (its task started): each open one counts one take and its stale clock
+    restarts. One statement per task. The stale-event sweep poisons an event taken too often without
+    progress; counting takes, not requeues, keeps mail that only waited in a backlog out of that count."""
+    now = now or timezone.now()
+    return InboxEvent.objects.filter(pk__in=event_ids, state__in=STALE_CANDIDATE_STATES,
+                                     retry_at__isnull=True).update(dispatch_count=F("dispatch_count") + 1,
+                                                                   updated_at=now)
+
+
+def record_progress(event_id: int) -> None:
+    """A worker got the event somewhere without finishing it (its call was handed to the destination pool):
+    the count of takes starts again."""
+    InboxEvent.objects.filter(pk=event_id, state__in=STALE_CANDIDATE_STATES).update(dispatch_count=0)
+
+
 def wait_event(event_id: int, seconds: float) -> None:
-    """Park an open event on purpose (a pause, an unreachable scanner) until `seconds` from now."""
+    """Park an open event on purpose (a pause, an unreachable scanner) until `seconds` from now. A worker
+    decided to wait, which is progress: the count of takes starts again."""
     now = timezone.now()
     InboxEvent.objects.filter(pk=event_id, state__in=InboxEvent.OPEN_STATES).update(
-        retry_at=now + timedelta(seconds=seconds), updated_at=now)
+        retry_at=now + timedelta(seconds=seconds), updated_at=now, dispatch_count=0)
 
 
 def release_waiting_events(mailbox_id: int | None = None) -> int:
