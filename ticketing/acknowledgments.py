@@ -37,9 +37,10 @@ in the transaction that stores the mapping, so it is written exactly once.
 """
 import logging
 import re
+import smtplib
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from email.utils import make_msgid
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
@@ -63,15 +64,12 @@ from intake.validation.spamscore import spam_score_reached
 from intake.vocabulary import AuditKind, ReasonCode
 
 from . import ack_templates, ack_transport, ack_wording, bounces, intents, numbers
+from .bounce_reports import ACK_MESSAGE_ID_DOMAIN
+from .intents import batch as intents_batch
 from .models import Intent, TicketMapping
 
 logger = logging.getLogger(__name__)
 
-
-
-def ticket_token(mapping: TicketMapping) -> str:
-    """`MR-n`: the ticket's number, as the console shows it (ticketing.numbers)."""
-    return numbers.format_number(numbers.number_of(mapping))
 
 
 # Local parts that no person reads: automated senders and bounce addresses. Postmaster stays here although a
@@ -317,8 +315,14 @@ def plan(event: InboxEvent, destination) -> Intent | None:
     return intent
 
 
-def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent) -> EmailMessage:
-    token = ticket_token(mapping)
+def message_id(intent: Intent) -> str:
+    """The acknowledgment's Message-ID, the same on every attempt (a resend is the same message, which the
+    recipient's mail system can tell): its local part ends with `.<key[:16]>`, as `bounces` reads it."""
+    key = intent.idempotency_key
+    return f"<ack.{key[16:40]}.{key[:16]}@{ACK_MESSAGE_ID_DOMAIN}>"
+
+
+def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent, token: str) -> EmailMessage:
     # Only an authenticated sender's own subject is echoed: for anyone else (`ack_policy` "always") it could be
     # text a stranger chose, sent on from the tenant's address. The words: the tenant's template for the
     # requester's language, or the built-in text (ticketing.ack_wording); raises TemplateProblem.
@@ -329,8 +333,7 @@ def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent) -> Email
     headers = {
         "Auto-Submitted": "auto-replied",
         settings.MAILROOM_LOOP_HEADER: settings.MAILROOM_INSTANCE_ID,
-        # The key makes our Message-ID stable across attempts.
-        "Message-ID": make_msgid(idstring=intent.idempotency_key[:16], domain="mailroom.invalid"),
+        "Message-ID": message_id(intent),
     }
     if event.message_id_header:
         headers["In-Reply-To"] = f"<{event.message_id_header}>"
@@ -342,46 +345,163 @@ def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent) -> Email
 
 
 def send(intent_id: int, worker: str) -> str:
-    """One attempt at the acknowledgment of `intent_id`; safe to run twice."""
-    intent = Intent.objects.select_related("destination", "inbox_event__mailbox").defer("inbox_event__raw").filter(
-        pk=intent_id, action=Intent.Action.NOTIFY_REQUESTER).first()
-    if intent is None:
-        return "missing"
-    event = intent.inbox_event
-    mapping = TicketMapping.objects.select_related("destination").filter(
-        inbox_event=event, action=Intent.Action.CREATE_TICKET).first()
-    if mapping is None or event.state != InboxEvent.State.COMPLETED:
-        return "no_ticket"  # never acknowledge what is not a ticket
-    if not intents.claim(intent.pk, worker):
-        return "busy"
-    try:
-        message = _compose(event, mapping, intent)
-    except ack_templates.TemplateProblem as exc:
-        # A template past its limits (stored before the save check, or limits lowered since): nothing is sent.
-        if not intents.record_acknowledgment_not_sent(intent, worker=worker, reason=ReasonCode.ACK_TEMPLATE_FAILED,
-                                                      detail={"problem": str(exc)[:300]}):
-            return "claim_lost"
-        logger.info("event %s: acknowledgment not sent (%s)", event.pk, ReasonCode.ACK_TEMPLATE_FAILED)
-        return "template_failed"
-    try:
-        with get_connection(timeout=settings.MAILROOM_SMTP_TIMEOUT) as connection:
-            message.connection = connection
-            delivered = ack_transport.deliver(connection=connection, message=message)
-    except (ConnectionError, TimeoutError, OSError) as exc:
-        # Refused or unreachable before anything was accepted: safe to try again.
-        failure = TransientError(ReasonCode.SMTP_UNAVAILABLE, type(exc).__name__)
-        if not isinstance(exc, ConnectionRefusedError) and "timed out" in str(exc):
-            failure = AmbiguousOutcome(ReasonCode.SMTP_TIMEOUT, type(exc).__name__)
-        return intents.record_failure(intent, failure, worker) or "claim_lost"
-    if delivered == ack_transport.NOT_DELIVERABLE:
-        # An internationalised local part and a relay without SMTPUTF8: no form of the address exists to
-        # send to (never an encoded-word one), now or on a retry on this relay.
-        if not intents.record_acknowledgment_not_sent(intent, worker=worker, reason=ReasonCode.ADDRESS_NOT_DELIVERABLE):
-            return "claim_lost"
-        logger.info("event %s: acknowledgment not sent (%s)", event.pk, ReasonCode.ADDRESS_NOT_DELIVERABLE)
-        return "not_deliverable"
-    if not intents.record_acknowledgment_sent(intent, message.extra_headers["Message-ID"], worker,
-                                              detail={"token": ticket_token(mapping), **message.wording}):
+    """One attempt at the acknowledgment of `intent_id`; safe to run twice. A group of one (`send_group`)."""
+    return _attempt([intent_id], worker)[intent_id]
+
+
+def send_group(intent_ids: list[int], *, worker: str) -> dict[str, int]:
+    """One attempt at each acknowledgment of a group (the relay publishes them in groups): {outcome: count}.
+
+    Set-based where it is common, per intent where it is rare: the group's intents, events, mappings and
+    ticket numbers in two SELECTs, one guarded claim (`intents.batch.claim_acknowledgments`), one SMTP
+    connection for every message, and the sent ones recorded in one transaction
+    (`intents.batch.record_acknowledgments_sent`). A template problem, an address that cannot be written to
+    and a failed delivery keep their own transitions. Safe to run twice: the claim lets one worker send each.
+    """
+    outcomes = _attempt(intent_ids, worker)
+    tally: dict[str, int] = {}
+    seen: set[int] = set()
+    for intent_id in intent_ids:
+        outcome = "busy" if intent_id in seen else outcomes[intent_id]   # listed twice: the first attempt has it
+        seen.add(intent_id)
+        tally[outcome] = tally.get(outcome, 0) + 1
+    return tally
+
+
+@dataclass
+class _Attempt:
+    intent: Intent
+    mapping: TicketMapping
+    token: str
+    message: EmailMessage | None = None
+
+
+def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
+    """The attempts of `intent_ids` (each once), {intent id: outcome}."""
+    ids = list(dict.fromkeys(intent_ids))
+    found = {intent.pk: intent for intent in Intent.objects.select_related("destination", "inbox_event__mailbox")
+             .defer("inbox_event__raw").filter(pk__in=ids, action=Intent.Action.NOTIFY_REQUESTER)}
+    mappings = {mapping.inbox_event_id: mapping for mapping in numbers.with_numbers(
+        TicketMapping.objects.select_related("destination").filter(
+            inbox_event_id__in={intent.inbox_event_id for intent in found.values()},
+            action=Intent.Action.CREATE_TICKET))} if found else {}
+    outcomes: dict[int, str] = {}
+    ready: dict[int, _Attempt] = {}
+    for intent_id in ids:
+        intent = found.get(intent_id)
+        mapping = mappings.get(intent.inbox_event_id) if intent is not None else None
+        if intent is None:
+            outcomes[intent_id] = "missing"
+        elif mapping is None or intent.inbox_event.state != InboxEvent.State.COMPLETED:
+            outcomes[intent_id] = "no_ticket"  # never acknowledge what is not a ticket
+        else:
+            ready[intent_id] = _Attempt(intent, mapping, numbers.format_number(mapping.ticket_number or mapping.pk))
+    claimed_at = time.monotonic()
+    claimed = intents_batch.claim_acknowledgments(list(ready), worker=worker)
+    composed: list[_Attempt] = []
+    for intent_id, attempt in ready.items():
+        if intent_id not in claimed:
+            outcomes[intent_id] = "busy"
+            continue
+        try:
+            attempt.message = _compose(attempt.intent.inbox_event, attempt.mapping, attempt.intent, attempt.token)
+        except ack_templates.TemplateProblem as exc:
+            # A template past its limits (stored before the save check, or limits lowered since): nothing is sent.
+            outcomes[intent_id] = _not_sent(attempt.intent, worker, ReasonCode.ACK_TEMPLATE_FAILED,
+                                            detail={"problem": str(exc)[:300]}) or "template_failed"
+            continue
+        composed.append(attempt)
+    results = _deliver_all([attempt.message for attempt in composed], deadline=_delivery_deadline(claimed_at))
+    # The sent ones first, in one transaction: the window in which an accepted message is not yet recorded
+    # (the worker killed here: its intents expire to unknown, then held for a person) is kept short.
+    recorded = intents_batch.record_acknowledgments_sent([intents_batch.SentAcknowledgment(
+        intent_id=attempt.intent.pk, inbox_event_id=attempt.intent.inbox_event_id,
+        message_id=attempt.message.extra_headers["Message-ID"],
+        detail={"token": attempt.token, **attempt.message.wording})
+        for attempt, result in zip(composed, results, strict=True) if result == ack_transport.SENT], worker=worker)
+    for attempt, result in zip(composed, results, strict=True):
+        intent = attempt.intent
+        if result == ack_transport.SENT:
+            outcomes[intent.pk] = "sent" if intent.pk in recorded else "claim_lost"
+            if intent.pk in recorded:
+                logger.info("acknowledged event %s (ticket %s)", intent.inbox_event_id, attempt.token)
+        elif result == ack_transport.NOT_DELIVERABLE:
+            # An internationalised local part and a relay without SMTPUTF8: no form of the address exists to
+            # send to (never an encoded-word one), now or on a retry on this relay.
+            outcomes[intent.pk] = _not_sent(intent, worker, ReasonCode.ADDRESS_NOT_DELIVERABLE) or "not_deliverable"
+        elif result is None:
+            outcomes[intent.pk] = "error"   # left in_flight: its claim expires to unknown, as a crash would
+        else:
+            outcomes[intent.pk] = intents.record_failure(intent, result, worker) or "claim_lost"
+    return outcomes
+
+
+def _not_sent(intent: Intent, worker: str, reason: str, detail: dict | None = None) -> str:
+    """The intent ended without an email (`reason`): '' when recorded, else "claim_lost"."""
+    if not intents.record_acknowledgment_not_sent(intent, worker=worker, reason=reason, detail=detail):
         return "claim_lost"
-    logger.info("acknowledged event %s (ticket %s)", event.pk, ticket_token(mapping))
-    return "sent"
+    logger.info("event %s: acknowledgment not sent (%s)", intent.inbox_event_id, reason)
+    return ""
+
+
+def _delivery_deadline(claimed_at: float) -> float:
+    """When a group stops starting deliveries: well before its claim runs out (a message under way may take a
+    few SMTP timeouts: MAIL, RCPT, DATA), so `expire` never takes an intent whose message is being sent."""
+    claim = settings.MAILROOM_CLAIM_SECONDS
+    return claimed_at + max(claim - 3 * settings.MAILROOM_SMTP_TIMEOUT, claim / 2)
+
+
+def _failure(exc: OSError) -> TransientError | AmbiguousOutcome:
+    """What a failed delivery says about its message (smtplib's errors are OSErrors): refused or lost before
+    it was accepted, safe to send again; a timeout, perhaps accepted."""
+    if not isinstance(exc, ConnectionRefusedError) and "timed out" in str(exc):
+        return AmbiguousOutcome(ReasonCode.SMTP_TIMEOUT, type(exc).__name__)
+    return TransientError(ReasonCode.SMTP_UNAVAILABLE, type(exc).__name__)
+
+
+def _session_goes_on(connection, exc: OSError) -> bool:
+    """After a failed delivery: did the relay answer (a refused sender, recipient or message, then RSET by
+    smtplib) on a connection still open, so the next message may use it?"""
+    answered = isinstance(exc, (smtplib.SMTPResponseException, smtplib.SMTPRecipientsRefused))
+    return answered and getattr(getattr(connection, "connection", None), "sock", None) is not None
+
+
+def _deliver_all(messages: list[EmailMessage], *, deadline: float) -> list:
+    """Each message in order on one SMTP connection: `ack_transport.SENT` or `NOT_DELIVERABLE`, the failure
+    that decides its intent's next state, or None (an unexpected error: left as a crash would leave it).
+
+    Never a message twice: once the connection is lost (or the claim's time is nearly up) the rest are not
+    attempted, each a transient failure, retried by a later attempt."""
+    if not messages:
+        return []
+    try:
+        connection = get_connection(timeout=settings.MAILROOM_SMTP_TIMEOUT)
+        connection.open()
+    except OSError as exc:   # refused or unreachable before anything was sent
+        return [_failure(exc)] * len(messages)
+    results: list = []
+    stopped = ""
+    try:
+        for message in messages:
+            if not stopped and time.monotonic() > deadline:
+                stopped = "the group's claim is nearly up"
+            if stopped:
+                results.append(TransientError(ReasonCode.SMTP_UNAVAILABLE, f"not attempted: {stopped}"))
+                continue
+            message.connection = connection
+            try:
+                results.append(ack_transport.deliver(connection=connection, message=message))
+            except OSError as exc:
+                results.append(_failure(exc))
+                if not _session_goes_on(connection, exc):
+                    stopped = f"the connection was lost ({type(exc).__name__})"
+            except Exception:
+                logger.exception("acknowledgment delivery failed unexpectedly")
+                results.append(None)
+                stopped = "an earlier message failed unexpectedly"
+    finally:
+        try:
+            connection.close()
+        except OSError:   # every message was accepted or refused already; QUIT changes nothing
+            logger.info("closing the SMTP connection failed", exc_info=True)
+    return results

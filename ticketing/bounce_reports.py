@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from email import policy
 from email.message import Message
 
-ACK_MESSAGE_ID_DOMAIN = "mailroom.invalid"   # `acknowledgments._compose`: make_msgid(..., domain=...)
+ACK_MESSAGE_ID_DOMAIN = "mailroom.invalid"   # `acknowledgments._compose`: the Message-ID's domain
 DSN_REPORT_TYPES = ("delivery-status", "global-delivery-status")   # RFC 3464; RFC 6533 (an SMTPUTF8 message's)
 STATUS_PART_TYPES = ("message/delivery-status", "message/global-delivery-status")
 # The returned message or its headers, as the parser reads them: one embedded message (RFC 6533's in UTF-8).

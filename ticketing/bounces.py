@@ -2,7 +2,7 @@
 
 A DSN or a mailer-daemon's bounce stays `suppressed` (intake decides that: `delivery_report`,
 `mailer_daemon`). When it reports on an acknowledgment Mailroom sent (`bounce_reports.read_report`: the
-acknowledgment's Message-ID, which `record_acknowledgment_sent` keeps as the intent's `result_ref`),
+acknowledgment's Message-ID, which `intents.batch.record_acknowledgments_sent` keeps as the intent's `result_ref`),
 `tie` writes, in one transaction:
 
 - an `acknowledgment_bounced` audit row on the ORIGINAL ticket's event (the bounce event, the DSN's
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 ACTOR = "system:bounces"
 TIE_KEY = "acknowledgment_bounce"   # on the bounce event's details: the ticket it was tied to
 BOUNCE_REASONS = frozenset({ReasonCode.DELIVERY_REPORT, ReasonCode.MAILER_DAEMON})
-KEY_PREFIX_CHARS = 16   # `_compose`: make_msgid(idstring=key[:16]) ends the local part with ".<key[:16]>"
+KEY_PREFIX_CHARS = 16   # `_compose`: the Message-ID's local part ends with ".<key[:16]>"
 
 
 def normalized_address(address: str) -> str:

@@ -8,7 +8,9 @@ all in one transaction.
     (insert) ------------------------------------------------------------> pending
     pending/retry_wait (due) ----------------- claim ----------------> in_flight
     in_flight (+ unknown: a late success) ---- record_success --------> succeeded  event completed
-    in_flight (notify_requester) ------------- record_acknowledgment_sent -> succeeded
+    pending/retry_wait (due), a group -------- batch.claim_acknowledgments -> in_flight  (notify_requester)
+    in_flight (notify_requester; + unknown: -- batch.record_acknowledgments_sent -> succeeded  the Message-ID
+      a late success), a group                                                      its result
     in_flight (notify_requester) ------------- record_acknowledgment_not_sent -> succeeded  "not-sent:<reason>"
                                                                                     (the address cannot be written
                                                                                     to: acknowledgment_skipped)
@@ -98,7 +100,6 @@ from .core import (  # noqa: F401  (the package's API)
     max_attempts,
     outcome_unknown,
     record_acknowledgment_not_sent,
-    record_acknowledgment_sent,
     record_failure,
     record_files_attached,
     record_success,

@@ -10,6 +10,12 @@ as a handful of statements in the caller's transaction:
                                mappings, the events `completed` (intake's door), the audit rows, and the
                                acknowledgment intents with their outbox rows
 
+and for a group of acknowledgments (`acknowledgments.send_group`), the moves of `claim` and of a sent one:
+
+    claim_acknowledgments      pending/retry_wait (due) -> in_flight, one guarded UPDATE ... RETURNING id
+    record_acknowledgments_sent  in_flight (this worker's) -> succeeded, one guarded UPDATE ... RETURNING id,
+                               and the `acknowledged` audit rows of the ids it returned, in one transaction
+
 A row that does not land (someone else moved it) raises `Conflict`: the caller rolls the whole
 transaction back and takes the per-event path, whose conditional writes decide again.
 
@@ -24,16 +30,18 @@ compares its rows with the per-event path's on a real SQLite file.
 import json
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent, OutboxMessage
 from intake.services import NOT_COMPLETED_STATES, NOTIFY_CHANNEL, transition_events
 from intake.vocabulary import ReasonCode
 
 from ..models import Destination, Intent, TicketMapping
-from .core import AUDIT_KIND, NOTIFY_TOPIC, IntentState, intent_key
+from .core import AUDIT_KIND, CLAIM_EXPIRED_ERROR, NOTIFY_TOPIC, IntentState, intent_key
 
 logger = logging.getLogger(__name__)
 
@@ -200,3 +208,91 @@ def _enqueue_acknowledgments(successes: list[BuiltinSuccess], now) -> None:
         with connection.cursor() as cursor:
             cursor.execute(f"NOTIFY {NOTIFY_CHANNEL}")  # delivered at commit, dropped on rollback
 
+
+
+# --- a group of acknowledgments (`acknowledgments.send_group`) ------------------------------------------------
+# The same moves as `claim` and a sent acknowledgment's in_flight -> succeeded, for a group: one guarded UPDATE
+# each (RETURNING the rows that moved, so every other id is someone else's), the audit rows in the same transaction.
+
+# pending/retry_wait (and due) -> in_flight, as `claim` (the entry fields of `core._ENTRY`).
+_CLAIM_ACKNOWLEDGMENTS = """
+UPDATE {table} SET state = %(in_flight)s, attempts = attempts + 1, claimed_by = %(worker)s, claimed_until = %(until)s
+WHERE id = ANY(%(ids)s::bigint[]) AND action = %(notify)s AND state IN (%(pending)s, %(retry_wait)s)
+  AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
+RETURNING id
+"""
+_CLAIM_ACKNOWLEDGMENTS_SQLITE = """
+UPDATE {table} SET state = %(in_flight)s, attempts = attempts + 1, claimed_by = %(worker)s, claimed_until = %(until)s
+WHERE id IN (SELECT json_extract(v.value, '$[0]') FROM json_each(%(rows)s) AS v) AND action = %(notify)s
+  AND state IN (%(pending)s, %(retry_wait)s) AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
+RETURNING id
+"""
+
+# in_flight (still this worker's; or unknown because this worker's claim ran out meanwhile, as `record_success`
+# allows: the relay accepted the message, so it is known) -> succeeded, the Message-ID its result.
+_ACKNOWLEDGED = """
+UPDATE {table} AS i SET state = %(succeeded)s, claimed_until = NULL, next_attempt_at = NULL, completed_at = %(now)s,
+       last_error_kind = '', last_error = '', result_ref = v.ref
+FROM unnest(%(ids)s::bigint[], %(refs)s::text[]) AS v(id, ref)
+WHERE i.id = v.id AND i.claimed_by = %(worker)s
+  AND (i.state = %(in_flight)s OR (i.state = %(unknown)s AND i.last_error_kind = %(expired)s))
+RETURNING i.id
+"""
+# SQLite's RETURNING names the updated table's columns unqualified (json_each's own `id` cannot be meant).
+_ACKNOWLEDGED_SQLITE = """
+UPDATE {table} AS i SET state = %(succeeded)s, claimed_until = NULL, next_attempt_at = NULL, completed_at = %(now)s,
+       last_error_kind = '', last_error = '', result_ref = json_extract(v.value, '$[1]')
+FROM json_each(%(rows)s) AS v
+WHERE i.id = json_extract(v.value, '$[0]') AND i.claimed_by = %(worker)s
+  AND (i.state = %(in_flight)s OR (i.state = %(unknown)s AND i.last_error_kind = %(expired)s))
+RETURNING id
+"""
+
+
+@dataclass(frozen=True)
+class SentAcknowledgment:
+    """One acknowledgment the relay accepted: what its intent's success records."""
+
+    intent_id: int
+    inbox_event_id: int
+    message_id: str
+    detail: dict          # for the `acknowledged` audit row (the ticket token, the wording)
+
+
+def claim_acknowledgments(intent_ids: list[int], *, worker: str) -> set[int]:
+    """`claim` for a group of `notify_requester` intents, in one statement: the ids now in_flight, `worker`'s
+    until the claim expires. An id missing from the answer was not due, or another worker holds it."""
+    if not intent_ids:
+        return set()
+    now = timezone.now()
+    until = connection.ops.adapt_datetimefield_value(now + timedelta(seconds=settings.MAILROOM_CLAIM_SECONDS))
+    sql, params = group_statement(
+        _CLAIM_ACKNOWLEDGMENTS, _CLAIM_ACKNOWLEDGMENTS_SQLITE, {"ids": list(intent_ids)},
+        {"in_flight": IntentState.IN_FLIGHT, "pending": IntentState.PENDING, "retry_wait": IntentState.RETRY_WAIT,
+         "notify": Intent.Action.NOTIFY_REQUESTER, "worker": worker, "until": until, "now": now})
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql.format(table=Intent._meta.db_table), params)
+        return {row[0] for row in cursor.fetchall()}
+
+
+def record_acknowledgments_sent(sent: list[SentAcknowledgment], *, worker: str) -> set[int]:
+    """Each sent acknowledgment's intent -> succeeded (its Message-ID the result), with its `acknowledged` audit
+    row, in one transaction. The events stay `completed`: there is no mapping to write. Returns the intent ids
+    that moved; any other was no longer this worker's attempt (and gets no row)."""
+    if not sent:
+        return set()
+    now = timezone.now()
+    sql, params = group_statement(
+        _ACKNOWLEDGED, _ACKNOWLEDGED_SQLITE,
+        {"ids": [s.intent_id for s in sent], "refs": [s.message_id[:200] for s in sent]},
+        {"succeeded": IntentState.SUCCEEDED, "in_flight": IntentState.IN_FLIGHT, "unknown": IntentState.UNKNOWN,
+         "expired": CLAIM_EXPIRED_ERROR, "worker": worker, "now": now})
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql.format(table=Intent._meta.db_table), params)
+            moved = {row[0] for row in cursor.fetchall()}
+        AuditEvent.objects.bulk_create([
+            AuditEvent(inbox_event_id=s.inbox_event_id, kind=AUDIT_KIND[Intent.Action.NOTIFY_REQUESTER],
+                       actor=f"worker:{worker}", at=now, detail={"intent": s.intent_id, **s.detail})
+            for s in sent if s.intent_id in moved])
+    return moved

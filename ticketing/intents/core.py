@@ -222,21 +222,6 @@ def follow_up_instead(intent: Intent, *, worker: str, closed_ticket_id: str) -> 
     return "follow_up"
 
 
-def record_acknowledgment_sent(intent: Intent, message_id: str, worker: str, detail: dict) -> bool:
-    """An acknowledgment's in_flight -> succeeded (the Message-ID is its result), with its audit row.
-
-    The event stays as it is (`completed`): there is no mapping to write.
-    """
-    now = timezone.now()
-    with transaction.atomic():
-        if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT), IntentState.SUCCEEDED, now,
-                     result_ref=message_id[:200]):
-            return False
-        record_audit(intent.inbox_event_id, AuditKind.ACKNOWLEDGED, actor=f"worker:{worker}", at=now,
-                     detail={"intent": intent.pk, **detail})
-    return True
-
-
 NOT_SENT_REF = "not-sent"   # the result_ref prefix of an acknowledgment that ended without an email
 
 
