@@ -22,6 +22,9 @@ from .services import NOTIFY_CHANNEL, POLL_TOPIC, PROCESS_TOPIC
 
 logger = logging.getLogger(__name__)
 
+# While tasks wait in the broker, the relay looks again this often (one round trip to the broker).
+HOLD_POLL_SECONDS = 0.01
+
 
 # Topic -> (task name, id field). By name, so intake need not import the apps above it.
 # Topics with an id field are published as lists of ids (one task per group amortises
@@ -87,28 +90,85 @@ def purge_published(older_than_days: int | None = None) -> int:
     return deleted
 
 
-def _wait_for_notify(timeout: float) -> None:
-    """Block until a NOTIFY arrives on the outbox channel or the timeout passes."""
+def _wait_for_notify(timeout: float) -> bool:
+    """Block until a NOTIFY arrives on the outbox channel or the timeout passes; whether rows may be waiting
+    (always, without NOTIFY: SQLite)."""
     if not settings.USING_POSTGRES:
         time.sleep(min(timeout, 0.2))
-        return
+        return True
     connection.ensure_connection()
     pg = connection.connection  # psycopg 3 connection, in autocommit outside atomic()
-    for _ in pg.notifies(timeout=timeout, stop_after=1):
-        pass
+    notified = any(True for _ in pg.notifies(timeout=timeout, stop_after=1))
     # Notifications that arrived while we were publishing wait in a backlog:
     # one publish round covers them all, so drain it instead of looping per NOTIFY.
     for _ in pg.notifies(timeout=0):
         pass
+    return notified
 
 
-def run_relay(stop, sweep_seconds: float | None = None) -> None:
-    """Loop until `stop()` is true: publish on every NOTIFY, and sweep at least every few seconds."""
-    sweep_seconds = sweep_seconds or settings.MAILROOM_RELAY_SWEEP_SECONDS
+class BrokerBacklog:
+    """How many tasks wait in the broker for a worker (the default queue, where the relay's tasks go).
+
+    One broker connection for the relay's life, reopened after an error (`reset`).
+    """
+
+    def __init__(self):
+        self.queue = current_app.amqp.queues[current_app.conf.task_default_queue]
+        self.connection = None
+
+    def __call__(self) -> int:
+        if self.connection is None:
+            self.connection = current_app.connection_for_read()
+        # Declared as the worker declares it (same arguments: RabbitMQ refuses a different one), which answers
+        # with the count of ready messages; not passive: on Redis an empty queue has no key, and passive fails.
+        return self.queue(self.connection.default_channel).queue_declare().message_count
+
+    def reset(self) -> None:
+        if self.connection is not None:
+            self.connection.release()
+            self.connection = None
+
+
+def _commits_within(timeout: float) -> int:
+    """How many NOTIFYs (committed transactions with outbox rows) arrive within `timeout` (0 without NOTIFY)."""
+    if not settings.USING_POSTGRES:
+        time.sleep(timeout)
+        return 0
+    return sum(1 for _ in connection.connection.notifies(timeout=timeout))
+
+
+def gather(backlog, hold_seconds: float, group_size: int, stop=lambda: False, commits_within=_commits_within,
+           poll_seconds: float = HOLD_POLL_SECONDS) -> None:
+    """Let a group form only while the workers are busy.
+
+    With nothing waiting in the broker the workers can take a task now, so the relay publishes at once (a
+    lone row is not held). While tasks wait, a worker could not start ours before them anyway: the relay
+    waits until the queue is empty, a group's worth of commits has arrived, or `hold_seconds` pass, and the
+    rows committed meanwhile go out as one group, so per-task costs shrink exactly when the workers are short
+    of time.
+    """
+    deadline = time.monotonic() + hold_seconds
+    commits = 1  # the one that woke the relay
+    while not stop() and commits < group_size and backlog() > 0:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        commits += commits_within(min(poll_seconds, left))
+
+
+def _listen() -> None:
     if settings.USING_POSTGRES:
         connection.ensure_connection()
         with connection.cursor() as cursor:
             cursor.execute(f"LISTEN {NOTIFY_CHANNEL}")
+
+
+def run_relay(stop, sweep_seconds: float | None = None, backlog=None) -> None:
+    """Loop until `stop()` is true: publish on every NOTIFY (grouping while the workers are busy), and sweep
+    at least every few seconds. `backlog`: a callable counting the tasks waiting in the broker."""
+    sweep_seconds = sweep_seconds or settings.MAILROOM_RELAY_SWEEP_SECONDS
+    backlog = backlog or BrokerBacklog()
+    _listen()
     logger.info("outbox relay started")
     batch_size = settings.MAILROOM_RELAY_BATCH
     while not stop():
@@ -116,15 +176,12 @@ def run_relay(stop, sweep_seconds: float | None = None) -> None:
             published = publish_pending(batch_size)
             if published >= batch_size:
                 continue  # a full batch: more are waiting
-            _wait_for_notify(sweep_seconds)
-            # Let the rows of concurrent commits gather: groups instead of one task per row,
-            # for a few milliseconds of latency.
-            time.sleep(settings.MAILROOM_RELAY_LINGER_SECONDS)
+            if _wait_for_notify(sweep_seconds):  # a sweep's timeout has no fresh rows to gather
+                gather(backlog, settings.MAILROOM_RELAY_HOLD_SECONDS, settings.MAILROOM_RELAY_GROUP, stop)
         except Exception:
             logger.exception("relay iteration failed; retrying")
             connection.close()
+            if isinstance(backlog, BrokerBacklog):
+                backlog.reset()
             time.sleep(1)
-            if settings.USING_POSTGRES:
-                connection.ensure_connection()
-                with connection.cursor() as cursor:
-                    cursor.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            _listen()
