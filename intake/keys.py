@@ -21,7 +21,6 @@ def dedupe_key(tenant_id: int, mailbox_id: int, provider_message_id: str, action
 FINGERPRINT_HEADERS = (b"message-id", b"date", b"from", b"to", b"cc", b"subject")
 _HEADER_END = re.compile(rb"\r?\n\r?\n")
 _FOLD = re.compile(rb"\r?\n(?=[ \t])")
-_TRAILING_SPACE = re.compile(rb"[ \t\r]+(?=\n)")
 _SPACES = re.compile(rb"\s+")
 _HEADER_NAME = re.compile(rb"[!-9;-~]+")
 # Reading more of a header block than this costs time and says nothing more about identity.
@@ -36,9 +35,9 @@ def content_fingerprint(raw: bytes) -> str:
     """
     match = _HEADER_END.search(raw, 0, _MAX_FINGERPRINT_HEADER_BYTES)
     if match is None:
-        head, body = raw[:_MAX_FINGERPRINT_HEADER_BYTES], raw[_MAX_FINGERPRINT_HEADER_BYTES:]
+        head, body_start = raw[:_MAX_FINGERPRINT_HEADER_BYTES], _MAX_FINGERPRINT_HEADER_BYTES
     else:
-        head, body = raw[:match.start()], raw[match.end():]
+        head, body_start = raw[:match.start()], match.end()
     wanted: dict[bytes, list[bytes]] = {}
     other: list[bytes] = []
     for line in _FOLD.sub(b" ", head).splitlines():
@@ -54,9 +53,34 @@ def content_fingerprint(raw: bytes) -> str:
     digest.update(b"\x1e".join(other) + b"\x1f")
     for name in FINGERPRINT_HEADERS:
         digest.update(name + b":" + b"\x1e".join(wanted.get(name, ())) + b"\x1f")
-    body = _TRAILING_SPACE.sub(b"", body.replace(b"\r\n", b"\n")).rstrip(b" \t\r\n")
-    digest.update(body)
+    _digest_body(digest, raw, body_start)
     return digest.hexdigest()
+
+
+_BODY_PIECE = 64 * 1024
+
+
+def _digest_body(digest, raw: bytes, start: int) -> None:
+    """Feed the body `raw[start:]` with CRLF as LF, no white space at line ends and none at the end.
+
+    Line by line (`rstrip` of each line is CRLF -> LF plus trailing spaces removed), in pieces of whole
+    lines: a large message is never copied whole, and that is faster than a regular expression too.
+    Only newlines can end a piece once its lines are stripped: those are held back until more text
+    follows, so the ones at the very end are dropped.
+    """
+    held = 0
+    end = len(raw)
+    while start < end:
+        stop = raw.find(b"\n", min(start + _BODY_PIECE, end))
+        stop = end if stop == -1 else stop + 1
+        text = b"\n".join([line.rstrip(b" \t\r") for line in raw[start:stop].split(b"\n")])
+        kept = text.rstrip(b"\n")
+        if kept:
+            digest.update(b"\n" * held + kept if held else kept)
+            held = len(text) - len(kept)
+        else:
+            held += len(text)
+        start = stop
 
 
 def reused_id(provider_message_id: str, fingerprint: str) -> str:

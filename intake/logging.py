@@ -6,10 +6,12 @@ full address, an `Authorization` value or a `token=`/`key=`/`secret=` parameter.
 task, below) on each record, for LOG_FORMAT=json.
 """
 import contextvars
+import itertools
 import logging
 import re
 
 from celery.signals import task_postrun, task_prerun
+from django.conf import settings
 from gunicorn.glogging import Logger as GunicornLogger
 
 _ADDRESS = re.compile(r"([A-Za-z0-9._%+-])[A-Za-z0-9._%+-]*@([A-Za-z0-9-])[A-Za-z0-9.-]*(\.[A-Za-z]{2,})")
@@ -49,6 +51,18 @@ def redact_secrets(text: str) -> str:
                               text or "")
     text = _BEARER.sub(rf"\1 {REDACTED}", text)
     return _SECRET_PARAM.sub(rf"\1={REDACTED}", text)
+
+
+_event_lines = itertools.count()
+
+
+def event_line_due() -> bool:
+    """Whether this event gets its INFO line ("stored event ...", "duplicate delivery ..."): one event in
+    `MAILROOM_LOG_EVENT_SAMPLE` (1: every one); 0, the default, none. At the door's rates a line per event
+    costs more CPU than its check and insert (the filters above run on every line); batches, refusals and
+    warnings are always logged."""
+    every = settings.MAILROOM_LOG_EVENT_SAMPLE
+    return every > 0 and next(_event_lines) % every == 0
 
 
 class _RewriteFilter(logging.Filter):

@@ -4,6 +4,7 @@ Every webhook answer is JSON with `charset=utf-8` and `X-Content-Type-Options: n
 (`webhook_json`; `intake.middleware.WebhookShortcutMiddleware` sees to the answers of
 provider adapters too).
 """
+import io
 import logging
 
 from django.conf import settings
@@ -42,6 +43,9 @@ def _reject(provider: str, reason: WebhookRejection, status: int, message: str) 
     return _error(status, message)
 
 
+BODY_PIECE_BYTES = 1 << 20
+
+
 def _read_body(request, limit: int) -> bytes | None:
     """The body, or None when it is larger than `limit` (read no further than that)."""
     try:
@@ -50,8 +54,15 @@ def _read_body(request, limit: int) -> bytes | None:
         declared = 0
     if declared > limit:
         return None
-    body = request.read(limit + 1)
-    return None if len(body) > limit else body
+    # In pieces into one buffer that becomes the bytes (io.BytesIO.getvalue): one read of the whole body
+    # holds the server's buffer, its value and the slice returned at once.
+    buffer = io.BytesIO()
+    while piece := request.read(min(BODY_PIECE_BYTES, limit + 1 - buffer.tell())):
+        buffer.write(piece)
+        del piece
+        if buffer.tell() > limit:
+            return None
+    return buffer.getvalue()
 
 
 @csrf_exempt

@@ -163,6 +163,18 @@ def test_body_over_the_limit_is_413_and_stores_nothing(mailbox, count_rows, sett
     assert post_signed(Client(), small).status_code == 202
 
 
+def test_a_body_of_several_read_pieces_is_stored_byte_identical(mailbox, settings):
+    from intake.models import InboxEvent
+    from intake.views import BODY_PIECE_BYTES
+
+    settings.MAILROOM_MAX_MESSAGE_BYTES = 3 * BODY_PIECE_BYTES
+    body = make_message(body="line of a long report\n" * (BODY_PIECE_BYTES // 10))
+    assert 2 * BODY_PIECE_BYTES < len(body) < 3 * BODY_PIECE_BYTES
+    response = post_signed(Client(), body)
+    assert response.status_code == 202
+    assert bytes(InboxEvent.objects.get(pk=response.json()["inbox_event_id"]).raw) == body
+
+
 def test_get_is_not_allowed(mailbox):
     assert Client().get(URL).status_code == 405
 
