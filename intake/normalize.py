@@ -21,8 +21,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from . import archive, scanning, spamcheck, validation
-from .mime import ParsedMessage, iter_attachment_payloads, parse_message
+from .mime import ParsedMessage, iter_attachment_files, parse_message
 from .models import InboxEvent
+from .rawload import load_raw
 from .sender_lists import sender_list_entry_for
 from .services import transition_event, wait_event
 from .validation import sender_lists
@@ -89,8 +90,8 @@ def _scan(event: InboxEvent, parsed: ParsedMessage) -> list[validation.Finding] 
         return []
     found = []
     try:
-        for attachment, payload in iter_attachment_payloads(parsed):
-            result = client.scan(payload)
+        for attachment, file in iter_attachment_files(parsed, spool_threshold=settings.MAILROOM_SPOOL_THRESHOLD_BYTES):
+            result = client.scan(file)
             if not result.clean:
                 found.append(validation.malware_finding(attachment.filename, result.signature or "unknown"))
     except scanning.ScanLimitExceeded as exc:
@@ -186,6 +187,7 @@ def _is_reply(parsed: ParsedMessage) -> bool:
 
 def normalize(event: InboxEvent, actor: str) -> Outcome:
     """Decide what `event` is. Idempotent: an event already past `received` is re-parsed, not re-judged."""
+    load_raw(event)  # when deferred: a large message a MiB at a time, one copy of it (intake.rawload)
     try:
         parsed = parse_message(bytes(event.raw or b""), loop_header=settings.MAILROOM_LOOP_HEADER)
     except Exception:  # parse_message promises not to raise; keep the promise here too

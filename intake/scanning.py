@@ -1,7 +1,7 @@
 """A clamd client (INSTREAM), standard library only.
 
     scanner = scanner_from_setting("tcp://127.0.0.1:3310")   # or "unix:///run/clamav/clamd.ctl", or "off" -> None
-    result = scanner.scan(data)          # bytes, bytearray, memoryview, or an iterable of such chunks
+    result = scanner.scan(data)          # bytes, bytearray, memoryview, a binary file, or an iterable of chunks
     result.clean, result.signature       # True, None  /  False, "Eicar-Test-Signature"
 
     scan(data, address, **options) -> ScanResult     # the same, in one call
@@ -21,8 +21,9 @@ that know the difference can skip the retries, which cannot help, and route
 to review at once (e.g. with reason `too_large`). Setting `max_stream_bytes`
 to clamd's limit gives the same answer without sending anything.
 
-What is scanned (`intake.normalize`, through `intake.mime.iter_attachment_payloads`):
-every listed attachment, one stream each. An archive or an Outlook .msg is scanned
+What is scanned (`intake.normalize`, through `intake.mime.iter_attachment_files`):
+every listed attachment, one stream each, read from its file (a large part spooled to a
+temporary file, never held whole). An archive or an Outlook .msg is scanned
 whole (clamd looks inside archives and OLE files itself, within its own limits) and
 each file listed inside it is scanned again on its own (`nested`, origin "archive"
 or "outlook"), so a hit names the inner file. An archive member past
@@ -40,6 +41,7 @@ import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 DEFAULT_TIMEOUT = 30.0
@@ -107,6 +109,8 @@ def _pieces(data, chunk_size: int):
         chunks = (data,)
     elif isinstance(data, str):
         raise TypeError("scan() takes bytes, not str")
+    elif hasattr(data, "read"):   # a binary file (a spooled attachment): read a chunk at a time
+        chunks = iter(lambda: data.read(chunk_size), b"")
     else:
         chunks = data
     for chunk in chunks:
@@ -203,7 +207,7 @@ class ClamdClient:
             raise ScannerUnavailable(f"clamd at {self.address}: unexpected VERSION reply {reply[:200]!r}")
         return reply
 
-    def scan(self, data: bytes | bytearray | memoryview | Iterable[bytes]) -> ScanResult:
+    def scan(self, data: bytes | bytearray | memoryview | BinaryIO | Iterable[bytes]) -> ScanResult:
         """Stream `data` to clamd (INSTREAM) and return its verdict; see the module docstring."""
         if isinstance(data, str):
             raise TypeError("scan() takes bytes, not str")

@@ -17,6 +17,7 @@ import logging
 
 from intake.mime import parse_message
 from intake.models import InboxEvent
+from intake.rawload import load_raw, with_small_raw
 from intake.services import enqueue_outbox
 
 from . import intents, people
@@ -69,10 +70,11 @@ def deliver(intent_id: int, worker: str) -> str:
         return "no_ticket"
     if not intents.claim(intent.pk, worker):
         return "busy"
-    event = InboxEvent.objects.select_related("mailbox", "tenant").get(pk=intent.inbox_event_id)
+    event = with_small_raw(InboxEvent.objects.select_related("mailbox", "tenant")).get(pk=intent.inbox_event_id)
     adapter = adapter_for(intent.destination)
     adapter.journal = IntentJournal(intent, worker)
-    parsed = parse_message(bytes(event.raw or b""))
+    load_raw(event)  # a large message a MiB at a time: one copy of it (intake.rawload)
+    parsed = parse_message(event.raw or b"")
     files, held = select_files(event, parsed, effective_capabilities(adapter))
     public = True
     if mapping.action == Intent.Action.ADD_COMMENT:

@@ -3,6 +3,8 @@
     parse_message(raw, *, loop_header="X-Mailroom-Loop") -> ParsedMessage
     iter_attachment_payloads(parsed) -> Iterator[(Attachment, bytes)]
     attachment_payload(parsed, index) -> bytes
+    iter_attachment_files(parsed, *, spool_threshold) -> Iterator[(Attachment, binary file)]
+    attachment_file(parsed, index, *, spool_threshold) -> binary file (the caller closes it)
 
 `parse_message` never raises. Hostile or broken mail degrades to best effort:
 empty fields where nothing usable was found, the parser's defects kept in
@@ -117,6 +119,10 @@ like any other; one that cannot be unpacked stays listed as itself, a type the
 default policy refuses, so a person looks at it. Payloads are not kept:
 `iter_attachment_payloads` decodes them again, one at a time, from the parsed
 message that `ParsedMessage` holds (a winmail.dat is unpacked again).
+Large base64 parts are never copied into the parsed message: their encoded
+lines stay in the raw bytes and are decoded from there, a block at a time,
+into a spooled temporary file (`iter_attachment_files`, `attachment_file`)
+or hashed and sniffed on the way (`intake.mime.spool`).
 
 The modules of this package, one concern each:
 
@@ -146,6 +152,7 @@ The modules of this package, one concern each:
     external     the text line of a message/external-body pointer
     messageparts message/partial reassembly; malformed multipart delimiters
     tnef         unpacking a winmail.dat
+    spool        large base64 parts left in the raw bytes, decoded to spooled files
 """
 from .body import MAX_DESCRIPTION_CHARS, MAX_HTML_BYTES, MAX_TEXT_BYTES
 from .headers import (
@@ -160,13 +167,20 @@ from .headers import (
 )
 from .message import DEFAULT_LOOP_HEADER, MAX_DEFECTS, Attachment, ParsedMessage
 from .parse import parse_message
-from .parts import MAX_EML_NAME_CHARS, attachment_payload, iter_attachment_payloads
+from .parts import (
+    MAX_EML_NAME_CHARS,
+    attachment_file,
+    attachment_payload,
+    iter_attachment_files,
+    iter_attachment_payloads,
+)
 from .policy import MAX_PARAMETER_HEADER_CHARS, MAX_PARAMETERS
 from .sniff import MACRO_OFFICE_TYPE, OOXML_TYPES, SNIFF_BYTES, sniff_type
 from .walk import MAX_ALTERNATIVES, MAX_BOUNDARY_LINES, MAX_DEPTH, MAX_PARTS, MAX_SIGNATURES
 
 __all__ = [
     "parse_message", "ParsedMessage", "Attachment", "iter_attachment_payloads", "attachment_payload", "thread_ids",
+    "iter_attachment_files", "attachment_file",
     "decode_header_value", "decode_bytes", "sniff_type", "MACRO_OFFICE_TYPE", "OOXML_TYPES", "DEFAULT_LOOP_HEADER",
     "SNIFF_BYTES", "MAX_DESCRIPTION_CHARS", "MAX_HTML_BYTES", "MAX_TEXT_BYTES", "MAX_HEADER_BLOCK_FOR_IDS",
     "MAX_HEADER_CHARS", "MAX_HEADER_INSTANCES", "MAX_HINT_PARTS", "MAX_REFERENCES", "MAX_DEFECTS",

@@ -40,7 +40,7 @@ class CalendarMethod(NamedTuple):
         return bool(self.method)
 
 
-def _is_calendar_part(part) -> bool:
+def is_calendar_part(part) -> bool:
     if part.is_multipart():
         return False
     if part.get_content_type() in CALENDAR_TYPES:
@@ -97,7 +97,7 @@ def calendar_method(*, parsed: ParsedMessage) -> CalendarMethod:
         for index, part in enumerate(message.walk()):
             if index >= MAX_WALKED_PARTS:
                 break
-            if not _is_calendar_part(part):
+            if not is_calendar_part(part):
                 continue
             examined += 1
             if examined > MAX_CALENDAR_PARTS:

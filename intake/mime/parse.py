@@ -4,11 +4,12 @@ from __future__ import annotations
 import hashlib
 from email.parser import BytesParser
 
+from . import calendar, spool
 from .body import MAX_DESCRIPTION_CHARS, _add_text, _append_text
 from .headerblock import repair_header_block
 from .headers import _fill_headers, decode_header_value
 from .message import DEFAULT_LOOP_HEADER, ParsedMessage, _add_defect
-from .parts import _unique_names
+from .parts import _content_type, _unique_names
 from .policy import _PARSE_POLICY
 from .texttrim import cut_at_boundary
 from .walk import MAX_BOUNDARY_LINES, _Walk, _walk
@@ -16,7 +17,50 @@ from .walk import MAX_BOUNDARY_LINES, _Walk, _walk
 _INLINE_PGP_BEGIN, _INLINE_PGP_END = "-----BEGIN PGP MESSAGE-----", "-----END PGP MESSAGE-----"
 
 
-def _parse(raw: bytes, parsed: ParsedMessage):
+# Leaf types that some reader takes the payload of directly, not through `parts._part_bytes`: never spooled
+# (text only when it is a file: disposition "attachment", not a calendar, which `calendar` reads).
+_READ_DIRECTLY = ("text/", "multipart/", "message/", "application/plain")
+
+
+def _read_directly(part) -> bool:
+    if not (part.get_content_type().startswith(_READ_DIRECTLY) or _content_type(part).startswith(_READ_DIRECTLY)):
+        return calendar.is_calendar_part(part)
+    return not (part.get_content_maintype() == "text" and _content_type(part).startswith("text/")
+                and part.get_content_disposition() == "attachment" and not calendar.is_calendar_part(part))
+
+
+class _ShortcutRefused(Exception):
+    """The spooling shortcut (`intake.mime.spool`) does not fit this message: it is parsed the ordinary way."""
+
+
+def _bind_runs(message, runs: dict) -> list:
+    """Give each part whose payload is a token its `spool.Run` (`parts.spooled_run`); raises
+    `_ShortcutRefused` unless every token is the payload of one base64 leaf outside any attached message."""
+    bound = {}
+    stack = [(message, False)]
+    while stack:
+        part, in_message = stack.pop()
+        if part.is_multipart():
+            inside = in_message or part.get_content_maintype() == "message"
+            stack.extend((child, inside) for child in part.get_payload())
+            continue
+        payload = part.get_payload()
+        if not isinstance(payload, str) or spool.TOKEN_PREFIX not in payload:
+            continue
+        token = payload.rstrip("\r\n")
+        if (token not in runs or token in bound or in_message
+                or str(part.get("content-transfer-encoding", "")).lower() != "base64"
+                or _read_directly(part)):
+            raise _ShortcutRefused
+        bound[token] = part
+    if len(bound) != len(runs):
+        raise _ShortcutRefused
+    for token, part in bound.items():
+        part.mailroom_run = runs[token]
+    return list(bound.values())
+
+
+def _parse(raw: bytes, parsed: ParsedMessage, shortcut: bool):
     try:
         repaired = repair_header_block(raw)
     except Exception as exc:  # never expected; the unrepaired bytes still parse
@@ -32,16 +76,23 @@ def _parse(raw: bytes, parsed: ParsedMessage):
         _add_defect(parsed.defects, "TooManyBoundaryLines")
         parsed.too_complex = True
     else:
+        # Large base64 bodies stay in `raw`, not copied into the parsed message (`intake.mime.spool`).
+        text, runs = spool.elide(raw) if shortcut else (raw, {})
         try:
-            return BytesParser(policy=_PARSE_POLICY).parsebytes(raw)
+            message = BytesParser(policy=_PARSE_POLICY).parsebytes(text)
+            return message, _bind_runs(message, runs) if runs else []
+        except _ShortcutRefused:
+            raise
         except Exception as exc:  # e.g. RecursionError on absurd nesting: keep at least the headers
+            if runs:
+                raise _ShortcutRefused from exc
             _add_defect(parsed.defects, f"Unparseable:{type(exc).__name__}")
             parsed.too_complex = True
     try:
-        return BytesParser(policy=_PARSE_POLICY).parsebytes(raw, headersonly=True)
+        return BytesParser(policy=_PARSE_POLICY).parsebytes(raw, headersonly=True), []
     except Exception as exc:
         _add_defect(parsed.defects, f"HeadersUnparseable:{type(exc).__name__}")
-        return None
+        return None, []
 
 
 def _message_text(walk: _Walk, inner) -> bool:
@@ -66,9 +117,17 @@ def parse_message(raw: bytes, *, loop_header: str = DEFAULT_LOOP_HEADER) -> Pars
     except Exception:
         _add_defect(parsed.defects, "NotBytes")
         return parsed
+    try:
+        return _parse_message(raw, parsed, shortcut=True)
+    except _ShortcutRefused:
+        return _parse_message(raw, ParsedMessage(loop_header=loop_header), shortcut=False)
+
+
+def _parse_message(raw: bytes, parsed: ParsedMessage, *, shortcut: bool) -> ParsedMessage:
+    loop_header = parsed.loop_header
     parsed.size = len(raw)
     parsed.raw_sha256 = hashlib.sha256(raw).hexdigest()
-    message = _parse(raw, parsed)
+    message, spooled = _parse(raw, parsed, shortcut)
     if message is None:
         return parsed
     parsed._message = message
@@ -94,6 +153,10 @@ def parse_message(raw: bytes, *, loop_header: str = DEFAULT_LOOP_HEADER) -> Pars
     except Exception as exc:  # RecursionError, or a part the email package chokes on
         _add_defect(parsed.defects, f"WalkError:{type(exc).__name__}")
         walk.too_complex = True
+    if spooled:
+        listed = {id(part) for _, _, part in walk.attachments}
+        if any(id(part) not in listed for part in spooled):
+            raise _ShortcutRefused   # a spooled part the walk read some other way than as a file
     parsed.too_complex = parsed.too_complex or walk.too_complex
     if not walk.text:
         # Some clients send the body as "inline; filename=msg.txt": with nothing else, that is the body.

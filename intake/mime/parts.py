@@ -8,19 +8,21 @@ import re
 from collections.abc import Iterator
 from dataclasses import replace
 from email.generator import BytesGenerator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 from urllib.parse import unquote
 
-from . import containers, tnef
+from . import archives, containers, outlookmsg, spool, tnef
 from .headers import _clean_filename, _clean_id, decode_header_value
 from .message import Attachment, ParsedMessage, _add_defect
 from .policy import _GENERATE_POLICY
-from .sniff import sniff_type
+from .sniff import sniff_type, whole_file_needed
 
 if TYPE_CHECKING:
     from .walk import _Walk
 
 MAX_EML_NAME_CHARS = 100
+# Decoded bytes of a spooled part that its sniffing reads (`sniff_type` reads at most a MiB but of a ZIP or OLE file).
+_HEAD_BYTES = 1 << 20
 # A clean "type/subtype" of RFC 2045 tokens, as get_content_type() gives for a well-formed header.
 _CLEAN_TYPE = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+/[a-z0-9!#$%&'*+.^_`|~-]+")
 # The start of a malformed Content-Type that still names a body type ('text/html charset="utf-8"').
@@ -45,8 +47,16 @@ def _tnef_member_bytes(unpacked, index: int) -> bytes:
     return unpacked.members[index].data
 
 
+def spooled_run(part) -> spool.Run | None:
+    """Where a large base64 part's encoded lines are in the raw message (`intake.mime.spool`), or None."""
+    return getattr(part, "mailroom_run", None)
+
+
 def _part_bytes(part) -> bytes:
     """Decoded payload of a leaf part, the serialized message of an attached message, or a winmail.dat member."""
+    run = spooled_run(part)
+    if run is not None:
+        return spool.whole(run)
     if isinstance(part, _TnefMember):
         return _tnef_member_bytes(tnef.unpack(_part_bytes(part.container)), part.index)
     if isinstance(part, (containers.ArchiveMember, containers.MsgMember)):
@@ -148,6 +158,16 @@ def _unique_names(attachments: list[Attachment]) -> list[Attachment]:
 def _add_attachment(walk: _Walk, part, path: tuple, ctype: str, disposition, name: str, nested: bool, *,
                     origin: str = "", data: bytes | None = None) -> None:
     """List a part as an attachment; `name` is its display name (from `_part_name`)."""
+    run = spooled_run(part) if data is None else None
+    if run is not None:
+        # Hashed and sniffed a block at a time; decoded whole only for a file sniffing or listing looks inside.
+        digest = spool.digest(run, _HEAD_BYTES)
+        sniffed = sniff_type(digest.head, declared_type=ctype, filename=name)
+        if whole_file_needed(digest.head) or sniffed in archives.ARCHIVE_TYPES or sniffed in outlookmsg.MSG_TYPES:
+            run = None
+            data = spool.whole(spooled_run(part))
+        else:
+            data = b""
     if data is None:
         try:
             data = _part_bytes(part)
@@ -161,9 +181,9 @@ def _add_attachment(walk: _Walk, part, path: tuple, ctype: str, disposition, nam
     attachment = Attachment(
         filename=name,
         declared_type=ctype,
-        sniffed_type=sniff_type(data, declared_type=ctype, filename=name),
-        size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
+        sniffed_type=sniffed if run is not None else sniff_type(data, declared_type=ctype, filename=name),
+        size=digest.size if run is not None else len(data),
+        sha256=digest.sha256 if run is not None else hashlib.sha256(data).hexdigest(),
         content_id=content_id,
         is_inline=disposition == "inline" or (disposition is None and bool(content_id)),
         nested=nested,
@@ -184,6 +204,37 @@ def attachment_payload(parsed: ParsedMessage, index: int) -> bytes:
     return _part_bytes(parsed._attachment_parts[index])
 
 
+def _readable(data: bytes | spool.Run, spool_threshold: int) -> BinaryIO:
+    if isinstance(data, bytes):
+        return io.BytesIO(data)   # shares the bytes: no copy
+    try:
+        return spool.spooled(data, spool_threshold)
+    except OSError:   # no room in the temporary directory: in memory, as before spooling
+        return io.BytesIO(spool.whole(data))
+
+
+def attachment_file(parsed: ParsedMessage, index: int, *,
+                    spool_threshold: int = spool.DEFAULT_SPOOL_THRESHOLD) -> BinaryIO:
+    """`attachment_payload` as a readable binary file, rewound; the caller closes it. A large base64 part is
+    decoded a block at a time into a spooled temporary file (on disk above `spool_threshold` bytes,
+    deleted when closed), never held whole."""
+    part = parsed._attachment_parts[index]
+    run = spooled_run(part)
+    return _readable(run if run is not None else _part_bytes(part), spool_threshold)
+
+
+def iter_attachment_files(parsed: ParsedMessage, *, spool_threshold: int = spool.DEFAULT_SPOOL_THRESHOLD
+                          ) -> Iterator[tuple[Attachment, BinaryIO]]:
+    """`iter_attachment_payloads` with each payload as a readable file (as `attachment_file` makes it),
+    closed when the next one is asked for or the loop ends: one spool file at a time."""
+    for attachment, data in _payloads(parsed):
+        file = _readable(data, spool_threshold)
+        try:
+            yield attachment, file
+        finally:
+            file.close()
+
+
 def iter_attachment_payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment, bytes]]:
     """Each attachment with its decoded bytes, one at a time (for scanning).
 
@@ -195,6 +246,12 @@ def iter_attachment_payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment
     and so does an archive member past those limits (the archive itself is scanned
     whole: clamd looks inside archives with its own limits).
     """
+    for attachment, data in _payloads(parsed):
+        yield attachment, data if isinstance(data, bytes) else spool.whole(data)
+
+
+def _payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment, bytes | spool.Run]]:
+    """What `iter_attachment_payloads` yields, a spooled part as its `spool.Run`, not decoded yet."""
     unpacked_from = unpacked = None
     members = containers.Payloads(parsed._attachment_parts, _part_bytes)
     for attachment, part in zip(parsed.attachments, parsed._attachment_parts, strict=True):
@@ -208,7 +265,7 @@ def iter_attachment_payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment
                 data = _tnef_member_bytes(unpacked, part.index)
             else:
                 unpacked_from = unpacked = None
-                data = _part_bytes(part)
+                data = spooled_run(part) or _part_bytes(part)
         except Exception:
             data = b""
         yield attachment, data

@@ -150,3 +150,9 @@ def sniff_type(data: bytes, *, declared_type: str = "", filename: str = "") -> s
     if sniffed in ("text/xml", "application/xml") and _XHTML_ROOT.search(data[:SNIFF_BYTES]):
         return "text/html"
     return sniffed
+
+
+def whole_file_needed(head: bytes) -> bool:
+    """Whether `sniff_type` may answer differently for a whole file than for its first bytes `head`
+    (at least a MiB of them): a ZIP or an OLE file is looked inside."""
+    return head[:4] == b"PK\x03\x04" or head[:8] == OLE_MAGIC or _libmagic(head) in _OLE_TYPES
