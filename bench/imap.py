@@ -50,6 +50,11 @@ mailbox = Mailbox.objects.create(
     settings={"host": "127.0.0.1", "port": int(os.environ["BENCH_PORT"]), "ssl": False,
               "username": os.environ["BENCH_USER"], "folder": "INBOX"})
 new = duplicates = batches = polls = 0
+profiler = None
+if os.environ.get("BENCH_PROFILE"):
+    import cProfile
+    profiler = cProfile.Profile()
+    profiler.enable()
 c0, t0 = time.process_time(), time.perf_counter()
 while True:
     report = polling.poll_mailbox(mailbox.pk, trigger=polling.MANUAL)
@@ -60,6 +65,11 @@ while True:
     if not report.more:
         break
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+if profiler is not None:
+    import pstats
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
 print("BENCH_IMAP " + json.dumps({"mailbox": mailbox.pk, "wall": wall, "cpu": cpu, "new": new,
                                   "duplicates": duplicates, "batches": batches, "polls": polls,
                                   "cursor": report.cursor}))
@@ -101,10 +111,14 @@ def raw_fetch(server, user: str, password: str, batch: int) -> dict:
     return {"wall": wall, "cpu": time.process_time() - c0, "count": count, "bytes": size, "rate": count / wall}
 
 
-def mailroom_sync(env: dict, server, user: str, password: str, run: int) -> dict:
+def mailroom_sync(env: dict, server, user: str, password: str, run: int, profile: bool = False) -> dict:
     sync_env = dict(env, BENCH_SLUG=f"imap-{run}", BENCH_USER=user, BENCH_PORT=str(server.port),
                     BENCH_PASSWORD_VAR=PASSWORD_VAR, **{PASSWORD_VAR: password})
+    if profile:
+        sync_env["BENCH_PROFILE"] = "1"
     out = c.manage(sync_env, "shell", "-c", SYNC_SCRIPT, timeout=3600)
+    if profile:
+        print(out)
     result = json.loads(next(x for x in out.splitlines() if x.startswith("BENCH_IMAP ")).split(" ", 1)[1])
     result["rate"] = result["new"] / result["wall"]
     return result
@@ -130,6 +144,8 @@ def main() -> int:
     parser.add_argument("--log-level", default="INFO", help="the app's LOG_LEVEL")
     parser.add_argument("--quiet-wait", type=float, default=15, help="wait this long at most for a quiet machine")
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile the polling process and print where its CPU goes (slows it down)")
     args = parser.parse_args()
 
     c.install_signal_handlers()
@@ -153,7 +169,7 @@ def main() -> int:
             raws.append(raw_fetch(server, user, password, args.batch_size))
             c.log(f"raw fetch {run + 1}: {raws[-1]['count']} messages, {raws[-1]['rate']:,.0f}/s")
             c.wait_for_quiet(args.quiet_wait)
-            syncs.append(mailroom_sync(env, server, user, password, run))
+            syncs.append(mailroom_sync(env, server, user, password, run, args.profile))
             checks.append(check(syncs[-1]["mailbox"], args.messages, last_uid, syncs[-1]["cursor"]))
             c.log(f"Mailroom sync {run + 1}: {syncs[-1]['new']} new in {syncs[-1]['wall']:.1f} s, "
                   f"{syncs[-1]['rate']:,.0f}/s")

@@ -37,6 +37,8 @@ class FetchedMessage:
     metadata: dict = field(default_factory=dict)
     # Received before the mailbox's archive cut-off (`Mailbox.archive_before`, intake.archive): stored as history.
     history: bool = False
+    # `intake.keys.thread_key_for_raw(raw)`, when the provider read it with the id (None: ingest reads it).
+    thread_key: str | None = None
 
 
 @dataclass

@@ -5,7 +5,7 @@ nothing ever sets `\\Seen`, moves, expunges or deletes anything on the server.
 
 Settings (`Mailbox.settings`): `host`, `port` (993 with ssl, else 143), `ssl`
 (default true), `starttls` (default false), `username`, `folder` (default
-INBOX); optional `batch_size` (200), `max_batch_bytes` (64 MiB), `overlap` (20),
+INBOX); optional `batch_size` (5000), `max_batch_bytes` (4 MiB), `overlap` (20),
 `sync_days` (7), `timeout` (60 s). `credentials_ref` resolves to the password; with `auth: "xoauth2"` to
 OAuth credentials instead (intake.providers.imap_oauth: `oauth_flavor`, `token_url`/`authority`, `client_id`,
 `scope`), and the login is SASL XOAUTH2 (or OAUTHBEARER with `sasl: "oauthbearer"`) with an access token.
@@ -28,8 +28,9 @@ The cursor (stored by the polling service only after the batch is committed):
   last `sync_days` days, and every message that arrives afterwards. The
   provider message id is the RFC 5322 Message-ID (sha256 of the bytes without
   one), so messages already ingested under their old UIDs are duplicates.
-* Batches are bounded by `batch_size` messages and `max_batch_bytes` (but
-  always at least one message), using RFC822.SIZE before fetching bodies.
+* Batches are sized by bytes: as many messages as fit in `max_batch_bytes` (but
+  always at least one, and at most `batch_size`), using RFC822.SIZE (fetched once
+  per poll and UID) before fetching bodies; one UID FETCH of the bodies per batch.
 * Archive import (`Mailbox.archive_before` set, `archive_done_at` not yet): besides the live
   mail above (fetched first, ticketed as usual), the poll scans UIDs 1..`max_uid` (those the
   live path had not taken whole when the import began) for every message whose INTERNALDATE
@@ -47,13 +48,14 @@ since its id is then the content fingerprint). INTERNALDATE decides the exact wi
 import functools
 import imaplib
 import logging
+import re
 import ssl as ssl_module
 from datetime import date, datetime, timedelta
 
 from imapclient import IMAPClient, exceptions as imap_errors, imap4, tls
 
 from intake.egress import IMAP_PORTS, EgressPolicy, EgressRefused, check_host, open_connection
-from intake.keys import message_id_from_raw, provider_message_id_for_raw
+from intake.keys import message_id_from_raw, provider_message_id_for_raw, raw_message_keys
 from intake.logging import mask_address
 from intake.secrets import SecretUnavailable, resolve_secret
 
@@ -62,8 +64,11 @@ from .base import FetchedMessage, ListedMessage, Listing, PermanentError, PollBa
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BATCH_SIZE = 200
-DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
+# Batches are sized by bytes: the byte budget decides, the count is only a ceiling.
+DEFAULT_BATCH_SIZE = 5000
+DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024
+# UIDs per RFC822.SIZE fetch while a batch is being sized.
+SIZE_CHUNK = 1000
 DEFAULT_OVERLAP = 20
 DEFAULT_SYNC_DAYS = 7
 DEFAULT_TIMEOUT = 60.0
@@ -156,6 +161,7 @@ class ImapProvider(Provider):
         self._tokens = None  # an imap_oauth token source, with auth xoauth2
         self._client: IMAPClient | None = None
         self._folder_status: dict | None = None
+        self._sizes: dict[int, int] = {}  # RFC822.SIZE by UID, for this connection's folder
 
     # --- connection ---------------------------------------------------------------------------
 
@@ -262,6 +268,7 @@ class ImapProvider(Provider):
         if session is not None:
             session.close()
         client, self._client, self._folder_status = self._client, None, None
+        self._sizes = {}
         if client is None:
             return
         try:
@@ -285,6 +292,12 @@ class ImapProvider(Provider):
         return self._folder_status
 
     # --- polling ------------------------------------------------------------------------------
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """The poller may fetch the next batch on another thread while it stores this one: a poll uses only
+        this connection (no database), except during an archive import, whose end the poller records."""
+        return not self._archive_running()
 
     def poll(self, cursor: dict) -> PollBatch:
         return self._mapping_failures(self._poll, cursor)
@@ -328,7 +341,11 @@ class ImapProvider(Provider):
 
         chosen = self._bounded(client, candidates[: self.batch_size])
         messages = []
-        if chosen:
+        if chosen and self._cutoff() is None:
+            bodies = _fetch_bodies(client, chosen)
+            # A UID missing here was expunged between SEARCH and FETCH: see below.
+            messages = [_fetched(bodies[uid], uid, False) for uid in chosen if uid in bodies]
+        elif chosen:
             fetched = client.fetch(chosen, self._body_items())
             for uid in chosen:
                 data = fetched.get(uid)
@@ -337,12 +354,11 @@ class ImapProvider(Provider):
                     # that still exists (the next poll searches again).
                     continue
                 raw = bytes(data[b"BODY[]"])
-                messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid},
-                                               history=self._is_history(data)))
-            if len(messages) < len(chosen):
-                present = {m.metadata["uid"] for m in messages}
-                # A UID that vanished mid-batch was expunged: moving past it loses nothing.
-                logger.info("%d messages vanished between search and fetch", len(set(chosen) - present))
+                messages.append(_fetched(raw, uid, self._is_history(data)))
+        if len(messages) < len(chosen):
+            present = {m.metadata["uid"] for m in messages}
+            # A UID that vanished mid-batch was expunged: moving past it loses nothing.
+            logger.info("%d messages vanished between search and fetch", len(set(chosen) - present))
 
         new_last = max([last_uid, *chosen])
         new_seen = sorted(uid for uid in seen.union(chosen) if uid > new_last - self.overlap)
@@ -409,12 +425,8 @@ class ImapProvider(Provider):
         rest = uids[taken:]
         messages = []
         if chosen:
-            fetched = client.fetch(chosen, ["BODY.PEEK[]"])
-            for uid in chosen:
-                raw = (fetched.get(uid) or {}).get(b"BODY[]")
-                if raw is not None:  # expunged since the search: nothing to take
-                    raw = bytes(raw)
-                    messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid}, history=True))
+            bodies = _fetch_bodies(client, chosen)  # a UID missing: expunged since the search, nothing to take
+            messages = [_fetched(bodies[uid], uid, history=True) for uid in chosen if uid in bodies]
         state = {**state, "next_uid": rest[0] if rest else high + 1}
         return messages, state, not rest
 
@@ -432,16 +444,18 @@ class ImapProvider(Provider):
 
     def _bounded(self, client: IMAPClient, uids: list[int]) -> list[int]:
         """The longest prefix of `uids` within `max_batch_bytes` (at least one message)."""
-        if not uids:
-            return []
-        sizes = client.fetch(uids, ["RFC822.SIZE"])
         chosen, total = [], 0
-        for uid in uids:
-            size = int((sizes.get(uid) or {}).get(b"RFC822.SIZE") or 0)
-            if chosen and total + size > self.max_batch_bytes:
-                break
-            chosen.append(uid)
-            total += size
+        for start in range(0, len(uids), SIZE_CHUNK):
+            chunk = uids[start:start + SIZE_CHUNK]
+            missing = [uid for uid in chunk if uid not in self._sizes]
+            if missing:
+                self._sizes.update(_fetch_sizes(client, missing))
+            for uid in chunk:
+                size = self._sizes.get(uid, 0)  # none: expunged since the search (the body fetch finds nothing)
+                if chosen and total + size > self.max_batch_bytes:
+                    return chosen
+                chosen.append(uid)
+                total += size
         return chosen
 
     # --- listing (reconciliation) ---------------------------------------------------------------
@@ -506,6 +520,70 @@ class ImapProvider(Provider):
                     messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid},
                                                    history=self._is_history(dates.get(uid) or {})))
         return messages
+
+
+# The two fetches of a poll, read straight from imaplib's answer (bytes lines, and (line, literal) pairs):
+# imapclient's general parser costs more CPU per message than everything else the poll does with it.
+_UID_ITEM = re.compile(rb"\bUID (\d+)")
+_SIZE_ITEM = re.compile(rb"\bRFC822\.SIZE (\d+)")
+_BODY_LITERAL = re.compile(rb"\bBODY\[\] \{\d+\}$")
+
+
+def _uid_set(uids: list[int]) -> str:
+    """`1:3,7,9:12`: a sorted UID list as IMAP ranges (a short command line for a long batch)."""
+    ranges, start, previous = [], None, None
+    for uid in sorted(set(uids)):
+        if previous is not None and uid == previous + 1:
+            previous = uid
+            continue
+        if start is not None:
+            ranges.append(f"{start}:{previous}" if previous != start else str(start))
+        start = previous = uid
+    if start is not None:
+        ranges.append(f"{start}:{previous}" if previous != start else str(start))
+    return ",".join(ranges)
+
+
+def _uid_fetch(client: IMAPClient, uids: list[int], items: str) -> list:
+    typ, data = client._imap.uid("FETCH", _uid_set(uids), items)
+    if typ != "OK":
+        raise imap_errors.IMAPClientError(f"UID FETCH failed: {_text(data[0] if data else b'')}")
+    return [item for item in data if item is not None]
+
+
+def _fetch_sizes(client: IMAPClient, uids: list[int]) -> dict[int, int]:
+    """{UID: RFC822.SIZE} of those of `uids` the server still has."""
+    wanted, sizes = set(uids), {}
+    for item in _uid_fetch(client, uids, "(RFC822.SIZE)"):
+        line = item[0] if isinstance(item, tuple) else item
+        uid, size = _UID_ITEM.search(line), _SIZE_ITEM.search(line)
+        if uid and size and int(uid[1]) in wanted:
+            sizes[int(uid[1])] = int(size[1])
+    return sizes
+
+
+def _fetch_bodies(client: IMAPClient, uids: list[int]) -> dict[int, bytes]:
+    """{UID: the message's bytes} (BODY.PEEK[]: nothing set on the server) of those the server still has.
+
+    Each message is a (line up to `BODY[] {n}`, literal) pair, its UID before the literal or in the rest of
+    its line that follows; another FETCH the server volunteers (a flag change, no body) is no pair of ours."""
+    wanted, bodies = set(uids), {}
+    data = _uid_fetch(client, uids, "(BODY.PEEK[])")
+    for index, item in enumerate(data):
+        if not isinstance(item, tuple) or not _BODY_LITERAL.search(item[0]):
+            continue
+        uid = _UID_ITEM.search(item[0])
+        if uid is None and index + 1 < len(data) and isinstance(data[index + 1], bytes):
+            uid = _UID_ITEM.search(data[index + 1])
+        if uid is not None and int(uid[1]) in wanted:
+            bodies[int(uid[1])] = item[1]
+    return bodies
+
+
+def _fetched(raw: bytes, uid: int, history: bool) -> FetchedMessage:
+    # The id and the thread key from one read of the header block.
+    provider_message_id, thread_key = raw_message_keys(raw)
+    return FetchedMessage(provider_message_id, raw, {"uid": uid}, history=history, thread_key=thread_key)
 
 
 def _aware(value) -> datetime | None:
