@@ -24,7 +24,9 @@ from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent
 from intake.normalize import normalize
+from intake.rawload import with_small_raw
 from intake.selectors import global_pause_on, tenant_pause_on
+from intake.services import record_taken
 from intake.vocabulary import AuditKind
 
 from . import bounces, classification, copies, services, threads
@@ -49,12 +51,14 @@ class _Plain:
 def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[int, str], list[int]]:
     """({event id: outcome word} for the events handled here, [ids left for the per-event path, in order])."""
     actor = f"worker:{worker}"
-    events = {e.pk: e for e in InboxEvent.objects.select_related("mailbox").filter(pk__in=list(event_ids))}
+    events = {e.pk: e for e in with_small_raw(InboxEvent.objects.select_related("mailbox", "tenant")
+                                               .filter(pk__in=list(event_ids)))}
     if "global_pause" not in cache:
         cache["global_pause"] = global_pause_on()
     outcomes: dict[int, str] = {}
     rest: list[int] = []
     candidates = []
+    taken = []
     for event_id in dict.fromkeys(event_ids):  # each id once (the caller counts repeats)
         event = events.pop(event_id, None)
         if event is None:
@@ -64,14 +68,19 @@ def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[
         elif not _may_be_plain(event, cache):
             rest.append(event_id)
         else:
-            outcome = normalize(event, actor=actor)
-            if outcome.state != State.READY:
-                bounces.tie(event=event, state=outcome.state, reason_code=outcome.reason_code)  # our bounced mail
-                outcomes[event_id] = outcome.state  # waiting (scanner), suppressed, awaiting_review, quarantined
-            elif threads.is_thread_work(outcome.parsed):
-                rest.append(event_id)
-            else:
-                candidates.append((event, outcome.parsed))
+            taken.append(event)
+    # One take for all of them before any work (the per-event path does not count these again).
+    record_taken([event.pk for event in taken])
+    cache.setdefault(services.TAKEN, set()).update(event.pk for event in taken)
+    for event in taken:
+        outcome = normalize(event, actor=actor)
+        if outcome.state != State.READY:
+            bounces.tie(event=event, state=outcome.state, reason_code=outcome.reason_code)  # our bounced mail
+            outcomes[event.pk] = outcome.state  # waiting (scanner), suppressed, awaiting_review, quarantined
+        elif threads.is_thread_work(outcome.parsed):
+            rest.append(event.pk)
+        else:
+            candidates.append((event, outcome.parsed))
     plain = []
     for event, parsed in _primaries(candidates, cache, rest):
         item = _classified(event, parsed, cache)

@@ -17,8 +17,9 @@ from intake.logging import mask_address
 from intake.mime.htmlsource import html_source
 from intake.models import AuditEvent, InboxEvent
 from intake.normalize import normalize
+from intake.rawload import with_small_raw
 from intake.selectors import global_pause_on, tenant_pause_on
-from intake.services import record_audit, transition_event, wait_event
+from intake.services import record_audit, record_progress, record_taken, transition_event, wait_event
 from intake.testhooks import pause_point
 from intake.vocabulary import AuditKind, ReasonCode
 
@@ -195,18 +196,25 @@ class Work:
         return trimmed
 
 
+# The group cache's set of events whose take (intake.services.record_taken) this task already counted.
+TAKEN = "taken"
+
+
 def process_inbox_event(event_id: int, worker: str | None = None, group_cache: dict | None = None) -> str:
     """Carry one event as far as it can go now. Safe to run any number of times, concurrently.
 
     Returns a short word saying what happened, for logs and tests.
     """
     worker = worker or worker_identity()
-    event = InboxEvent.objects.select_related("mailbox").filter(pk=event_id).first()
+    # The message comes with the row unless it is large; normalize reads a large one a MiB at a time.
+    event = with_small_raw(InboxEvent.objects.select_related("mailbox", "tenant").filter(pk=event_id)).first()
     if event is None:
         return "missing"
     if event.state not in InboxEvent.OPEN_STATES:
         return "done"
     cache = group_cache if group_cache is not None else {}
+    if event_id not in cache.get(TAKEN, ()):  # before any work: a take that kills this worker still counts
+        record_taken([event_id])
     if "global_pause" not in cache:  # read once per task group
         cache["global_pause"] = global_pause_on()
     if event.mailbox.paused or cache["global_pause"] or tenant_pause_on(event.tenant_id, cache):
@@ -375,6 +383,7 @@ def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, l
     if bulkhead.pooled(lease):
         # The intent is the durable record; the I/O pool makes the call (ticketing.bulkhead).
         bulkhead.hand_over(intent.pk)
+        record_progress(event.pk)  # the call waits in the pool's queue: not a take without progress
         return "handed_over"
     outcome = execute_intent(intent, work, worker, adapter, lease)
     if outcome == bulkhead.OVER_CAP:  # the destination's cap is full: the event waits a moment, parked

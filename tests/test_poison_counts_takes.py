@@ -1,0 +1,76 @@
+"""A poison message is one that workers take again and again without progress; mail that only waits in a
+busy broker is never taken, so no backlog, however long, sends it to the recovery queue as poison.
+
+The stale-event sweep (intake.services.requeue_stale_events) requeues what made no progress; the count it
+poisons by is the workers' takes (intake.services.record_taken, at the start of every process task), not
+its own requeues.
+"""
+import pytest
+
+from intake.models import AuditEvent
+from intake.services import record_progress, record_taken, requeue_stale_events, wait_event
+from tests.factories import make_event
+from ticketing import tasks
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def few_takes(settings):
+    settings.MAILROOM_MAX_DISPATCHES = 3
+    return 3
+
+
+def test_an_event_that_only_waits_in_the_broker_is_requeued_every_sweep_and_never_poisoned(mailbox, few_takes):
+    event = make_event(mailbox)
+    for _ in range(few_takes * 4):
+        assert requeue_stale_events(older_than_seconds=0) == {"requeued": 1, "poisoned": 0}
+    event.refresh_from_db()
+    assert (event.state, event.dispatch_count, event.reason_code) == ("received", 0, "")
+    assert AuditEvent.objects.filter(inbox_event_id=event.pk, kind="requeued").count() == few_takes * 4
+
+
+def test_an_event_taken_as_often_as_the_cap_without_progress_is_poison(mailbox, few_takes):
+    event = make_event(mailbox)
+    for take in range(few_takes):
+        assert record_taken([event.pk]) == 1  # a worker took it ... and died before it got anywhere
+        last = take == few_takes - 1
+        assert requeue_stale_events(older_than_seconds=0) == {"requeued": 0 if last else 1, "poisoned": int(last)}
+    event.refresh_from_db()
+    assert (event.state, event.reason_code) == ("failed", "poison")
+    assert event.reason_detail == f"dispatched {few_takes} times without progress"
+    assert AuditEvent.objects.filter(inbox_event_id=event.pk, kind="poison").count() == 1
+
+
+def test_a_deliberate_wait_is_progress_and_starts_the_count_again(mailbox, few_takes):
+    event = make_event(mailbox)
+    for _ in range(few_takes - 1):
+        record_taken([event.pk])
+    wait_event(event.pk, 0)  # e.g. the scanner is unreachable: the worker chose to wait
+    event.refresh_from_db()
+    assert event.dispatch_count == 0 and event.retry_at is not None
+    assert record_taken([event.pk]) == 0, "a waiting event is not taken before its wait is over"
+    assert requeue_stale_events(older_than_seconds=0) == {"requeued": 1, "poisoned": 0}
+    record_taken([event.pk])
+    assert requeue_stale_events(older_than_seconds=0) == {"requeued": 1, "poisoned": 0}
+
+
+def test_the_process_task_counts_one_take_per_open_event_and_none_for_finished_ones(mailbox):
+    event = make_event(mailbox)
+    assert tasks.process_inbox_events.run([event.pk]) == {"created": 1}
+    event.refresh_from_db()
+    assert (event.state, event.dispatch_count) == ("completed", 1)
+    # A redelivery of the same task after the event completed takes nothing.
+    assert tasks.process_inbox_events.run([event.pk]) == {"done": 1}
+    event.refresh_from_db()
+    assert event.dispatch_count == 1
+
+
+def test_a_call_handed_to_the_destination_pool_is_progress(mailbox, few_takes):
+    event = make_event(mailbox)
+    for _ in range(few_takes * 2):  # each take hands the call over again while it waits in the pool's queue
+        record_taken([event.pk])
+        record_progress(event.pk)
+        assert requeue_stale_events(older_than_seconds=0) == {"requeued": 1, "poisoned": 0}
+    event.refresh_from_db()
+    assert (event.state, event.dispatch_count) == ("received", 0)
