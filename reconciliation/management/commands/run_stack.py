@@ -142,8 +142,7 @@ class Command(BaseCommand):
                     "--access-logformat", ACCESS_LOG_FORMAT, "--logger-class", "intake.logging.AccessLogger",
                     "--no-control-socket"],
             **self._worker_commands(celery, options),
-            "beat": celery + ["beat", "--loglevel", "INFO", "--scheduler",
-                              "django_celery_beat.schedulers:DatabaseScheduler"],
+            "beat": celery + ["beat", "--loglevel", "INFO", "--scheduler", settings.CELERY_BEAT_SCHEDULER],
             "relay": [python, "manage.py", "run_relay"],
             **self._lmtp_command(python),
         }
