@@ -3,7 +3,8 @@
     add_sender_list_entry(tenant=, mailbox=, kind=, pattern=, actor=, note="") -> SenderListEntry
     remove_sender_list_entry(entry=, actor=) -> None
     visible_sender_list_entries(user) -> QuerySet
-    sender_list_entry_for(event, sender) -> ListEntry | None      (normalization: one indexed query)
+    sender_list_entry_for(event, sender) -> ListEntry | None      (normalization: one indexed query, or
+                                                                  one per task group: intake.groupcache)
 
 What an entry means and which one decides: `intake.validation.sender_lists`. Every write checks that the
 actor may manage the tenant (`visible_tenants`: a member, or a superuser) and that the mailbox, if any, is
@@ -17,6 +18,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 
+from . import groupcache
 from .logging import mask_address
 from .models import Mailbox, SenderListEntry, Tenant
 from .selectors import visible_tenants
@@ -77,13 +79,34 @@ def remove_sender_list_entry(*, entry: SenderListEntry, actor) -> None:
                       actor.get_username())
 
 
+# A tenant with more entries than this is read per event (one indexed query) even inside a task's group.
+GROUP_LOAD_LIMIT = 500
+
+
 def sender_list_entry_for(event, sender: str) -> ListEntry | None:
-    """The entry that decides for `sender` on `event`'s mailbox (its list, then the tenant's), or None."""
+    """The entry that decides for `sender` on `event`'s mailbox (its list, then the tenant's), or None.
+
+    Inside a task's group scope (`intake.groupcache`) a tenant's entries are read once for the group when
+    there are at most GROUP_LOAD_LIMIT of them; the same match is then made in memory."""
     keys = lookup_keys(sender)
     if not keys:
         return None
-    rows = SenderListEntry.objects.filter(tenant_id=event.tenant_id, pattern__in=keys).filter(
-        Q(mailbox__isnull=True) | Q(mailbox_id=event.mailbox_id)).values_list("pk", "kind", "pattern", "mailbox_id")
+    loaded = groupcache.remembered(("sender_lists", event.tenant_id), lambda: _all_entries(event.tenant_id)) \
+        if groupcache.active() else None
+    if loaded is None:
+        rows = SenderListEntry.objects.filter(tenant_id=event.tenant_id, pattern__in=keys).filter(
+            Q(mailbox__isnull=True) | Q(mailbox_id=event.mailbox_id)).values_list("pk", "kind", "pattern",
+                                                                                 "mailbox_id")
+    else:
+        wanted = set(keys)
+        rows = [row for row in loaded if row[2] in wanted and row[3] in (None, event.mailbox_id)]
     entries = [ListEntry(kind, pattern, MAILBOX if mailbox_id else TENANT, pk)
                for pk, kind, pattern, mailbox_id in rows]
     return deciding_entry(sender, entries)
+
+
+def _all_entries(tenant_id: int) -> list[tuple] | None:
+    """Every entry of the tenant as (pk, kind, pattern, mailbox_id), or None when there are too many."""
+    rows = list(SenderListEntry.objects.filter(tenant_id=tenant_id)
+                .values_list("pk", "kind", "pattern", "mailbox_id")[:GROUP_LOAD_LIMIT + 1])
+    return None if len(rows) > GROUP_LOAD_LIMIT else rows

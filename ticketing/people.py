@@ -16,6 +16,7 @@ the cautious side) and whom a forward is for (flagged for a person to see).
 """
 from dataclasses import dataclass
 
+from intake import groupcache
 from intake.domains import address_key, normalize_domain, split_address
 from intake.mime import parse_message
 from intake.mime.forwards import forwarded_original
@@ -72,15 +73,20 @@ def is_agent(tenant, address: str) -> bool:
                for kind, value in agent_patterns(tenant))
 
 
-def own_addresses(tenant_id: int) -> set[str]:
-    """The tenant's mailbox addresses and allowed recipients, as address keys (no +tag, lower case)."""
+def own_addresses(tenant_id: int) -> frozenset[str]:
+    """The tenant's mailbox addresses and allowed recipients, as address keys (no +tag, lower case); read
+    once per task group (`intake.groupcache`)."""
+    return groupcache.remembered(("own_addresses", tenant_id), lambda: _read_own_addresses(tenant_id))
+
+
+def _read_own_addresses(tenant_id: int) -> frozenset[str]:
     keys = set()
     for address, allowed in Mailbox.objects.filter(tenant_id=tenant_id).values_list("address", "allowed_recipients"):
         keys.add(address_key(address))
         for extra in allowed or []:
             if isinstance(extra, str) and "@" in extra:
                 keys.add(address_key(extra))
-    return keys
+    return frozenset(keys)
 
 
 def entered_requester(event) -> str:

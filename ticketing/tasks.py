@@ -3,6 +3,7 @@ import logging
 
 from celery import shared_task
 
+from intake import groupcache
 from intake.selectors import drill_event_ids
 
 from . import intents, services
@@ -13,10 +14,6 @@ logger = logging.getLogger(__name__)
 @shared_task
 def process_inbox_events(inbox_event_ids: list[int]) -> dict:
     """Process a group of events (the relay publishes groups); each keeps its own guarantees."""
-    from django.conf import settings
-
-    from . import batch
-
     # A drill's events are driven by the drill itself, in its own process (reconciliation.drills): dropped here.
     drill = drill_event_ids(inbox_event_ids)
     kept = [event_id for event_id in inbox_event_ids if event_id not in drill]
@@ -24,6 +21,17 @@ def process_inbox_events(inbox_event_ids: list[int]) -> dict:
     inbox_event_ids = kept
     worker = services.worker_identity()
     group_cache: dict = {}  # the pause switch, policies and default destinations, read once per group
+    with groupcache.scope(group_cache):  # and the lookups deep in normalization and ticket building
+        outcomes.update(_process_group(inbox_event_ids, worker, group_cache))
+    return outcomes
+
+
+def _process_group(inbox_event_ids: list[int], worker: str, group_cache: dict) -> dict:
+    from django.conf import settings
+
+    from . import batch
+
+    outcomes: dict = {}
     try:
         # Plain mail to the built-in store, set-based; everything else (and any conflict) per event.
         handled, rest = batch.process_plain(inbox_event_ids, worker, group_cache) if settings.MAILROOM_SET_BASED \
@@ -90,10 +98,10 @@ def _each_intent(intent_ids: list[int], carry_out, what: str) -> dict:
 
 @shared_task
 def send_acknowledgments(intent_ids: list[int]) -> dict:
-    """A group of acknowledgments (the relay publishes them in groups)."""
+    """A group of acknowledgments (the relay publishes them in groups), sent over one SMTP connection."""
     from . import acknowledgments
 
-    return _each_intent(intent_ids, acknowledgments.send, "acknowledgment")
+    return acknowledgments.send_group(intent_ids, worker=services.worker_identity())
 
 
 @shared_task

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from django.db.models import F, Q
 from django.utils import timezone
 
+from intake import groupcache
+
 from ..models import RoutingRule
 from .conditions import Budget, matches
 from .facts import MessageFacts
@@ -54,6 +56,11 @@ class RuleOutcome:
 
 
 def rules_for(tenant_id: int, mailbox_id: int | None) -> list[RoutingRule]:
+    """The enabled rules for the mailbox, in order; read once per task group (`intake.groupcache`)."""
+    return groupcache.remembered(("rules", tenant_id, mailbox_id), lambda: _read_rules(tenant_id, mailbox_id))
+
+
+def _read_rules(tenant_id: int, mailbox_id: int | None) -> list[RoutingRule]:
     return list(RoutingRule.objects.filter(tenant_id=tenant_id, enabled=True)
                 .filter(Q(mailbox__isnull=True) | Q(mailbox_id=mailbox_id)).order_by("position", "pk"))
 
