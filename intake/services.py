@@ -236,15 +236,25 @@ def _same_content(stored: dict, fingerprint: str) -> bool:
     return known == fingerprint
 
 
+# The columns both ingest statements write, in their VALUES/SELECT order.
+_INGEST_COLUMNS = ("tenant_id, mailbox_id, provider_message_id, dedupe_key, source, state, reason_code, "
+                   "reason_detail, received_at, updated_at, raw, size, message_id_header, sender, subject, "
+                   "thread_key, dispatch_count, auth_results, details, route_override, route, fingerprint, "
+                   "message_id_reused, history")
+
+
+def _ingest_sql(template: str, **parts: str) -> str:
+    """`template` with the tables and columns filled in (and `parts`, e.g. how the raw is read)."""
+    return template.format(event=InboxEvent._meta.db_table, columns=_INGEST_COLUMNS,
+                           audit=AuditEvent._meta.db_table, outbox=OutboxMessage._meta.db_table, **parts)
+
+
 # One statement (so, on its own, one transaction and one round trip): the event, its
 # `received` audit row, its outbox row and the relay's NOTIFY, or nothing at all when
 # the message is already stored (either unique key).
 _INGEST_SQL = """
 WITH event AS (
-    INSERT INTO {event} (tenant_id, mailbox_id, provider_message_id, dedupe_key, source, state,
-                         reason_code, reason_detail, received_at, updated_at, raw, size, message_id_header,
-                         sender, subject, thread_key, dispatch_count, auth_results, details, route_override,
-                         route, fingerprint, message_id_reused, history)
+    INSERT INTO {event} ({columns})
     VALUES (%(tenant)s, %(mailbox)s, %(pmid)s, %(key)s, %(source)s, 'received', '', '', %(now)s, %(now)s,
             {raw}, %(size)s, '', '', '', %(thread)s, 0, '{{}}', '{{}}', '{{}}', '{{}}', %(fingerprint)s, %(reused)s,
             %(history)s)
@@ -295,8 +305,7 @@ def _insert_event_postgres(row: _IngestRow) -> int | None:
 
 
 def _run_ingest_statement(row: _IngestRow, *, raw_sql: str, raw_params: dict) -> int | None:
-    sql = _INGEST_SQL.format(event=InboxEvent._meta.db_table, audit=AuditEvent._meta.db_table,
-                             outbox=OutboxMessage._meta.db_table, raw=raw_sql)
+    sql = _ingest_sql(_INGEST_SQL, raw=raw_sql)
     # A server-binding psycopg cursor with binary parameters: the message goes to PostgreSQL as bytea
     # bytes, not quoted into the SQL text on the client (Django's default client-side binding). Errors
     # are wrapped as Django's (IntegrityError, OperationalError), as through `connection.cursor()`.
@@ -319,10 +328,7 @@ def _run_ingest_statement(row: _IngestRow, *, raw_sql: str, raw_params: dict) ->
 # outbox rows of those the INSERT returned (the new ones only) and one NOTIFY.
 _INGEST_BATCH_SQL = """
 WITH event AS (
-    INSERT INTO {event} (tenant_id, mailbox_id, provider_message_id, dedupe_key, source, state,
-                         reason_code, reason_detail, received_at, updated_at, raw, size, message_id_header,
-                         sender, subject, thread_key, dispatch_count, auth_results, details, route_override,
-                         route, fingerprint, message_id_reused, history)
+    INSERT INTO {event} ({columns})
     SELECT %(tenant)s, %(mailbox)s, m.pmid, m.key, %(source)s, 'received', '', '', %(now)s, %(now)s,
            m.raw, octet_length(m.raw), '', '', '', m.thread, 0, '{{}}', '{{}}', '{{}}', '{{}}', m.fingerprint, false,
            m.history
@@ -352,8 +358,7 @@ def _insert_events_postgres(mailbox: Mailbox, source: str, now, rows: list[_Inge
     """{dedupe key: event id} of the rows stored now; the others' keys were taken already."""
     if not rows:
         return {}
-    sql = _INGEST_BATCH_SQL.format(event=InboxEvent._meta.db_table, audit=AuditEvent._meta.db_table,
-                                   outbox=OutboxMessage._meta.db_table)
+    sql = _ingest_sql(_INGEST_BATCH_SQL)
     connection.ensure_connection()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, binary=True, params={
