@@ -56,8 +56,9 @@ def run_until_signalled(desk: FakeDesk, out=sys.stdout):
 
 
 def main(argv=None):
-    from . import __doc__ as package_doc  # the package docstring describes the server
-
+    # The package docstring describes the server; the package is loaded before any of its modules, so this
+    # reads it without importing the package from inside it.
+    package_doc = sys.modules[__package__].__doc__
     summary = (package_doc or "FakeDesk").split("\n\n")[0]
     parser = argparse.ArgumentParser(prog="python -m fakedesk", description=summary)
     add_arguments(parser)

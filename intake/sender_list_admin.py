@@ -8,7 +8,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied, ValidationError
 
-from .admin import TenantScopedAdminMixin
+from .admin_mixins import TenantScopedAdminMixin
 from .models import SenderListEntry
 from .sender_lists import add_sender_list_entry, remove_sender_list_entry
 

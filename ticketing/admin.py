@@ -2,8 +2,8 @@ from django import forms
 from django.contrib import admin
 from django.utils.html import format_html_join
 
-from intake.admin import ReadOnlyAdminMixin, TenantScopedAdminMixin
 from intake.admin_forms import LinesField
+from intake.admin_mixins import ReadOnlyAdminMixin, TenantScopedAdminMixin
 from intake.vocabulary import actor_words
 
 from . import numbers

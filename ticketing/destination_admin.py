@@ -10,8 +10,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html_join
 
-from intake.admin import PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin
 from intake.admin_forms import secret_warnings
+from intake.admin_mixins import PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin
 
 from . import audit
 from .destinations import adapter_class, configuration_errors, connection_report

@@ -16,7 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from intake.admin import TenantScopedAdminMixin
+from intake.admin_mixins import TenantScopedAdminMixin
 from intake.logging import mask_address
 
 from . import dry_run as dry_runs
