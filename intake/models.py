@@ -5,6 +5,7 @@ from django.db.models import Q
 from django.db.models.functions import Lower
 
 from .domains import address_key, mailbox_address_errors, normalize_domain
+from .secret_scope import ref_error
 from .vocabulary import (  # noqa: F401  (ReasonCode: re-exported for callers)
     AuditKind,
     MailboxAuditKind,
@@ -226,8 +227,6 @@ class Mailbox(models.Model):
 def check_secret_refs(obj, tenant, fields) -> None:
     """ValidationError naming the allowed forms for each of `fields` that `tenant` may not use (intake.secrets)."""
     from django.core.exceptions import ValidationError
-
-    from .secrets import ref_error
 
     errors = {name: message for name in fields if (message := ref_error(getattr(obj, name), tenant, owner=obj))}
     if errors:
