@@ -49,9 +49,7 @@ def address_key(address: str) -> str:
 
 
 def verified_domains(tenant: Tenant) -> list[str]:
-    from .models import VerifiedDomain
-
-    return sorted(VerifiedDomain.objects.filter(tenant=tenant).values_list("domain", flat=True))
+    return sorted(tenant.verified_domains.values_list("domain", flat=True))
 
 
 def verify_domain(*, tenant: Tenant, domain: str, verified_by: str) -> VerifiedDomain:
@@ -59,9 +57,9 @@ def verify_domain(*, tenant: Tenant, domain: str, verified_by: str) -> VerifiedD
 
     Raises ValueError when another tenant holds the domain: it belongs to one tenant only.
     """
-    from .models import VerifiedDomain
-
-    row, _ = VerifiedDomain.objects.get_or_create(domain=normalize_domain(domain),
+    # The model through the tenant's relation, all tenants' rows through its manager: this module is what the
+    # models' clean() calls, so it does not import them.
+    row, _ = tenant.verified_domains.model._default_manager.get_or_create(domain=normalize_domain(domain),
                                                   defaults={"tenant": tenant, "verified_by": verified_by})
     if row.tenant_id != tenant.pk:
         raise ValueError(f"{row.domain} is a verified domain of another tenant")
@@ -81,10 +79,9 @@ def mailbox_address_errors(mailbox: Mailbox) -> dict[str, str]:
     `allowed_recipients`. A value stored before the rule existed is kept, so a tenant can still pause or
     edit that mailbox (the migration named those domains for a superuser to assign). Uniqueness: always.
     """
-    from .models import Mailbox
-
+    mailboxes = type(mailbox)._default_manager  # the model whose clean() calls this: not imported here
     errors: dict[str, str] = {}
-    stored = Mailbox.objects.filter(pk=mailbox.pk).values("tenant_id", "address", "allowed_recipients").first() \
+    stored = mailboxes.filter(pk=mailbox.pk).values("tenant_id", "address", "allowed_recipients").first() \
         if mailbox.pk else None
     if stored and stored["tenant_id"] != mailbox.tenant_id:
         stored = None  # moved to another tenant: judged as new there
@@ -96,7 +93,7 @@ def mailbox_address_errors(mailbox: Mailbox) -> dict[str, str]:
             errors["address"] = NO_BASE_BEFORE_TAG
         elif domain not in domains and not (stored and address_key(stored["address"]) == key):
             errors["address"] = f"{domain} is not a verified domain of this tenant. {_outside(domains, mailbox.tenant)}"
-        elif Mailbox.objects.filter(address_key=key).exclude(pk=mailbox.pk).exists():
+        elif mailboxes.filter(address_key=key).exclude(pk=mailbox.pk).exists():
             errors["address"] = ADDRESS_IN_USE.format(key=key)
     recipients = mailbox.allowed_recipients
     if recipients in (None, ""):
