@@ -33,20 +33,20 @@ def webhook_json(data: dict, status: int = 200) -> JsonResponse:
     return response
 
 
-def _error(status: int, message: str) -> JsonResponse:
+def error_response(status: int, message: str) -> JsonResponse:
     return webhook_json({"error": message}, status=status)
 
 
-def _reject(provider: str, reason: WebhookRejection, status: int, message: str) -> JsonResponse:
+def reject_request(provider: str, reason: WebhookRejection, status: int, message: str) -> JsonResponse:
     """A refused webhook: counted (`mailroom_webhook_rejections_total`), then answered."""
     services.count_webhook_rejection(provider, reason)
-    return _error(status, message)
+    return error_response(status, message)
 
 
 BODY_PIECE_BYTES = 1 << 20
 
 
-def _read_body(request, limit: int) -> bytes | None:
+def read_body(request, limit: int) -> bytes | None:
     """The body, or None when it is larger than `limit` (read no further than that)."""
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
@@ -72,17 +72,17 @@ def raw_webhook(request, mailbox_slug: str):
     if mailbox is None or mailbox.provider != Mailbox.Provider.RAW:
         # Another provider's mailbox is "unknown" here, as on the provider webhook: its secret is that
         # provider's, never a key to a second way in.
-        return _reject("raw", WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
-    body = _read_body(request, settings.MAILROOM_MAX_MESSAGE_BYTES)
+        return reject_request("raw", WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
+    body = read_body(request, settings.MAILROOM_MAX_MESSAGE_BYTES)
     if body is None:
-        return _reject("raw", WebhookRejection.TOO_LARGE, 413,
+        return reject_request("raw", WebhookRejection.TOO_LARGE, 413,
                        f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
     try:
         secret = resolve_secret(mailbox.webhook_secret_ref, tenant=mailbox.tenant, owner=mailbox)
     except SecretUnavailable as exc:
         # Fail closed: without a secret nothing can be verified, so nothing is stored.
         logger.error("mailbox %s has no usable webhook secret: %s", mailbox.slug, exc)
-        return _reject("raw", WebhookRejection.NO_SECRET, 401, "signature cannot be verified")
+        return reject_request("raw", WebhookRejection.NO_SECRET, 401, "signature cannot be verified")
     message_id = request.headers.get("X-Mailroom-Message-Id", "")
     try:
         scheme = signing.verify(
@@ -95,12 +95,12 @@ def raw_webhook(request, mailbox_slug: str):
         )
     except signing.SignatureError as exc:
         logger.warning("rejected webhook for mailbox %s: %s", mailbox.slug, exc)
-        return _reject("raw", WebhookRejection.BAD_SIGNATURE, 401, "invalid signature")
+        return reject_request("raw", WebhookRejection.BAD_SIGNATURE, 401, "invalid signature")
     if scheme != signing.V2 and mailbox.slug not in _v1_seen:
         _v1_seen.add(mailbox.slug)
         logger.warning("mailbox %s: raw webhook signed with the deprecated v1 scheme; sign with v2", mailbox.slug)
     if not body:
-        return _reject("raw", WebhookRejection.EMPTY_BODY, 400, "empty body: expected an RFC 5322 message")
+        return reject_request("raw", WebhookRejection.EMPTY_BODY, 400, "empty body: expected an RFC 5322 message")
     provider_message_id, thread_key = raw_message_keys(body, message_id)
     try:
         if scheme == signing.V1_UNSIGNED_ID:
@@ -113,7 +113,7 @@ def raw_webhook(request, mailbox_slug: str):
         selectors.forget_cached_mailboxes()
         if selectors.mailbox_by_slug(mailbox_slug) is not None:
             raise
-        return _reject("raw", WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
+        return reject_request("raw", WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
     return webhook_json(
         {"inbox_event_id": result.inbox_event_id, "duplicate": result.duplicate},
         status=200 if result.duplicate else 202,

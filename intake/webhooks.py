@@ -30,7 +30,7 @@ from .models import Mailbox
 from .providers import provider_for
 from .providers.base import WebhookRejected
 from .secrets import SecretUnavailable
-from .views import _error, _read_body, _reject, webhook_json
+from .views import error_response, read_body, reject_request, webhook_json
 from .vocabulary import AuditKind, WebhookRejection
 
 logger = logging.getLogger(__name__)
@@ -50,16 +50,16 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
     mailbox = Mailbox.objects.filter(slug=mailbox_slug).select_related("tenant").first()
     if mailbox is None or mailbox.provider != provider:
         # A mailbox of another provider is "unknown" here: never verify one scheme with another's secret.
-        return _reject(provider, WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
+        return reject_request(provider, WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
     try:
         adapter = provider_for(mailbox)
     except (LookupError, ImportError):
-        return _reject(provider, WebhookRejection.NO_WEBHOOK, 404, "no webhook for this provider")
+        return reject_request(provider, WebhookRejection.NO_WEBHOOK, 404, "no webhook for this provider")
     if not adapter.supports_webhook:
-        return _reject(provider, WebhookRejection.NO_WEBHOOK, 404, "no webhook for this provider")
-    body = _read_body(request, settings.MAILROOM_MAX_MESSAGE_BYTES)
+        return reject_request(provider, WebhookRejection.NO_WEBHOOK, 404, "no webhook for this provider")
+    body = read_body(request, settings.MAILROOM_MAX_MESSAGE_BYTES)
     if body is None:
-        return _reject(provider, WebhookRejection.TOO_LARGE, 413,
+        return reject_request(provider, WebhookRejection.TOO_LARGE, 413,
                        f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
 
     stored = []
@@ -88,19 +88,19 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
                 services.enqueue_outbox(services.POLL_TOPIC, {"mailbox_id": mailbox.pk})
     except _Rejected as rejected:
         # Counted after the rollback, in its own statement: the refusal leaves only this number behind.
-        return _reject(provider, rejected.reason, rejected.status, rejected.message)
+        return reject_request(provider, rejected.reason, rejected.status, rejected.message)
     except TransientError as exc:
         logger.warning("%s webhook for mailbox %s failed transiently: %s", provider, mailbox.slug, exc.reason)
-        response = _error(503, "temporarily unavailable, retry later")
+        response = error_response(503, "temporarily unavailable, retry later")
         if exc.retry_after:
             response["Retry-After"] = str(int(exc.retry_after))
         return response
     except PermanentError as exc:
         logger.warning("%s webhook for mailbox %s is unusable: %s", provider, mailbox.slug, exc.reason)
-        return _reject(provider, WebhookRejection.UNPROCESSABLE, 400, f"unprocessable webhook: {exc}")
+        return reject_request(provider, WebhookRejection.UNPROCESSABLE, 400, f"unprocessable webhook: {exc}")
     except ExternalCallError as exc:  # ambiguous: nothing was stored, the provider should retry
         logger.warning("%s webhook for mailbox %s: %s", provider, mailbox.slug, exc.reason)
-        return _error(503, "temporarily unavailable, retry later")
+        return error_response(503, "temporarily unavailable, retry later")
 
     # Committed: now, and only now, acknowledge.
     any_new = any(not outcome.duplicate for outcome in stored)

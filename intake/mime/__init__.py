@@ -165,6 +165,7 @@ from .headers import (
     decode_header_value,
     thread_ids,
 )
+from .limits import MAX_ALTERNATIVES, MAX_BOUNDARY_LINES, MAX_DEPTH, MAX_PARTS, MAX_SIGNATURES
 from .message import DEFAULT_LOOP_HEADER, MAX_DEFECTS, Attachment, ParsedMessage
 from .parse import parse_message
 from .parts import (
@@ -176,7 +177,6 @@ from .parts import (
 )
 from .policy import MAX_PARAMETER_HEADER_CHARS, MAX_PARAMETERS
 from .sniff import MACRO_OFFICE_TYPE, OOXML_TYPES, SNIFF_BYTES, sniff_type
-from .walk import MAX_ALTERNATIVES, MAX_BOUNDARY_LINES, MAX_DEPTH, MAX_PARTS, MAX_SIGNATURES
 
 __all__ = [
     "parse_message", "ParsedMessage", "Attachment", "iter_attachment_payloads", "attachment_payload", "thread_ids",

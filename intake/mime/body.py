@@ -3,19 +3,21 @@ alternative of multipart/alternative is read (`intake.mime.alternatives`)."""
 from __future__ import annotations
 
 import re
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from . import alternatives
 from .headers import decode_bytes
 from .htmltext import html_to_text
-from .message import _add_defect
+from .limits import MAX_PARTS
+from .message import add_defect
 from .messageparts import without_delimiter_lines
-from .parts import _content_type, _text_charset
+from .parts import part_content_type, text_charset
 from .richtext import enriched_to_text, richtext_to_text
 from .texttrim import cut_at_boundary
 
 if TYPE_CHECKING:
-    from .walk import _Walk
+    from .walk import WalkState
 
 MAX_DESCRIPTION_CHARS = 1 << 20   # characters; longer text is cut at a paragraph boundary
 MAX_HTML_BYTES = 4 * 1024 * 1024
@@ -27,7 +29,7 @@ _CRLF = re.compile(r"\r\n?")
 _RICH_TEXT = {"text/enriched": enriched_to_text, "text/richtext": richtext_to_text}
 
 
-def _decoded(walk: _Walk, part, limit: int) -> tuple[str, bool]:
+def _decoded(walk: WalkState, part, limit: int) -> tuple[str, bool]:
     """A text part's payload as text, at most `limit` bytes of it; and whether it was cut."""
     data = part.get_payload(decode=True)
     if not isinstance(data, bytes) or not data:
@@ -38,10 +40,10 @@ def _decoded(walk: _Walk, part, limit: int) -> tuple[str, bool]:
         while end > limit - 3 and data[end] & 0xC0 == 0x80:   # not inside a UTF-8 sequence
             end -= 1
         data = data[:end]
-    return decode_bytes(data, _text_charset(part), walk.defects), cut
+    return decode_bytes(data, text_charset(part), walk.defects), cut
 
 
-def _html_text(walk: _Walk, part, source: tuple[str, bool] | None = None) -> tuple[str, bool]:
+def _html_text(walk: WalkState, part, source: tuple[str, bool] | None = None) -> tuple[str, bool]:
     """Readable text of an HTML part, converted once; and whether it was cut."""
     key = id(part)
     if key not in walk.html_text:
@@ -52,7 +54,7 @@ def _html_text(walk: _Walk, part, source: tuple[str, bool] | None = None) -> tup
     return walk.html_text[key]
 
 
-def _append_text(walk: _Walk, text: str, source: str, cut: bool = False) -> bool:
+def append_text(walk: WalkState, text: str, source: str, cut: bool = False) -> bool:
     if cut:   # the input ended mid-way: end at the last paragraph boundary instead
         text = cut_at_boundary(text, min(len(text), MAX_DESCRIPTION_CHARS))
         walk.truncated = True
@@ -65,7 +67,7 @@ def _append_text(walk: _Walk, text: str, source: str, cut: bool = False) -> bool
     return True
 
 
-def _add_text(walk: _Walk, part, ctype: str) -> bool:
+def add_text(walk: WalkState, part, ctype: str) -> bool:
     """Append the readable text of a body part; True if it had any."""
     if walk.text_chars >= MAX_DESCRIPTION_CHARS:
         walk.truncated = True   # the description is full: this part is left out
@@ -83,17 +85,17 @@ def _add_text(walk: _Walk, part, ctype: str) -> bool:
         if walk.multiparts and "--" in text:   # delimiter lines a malformed multipart left in the text
             text = without_delimiter_lines(text, [b for b in (m.get_boundary() for m in walk.multiparts) if b])
     except Exception as exc:
-        _add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
+        add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
         return False
-    return _append_text(walk, text, source, cut)
+    return append_text(walk, text, source, cut)
 
 
-def _drop_text(walk: _Walk, start: int) -> None:
+def drop_text(walk: WalkState, start: int) -> None:
     walk.text_chars -= sum(len(text) for text in walk.text[start:])
     del walk.text[start:], walk.text_sources[start:]
 
 
-def _alternative_rank(ctype: str) -> int:
+def alternative_rank(ctype: str) -> int:
     if ctype == "text/plain":
         return 0
     if ctype.startswith("multipart/"):
@@ -115,13 +117,13 @@ def _html_leaf(part, depth: int = 0):
             if leaf is not None:
                 return leaf
         return None
-    if (_content_type(part) == "text/html" and part.get_content_disposition() != "attachment"
+    if (part_content_type(part) == "text/html" and part.get_content_disposition() != "attachment"
             and not part.get_filename()):
         return part
     return None
 
 
-def _html_instead_of_stub(walk: _Walk, children: list, ranked: list, chosen: int, start: int,
+def html_instead_of_stub(walk: WalkState, children: list, ranked: list, chosen: int, start: int,
                           chars: dict) -> int | None:
     """Index of the HTML alternative to read instead of the plain text just read, when that is a stub."""
     for index, rank in ranked:
@@ -146,10 +148,6 @@ def alternative_texts(parsed, max_chars: int = 200_000) -> list[tuple[str, str]]
     """(content type, readable text) of each text alternative of the message's first
     multipart/alternative: for operators, who may need what the sender wrote in the one the
     ticket did not get (a plain part that lost to the HTML as a stub, or the reverse)."""
-    from itertools import islice
-
-    from .walk import MAX_PARTS  # imported here: walk imports this module
-
     message = getattr(parsed, "_message", None)
     if message is None:
         return []
@@ -160,13 +158,13 @@ def alternative_texts(parsed, max_chars: int = 200_000) -> list[tuple[str, str]]
             texts = []
             for child in part.get_payload()[:10]:
                 leaf = _html_leaf(child) if child.is_multipart() else child
-                ctype = _content_type(leaf) if leaf is not None else ""
+                ctype = part_content_type(leaf) if leaf is not None else ""
                 if ctype not in ("text/plain", "text/html") or leaf.get_content_disposition() == "attachment":
                     continue
                 data = leaf.get_payload(decode=True)
                 if not isinstance(data, bytes):
                     continue
-                text = decode_bytes(data[:MAX_HTML_BYTES], _text_charset(leaf), [])
+                text = decode_bytes(data[:MAX_HTML_BYTES], text_charset(leaf), [])
                 if ctype == "text/html":
                     text = html_to_text(text, max_chars=max_chars)
                 texts.append((ctype, _CRLF.sub("\n", text).translate(_BODY_CONTROL)[:max_chars]))

@@ -59,7 +59,7 @@ _ADDRESS_HEADERS = frozenset({
     b"envelope-to", b"apparently-to",
 })
 _ID_HEADERS = frozenset({b"references", b"in-reply-to"})
-_PARAMETER_HEADERS = frozenset({b"content-type", b"content-disposition"})
+PARAMETER_HEADERS = frozenset({b"content-type", b"content-disposition"})
 _LIST_ENDINGS = (b",", b";")
 
 _HEADER, _FOLD, _LOOSE, _ENVELOPE = range(4)
@@ -96,7 +96,7 @@ def _continues(previous: bytes, content: bytes, last: bytes, inside: bool) -> bo
     list_goes_on = last.rstrip().endswith(_LIST_ENDINGS)
     if previous in _ADDRESS_HEADERS:
         return list_goes_on or (inside and b"@" in content)
-    if previous in _PARAMETER_HEADERS:
+    if previous in PARAMETER_HEADERS:
         return list_goes_on or (inside and b"=" in content)
     if not inside:
         return False

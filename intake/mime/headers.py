@@ -16,8 +16,8 @@ from email.utils import collapse_rfc2231_value
 from . import charsets
 from .addresses import Mailbox, is_dotless_address, is_valid_address, parse_address_list
 from .headerblock import repair_header_block
-from .message import ParsedMessage, _add_defect
-from .policy import _PARAMETER_HEADERS, MAX_PARAMETER_HEADER_CHARS
+from .message import ParsedMessage, add_defect
+from .policy import MAX_PARAMETER_HEADER_CHARS, PARAMETER_HEADERS
 
 MAX_HEADER_CHARS = 64 * 1024
 # Thread ids are read from at most this much of the header block at ingest.
@@ -31,8 +31,8 @@ _ANGLE_ID = re.compile(r"<([^<>\s]+)>")
 # In a filename: folding is undone and control characters dropped, other whitespace kept as sent.
 _FOLDING = re.compile(r"\r?\n(?=[ \t])")
 _FILENAME_CONTROL = dict.fromkeys([*range(0, 9), *range(10, 32), 127], None)
-# The message being parsed, set by _fill_headers: its body's charset is the hint for raw 8-bit
-# header bytes, and _clean_filename (called from the part walk with the name alone) needs it too.
+# The message being parsed, set by fill_headers: its body's charset is the hint for raw 8-bit
+# header bytes, and clean_filename (called from the part walk with the name alone) needs it too.
 _MESSAGE_BEING_PARSED: ContextVar = ContextVar("intake_mime_message_being_parsed", default=None)
 MAX_HINT_PARTS = 64
 
@@ -46,7 +46,7 @@ def decode_bytes(data: bytes, charset: str | None, defects: list | None = None, 
     """Text of `data` in `charset`, read as mail clients read it (see `intake.mime.charsets`): aliases,
     isolated bad bytes as U+FFFD, a wrong label replaced by UTF-8, `hint`, a detector, then cp1252."""
     if charset and defects is not None and _codec(charset) is None:
-        _add_defect(defects, f"UnknownCharset:{str(charset)[:40]}")
+        add_defect(defects, f"UnknownCharset:{str(charset)[:40]}")
     try:
         return charsets.decode(data, charset if isinstance(charset, str) else None, hint)
     except Exception:  # a codec bug on hostile bytes: still text
@@ -112,7 +112,7 @@ def _charset_hint() -> str | None:
     return _body_charset(message) if message is not None else None
 
 
-def _clean_id(value: str) -> str:
+def clean_id(value: str) -> str:
     value = _unescape_surrogates(value)   # RFC 6532 ids hold raw UTF-8 (<id@exämple.es>)
     match = _ANGLE_ID.search(value)
     if match:
@@ -129,7 +129,7 @@ def _mailboxes(values: list[str], defects: list, budget: int = MAX_HEADER_CHARS,
     found = []
     for value in values:
         if budget <= 0:
-            _add_defect(defects, "AddressHeadersTooLong")
+            add_defect(defects, "AddressHeadersTooLong")
             break
         value = _unescape_surrogates(value[:budget], hint).translate(_HEADER_CONTROL)
         budget -= len(value)
@@ -184,7 +184,7 @@ def _token(value: str | None) -> str | None:
     return text.split(";", 1)[0].strip().lower()
 
 
-def _clean_filename(name) -> str:
+def clean_filename(name) -> str:
     """A display name from a filename parameter: words and 8-bit bytes decoded, folding undone, path and
     controls removed, and only the ends stripped: "Q3  report.pdf" keeps its two spaces, as the sender's
     file system has them."""
@@ -281,11 +281,11 @@ def thread_ids(raw: bytes) -> tuple[str, str, list[str]]:
         values = headers.get(name)
         return values[0] if values else None
 
-    return (_clean_id(first("message-id") or ""), _clean_id(first("in-reply-to") or ""),
+    return (clean_id(first("message-id") or ""), clean_id(first("in-reply-to") or ""),
             _reference_ids(first("references")))
 
 
-def _fill_headers(parsed: ParsedMessage, message, loop_header: str) -> None:
+def fill_headers(parsed: ParsedMessage, message, loop_header: str) -> None:
     _MESSAGE_BEING_PARSED.set(weakref.ref(message))
     headers = _header_map(message)
     defects = parsed.defects
@@ -297,11 +297,11 @@ def _fill_headers(parsed: ParsedMessage, message, loop_header: str) -> None:
         return values[0] if values else None
 
     for name, values in headers.items():
-        limit = MAX_PARAMETER_HEADER_CHARS if name in _PARAMETER_HEADERS else MAX_HEADER_CHARS
+        limit = MAX_PARAMETER_HEADER_CHARS if name in PARAMETER_HEADERS else MAX_HEADER_CHARS
         if any(len(v) > limit for v in values):
-            _add_defect(defects, f"HeaderTooLong:{name[:40]}")
+            add_defect(defects, f"HeaderTooLong:{name[:40]}")
 
-    parsed.message_id = _clean_id(first("message-id") or "")
+    parsed.message_id = clean_id(first("message-id") or "")
     # The sender: the first valid address over every From header, else Sender's, else Reply-To's.
     from_mailboxes = _mailboxes(headers.get("from", []), defects, 4096, hint)
     sender, source = _first_valid(from_mailboxes), "from"
@@ -311,7 +311,7 @@ def _fill_headers(parsed: ParsedMessage, message, loop_header: str) -> None:
     if sender is not None:
         parsed.sender_name, parsed.sender, parsed.sender_source = sender.name, sender.address, source
         if is_dotless_address(sender.address):
-            _add_defect(defects, "DotlessSenderDomain")
+            add_defect(defects, "DotlessSenderDomain")
     if source != "from":
         parsed.sender_hint = _sender_hint(from_mailboxes)
     parsed.recipients = _unique([a for _, a in _addresses(headers.get("to", []) + headers.get("cc", []), defects,
@@ -322,7 +322,7 @@ def _fill_headers(parsed: ParsedMessage, message, loop_header: str) -> None:
         defects, 8192, hint)])
     parsed.subject = decode_header_value(first("subject") or "", hint=hint)
     parsed.date = decode_header_value(first("date") or "", 200)
-    parsed.in_reply_to = _clean_id(first("in-reply-to") or "")
+    parsed.in_reply_to = clean_id(first("in-reply-to") or "")
     parsed.references = _reference_ids(first("references"))
 
     return_path = first("return-path")

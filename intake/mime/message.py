@@ -76,6 +76,6 @@ class ParsedMessage:
         return self._message
 
 
-def _add_defect(defects: list, name: str) -> None:
+def add_defect(defects: list, name: str) -> None:
     if len(defects) < MAX_DEFECTS and name not in defects:
         defects.append(name)

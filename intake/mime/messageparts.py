@@ -15,7 +15,7 @@ from email.generator import BytesGenerator
 from itertools import islice
 
 from .headers import content_type_param
-from .policy import _GENERATE_POLICY
+from .policy import GENERATE_POLICY
 
 MAX_PARTIAL_PIECES = 100
 MAX_BOUNDARY_CHARS = 70
@@ -62,7 +62,7 @@ def _fragment(part, first: bool) -> bytes:
         if isinstance(payload, str):
             return payload.encode("utf-8", "surrogateescape")
     buffer = io.BytesIO()
-    BytesGenerator(buffer, mangle_from_=False, policy=_GENERATE_POLICY).flatten(message)
+    BytesGenerator(buffer, mangle_from_=False, policy=GENERATE_POLICY).flatten(message)
     return buffer.getvalue()
 
 

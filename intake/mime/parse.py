@@ -5,27 +5,28 @@ import hashlib
 from email.parser import BytesParser
 
 from . import calendar, spool
-from .body import MAX_DESCRIPTION_CHARS, _add_text, _append_text
+from .body import MAX_DESCRIPTION_CHARS, add_text, append_text
 from .headerblock import repair_header_block
-from .headers import _fill_headers, decode_header_value
-from .message import DEFAULT_LOOP_HEADER, ParsedMessage, _add_defect
-from .parts import _content_type, _unique_names
-from .policy import _PARSE_POLICY
+from .headers import decode_header_value, fill_headers
+from .limits import MAX_BOUNDARY_LINES
+from .message import DEFAULT_LOOP_HEADER, ParsedMessage, add_defect
+from .parts import part_content_type, unique_names
+from .policy import PARSE_POLICY
 from .texttrim import cut_at_boundary
-from .walk import MAX_BOUNDARY_LINES, _Walk, _walk
+from .walk import WalkState, walk_message
 
 _INLINE_PGP_BEGIN, _INLINE_PGP_END = "-----BEGIN PGP MESSAGE-----", "-----END PGP MESSAGE-----"
 
 
-# Leaf types that some reader takes the payload of directly, not through `parts._part_bytes`: never spooled
+# Leaf types that some reader takes the payload of directly, not through `parts.decoded_part_bytes`: never spooled
 # (text only when it is a file: disposition "attachment", not a calendar, which `calendar` reads).
 _READ_DIRECTLY = ("text/", "multipart/", "message/", "application/plain")
 
 
 def _read_directly(part) -> bool:
-    if not (part.get_content_type().startswith(_READ_DIRECTLY) or _content_type(part).startswith(_READ_DIRECTLY)):
+    if not (part.get_content_type().startswith(_READ_DIRECTLY) or part_content_type(part).startswith(_READ_DIRECTLY)):
         return calendar.is_calendar_part(part)
-    return not (part.get_content_maintype() == "text" and _content_type(part).startswith("text/")
+    return not (part.get_content_maintype() == "text" and part_content_type(part).startswith("text/")
                 and part.get_content_disposition() == "attachment" and not calendar.is_calendar_part(part))
 
 
@@ -64,46 +65,46 @@ def _parse(raw: bytes, parsed: ParsedMessage, shortcut: bool):
     try:
         repaired = repair_header_block(raw)
     except Exception as exc:  # never expected; the unrepaired bytes still parse
-        _add_defect(parsed.defects, f"HeaderRepairError:{type(exc).__name__}")
+        add_defect(parsed.defects, f"HeaderRepairError:{type(exc).__name__}")
         repaired = raw
     if repaired is not raw:
         # Junk, stray or unindented lines in the header block (see intake.mime.headerblock).
-        _add_defect(parsed.defects, "HeaderBlockRepaired")
+        add_defect(parsed.defects, "HeaderBlockRepaired")
         raw = repaired
     if raw.count(b"\n--") > MAX_BOUNDARY_LINES:
         # The email parser spends ~12 us on every part, and 25 MB of tiny parts is two million
         # of them: parse the headers only (the message goes to review as too complex).
-        _add_defect(parsed.defects, "TooManyBoundaryLines")
+        add_defect(parsed.defects, "TooManyBoundaryLines")
         parsed.too_complex = True
     else:
         # Large base64 bodies stay in `raw`, not copied into the parsed message (`intake.mime.spool`).
         text, runs = spool.elide(raw) if shortcut else (raw, {})
         try:
-            message = BytesParser(policy=_PARSE_POLICY).parsebytes(text)
+            message = BytesParser(policy=PARSE_POLICY).parsebytes(text)
             return message, _bind_runs(message, runs) if runs else []
         except _ShortcutRefused:
             raise
         except Exception as exc:  # e.g. RecursionError on absurd nesting: keep at least the headers
             if runs:
                 raise _ShortcutRefused from exc
-            _add_defect(parsed.defects, f"Unparseable:{type(exc).__name__}")
+            add_defect(parsed.defects, f"Unparseable:{type(exc).__name__}")
             parsed.too_complex = True
     try:
-        return BytesParser(policy=_PARSE_POLICY).parsebytes(raw, headersonly=True), []
+        return BytesParser(policy=PARSE_POLICY).parsebytes(raw, headersonly=True), []
     except Exception as exc:
-        _add_defect(parsed.defects, f"HeadersUnparseable:{type(exc).__name__}")
+        add_defect(parsed.defects, f"HeadersUnparseable:{type(exc).__name__}")
         return None, []
 
 
-def _message_text(walk: _Walk, inner) -> bool:
+def _message_text(walk: WalkState, inner) -> bool:
     """The body text of an attached message, appended to the walk's text; True if it had any."""
-    sub = _Walk([])
+    sub = WalkState([])
     try:
-        _walk(sub, inner, 1, "body", ())
+        walk_message(sub, inner, 1, "body", ())
     except Exception:
         return False
     for text, source in zip(sub.text, sub.text_sources, strict=True):
-        _append_text(walk, text, source)
+        append_text(walk, text, source)
     walk.truncated = walk.truncated or sub.truncated
     return bool(sub.text)
 
@@ -115,7 +116,7 @@ def parse_message(raw: bytes, *, loop_header: str = DEFAULT_LOOP_HEADER) -> Pars
         if not isinstance(raw, bytes):
             raw = bytes(raw)
     except Exception:
-        _add_defect(parsed.defects, "NotBytes")
+        add_defect(parsed.defects, "NotBytes")
         return parsed
     try:
         return _parse_message(raw, parsed, shortcut=True)
@@ -132,11 +133,11 @@ def _parse_message(raw: bytes, parsed: ParsedMessage, *, shortcut: bool) -> Pars
         return parsed
     parsed._message = message
     for defect in getattr(message, "defects", ())[:20]:
-        _add_defect(parsed.defects, type(defect).__name__)
+        add_defect(parsed.defects, type(defect).__name__)
     try:
-        _fill_headers(parsed, message, loop_header or DEFAULT_LOOP_HEADER)
+        fill_headers(parsed, message, loop_header or DEFAULT_LOOP_HEADER)
     except Exception as exc:
-        _add_defect(parsed.defects, f"HeaderError:{type(exc).__name__}")
+        add_defect(parsed.defects, f"HeaderError:{type(exc).__name__}")
     try:
         parsed.content_type = message.get_content_type()
         report_type = message.get_param("report-type") if parsed.content_type == "multipart/report" else None
@@ -144,14 +145,14 @@ def _parse_message(raw: bytes, parsed: ParsedMessage, *, shortcut: bool) -> Pars
             report_type = report_type[2]
         parsed.report_type = decode_header_value(str(report_type or ""), 100).lower()
     except Exception as exc:
-        _add_defect(parsed.defects, f"ContentTypeError:{type(exc).__name__}")
-    walk = _Walk(parsed.defects)
+        add_defect(parsed.defects, f"ContentTypeError:{type(exc).__name__}")
+    walk = WalkState(parsed.defects)
     walk.root = message
     walk.reparse = not parsed.too_complex
     try:
-        _walk(walk, message, 0, "body", ())
+        walk_message(walk, message, 0, "body", ())
     except Exception as exc:  # RecursionError, or a part the email package chokes on
-        _add_defect(parsed.defects, f"WalkError:{type(exc).__name__}")
+        add_defect(parsed.defects, f"WalkError:{type(exc).__name__}")
         walk.too_complex = True
     if spooled:
         listed = {id(part) for _, _, part in walk.attachments}
@@ -162,7 +163,7 @@ def _parse_message(raw: bytes, parsed: ParsedMessage, *, shortcut: bool) -> Pars
         # Some clients send the body as "inline; filename=msg.txt": with nothing else, that is the body.
         for part, ctype in walk.fallback_text:
             try:
-                if _add_text(walk, part, ctype):
+                if add_text(walk, part, ctype):
                     break
             except Exception:
                 pass
@@ -174,7 +175,7 @@ def _parse_message(raw: bytes, parsed: ParsedMessage, *, shortcut: bool) -> Pars
     if not walk.text:
         # Outlook's rich text mail can have its only body inside winmail.dat.
         for body, source in walk.tnef_bodies:
-            if _append_text(walk, body, source):
+            if append_text(walk, body, source):
                 break
     text = "\n\n".join(walk.text)
     if len(text) > MAX_DESCRIPTION_CHARS:
@@ -193,9 +194,9 @@ def _parse_message(raw: bytes, parsed: ParsedMessage, *, shortcut: bool) -> Pars
     walk.attachments.sort(key=lambda item: item[0])
     attachments = [attachment for _, attachment, _ in walk.attachments]
     try:
-        attachments = _unique_names(attachments)
+        attachments = unique_names(attachments)
     except Exception as exc:  # names stay as they were
-        _add_defect(parsed.defects, f"NamingError:{type(exc).__name__}")
+        add_defect(parsed.defects, f"NamingError:{type(exc).__name__}")
     parsed.attachments = attachments
     parsed._attachment_parts = [part for _, _, part in walk.attachments]
     return parsed

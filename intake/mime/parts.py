@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, BinaryIO
 from urllib.parse import unquote
 
 from . import archives, containers, outlookmsg, spool, tnef
-from .headers import _clean_filename, _clean_id, decode_header_value
-from .message import Attachment, ParsedMessage, _add_defect
-from .policy import _GENERATE_POLICY
+from .headers import clean_filename, clean_id, decode_header_value
+from .message import Attachment, ParsedMessage, add_defect
+from .policy import GENERATE_POLICY
 from .sniff import sniff_type, whole_file_needed
 
 if TYPE_CHECKING:
-    from .walk import _Walk
+    from .walk import WalkState
 
 MAX_EML_NAME_CHARS = 100
 # Decoded bytes of a spooled part that its sniffing reads (`sniff_type` reads at most a MiB but of a ZIP or OLE file).
@@ -31,7 +31,7 @@ _CHARSET_PARAMETER = re.compile(r"""charset\s*=\s*["']?\s*([a-z0-9_.:+-]{1,40})"
 _UNSAFE_IN_NAME = re.compile(r'[\\/:*?"<>|]+')
 
 
-class _TnefMember:
+class TnefMember:
     """Stands for a file unpacked from a winmail.dat part: its bytes are unpacked again when asked for."""
 
     __slots__ = ("container", "index")
@@ -52,26 +52,26 @@ def spooled_run(part) -> spool.Run | None:
     return getattr(part, "mailroom_run", None)
 
 
-def _part_bytes(part) -> bytes:
+def decoded_part_bytes(part) -> bytes:
     """Decoded payload of a leaf part, the serialized message of an attached message, or a winmail.dat member."""
     run = spooled_run(part)
     if run is not None:
         return spool.whole(run)
-    if isinstance(part, _TnefMember):
-        return _tnef_member_bytes(tnef.unpack(_part_bytes(part.container)), part.index)
+    if isinstance(part, TnefMember):
+        return _tnef_member_bytes(tnef.unpack(decoded_part_bytes(part.container)), part.index)
     if isinstance(part, (containers.ArchiveMember, containers.MsgMember)):
-        return containers.member_bytes(part, container_data=_part_bytes(part.container))
+        return containers.member_bytes(part, container_data=decoded_part_bytes(part.container))
     if part.is_multipart():
         inner = part.get_payload()
         target = inner[0] if part.get_content_maintype() == "message" and inner else part
         buffer = io.BytesIO()
-        BytesGenerator(buffer, mangle_from_=False, policy=_GENERATE_POLICY).flatten(target)
+        BytesGenerator(buffer, mangle_from_=False, policy=GENERATE_POLICY).flatten(target)
         return buffer.getvalue()
     data = part.get_payload(decode=True)
     return data if isinstance(data, bytes) else b""
 
 
-def _content_type(part) -> str:
+def part_content_type(part) -> str:
     """The part's content type; a malformed Content-Type that still begins with text/plain or text/html
     ('text/html charset="utf-8"', '"text/html"', 'text/html/x') counts as that type."""
     ctype = part.get_content_type()
@@ -85,7 +85,7 @@ def _content_type(part) -> str:
     return f"text/{match.group(1).lower()}" if match else ctype
 
 
-def _text_charset(part) -> str | None:
+def text_charset(part) -> str | None:
     try:
         charset = part.get_content_charset()
     except Exception:
@@ -101,10 +101,10 @@ def _location_name(value: str) -> str:
     """The last path segment of a Content-Location URL or path ("" if it ends in "/")."""
     value = decode_header_value(value, 2000).strip().strip("<>\"'")
     value = value.split("?", 1)[0].split("#", 1)[0]
-    return _clean_filename(unquote(value.replace("\\", "/").rsplit("/", 1)[-1]))
+    return clean_filename(unquote(value.replace("\\", "/").rsplit("/", 1)[-1]))
 
 
-def _message_file_name(part) -> str:
+def message_file_name(part) -> str:
     """"<subject>.eml" for an attached message: what a mail program calls it when saving it."""
     inner = part.get_payload()
     if not isinstance(inner, list) or not inner:
@@ -114,21 +114,21 @@ def _message_file_name(part) -> str:
     return f"{subject}.eml" if subject else ""
 
 
-def _part_name(part, ctype: str, filename) -> str:
+def part_name(part, ctype: str, filename) -> str:
     """Display name: Content-Disposition filename, else Content-Type name (`filename`, from get_filename(),
     with RFC 2231 and 2047 decoded), else the end of Content-Location; an attached message is named after
     its subject. "" if none of these."""
-    name = _clean_filename(filename)
+    name = clean_filename(filename)
     if not name:
         location = part.get("Content-Location")
         if location:
             name = _location_name(str(location))
     if not name and ctype in ("message/rfc822", "message/global"):
-        name = _message_file_name(part)
+        name = message_file_name(part)
     return name
 
 
-def _unique_names(attachments: list[Attachment]) -> list[Attachment]:
+def unique_names(attachments: list[Attachment]) -> list[Attachment]:
     """The same attachments, a repeated name made unique: "report.pdf", "report (2).pdf" (case-insensitively)."""
     taken = {a.filename.casefold() for a in attachments if a.filename}
     if len(taken) == sum(1 for a in attachments if a.filename):
@@ -155,9 +155,9 @@ def _unique_names(attachments: list[Attachment]) -> list[Attachment]:
     return out
 
 
-def _add_attachment(walk: _Walk, part, path: tuple, ctype: str, disposition, name: str, nested: bool, *,
+def record_attachment(walk: WalkState, part, path: tuple, ctype: str, disposition, name: str, nested: bool, *,
                     origin: str = "", data: bytes | None = None) -> None:
-    """List a part as an attachment; `name` is its display name (from `_part_name`)."""
+    """List a part as an attachment; `name` is its display name (from `part_name`)."""
     run = spooled_run(part) if data is None else None
     if run is not None:
         # Hashed and sniffed a block at a time; decoded whole only for a file sniffing or listing looks inside.
@@ -170,12 +170,12 @@ def _add_attachment(walk: _Walk, part, path: tuple, ctype: str, disposition, nam
             data = b""
     if data is None:
         try:
-            data = _part_bytes(part)
+            data = decoded_part_bytes(part)
         except Exception as exc:
-            _add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
+            add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
             data = b""
     try:
-        content_id = _clean_id(str(part.get("Content-ID") or ""))
+        content_id = clean_id(str(part.get("Content-ID") or ""))
     except Exception:
         content_id = ""
     attachment = Attachment(
@@ -201,7 +201,7 @@ def attachment_payload(parsed: ParsedMessage, index: int) -> bytes:
     """Decoded bytes of `parsed.attachments[index]` (decoded again from the parsed message; a file from a
     winmail.dat, an archive or a .msg is unpacked again; b"" for an archive member that cannot be had
     within `intake.mime.archives`' limits)."""
-    return _part_bytes(parsed._attachment_parts[index])
+    return decoded_part_bytes(parsed._attachment_parts[index])
 
 
 def _readable(data: bytes | spool.Run, spool_threshold: int) -> BinaryIO:
@@ -220,7 +220,7 @@ def attachment_file(parsed: ParsedMessage, index: int, *,
     deleted when closed), never held whole."""
     part = parsed._attachment_parts[index]
     run = spooled_run(part)
-    return _readable(run if run is not None else _part_bytes(part), spool_threshold)
+    return _readable(run if run is not None else decoded_part_bytes(part), spool_threshold)
 
 
 def iter_attachment_files(parsed: ParsedMessage, *, spool_threshold: int = spool.DEFAULT_SPOOL_THRESHOLD
@@ -253,19 +253,19 @@ def iter_attachment_payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment
 def _payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment, bytes | spool.Run]]:
     """What `iter_attachment_payloads` yields, a spooled part as its `spool.Run`, not decoded yet."""
     unpacked_from = unpacked = None
-    members = containers.Payloads(parsed._attachment_parts, _part_bytes)
+    members = containers.Payloads(parsed._attachment_parts, decoded_part_bytes)
     for attachment, part in zip(parsed.attachments, parsed._attachment_parts, strict=True):
         try:
             if isinstance(part, (containers.ArchiveMember, containers.MsgMember)):
                 data = members.get(part)
-            elif isinstance(part, _TnefMember):
+            elif isinstance(part, TnefMember):
                 if part.container is not unpacked_from:
                     unpacked_from, unpacked = part.container, None
-                    unpacked = tnef.unpack(_part_bytes(part.container))
+                    unpacked = tnef.unpack(decoded_part_bytes(part.container))
                 data = _tnef_member_bytes(unpacked, part.index)
             else:
                 unpacked_from = unpacked = None
-                data = spooled_run(part) or _part_bytes(part)
+                data = spooled_run(part) or decoded_part_bytes(part)
         except Exception:
             data = b""
         yield attachment, data

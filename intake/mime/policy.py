@@ -1,6 +1,6 @@
 """The email package's `policy.default`, made lazy: reading a header gives its raw unfolded string.
 
-`_PARSE_POLICY` parses; `_GENERATE_POLICY` writes an attached message back out.
+`PARSE_POLICY` parses; `GENERATE_POLICY` writes an attached message back out.
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from email.policy import EmailPolicy
 
 _LINESEP = re.compile(r"\r\n|\r|\n")
-_PARAMETER_HEADERS = frozenset({"content-type", "content-disposition"})
+PARAMETER_HEADERS = frozenset({"content-type", "content-disposition"})
 MAX_PARAMETER_HEADER_CHARS = 8192
 MAX_PARAMETERS = 64
 
@@ -26,7 +26,7 @@ class _LazyHeaderPolicy(EmailPolicy):
     def header_fetch_parse(self, name, value):
         if hasattr(value, "name"):
             return value
-        if name.lower() in _PARAMETER_HEADERS:
+        if name.lower() in PARAMETER_HEADERS:
             # email.message._parseparam is quadratic in the length and in the number of ";",
             # and the parser itself calls it (get_boundary) on every multipart part.
             if len(value) > MAX_PARAMETER_HEADER_CHARS:
@@ -36,7 +36,7 @@ class _LazyHeaderPolicy(EmailPolicy):
         return _LINESEP.sub("", value)
 
 
-_PARSE_POLICY = _LazyHeaderPolicy()
+PARSE_POLICY = _LazyHeaderPolicy()
 # Writing an attached message back out: never refold (refolding goes through the
 # structured header classes, which are slow on huge headers and have raised on odd ones).
-_GENERATE_POLICY = _PARSE_POLICY.clone(refold_source="none")
+GENERATE_POLICY = PARSE_POLICY.clone(refold_source="none")

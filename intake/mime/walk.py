@@ -1,6 +1,6 @@
 """The part walk: which parts are body text, attachments, signatures or ciphertext.
 
-`_walk` visits the MIME tree under the limits (`MAX_DEPTH`, `MAX_PARTS`) and fills a `_Walk`;
+`walk_message` visits the MIME tree under the limits (`MAX_DEPTH`, `MAX_PARTS`) and fills a `WalkState`;
 `intake.mime.parse.parse_message` turns that into a `ParsedMessage`.
 """
 from __future__ import annotations
@@ -11,19 +11,15 @@ from email.parser import BytesParser
 from typing import Any
 
 from . import cms, messageparts, tnef
-from .body import _add_text, _alternative_rank, _append_text, _drop_text, _html_instead_of_stub
+from .body import add_text, alternative_rank, append_text, drop_text, html_instead_of_stub
 from .external import external_file_line
-from .headers import _clean_filename, content_type_param, part_filename
-from .message import Attachment, _add_defect
-from .parts import _add_attachment, _content_type, _message_file_name, _part_bytes, _part_name, _TnefMember
-from .policy import _PARSE_POLICY
+from .headers import clean_filename, content_type_param, part_filename
+from .limits import MAX_ALTERNATIVES, MAX_BOUNDARY_LINES, MAX_DEPTH, MAX_PARTS, MAX_SIGNATURES
+from .message import Attachment, add_defect
+from .parts import TnefMember, decoded_part_bytes, message_file_name, part_content_type, part_name, record_attachment
+from .policy import PARSE_POLICY
 from .sniff import sniff_type
 
-MAX_DEPTH = 32
-MAX_PARTS = 2000
-MAX_BOUNDARY_LINES = 20_000  # lines starting with "--" beyond which only the headers are parsed
-MAX_SIGNATURES = 20
-MAX_ALTERNATIVES = 20
 # Report parts: data about a message, not content (DSNs, MDNs, abuse reports).
 _REPORT_TYPES = frozenset({
     "message/delivery-status", "message/disposition-notification", "message/feedback-report",
@@ -47,7 +43,7 @@ _TEXT_NOT_BODY = frozenset({
 })
 
 
-class _Walk:
+class WalkState:
     def __init__(self, defects: list):
         self.defects = defects
         self.text: list[str] = []
@@ -75,12 +71,12 @@ class _Walk:
         self.reparse = True                  # False when only the headers were parsed (nothing to look at again)
 
 
-def _walk_alternative(walk: _Walk, children: list, depth: int, path: tuple) -> None:
+def _walk_alternative(walk: WalkState, children: list, depth: int, path: tuple) -> None:
     """multipart/alternative as the body: the first part with text in the order plain, multipart, HTML,
     except that a plain stub gives way to the HTML (`intake.mime.alternatives`). Every alternative is recorded."""
-    types = [_content_type(child) for child in children]
+    types = [part_content_type(child) for child in children]
     # (index, rank) in the order tried, stable; other renderings (AMP, ...) are never read nor listed.
-    ranked = sorted(((index, _alternative_rank(ctype)) for index, ctype in enumerate(types)
+    ranked = sorted(((index, alternative_rank(ctype)) for index, ctype in enumerate(types)
                      if ctype not in _RENDERING_TYPES or children[index].is_multipart()), key=lambda item: item[1])
     chars: dict[int, int] = {}   # readable characters of the alternatives that were read
     walked = {index for index, ctype in enumerate(types) if ctype in _RENDERING_TYPES}
@@ -88,18 +84,18 @@ def _walk_alternative(walk: _Walk, children: list, depth: int, path: tuple) -> N
     for index, _rank in ranked:
         start = len(walk.text)
         walked.add(index)
-        _walk(walk, children[index], depth + 1, "body", path + (index,))
+        walk_message(walk, children[index], depth + 1, "body", path + (index,))
         chars[index] = sum(len(text) for text in walk.text[start:])
         if len(walk.text) > start:
             chosen = index
             break
     if chosen is not None and types[chosen] == "text/plain":
-        html_index = _html_instead_of_stub(walk, children, ranked, chosen, start, chars)
+        html_index = html_instead_of_stub(walk, children, ranked, chosen, start, chars)
         if html_index is not None:
             stub = (walk.text[start:], walk.text_sources[start:], walk.truncated)
-            _drop_text(walk, start)
+            drop_text(walk, start)
             walked.add(html_index)
-            _walk(walk, children[html_index], depth + 1, "body", path + (html_index,))
+            walk_message(walk, children[html_index], depth + 1, "body", path + (html_index,))
             if len(walk.text) > start:
                 chosen = html_index
                 chars[html_index] = sum(len(text) for text in walk.text[start:])
@@ -108,46 +104,46 @@ def _walk_alternative(walk: _Walk, children: list, depth: int, path: tuple) -> N
                 walk.text_chars += sum(len(text) for text in stub[0])
     for index, child in enumerate(children):
         if index not in walked:
-            _walk(walk, child, depth + 1, "alternate", path + (index,))
+            walk_message(walk, child, depth + 1, "alternate", path + (index,))
     for index, ctype in enumerate(types[:MAX_ALTERNATIVES]):
         walk.alternatives.append({"type": ctype, "chars": chars.get(index), "chosen": index == chosen})
 
 
-def _record_signature(walk: _Walk, part, protocol: str, ctype: str, data: bytes | None = None) -> None:
+def _record_signature(walk: WalkState, part, protocol: str, ctype: str, data: bytes | None = None) -> None:
     if len(walk.signatures) >= MAX_SIGNATURES:
         return
     if data is None:
         try:
-            data = _part_bytes(part)
+            data = decoded_part_bytes(part)
         except Exception:
             data = b""
     walk.signatures.append({"protocol": protocol, "type": ctype, "size": len(data),
                             "sha256": hashlib.sha256(data).hexdigest()})
 
 
-def _walk_signed(walk: _Walk, children: list, depth: int, role: str, path: tuple) -> None:
+def _walk_signed(walk: WalkState, children: list, depth: int, role: str, path: tuple) -> None:
     """multipart/signed: the content is walked as usual; the signature part is recorded, not listed
     (an attached message's signature is not recorded: it is about that message, listed as a whole)."""
     for index, child in enumerate(children):
-        ctype = _content_type(child)
+        ctype = part_content_type(child)
         protocol = _SIGNATURE_TYPES.get(ctype) if index and not child.is_multipart() else None
         if protocol is None:
-            _walk(walk, child, depth + 1, role, path + (index,))
+            walk_message(walk, child, depth + 1, role, path + (index,))
         elif _count_part(walk) and role != "nested":
             _record_signature(walk, child, protocol, ctype)
 
 
-def _walk_encrypted(walk: _Walk, children: list, role: str, path: tuple) -> None:
+def _walk_encrypted(walk: WalkState, children: list, role: str, path: tuple) -> None:
     """multipart/encrypted (PGP/MIME): a control part ("Version: 1"), then the ciphertext, kept for a person."""
     walk.encrypted = walk.encrypted or "pgp"
     for index, child in enumerate(children):
         if not _count_part(walk):
             return
-        ctype = _content_type(child)
+        ctype = part_content_type(child)
         if ctype == "application/pgp-encrypted" and not child.is_multipart():
             continue
-        _add_attachment(walk, child, path + (index,), ctype, child.get_content_disposition(),
-                        _part_name(child, ctype, part_filename(child)), role == "nested", origin="encrypted")
+        record_attachment(walk, child, path + (index,), ctype, child.get_content_disposition(),
+                        part_name(child, ctype, part_filename(child)), role == "nested", origin="encrypted")
 
 
 def _smime_type(part) -> str:
@@ -158,70 +154,70 @@ def _is_smime_p7m(filename) -> bool:
     return bool(filename) and str(filename).strip().lower() == "smime.p7m"
 
 
-def _unwrap_signed_data(walk: _Walk, data: bytes, depth: int):
+def _unwrap_signed_data(walk: WalkState, data: bytes, depth: int):
     """The MIME entity inside opaque S/MIME signed data, parsed; None if it cannot be had."""
     if depth + 1 > MAX_DEPTH:
-        _add_defect(walk.defects, "DepthLimitExceeded")
+        add_defect(walk.defects, "DepthLimitExceeded")
         walk.too_complex = True
         return None
     content = cms.signed_content(data)
     if content is None:
-        _add_defect(walk.defects, "UnreadableSignedData")
+        add_defect(walk.defects, "UnreadableSignedData")
         return None
     return _parsed(walk, content, depth)
 
 
-def _walk_pkcs7(walk: _Walk, part, depth: int, role: str, path: tuple, ctype: str, disposition, filename) -> None:
+def _walk_pkcs7(walk: WalkState, part, depth: int, role: str, path: tuple, ctype: str, disposition, filename) -> None:
     """S/MIME application/pkcs7-mime. Opaque signed data is unwrapped and its content walked in its place
     (the blob recorded as a signature); enveloped data, or signed data that cannot be unwrapped, is
     encrypted mail: the blob is listed with origin "encrypted" for a person. Other kinds (certs-only)
     are ordinary files."""
     try:
-        data = _part_bytes(part)
+        data = decoded_part_bytes(part)
     except Exception as exc:
-        _add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
+        add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
         data = b""
     kind = _smime_type(part) or cms.content_kind(data)
-    name = _part_name(part, ctype, filename)
+    name = part_name(part, ctype, filename)
     if kind == "certs-only" or (kind == "signed-data" and cms.is_certs_only(data)):
         # Certificates only (smime.p7c: a correspondent's certificate, as Outlook sends it): a file.
         walk.smime_certs_only = True
-        _add_attachment(walk, part, path, ctype, disposition, name or "smime.p7c", role == "nested", data=data)
+        record_attachment(walk, part, path, ctype, disposition, name or "smime.p7c", role == "nested", data=data)
         return
     if kind == "signed-data":
         if role != "nested":
             _record_signature(walk, part, "smime", ctype, data)
         inner = _unwrap_signed_data(walk, data, depth)
         if inner is not None:
-            _walk(walk, inner, depth + 1, role, path + (0,))
+            walk_message(walk, inner, depth + 1, role, path + (0,))
             return
     elif kind not in _ENCRYPTED_SMIME_KINDS and not (not kind and _is_smime_p7m(filename)):
-        _add_attachment(walk, part, path, ctype, disposition, name, role == "nested", data=data)
+        record_attachment(walk, part, path, ctype, disposition, name, role == "nested", data=data)
         return
     walk.encrypted = walk.encrypted or "smime"
-    _add_attachment(walk, part, path, ctype, disposition, name, role == "nested", origin="encrypted", data=data)
+    record_attachment(walk, part, path, ctype, disposition, name, role == "nested", origin="encrypted", data=data)
 
 
-def _add_tnef(walk: _Walk, part, role: str, path: tuple, ctype: str, disposition, filename) -> None:
+def _add_tnef(walk: WalkState, part, role: str, path: tuple, ctype: str, disposition, filename) -> None:
     """A winmail.dat is listed as the files inside it (origin "tnef"), and its body kept in case there is
     no other. One that cannot be unpacked is listed as itself: the default policy refuses its type, so a
     person looks at it."""
     from . import containers  # here, not at the top: this function's own dependency (archives, .msg)
 
     try:
-        data = _part_bytes(part)
+        data = decoded_part_bytes(part)
     except Exception as exc:
-        _add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
+        add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
         data = b""
     unpacked = tnef.unpack(data) if data else None
     if unpacked is None:
-        _add_defect(walk.defects, "UnreadableTnef")
-        _add_attachment(walk, part, path, ctype, disposition, _part_name(part, ctype, filename), role == "nested",
+        add_defect(walk.defects, "UnreadableTnef")
+        record_attachment(walk, part, path, ctype, disposition, part_name(part, ctype, filename), role == "nested",
                         data=data)
         return
     for index, member in enumerate(unpacked.members):
         attachment = Attachment(
-            filename=_clean_filename(member.name),
+            filename=clean_filename(member.name),
             declared_type=member.mime_type or "application/octet-stream",
             sniffed_type=sniff_type(member.data, declared_type=member.mime_type, filename=member.name),
             size=len(member.data),
@@ -231,7 +227,7 @@ def _add_tnef(walk: _Walk, part, role: str, path: tuple, ctype: str, disposition
             nested=role == "nested",
             origin="tnef",
         )
-        stand_in, position = _TnefMember(part, index), len(walk.attachments)
+        stand_in, position = TnefMember(part, index), len(walk.attachments)
         walk.attachments.append((path + (index,), attachment, stand_in))
         # An archive or a .msg inside the winmail.dat: its files are listed after it too.
         listed = containers.expand(walk, part=stand_in, path=path + (index,), attachment=attachment,
@@ -242,32 +238,32 @@ def _add_tnef(walk: _Walk, part, role: str, path: tuple, ctype: str, disposition
         walk.tnef_bodies.append((unpacked.body, unpacked.body_source))
 
 
-def _count_part(walk: _Walk) -> bool:
+def _count_part(walk: WalkState) -> bool:
     """Count one more part; False once `MAX_PARTS` is passed (the walk stops there)."""
     walk.parts += 1
     if walk.parts <= MAX_PARTS:
         return True
     if not walk.too_complex:
-        _add_defect(walk.defects, "PartLimitExceeded")
+        add_defect(walk.defects, "PartLimitExceeded")
     walk.too_complex = True
     return False
 
 
-def _walk(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
+def walk_message(walk: WalkState, part, depth: int, role: str, path: tuple) -> None:
     """Visit one part. `role`: "body" (text counts), "alternate" (a rejected alternative) or "nested"."""
     if not _count_part(walk):
         return
     if depth:
         for defect in getattr(part, "defects", ())[:10]:
-            _add_defect(walk.defects, type(defect).__name__)
-    ctype = _content_type(part)
+            add_defect(walk.defects, type(defect).__name__)
+    ctype = part_content_type(part)
     maintype = ctype.split("/", 1)[0]
     if part.is_multipart():
         children = part.get_payload()
         if maintype == "message":
             if ctype in _ATTACHED_MESSAGE_TYPES:
-                name = _part_name(part, ctype, part_filename(part)) or _message_file_name(part)
-                _add_attachment(walk, part, path, ctype, part.get_content_disposition(), name, role == "nested")
+                name = part_name(part, ctype, part_filename(part)) or message_file_name(part)
+                record_attachment(walk, part, path, ctype, part.get_content_disposition(), name, role == "nested")
                 if ctype == "message/news" and role == "body" and children:
                     walk.message_bodies.append(children[0])
                 role = "nested"
@@ -276,13 +272,13 @@ def _walk(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
                 return
             elif ctype == "message/external-body":
                 if role == "body":   # a pointer, never fetched: where the file is, for a person
-                    _append_text(walk, external_file_line(part), "plain")
+                    append_text(walk, external_file_line(part), "plain")
                 return
             else:
                 return  # delivery-status and other report data
         if depth + 1 > MAX_DEPTH:
             if not walk.too_complex:
-                _add_defect(walk.defects, "DepthLimitExceeded")
+                add_defect(walk.defects, "DepthLimitExceeded")
             walk.too_complex = True
             return
         if ctype == "multipart/signed":
@@ -296,7 +292,7 @@ def _walk(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
         else:
             walk.multiparts.append(part)
             for index, child in enumerate(children):
-                _walk(walk, child, depth + 1, role, path + (index,))
+                walk_message(walk, child, depth + 1, role, path + (index,))
             walk.multiparts.pop()
         return
 
@@ -308,9 +304,9 @@ def _walk(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
         # A multipart whose boundary never shows: the one its body really uses, else its raw body as text.
         inner = _with_found_boundary(walk, part, depth)
         if inner is not None:
-            _walk(walk, inner, depth + 1, role, path + (0,))
+            walk_message(walk, inner, depth + 1, role, path + (0,))
         elif role == "body":
-            _add_text(walk, part, "text/plain")
+            add_text(walk, part, "text/plain")
         return
     if ctype in _PKCS7_MIME_TYPES or (ctype == "application/octet-stream" and _is_smime_p7m(filename)):
         _walk_pkcs7(walk, part, depth, role, path, ctype, disposition, filename)
@@ -321,7 +317,7 @@ def _walk(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
     if ctype in ("text/plain", "text/html") and disposition != "attachment":
         if not filename:
             if role == "body":
-                _add_text(walk, part, ctype)
+                add_text(walk, part, ctype)
             return
         if role == "body" and disposition == "inline" and len(walk.fallback_text) < 10:
             walk.fallback_text.append((part, ctype))
@@ -329,7 +325,7 @@ def _walk(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
             and ctype not in _TEXT_NOT_BODY:
         # Another text type as the body (text/enriched, text/richtext, application/plain in PGP/MIME).
         if role == "body":
-            _add_text(walk, part, ctype)
+            add_text(walk, part, ctype)
         return
     protocol = _SIGNATURE_TYPES.get(ctype) if ctype != "application/pgp-signature" else None
     if protocol or (ctype == "application/octet-stream" and str(filename or "").strip().lower() == "smime.p7s"):
@@ -337,10 +333,10 @@ def _walk(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
         if role != "nested":
             _record_signature(walk, part, "smime", ctype)
         return
-    _add_attachment(walk, part, path, ctype, disposition, _part_name(part, ctype, filename), role == "nested")
+    record_attachment(walk, part, path, ctype, disposition, part_name(part, ctype, filename), role == "nested")
 
 
-def _walk_partial(walk: _Walk, part, depth: int, role: str, path: tuple) -> None:
+def _walk_partial(walk: WalkState, part, depth: int, role: str, path: tuple) -> None:
     """message/partial: with every piece in the mail, the first stands for the reassembled message (an
     attached message, as message/rfc822) and the others are skipped; else each piece is a file."""
     if walk.partials is None:
@@ -352,37 +348,37 @@ def _walk_partial(walk: _Walk, part, depth: int, role: str, path: tuple) -> None
             return
         inner = _parsed(walk, messageparts.reassembled(pieces, total), depth)
         if inner is not None:
-            wrapper = EmailMessage(policy=_PARSE_POLICY)
+            wrapper = EmailMessage(policy=PARSE_POLICY)
             wrapper["Content-Type"] = "message/rfc822"
             wrapper.set_payload([inner])
-            _add_attachment(walk, wrapper, path, "message/rfc822", "attachment", _message_file_name(wrapper),
+            record_attachment(walk, wrapper, path, "message/rfc822", "attachment", message_file_name(wrapper),
                             role == "nested")
             if role == "body":
                 walk.message_bodies.append(inner)
-            _walk(walk, inner, depth + 1, "nested", path + (0,))
+            walk_message(walk, inner, depth + 1, "nested", path + (0,))
             return
-    name = _part_name(part, "message/partial", part_filename(part)) or f"partial {number or '?'} of {total or '?'}.eml"
-    _add_attachment(walk, part, path, "message/partial", part.get_content_disposition(), name, role == "nested")
+    name = part_name(part, "message/partial", part_filename(part)) or f"partial {number or '?'} of {total or '?'}.eml"
+    record_attachment(walk, part, path, "message/partial", part.get_content_disposition(), name, role == "nested")
 
 
-def _parsed(walk: _Walk, data: bytes, depth: int):
+def _parsed(walk: WalkState, data: bytes, depth: int):
     """`data` parsed as a MIME entity under the walk's limits; None if it cannot be."""
     if depth + 1 > MAX_DEPTH:
-        _add_defect(walk.defects, "DepthLimitExceeded")
+        add_defect(walk.defects, "DepthLimitExceeded")
         walk.too_complex = True
         return None
     if data.count(b"\n--") > MAX_BOUNDARY_LINES:
-        _add_defect(walk.defects, "TooManyBoundaryLines")
+        add_defect(walk.defects, "TooManyBoundaryLines")
         walk.too_complex = True
         return None
     try:
-        return BytesParser(policy=_PARSE_POLICY).parsebytes(data)
+        return BytesParser(policy=PARSE_POLICY).parsebytes(data)
     except Exception as exc:
-        _add_defect(walk.defects, f"Unparseable:{type(exc).__name__}")
+        add_defect(walk.defects, f"Unparseable:{type(exc).__name__}")
         return None
 
 
-def _with_found_boundary(walk: _Walk, part, depth: int):
+def _with_found_boundary(walk: WalkState, part, depth: int):
     """A multipart whose declared boundary never shows, parsed again with the one its body uses; or None."""
     if not walk.reparse:
         return None
@@ -399,5 +395,5 @@ def _with_found_boundary(walk: _Walk, part, depth: int):
     inner = _parsed(walk, header + body, depth)
     if inner is None or not inner.is_multipart():
         return None
-    _add_defect(walk.defects, "BoundaryMismatch")
+    add_defect(walk.defects, "BoundaryMismatch")
     return inner
