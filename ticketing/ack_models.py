@@ -47,6 +47,7 @@ class AcknowledgmentTemplate(models.Model):
         return f"{self.language or 'any language'} ({where})"
 
     def clean(self):
+        # Here, not at the top: the language detector and the template engine load only when a template is saved.
         from . import ack_language, ack_templates
 
         self.language = (self.language or "").strip().lower()

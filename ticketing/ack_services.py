@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from intake.selectors import visible_tenants
 
-from . import ack_templates
+from . import ack_selectors, ack_templates
 from .ack_models import AcknowledgmentTemplate, BusinessHours
 
 
@@ -47,7 +47,7 @@ def preview(*, template: AcknowledgmentTemplate, now=None) -> dict:
     {"subject", "body", "answer_by", "problem"} (problem: why nothing would be sent)."""
     now = now or timezone.now()
     mailbox = template.mailbox
-    kept = ack_templates.promise(ack_templates.hours_for(tenant_id=template.tenant_id,
+    kept = ack_templates.promise(ack_selectors.hours_for(tenant_id=template.tenant_id,
                                                          mailbox_id=mailbox.pk if mailbox else None), start=now)
     sample = {**ack_templates.SAMPLE_VALUES, "business_hours": kept.business_hours, "answer_by": kept.answer_by}
     if mailbox is not None:

@@ -12,23 +12,25 @@ the save check that outgrows them gives `TemplateProblem`, and no acknowledgment
 Values are plain text for a plain-text email: nothing is HTML-escaped; the subject is made one line
 (every run of whitespace, CR and LF included, is one space), so no header can be injected.
 
-Which template: the message's language (`ticketing.ack_language`): the mailbox's template for it, else the
-tenant's for it, else the mailbox's any-language one, else the tenant's; with none, the built-in English
-text (`ticketing.acknowledgments`).
+Which template (`ticketing.ack_selectors.template_for`): the message's language (`ticketing.ack_language`):
+the mailbox's template for it, else the tenant's for it, else the mailbox's any-language one, else the
+tenant's; with none, the built-in English text (`ticketing.acknowledgments`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db.models import Q
 from django.template.base import FilterExpression, TextNode, Variable, VariableNode
 from django.template.defaulttags import CommentNode, IfNode, TemplateLiteral
 
 from . import business_hours as hours
-from .ack_models import AcknowledgmentTemplate, BusinessHours
 from .destinations.rest_templates import ENGINE, TemplateProblem, compile_template, render_text
+
+if TYPE_CHECKING:
+    from .ack_models import BusinessHours
 
 PLACEHOLDERS = ("requester_name", "ticket_number", "subject", "mailbox", "business_hours", "answer_by")
 ALLOWED_FILTERS = ("default", "upper", "lower", "title", "capfirst")
@@ -156,28 +158,6 @@ def render(*, subject: str, body: str, values: dict) -> tuple[str, str]:
     rendered_subject = render_text(compile_template(subject), values, seconds=seconds, max_chars=SUBJECT_MAX_CHARS * 4)
     rendered_body = render_text(compile_template(body), values, seconds=seconds, max_chars=body_max_chars())
     return one_line(rendered_subject, SUBJECT_MAX_CHARS), rendered_body
-
-
-# --- which template, which hours -------------------------------------------------------------------
-
-def candidate_languages(*, tenant_id: int) -> frozenset[str]:
-    """The languages the tenant has templates for (what the detector tells apart)."""
-    return frozenset(AcknowledgmentTemplate.objects.filter(tenant_id=tenant_id).exclude(language="")
-                     .values_list("language", flat=True))
-
-
-def template_for(*, tenant_id: int, mailbox_id: int, language: str) -> AcknowledgmentTemplate | None:
-    """The mailbox's template for `language`, the tenant's, the mailbox's fallback, the tenant's; or None."""
-    rank = {(mailbox_id, language): 0, (None, language): 1, (mailbox_id, ""): 2, (None, ""): 3}
-    rows = AcknowledgmentTemplate.objects.filter(Q(mailbox_id=mailbox_id) | Q(mailbox__isnull=True),
-                                                 tenant_id=tenant_id, language__in={language, ""})
-    return min(rows, key=lambda row: rank[(row.mailbox_id, row.language)], default=None)
-
-
-def hours_for(*, tenant_id: int, mailbox_id: int) -> BusinessHours | None:
-    """The mailbox's business hours, else the tenant's."""
-    rows = BusinessHours.objects.filter(Q(mailbox_id=mailbox_id) | Q(mailbox__isnull=True), tenant_id=tenant_id)
-    return min(rows, key=lambda row: row.mailbox_id is None, default=None)
 
 
 @dataclass(frozen=True)

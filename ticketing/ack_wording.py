@@ -17,7 +17,7 @@ from intake.mime.parse import parse_message
 from intake.models import InboxEvent
 from intake.validation.authresults import header_fields
 
-from . import ack_language, ack_templates
+from . import ack_language, ack_selectors, ack_templates
 
 MESSAGE_HEAD_BYTES = 512 * 1024
 
@@ -61,10 +61,10 @@ def wording(*, event: InboxEvent, token: str, echo_subject: bool, sla_hours, pla
     """The subject and body for `event`'s acknowledgment. `echo_subject`: the sender is authenticated, so
     their own subject may be written back to them."""
     subject = " ".join((event.subject or "").split())[:200] if echo_subject else ""
-    kept = ack_templates.promise(ack_templates.hours_for(tenant_id=event.tenant_id, mailbox_id=event.mailbox_id),
+    kept = ack_templates.promise(ack_selectors.hours_for(tenant_id=event.tenant_id, mailbox_id=event.mailbox_id),
                                  start=planned_at)
-    languages = ack_templates.candidate_languages(tenant_id=event.tenant_id)
-    if not languages and not ack_templates.template_for(tenant_id=event.tenant_id, mailbox_id=event.mailbox_id,
+    languages = ack_selectors.candidate_languages(tenant_id=event.tenant_id)
+    if not languages and not ack_selectors.template_for(tenant_id=event.tenant_id, mailbox_id=event.mailbox_id,
                                                         language=""):
         return _builtin(token=token, subject=subject, sla_hours=sla_hours, kept=kept, mailbox=event.mailbox.address)
     header, text, name = _message(event)
@@ -72,7 +72,7 @@ def wording(*, event: InboxEvent, token: str, echo_subject: bool, sla_hours, pla
     language, found_by = ack_language.language_of(header=header, text=text or event.subject or "",
                                                   languages=languages)
     detect_ms = round((time.perf_counter() - started) * 1000, 2)
-    template = ack_templates.template_for(tenant_id=event.tenant_id, mailbox_id=event.mailbox_id, language=language)
+    template = ack_selectors.template_for(tenant_id=event.tenant_id, mailbox_id=event.mailbox_id, language=language)
     if template is None:
         built = _builtin(token=token, subject=subject, sla_hours=sla_hours, kept=kept, mailbox=event.mailbox.address)
         return Wording(built.subject, built.body, {**built.detail, "language": language, "found_by": found_by})
