@@ -7,7 +7,7 @@ record the outcome: `ready` for routing, or `awaiting_review` / `suppressed` /
 this stage: a message we cannot read goes to review with a reason.
 
 Besides the verdict, `InboxEvent.details` keeps what the acknowledgment is decided
-on later (`ticketing.acknowledgments.acknowledgment_skip_reason`): `spam_flagged`,
+on later (`ticketing.ack_policy.acknowledgment_skip_reason`): `spam_flagged`,
 `spam_score` ({"score", "source", "threshold"}: the mailbox's `spam_score_threshold`
 when judged; with `MAILROOM_RSPAMD_URL` set, rspamd's score when higher, `intake.spamcheck`)
 and `automated` ({"reason": "list_mail" | "automated_notification",

@@ -27,7 +27,7 @@ from tests.mail import webhook_headers
 from tests.senderauth import TRUSTED_AUTHSERV_ID, stamped, trust_our_mta
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
 from tests.test_api import API, api, make_user
-from ticketing import acknowledgments
+from ticketing import ack_policy
 from ticketing.models import Intent, Ticket, TicketMapping
 from ticketing.services import process_inbox_event
 from ticketing.tasks import process_inbox_events, send_acknowledgment
@@ -129,10 +129,10 @@ def test_a_sender_taken_from_reply_to_is_never_authenticated():
     # DMARC speaks for From; when From held no address, the sender is Sender's or Reply-To's: not vouched for.
     event = InboxEvent(sender=VICTIM, mailbox=Mailbox(settings={}), details={"sender_source": "reply-to"},
                        auth_results={"dmarc": "pass", "dmarc.header.from": "bank.example"})
-    assert not acknowledgments.sender_authentication(event).authenticated
-    assert acknowledgments.acknowledgment_skip_reason(event) == "unauthenticated_sender"
+    assert not ack_policy.sender_authentication(event).authenticated
+    assert ack_policy.acknowledgment_skip_reason(event) == "unauthenticated_sender"
     event.details = {"sender_source": "from"}
-    assert acknowledgments.acknowledgment_skip_reason(event) is None
+    assert ack_policy.acknowledgment_skip_reason(event) is None
 
 
 # --- a sender our MTA authenticated is acknowledged ---------------------------------------------------------------

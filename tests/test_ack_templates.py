@@ -17,7 +17,7 @@ from tests.factories import email_message, make_mailbox, make_tenant
 from tests.mail import webhook_headers
 from tests.senderauth import stamped, trust_our_mta
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
-from ticketing import ack_services, ack_templates, acknowledgments
+from ticketing import ack_policy, ack_services, ack_templates
 from ticketing.models import AcknowledgmentTemplate, BusinessHours, Intent, TicketMapping
 from ticketing.services import process_inbox_event
 from ticketing.tasks import send_acknowledgment
@@ -247,7 +247,7 @@ def test_acknowledgments_off_for_the_mailbox_still_sends_none_whatever_the_templ
     mailbox.save()
     deliver(german_mail())
     assert not Intent.objects.filter(action="notify_requester").exists()
-    assert acknowledgments.ack_policy(mailbox) == acknowledgments.ACK_NEVER
+    assert ack_policy.ack_policy(mailbox) == ack_policy.ACK_NEVER
 
 
 def test_the_admin_shows_only_the_tenants_templates_refuses_a_loop_and_previews_the_saved_one(

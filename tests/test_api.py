@@ -26,7 +26,7 @@ from reconciliation.services import ensure_role_groups
 from tests.factories import make_destination, make_mailbox, make_tenant
 from tests.mail import make_message
 from ticketing import intents
-from ticketing.intents.core import intent_key
+from ticketing.intents.creation import intent_key
 from ticketing.models import Destination, Intent, RoutingRule, Ticket, TicketMapping
 from ticketing.services import process_inbox_event
 

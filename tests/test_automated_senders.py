@@ -14,7 +14,7 @@ from intake.providers.settings_schema import settings_errors
 from intake.validation import MailboxPolicy, automated_sender, spam_score, validate
 from tests.factories import make_event
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
-from ticketing import acknowledgments
+from ticketing import ack_policy
 from ticketing.models import Intent, TicketMapping
 from ticketing.services import process_inbox_event
 from ticketing.tasks import send_acknowledgment
@@ -136,18 +136,18 @@ def test_notification_sender_local_parts(sender, automated):
 ])
 def test_noreply_words_anywhere_in_the_local_part_skip_the_acknowledgment(db, sender):
     event = InboxEvent(sender=sender, mailbox=Mailbox(settings={}), auth_results=AUTHENTICATED)
-    assert acknowledgments.acknowledgment_skip_reason(event) == "noreply_sender"
+    assert ack_policy.acknowledgment_skip_reason(event) == "noreply_sender"
 
 
 @pytest.mark.parametrize("sender", ["jane.noreply@example.com", "norene@example.com", "bouncer@example.com",
                                     "replyteam@example.com", "renoreply@example.com"])
 def test_names_that_merely_contain_the_letters_are_people(db, sender):
     event = InboxEvent(sender=sender, mailbox=Mailbox(settings={}), auth_results=AUTHENTICATED)
-    assert acknowledgments.acknowledgment_skip_reason(event) is None
+    assert ack_policy.acknowledgment_skip_reason(event) is None
 
 
 def test_stored_automation_and_spam_score_decide_the_skip_in_order(db):
-    reason = acknowledgments.acknowledgment_skip_reason
+    reason = ack_policy.acknowledgment_skip_reason
     mailbox = Mailbox(settings={})
 
     def event(**details):

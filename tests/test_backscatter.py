@@ -16,7 +16,7 @@ from intake.models import AuditEvent, InboxEvent, Mailbox
 from tests.conftest import WEBHOOK_SECRET
 from tests.mail import make_message, webhook_headers
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
-from ticketing import acknowledgments
+from ticketing import ack_policy
 from ticketing.models import Intent, Ticket, TicketMapping
 from ticketing.services import process_inbox_event
 from ticketing.tasks import send_acknowledgment
@@ -117,9 +117,9 @@ def test_mailer_daemon_and_postmaster_never_become_acknowledged_tickets(smtp_ser
     assert not Intent.objects.filter(action="notify_requester").exists()
     assert smtp_server.messages == []
     event = InboxEvent(sender="MAILER-DAEMON@mx.example.com", mailbox=Mailbox(settings={}))
-    assert acknowledgments.acknowledgment_skip_reason(event) == "noreply_sender"
+    assert ack_policy.acknowledgment_skip_reason(event) == "noreply_sender"
     event.sender = "postmaster@example.com"
-    assert acknowledgments.acknowledgment_skip_reason(event) == "noreply_sender"
+    assert ack_policy.acknowledgment_skip_reason(event) == "noreply_sender"
 
 
 def test_a_person_writing_from_postmaster_gets_a_ticket_but_no_acknowledgment(smtp_server):
@@ -133,7 +133,7 @@ def test_a_person_writing_from_postmaster_gets_a_ticket_but_no_acknowledgment(sm
 def test_a_local_part_that_only_contains_noreply_is_a_person():
     for sender in ("jane.noreply@example.com", "replyteam@example.com", "bouncer@example.com"):
         event = InboxEvent(sender=sender, mailbox=Mailbox(settings={}), auth_results=AUTHENTICATED)
-        assert acknowledgments.acknowledgment_skip_reason(event) is None, sender
+        assert ack_policy.acknowledgment_skip_reason(event) is None, sender
 
 
 # --- DMARC ------------------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def test_the_skip_is_logged_without_the_address(smtp_server, caplog):
 
 def test_skip_reasons_in_order():
     mailbox = Mailbox(settings={})
-    reason = acknowledgments.acknowledgment_skip_reason
+    reason = ack_policy.acknowledgment_skip_reason
     assert reason(InboxEvent(sender="", mailbox=mailbox)) == "no_sender"
     assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, details={"spam_flagged": True})) == \
         "spam_flagged"
@@ -223,6 +223,6 @@ def test_skip_reasons_in_order():
     assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, auth_results={"dmarc": "pass"})) is None
     assert reason(InboxEvent(sender="jane@example.com", mailbox=Mailbox(settings={"acknowledge": False}))) == \
         "disabled"
-    assert acknowledgments.wants_acknowledgment(InboxEvent(sender="jane@example.com", mailbox=mailbox,
+    assert ack_policy.wants_acknowledgment(InboxEvent(sender="jane@example.com", mailbox=mailbox,
                                                            auth_results=AUTHENTICATED))
-    assert not acknowledgments.wants_acknowledgment(InboxEvent(sender="jane@example.com", mailbox=mailbox))
+    assert not ack_policy.wants_acknowledgment(InboxEvent(sender="jane@example.com", mailbox=mailbox))

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from intake.models import AuditEvent, InboxEvent, OutboxMessage
 from tests.factories import email_message, ingest_message, make_desk_destination, make_destination, make_mailbox
 from tests.senderauth import stamped, trust_our_mta
-from ticketing import batch, services, tasks
+from ticketing import batch, services, tasks, workers
 from ticketing.models import CopiedMessage, Intent, RoutingRule, Ticket, TicketMapping
 
 pytestmark = pytest.mark.usefixtures("scanner_off")
@@ -134,7 +134,7 @@ def assert_same(old: dict, new: dict) -> None:
 
 
 def _per_event(event_ids: list[int]) -> dict:
-    worker, cache, outcomes = services.worker_identity(), {}, {}
+    worker, cache, outcomes = workers.worker_identity(), {}, {}
     for event_id in event_ids:
         outcome = services.process_inbox_event(event_id, worker=worker, group_cache=cache)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
@@ -237,7 +237,7 @@ def test_a_conflict_rolls_the_group_back_to_the_per_event_path(mailbox, monkeypa
         return real(plain, actor, now)
 
     monkeypatch.setattr(batch, "_store_routes", someone_else_classified_first)
-    handled, rest = batch.process_plain(ids, services.worker_identity(), {})
+    handled, rest = batch.process_plain(ids, workers.worker_identity(), {})
     assert handled == {} and rest == ids
     assert not Ticket.objects.exists() and not Intent.objects.exists()
     assert set(InboxEvent.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"ready"}
@@ -252,7 +252,7 @@ def test_an_intent_made_by_someone_else_leaves_that_event_to_the_per_event_path(
     event = InboxEvent.objects.get(pk=ids[1])
     from ticketing import intents
     intents.create_if_missing(event, Intent.Action.CREATE_TICKET, event.tenant.destinations.get())
-    handled, rest = batch.process_plain(ids, services.worker_identity(), {})
+    handled, rest = batch.process_plain(ids, workers.worker_identity(), {})
     assert handled == {ids[0]: "created", ids[2]: "created"} and rest == [ids[1]]
     assert services.process_inbox_event(ids[1]) == "created"
     assert Ticket.objects.count() == 3 and TicketMapping.objects.count() == 3

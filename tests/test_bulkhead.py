@@ -18,7 +18,7 @@ from tests.live import (  # noqa: F401  (fixtures)
     wait_for,
 )
 from tests.test_pause import drain_outbox
-from ticketing import bulkhead, services, tasks
+from ticketing import bulkhead, execution, services, tasks
 from ticketing.models import Intent, TicketMapping
 
 CALL_TASK = "ticketing.tasks.call_destination"
@@ -95,7 +95,7 @@ def test_the_cap_holds_under_concurrency_and_calls_over_it_complete_later(capped
                     if not todo:
                         return
                     intent_id = todo.pop()
-                while (outcome := bulkhead.call(intent_id, worker)) == bulkhead.OVER_CAP:
+                while (outcome := execution.call(intent_id, worker)) == bulkhead.OVER_CAP:
                     with lock:
                         over_cap[intent_id] += 1
                     time.sleep(0.05)  # the task's countdown, shortened
@@ -129,7 +129,7 @@ def test_a_call_over_the_cap_waits_and_is_not_lost(capped, desk, monkeypatch, se
     settings.MAILROOM_DESTINATION_CAP_WAIT_SECONDS = 0.1
     gate = threading.Event()
     desk.on_request(DeskGauge(hold=0, gate=gate))  # the first call stalls at the desk until the gate opens
-    stalled = threading.Thread(target=lambda: (bulkhead.call(first, bulkhead.worker_identity()), connection.close()))
+    stalled = threading.Thread(target=lambda: (execution.call(first, bulkhead.worker_identity()), connection.close()))
     stalled.start()
     wait_for(lambda: Intent.objects.get(pk=first).state == "in_flight", timeout=10)
 

@@ -34,7 +34,7 @@ import django
 django.setup()
 from django.db import connection
 from intake.mime import parse_message
-from ticketing import services
+from ticketing import services, workers
 from ticketing.destinations import builtin  # noqa: F401 (imported lazily by adapter_for)
 
 ready, go, ids, spacing = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4])
@@ -61,7 +61,7 @@ for i, event_id in enumerate(ids):
     except Exception as exc:
         outcome = f"error: {type(exc).__name__}: {exc}"
     results[str(event_id)] = {"outcome": outcome, "began": began, "ended": time.time()}
-print(json.dumps({"worker": services.worker_identity(), "results": results}))
+print(json.dumps({"worker": workers.worker_identity(), "results": results}))
 """
 
 

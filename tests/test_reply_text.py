@@ -15,8 +15,9 @@ from intake.models import InboxEvent, Mailbox, Tenant
 from intake.replytext import reply_text, strip_reply
 from tests.factories import ingest_message
 from ticketing.destinations.base import DestinationAdapter, TicketResult
+from ticketing.execution import Work
 from ticketing.models import Destination, Intent, Ticket, TicketComment, TicketMapping
-from ticketing.services import Work, process_inbox_event
+from ticketing.services import process_inbox_event
 
 
 def mime(plain: str | None = None, html: str | None = None, charset="utf-8") -> ParsedMessage:

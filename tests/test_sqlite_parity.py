@@ -52,7 +52,7 @@ import json
 from django.db import transaction
 from intake.models import InboxEvent, OutboxMessage
 from tests.test_batch import assert_same, snapshot
-from ticketing import batch, services, tasks
+from ticketing import batch, services, tasks, workers
 from ticketing.models import Intent, RoutingRule, TicketMapping
 
 
@@ -61,7 +61,7 @@ class Undo(Exception):
 
 
 def per_event(ids):
-    worker, cache, outcomes = services.worker_identity(), {}, {}
+    worker, cache, outcomes = workers.worker_identity(), {}, {}
     for event_id in ids:
         outcome = services.process_inbox_event(event_id, worker=worker, group_cache=cache)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
@@ -69,7 +69,7 @@ def per_event(ids):
 
 
 def set_based_only(ids):
-    return batch.process_plain(ids, services.worker_identity(), {})[1]
+    return batch.process_plain(ids, workers.worker_identity(), {})[1]
 
 
 ids = list(InboxEvent.objects.filter(state="received").order_by("pk").values_list("pk", flat=True))

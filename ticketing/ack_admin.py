@@ -12,10 +12,10 @@ from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from intake.admin import TenantScopedAdminMixin
+from intake.admin_mixins import TenantScopedAdminMixin
 from intake.models import Mailbox
 
-from . import ack_services, ack_templates, acknowledgments, business_hours
+from . import ack_policy, ack_services, ack_templates, business_hours
 from .ack_models import AcknowledgmentTemplate, BusinessHours
 
 PLACEHOLDER_HELP = ("Placeholders: " + ", ".join("{{ " + name + " }}" for name in ack_templates.PLACEHOLDERS)
@@ -24,8 +24,8 @@ PLACEHOLDER_HELP = ("Placeholders: " + ", ".join("{{ " + name + " }}" for name i
 
 
 def _switch(mailbox: Mailbox) -> str:
-    policy = acknowledgments.ack_policy(mailbox)
-    return "off" if policy == acknowledgments.ACK_NEVER else f"on ({policy} senders)"
+    policy = ack_policy.ack_policy(mailbox)
+    return "off" if policy == ack_policy.ACK_NEVER else f"on ({policy} senders)"
 
 
 @admin.register(AcknowledgmentTemplate)

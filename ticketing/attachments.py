@@ -18,12 +18,10 @@ import logging
 from intake.mime import parse_message
 from intake.models import InboxEvent
 from intake.rawload import load_raw, with_small_raw
-from intake.services import enqueue_outbox
 
 from . import intents, people
 from .destinations import adapter_for
 from .destinations.base import AmbiguousOutcome, PermanentError, TransientError
-from .destinations.capabilities import FILES_AFTER_WRITE
 from .destinations.files import attach_each
 from .intents.progress import ClaimLost, IntentJournal
 from .models import Intent, TicketMapping
@@ -32,30 +30,6 @@ from .ticket_files import effective_capabilities, select_files
 logger = logging.getLogger(__name__)
 
 TICKET_MAKING = (Intent.Action.CREATE_TICKET, Intent.Action.ADD_COMMENT)
-
-
-def sends_files_after(destination) -> bool:
-    """Does `destination` take files one call each after the write? (A REST destination says so in its
-    settings: the adapter's capabilities, not its class's.)"""
-    try:
-        return adapter_for(destination).capabilities.files == FILES_AFTER_WRITE
-    except LookupError:
-        return False
-
-
-def plan(event: InboxEvent, destination) -> Intent | None:
-    """Inside the transaction that records a ticket-making action's success: the `attach_files` intent and
-    its outbox row when the desk takes files after the write and the message has any."""
-    details = InboxEvent.objects.filter(pk=event.pk).values_list("details", flat=True).first() or {}
-    if not details.get("attachment_count") or not sends_files_after(destination):
-        return None
-    if Intent.objects.filter(inbox_event_id=event.pk, action=Intent.Action.ATTACH_FILES).exists():
-        return None  # a follow-up ticket after a refused comment: the first plan stands
-    intent = intents.create_intent(event, Intent.Action.ATTACH_FILES, destination)
-    # Due now, so the due-intent sweep hands it over again if its published task is ever lost.
-    Intent.objects.filter(pk=intent.pk, state=Intent.State.PENDING).update(next_attempt_at=intent.created_at)
-    enqueue_outbox(intents.ATTACH_TOPIC, {"intent_id": intent.pk})
-    return intent
 
 
 def deliver(intent_id: int, worker: str) -> str:

@@ -29,7 +29,7 @@ from intake.selectors import global_pause_on, tenant_pause_on
 from intake.services import record_taken
 from intake.vocabulary import AuditKind
 
-from . import bounces, classification, copies, services, threads
+from . import bounces, classification, copies, execution, intents, services, threads
 from .destinations import adapter_for
 from .intents import batch as intents_batch
 from .models import CopiedMessage, Intent, RoutingRule, Ticket
@@ -222,10 +222,10 @@ def _insert_tickets(plain: list[_Plain], mine: dict, now) -> list[Ticket]:
     """The built-in store's rows, as `BuiltinDestination.create_ticket` writes them (unique key: the intent's)."""
     rows = []
     for p in plain:
-        flags = [services.REUSED_MESSAGE_ID] if p.event.message_id_reused else []
-        request = services.Work(p.event, Intent.Action.CREATE_TICKET, p.parsed, flags=flags).ticket_request(p.adapter)
+        flags = [execution.REUSED_MESSAGE_ID] if p.event.message_id_reused else []
+        request = execution.Work(p.event, Intent.Action.CREATE_TICKET, p.parsed, flags=flags).ticket_request(p.adapter)
         key = mine[p.event.pk][1]
-        rows.append(Ticket(destination=p.destination, idempotency_key=key, external_ref=f"mailroom-{key[:40]}",
+        rows.append(Ticket(destination=p.destination, idempotency_key=key, external_ref=intents.external_ref(key),
                            subject=request.subject[:998], requester=request.requester[:320],
                            description=request.description, tags=list(request.tags), queue=request.queue[:100],
                            priority=request.priority[:10], request_type=request.request_type[:100],

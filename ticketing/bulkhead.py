@@ -31,13 +31,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from intake.models import InboxEvent
-from intake.normalize import normalize
-from intake.selectors import global_pause_on, tenant_pause_on
-from intake.services import PROCESS_TOPIC, enqueue_outbox, wait_event
-
-from . import intents, threads
+from . import intents
 from .models import Destination, Intent
+from .workers import worker_identity as process_identity
 
 logger = logging.getLogger(__name__)
 
@@ -105,35 +101,6 @@ def hand_over(intent_id: int, countdown: float | None = None) -> None:
 def worker_identity() -> str:
     """host:pid/thread: threads of one pool process must not pass for each other's claims
     (`still_claimed` and the outcomes match on `claimed_by`)."""
-    from .services import worker_identity as process_identity  # services imports this module
-
     return f"{process_identity()}/{threading.get_native_id()}"
 
 
-def call(intent_id: int, worker: str) -> str:
-    """The call task's body: rebuild the request from the stored event and make one attempt.
-
-    Returns a short word (as `services.process_inbox_event` does); OVER_CAP asks the task to come back.
-    """
-    from . import services  # services imports this module
-
-    intent = (Intent.objects.select_related("destination", "inbox_event__mailbox").filter(pk=intent_id).first())
-    if intent is None:
-        return "missing"
-    if intent.state not in (Intent.State.PENDING, Intent.State.RETRY_WAIT):
-        return "done" if intent.state == Intent.State.SUCCEEDED else "busy"
-    event = intent.inbox_event
-    if event.state not in (InboxEvent.State.READY, InboxEvent.State.WRITE_PENDING):
-        return "done" if event.state not in InboxEvent.OPEN_STATES else "not_ready"
-    # Pauses are checked again here: one may have been switched on since the hand-over.
-    if event.mailbox.paused or intent.destination.paused or global_pause_on() or tenant_pause_on(event.tenant_id):
-        wait_event(event.pk, settings.MAILROOM_PAUSE_RECHECK_SECONDS)
-        return "paused"
-    parsed = normalize(event, actor=f"worker:{worker}").parsed  # past `received`: re-parsed, not re-judged
-    if intent.action != Intent.Action.CREATE_TICKET or threads.is_thread_work(parsed):
-        # Never handed over (it needs the thread lease); back to the per-event path, to be safe.
-        enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk})
-        return "handed_back"
-    flags = [services.REUSED_MESSAGE_ID] if event.message_id_reused else []  # as process_inbox_event builds it
-    work = services.Work(event, intent.action, parsed, flags=flags)
-    return services.execute_intent(intent, work, worker)

@@ -23,6 +23,8 @@ from intake.mime.forwards import forwarded_original
 from intake.models import Mailbox
 from intake.vocabulary import ReasonCode
 
+from .ack_policy import sender_authentication
+
 AGENT_ADDRESSES = "agent_addresses"
 # The flag (ticket tag `mailroom-agent-forward`, audit) of a ticket whose requester an agent's forward named.
 AGENT_FORWARD = "agent_forward"
@@ -134,8 +136,6 @@ def requester(event, parsed) -> Requester:
 
 def agent_authenticated(event) -> bool:
     """Do the trusted authentication results say the From address is the sender's own (as stored)?"""
-    from .acknowledgments import sender_authentication
-
     stored = type(event).objects.select_related("mailbox").defer("raw").filter(pk=event.pk).first() or event
     return sender_authentication(stored).authenticated
 

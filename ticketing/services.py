@@ -5,16 +5,12 @@ thread's ticket, under the thread's lease) or classify (`ticketing.classificatio
 once, stored in `InboxEvent.route`) and route -> one attempt of the intent. The
 state machine itself lives in `ticketing.intents`.
 """
-import email.utils
 import logging
-import os
-import socket
 
 from django.conf import settings
 from django.db import transaction
 
 from intake.logging import mask_address
-from intake.mime.htmlsource import html_source
 from intake.models import AuditEvent, InboxEvent
 from intake.normalize import normalize
 from intake.rawload import with_small_raw
@@ -25,43 +21,26 @@ from intake.vocabulary import AuditKind, ReasonCode
 
 from . import (
     bounces,
-    breaker,
+    bulkhead,
     classification,
     copies,
     intents,
     leases,
     people,
-    rich_body,
     selectors,
     threads,
-    ticket_files,
 )
 from .classification.rules import record_hits
 from .destinations import adapter_for
-from .destinations.base import (
-    AmbiguousOutcome,
-    CommentRequest,
-    PermanentError,
-    TicketClosed,
-    TicketRequest,
-    TicketResult,
-    TransientError,
-)
-from .destinations.capabilities import FILES_WITH_WRITE, FOLLOW_UP
-from .intents.progress import ClaimLost, IntentJournal
-from .models import Destination, Intent, TicketMapping
+from .execution import REUSED_MESSAGE_ID, Work, attempt_in_transaction, execute_intent
+from .models import Destination, Intent
+from .workers import worker_identity
 
 logger = logging.getLogger(__name__)
 
 State = InboxEvent.State
 THREAD_RETRY_SECONDS = 2
-REUSED_MESSAGE_ID = "message_id_reused"
 ARCHIVED_FLAG = "archived"   # the ticket's tag `mailroom-archived`
-
-
-def worker_identity() -> str:
-    # Computed per call: a prefork child has its own pid.
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def route(event: InboxEvent, cache: dict) -> Destination | None:
@@ -83,117 +62,6 @@ def route(event: InboxEvent, cache: dict) -> Destination | None:
 def _wait(event: InboxEvent, seconds: float, outcome: str) -> str:
     wait_event(event.pk, seconds)
     return outcome
-
-
-def written_at(event: InboxEvent, parsed):
-    """When a message was written: its Date header (with a zone), never later than when it was stored, else
-    when it was stored. Read from the stored message only, so every attempt sends the same time."""
-    try:
-        dated = email.utils.parsedate_to_datetime(parsed.date or "")
-    except (TypeError, ValueError, IndexError):
-        dated = None
-    if dated is None or dated.tzinfo is None:
-        return event.received_at
-    return min(dated, event.received_at)
-
-
-class Work:
-    """One attempt's payload: what to send for the intent's action."""
-
-    def __init__(self, event: InboxEvent, action: str, parsed, target: TicketMapping | None = None, flags=(),
-                 follow_up_of: str = ""):
-        # A create_ticket takes its fields from `event.route` (stored by classification) and the
-        # operator's `event.route_override`, which wins (`classification.ticket_fields`).
-        self.event, self.action, self.parsed, self.target, self.flags = event, action, parsed, target, list(flags)
-        self.follow_up_of = follow_up_of
-
-    def perform(self, adapter, intent: Intent) -> TicketResult:
-        # Built only from the stored message, so every attempt sends the same body
-        # (a destination that keeps our key rejects the same key with another body).
-        if self.action == Intent.Action.ADD_COMMENT:
-            adapter.add_comment(self.target.ticket_id, self.comment_request(adapter), intent.idempotency_key,
-                                intent.external_ref)
-            return TicketResult(ticket_id=self.target.ticket_id, url=self.target.ticket_url)
-        return adapter.create_ticket(self.ticket_request(adapter), intent.idempotency_key, intent.external_ref)
-
-    def _rich(self, adapter) -> tuple[str, tuple, tuple]:
-        """(sanitized HTML or "", the files sent with the write, the list the text ends with) for this desk."""
-        capabilities = ticket_files.effective_capabilities(adapter)
-        html = rich_body.sanitized_html(html_source(self.parsed)) if capabilities.html else ""
-        files, held = ticket_files.select_files(self.event, self.parsed, capabilities, html=html)
-        listing = ticket_files.file_list(self.event, files, held)
-        with_write = files if capabilities.files == FILES_WITH_WRITE else ()
-        return html, with_write, (files, held, listing)
-
-    def ticket_request(self, adapter) -> TicketRequest:
-        """The new ticket's fields; the set-based path (`ticketing.batch`) builds its rows from this too."""
-        parsed = self.parsed
-        chosen = classification.ticket_fields(getattr(self.event, "route", None),
-                                              getattr(self.event, "route_override", None))
-        tags = ("mailroom",) + tuple(f"mailroom-{flag.replace('_', '-')}" for flag in self.flags)
-        if chosen["sensitive"]:
-            tags += (classification.NEEDS_APPROVAL,)
-        tags += tuple(t for t in chosen["tags"] if t not in tags)  # filter rules' tags (tag, mark_spam)
-        person = people.requester(self.event, parsed)
-        cc = people.copied(self.event, parsed, person.email)
-        html, files, (_, held, listing) = self._rich(adapter)
-        if cc and not adapter.capabilities.cc_field:
-            listing += "\n\nCopied: " + ", ".join(cc)
-        if person.forwarded_by:
-            listing += f"\n\nForwarded by {person.forwarded_by} (an agent); the requester is the original sender."
-        return TicketRequest(subject=parsed.subject or "(no subject)",
-                             description=self._fit(adapter, parsed.text, reserve=len(listing)) + listing,
-                             requester=person.email, tags=tags,
-                             queue=chosen["queue"], priority=chosen["priority"],
-                             request_type=chosen["request_type"], assignee=chosen["assignee"],
-                             requester_name=person.name, cc=cc, html=html, files=files, held_files=held,
-                             follow_up_of=self.follow_up_of, status="closed" if self.event.history else "",
-                             created_at=written_at(self.event, parsed) if self.event.history else None)
-
-    def comment_request(self, adapter) -> CommentRequest:
-        """What a reply adds: the new text, written as the customer (public) or, from one of the tenant's
-        agents, as an internal note (unless the destination's `agent_notes` setting is false)."""
-        parsed = self.parsed
-        public, from_agent = people.comment_kind(self.event, parsed)
-        if from_agent and (getattr(adapter.destination, "settings", None) or {}).get("agent_notes") is False:
-            public = True
-        html, files, (_, held, listing) = self._rich(adapter)
-        text = self.comment_text()
-        return CommentRequest(body=self._fit(adapter, text, reserve=len(listing)) + listing,
-                              author_email=parsed.sender, author_name=parsed.sender_name, public=public,
-                              from_agent=from_agent, html=html if html else "", files=files, held_files=held,
-                              cc=people.copied(self.event, parsed, parsed.sender))
-
-    def comment_text(self) -> str:
-        """What a reply adds to its ticket: the new text only, as normalization stored it.
-
-        Events normalized before `reply_text` was stored get it computed now.
-        """
-        from intake.replytext import reply_text
-
-        details = self.event.details or {}
-        if "reply_text" not in details and self.event.pk:
-            # Normalization writes details with an UPDATE; the copy in hand may predate it.
-            details = InboxEvent.objects.filter(pk=self.event.pk).values_list("details", flat=True).first() or {}
-        stored = details.get("reply_text")
-        return stored if isinstance(stored, str) else reply_text(self.parsed)
-
-    def truncation_notice(self, limit: int) -> str:
-        """Says where the whole message is. No timestamps: every attempt must send the same body."""
-        url = f"{settings.MAILROOM_PUBLIC_URL.rstrip('/')}/admin/intake/inboxevent/{self.event.pk}/change/"
-        return (f"\n\n[Mailroom: this message was shortened to fit the {limit:,}-character limit of this help desk."
-                f" The full original is Mailroom inbox event {self.event.pk}: {url} ]")
-
-    def _fit(self, adapter, text: str, reserve: int = 0) -> str:
-        """`text` cut at a paragraph boundary, with the notice, when the destination takes less (`reserve`:
-        characters kept free for what follows it, the list of files)."""
-        from intake.mime.texttrim import trim_text
-
-        limit = getattr(adapter, "max_description_chars", None)
-        if not limit or len(text) + reserve <= limit:
-            return text
-        trimmed, _ = trim_text(text, max(limit - reserve, limit // 2), self.truncation_notice(limit))
-        return trimmed
 
 
 # The group cache's set of events whose take (intake.services.record_taken) this task already counted.
@@ -375,10 +243,9 @@ def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, l
             adapter = adapter_for(intent.destination)
             if adapter.transactional:
                 # The built-in store: claim, write and record commit together or not at all.
-                return _attempt_in_transaction(adapter, intent, work, worker, lease)
+                return attempt_in_transaction(adapter, intent, work, worker, lease)
     if paused:
         return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, "paused")
-    from . import bulkhead  # (imported here: this function and execute_intent are its only users)
 
     if bulkhead.pooled(lease):
         # The intent is the durable record; the I/O pool makes the call (ticketing.bulkhead).
@@ -391,73 +258,3 @@ def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, l
     return outcome
 
 
-def _attempt_in_transaction(adapter, intent: Intent, work: Work, worker: str, lease=None) -> str:
-    if not intents.claim(intent.pk, worker, lease):
-        return "busy"
-    try:
-        result = work.perform(adapter, intent)
-    except TicketClosed as exc:  # a solved built-in ticket under the `review` policy
-        return _ticket_closed(intent, work, worker, adapter, exc)
-    intents.record_success(intent, result, f"worker:{worker}", event=work.event)
-    return "created"
-
-
-def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=None) -> str:
-    """One attempt: claim (checking the thread lease in the same transaction), call, record."""
-    adapter = adapter or adapter_for(intent.destination)
-    if adapter.transactional:
-        with transaction.atomic():
-            return _attempt_in_transaction(adapter, intent, work, worker, lease)
-
-    from . import bulkhead
-
-    claimed = bulkhead.claim(intent, worker, lease)  # intents.claim, under the destination's concurrency cap
-    if claimed != bulkhead.CLAIMED:
-        return claimed  # "busy", or "over_cap": nothing was written, the caller tries again shortly
-    # A plain step of the happy path: not audited (the attempt's outcome is).
-    transition_event(intent.inbox_event_id, [State.RECEIVED, State.READY], State.WRITE_PENDING,
-                     actor=f"worker:{worker}", kind=None)
-    pause_point("before_destination_call")
-    # The claim must still be ours, with room for a whole request, right before the side effect.
-    read_timeout = getattr(adapter, "timeout", (0, 0))[1]
-    if not intents.still_claimed(intent.pk, worker, margin_seconds=read_timeout):
-        logger.warning("intent %s: claim lost before the call; no request sent", intent.pk)
-        return "claim_lost"
-    adapter.journal = IntentJournal(intent, worker)
-    try:
-        result = work.perform(adapter, intent)
-    except ClaimLost:
-        logger.warning("intent %s: claim lost between two steps; the next attempt goes on", intent.pk)
-        return "claim_lost"
-    except TicketClosed as exc:
-        return _ticket_closed(intent, work, worker, adapter, exc)
-    except (TransientError, PermanentError, AmbiguousOutcome) as exc:
-        return intents.record_failure(intent, exc, worker) or "claim_lost"  # the breaker counts it there
-    breaker.record_success(intent.destination)
-    pause_point("after_destination_success")
-    # A claim that expired meanwhile was moved to `unknown`; the success we hold settles it.
-    if intents.record_success(intent, result, f"worker:{worker}", (Intent.State.IN_FLIGHT, Intent.State.UNKNOWN),
-                              event=work.event):
-        return "created"
-    logger.error("intent %s: success for ticket %s could not be recorded; reconciliation will look",
-                 intent.pk, result.ticket_id)
-    return "late_success"
-
-
-def closed_policy(destination, adapter) -> str:
-    """What a reply to a closed ticket of `destination` becomes: its `closed_policy` setting when the desk can
-    carry it out, else the kind's default (`Capabilities.default_closed_policy`)."""
-    chosen = (destination.settings or {}).get("closed_policy")
-    capabilities = adapter.capabilities
-    if chosen in capabilities.closed_policies or chosen == "review":
-        return chosen
-    return capabilities.default_closed_policy
-
-
-def _ticket_closed(intent: Intent, work: Work, worker: str, adapter, exc: TicketClosed) -> str:
-    """The desk refused the write because the ticket is closed: a follow-up ticket, or review (a failure with
-    reason ticket_closed, shown in the recovery queue). `reopen` is the adapter's own (it reopens and writes)."""
-    breaker.record_success(intent.destination)  # the desk answered: it is up
-    if work.action == Intent.Action.ADD_COMMENT and closed_policy(intent.destination, adapter) == FOLLOW_UP:
-        return intents.follow_up_instead(intent, worker=worker, closed_ticket_id=work.target.ticket_id) or "claim_lost"
-    return intents.record_failure(intent, exc, worker) or "claim_lost"

@@ -6,7 +6,7 @@ from celery import shared_task
 from intake import groupcache
 from intake.selectors import drill_event_ids
 
-from . import intents, services
+from . import execution, intents, services, workers
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ def process_inbox_events(inbox_event_ids: list[int]) -> dict:
     kept = [event_id for event_id in inbox_event_ids if event_id not in drill]
     outcomes: dict = {"drill": len(inbox_event_ids) - len(kept)} if drill else {}
     inbox_event_ids = kept
-    worker = services.worker_identity()
+    worker = workers.worker_identity()
     group_cache: dict = {}  # the pause switch, policies and default destinations, read once per group
     with groupcache.scope(group_cache):  # and the lookups deep in normalization and ticket building
         outcomes.update(_process_group(inbox_event_ids, worker, group_cache))
@@ -79,13 +79,13 @@ def resolve_unknown_intents() -> dict:
 def send_acknowledgment(intent_id: int) -> str:
     from . import acknowledgments
 
-    return acknowledgments.send(intent_id, services.worker_identity())
+    return acknowledgments.send(intent_id, workers.worker_identity())
 
 
 def _each_intent(intent_ids: list[int], carry_out, what: str) -> dict:
     """One group's intents carried out one by one, each keeping its own intent (a failure is logged, and that
     intent's sweeps bring it back); {outcome: count}."""
-    worker, outcomes = services.worker_identity(), {}
+    worker, outcomes = workers.worker_identity(), {}
     for intent_id in intent_ids:
         try:
             outcome = carry_out(intent_id, worker)
@@ -101,7 +101,7 @@ def send_acknowledgments(intent_ids: list[int]) -> dict:
     """A group of acknowledgments (the relay publishes them in groups), sent over one SMTP connection."""
     from . import acknowledgments
 
-    return acknowledgments.send_group(intent_ids, worker=services.worker_identity())
+    return acknowledgments.send_group(intent_ids, worker=workers.worker_identity())
 
 
 @shared_task
@@ -152,7 +152,7 @@ def call_destination(intent_id: int) -> str:
     """One external destination call (ticketing.bulkhead), on the destinations queue's thread pool."""
     from . import bulkhead
 
-    outcome = bulkhead.call(intent_id, bulkhead.worker_identity())
+    outcome = execution.call(intent_id, bulkhead.worker_identity())
     if outcome == bulkhead.OVER_CAP:  # the destination's cap is full: come back shortly, the intent waits pending
         bulkhead.hand_over(intent_id, countdown=bulkhead.cap_wait_seconds())
     return outcome

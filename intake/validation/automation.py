@@ -5,7 +5,7 @@
 Such mail still becomes a ticket (a Zabbix problem or a Jira update may well be work), but nobody
 reads an acknowledgment sent back to it, and sending one feeds a loop with the system's next
 notification. Normalization stores the answer in `InboxEvent.details["automated"]`
-({"reason", "evidence"}) and `ticketing.acknowledgments.acknowledgment_skip_reason` skips the
+({"reason", "evidence"}) and `ticketing.ack_policy.acknowledgment_skip_reason` skips the
 acknowledgment with that reason. The evidence is the header (or sender) that said so, shown to
 whoever asks why no acknowledgment went out.
 
@@ -32,7 +32,7 @@ What counts, first match wins:
   less than an automatic one sent to a list of people.
 
 No-reply addresses (`noreply@`, `gmail-noreply@`, `bounce+...@`) are
-`ticketing.acknowledgments._is_noreply`'s, with their own reason `noreply_sender`.
+`ticketing.ack_policy.is_noreply`'s, with their own reason `noreply_sender`.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from django.test.utils import override_settings
 from intake.mime import parse_message
 from intake.models import InboxEvent
 from ticketing import breaker, intents
+from ticketing.execution import Work
 from ticketing.models import Intent
-from ticketing.services import Work
 
 from .scratch import PDF, Scratch, closed_port
 

@@ -27,13 +27,14 @@ from intake.models import InboxEvent, Mailbox
 from ticketing import intents
 from ticketing.destinations import adapter_for
 from ticketing.destinations.base import TicketResult
+from ticketing.intents.creation import EXTERNAL_REF_PREFIX
 from ticketing.models import Intent, TicketMapping
 
 from ..models import Finding
 from .base import Pass, Summary, limit, open_findings, recording, resolve, window
 
 KIND = "destination"
-REF_PREFIX = "mailroom-"  # ticketing.intents.core._insert: external_ref = f"mailroom-{key[:40]}"
+REF_PREFIX = EXTERNAL_REF_PREFIX  # ticketing.intents.creation.external_ref
 ACTOR = "system:reconcile"
 ADOPTABLE = (Intent.State.PENDING, Intent.State.RETRY_WAIT, Intent.State.UNKNOWN, Intent.State.FAILED,
              Intent.State.HELD)

@@ -33,7 +33,7 @@ from intake.models import InboxEvent
 from intake.selectors import visible_tenants
 from intake.services import record_audit
 from intake.vocabulary import AuditKind
-from ticketing.services import worker_identity
+from ticketing.workers import worker_identity
 
 from .. import selectors
 from ..models import BulkJob

@@ -74,7 +74,6 @@ action's own row (`replayed`, `replayed_as_new_action`, `ticket_confirmed`,
 in the same transaction.
 """
 from .core import (  # noqa: F401  (the package's API)
-    ATTACH_TOPIC,
     ATTEMPT_AUDIT_KIND,
     AUDIT_KIND,
     CONFIRMABLE_STATES,
@@ -83,7 +82,6 @@ from .core import (  # noqa: F401  (the package's API)
     DEFAULT_RETRY_CAP_SECONDS,
     FOLLOWING_ACTIONS,
     NOT_SENT_REF,
-    NOTIFY_TOPIC,
     OPEN_STATES,
     OPERATOR_RESULT_REF,
     REPLAYABLE_STATES,
@@ -91,21 +89,26 @@ from .core import (  # noqa: F401  (the package's API)
     EventState,
     IntentState,
     claim,
-    create_if_missing,
-    create_intent,
-    ensure_intent,
     fail,
     follow_up_instead,
-    intent_key,
     max_attempts,
     outcome_unknown,
     record_acknowledgment_not_sent,
-    record_failure,
     record_files_attached,
     record_success,
     retry_later,
     still_claimed,
 )
+from .creation import (  # noqa: F401
+    ATTACH_TOPIC,
+    NOTIFY_TOPIC,
+    create_if_missing,
+    create_intent,
+    ensure_intent,
+    external_ref,
+    intent_key,
+)
+from .failures import record_failure  # noqa: F401
 from .lookup import (  # noqa: F401
     CANNOT,
     DOUBT,

@@ -1,6 +1,6 @@
 """Set-based moves of the Intent machine, for a group of built-in-store tickets (`ticketing.batch`).
 
-The same rows as `create_if_missing` + `claim` + `record_success` + `acknowledgments.plan` per event,
+The same rows as `create_if_missing` + `claim` + `record_success` + `followups.plan_acknowledgment` per event,
 as a handful of statements in the caller's transaction:
 
     create_missing             (insert) -> pending, INSERT ... ON CONFLICT DO NOTHING RETURNING: the
@@ -40,8 +40,10 @@ from intake.models import AuditEvent, InboxEvent, OutboxMessage
 from intake.services import NOT_COMPLETED_STATES, NOTIFY_CHANNEL, transition_events
 from intake.vocabulary import ReasonCode
 
+from .. import ack_policy
 from ..models import Destination, Intent, TicketMapping
-from .core import AUDIT_KIND, CLAIM_EXPIRED_ERROR, NOTIFY_TOPIC, IntentState, intent_key
+from .core import AUDIT_KIND, CLAIM_EXPIRED_ERROR, IntentState
+from .creation import NOTIFY_TOPIC, external_ref, intent_key
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ def create_missing(pairs: list[tuple[InboxEvent, Destination]], action: str, now
     sql, params = group_statement(
         _INSERT_PENDING, _INSERT_PENDING_SQLITE,
         {"keys": keys, "events": [event.pk for event, _ in pairs], "destinations": [d.pk for _, d in pairs],
-         "refs": [f"mailroom-{key[:40]}" for key in keys]},
+         "refs": [external_ref(key) for key in keys]},
         {"action": action, "pending": IntentState.PENDING, "now": now})
     with connection.cursor() as cursor:
         cursor.execute(sql.format(table=Intent._meta.db_table), params)
@@ -159,9 +161,7 @@ def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now,
                               now=now)
     if moved != len(successes):
         raise Conflict(f"{len(successes) - moved} events were already completed")
-    from .. import acknowledgments  # it builds on this package
-
-    budget = acknowledgments.AcknowledgmentBudget(now=now)  # one for the group: it counts its own acknowledgments
+    budget = ack_policy.AcknowledgmentBudget(now=now)  # one for the group: it counts its own acknowledgments
     audits = []
     for s in successes:
         audits.extend((leading_audits or {}).get(s.event.pk, ()))
@@ -176,17 +176,15 @@ def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now,
 
 
 def _plan_acknowledgment(success: BuiltinSuccess, now, budget) -> AuditEvent | None:
-    """`acknowledgments.plan`, deferred: the intent to insert (kept on `success`), or the skip's audit row."""
-    from .. import acknowledgments  # it builds on this package
-
+    """`followups.plan_acknowledgment`, deferred: the intent to insert (kept on `success`), or the skip's audit row."""
     event = success.event
-    if not acknowledgments.mailroom_acknowledges(success.destination):
+    if not ack_policy.mailroom_acknowledges(success.destination):
         skipped = {"reason": ReasonCode.DESK_ACKNOWLEDGES}
     else:
-        skipped = acknowledgments.skip_audit_detail(event, budget)
+        skipped = ack_policy.skip_audit_detail(event, budget)
     if skipped is not None:
         logger.info("event %s: no acknowledgment (%s)", event.pk, skipped["reason"])
-        return AuditEvent(inbox_event_id=event.pk, kind=acknowledgments.SKIP_AUDIT_KIND,
+        return AuditEvent(inbox_event_id=event.pk, kind=ack_policy.SKIP_AUDIT_KIND,
                           actor="system:acknowledgments", detail=skipped, at=now)
     key = intent_key(event, Intent.Action.NOTIFY_REQUESTER, 1)
     # Planned once: the mapping inserted in this transaction is unique per event (a plain INSERT, as
@@ -194,7 +192,7 @@ def _plan_acknowledgment(success: BuiltinSuccess, now, budget) -> AuditEvent | N
     success.acknowledgment = Intent(idempotency_key=key, inbox_event_id=event.pk,
                                     action=Intent.Action.NOTIFY_REQUESTER, action_version=1,
                                     destination_id=success.destination.pk, state=IntentState.PENDING,
-                                    external_ref=f"mailroom-{key[:40]}", created_at=now)
+                                    external_ref=external_ref(key), created_at=now)
     return None
 
 

@@ -11,13 +11,14 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from intake.keys import stable_key
 from intake.models import InboxEvent
 from intake.services import NOT_COMPLETED_STATES, PROCESS_TOPIC, enqueue_outbox, record_audit, transition_event
 from intake.vocabulary import AuditKind, ReasonCode
 
 from ..destinations.base import AmbiguousOutcome, PermanentError, TicketResult, TransientError
-from ..models import Destination, Intent, TicketMapping
+from ..models import Intent, TicketMapping
+from . import followups
+from .creation import insert_intent
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +32,6 @@ AUDIT_KIND = {Intent.Action.CREATE_TICKET: AuditKind.TICKET_CREATED, Intent.Acti
 # The audit row of an attempt that did not succeed, by the state it left the intent in.
 ATTEMPT_AUDIT_KIND = {IntentState.RETRY_WAIT: AuditKind.INTENT_RETRY_WAIT, IntentState.FAILED: AuditKind.INTENT_FAILED,
                       IntentState.UNKNOWN: AuditKind.INTENT_UNKNOWN, IntentState.HELD: AuditKind.INTENT_HELD}
-NOTIFY_TOPIC = "intent.notify"
-ATTACH_TOPIC = "intent.attach_files"
 # The intent actions that are not a ticket-making action of their own: they follow one (after its mapping).
 FOLLOWING_ACTIONS = (Intent.Action.NOTIFY_REQUESTER, Intent.Action.ATTACH_FILES)
 OPERATOR_RESULT_REF = "handled-by-operator"
@@ -48,43 +47,6 @@ OPEN_STATES = (IntentState.PENDING, IntentState.RETRY_WAIT, IntentState.UNKNOWN)
 DEFAULT_MAX_ATTEMPTS = 8
 DEFAULT_RETRY_BASE_SECONDS = 2.0
 DEFAULT_RETRY_CAP_SECONDS = 600.0
-
-
-def intent_key(event: InboxEvent, action: str, action_version: int) -> str:
-    return stable_key(event.tenant_id, event.mailbox_id, event.provider_message_id, action, action_version)
-
-
-def _insert(event: InboxEvent, action: str, destination: Destination, action_version: int, state: str, now, *,
-            if_missing: bool) -> Intent:
-    """The one INSERT of an intent: its key, its external reference and the state it starts in.
-
-    `if_missing`: `ON CONFLICT DO NOTHING` (no savepoint; the unique key decides who
-    created it, and the row returned may not be the stored one). Otherwise a plain
-    INSERT that raises IntegrityError on a second row for the key.
-    """
-    key = intent_key(event, action, action_version)
-    row = Intent(idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
-                 destination=destination, state=state, external_ref=f"mailroom-{key[:40]}", created_at=now)
-    Intent.objects.bulk_create([row], ignore_conflicts=if_missing)
-    return row
-
-
-def create_if_missing(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> str:
-    """INSERT ... ON CONFLICT DO NOTHING (pending). Returns the idempotency key."""
-    return _insert(event, action, destination, action_version, IntentState.PENDING, timezone.now(),
-                   if_missing=True).idempotency_key
-
-
-def ensure_intent(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> Intent:
-    """The intent for this event, action and version: created once, whoever asks first."""
-    key = create_if_missing(event, action, destination, action_version)
-    return Intent.objects.select_related("destination").get(idempotency_key=key)
-
-
-def create_intent(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> Intent:
-    """A plain INSERT (pending), for callers whose own unique write already proves it is the first."""
-    return _insert(event, action, destination, action_version, IntentState.PENDING, timezone.now(),
-                   if_missing=False)
 
 
 # --- the one UPDATE every transition makes ----------------------------------
@@ -106,16 +68,16 @@ _ENTRY = {  # what entering each state sets (the table in the module docstring)
 }
 
 
-def _move(rows, to_state: str, now, **fields) -> int:
+def move(rows, to_state: str, now, **fields) -> int:
     """UPDATE `rows` (already filtered on the expected states) into `to_state`. Returns the row count."""
     return rows.update(state=to_state, **{**_ENTRY[to_state](now), **fields})
 
 
-def _expecting(intent_id: int, *states, **lookups):
+def expecting(intent_id: int, *states, **lookups):
     return Intent.objects.filter(pk=intent_id, state__in=list(states), **lookups)
 
 
-def _move_event(event_id: int, to_state: str, now, actor: str, reason_code: str = "", reason_detail: str = "") -> None:
+def move_event(event_id: int, to_state: str, now, actor: str, reason_code: str = "", reason_detail: str = "") -> None:
     """The event's side of an intent transition, through intake's door; the intent's audit row records it."""
     transition_event(event_id, NOT_COMPLETED_STATES, to_state, actor=actor, kind=None, reason_code=reason_code,
                      reason_detail=reason_detail, now=now)
@@ -136,8 +98,8 @@ def claim(intent_id: int, worker: str, lease=None) -> bool:
         if lease is not None and not leases.holds(lease, lock=True):
             logger.warning("intent %s: thread lease lost; not claiming", intent_id)
             return False
-        due = _expecting(intent_id, IntentState.PENDING, IntentState.RETRY_WAIT).exclude(next_attempt_at__gt=now)
-        return bool(_move(due, IntentState.IN_FLIGHT, now, claimed_by=worker))
+        due = expecting(intent_id, IntentState.PENDING, IntentState.RETRY_WAIT).exclude(next_attempt_at__gt=now)
+        return bool(move(due, IntentState.IN_FLIGHT, now, claimed_by=worker))
 
 
 def still_claimed(intent_id: int, worker: str, margin_seconds: float = 0) -> bool:
@@ -158,29 +120,27 @@ def record_success(intent: Intent, result: TicketResult, actor: str,
     `claimed_by`: only that worker's attempt settles it: in_flight under its claim, or unknown because
     that claim ran out meanwhile (`expire` keeps `claimed_by`), never an intent another worker claimed since."""
     now = timezone.now()
-    rows = _expecting(intent.pk, *from_states)
+    rows = expecting(intent.pk, *from_states)
     if claimed_by is not None:
         rows = rows.filter(Q(state=IntentState.IN_FLIGHT) | Q(state=IntentState.UNKNOWN,
                                                                 last_error_kind=CLAIM_EXPIRED_ERROR),
                            claimed_by=claimed_by)
     # savepoint=False: inside the built-in store's transaction this is one unit with the create.
     with transaction.atomic(savepoint=False):
-        if not _move(rows, IntentState.SUCCEEDED, now, result_ref=result.ticket_id):
+        if not move(rows, IntentState.SUCCEEDED, now, result_ref=result.ticket_id):
             return False
         TicketMapping.objects.create(
             inbox_event_id=intent.inbox_event_id, action=intent.action, destination_id=intent.destination_id,
             ticket_id=result.ticket_id, ticket_url=result.url, created_at=now)
-        _move_event(intent.inbox_event_id, EventState.COMPLETED, now, actor)
+        move_event(intent.inbox_event_id, EventState.COMPLETED, now, actor)
         record_audit(intent.inbox_event_id, AUDIT_KIND[intent.action], actor=actor, at=now,
                      detail={"intent": intent.pk, "action": intent.action, "destination": intent.destination_id,
                              "ticket_id": result.ticket_id, **(audit_detail or {})})
-        from .. import acknowledgments, attachments  # they build on this package
-
         if event is None:
             event = InboxEvent.objects.select_related("mailbox").get(pk=intent.inbox_event_id)
-        attachments.plan(event, intent.destination)
+        followups.plan_file_delivery(event, intent.destination)
         if intent.action == Intent.Action.CREATE_TICKET:
-            acknowledgments.plan(event, intent.destination)
+            followups.plan_acknowledgment(event, intent.destination)
     return True
 
 
@@ -189,7 +149,7 @@ def record_files_attached(intent: Intent, worker: str, detail: dict) -> bool:
     audit row. The event stays `completed`: its mapping is the ticket-making action's."""
     now = timezone.now()
     with transaction.atomic():
-        if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker), IntentState.SUCCEEDED, now,
+        if not move(expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker), IntentState.SUCCEEDED, now,
                      result_ref=f"{detail.get('attached', 0)} files"):
             return False
         record_audit(intent.inbox_event_id, AuditKind.FILES_ATTACHED, actor=f"worker:{worker}", at=now,
@@ -205,12 +165,12 @@ def follow_up_instead(intent: Intent, *, worker: str, closed_ticket_id: str) -> 
     write_pending and goes back to a worker. Returns "follow_up" ('' when the attempt was no longer ours)."""
     now = timezone.now()
     with transaction.atomic():
-        if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker), IntentState.FAILED, now,
+        if not move(expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker), IntentState.FAILED, now,
                      last_error_kind=f"{PermanentError.kind}:{ReasonCode.TICKET_CLOSED}",
                      last_error="the ticket is closed: a follow-up ticket replaces this comment"):
             return ""
         event = InboxEvent.objects.get(pk=intent.inbox_event_id)
-        follow_up = _insert(event, Intent.Action.CREATE_TICKET, intent.destination, 1, IntentState.PENDING, now,
+        follow_up = insert_intent(event, Intent.Action.CREATE_TICKET, intent.destination, 1, IntentState.PENDING, now,
                             if_missing=True)
         Intent.objects.filter(idempotency_key=follow_up.idempotency_key).update(
             progress={"follow_up_of": str(closed_ticket_id)}, next_attempt_at=now)
@@ -232,7 +192,7 @@ def record_acknowledgment_not_sent(intent: Intent, *, worker: str, reason: str, 
     `acknowledgment_skipped` one a skip at planning writes, with `reason`; the event stays `completed`."""
     now = timezone.now()
     with transaction.atomic():
-        if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker), IntentState.SUCCEEDED, now,
+        if not move(expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker), IntentState.SUCCEEDED, now,
                      result_ref=f"{NOT_SENT_REF}:{reason}"[:200]):
             return False
         record_audit(intent.inbox_event_id, AuditKind.ACKNOWLEDGMENT_SKIPPED, actor=f"worker:{worker}", at=now,
@@ -251,30 +211,6 @@ def _retry_delay(intent: Intent, attempts: int, retry_after: float | None) -> fl
 
 def max_attempts(intent: Intent) -> int:
     return int((intent.destination.settings or {}).get("max_attempts", DEFAULT_MAX_ATTEMPTS))
-
-
-def record_failure(intent: Intent, exc, worker: str) -> str:
-    """Map a failure kind to the next state. Returns the state the intent is now in (or '' if lost)."""
-    from .. import breaker  # it builds on the models only
-
-    attempts = Intent.objects.filter(pk=intent.pk).values_list("attempts", flat=True).first() or 0
-    # The circuit breaker counts a destination call's failure (not an acknowledgment's: that is our SMTP);
-    # on a destination it paused (now or before), a credentials or transient failure waits for the
-    # resume instead of failing the item (see ticketing.breaker).
-    destination_call = intent.action != Intent.Action.NOTIFY_REQUESTER
-    if destination_call and breaker.observe_failure(intent.destination, exc) and breaker.waits_out_pause(exc):
-        return retry_later(intent, exc, worker, attempts, delay=settings.MAILROOM_PAUSE_RECHECK_SECONDS)
-    if isinstance(exc, TransientError) and attempts < max_attempts(intent):
-        return retry_later(intent, exc, worker, attempts)
-    if isinstance(exc, (TransientError, PermanentError)):
-        from . import lookup  # it builds on this module's transitions
-
-        if lookup.last_unknown_at(intent) is not None:
-            # An earlier attempt's outcome was never settled: this failure is known only once the
-            # destination says that attempt made nothing.
-            return lookup.fail_after_unknown(intent, exc=exc, worker=worker, attempts=attempts)
-        return fail(intent, exc, worker, attempts)
-    return outcome_unknown(intent, exc, worker, attempts)
 
 
 def retry_later(intent: Intent, exc, worker: str, attempts: int, delay: float | None = None) -> str:
@@ -314,12 +250,12 @@ def end_attempt(intent: Intent, *, exc: TransientError | PermanentError | Ambigu
     """in_flight (still `worker`'s) -> `to_state`: the outcome of an attempt, the event moved to `event_state`
     (None: it stays) and the audit row. Returns `to_state`, or '' when the intent is no longer that worker's."""
     with transaction.atomic():
-        rows = _expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker)
-        if not _move(rows, to_state, now, last_error_kind=f"{exc.kind}:{exc.reason}", last_error=str(exc)[:2000],
+        rows = expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker)
+        if not move(rows, to_state, now, last_error_kind=f"{exc.kind}:{exc.reason}", last_error=str(exc)[:2000],
                      **fields):
             return ""
         if event_state:
-            _move_event(intent.inbox_event_id, event_state, now, f"worker:{worker}", reason, detail)
+            move_event(intent.inbox_event_id, event_state, now, f"worker:{worker}", reason, detail)
         due = fields.get("next_attempt_at")
         record_audit(intent.inbox_event_id, ATTEMPT_AUDIT_KIND[to_state], actor=f"worker:{worker}", at=now, detail={
             "intent": intent.pk, "attempt": attempts, "error_kind": exc.kind, "reason": exc.reason,
@@ -334,9 +270,9 @@ def settle_unknown(intent: Intent, *, to_state: str, actor: str, event_state: st
     known failure settled by its lookup (`lookup.settle_known_failure`). False: someone else moved it."""
     now = timezone.now()
     with transaction.atomic():
-        if not _move(_expecting(intent.pk, IntentState.UNKNOWN), to_state, now):
+        if not move(expecting(intent.pk, IntentState.UNKNOWN), to_state, now):
             return False
-        _move_event(intent.inbox_event_id, event_state, now, actor, reason, detail)
+        move_event(intent.inbox_event_id, event_state, now, actor, reason, detail)
         record_audit(intent.inbox_event_id, ATTEMPT_AUDIT_KIND[to_state], actor=actor, at=now,
                      detail={"intent": intent.pk, **audit})
     return True

@@ -2,7 +2,7 @@
 
 Known failure, known success and unknown outcome stay apart: an intent that was ever `unknown` (an
 intent_unknown audit row) fails for good only when the destination, asked by external_ref, says no
-record exists. Its lost answer may have been a ticket the destination committed. `core.record_failure`
+record exists. Its lost answer may have been a ticket the destination committed. `failures.record_failure`
 sends such a failure here; the writes are `core`'s transitions.
 """
 import logging

@@ -19,16 +19,15 @@ from ..destinations import adapter_for
 from ..destinations.base import AmbiguousOutcome, PermanentError, TransientError
 from ..models import Intent
 from .core import (
-    ATTACH_TOPIC,
     CLAIM_EXPIRED_ERROR,
-    NOTIFY_TOPIC,
     EventState,
     IntentState,
-    _expecting,
-    _move,
-    _move_event,
+    expecting,
+    move,
+    move_event,
     record_success,
 )
+from .creation import ATTACH_TOPIC, NOTIFY_TOPIC
 from .lookup import awaits_lookup, last_unknown_at, settle_known_failure
 
 logger = logging.getLogger(__name__)
@@ -67,11 +66,11 @@ def expire_claims(limit: int = 500) -> int:
 def expire(intent: Intent, now) -> bool:
     """in_flight -> unknown, the event unknown/claim_expired. Call with the intent's row locked."""
     with transaction.atomic(savepoint=False):
-        if not _move(_expecting(intent.pk, IntentState.IN_FLIGHT), IntentState.UNKNOWN, now,
+        if not move(expecting(intent.pk, IntentState.IN_FLIGHT), IntentState.UNKNOWN, now,
                      last_error_kind=CLAIM_EXPIRED_ERROR,
                      last_error=f"claim of {intent.claimed_by} expired"):
             return False
-        _move_event(intent.inbox_event_id, EventState.UNKNOWN, now, "system:sweep", ReasonCode.CLAIM_EXPIRED,
+        move_event(intent.inbox_event_id, EventState.UNKNOWN, now, "system:sweep", ReasonCode.CLAIM_EXPIRED,
                     f"the worker holding attempt {intent.attempts} stopped answering")
         record_audit(intent.inbox_event_id, AuditKind.INTENT_UNKNOWN, actor="system:sweep", at=now,
                      detail={"intent": intent.pk, "reason": ReasonCode.CLAIM_EXPIRED, "worker": intent.claimed_by})
@@ -103,7 +102,7 @@ def requeue(intent: Intent, now) -> bool:
     worker; next_attempt_at now says when it was handed over, so a lost hand-over is seen.
     """
     with transaction.atomic(savepoint=False):
-        if not _move(_expecting(intent.pk, intent.state), IntentState.PENDING, now):
+        if not move(expecting(intent.pk, intent.state), IntentState.PENDING, now):
             return False
         _enqueue(intent, now)
     return True
@@ -179,10 +178,10 @@ def _settle_by_lagging_search(intent: Intent, adapter, now, actor: str) -> str:
 def hold(intent: Intent, now, actor: str, event_reason: str | None) -> str:
     """unknown -> held: no safe way to know, so a person investigates; no second write."""
     with transaction.atomic():
-        if not _move(_expecting(intent.pk, IntentState.UNKNOWN), IntentState.HELD, now):
+        if not move(expecting(intent.pk, IntentState.UNKNOWN), IntentState.HELD, now):
             return ""
         if event_reason:
-            _move_event(intent.inbox_event_id, EventState.UNKNOWN, now, actor, event_reason,
+            move_event(intent.inbox_event_id, EventState.UNKNOWN, now, actor, event_reason,
                         ReasonCode(event_reason).label)
         record_audit(intent.inbox_event_id, AuditKind.INTENT_HELD, actor=actor, at=now,
                      detail={"intent": intent.pk, "action": intent.action})
@@ -192,9 +191,9 @@ def hold(intent: Intent, now, actor: str, event_reason: str | None) -> str:
 def reopen(intent: Intent, now, actor: str, why: str) -> str:
     """unknown -> pending, enqueued at once, the event back on the path (write_pending)."""
     with transaction.atomic():
-        if not _move(_expecting(intent.pk, IntentState.UNKNOWN), IntentState.PENDING, now):
+        if not move(expecting(intent.pk, IntentState.UNKNOWN), IntentState.PENDING, now):
             return ""
-        _move_event(intent.inbox_event_id, EventState.WRITE_PENDING, now, actor)
+        move_event(intent.inbox_event_id, EventState.WRITE_PENDING, now, actor)
         _enqueue(intent, now)
         record_audit(intent.inbox_event_id, AuditKind.INTENT_PENDING, actor=actor, at=now,
                      detail={"intent": intent.pk, "reason": why})
