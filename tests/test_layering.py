@@ -145,3 +145,49 @@ def test_fakedesk_is_standard_library_only_and_only_one_command_imports_it(tmp_p
 def test_a_root_without_the_packages_is_an_error_not_a_pass(tmp_path):
     done = run(tmp_path)
     assert done.returncode == 2 and "none of" in done.stderr
+
+
+def test_the_real_tree_has_no_import_cycle():
+    graph = check_layering.import_graph(REPO_ROOT)
+    assert len(graph) > 50
+    assert check_layering.cycles(graph) == []
+    done = subprocess.run([sys.executable, str(SCRIPT), "--cycles", str(REPO_ROOT)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no import cycle" in done.stdout
+
+
+def test_a_cycle_hidden_behind_a_function_level_import_is_refused(tmp_path):
+    tree(tmp_path, {
+        "ticketing/services.py": "from ticketing import bulkhead\n",
+        "ticketing/bulkhead.py": "def call():\n    from ticketing import services  # services imports this module\n",
+    })
+    done = run(tmp_path)
+    assert done.returncode == 1
+    assert ("cycle: ticketing.bulkhead -> ticketing.services -> ticketing.bulkhead "
+            "(ticketing/bulkhead.py:2, ticketing/services.py:1)") in done.stdout
+    assert "1 import cycle" in done.stderr
+
+
+def test_a_cycle_through_three_modules_is_one_component(tmp_path):
+    tree(tmp_path, {
+        "intake/mime/body.py": "from .parts import content_type\n",
+        "intake/mime/parts.py": "from .walk import walk\n",
+        "intake/mime/walk.py": "from intake.mime.body import text\n",
+        "intake/mime/sniff.py": "from .body import text\n",   # reaches the loop but is not on it
+    })
+    assert check_layering.cycles(check_layering.import_graph(tmp_path)) == [
+        ["intake.mime.body", "intake.mime.parts", "intake.mime.walk"]]
+
+
+def test_imports_for_type_checking_only_and_parent_packages_close_no_cycle(tmp_path):
+    tree(tmp_path, {
+        "intake/models.py": "from intake.domains import address_key\n",
+        "intake/domains.py": ("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                              "    from intake.models import Mailbox\n"),
+        "intake/mime/__init__.py": "from .parse import parse_message\n",
+        "intake/mime/parse.py": "import os\n",   # its package re-exports it: loading parse loads the package first
+    })
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no cycle" in done.stdout

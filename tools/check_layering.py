@@ -23,13 +23,23 @@ The rules:
     fakedesk        standard library only (no Django, no Mailroom package); its pytest_plugin.py may
                     also import pytest
 
-Exit status: 0 when every import keeps the rules, 1 with one line per violation otherwise
-(`path:line: ...`), 2 when ROOT has none of the packages.
+And no cycles: the imports between modules (lazy ones included, since a function-level import is how
+a cycle hides; not those under `if TYPE_CHECKING:`, which never run) form no strongly connected
+component of two or more modules. An import names the module it loads: `from intake.mime import
+parse_message` is an import of the package `intake.mime` (its `__init__`), `from intake.mime import
+parse` of the module `intake.mime.parse`; the implicit import of a module's parent packages is not an
+edge (every submodule would otherwise close a loop with a package that re-exports it).
+
+    python tools/check_layering.py --cycles    # only the cycle check, one line per cycle
+
+Exit status: 0 when every import keeps the rules, 1 with one line per violation or cycle otherwise
+(`path:line: ...`, `cycle: a -> b -> a`), 2 when ROOT has none of the packages.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import itertools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +71,7 @@ class Import:
     module: str  # the dotted name imported, made absolute
     line: int
     lazy: bool  # inside a function or method
+    typing_only: bool = False  # under `if TYPE_CHECKING:`: never run, so no edge of a runtime cycle
 
 
 @dataclass(frozen=True)
@@ -104,9 +115,9 @@ def imports_of(root: Path, relpath: Path) -> list[Import]:
 
     found: list[Import] = []
 
-    def visit(node: ast.AST, lazy: bool) -> None:
+    def visit(node: ast.AST, lazy: bool, typing_only: bool = False) -> None:
         if isinstance(node, ast.Import):
-            found.extend(Import(alias.name, node.lineno, lazy) for alias in node.names)
+            found.extend(Import(alias.name, node.lineno, lazy, typing_only) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = _resolve_relative(package, node.level, node.module) if node.level else (node.module or "")
             for alias in node.names:
@@ -114,15 +125,26 @@ def imports_of(root: Path, relpath: Path) -> list[Import]:
                 # `from intake import views` imports the module intake.views; `from intake.models import
                 # Tenant` imports (the module) intake.models.
                 target = candidate if alias.name != "*" and _is_submodule(root, candidate) else base
-                found.append(Import(target, node.lineno, lazy))
+                found.append(Import(target, node.lineno, lazy, typing_only))
         elif isinstance(node, ast.Call) and _is_dynamic_import(node):
-            found.append(Import(node.args[0].value, node.lineno, lazy))
+            found.append(Import(node.args[0].value, node.lineno, lazy, typing_only))
         inner = lazy or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, inner, True)
+            for child in node.orelse:
+                visit(child, inner, typing_only)
+            return
         for child in ast.iter_child_nodes(node):
-            visit(child, inner)
+            visit(child, inner, typing_only)
 
     visit(tree, False)
     return list(dict.fromkeys(found))  # `from x import a, b`: one import of x, reported once
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _is_dynamic_import(node: ast.Call) -> bool:
@@ -203,23 +225,125 @@ def check(root: Path | str) -> tuple[list[Violation], int]:
     return violations, checked
 
 
+def import_graph(root: Path | str) -> dict[str, dict[str, tuple[str, int]]]:
+    """module -> {imported module inside PACKAGES: (path, line) of the first such import}."""
+    root = Path(root).resolve()
+    graph: dict[str, dict[str, tuple[str, int]]] = {}
+    for package in PACKAGES:
+        for relpath in python_files(root, package):
+            name = module_name(relpath)
+            edges = graph.setdefault(name, {})
+            try:
+                found = imports_of(root, relpath)
+            except SyntaxError:
+                continue  # check() reports it
+            for imp in found:
+                if (not imp.typing_only and _top(imp.module) in PACKAGES and imp.module != name
+                        and _is_submodule(root, imp.module)):
+                    edges.setdefault(imp.module, (relpath.as_posix(), imp.line))
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, tuple[str, int]]]) -> list[list[str]]:
+    """The strongly connected components of two or more modules (Tarjan), each sorted, in name order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        # Iterative depth-first search: (node, iterator over its successors).
+        work = [(start, iter(sorted(graph.get(start, {}))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            advanced = False
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, {})))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def describe_cycle(component: list[str], graph: dict[str, dict[str, tuple[str, int]]]) -> str:
+    """One loop through `component`, with where each import is written: `cycle: a -> b -> a (a.py:3, b.py:9)`."""
+    members = set(component)
+    path = [component[0]]
+    seen = {component[0]}
+    while True:  # follow edges inside the component until one returns to a module on the path
+        nxt = next(m for m in sorted(graph[path[-1]]) if m in members)
+        if nxt in seen:
+            loop = path[path.index(nxt):] + [nxt]
+            break
+        path.append(nxt)
+        seen.add(nxt)
+    where = ", ".join(f"{graph[a][b][0]}:{graph[a][b][1]}" for a, b in itertools.pairwise(loop))
+    extra = (f"; {len(component)} modules in the component: {', '.join(component)}"
+             if len(component) > len(loop) - 1 else "")
+    return f"cycle: {' -> '.join(loop)} ({where}){extra}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parent.parent),
                         help="repository root holding config/, intake/, ticketing/, reconciliation/, fakedesk/")
+    parser.add_argument("--cycles", action="store_true", help="only the cycle check")
     args = parser.parse_args(argv)
     root = Path(args.root)
     if not any((root / p).is_dir() for p in PACKAGES):
         print(f"check_layering: none of {', '.join(PACKAGES)} under {root}", file=sys.stderr)
         return 2
+    graph = import_graph(root)
+    loops = [describe_cycle(component, graph) for component in cycles(graph)]
+    for loop in loops:
+        print(loop)
+    if args.cycles:
+        if loops:
+            print(f"check_layering: {len(loops)} import cycle(s) among {len(graph)} modules", file=sys.stderr)
+            return 1
+        print(f"check_layering: {len(graph)} modules, no import cycle")
+        return 0
     violations, checked = check(root)
     for violation in violations:
         print(violation)
+    if loops:
+        print(f"check_layering: {len(loops)} import cycle(s) (a module must not reach itself through its imports)",
+              file=sys.stderr)
+        return 1
     if violations:
         print(f"check_layering: {len(violations)} layering violation(s) in {checked} files "
               "(rules: tools/check_layering.py, docs/design.md §3)", file=sys.stderr)
         return 1
-    print(f"check_layering: {checked} files, imports point downward only")
+    print(f"check_layering: {checked} files, imports point downward only, no cycle")
     return 0
 
 
