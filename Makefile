@@ -36,10 +36,12 @@ run: $(VENV)/.installed
 PYTEST := DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
 	$(BIN)/pytest
 
-# Static checks: ruff (settings in pyproject.toml) and the import layering of docs/design.md §3.
+# Static checks: ruff (settings in pyproject.toml), the import layering of docs/design.md §3 (no upward
+# import, no cycle), and no model change without its migration (a new AuditKind or ReasonCode included).
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/python tools/check_layering.py
+	MAILROOM_ENV=development DATABASE_URL=sqlite://:memory: $(BIN)/python manage.py makemigrations --check --dry-run
 
 # Lint, then the whole suite on PostgreSQL with Redis as the broker. pytest exits 5 when
 # it collects nothing, and make fails on any non-zero exit, so an empty run is red.

@@ -21,6 +21,7 @@ from django.utils import timezone
 from intake.models import InboxEvent
 from reconciliation import services as console
 from reconciliation.selectors import recovery_queue
+from tests.destination_kits import KINDS
 from tests.factories import email_message, ingest_message
 from tests.test_recovery_queue import make_user
 from ticketing import budget, intents
@@ -30,7 +31,6 @@ from ticketing.services import process_inbox_event
 
 pytestmark = pytest.mark.usefixtures("scanner_off")
 
-KINDS = ["zendesk", "jira_sm", "servicenow", "salesforce", "hubspot", "freshdesk", "rest"]
 
 
 class Contract:

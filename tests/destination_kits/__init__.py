@@ -2,7 +2,10 @@
 and what the per-kind adapter tests share."""
 import itertools
 
-from ticketing.destinations import adapter_for
+from ticketing.destinations import ADAPTERS, adapter_for
+
+# Every kind that calls a desk over HTTP: one kit each, named after the kind (tests/test_registries.py).
+KINDS = tuple(kind for kind in ADAPTERS if kind != "builtin")
 
 
 def adapter_builder(kit, tenant, desk, monkeypatch):

@@ -10,7 +10,9 @@ from intake.providers.settings_schema import https_problem
 
 from .base import AmbiguousOutcome, DestinationAdapter, PermanentError, TransientError
 
-_ADAPTERS = {
+# The one list of destination kinds and their adapters (DestinationKind, FakeDesk's dialects, the contract
+# suite's kits and docs/destinations/ follow it: tests/test_registries.py).
+ADAPTERS = {
     "builtin": "ticketing.destinations.builtin.BuiltinDestination",
     "zendesk": "ticketing.destinations.zendesk.ZendeskDestination",
     "jira_sm": "ticketing.destinations.jira_sm.JiraServiceManagementDestination",
@@ -23,7 +25,7 @@ _ADAPTERS = {
 
 
 def adapter_class(kind: str) -> type[DestinationAdapter]:
-    path = _ADAPTERS.get(kind)
+    path = ADAPTERS.get(kind)
     if path is None:
         raise LookupError(f"no adapter for destination kind {kind!r}")
     module_name, class_name = path.rsplit(".", 1)

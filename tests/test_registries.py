@@ -1,0 +1,56 @@
+"""One list per extension point, and every copy bound to it: a destination kind is registered once
+(`ticketing.destinations.ADAPTERS`); its model choice, FakeDesk dialect, contract-suite kit and page under
+docs/destinations/ must follow, or this fails and names what is missing (docs/extending.md, the checklist).
+
+Pure: no database; the adapter classes and the kits are imported, nothing is called.
+"""
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+from fakedesk.dialects import DIALECTS, handler_for
+from fakedesk.handler import Handler
+from tests.destination_kits import KINDS
+from ticketing.destinations import ADAPTERS, adapter_class
+from ticketing.destinations.base import DestinationAdapter
+from ticketing.models import DestinationKind
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_registered_kind_is_a_model_choice_and_every_choice_has_an_adapter():
+    assert set(DestinationKind.values) == set(ADAPTERS)
+
+
+@pytest.mark.parametrize("kind", sorted(ADAPTERS))
+def test_each_kind_loads_an_adapter_class(kind):
+    adapter = adapter_class(kind)
+    assert inspect.isclass(adapter) and issubclass(adapter, DestinationAdapter), ADAPTERS[kind]
+
+
+def test_fakedesk_speaks_every_remote_kind_and_nothing_else():
+    assert set(DIALECTS) == set(KINDS)
+    for kind in KINDS:
+        assert issubclass(handler_for(kind), Handler), kind
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_remote_kind_has_a_contract_kit_speaking_its_dialect(kind):
+    kit = importlib.import_module(f"tests.destination_kits.{kind}")
+    assert kit.DIALECT == kind
+    assert callable(kit.configure)
+
+
+def test_no_kit_is_left_without_a_kind():
+    kits = {path.stem for path in (REPO_ROOT / "tests" / "destination_kits").glob("*.py") if path.stem != "__init__"}
+    assert kits == set(KINDS)
+
+
+@pytest.mark.parametrize("kind", sorted(ADAPTERS))
+def test_each_kind_has_its_page_in_the_docs(kind):
+    page = REPO_ROOT / "docs" / "destinations" / f"{kind}.md"
+    assert page.is_file(), f"docs/destinations/{kind}.md is missing"
+    assert page.read_text(encoding="utf-8").strip()
+
