@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_destination_contract import KINDS
+from tests.destination_kits import KINDS
 from ticketing.destinations import adapter_class
 from ticketing.destinations.capabilities import CLOSED_POLICIES, MB
 from ticketing.models import DestinationKind

@@ -1,6 +1,8 @@
 """One list per extension point, and every copy bound to it: a destination kind is registered once
-(`ticketing.destinations.ADAPTERS`); its model choice, FakeDesk dialect, contract-suite kit and page under
-docs/destinations/ must follow, or this fails and names what is missing (docs/extending.md, the checklist).
+(`ticketing.destinations.ADAPTERS`); its model choice, FakeDesk dialect and contract-suite kit must follow,
+or this fails and names what is missing (docs/extending.md, the checklist). Its page under docs/destinations/
+and its declared capabilities: tests/test_capabilities.py. A mail provider likewise: `intake.providers.PROVIDERS`
+against `Mailbox.Provider` and the settings schemas.
 
 Pure: no database; the adapter classes and the kits are imported, nothing is called.
 """
@@ -12,6 +14,10 @@ import pytest
 
 from fakedesk.dialects import DIALECTS, handler_for
 from fakedesk.handler import Handler
+from intake.models import MailboxProvider
+from intake.providers import PROVIDERS, provider_class
+from intake.providers.base import Provider
+from intake.providers.settings_schema import SCHEMAS
 from tests.destination_kits import KINDS
 from ticketing.destinations import ADAPTERS, adapter_class
 from ticketing.destinations.base import DestinationAdapter
@@ -48,9 +54,12 @@ def test_no_kit_is_left_without_a_kind():
     assert kits == set(KINDS)
 
 
-@pytest.mark.parametrize("kind", sorted(ADAPTERS))
-def test_each_kind_has_its_page_in_the_docs(kind):
-    page = REPO_ROOT / "docs" / "destinations" / f"{kind}.md"
-    assert page.is_file(), f"docs/destinations/{kind}.md is missing"
-    assert page.read_text(encoding="utf-8").strip()
+def test_every_provider_but_the_raw_webhook_has_an_adapter_and_every_one_a_settings_schema():
+    assert set(PROVIDERS) == set(MailboxProvider.values) - {MailboxProvider.RAW}
+    assert set(SCHEMAS) == set(MailboxProvider.values)
 
+
+@pytest.mark.parametrize("name", sorted(PROVIDERS))
+def test_each_provider_loads_an_adapter_class(name):
+    provider = provider_class(name)
+    assert inspect.isclass(provider) and issubclass(provider, Provider), PROVIDERS[name]

@@ -6,7 +6,9 @@ from intake.egress import IMAP_PORTS, host_problem, url_problem
 
 from .base import Provider
 
-_PROVIDERS = {
+# The one list of provider adapters; every `Mailbox.Provider` but `raw` (the signed raw webhook needs none) has
+# one, and every provider has a settings schema (tests/test_registries.py).
+PROVIDERS = {
     "imap": "intake.providers.imap.ImapProvider",
     "gmail": "intake.providers.gmail.GmailProvider",
     "graph": "intake.providers.graph.GraphProvider",
@@ -18,7 +20,7 @@ _PROVIDERS = {
 
 
 def provider_class(name: str) -> type[Provider]:
-    path = _PROVIDERS.get(name)
+    path = PROVIDERS.get(name)
     if path is None:
         raise LookupError(f"no provider {name!r}")
     module_name, class_name = path.rsplit(".", 1)
