@@ -107,7 +107,7 @@ def test_a_crash_between_the_statement_and_the_cursor_commit_stores_nothing(poll
 
 
 def stored_lines(caplog):
-    return [r for r in caplog.records if r.name == "intake.services" and r.getMessage().startswith(
+    return [r for r in caplog.records if r.name == "intake.services.ingestion" and r.getMessage().startswith(
         ("stored event", "duplicate delivery"))]
 
 

@@ -7,6 +7,7 @@ from django.test import Client
 
 from intake import services
 from intake.models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
+from intake.services import ingestion
 from tests.conftest import WEBHOOK_SECRET
 from tests.mail import make_message, webhook_headers
 
@@ -17,7 +18,7 @@ URL = "/webhooks/raw/support/"
 def small_pieces(settings, monkeypatch):
     """Anything over 4 KiB is large here, and goes up in 1,000-byte pieces (the last one shorter)."""
     settings.MAILROOM_SPOOL_THRESHOLD_BYTES = 4096
-    monkeypatch.setattr(services, "UPLOAD_PIECE_BYTES", 1000)
+    monkeypatch.setattr(ingestion, "UPLOAD_PIECE_BYTES", 1000)
 
 
 def large_objects() -> int:

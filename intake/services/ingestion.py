@@ -1,10 +1,6 @@
-"""Writes of the intake app. Every state change and its audit row share one transaction.
-
-`transition_event` is the one door for `InboxEvent.state`: ingest inserts the
-event as `received`, and every later move, whichever app asks for it, is a
-conditional UPDATE through that function (see its docstring, and
-docs/design.md §6 for the table of moves).
-"""
+"""Storing a message: one statement (event, `received` audit row, outbox row, NOTIFY) or nothing when it is a
+duplicate; a batch of them in one statement (IMAP); a message above the spool threshold sent as a large
+object so the web holds it once; the per-provider count of refused webhooks."""
 import json
 import logging
 from dataclasses import dataclass, replace
@@ -14,50 +10,28 @@ from functools import cached_property
 import psycopg
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.db.models import F, Q
 from django.utils import timezone
 from psycopg import postgres
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
-from . import escalation, selectors
-from .keys import content_fingerprint, dedupe_key, reused_id, thread_key_for_raw
-from .logging import event_line_due
-from .models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
-from .vocabulary import AuditKind, ReasonCode, WebhookRejection
+from ..keys import content_fingerprint, dedupe_key, reused_id, thread_key_for_raw
+from ..logging import event_line_due
+from ..models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
+from ..vocabulary import AuditKind, WebhookRejection
+from .events import record_audit
+from .outbox import NOTIFY_CHANNEL, PROCESS_TOPIC, enqueue_outbox
 
 logger = logging.getLogger(__name__)
 
-PROCESS_TOPIC = "inbox_event.process"
-POLL_TOPIC = "mailbox.poll"
-NOTIFY_CHANNEL = "mailroom_outbox"
+
 UPLOAD_PIECE_BYTES = 1 << 20  # a message above the spool threshold goes to PostgreSQL this much at a time
-STALE_CANDIDATE_STATES = (InboxEvent.State.RECEIVED, InboxEvent.State.READY)
-# Every state but `completed`: a completed event stays completed (its mapping is the proof,
-# whatever happens later), so intent outcomes move the event from any of these.
-NOT_COMPLETED_STATES = tuple(s for s in InboxEvent.State if s != InboxEvent.State.COMPLETED)
 
 
 @dataclass(frozen=True)
 class IngestResult:
     inbox_event_id: int
     duplicate: bool
-
-
-def record_audit(inbox_event_id: int, kind: AuditKind, actor: str, detail: dict | None = None, at=None) -> AuditEvent:
-    return AuditEvent.objects.create(
-        inbox_event_id=inbox_event_id, kind=kind, actor=actor, detail=detail or {}, at=at or timezone.now()
-    )
-
-
-def enqueue_outbox(topic: str, payload: dict, now=None) -> OutboxMessage:
-    """Write an outbox row; call inside the transaction whose change it announces."""
-    message = OutboxMessage.objects.create(topic=topic, payload=payload, created_at=now or timezone.now())
-    if settings.USING_POSTGRES:
-        # Delivered at commit (and dropped on rollback): the relay's fast path.
-        with connection.cursor() as cursor:
-            cursor.execute(f"NOTIFY {NOTIFY_CHANNEL}")
-    return message
 
 
 # Providers whose message id is their own, unique per message (never a sender's Message-ID):
@@ -388,168 +362,6 @@ def _insert_event_orm(row: _IngestRow) -> int | None:
     except IntegrityError:
         return None
     return event.pk
-
-
-def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 1000) -> dict:
-    """Find events that made no progress and hand them to the broker again.
-
-    Whatever was lost between the database and the broker (a relay that died
-    after publishing, a message dropped by a broker, a worker killed while it
-    held the task) is found here. An event that workers took
-    `MAILROOM_MAX_DISPATCHES` times (`record_taken`) without progress is a
-    poison message and goes to the recovery queue instead; one that only waited
-    in a busy broker was never taken, so a backlog, however long, poisons
-    nothing. An event that waits on purpose (`retry_at`: a pause, an
-    unreachable scanner) is requeued when its wait is over.
-    """
-    if selectors.global_pause_on():
-        return {"requeued": 0, "poisoned": 0, "paused": True}
-    stale_after = older_than_seconds if older_than_seconds is not None else settings.MAILROOM_STALE_EVENT_SECONDS
-    now = timezone.now()
-    cutoff = now - timedelta(seconds=stale_after)
-    requeued = poisoned = 0
-    candidates = list(
-        # write_pending events belong to their intent, whose own sweeps watch them.
-        InboxEvent.objects.filter(state__in=STALE_CANDIDATE_STATES, mailbox__paused=False)
-        .exclude(tenant_id__in=selectors.paused_tenant_ids())  # a tenant's pause parks like a mailbox's
-        .exclude(tenant_id__in=selectors.drill_tenants())  # a drill drives its own events (reconciliation.drills)
-        .filter(Q(retry_at__isnull=True, updated_at__lt=cutoff) | Q(retry_at__lte=now))
-        .order_by("updated_at")
-        .values_list("pk", "state", "dispatch_count", "retry_at")[:limit]
-    )
-    for event_id, state, dispatches, retry_at in candidates:
-        if retry_at is None and dispatches >= settings.MAILROOM_MAX_DISPATCHES:
-            if transition_event(event_id, [state], InboxEvent.State.FAILED, actor="system:sweep",
-                                kind=AuditKind.POISON, reason_code=ReasonCode.POISON,
-                                reason_detail=f"dispatched {dispatches} times without progress",
-                                audit_detail={"dispatches": dispatches}, now=now,
-                                only_if={"retry_at__isnull": True, "updated_at__lt": cutoff}):
-                poisoned += 1
-            continue
-        with transaction.atomic():
-            if retry_at is not None:
-                if InboxEvent.objects.filter(pk=event_id, state=state, retry_at=retry_at).update(
-                        retry_at=None, updated_at=now):
-                    enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
-                    requeued += 1
-                continue
-            stale = InboxEvent.objects.filter(pk=event_id, state=state, retry_at__isnull=True, updated_at__lt=cutoff)
-            if stale.update(updated_at=now):
-                enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
-                record_audit(event_id, AuditKind.REQUEUED, actor="system:sweep", detail={"state": state}, at=now)
-                requeued += 1
-    if requeued or poisoned:
-        logger.warning("stale-event sweep: requeued %d, poisoned %d", requeued, poisoned)
-    return {"requeued": requeued, "poisoned": poisoned}
-
-
-def record_taken(event_ids: list[int], *, now=None) -> int:
-    """A worker took these events (its task started): each open one counts one take and its stale clock
-    restarts. One statement per task. The stale-event sweep poisons an event taken too often without
-    progress; counting takes, not requeues, keeps mail that only waited in a backlog out of that count."""
-    now = now or timezone.now()
-    return InboxEvent.objects.filter(pk__in=event_ids, state__in=STALE_CANDIDATE_STATES,
-                                     retry_at__isnull=True).update(dispatch_count=F("dispatch_count") + 1,
-                                                                   updated_at=now)
-
-
-def record_progress(event_id: int) -> None:
-    """A worker got the event somewhere without finishing it (its call was handed to the destination pool):
-    the count of takes starts again."""
-    InboxEvent.objects.filter(pk=event_id, state__in=STALE_CANDIDATE_STATES).update(dispatch_count=0)
-
-
-def wait_event(event_id: int, seconds: float) -> None:
-    """Park an open event on purpose (a pause, an unreachable scanner) until `seconds` from now. A worker
-    decided to wait, which is progress: the count of takes starts again."""
-    now = timezone.now()
-    InboxEvent.objects.filter(pk=event_id, state__in=InboxEvent.OPEN_STATES).update(
-        retry_at=now + timedelta(seconds=seconds), updated_at=now, dispatch_count=0)
-
-
-def release_waiting_events(mailbox_id: int | None = None) -> int:
-    """End every deliberate wait now (after a resume) and enqueue those events: the backlog drains."""
-    now = timezone.now()
-    waiting = InboxEvent.objects.filter(state__in=InboxEvent.OPEN_STATES, retry_at__isnull=False)
-    if mailbox_id is not None:
-        waiting = waiting.filter(mailbox_id=mailbox_id)
-    else:  # every mailbox but a drill's, which releases its own
-        waiting = waiting.exclude(tenant_id__in=selectors.drill_tenants())
-    released = 0
-    for event_id, retry_at in waiting.values_list("pk", "retry_at").iterator():
-        with transaction.atomic():
-            if InboxEvent.objects.filter(pk=event_id, retry_at=retry_at).update(retry_at=None, updated_at=now):
-                enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
-                released += 1
-    return released
-
-
-def transition_event(event_id: int, from_states, to_state: str, *, actor: str, kind: AuditKind | None,
-                     reason_code: str = "", reason_detail: str = "", detail: dict | None = None,
-                     audit_detail: dict | None = None, extra: dict | None = None, only_if: dict | None = None,
-                     now=None) -> bool:
-    """The one door for `InboxEvent.state`: a conditional UPDATE and its audit row, atomically.
-
-    The UPDATE matches only while the event is in one of `from_states` (and
-    meets `only_if`, further lookups such as `{"retry_at__isnull": True}`). It
-    sets `state`, `reason_code` and `reason_detail` (the reason given, or none:
-    a reason belongs to the move that gave it), `updated_at` and the fields in
-    `extra` (`retry_at`, `dispatch_count`, `route_override`, `details`, ...).
-    A move into a recovery state from outside one also sets `escalate_at`
-    (`intake.escalation`: the default per reason, overridable per tenant).
-    Returns False, writing nothing, when no row matched: someone else moved
-    the event, and the caller stops.
-
-    The audit row has `kind` and the detail `{"state", "reason", **detail}`, or
-    exactly `audit_detail` when that is given. `kind=None` writes no row here,
-    and is meant for two cases only:
-    - the plain steps of the happy path, received -> ready (normalization) and
-      ready -> write_pending (before a destination call), which were never
-      audited: the `received` row and the outcome's row bracket them, and
-      normalization stays one UPDATE;
-    - a move that is part of an intent transition (`ticketing.intents`), whose
-      own audit row, written in the same transaction, records both.
-    Without a row to write, the UPDATE is the whole transition (no transaction
-    of its own: it joins the caller's, if any).
-    """
-    now = now or timezone.now()
-    changes = {"state": to_state, "reason_code": reason_code, "reason_detail": reason_detail[:2000],
-               "updated_at": now, **(extra or {})}
-    if to_state in InboxEvent.RECOVERY_STATES and "escalate_at" not in changes:
-        # Entering the recovery queue: when it escalates, unless it was already in it (intake.escalation).
-        changes["escalate_at"] = escalation.entering_recovery(event_id, to_state, reason_code, now)
-    rows = InboxEvent.objects.filter(pk=event_id, state__in=list(from_states), **(only_if or {}))
-    if kind is None:
-        return bool(rows.update(**changes))
-    with transaction.atomic():
-        moved = rows.update(**changes)
-        if moved:
-            if audit_detail is None:
-                audit_detail = {"state": to_state, "reason": reason_code, **(detail or {})}
-            record_audit(event_id, kind, actor=actor, detail=audit_detail, at=now)
-    return bool(moved)
-
-
-def transition_events(event_ids, from_states, to_state: str, *, now=None) -> int:
-    """`transition_event` for many events in one UPDATE, for the moves without an audit row of their own
-    (`kind=None`: part of an intent transition whose rows the caller writes in the same transaction).
-
-    Returns how many moved; the caller compares that with `len(event_ids)` and rolls back on a miss.
-    """
-    if to_state in InboxEvent.RECOVERY_STATES:
-        raise ValueError("a move into the recovery queue sets escalate_at per event: use transition_event")
-    now = now or timezone.now()
-    return InboxEvent.objects.filter(pk__in=list(event_ids), state__in=list(from_states)).update(
-        state=to_state, reason_code="", reason_detail="", updated_at=now)
-
-
-def purge_webhook_nonces(older_than_seconds: int | None = None) -> int:
-    """One-time tokens outlive their use only as long as a replay could still be fresh."""
-    from .models import WebhookNonce
-
-    keep = older_than_seconds if older_than_seconds is not None else 2 * settings.MAILROOM_SIGNATURE_TOLERANCE_SECONDS
-    deleted, _ = WebhookNonce.objects.filter(seen_at__lt=timezone.now() - timedelta(seconds=keep)).delete()
-    return deleted
 
 
 _REJECTION_UPSERT = """

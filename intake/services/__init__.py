@@ -1,0 +1,41 @@
+"""Writes of the intake app. Every state change and its audit row share one transaction. By concern:
+`ingestion` (storing a message), `events` (the door for `InboxEvent.state`, audit rows, takes and waits),
+`outbox` (the transactional outbox), `sweeps` (stale events, nonces); this package re-exports their API.
+
+`transition_event` is the one door for `InboxEvent.state`: ingest inserts the
+event as `received`, and every later move, whichever app asks for it, is a
+conditional UPDATE through that function (see its docstring, and
+docs/design.md §6 for the table of moves).
+"""
+from .events import (  # noqa: F401
+    NOT_COMPLETED_STATES,
+    STALE_CANDIDATE_STATES,
+    record_audit,
+    record_progress,
+    record_taken,
+    release_waiting_events,
+    transition_event,
+    transition_events,
+    wait_event,
+)
+from .ingestion import (  # noqa: F401
+    PROVIDER_OWN_IDS,
+    UPLOAD_PIECE_BYTES,
+    IngestItem,
+    IngestResult,
+    MessageBytesDumper,
+    count_webhook_rejection,
+    ingest,
+    ingest_batch,
+    ingest_under_an_unsigned_id,
+)
+from .outbox import (  # noqa: F401
+    NOTIFY_CHANNEL,
+    POLL_TOPIC,
+    PROCESS_TOPIC,
+    enqueue_outbox,
+)
+from .sweeps import (  # noqa: F401
+    purge_webhook_nonces,
+    requeue_stale_events,
+)
