@@ -165,6 +165,22 @@ def test_mailgun_concurrent_replays_of_one_token_store_one_event(monkeypatch):
     assert InboxEvent.objects.count() == 1 and WebhookNonce.objects.count() == 1
 
 
+@pytest.mark.django_db
+def test_the_beats_nonce_purge_drops_tokens_older_than_twice_the_tolerance_and_keeps_fresh_ones(mailbox, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from intake.tasks import purge_webhook_nonces
+
+    now = timezone.now()
+    keep = timedelta(seconds=2 * settings.MAILROOM_SIGNATURE_TOLERANCE_SECONDS)
+    WebhookNonce.objects.create(mailbox=mailbox, provider="mailgun", nonce="old", seen_at=now - keep - timedelta(1))
+    WebhookNonce.objects.create(mailbox=mailbox, provider="mailgun", nonce="fresh", seen_at=now - keep / 2)
+    assert purge_webhook_nonces.apply().get() == 1
+    assert list(WebhookNonce.objects.values_list("nonce", flat=True)) == ["fresh"]
+
+
 # --- Postmark -------------------------------------------------------------------------------------
 
 def postmark_payload(raw: bytes | None = None, **extra) -> dict:

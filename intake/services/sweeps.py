@@ -9,14 +9,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .. import selectors
-from ..models import InboxEvent
+from ..models import InboxEvent, WebhookNonce
 from ..vocabulary import AuditKind, ReasonCode
 from .events import STALE_CANDIDATE_STATES, record_audit, transition_event
 from .outbox import PROCESS_TOPIC, enqueue_outbox
 
 logger = logging.getLogger(__name__)
-
-
 
 
 def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 1000) -> dict:
@@ -74,8 +72,6 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
 
 def purge_webhook_nonces(older_than_seconds: int | None = None) -> int:
     """One-time tokens outlive their use only as long as a replay could still be fresh."""
-    from .models import WebhookNonce
-
     keep = older_than_seconds if older_than_seconds is not None else 2 * settings.MAILROOM_SIGNATURE_TOLERANCE_SECONDS
     deleted, _ = WebhookNonce.objects.filter(seen_at__lt=timezone.now() - timedelta(seconds=keep)).delete()
     return deleted
