@@ -287,6 +287,10 @@ class InboxEvent(models.Model):
     # How often a worker took the event since it last made progress (intake.services.record_taken); a cap
     # catches poison messages.
     dispatch_count = models.PositiveIntegerField("times dispatched", default=0)
+    # How often the stale sweep handed it to the broker again since a worker last took it: each such
+    # requeue doubles the wait before the next, so mail waiting in a backlog is not copied into it again
+    # and again (intake.services.sweeps). A database default, so every INSERT path leaves it at 0.
+    requeues = models.PositiveSmallIntegerField("requeues since taken", default=0, db_default=0)
     # Sender-authentication signals from the trusted authserv-id only: they inform, never authorize.
     auth_results = models.JSONField("sender authentication", default=dict, blank=True)
     # What normalization found: attachments (name, types, size, sha256), parser defects, flags.

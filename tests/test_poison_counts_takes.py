@@ -74,3 +74,43 @@ def test_a_call_handed_to_the_destination_pool_is_progress(mailbox, few_takes):
         assert requeue_stale_events(older_than_seconds=0) == {"requeued": 1, "poisoned": 0}
     event.refresh_from_db()
     assert (event.state, event.dispatch_count) == ("received", 0)
+
+
+def test_a_requeue_no_worker_took_doubles_the_wait_before_the_next_and_a_take_resets_it(mailbox):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from intake.models import InboxEvent
+
+    event = make_event(mailbox)
+    window = 60
+    InboxEvent.objects.filter(pk=event.pk).update(updated_at=timezone.now() - timedelta(seconds=window + 1))
+    assert requeue_stale_events(older_than_seconds=window)["requeued"] == 1
+    # Still waiting in the broker 1.5 windows later: not copied into the backlog again yet.
+    InboxEvent.objects.filter(pk=event.pk).update(updated_at=timezone.now() - timedelta(seconds=window * 1.5))
+    assert requeue_stale_events(older_than_seconds=window)["requeued"] == 0
+    InboxEvent.objects.filter(pk=event.pk).update(updated_at=timezone.now() - timedelta(seconds=window * 2 + 1))
+    assert requeue_stale_events(older_than_seconds=window)["requeued"] == 1
+    event.refresh_from_db()
+    assert event.requeues == 2
+    record_taken([event.pk])  # a worker took it (and died): one window again
+    event.refresh_from_db()
+    assert event.requeues == 0
+    InboxEvent.objects.filter(pk=event.pk).update(updated_at=timezone.now() - timedelta(seconds=window + 1))
+    assert requeue_stale_events(older_than_seconds=window)["requeued"] == 1
+
+
+def test_a_ready_event_whose_call_waits_in_the_pool_is_left_to_its_intents_sweep(mailbox):
+    from intake.models import InboxEvent
+    from intake.services import transition_event
+    from ticketing import intents
+    from ticketing.models import Destination, Intent
+
+    event = make_event(mailbox)
+    transition_event(event.pk, ["received"], "ready", actor="test", kind=None)
+    destination = Destination.objects.get(tenant=mailbox.tenant, is_default=True)
+    intents.create_if_missing(event, Intent.Action.CREATE_TICKET, destination)  # handed to the pool, not taken yet
+    assert requeue_stale_events(older_than_seconds=0) == {"requeued": 0, "poisoned": 0}
+    assert InboxEvent.objects.get(pk=event.pk).requeues == 0
+    assert intents.enqueue_due(lost_after_seconds=0) == 1  # a lost hand-over is the intent's sweep's to find

@@ -87,7 +87,7 @@ def pooled(lease=None) -> bool:
 
 def hand_over(intent_id: int, countdown: float | None = None) -> None:
     """Publish the call task after the commit. A failed publish is only logged: the intent stays
-    pending and its event `ready`, which the stale-event sweep re-dispatches."""
+    pending and its event `ready`; the intent's sweep (`intents.enqueue_due`) hands it over again."""
     def publish():
         try:
             current_app.send_task(CALL_TASK, args=[intent_id], countdown=countdown)

@@ -28,12 +28,13 @@ def record_audit(inbox_event_id: int, kind: AuditKind, actor: str, detail: dict 
 
 def record_taken(event_ids: list[int], *, now=None) -> int:
     """A worker took these events (its task started): each open one counts one take and its stale clock
-    restarts. One statement per task. The stale-event sweep poisons an event taken too often without
+    restarts, and so does the sweep's backoff (`requeues`). One statement per task.
+    The stale-event sweep poisons an event taken too often without
     progress; counting takes, not requeues, keeps mail that only waited in a backlog out of that count."""
     now = now or timezone.now()
     return InboxEvent.objects.filter(pk__in=event_ids, state__in=STALE_CANDIDATE_STATES,
                                      retry_at__isnull=True).update(dispatch_count=F("dispatch_count") + 1,
-                                                                   updated_at=now)
+                                                                   requeues=0, updated_at=now)
 
 
 def record_progress(event_id: int) -> None:

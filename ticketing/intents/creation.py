@@ -33,7 +33,9 @@ def insert_intent(event: InboxEvent, action: str, destination: Destination, acti
     """
     key = intent_key(event, action, action_version)
     row = Intent(idempotency_key=key, inbox_event=event, action=action, action_version=action_version,
-                 destination=destination, state=state, external_ref=external_ref(key), created_at=now)
+                 destination=destination, state=state, external_ref=external_ref(key), created_at=now,
+                 # Entering pending says when it was handed over (core._ENTRY), so a lost hand-over is seen.
+                 next_attempt_at=now if state == IntentState.PENDING else None)
     Intent.objects.bulk_create([row], ignore_conflicts=if_missing)
     return row
 
