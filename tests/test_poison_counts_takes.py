@@ -5,12 +5,16 @@ The stale-event sweep (intake.services.requeue_stale_events) requeues what made 
 poisons by is the workers' takes (intake.services.record_taken, at the start of every process task), not
 its own requeues.
 """
-import pytest
+from datetime import timedelta
 
-from intake.models import AuditEvent
-from intake.services import record_progress, record_taken, requeue_stale_events, wait_event
+import pytest
+from django.utils import timezone
+
+from intake.models import AuditEvent, InboxEvent
+from intake.services import record_progress, record_taken, requeue_stale_events, transition_event, wait_event
 from tests.factories import make_event
-from ticketing import tasks
+from ticketing import intents, tasks
+from ticketing.models import Destination, Intent
 
 pytestmark = pytest.mark.django_db
 
@@ -77,12 +81,6 @@ def test_a_call_handed_to_the_destination_pool_is_progress(mailbox, few_takes):
 
 
 def test_a_requeue_no_worker_took_doubles_the_wait_before_the_next_and_a_take_resets_it(mailbox):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from intake.models import InboxEvent
-
     event = make_event(mailbox)
     window = 60
     InboxEvent.objects.filter(pk=event.pk).update(updated_at=timezone.now() - timedelta(seconds=window + 1))
@@ -102,11 +100,6 @@ def test_a_requeue_no_worker_took_doubles_the_wait_before_the_next_and_a_take_re
 
 
 def test_a_ready_event_whose_call_waits_in_the_pool_is_left_to_its_intents_sweep(mailbox):
-    from intake.models import InboxEvent
-    from intake.services import transition_event
-    from ticketing import intents
-    from ticketing.models import Destination, Intent
-
     event = make_event(mailbox)
     transition_event(event.pk, ["received"], "ready", actor="test", kind=None)
     destination = Destination.objects.get(tenant=mailbox.tenant, is_default=True)

@@ -63,3 +63,12 @@ def test_every_provider_but_the_raw_webhook_has_an_adapter_and_every_one_a_setti
 def test_each_provider_loads_an_adapter_class(name):
     provider = provider_class(name)
     assert inspect.isclass(provider) and issubclass(provider, Provider), PROVIDERS[name]
+
+
+def test_the_intent_states_the_event_sweep_leaves_to_the_intent_are_intent_states():
+    """intake cannot import ticketing (layering), so the stale sweep names them as words; bound here."""
+    from intake.services.sweeps import INTENT_STATES_WATCHED_BY_THE_INTENT
+    from ticketing.models import Intent
+
+    assert set(INTENT_STATES_WATCHED_BY_THE_INTENT) == {
+        Intent.State.PENDING, Intent.State.IN_FLIGHT, Intent.State.RETRY_WAIT}

@@ -1,6 +1,7 @@
 """Writes of the intake app. Every state change and its audit row share one transaction. By concern:
 `ingestion` (storing a message), `events` (the door for `InboxEvent.state`, audit rows, takes and waits),
-`outbox` (the transactional outbox), `sweeps` (stale events, nonces); this package re-exports their API.
+`outbox` (the transactional outbox), `sweeps` (stale events, nonces); this package re-exports what other modules call
+(module internals such as the large-object piece size stay in their module, where a test patches them).
 
 `transition_event` is the one door for `InboxEvent.state`: ingest inserts the
 event as `received`, and every later move, whichever app asks for it, is a
@@ -9,7 +10,6 @@ docs/design.md §6 for the table of moves).
 """
 from .events import (  # noqa: F401
     NOT_COMPLETED_STATES,
-    STALE_CANDIDATE_STATES,
     record_audit,
     record_progress,
     record_taken,
@@ -20,10 +20,8 @@ from .events import (  # noqa: F401
 )
 from .ingestion import (  # noqa: F401
     PROVIDER_OWN_IDS,
-    UPLOAD_PIECE_BYTES,
     IngestItem,
     IngestResult,
-    MessageBytesDumper,
     count_webhook_rejection,
     ingest,
     ingest_batch,
