@@ -61,13 +61,14 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
     requeued = poisoned = 0
     stale = stale_for_requeue(now, stale_after)
     candidates = list(
-        # write_pending events belong to their intent, whose own sweeps watch them; so does a ready event
-        # whose intent is waiting or running (a call in the destination pool's queue, a claim, a retry).
         InboxEvent.objects.filter(state__in=STALE_CANDIDATE_STATES, mailbox__paused=False)
-        .exclude(intents__state__in=INTENT_STATES_WATCHED_BY_THE_INTENT)
         .exclude(tenant_id__in=selectors.paused_tenant_ids())  # a tenant's pause parks like a mailbox's
         .exclude(tenant_id__in=selectors.drill_tenants())  # a drill drives its own events (reconciliation.drills)
-        .filter((Q(retry_at__isnull=True) & stale) | Q(retry_at__lte=now))
+        # write_pending events belong to their intent, whose own sweeps watch them; so does a ready event
+        # whose intent is waiting or running (a call in the destination pool's queue, a claim, a retry),
+        # unless the event itself was parked to try again (`retry_at`: over a destination's cap inline).
+        .filter((Q(retry_at__isnull=True) & stale & ~Q(intents__state__in=INTENT_STATES_WATCHED_BY_THE_INTENT))
+                | Q(retry_at__lte=now))
         .order_by("updated_at")
         .values_list("pk", "state", "dispatch_count", "retry_at")[:limit]
     )

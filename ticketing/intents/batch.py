@@ -192,7 +192,9 @@ def _plan_acknowledgment(success: BuiltinSuccess, now, budget) -> AuditEvent | N
     success.acknowledgment = Intent(idempotency_key=key, inbox_event_id=event.pk,
                                     action=Intent.Action.NOTIFY_REQUESTER, action_version=1,
                                     destination_id=success.destination.pk, state=IntentState.PENDING,
-                                    external_ref=external_ref(key), created_at=now)
+                                    external_ref=external_ref(key), created_at=now,
+                                    # As `insert_intent`: entering pending says when it was handed over.
+                                    next_attempt_at=now)
     return None
 
 
