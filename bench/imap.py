@@ -6,7 +6,7 @@ by an untimed SELECT and read once, so both sides find a warm server), and, in t
 
 * raw: `imapclient` logs in, EXAMINEs INBOX, `UID SEARCH ALL` and `UID FETCH <batch> BODY.PEEK[]`
   in batches of --batch-size: the floor a client of this server can reach;
-* Mailroom: `intake.polling.poll_mailbox` (what `manage.py poll_mailbox` and the scheduled polls
+* Mailroom: `intake.channels.polling.poll_mailbox` (what `manage.py poll_mailbox` and the scheduled polls
   run) on a new IMAP mailbox, again until the cursor is caught up (no `more` left).
 
 Prints both rates and Mailroom's as a share of the raw fetch (goal >= 70 %), and checks N events
@@ -40,7 +40,7 @@ PASSWORD_VAR = "MAILROOM_T_BENCH_IMAP_PASSWORD"  # a tenant-scoped secret of the
 
 SYNC_SCRIPT = r'''
 import json, os, time
-from intake import polling
+from intake.channels import polling
 from intake.models import Mailbox, Tenant
 tenant = Tenant.objects.get(slug="bench")
 mailbox = Mailbox.objects.create(

@@ -150,7 +150,7 @@ class MailboxAdmin(ConsentAdminMixin, PlatformSecretsForSuperusersMixin, TenantS
 
     @admin.action(description="Poll now (queued; runs even while backing off)")
     def poll_now(self, request, queryset):
-        from . import polling, schedules
+        from .channels import polling, schedules
 
         queued, refused = [], []
         for mailbox in queryset:
@@ -168,7 +168,7 @@ class MailboxAdmin(ConsentAdminMixin, PlatformSecretsForSuperusersMixin, TenantS
 
     @admin.action(description="Reset health (poll again after fixing credentials or settings)")
     def reset_health(self, request, queryset):
-        from . import polling
+        from .channels import polling
 
         count = polling.reset_health(queryset.values_list("pk", flat=True))
         self.message_user(request, f"Health reset for {count} mailbox(es).", messages.SUCCESS)

@@ -7,7 +7,8 @@ class IntakeConfig(AppConfig):
     verbose_name = "Intake"
 
     def ready(self):
-        from . import checks, schedules, selectors  # noqa: F401  (checks: registers the system checks)
+        from . import checks, selectors  # noqa: F401  (checks: registers the system checks)
+        from .channels import schedules
         from .models import Mailbox
 
         # This process forgets a mailbox it cached as soon as it changes (others within seconds).

@@ -14,7 +14,7 @@ ticketed as usual from the start. Mail before the cut-off is ingested with `Inbo
 Either way the event is stored, so the provider reconciler finds nothing missing, and it ends in a final
 state, so it is never stuck nor in the recovery queue for acknowledgment reasons.
 
-`note_batch` (called by `intake.polling` inside each batch's transaction) records `archive_import_finished`
+`note_batch` (called by `intake.channels.polling` inside each batch's transaction) records `archive_import_finished`
 and sets `archive_done_at` with the batch that ends the scan; from then on the mailbox is live only.
 """
 import logging

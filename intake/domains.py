@@ -3,7 +3,7 @@
 A mailbox address is unique across the platform by its key (`address_key`): lower-cased, the domain in its
 ASCII (IDNA) form, the local part without its `+tag`. `support@acme.test`, `Support@ACME.test` and
 `support+billing@acme.test` share one key, so they are one mailbox, in one tenant: `Mailbox.address_key`
-carries a unique constraint, and LMTP delivers a recipient by the same key (intake.lmtp).
+carries a unique constraint, and LMTP delivers a recipient by the same key (intake.channels.lmtp).
 
 A tenant may only use addresses in its verified domains (`VerifiedDomain`, set by a superuser): the mailbox
 address (which is also the `From` of its acknowledgments: ticketing.acknowledgments) and every entry of

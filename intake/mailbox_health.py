@@ -1,6 +1,6 @@
 """A mailbox's link state, the one door to it: up -> failing -> down -> recovered (-> up).
 
-Polling (intake.polling) reports every outcome here: `record_poll_success` and `record_poll_failure`.
+Polling (intake.channels.polling) reports every outcome here: `record_poll_success` and `record_poll_failure`.
 Each is one transaction: the counters move in SQL (`F()`), the mailbox row is locked while the next state is
 decided, and the state moves by a guarded UPDATE (`WHERE link_state = <the state read>`), so two concurrent
 reports never make two transitions. Each transition writes a `MailboxAudit` row and an outbox row

@@ -172,7 +172,7 @@ def store_oauth_tokens(mailbox: Mailbox, *, blob: dict, actor: str, scopes: str,
                   "oauth_connected_by": actor[:150], "oauth_warned_at": None}
         Mailbox.objects.filter(pk=mailbox.pk).update(**fields)
         if mailbox.health == Mailbox.Health.CREDENTIALS_INVALID:
-            from .polling import reset_health  # polling imports the providers, which import this module
+            from .channels.polling import reset_health  # polling imports the providers, which import this module
 
             reset_health([mailbox.pk])
             fields.update(health=Mailbox.Health.OK, health_detail="")

@@ -104,23 +104,3 @@ def visible_tenants(user) -> QuerySet:
     if user.is_superuser:
         return Tenant.objects.all()
     return Tenant.objects.filter(members=user)
-
-
-def readiness_problems() -> list[str]:
-    """What keeps this process from serving: an unreachable database or broker ([] when ready)."""
-    from django.db import connection
-
-    from config.celery import app
-
-    problems = []
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-    except Exception as exc:
-        problems.append(f"database: {type(exc).__name__}")
-    try:
-        with app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, timeout=2)
-    except Exception as exc:
-        problems.append(f"broker: {type(exc).__name__}")
-    return problems

@@ -34,13 +34,13 @@ def purge_expired_bodies() -> dict:
 @shared_task
 def poll_mailbox(mailbox_id: int, trigger: str = "push") -> dict:
     """One poll of one mailbox (beat: trigger="schedule"; outbox `mailbox.poll`: "push"; admin: "manual")."""
-    from . import polling
+    from .channels import polling
 
     return polling.poll_mailbox(mailbox_id, trigger=trigger).as_dict()
 
 
 @shared_task
 def renew_provider_subscriptions() -> dict:
-    from . import graph_subscriptions
+    from .channels import graph_subscriptions
 
     return graph_subscriptions.renew_due_subscriptions()

@@ -1,6 +1,7 @@
 from django.urls import path
 
-from . import views, webhooks
+from . import views
+from .channels import webhooks
 
 urlpatterns = [
     path("raw/<slug:mailbox_slug>/", views.raw_webhook, name="raw-webhook"),

@@ -13,7 +13,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from . import selectors, services, signing
+from . import health, selectors, services, signing
 from .keys import raw_message_keys
 from .models import Mailbox
 from .secrets import SecretUnavailable, resolve_secret
@@ -127,7 +127,7 @@ def healthz(request):
 
 @require_GET
 def readyz(request):
-    problems = selectors.readiness_problems()
+    problems = health.readiness_problems()
     if problems:
         return JsonResponse({"ready": False, "problems": problems}, status=503)
     return JsonResponse({"ready": True})

@@ -20,8 +20,8 @@ from django.test import Client
 from django.utils import timezone
 
 from intake import archive
+from intake.channels.polling import MANUAL, poll_mailbox
 from intake.models import AuditEvent, InboxEvent, Mailbox, MailboxAudit
-from intake.polling import MANUAL, poll_mailbox
 from intake.secrets import env_prefix
 from reconciliation.models import Finding
 from reconciliation.reconcilers import reconcile

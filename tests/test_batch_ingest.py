@@ -6,7 +6,8 @@ import logging
 import pytest
 from django.test import Client
 
-from intake import polling, services
+from intake import services
+from intake.channels import polling
 from intake.keys import message_id_from_raw
 from intake.models import AuditEvent, InboxEvent, Mailbox, OutboxMessage, PollCursor
 from intake.providers.base import FetchedMessage, PollBatch, Provider

@@ -5,9 +5,10 @@ import logging
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from intake import polling, tasks
+from intake import tasks
+from intake.channels import polling
+from intake.channels.graph_subscriptions import ensure_gmail_watch, renew_due_subscriptions
 from intake.failures import PermanentError, TransientError
-from intake.graph_subscriptions import ensure_gmail_watch, renew_due_subscriptions
 from intake.models import InboxEvent, Mailbox, OutboxMessage, PollCursor, ProviderSubscription
 from intake.providers import oidc, provider_for
 from intake.providers.gmail import GmailProvider, parse_push

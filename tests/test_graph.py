@@ -7,9 +7,10 @@ from urllib.parse import parse_qs
 import pytest
 from django.utils import timezone
 
-from intake import polling, tasks
+from intake import tasks
+from intake.channels import polling
+from intake.channels.graph_subscriptions import ensure_graph_subscription, renew_due_subscriptions
 from intake.failures import PermanentError, TransientError
-from intake.graph_subscriptions import ensure_graph_subscription, renew_due_subscriptions
 from intake.models import InboxEvent, Mailbox, OutboxMessage, PollCursor, ProviderSubscription
 from intake.providers import provider_for
 from intake.providers.oauth import clear_token_cache

@@ -16,9 +16,9 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
+from intake.channels.polling import poll_mailbox
 from intake.keys import message_id_from_raw
 from intake.models import InboxEvent, Mailbox, PollCursor
-from intake.polling import poll_mailbox
 from intake.secrets import env_prefix
 from tests.conftest import WEBHOOK_SECRET
 from tests.dovecot import dovecot, private_dovecot  # noqa: F401  (fixtures)
@@ -286,7 +286,7 @@ def test_refused_credentials_stop_polling_until_health_is_reset(imap_box, monkey
     assert not InboxEvent.objects.filter(mailbox=mailbox).exists()
 
     # …until an admin resets its health.
-    from intake.polling import reset_health
+    from intake.channels.polling import reset_health
 
     reset_health([mailbox.pk])
     assert imap_box.poll().new == 1

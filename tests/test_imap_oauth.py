@@ -14,10 +14,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from django.core import mail
 
+from intake.channels.polling import poll_mailbox
 from intake.egress import guarded_session
 from intake.failures import PermanentError
 from intake.models import Mailbox, MailboxAudit
-from intake.polling import poll_mailbox
 from intake.providers import imap_oauth, oauth
 from intake.providers.settings_schema import settings_errors
 from intake.secret_store import store_oauth_tokens
@@ -490,7 +490,7 @@ def test_a_refused_fresh_token_is_a_credentials_refusal_after_the_proper_error_a
     report = box.poll()
 
     assert report.status == "credentials_invalid" and "AUTHENTICATIONFAILED" in report.detail, report.detail
-    # The fresh token refused: final. The poll's one re-read of the secret after a refusal (intake.polling)
+    # The fresh token refused: final. The poll's one re-read of the secret after a refusal (intake.channels.polling)
     # finds only our own rotation, which is no new secret: no second login, no second refresh.
     [only] = strict_imap.sessions
     assert (only["after_error"], only["outcome"]) == (b"", "refused")

@@ -317,7 +317,7 @@ class FakeProvider(Provider):
 @pytest.fixture
 def fake_provider(monkeypatch, tenant):
     FakeProvider.result, FakeProvider.error, FakeProvider.calls = WebhookResult(), None, 0
-    monkeypatch.setattr("intake.webhooks.provider_for", FakeProvider)
+    monkeypatch.setattr("intake.channels.webhooks.provider_for", FakeProvider)
     Mailbox.objects.create(tenant=tenant, slug="pushed", address="p@acme.test", provider="gmail")
     return FakeProvider
 
@@ -350,7 +350,7 @@ def test_rejected_webhook_is_401_and_rolls_back_what_the_provider_wrote(fake_pro
             WebhookNonce.objects.create(mailbox=mailbox, provider="gmail", nonce="n-1", seen_at=mailbox.created_at)
             raise WebhookRejected("bad token")
 
-    monkeypatch.setattr("intake.webhooks.provider_for", Rejecting)
+    monkeypatch.setattr("intake.channels.webhooks.provider_for", Rejecting)
     assert Client().post("/webhooks/gmail/pushed/", data=b"{}", content_type="application/json").status_code == 401
     assert stored() == (0, 0, 0) and not WebhookNonce.objects.exists()
 

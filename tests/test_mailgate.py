@@ -1,4 +1,4 @@
-"""`mailroom-mailgate` (intake.mailgate): the exit status an MTA acts on, for every answer the webhook can give.
+"""`mailroom-mailgate` (intake.channels.mailgate): the exit status an MTA acts on, for each answer the webhook gives.
 
 Each test runs the program as a real subprocess with the message on stdin, against a real server on
 127.0.0.1: Mailroom itself (pytest-django's `live_server`, the raw webhook in this process's
@@ -27,7 +27,7 @@ EX_OK, EX_DATAERR, EX_NOUSER, EX_TEMPFAIL = 0, 65, 67, 75
 
 def mailgate(*args: str, stdin: bytes, env: dict | None = None, console_script: bool = False,
              timeout: float = 60) -> subprocess.CompletedProcess:
-    command = [str(CONSOLE_SCRIPT)] if console_script else [sys.executable, "-m", "intake.mailgate"]
+    command = [str(CONSOLE_SCRIPT)] if console_script else [sys.executable, "-m", "intake.channels.mailgate"]
     environment = {k: v for k, v in os.environ.items()
                    if k not in ("MAILROOM_MAILGATE_SECRET", "DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
     environment.update(env or {})
@@ -308,7 +308,7 @@ def test_stall_past_the_timeout_is_75(stalling_server, secret_file):
 # --- runs on the MTA host --------------------------------------------------------------------------
 
 def test_imports_no_django():
-    probe = ("import sys, intake.mailgate, requests; "
+    probe = ("import sys, intake.channels.mailgate, requests; "
              "print(sorted(m for m in sys.modules if m == 'django' or m.startswith('django.')))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, cwd=REPO_ROOT, timeout=30,
                           env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"})

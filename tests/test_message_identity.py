@@ -130,7 +130,7 @@ def test_same_message_by_lmtp_and_by_imap_with_other_transport_headers_is_one_ev
     box = make_imap_box(dovecot, tenant, monkeypatch)
     pushed = servicenow_update("New", "The scanner on floor 2 is offline.", crlf=False)
     # The MTA hands the message over by LMTP (the raw webhook is for raw mailboxes only: a 404 here), which
-    # stores it as intake.lmtp.deliver_to_mailbox does ...
+    # stores it as intake.channels.lmtp.deliver_to_mailbox does ...
     assert post_raw(Client(), box.mailbox.slug, pushed).status_code == 404
     provider_message_id, thread_key = raw_message_keys(pushed)
     delivered_by_lmtp = services.ingest(box.mailbox, provider_message_id, pushed, source="lmtp", thread_key=thread_key)

@@ -11,7 +11,8 @@ from django.test import Client
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
-from intake import polling, schedules, services
+from intake import services
+from intake.channels import polling, schedules
 from intake.failures import PermanentError, TransientError
 from intake.keys import message_id_from_raw
 from intake.models import InboxEvent, Mailbox, OutboxMessage, PollCursor, Tenant

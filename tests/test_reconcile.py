@@ -15,8 +15,8 @@ import requests
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from intake.channels.polling import poll_mailbox
 from intake.models import AuditEvent, InboxEvent, Mailbox, OutboxMessage
-from intake.polling import poll_mailbox
 from reconciliation.models import Finding, ReconciliationRun
 from reconciliation.reconcilers import reconcile
 from reconciliation.selectors import recovery_queue

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from intake import polling
+from intake.channels import polling
 from intake.models import InboxEvent, Mailbox, MailboxAudit
 from intake.providers.oauth import clear_token_cache
 from tests.fake_google import FakeGoogle

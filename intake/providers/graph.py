@@ -33,7 +33,7 @@ mailbox's user id or UPN; empty means `/me` with delegated tokens), folder
 (https://login.microsoftonline.com/<tenant_id>/oauth2/v2.0/token), scope,
 resync_days (7; a resync only sees that window: keep it longer than the longest
 outage you want covered), page_size (50; `batch_size` overrides it),
-notification_url and subscription_minutes (for `intake.graph_subscriptions`).
+notification_url and subscription_minutes (for `intake.channels.graph_subscriptions`).
 `credentials_ref`: see `intake.providers.oauth` (client credentials, app-only,
 or a delegated refresh token).
 

@@ -14,7 +14,7 @@ naming it (the S3 action, for anything larger). SNS posts that notification to t
     s3_access_key_id   the access key id; its secret key is `Mailbox.credentials_ref`
 No `webhook_secret_ref`: SNS signs with its own certificate (`intake.providers.sns`).
 
-Answers (through `intake.webhooks.provider_webhook`; SNS retries 5xx and connection failures, never
+Answers (through `intake.channels.webhooks.provider_webhook`; SNS retries 5xx and connection failures, never
 4xx): a verified confirmation → the SubscribeURL is visited, 200; a stored message → 202 (200 for a
 duplicate) only after the commit; a forged, stale or foreign-topic message → 401, nothing stored; a
 certificate, S3 object or credential we cannot get now → 503, SNS retries; a notification that

@@ -182,7 +182,7 @@ COMMON = {
     "quiet_alarm": Group(keys={"enabled": Flag(), "after_hours": Number(minimum=0.25, maximum=24 * 90)}),
 }
 POLLING = {
-    # intake.schedules, intake.polling
+    # intake.channels.schedules, intake.channels.polling
     "poll_seconds": Whole(minimum=10, maximum=86400),
     "max_batches": Whole(minimum=1, maximum=10000),
     "batch_size": Whole(minimum=1, maximum=5000),

@@ -1,7 +1,8 @@
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from intake import archive, polling
+from intake import archive
+from intake.channels import polling
 from intake.models import Mailbox
 
 

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from intake import polling
+from intake.channels import polling
 from intake.logging import mask_address
 from intake.models import Mailbox
 

@@ -1,7 +1,7 @@
 """`manage.py run_lmtp`: Mailroom as the mail server's delivery target (LMTP, or SMTP with --smtp).
 
 Thin: options (each with an environment default, so `make run` and a service unit need no flags)
-become an `intake.lmtp_server.ListenerConfig`, and the listener runs until SIGTERM or Ctrl-C.
+become an `intake.channels.lmtp_server.ListenerConfig`, and the listener runs until SIGTERM or Ctrl-C.
 """
 import asyncio
 import logging
@@ -12,7 +12,7 @@ import socket
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from intake.lmtp_server import DataLimits, ListenerConfig, serve
+from intake.channels.lmtp_server import DataLimits, ListenerConfig, serve
 
 
 def _env_int(name: str, default: int) -> int:

@@ -24,14 +24,14 @@ from django.db import transaction
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from . import services
-from .failures import ExternalCallError, PermanentError, TransientError
-from .models import Mailbox
-from .providers import provider_for
-from .providers.base import WebhookRejected
-from .secrets import SecretUnavailable
-from .views import error_response, read_body, reject_request, webhook_json
-from .vocabulary import AuditKind, WebhookRejection
+from .. import services
+from ..failures import ExternalCallError, PermanentError, TransientError
+from ..models import Mailbox
+from ..providers import provider_for
+from ..providers.base import WebhookRejected
+from ..secrets import SecretUnavailable
+from ..views import error_response, read_body, reject_request, webhook_json
+from ..vocabulary import AuditKind, WebhookRejection
 
 logger = logging.getLogger(__name__)
 

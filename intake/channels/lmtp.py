@@ -9,7 +9,7 @@ makes the mail server bounce, and a bounce is a lost message.
 
 This module is the Django side: recipients to mailboxes (a read), one delivery per mailbox (the write)
 and the aiosmtpd handler that ties them to the protocol's answers. The network side (LMTP or SMTP
-protocol, size and client limits, STARTTLS, the server loop) is `intake.lmtp_server`.
+protocol, size and client limits, STARTTLS, the server loop) is `intake.channels.lmtp_server`.
 
 Recipients: by `Mailbox.address_key` (intake.domains.address_key: lower-cased, without the `+tag`), so
 `Support+billing@Acme.test` is the mailbox of `support@acme.test`. The key is unique, so a recipient is one
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from django.db import Error as DatabaseLayerError, close_old_connections, connection, transaction
 from django.db.models import Q
 
-from . import services
-from .domains import address_key
-from .keys import raw_message_keys
-from .logging import mask_address
-from .models import Mailbox
-from .vocabulary import AuditKind
+from .. import services
+from ..domains import address_key
+from ..keys import raw_message_keys
+from ..logging import mask_address
+from ..models import Mailbox
+from ..vocabulary import AuditKind
 
 logger = logging.getLogger(__name__)
 # Alerts that the tenant boundary needed its second line of defence: for whoever watches security events.
@@ -175,7 +175,7 @@ class DeliveryHandler:
         self.source = source
         self.per_recipient_answers = per_recipient_answers
         self.executor = executor
-        self.limits = limits  # intake.lmtp_server.ClientLimits, or None
+        self.limits = limits  # intake.channels.lmtp_server.ClientLimits, or None
         # Checked here, at MAIL, rather than by aiosmtpd's require_starttls, which refuses LHLO before STARTTLS.
         self.require_tls = require_tls
 

@@ -19,7 +19,7 @@ permanent lie:
 - optional STARTTLS with a configured certificate, optionally required before MAIL (`530 5.7.0`);
 - a TCP address, or a unix socket (`socket_path`, mode `socket_mode`): on a shared host the socket's file
   permissions, not the client address, decide who may deliver.
-What happens to a message is `intake.lmtp`.
+What happens to a message is `intake.channels.lmtp`.
 """
 import asyncio
 import logging

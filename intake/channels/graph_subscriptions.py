@@ -26,11 +26,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .failures import ExternalCallError, PermanentError, TransientError
-from .http import json_or_empty
-from .models import Mailbox, ProviderSubscription
-from .providers.graph import GraphProvider
-from .secrets import SecretUnavailable, resolve_secret
+from ..failures import ExternalCallError, PermanentError, TransientError
+from ..http import json_or_empty
+from ..models import Mailbox, ProviderSubscription
+from ..providers.graph import GraphProvider
+from ..secrets import SecretUnavailable, resolve_secret
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def ensure_graph_subscription(mailbox: Mailbox, now: datetime | None = None, *,
 def ensure_gmail_watch(mailbox: Mailbox, now: datetime | None = None, *,
                        force: bool = False) -> tuple[str, ProviderSubscription | None]:
     """Call `users.watch` when the mailbox's watch is missing or older than a day."""
-    from .providers.gmail import GmailProvider
+    from ..providers.gmail import GmailProvider
 
     now = now or timezone.now()
     with transaction.atomic():

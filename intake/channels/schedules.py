@@ -37,7 +37,7 @@ def poll_seconds(mailbox) -> int:
 
 
 def provider_polls(provider: str) -> bool:
-    from .providers import provider_class
+    from ..providers import provider_class
 
     try:
         return bool(provider_class(provider).supports_polling)
@@ -93,7 +93,7 @@ def delete_mailbox_schedule(mailbox_id: int) -> None:
 
 def sync_all_schedules() -> int:
     """Bring every mailbox's periodic poll in step (for example after restoring a database)."""
-    from .models import Mailbox
+    from ..models import Mailbox
 
     count = 0
     for mailbox in Mailbox.objects.all():

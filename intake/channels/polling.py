@@ -45,14 +45,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import archive, mailbox_health, secrets, services
-from .failures import AmbiguousOutcome, PermanentError, TransientError
-from .locks import exclusive
-from .logging import mask_address
-from .models import Mailbox, PollCursor
-from .providers import provider_for
-from .secrets import SecretUnavailable
-from .testhooks import pause_point  # inert unless MAILROOM_PAUSE_AT=<point>:<path>
+from .. import archive, mailbox_health, secrets, services
+from ..failures import AmbiguousOutcome, PermanentError, TransientError
+from ..locks import exclusive
+from ..logging import mask_address
+from ..models import Mailbox, PollCursor
+from ..providers import provider_for
+from ..secrets import SecretUnavailable
+from ..testhooks import pause_point  # inert unless MAILROOM_PAUSE_AT=<point>:<path>
 
 logger = logging.getLogger(__name__)
 
