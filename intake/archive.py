@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from .models import InboxEvent, Mailbox, MailboxAudit
 from .selectors import visible_tenants
-from .vocabulary import MailboxAuditKind
+from .vocabulary import MailboxAuditKind, SystemActor
 
 logger = logging.getLogger(__name__)
 
@@ -132,10 +132,10 @@ def note_batch(mailbox: Mailbox, *, archive_done: bool, at=None) -> None:
         return
     at = at or timezone.now()
     if not _started(mailbox):
-        _audit(mailbox, MailboxAuditKind.ARCHIVE_IMPORT_STARTED, "system:poll",
+        _audit(mailbox, MailboxAuditKind.ARCHIVE_IMPORT_STARTED, SystemActor.POLL,
                {"before": mailbox.archive_before.isoformat(), "tickets": mailbox.archive_tickets}, at)
     if archive_done:
-        finish_archive_import(mailbox=mailbox, actor="system:poll", at=at)
+        finish_archive_import(mailbox=mailbox, actor=SystemActor.POLL, at=at)
 
 
 def finish_archive_import(*, mailbox: Mailbox, actor: str, at=None) -> bool:

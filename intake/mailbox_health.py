@@ -32,10 +32,11 @@ from . import quiet, services
 from .logging import mask_address
 from .models import InboxEvent, Mailbox, MailboxAudit
 from .selectors import drill_tenants
+from .vocabulary import SystemActor
 
 logger = logging.getLogger(__name__)
 
-ACTOR = "system:mailbox-health"
+ACTOR = SystemActor.MAILBOX_HEALTH
 ALERT_TOPIC = "mailbox.alert"  # intake.relay -> ticketing.tasks.send_mailbox_alerts
 Link, Kind = Mailbox.Link, MailboxAudit.Kind
 HEALTHY = (Link.UP, Link.RECOVERED)

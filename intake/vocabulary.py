@@ -15,6 +15,8 @@ anywhere; never build one by string formatting.
 This module imports nothing from the apps, so `intake.validation` (pure
 functions) can use it too.
 """
+from enum import StrEnum
+
 from django.db.models import TextChoices
 
 
@@ -218,6 +220,21 @@ class MailboxAuditKind(TextChoices):
     QUIET_CLEARED = "quiet_cleared", "Mail arrives again after a quiet alarm"
     ARCHIVE_IMPORT_STARTED = "archive_import_started", "Archive import started"
     ARCHIVE_IMPORT_FINISHED = "archive_import_finished", "Archive import finished: the mailbox is live"
+
+
+class SystemActor(StrEnum):
+    """The `actor` of what Mailroom did by itself (audit rows, `paused_by`): one name per part, stored as is."""
+
+    SWEEP = "system:sweep"                        # the stale-event and expired-claim sweeps
+    POLL = "system:poll"                          # a mailbox poll (an archive import's start and end)
+    BOUNCES = "system:bounces"                    # a bounce of our own acknowledgment tied to its address
+    ACKNOWLEDGMENTS = "system:acknowledgments"    # an acknowledgment planned or skipped
+    BREAKER = "system:breaker"                    # the circuit breaker pausing a destination
+    RECONCILE = "system:reconcile"                # reconciliation, and the unknown-outcome lookups it runs
+    DRILL = "system:drill"                        # a drill's scratch destination
+    MAILBOX_HEALTH = "system:mailbox-health"      # a mailbox's connection state (intake.mailbox_health)
+    CREDENTIAL_WARNINGS = "system:credential-warnings"  # the admins told that credentials expire soon
+    MANAGE_PY = "system:manage.py"                # a management command run from a shell
 
 
 def actor_words(actor: str) -> str:

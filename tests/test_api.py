@@ -28,6 +28,7 @@ from tests.mail import make_message
 from ticketing import intents
 from ticketing.intents.creation import intent_key
 from ticketing.models import Destination, Intent, RoutingRule, Ticket, TicketMapping
+from ticketing.outcomes import Outcome
 from ticketing.services import process_inbox_event
 
 API = "/api/v1"
@@ -71,7 +72,7 @@ def review_item(mailbox, **fields) -> int:
     default = Destination.objects.filter(tenant=mailbox.tenant, is_default=True).first()
     Destination.objects.filter(tenant=mailbox.tenant).update(is_default=False)
     event_id = new_event(mailbox, **fields)
-    assert process_inbox_event(event_id) == "review"
+    assert process_inbox_event(event_id) == Outcome.AWAITING_REVIEW
     if default:
         Destination.objects.filter(pk=default.pk).update(is_default=True)
     return event_id

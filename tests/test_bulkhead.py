@@ -20,6 +20,7 @@ from tests.live import (  # noqa: F401  (fixtures)
 from tests.test_pause import drain_outbox
 from ticketing import bulkhead, execution, services, tasks
 from ticketing.models import Intent, TicketMapping
+from ticketing.outcomes import Outcome
 
 CALL_TASK = "ticketing.tasks.call_destination"
 
@@ -95,7 +96,7 @@ def test_the_cap_holds_under_concurrency_and_calls_over_it_complete_later(capped
                     if not todo:
                         return
                     intent_id = todo.pop()
-                while (outcome := execution.call(intent_id, worker)) == bulkhead.OVER_CAP:
+                while (outcome := execution.call(intent_id, worker)) == Outcome.OVER_CAP:
                     with lock:
                         over_cap[intent_id] += 1
                     time.sleep(0.05)  # the task's countdown, shortened
@@ -137,12 +138,12 @@ def test_a_call_over_the_cap_waits_and_is_not_lost(capped, desk, monkeypatch, se
     republished = []
     monkeypatch.setattr(bulkhead, "hand_over", lambda intent_id, countdown=None: republished.append(
         (intent_id, countdown)))
-    assert tasks.call_destination(second) == bulkhead.OVER_CAP
+    assert tasks.call_destination(second) == Outcome.OVER_CAP
     [(intent_id, countdown)] = republished
     assert intent_id == second and 0 < countdown < 1
     # The per-event path (run inline here): the event is parked with a short wait, its intent still pending.
     event_id = Intent.objects.get(pk=second).inbox_event_id
-    assert services.process_inbox_event(event_id) == bulkhead.OVER_CAP
+    assert services.process_inbox_event(event_id) == Outcome.OVER_CAP
     intent = Intent.objects.select_related("inbox_event").get(pk=second)
     assert (intent.state, intent.attempts, intent.inbox_event.state) == ("pending", 0, "ready")
     assert intent.inbox_event.retry_at is not None

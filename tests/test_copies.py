@@ -16,6 +16,7 @@ from tests.senderauth import stamped, trust_our_mta
 from tests.test_recovery_queue import make_user
 from ticketing.copies import LINK_COPY
 from ticketing.models import Destination, Intent, RoutingPolicy, Ticket, TicketComment, TicketMapping
+from ticketing.outcomes import Outcome
 from ticketing.services import process_inbox_event
 
 pytestmark = pytest.mark.usefixtures("scanner_off")
@@ -97,8 +98,8 @@ def test_a_copy_of_an_event_in_review_goes_to_review_and_links_once_the_primary_
     builtin = Destination.objects.get(tenant=tenant, slug="builtin")
     Destination.objects.filter(tenant=tenant).update(is_default=False)
     primary, copy = deliver([mailbox, sales])
-    assert process_inbox_event(primary) == "review"  # no destination
-    assert process_inbox_event(copy) == "review"
+    assert process_inbox_event(primary) == Outcome.AWAITING_REVIEW  # no destination
+    assert process_inbox_event(copy) == Outcome.AWAITING_REVIEW
     event = InboxEvent.objects.get(pk=copy)
     assert (event.state, event.reason_code, event.copy_of_id) == ("awaiting_review", "copy_of_unresolved", primary)
     [sent] = AuditEvent.objects.filter(inbox_event_id=copy, kind="awaiting_review")

@@ -25,6 +25,7 @@ from reconciliation.selectors import recovery_queue
 from tests.mail import make_message
 from ticketing import intents
 from ticketing.models import Destination, Intent, Ticket, TicketMapping
+from ticketing.outcomes import Outcome
 from ticketing.services import process_inbox_event
 
 PASSWORD = "correct horse battery staple 42"
@@ -363,7 +364,7 @@ def test_replay_without_an_intent_sends_the_event_back_to_routing(operator, mail
     good, _ = destinations
     Destination.objects.filter(tenant=mailbox.tenant).update(is_default=False)
     event_id = new_event(mailbox)
-    assert process_inbox_event(event_id) == "review"  # no destination at all
+    assert process_inbox_event(event_id) == Outcome.AWAITING_REVIEW  # no destination at all
     set_default(mailbox.tenant, good)
     assert services.do_replay(operator, event_id) == "rerouted"
     assert InboxEvent.objects.get(pk=event_id).state == "ready"

@@ -10,6 +10,7 @@ from intake.models import InboxEvent
 from tests.factories import email_message, ingest_message
 from tests.live import PYTHON, REPO_ROOT, live_mailbox, subprocess_env, wait_for  # noqa: F401 (fixture)
 from ticketing.models import Intent, ThreadLease, Ticket, TicketComment, TicketMapping
+from ticketing.outcomes import Outcome
 from ticketing.services import process_inbox_event
 
 pytestmark = pytest.mark.usefixtures("scanner_off")
@@ -85,7 +86,7 @@ def test_two_replies_processed_concurrently_are_two_comments_in_arrival_order(ma
 def test_a_reply_waits_while_the_original_is_still_open(mailbox):
     root = receive(mailbox, message_id="<root@example.com>")
     reply = receive(mailbox, extra_headers={"In-Reply-To": "<root@example.com>"})
-    assert process_inbox_event(reply) == "waiting_for_thread"
+    assert process_inbox_event(reply) == Outcome.WAITING_FOR_THREAD
     assert process_inbox_event(root) == "created"
     InboxEvent.objects.filter(pk=reply).update(retry_at=None)
     assert process_inbox_event(reply) == "created"

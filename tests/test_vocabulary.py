@@ -96,3 +96,63 @@ def test_no_audit_kind_is_a_literal_or_built_by_formatting():
                 elif isinstance(kind, ast.Call):  # "...".format(...), str(...)
                     bad.append(f"{relative}:{node.lineno}: {ast.unparse(kind)}")
     assert not bad, "audit kinds must be AuditKind members:\n" + "\n".join(bad)
+
+
+# The modules whose calls return an `Outcome` (ticketing.outcomes): what the tasks, drills and tests read.
+OUTCOME_MODULES = ("ticketing/services.py", "ticketing/copies.py", "ticketing/execution.py", "ticketing/bulkhead.py",
+                   "ticketing/batch.py", "ticketing/attachments.py", "ticketing/acknowledgments.py",
+                   "ticketing/tasks.py", "ticketing/intents/core.py", "reconciliation/drills/scenarios.py")
+
+
+def _outcome_literals(tree: ast.AST) -> list[ast.Constant]:
+    """String constants spelling an outcome word where an outcome is produced: a return value (a wait's word
+    included), an assignment to something named `outcome(s)`, or a comparison with what a call returned."""
+    from ticketing.outcomes import Outcome
+
+    words = {o.value for o in Outcome}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Return) and node.value is not None:
+            scope = [node.value]
+        elif isinstance(node, ast.Assign) and any("outcome" in ast.unparse(t) for t in node.targets):
+            scope = [node.value]
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):
+            scope = node.comparators
+        else:
+            continue
+        for part in scope:
+            found += [c for c in ast.walk(part) if isinstance(c, ast.Constant) and c.value in words]
+    return found
+
+
+def test_no_outcome_is_a_bare_string():
+    """The pipeline's outcomes are `Outcome` members, as audit kinds are AuditKind members."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    bad = []
+    for relative in OUTCOME_MODULES:
+        for constant in _outcome_literals(ast.parse((root / relative).read_text(encoding="utf-8"))):
+            bad.append(f"{relative}:{constant.lineno}: {constant.value!r}")
+    assert not bad, "outcomes must be Outcome members (ticketing.outcomes):\n" + "\n".join(bad)
+
+
+def test_the_outcome_check_sees_a_planted_literal():
+    planted = ast.parse('def f(x):\n    if x:\n        return "done"\n    outcome = "busy"\n'
+                        '    return wait(x, 1, "paused")\n')
+    assert sorted(c.value for c in _outcome_literals(planted)) == ["busy", "done", "paused"]
+
+
+def test_mailroom_signs_as_a_system_actor_member():
+    """Every `system:` actor is a SystemActor member, so one part never signs under two names."""
+    from intake.vocabulary import SystemActor
+
+    bad = []
+    for relative, path in app_modules():
+        if relative.endswith("intake/vocabulary.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("system:"):
+                bad.append(f"{relative}:{node.lineno}: {node.value!r}")
+    assert not bad, "system actors must be SystemActor members:\n" + "\n".join(bad)
+    assert all(actor.value.startswith("system:") for actor in SystemActor)

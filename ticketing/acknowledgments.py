@@ -24,6 +24,7 @@ from .ack_policy import sender_authentication
 from .bounce_reports import ACK_MESSAGE_ID_DOMAIN
 from .intents import batch as intents_batch
 from .models import Intent, TicketMapping
+from .outcomes import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def send_group(intent_ids: list[int], *, worker: str) -> dict[str, int]:
     tally: dict[str, int] = {}
     seen: set[int] = set()
     for intent_id in intent_ids:
-        outcome = "busy" if intent_id in seen else outcomes[intent_id]   # listed twice: the first attempt has it
+        outcome = Outcome.BUSY if intent_id in seen else outcomes[intent_id]   # listed twice: the first attempt has it
         seen.add(intent_id)
         tally[outcome] = tally.get(outcome, 0) + 1
     return tally
@@ -105,9 +106,9 @@ def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
         intent = found.get(intent_id)
         mapping = mappings.get(intent.inbox_event_id) if intent is not None else None
         if intent is None:
-            outcomes[intent_id] = "missing"
+            outcomes[intent_id] = Outcome.MISSING
         elif mapping is None or intent.inbox_event.state != InboxEvent.State.COMPLETED:
-            outcomes[intent_id] = "no_ticket"  # never acknowledge what is not a ticket
+            outcomes[intent_id] = Outcome.NO_TICKET  # never acknowledge what is not a ticket
         else:
             ready[intent_id] = _Attempt(intent, mapping, numbers.format_number(mapping.ticket_number or mapping.pk))
     claimed_at = time.monotonic()
@@ -115,14 +116,14 @@ def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
     composed: list[_Attempt] = []
     for intent_id, attempt in ready.items():
         if intent_id not in claimed:
-            outcomes[intent_id] = "busy"
+            outcomes[intent_id] = Outcome.BUSY
             continue
         try:
             attempt.message = _compose(attempt.intent.inbox_event, attempt.mapping, attempt.intent, attempt.token)
         except ack_templates.TemplateProblem as exc:
             # A template past its limits (stored before the save check, or limits lowered since): nothing is sent.
             outcomes[intent_id] = _not_sent(attempt.intent, worker, ReasonCode.ACK_TEMPLATE_FAILED,
-                                            detail={"problem": str(exc)[:300]}) or "template_failed"
+                                            detail={"problem": str(exc)[:300]}) or Outcome.TEMPLATE_FAILED
             continue
         composed.append(attempt)
     results = _deliver_all([attempt.message for attempt in composed], deadline=_delivery_deadline(claimed_at))
@@ -136,24 +137,25 @@ def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
     for attempt, result in zip(composed, results, strict=True):
         intent = attempt.intent
         if result == ack_transport.SENT:
-            outcomes[intent.pk] = "sent" if intent.pk in recorded else "claim_lost"
+            outcomes[intent.pk] = Outcome.SENT if intent.pk in recorded else Outcome.CLAIM_LOST
             if intent.pk in recorded:
                 logger.info("acknowledged event %s (ticket %s)", intent.inbox_event_id, attempt.token)
         elif result == ack_transport.NOT_DELIVERABLE:
             # An internationalised local part and a relay without SMTPUTF8: no form of the address exists to
             # send to (never an encoded-word one), now or on a retry on this relay.
-            outcomes[intent.pk] = _not_sent(intent, worker, ReasonCode.ADDRESS_NOT_DELIVERABLE) or "not_deliverable"
+            outcomes[intent.pk] = (_not_sent(intent, worker, ReasonCode.ADDRESS_NOT_DELIVERABLE)
+                                   or Outcome.NOT_DELIVERABLE)
         elif result is None:
-            outcomes[intent.pk] = "error"   # left in_flight: its claim expires to unknown, as a crash would
+            outcomes[intent.pk] = Outcome.ERROR   # left in_flight: its claim expires to unknown, as a crash would
         else:
-            outcomes[intent.pk] = intents.record_failure(intent, result, worker) or "claim_lost"
+            outcomes[intent.pk] = intents.record_failure(intent, result, worker) or Outcome.CLAIM_LOST
     return outcomes
 
 
 def _not_sent(intent: Intent, worker: str, reason: str, detail: dict | None = None) -> str:
     """The intent ended without an email (`reason`): '' when recorded, else "claim_lost"."""
     if not intents.record_acknowledgment_not_sent(intent, worker=worker, reason=reason, detail=detail):
-        return "claim_lost"
+        return Outcome.CLAIM_LOST
     logger.info("event %s: acknowledgment not sent (%s)", intent.inbox_event_id, reason)
     return ""
 

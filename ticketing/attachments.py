@@ -25,6 +25,7 @@ from .destinations.base import AmbiguousOutcome, PermanentError, TransientError
 from .destinations.files import attach_each
 from .intents.progress import ClaimLost, IntentJournal
 from .models import Intent, TicketMapping
+from .outcomes import Outcome
 from .ticket_files import effective_capabilities, select_files
 
 logger = logging.getLogger(__name__)
@@ -37,13 +38,13 @@ def deliver(intent_id: int, worker: str) -> str:
     intent = Intent.objects.select_related("destination").filter(
         pk=intent_id, action=Intent.Action.ATTACH_FILES).first()
     if intent is None:
-        return "missing"
+        return Outcome.MISSING
     mapping = TicketMapping.objects.filter(inbox_event_id=intent.inbox_event_id, action__in=TICKET_MAKING) \
         .order_by("-pk").first()
     if mapping is None:
-        return "no_ticket"
+        return Outcome.NO_TICKET
     if not intents.claim(intent.pk, worker):
-        return "busy"
+        return Outcome.BUSY
     event = with_small_raw(InboxEvent.objects.select_related("mailbox", "tenant")).get(pk=intent.inbox_event_id)
     adapter = adapter_for(intent.destination)
     adapter.journal = IntentJournal(intent, worker)
@@ -56,13 +57,13 @@ def deliver(intent_id: int, worker: str) -> str:
     try:
         result = attach_each(adapter, mapping.ticket_id, files, intent.idempotency_key, public=public)
     except (TransientError, PermanentError, AmbiguousOutcome) as exc:
-        return intents.record_failure(intent, exc, worker) or "claim_lost"
+        return intents.record_failure(intent, exc, worker) or Outcome.CLAIM_LOST
     except ClaimLost:
-        return "claim_lost"
+        return Outcome.CLAIM_LOST
     detail = {"attached": len(result["done"]), "refused": result["refused"][:20], "held": len(held),
               "ticket_id": mapping.ticket_id}
     if not intents.record_files_attached(intent, worker, detail):
-        return "claim_lost"
+        return Outcome.CLAIM_LOST
     logger.info("event %s: %d files attached to ticket %s (%d refused, %d held)", event.pk, len(result["done"]),
                 mapping.ticket_id, len(result["refused"]), len(held))
-    return "attached"
+    return Outcome.ATTACHED

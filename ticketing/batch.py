@@ -33,6 +33,7 @@ from . import bounces, classification, copies, execution, intents, services, thr
 from .destinations import adapter_for
 from .intents import batch as intents_batch
 from .models import CopiedMessage, Intent, RoutingRule, Ticket
+from .outcomes import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +63,9 @@ def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[
     for event_id in dict.fromkeys(event_ids):  # each id once (the caller counts repeats)
         event = events.pop(event_id, None)
         if event is None:
-            outcomes[event_id] = "missing"
+            outcomes[event_id] = Outcome.MISSING
         elif event.state not in InboxEvent.OPEN_STATES:
-            outcomes[event_id] = "done"
+            outcomes[event_id] = Outcome.DONE
         elif not _may_be_plain(event, cache):
             rest.append(event_id)
         else:
@@ -90,7 +91,7 @@ def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[
             plain.append(item)
     if plain:
         done = _write(plain, worker, actor)
-        outcomes.update({pk: "created" for pk in done})
+        outcomes.update({pk: Outcome.CREATED for pk in done})
         rest.extend(item.event.pk for item in plain if item.event.pk not in done)
     order = {event_id: n for n, event_id in reversed(list(enumerate(event_ids)))}
     return outcomes, sorted(set(rest), key=order.__getitem__)

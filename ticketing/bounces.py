@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from intake.models import InboxEvent
 from intake.services import record_audit
-from intake.vocabulary import AuditKind, ReasonCode
+from intake.vocabulary import AuditKind, ReasonCode, SystemActor
 
 from . import numbers
 from .bounce_reports import MAX_BOUNCE_BYTES, BounceReport, read_report
@@ -36,7 +36,7 @@ from .models import Intent, TicketMapping, UndeliverableAddress
 
 logger = logging.getLogger(__name__)
 
-ACTOR = "system:bounces"
+ACTOR = SystemActor.BOUNCES
 TIE_KEY = "acknowledgment_bounce"   # on the bounce event's details: the ticket it was tied to
 BOUNCE_REASONS = frozenset({ReasonCode.DELIVERY_REPORT, ReasonCode.MAILER_DAEMON})
 KEY_PREFIX_CHARS = 16   # `_compose`: the Message-ID's local part ends with ".<key[:16]>"

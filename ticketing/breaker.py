@@ -31,14 +31,14 @@ from django.utils import timezone
 
 from intake.failures import PermanentError, TransientError
 from intake.logging import mask_address
-from intake.vocabulary import ReasonCode
+from intake.vocabulary import ReasonCode, SystemActor
 
 from . import notifications
 from .models import Destination, DestinationAttempt, Intent, Notification
 
 logger = logging.getLogger(__name__)
 
-ACTOR = "system:breaker"
+ACTOR = SystemActor.BREAKER
 ADMIN_GROUP = "mailroom-admin"
 DEFAULTS = {"enabled": True, "credential_failures": 3, "failure_rate": 0.5, "min_attempts": 10,
             "window_seconds": 600}

@@ -33,13 +33,13 @@ from django.utils import timezone
 
 from . import intents
 from .models import Destination, Intent
+from .outcomes import Outcome
 from .workers import worker_identity as process_identity
 
 logger = logging.getLogger(__name__)
 
 CALL_TASK = "ticketing.tasks.call_destination"
 LOCK_NAMESPACE = 0x4D524248  # "MRBH": this module's advisory locks, keyed by destination id
-CLAIMED, BUSY, OVER_CAP = "claimed", "busy", "over_cap"
 
 
 def max_concurrency(destination: Destination) -> int:
@@ -58,8 +58,8 @@ def in_flight(destination_id: int, now=None) -> int:
 
 
 def claim(intent: Intent, worker: str, lease=None) -> str:
-    """`intents.claim` under the destination's cap: CLAIMED, BUSY (someone else has it, or not due) or
-    OVER_CAP (nothing written; try again shortly)."""
+    """`intents.claim` under the destination's cap: Outcome.CLAIMED, BUSY (someone else has it, or not due)
+    or OVER_CAP (nothing written; try again shortly)."""
     cap = max_concurrency(intent.destination)
     with transaction.atomic():
         if cap:
@@ -67,8 +67,8 @@ def claim(intent: Intent, worker: str, lease=None) -> str:
                 with connection.cursor() as cursor:
                     cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, intent.destination_id])
             if in_flight(intent.destination_id) >= cap:
-                return OVER_CAP
-        return CLAIMED if intents.claim(intent.pk, worker, lease) else BUSY
+                return Outcome.OVER_CAP
+        return Outcome.CLAIMED if intents.claim(intent.pk, worker, lease) else Outcome.BUSY
 
 
 def cap_wait_seconds() -> float:

@@ -26,6 +26,7 @@ from intake.services import transition_event, wait_event
 from intake.vocabulary import AuditKind, ReasonCode
 
 from .models import CopiedMessage, Intent, RoutingPolicy, TicketMapping
+from .outcomes import Outcome
 from .selectors import WORK_ACTIONS
 
 State = InboxEvent.State
@@ -56,7 +57,7 @@ def claim(event: InboxEvent) -> int:
 
 def follow_primary(event: InboxEvent, worker: str, cache: dict) -> str | None:
     """None when this event does its own ticket work; otherwise what it did as a copy
-    ("waiting_for_copy", "linked", "review", "done")."""
+    (WAITING_FOR_COPY, LINKED, AWAITING_REVIEW or DONE, of `Outcome`)."""
     if not event.fingerprint or not one_ticket_per_message(event.tenant_id, cache):
         return None
     primary_id = claim(event)
@@ -67,7 +68,7 @@ def follow_primary(event: InboxEvent, worker: str, cache: dict) -> str | None:
     primary = InboxEvent.objects.filter(pk=primary_id).values_list("state", flat=True).first()
     if primary in InboxEvent.OPEN_STATES:
         wait_event(event.pk, COPY_RETRY_SECONDS)
-        return "waiting_for_copy"
+        return Outcome.WAITING_FOR_COPY
     if primary == State.SUPPRESSED:
         # A reviewer closed the primary; this delivery is sent on: it becomes the primary.
         CopiedMessage.objects.filter(tenant_id=event.tenant_id, fingerprint=event.fingerprint,
@@ -89,10 +90,10 @@ def _link(event: InboxEvent, primary_id: int, mapping: TicketMapping, worker: st
                                 kind=AuditKind.LINKED_COPY, now=now, extra={"copy_of_id": primary_id, "retry_at": None},
                                 audit_detail={"primary_event": primary_id, "destination": mapping.destination_id,
                                               "ticket_id": mapping.ticket_id}):
-            return "done"
+            return Outcome.DONE
         TicketMapping.objects.create(inbox_event_id=event.pk, action=LINK_COPY, destination_id=mapping.destination_id,
                                      ticket_id=mapping.ticket_id, ticket_url=mapping.ticket_url, created_at=now)
-    return "linked"
+    return Outcome.LINKED
 
 
 def _to_review(event: InboxEvent, primary_id: int, primary_state: str, worker: str) -> str:
@@ -102,4 +103,4 @@ def _to_review(event: InboxEvent, primary_id: int, primary_state: str, worker: s
                                    "then replay this one to link it to its ticket",
                      detail={"primary_event": primary_id, "primary_state": primary_state},
                      extra={"copy_of_id": primary_id, "retry_at": None})
-    return "review"
+    return Outcome.AWAITING_REVIEW

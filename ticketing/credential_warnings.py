@@ -11,13 +11,14 @@ from django.utils import timezone
 
 from intake.models import Mailbox, MailboxAudit
 from intake.oauth_consent.selectors import mailboxes_to_warn
+from intake.vocabulary import SystemActor
 
 from . import notifications
 from .breaker import ADMIN_GROUP
 from .models import Notification
 
 logger = logging.getLogger(__name__)
-ACTOR = "system:credential-warnings"
+ACTOR = SystemActor.CREDENTIAL_WARNINGS
 
 
 def tenant_admins(tenant_id: int) -> list:

@@ -31,6 +31,7 @@ from .destinations.base import (
 from .destinations.capabilities import FILES_WITH_WRITE, FOLLOW_UP
 from .intents.progress import ClaimLost, IntentJournal
 from .models import Intent, TicketMapping
+from .outcomes import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -152,13 +153,13 @@ class Work:
 def attempt_in_transaction(adapter, intent: Intent, work: Work, worker: str, lease=None) -> str:
     """Claim, write and record inside the caller's transaction (a transactional adapter: the built-in store)."""
     if not intents.claim(intent.pk, worker, lease):
-        return "busy"
+        return Outcome.BUSY
     try:
         result = work.perform(adapter, intent)
     except TicketClosed as exc:  # a solved built-in ticket under the `review` policy
         return _ticket_closed(intent, work, worker, adapter, exc)
     intents.record_success(intent, result, f"worker:{worker}", event=work.event)
-    return "created"
+    return Outcome.CREATED
 
 
 def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=None) -> str:
@@ -169,8 +170,8 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
             return attempt_in_transaction(adapter, intent, work, worker, lease)
 
     claimed = bulkhead.claim(intent, worker, lease)  # intents.claim, under the destination's concurrency cap
-    if claimed != bulkhead.CLAIMED:
-        return claimed  # "busy", or "over_cap": nothing was written, the caller tries again shortly
+    if claimed != Outcome.CLAIMED:
+        return claimed  # BUSY, or OVER_CAP: nothing was written, the caller tries again shortly
     # A plain step of the happy path: not audited (the attempt's outcome is).
     transition_event(intent.inbox_event_id, [State.RECEIVED, State.READY], State.WRITE_PENDING,
                      actor=f"worker:{worker}", kind=None)
@@ -179,26 +180,26 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
     read_timeout = getattr(adapter, "timeout", (0, 0))[1]
     if not intents.still_claimed(intent.pk, worker, margin_seconds=read_timeout):
         logger.warning("intent %s: claim lost before the call; no request sent", intent.pk)
-        return "claim_lost"
+        return Outcome.CLAIM_LOST
     adapter.journal = IntentJournal(intent, worker)
     try:
         result = work.perform(adapter, intent)
     except ClaimLost:
         logger.warning("intent %s: claim lost between two steps; the next attempt goes on", intent.pk)
-        return "claim_lost"
+        return Outcome.CLAIM_LOST
     except TicketClosed as exc:
         return _ticket_closed(intent, work, worker, adapter, exc)
     except (TransientError, PermanentError, AmbiguousOutcome) as exc:
-        return intents.record_failure(intent, exc, worker) or "claim_lost"  # the breaker counts it there
+        return intents.record_failure(intent, exc, worker) or Outcome.CLAIM_LOST  # the breaker counts it there
     breaker.record_success(intent.destination)
     pause_point("after_destination_success")
     # A claim that expired meanwhile was moved to `unknown`; the success we hold settles it.
     if intents.record_success(intent, result, f"worker:{worker}", (Intent.State.IN_FLIGHT, Intent.State.UNKNOWN),
                               event=work.event):
-        return "created"
+        return Outcome.CREATED
     logger.error("intent %s: success for ticket %s could not be recorded; reconciliation will look",
                  intent.pk, result.ticket_id)
-    return "late_success"
+    return Outcome.LATE_SUCCESS
 
 
 def closed_policy(destination, adapter) -> str:
@@ -216,32 +217,33 @@ def _ticket_closed(intent: Intent, work: Work, worker: str, adapter, exc: Ticket
     reason ticket_closed, shown in the recovery queue). `reopen` is the adapter's own (it reopens and writes)."""
     breaker.record_success(intent.destination)  # the desk answered: it is up
     if work.action == Intent.Action.ADD_COMMENT and closed_policy(intent.destination, adapter) == FOLLOW_UP:
-        return intents.follow_up_instead(intent, worker=worker, closed_ticket_id=work.target.ticket_id) or "claim_lost"
-    return intents.record_failure(intent, exc, worker) or "claim_lost"
+        return (intents.follow_up_instead(intent, worker=worker, closed_ticket_id=work.target.ticket_id)
+                or Outcome.CLAIM_LOST)
+    return intents.record_failure(intent, exc, worker) or Outcome.CLAIM_LOST
 
 
 def call(intent_id: int, worker: str) -> str:
     """The call task's body: rebuild the request from the stored event and make one attempt.
 
-    Returns a short word (as `services.process_inbox_event` does); bulkhead.OVER_CAP asks the task to come back.
+    Returns a short word (as `services.process_inbox_event` does); Outcome.OVER_CAP asks the task to come back.
     """
     intent = (Intent.objects.select_related("destination", "inbox_event__mailbox").filter(pk=intent_id).first())
     if intent is None:
-        return "missing"
+        return Outcome.MISSING
     if intent.state not in (Intent.State.PENDING, Intent.State.RETRY_WAIT):
-        return "done" if intent.state == Intent.State.SUCCEEDED else "busy"
+        return Outcome.DONE if intent.state == Intent.State.SUCCEEDED else Outcome.BUSY
     event = intent.inbox_event
     if event.state not in (InboxEvent.State.READY, InboxEvent.State.WRITE_PENDING):
-        return "done" if event.state not in InboxEvent.OPEN_STATES else "not_ready"
+        return Outcome.DONE if event.state not in InboxEvent.OPEN_STATES else Outcome.NOT_READY
     # Pauses are checked again here: one may have been switched on since the hand-over.
     if event.mailbox.paused or intent.destination.paused or global_pause_on() or tenant_pause_on(event.tenant_id):
         wait_event(event.pk, settings.MAILROOM_PAUSE_RECHECK_SECONDS)
-        return "paused"
+        return Outcome.PAUSED
     parsed = normalize(event, actor=f"worker:{worker}").parsed  # past `received`: re-parsed, not re-judged
     if intent.action != Intent.Action.CREATE_TICKET or threads.is_thread_work(parsed):
         # Never handed over (it needs the thread lease); back to the per-event path, to be safe.
         enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk})
-        return "handed_back"
+        return Outcome.HANDED_BACK
     flags = [REUSED_MESSAGE_ID] if event.message_id_reused else []  # as process_inbox_event builds it
     work = Work(event, intent.action, parsed, flags=flags)
     return execute_intent(intent, work, worker)

@@ -34,6 +34,7 @@ from .classification.rules import record_hits
 from .destinations import adapter_for
 from .execution import REUSED_MESSAGE_ID, Work, attempt_in_transaction, execute_intent
 from .models import Destination, Intent
+from .outcomes import Outcome
 from .workers import worker_identity
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,14 @@ def _wait(event: InboxEvent, seconds: float, outcome: str) -> str:
     return outcome
 
 
+def _outcome_of(state: str) -> Outcome:
+    """The event's state after normalize, as an outcome; one another worker finished meanwhile is done."""
+    try:
+        return Outcome(state)
+    except ValueError:
+        return Outcome.BUSY if state in InboxEvent.OPEN_STATES else Outcome.DONE
+
+
 # The group cache's set of events whose take (intake.services.record_taken) this task already counted.
 TAKEN = "taken"
 
@@ -71,27 +80,27 @@ TAKEN = "taken"
 def process_inbox_event(event_id: int, worker: str | None = None, group_cache: dict | None = None) -> str:
     """Carry one event as far as it can go now. Safe to run any number of times, concurrently.
 
-    Returns a short word saying what happened, for logs and tests.
+    Returns an `Outcome` (ticketing.outcomes) saying what happened, for task results, logs and tests.
     """
     worker = worker or worker_identity()
     # The message comes with the row unless it is large; normalize reads a large one a MiB at a time.
     event = with_small_raw(InboxEvent.objects.select_related("mailbox", "tenant").filter(pk=event_id)).first()
     if event is None:
-        return "missing"
+        return Outcome.MISSING
     if event.state not in InboxEvent.OPEN_STATES:
-        return "done"
+        return Outcome.DONE
     cache = group_cache if group_cache is not None else {}
     if event_id not in cache.get(TAKEN, ()):  # before any work: a take that kills this worker still counts
         record_taken([event_id])
     if "global_pause" not in cache:  # read once per task group
         cache["global_pause"] = global_pause_on()
     if event.mailbox.paused or cache["global_pause"] or tenant_pause_on(event.tenant_id, cache):
-        return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, "paused")
+        return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, Outcome.PAUSED)
 
     outcome = normalize(event, actor=f"worker:{worker}")
     if outcome.state != State.READY:
         bounces.tie(event=event, state=outcome.state, reason_code=outcome.reason_code)  # our own bounced mail
-        return outcome.state  # waiting (scanner), or suppressed / awaiting_review / quarantined
+        return _outcome_of(outcome.state)  # waiting (scanner), or suppressed / awaiting_review / quarantined
     parsed = outcome.parsed
     if followed := copies.follow_primary(event, worker, cache):  # another mailbox's copy makes the ticket
         return followed
@@ -114,12 +123,12 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
 
     lease = leases.acquire(event.mailbox_id, event.thread_key, worker, settings.MAILROOM_THREAD_LEASE_SECONDS)
     if lease is None:
-        return _wait(event, THREAD_RETRY_SECONDS, "thread_busy")
+        return _wait(event, THREAD_RETRY_SECONDS, Outcome.WAITING_FOR_THREAD)
     try:
         pause_point("thread_analysis")
         plan = threads.plan(event, parsed)
         if plan.wait_for_earlier:
-            return _wait(event, THREAD_RETRY_SECONDS, "waiting_for_thread")
+            return _wait(event, THREAD_RETRY_SECONDS, Outcome.WAITING_FOR_THREAD)
         if plan.flags:
             _flag(event, plan.flags, worker)
         if plan.target is not None:
@@ -156,13 +165,13 @@ def _classify_and_route(event: InboxEvent, parsed, worker: str, cache: dict) -> 
         transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=actor,
                          kind=AuditKind.AWAITING_REVIEW, reason_code=ReasonCode.LOW_CONFIDENCE,
                          reason_detail="the AI's proposal for the route was below the policy's minimum confidence")
-        return "review"
+        return Outcome.AWAITING_REVIEW
     destination = route(event, cache)
     if destination is None:
         transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=actor,
                          kind=AuditKind.AWAITING_REVIEW, reason_code=ReasonCode.NO_DESTINATION,
                          reason_detail="the tenant has no default destination and no rule matched")
-        return "review"
+        return Outcome.AWAITING_REVIEW
     return destination
 
 
@@ -235,7 +244,7 @@ def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, l
         # corrected it).
         intent = selectors.current_intent(event.pk, work.action)
         if intent.state == Intent.State.SUCCEEDED:
-            return "done"
+            return Outcome.DONE
         if intent.destination.paused:
             paused = True
         else:
@@ -245,15 +254,15 @@ def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, l
                 # The built-in store: claim, write and record commit together or not at all.
                 return attempt_in_transaction(adapter, intent, work, worker, lease)
     if paused:
-        return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, "paused")
+        return _wait(event, settings.MAILROOM_PAUSE_RECHECK_SECONDS, Outcome.PAUSED)
 
     if bulkhead.pooled(lease):
         # The intent is the durable record; the I/O pool makes the call (ticketing.bulkhead).
         bulkhead.hand_over(intent.pk)
         record_progress(event.pk)  # the call waits in the pool's queue: not a take without progress
-        return "handed_over"
+        return Outcome.HANDED_OVER
     outcome = execute_intent(intent, work, worker, adapter, lease)
-    if outcome == bulkhead.OVER_CAP:  # the destination's cap is full: the event waits a moment, parked
+    if outcome == Outcome.OVER_CAP:  # the destination's cap is full: the event waits a moment, parked
         return _wait(event, bulkhead.cap_wait_seconds(), outcome)
     return outcome
 

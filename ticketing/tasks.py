@@ -7,6 +7,7 @@ from intake import groupcache
 from intake.selectors import drill_event_ids
 
 from . import execution, intents, services, workers
+from .outcomes import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -17,7 +18,7 @@ def process_inbox_events(inbox_event_ids: list[int]) -> dict:
     # A drill's events are driven by the drill itself, in its own process (reconciliation.drills): dropped here.
     drill = drill_event_ids(inbox_event_ids)
     kept = [event_id for event_id in inbox_event_ids if event_id not in drill]
-    outcomes: dict = {"drill": len(inbox_event_ids) - len(kept)} if drill else {}
+    outcomes: dict = {Outcome.DRILL: len(inbox_event_ids) - len(kept)} if drill else {}
     inbox_event_ids = kept
     worker = workers.worker_identity()
     group_cache: dict = {}  # the pause switch, policies and default destinations, read once per group
@@ -50,7 +51,7 @@ def _process_group(inbox_event_ids: list[int], worker: str, group_cache: dict) -
             # One bad event must not stall its group; the stale-event sweep
             # brings it back and, past the dispatch cap, to the recovery queue.
             logger.exception("processing event %s failed", event_id)
-            outcome = "error"
+            outcome = Outcome.ERROR
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     return outcomes
 
@@ -91,7 +92,7 @@ def _each_intent(intent_ids: list[int], carry_out, what: str) -> dict:
             outcome = carry_out(intent_id, worker)
         except Exception:
             logger.exception("%s %s failed", what, intent_id)
-            outcome = "error"
+            outcome = Outcome.ERROR
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     return outcomes
 
@@ -153,6 +154,6 @@ def call_destination(intent_id: int) -> str:
     from . import bulkhead
 
     outcome = execution.call(intent_id, bulkhead.worker_identity())
-    if outcome == bulkhead.OVER_CAP:  # the destination's cap is full: come back shortly, the intent waits pending
+    if outcome == Outcome.OVER_CAP:  # the destination's cap is full: come back shortly, the intent waits pending
         bulkhead.hand_over(intent_id, countdown=bulkhead.cap_wait_seconds())
     return outcome

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from .. import selectors
 from ..models import InboxEvent, WebhookNonce
-from ..vocabulary import AuditKind, ReasonCode
+from ..vocabulary import AuditKind, ReasonCode, SystemActor
 from .events import STALE_CANDIDATE_STATES, record_audit, transition_event
 from .outbox import PROCESS_TOPIC, enqueue_outbox
 
@@ -74,7 +74,7 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
     )
     for event_id, state, dispatches, retry_at in candidates:
         if retry_at is None and dispatches >= settings.MAILROOM_MAX_DISPATCHES:
-            if transition_event(event_id, [state], InboxEvent.State.FAILED, actor="system:sweep",
+            if transition_event(event_id, [state], InboxEvent.State.FAILED, actor=SystemActor.SWEEP,
                                 kind=AuditKind.POISON, reason_code=ReasonCode.POISON,
                                 reason_detail=f"dispatched {dispatches} times without progress",
                                 audit_detail={"dispatches": dispatches}, now=now,
@@ -91,7 +91,7 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
             still_stale = InboxEvent.objects.filter(stale, pk=event_id, state=state, retry_at__isnull=True)
             if still_stale.update(updated_at=now, requeues=Least(F("requeues") + 1, MAX_BACKOFF_DOUBLINGS)):
                 enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
-                record_audit(event_id, AuditKind.REQUEUED, actor="system:sweep", detail={"state": state}, at=now)
+                record_audit(event_id, AuditKind.REQUEUED, actor=SystemActor.SWEEP, detail={"state": state}, at=now)
                 requeued += 1
     if requeued or poisoned:
         logger.warning("stale-event sweep: requeued %d, poisoned %d", requeued, poisoned)

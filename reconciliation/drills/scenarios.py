@@ -9,6 +9,7 @@ from intake.models import InboxEvent
 from ticketing import breaker, intents
 from ticketing.execution import Work
 from ticketing.models import Intent
+from ticketing.outcomes import Outcome
 
 from .scratch import PDF, Scratch, closed_port
 
@@ -73,7 +74,7 @@ def duplicate_delivery(drill: Scratch) -> Observation:
     first, again = drill.deliver(raw), drill.deliver(raw)  # the provider retried its webhook
     check(problems, again.duplicate and again.inbox_event_id == first.inbox_event_id, "redelivery stored twice")
     outcomes = [drill.process(first.inbox_event_id), drill.process(again.inbox_event_id)]
-    check(problems, outcomes == ["created", "done"], f"outcomes {outcomes}")
+    check(problems, outcomes == [Outcome.CREATED, Outcome.DONE], f"outcomes {outcomes}")
     return observe(drill, first.inbox_event_id, before, problems)
 
 
@@ -82,11 +83,11 @@ def rate_limit(drill: Scratch) -> Observation:
     drill.desk.set_plan(["rate_limit:1"])
     event_id = drill.deliver(drill.message("Cannot log in", "The login page says my account is locked.")) \
         .inbox_event_id
-    check(problems, drill.process(event_id) == "retry_wait", "429 not turned into a retry")
+    check(problems, drill.process(event_id) == Outcome.RETRY_WAIT, "429 not turned into a retry")
     check(problems, drill.sweep(event_id) == {}, "retried before Retry-After")
     drill.advance(event_id)
     check(problems, drill.sweep(event_id) == {"requeued": 1}, "the due retry was not requeued")
-    check(problems, drill.process(event_id) == "created", "the retry did not create the ticket")
+    check(problems, drill.process(event_id) == Outcome.CREATED, "the retry did not create the ticket")
     statuses = [r["status"] for r in drill.creates_since(mark)]
     check(problems, statuses == [429, 201], f"create requests answered {statuses}")
     return observe(drill, event_id, before, problems)
@@ -97,10 +98,10 @@ def invalid_field(drill: Scratch) -> Observation:
     drill.desk.set_plan(["reject_422"])
     event_id = drill.deliver(drill.message("Change my address", "Please update my delivery address.")) \
         .inbox_event_id
-    check(problems, drill.process(event_id) == "failed", "422 did not fail the intent")
+    check(problems, drill.process(event_id) == Outcome.FAILED, "422 did not fail the intent")
     drill.advance(event_id)
     drill.sweep(event_id)
-    check(problems, drill.process(event_id) == "done", "a rejected write was tried again")
+    check(problems, drill.process(event_id) == Outcome.DONE, "a rejected write was tried again")
     check(problems, len(drill.creates_since(mark)) == 1, "more than one create request")
     return observe(drill, event_id, before, problems)
 
@@ -112,7 +113,7 @@ def worker_restart(drill: Scratch) -> Observation:
         .inbox_event_id
     drill.set_paused(True)  # stop the drill's own worker right before the call, to play the doomed one
     try:
-        check(problems, drill.process(event_id) == "paused", "a paused destination was written to")
+        check(problems, drill.process(event_id) == Outcome.PAUSED, "a paused destination was written to")
     finally:
         drill.set_paused(False)
     intent = drill.intent(event_id)
@@ -123,11 +124,11 @@ def worker_restart(drill: Scratch) -> Observation:
 
     Work(event, Intent.Action.CREATE_TICKET, parsed).perform(adapter_for(drill.destination), intent)
     # ... killed here: the desk has the ticket, Mailroom has a claim nobody will finish.
-    check(problems, drill.process(event_id) == "busy", "a second worker took a live claim")
+    check(problems, drill.process(event_id) == Outcome.BUSY, "a second worker took a live claim")
     drill.advance(event_id)  # the claim runs out
     swept = drill.sweep(event_id)
     check(problems, swept.get("expired") == 1, f"the claim did not expire ({swept})")
-    check(problems, drill.process(event_id) in ("created", "done"), "not completed after the restart")
+    check(problems, drill.process(event_id) in (Outcome.CREATED, Outcome.DONE), "not completed after the restart")
     return observe(drill, event_id, before, problems)
 
 
@@ -136,7 +137,7 @@ def timeout_after_write(drill: Scratch) -> Observation:
     drill.desk.set_plan(["stall_after_commit:2"])  # the desk writes, then answers after our 1 s read timeout
     event_id = drill.deliver(drill.message("VPN drops every hour", "The VPN client disconnects hourly.")) \
         .inbox_event_id
-    check(problems, drill.process(event_id) == "unknown", "a timed-out write was not marked unknown")
+    check(problems, drill.process(event_id) == Outcome.UNKNOWN, "a timed-out write was not marked unknown")
     swept = drill.sweep(event_id)
     check(problems, "pending" in swept or "succeeded" in swept, f"unknown not resolved ({swept})")
     drill.process(event_id)
@@ -151,10 +152,10 @@ def no_idempotency(drill: Scratch) -> Observation:
         drill.desk.set_plan(["drop_after_commit"])
         event_id = drill.deliver(drill.message("Refund request", "I returned the item, please refund me.")) \
             .inbox_event_id
-        check(problems, drill.process(event_id) == "unknown", "a lost answer was not marked unknown")
+        check(problems, drill.process(event_id) == Outcome.UNKNOWN, "a lost answer was not marked unknown")
         swept = drill.sweep(event_id)
         check(problems, swept == {"succeeded": 1}, f"the lookup did not settle it ({swept})")
-        check(problems, drill.process(event_id) == "done", "processed again after the lookup")
+        check(problems, drill.process(event_id) == Outcome.DONE, "processed again after the lookup")
         check(problems, len(drill.creates_since(mark)) == 1, "created again without a key")
     finally:
         drill.desk.set_idempotency(enabled=True)
@@ -169,7 +170,7 @@ def scanner_down(drill: Scratch) -> Observation:
     event_id = drill.deliver(raw).inbox_event_id
     with override_settings(MAILROOM_CLAMD=f"tcp://127.0.0.1:{closed_port()}", MAILROOM_CLAMD_TIMEOUT=2,
                            MAILROOM_SCAN_ATTEMPTS=2, MAILROOM_SCAN_RETRY_SECONDS=60):
-        check(problems, drill.process(event_id) == "waiting", "did not wait for the scanner")
+        check(problems, drill.process(event_id) == Outcome.WAITING, "did not wait for the scanner")
         waiting = InboxEvent.objects.get(pk=event_id)
         check(problems, waiting.state == "received" and waiting.retry_at is not None, "the event is not waiting")
         drill.advance(event_id)
@@ -185,14 +186,14 @@ def expired_credentials(drill: Scratch) -> Observation:
             ("Printer offline", "The 3rd floor printer is offline."),
             ("Shared drive full", "The team share says it has no space left."),
             ("New starter laptop", "A laptop for our new starter on Monday, please.")))
-        check(problems, drill.process(first) == "failed", "a 401 did not fail the item")
+        check(problems, drill.process(first) == Outcome.FAILED, "a 401 did not fail the item")
         drill.advance(first)
         drill.sweep(first)
-        check(problems, drill.process(first) == "done", "retried with bad credentials")
+        check(problems, drill.process(first) == Outcome.DONE, "retried with bad credentials")
         # The second credentials failure in a row trips the breaker: that item, and the next, wait.
-        check(problems, drill.process(second) == "retry_wait", "the tripping item did not wait")
+        check(problems, drill.process(second) == Outcome.RETRY_WAIT, "the tripping item did not wait")
         check(problems, drill.paused_by() == breaker.ACTOR, "the breaker did not pause the destination")
-        check(problems, drill.process(third) == "paused", "a new item did not wait on the paused destination")
+        check(problems, drill.process(third) == Outcome.PAUSED, "a new item did not wait on the paused destination")
     check(problems, len(drill.creates_since(mark)) == 2, "a request was sent while paused")
     drill.waiting = [second, third]
     return observe(drill, first, before, problems)
@@ -207,7 +208,7 @@ def resume_drains(drill: Scratch) -> Observation:
     drill.resume()
     for event_id in drill.waiting:
         drill.sweep(event_id)  # the waiting intent is due now
-        check(problems, drill.process(event_id) == "created", f"event {event_id} did not drain")
+        check(problems, drill.process(event_id) == Outcome.CREATED, f"event {event_id} did not drain")
     check(problems, InboxEvent.objects.filter(pk__in=drill.waiting, state="completed").count() == 2,
           "not every waiting item completed")
     return observe(drill, drill.waiting[-1], before, problems)

@@ -16,6 +16,7 @@ from intake.keys import raw_message_keys
 from intake.models import InboxEvent, Mailbox, OutboxMessage, Tenant
 from intake.secrets import env_prefix
 from intake.services import ingest, release_waiting_events
+from intake.vocabulary import SystemActor
 from ticketing import breaker, intents
 from ticketing.models import Destination, Intent, TicketMapping
 from ticketing.services import process_inbox_event
@@ -89,7 +90,7 @@ class Scratch:
         with transaction.atomic():
             Mailbox.objects.filter(pk=self.mailbox.pk).update(paused=True)
             Destination.objects.filter(pk=self.destination.pk).update(
-                paused=True, paused_by="system:drill", paused_at=timezone.now(),
+                paused=True, paused_by=SystemActor.DRILL, paused_at=timezone.now(),
                 paused_reason="drill finished: its FakeDesk is gone (evidence kept)")
             events = list(InboxEvent.objects.filter(tenant=self.tenant).values_list("pk", flat=True))
             made = list(Intent.objects.filter(inbox_event_id__in=events).values_list("pk", flat=True))

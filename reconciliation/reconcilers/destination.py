@@ -24,6 +24,7 @@ from operator import or_
 from django.db.models import Q
 
 from intake.models import InboxEvent, Mailbox
+from intake.vocabulary import SystemActor
 from ticketing import intents
 from ticketing.destinations import adapter_for
 from ticketing.destinations.base import TicketResult
@@ -35,7 +36,7 @@ from .base import Pass, Summary, limit, open_findings, recording, resolve, windo
 
 KIND = "destination"
 REF_PREFIX = EXTERNAL_REF_PREFIX  # ticketing.intents.creation.external_ref
-ACTOR = "system:reconcile"
+ACTOR = SystemActor.RECONCILE
 ADOPTABLE = (Intent.State.PENDING, Intent.State.RETRY_WAIT, Intent.State.UNKNOWN, Intent.State.FAILED,
              Intent.State.HELD)
 

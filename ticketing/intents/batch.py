@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent, OutboxMessage
 from intake.services import NOT_COMPLETED_STATES, NOTIFY_CHANNEL, transition_events
-from intake.vocabulary import ReasonCode
+from intake.vocabulary import ReasonCode, SystemActor
 
 from .. import ack_policy
 from ..models import Destination, Intent, TicketMapping
@@ -185,7 +185,7 @@ def _plan_acknowledgment(success: BuiltinSuccess, now, budget) -> AuditEvent | N
     if skipped is not None:
         logger.info("event %s: no acknowledgment (%s)", event.pk, skipped["reason"])
         return AuditEvent(inbox_event_id=event.pk, kind=ack_policy.SKIP_AUDIT_KIND,
-                          actor="system:acknowledgments", detail=skipped, at=now)
+                          actor=SystemActor.ACKNOWLEDGMENTS, detail=skipped, at=now)
     key = intent_key(event, Intent.Action.NOTIFY_REQUESTER, 1)
     # Planned once: the mapping inserted in this transaction is unique per event (a plain INSERT, as
     # `create_intent`).

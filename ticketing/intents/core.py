@@ -17,6 +17,7 @@ from intake.vocabulary import AuditKind, ReasonCode
 
 from ..destinations.base import AmbiguousOutcome, PermanentError, TicketResult, TransientError
 from ..models import Intent, TicketMapping
+from ..outcomes import Outcome
 from . import followups
 from .creation import insert_intent
 
@@ -162,7 +163,7 @@ def follow_up_instead(intent: Intent, *, worker: str, closed_ticket_id: str) -> 
     intent in_flight -> failed, and a create_ticket intent for the same event that follows up the
     closed ticket (`Intent.progress["follow_up_of"]`), with the audit row, in one transaction. The comment
     intent ends failed (its reason ticket_closed: replaced, nothing for a person to do); the event stays
-    write_pending and goes back to a worker. Returns "follow_up" ('' when the attempt was no longer ours)."""
+    write_pending and goes back to a worker. Returns Outcome.FOLLOW_UP ("" when the attempt was no longer ours)."""
     now = timezone.now()
     with transaction.atomic():
         if not move(expecting(intent.pk, IntentState.IN_FLIGHT, claimed_by=worker), IntentState.FAILED, now,
@@ -179,7 +180,7 @@ def follow_up_instead(intent: Intent, *, worker: str, closed_ticket_id: str) -> 
                              "destination": intent.destination_id})
         enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": intent.inbox_event_id}, now=now)
     logger.info("intent %s: ticket %s is closed; a follow-up ticket is planned", intent.pk, closed_ticket_id)
-    return "follow_up"
+    return Outcome.FOLLOW_UP
 
 
 NOT_SENT_REF = "not-sent"   # the result_ref prefix of an acknowledgment that ended without an email

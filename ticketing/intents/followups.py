@@ -6,7 +6,7 @@ import logging
 
 from intake.models import InboxEvent
 from intake.services import enqueue_outbox, record_audit
-from intake.vocabulary import ReasonCode
+from intake.vocabulary import ReasonCode, SystemActor
 
 from .. import ack_policy
 from ..destinations import adapter_for
@@ -26,7 +26,7 @@ def plan_acknowledgment(event: InboxEvent, destination) -> Intent | None:
                else ack_policy.skip_audit_detail(stored, ack_policy.AcknowledgmentBudget()))
     if skipped is not None:
         # Planned once (the mapping just inserted is unique per event), so audited once.
-        record_audit(event.pk, ack_policy.SKIP_AUDIT_KIND, actor="system:acknowledgments", detail=skipped)
+        record_audit(event.pk, ack_policy.SKIP_AUDIT_KIND, actor=SystemActor.ACKNOWLEDGMENTS, detail=skipped)
         logger.info("event %s: no acknowledgment (%s)", event.pk, skipped["reason"])
         return None
     # Planned once: the mapping just inserted in this transaction is unique per event.

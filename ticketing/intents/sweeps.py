@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from intake.selectors import drill_events
 from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit
-from intake.vocabulary import AuditKind, ReasonCode
+from intake.vocabulary import AuditKind, ReasonCode, SystemActor
 
 from ..destinations import adapter_for
 from ..destinations.base import AmbiguousOutcome, PermanentError, TransientError
@@ -70,9 +70,9 @@ def expire(intent: Intent, now) -> bool:
                      last_error_kind=CLAIM_EXPIRED_ERROR,
                      last_error=f"claim of {intent.claimed_by} expired"):
             return False
-        move_event(intent.inbox_event_id, EventState.UNKNOWN, now, "system:sweep", ReasonCode.CLAIM_EXPIRED,
+        move_event(intent.inbox_event_id, EventState.UNKNOWN, now, SystemActor.SWEEP, ReasonCode.CLAIM_EXPIRED,
                     f"the worker holding attempt {intent.attempts} stopped answering")
-        record_audit(intent.inbox_event_id, AuditKind.INTENT_UNKNOWN, actor="system:sweep", at=now,
+        record_audit(intent.inbox_event_id, AuditKind.INTENT_UNKNOWN, actor=SystemActor.SWEEP, at=now,
                      detail={"intent": intent.pk, "reason": ReasonCode.CLAIM_EXPIRED, "worker": intent.claimed_by})
     return True
 
@@ -108,7 +108,7 @@ def requeue(intent: Intent, now) -> bool:
     return True
 
 
-def resolve_unknown(intent_id: int, actor: str = "system:reconciliation") -> str:
+def resolve_unknown(intent_id: int, actor: str = SystemActor.RECONCILE) -> str:
     """Settle an `unknown` intent exactly as docs/design.md §6 allows; never a blind second write.
 
     Returns the new state, or '' when the intent was not unknown (or the lookup failed for now).

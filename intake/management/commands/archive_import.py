@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 from intake import archive
 from intake.channels import polling
 from intake.models import Mailbox
+from intake.vocabulary import SystemActor
 
 
 class Command(BaseCommand):
@@ -27,7 +28,7 @@ class Command(BaseCommand):
             raise CommandError("--before takes a date, YYYY-MM-DD") from None
         try:
             archive.start_archive_import(mailbox=mailbox, before=before, tickets=options["tickets"],
-                                         actor="system:manage.py")
+                                         actor=SystemActor.MANAGE_PY)
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from None
         self.stdout.write(f"mailbox {mailbox.slug}: archive import of mail before {before:%Y-%m-%d %H:%M %Z} "
