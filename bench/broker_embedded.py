@@ -163,7 +163,8 @@ def main() -> int:
     args = parser.parse_args()
 
     sys.path.insert(0, str(HERE))
-    from _common import BIN, Stack, log
+    from lib.report import log
+    from lib.stack import BIN, Stack
 
     tmp = Path(tempfile.mkdtemp(prefix="mailroom-broker-bench-"))
     out = tmp / "out"

@@ -33,9 +33,25 @@ from collections import Counter
 
 import psycopg
 
-import _common as c
+from lib.db import analyze, app_env, clean_up, db_url, recreate_database
+from lib.messages import make_body, sign
+from lib.procstat import wait_for_quiet
+from lib.report import log
+from lib.stack import (
+    BIN,
+    PYTHON,
+    REPO,
+    Stack,
+    flush_broker,
+    free_port,
+    git_revision,
+    install_signal_handlers,
+    make_tmp,
+    manage,
+    start_gunicorn,
+)
 
-sys.path.insert(0, str(c.REPO))
+sys.path.insert(0, str(REPO))
 from fakedesk.client import DeskClient  # noqa: E402  (standard library only; needs the repository on the path)
 
 DB_NAME = "mailroom_bench_bulkhead"
@@ -95,8 +111,8 @@ def post(port: int, n: int, clients: int, body_bytes: int) -> list:
     items = []
     for i in range(n):
         slug = SLUGS[i % 2]
-        body = c.make_body(tag, i, body_bytes).replace(b"support@bench.test", f"support@{slug}.test".encode())
-        items.append((slug, body, {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": c.sign(body, ts),
+        body = make_body(tag, i, body_bytes).replace(b"support@bench.test", f"support@{slug}.test".encode())
+        items.append((slug, body, {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign(body, ts),
                                    "Content-Type": "message/rfc822"}))
     ctx = multiprocessing.get_context("fork")
     start_evt, out_q = ctx.Event(), ctx.Queue()
@@ -115,9 +131,9 @@ def post(port: int, n: int, clients: int, body_bytes: int) -> list:
     return results
 
 
-def wait_mapped(ids: list[int], timeout: float, stack: c.Stack) -> bool:
+def wait_mapped(ids: list[int], timeout: float, stack: Stack) -> bool:
     deadline = time.time() + timeout
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         while time.time() < deadline:
             done = conn.execute("SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id = ANY(%s)",
                                 (ids,)).fetchone()[0]
@@ -130,7 +146,7 @@ def wait_mapped(ids: list[int], timeout: float, stack: c.Stack) -> bool:
 
 def check(ids: list[int], desk: DeskClient) -> tuple[float, dict]:
     """(time of the last mapping, guarantee counts) for one destination's events of a phase."""
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         rows = conn.execute(
             """SELECT e.id, e.state,
                  (SELECT count(*) FROM ticketing_ticketmapping m WHERE m.inbox_event_id = e.id),
@@ -157,8 +173,8 @@ def check(ids: list[int], desk: DeskClient) -> tuple[float, dict]:
     return max(float(r[3] or 0.0) for r in rows), counts
 
 
-def start_workers(stack: c.Stack, env: dict, mode: str, args) -> None:
-    celery = [str(c.BIN / "celery"), "-A", "config", "worker", "--loglevel", "WARNING", "--without-mingle",
+def start_workers(stack: Stack, env: dict, mode: str, args) -> None:
+    celery = [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "WARNING", "--without-mingle",
               "--without-gossip"]
     if mode == "inline":
         stack.start("celery", celery + ["--concurrency", str(args.workers)], dict(env, MAILROOM_DESTINATION_QUEUE=""))
@@ -169,12 +185,12 @@ def start_workers(stack: c.Stack, env: dict, mode: str, args) -> None:
                                    "-n", "calls@%h"], env)
 
 
-def phase(label: str, port: int, stack: c.Stack, desks: dict, faulty: bool, args) -> dict:
+def phase(label: str, port: int, stack: Stack, desks: dict, faulty: bool, args) -> dict:
     for desk in desks.values():
         desk.reset()
     if faulty:
         desks["beta"].set_plan(random_spec={"seed": SEED, "weights": {f"stall_after_commit:{args.stall}": 0.15}})
-    busy = c.wait_for_quiet(args.quiet_wait)
+    busy = wait_for_quiet(args.quiet_wait)
     results = post(port, args.emails, args.clients, args.body_bytes)
     first = min(r[0] for r in results)
     ids = {slug: [r[2] for r in results if r[3] == slug] for slug in SLUGS}
@@ -189,8 +205,8 @@ def phase(label: str, port: int, stack: c.Stack, desks: dict, faulty: bool, args
                                                   "one_desk_ticket_matching")), **counts}
         desks[slug].set_plan()
     writes = Counter(r["fault"] for r in desks["beta"].requests_log())
-    c.log(f"{label}: alpha {out['alpha']['rate']:.1f}/s, beta {out['beta']['rate']:.1f}/s "
-          f"(machine {busy * 100:.0f}% busy before; beta's writes by fault {dict(writes)})")
+    log(f"{label}: alpha {out['alpha']['rate']:.1f}/s, beta {out['beta']['rate']:.1f}/s "
+        f"(machine {busy * 100:.0f}% busy before; beta's writes by fault {dict(writes)})")
     return out
 
 
@@ -212,31 +228,31 @@ def main() -> int:
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args()
 
-    c.install_signal_handlers()
-    tmp = c.make_tmp("mailroom-bench-bulkhead-")
-    env = c.app_env(DB_NAME, tmp, args.log_level)
-    stack = c.Stack(tmp)
+    install_signal_handlers()
+    tmp = make_tmp("mailroom-bench-bulkhead-")
+    env = app_env(DB_NAME, tmp, args.log_level)
+    stack = Stack(tmp)
     ok, runs = True, []
     try:
-        print(f"Mailroom bulkhead benchmark — revision {c.git_revision()}, {os.cpu_count()} cores")
+        print(f"Mailroom bulkhead benchmark — revision {git_revision()}, {os.cpu_count()} cores")
         desks = {}
         for slug in SLUGS:
-            port, token = c.free_port(), uuid.uuid4().hex
-            stack.start(f"desk-{slug}", [str(c.PYTHON), "-m", "fakedesk", "--host", "127.0.0.1", "--port", str(port),
+            port, token = free_port(), uuid.uuid4().hex
+            stack.start(f"desk-{slug}", [str(PYTHON), "-m", "fakedesk", "--host", "127.0.0.1", "--port", str(port),
                                          "--db", str(tmp / f"{slug}.sqlite3"), f"--token={token}",
-                                         "--log-level", "WARNING"], dict(env, PYTHONPATH=str(c.REPO)))
+                                         "--log-level", "WARNING"], dict(env, PYTHONPATH=str(REPO)))
             desks[slug] = DeskClient(f"http://127.0.0.1:{port}", token=token).wait_until_up()
             env[f"BENCH_DESK_{slug.upper()}"] = desks[slug].url
             env[f"MAILROOM_T_{slug.upper()}_DESK"] = f"agent@{slug}.test/token:{token}"
         env["BENCH_READ_TIMEOUT"] = str(args.read_timeout)
-        c.recreate_database(DB_NAME)
-        c.manage(env, "migrate", "--noinput", "-v0")
-        c.manage(env, "shell", "-c", SETUP)
-        c.flush_broker()
-        port = c.free_port()
-        c.start_gunicorn(stack, env, args.web_workers, port)
-        stack.start("relay", [str(c.PYTHON), "manage.py", "run_relay"], env)
-        stack.start("sweeper", [str(c.PYTHON), "manage.py", "shell", "-c", SWEEPER], env)
+        recreate_database(DB_NAME)
+        manage(env, "migrate", "--noinput", "-v0")
+        manage(env, "shell", "-c", SETUP)
+        flush_broker()
+        port = free_port()
+        start_gunicorn(stack, env, args.web_workers, port)
+        stack.start("relay", [str(PYTHON), "manage.py", "run_relay"], env)
+        stack.start("sweeper", [str(PYTHON), "manage.py", "shell", "-c", SWEEPER], env)
         modes = args.modes.split(",")
         for round_ in range(args.rounds):
             for mode in modes if round_ % 2 == 0 else modes[::-1]:
@@ -244,7 +260,7 @@ def main() -> int:
                 warm = post(port, 40, args.clients, args.body_bytes)
                 if not wait_mapped([r[2] for r in warm], 120, stack):
                     raise RuntimeError(f"{mode}: warm-up did not complete\n{stack.tail('celery')}")
-                c.analyze(DB_NAME)
+                analyze(DB_NAME)
                 run = {"mode": mode, "round": round_ + 1}
                 run["clean"] = phase(f"round {round_ + 1} {mode} no-fault", port, stack, desks, False, args)
                 run["faulty"] = phase(f"round {round_ + 1} {mode} beta stalls 15%", port, stack, desks, True, args)
@@ -255,10 +271,10 @@ def main() -> int:
         report(runs, args)
         return 0 if ok else 1
     except KeyboardInterrupt:
-        c.log("interrupted: stopping what this run started")
+        log("interrupted: stopping what this run started")
         return 130
     finally:
-        c.clean_up(stack, DB_NAME, tmp, args.keep)
+        clean_up(stack, DB_NAME, tmp, args.keep)
 
 
 def report(runs: list, args) -> None:

@@ -28,7 +28,10 @@ import time
 
 import requests
 
-import _common as c
+from lib.db import app_env, clean_up, recreate_database
+from lib.procstat import cpu_by_group, cpu_delta, wait_for_quiet
+from lib.report import log, percentile
+from lib.stack import Stack, free_port, install_signal_handlers, make_tmp, manage, start_gunicorn
 
 DB_NAME = "mailroom_bench_console"
 GOAL_MS = 300.0
@@ -201,22 +204,22 @@ def main() -> int:
     args = parser.parse_args()
     if args.runs < 15:
         parser.error("--runs must be at least 15")
-    c.install_signal_handlers()
-    tmp = c.make_tmp("mailroom-bench-console-")
-    env = c.app_env(DB_NAME, tmp, "WARNING")
-    stack = c.Stack(tmp)
+    install_signal_handlers()
+    tmp = make_tmp("mailroom-bench-console-")
+    env = app_env(DB_NAME, tmp, "WARNING")
+    stack = Stack(tmp)
     failed = False
     try:
-        c.recreate_database(DB_NAME)
+        recreate_database(DB_NAME)
         t0 = time.monotonic()
-        c.manage(env, "migrate", "--noinput", "-v0", timeout=600)
-        out = c.manage(dict(env, BENCH_ITEMS=str(args.items), BENCH_HISTORY=str(args.history),
-                            BENCH_PASSWORD=PASSWORD), "shell", "-c", SEED_SCRIPT, timeout=1800)
+        manage(env, "migrate", "--noinput", "-v0", timeout=600)
+        out = manage(dict(env, BENCH_ITEMS=str(args.items), BENCH_HISTORY=str(args.history),
+                          BENCH_PASSWORD=PASSWORD), "shell", "-c", SEED_SCRIPT, timeout=1800)
         seed = json.loads(next(x for x in out.splitlines() if x.startswith("BENCH_SEED ")).split(" ", 1)[1])
-        c.log(f"seeded {seed['items']:,} recovery items ({seed['visible']:,} in the operator's two tenants) and "
-              f"{args.history:,} completed events, ANALYZEd ({time.monotonic() - t0:.1f} s)")
-        port = c.free_port()
-        c.start_gunicorn(stack, env, workers=1, port=port)
+        log(f"seeded {seed['items']:,} recovery items ({seed['visible']:,} in the operator's two tenants) and "
+            f"{args.history:,} completed events, ANALYZEd ({time.monotonic() - t0:.1f} s)")
+        port = free_port()
+        start_gunicorn(stack, env, workers=1, port=port)
         base = f"http://127.0.0.1:{port}"
         session = log_in(base)
         pages = [  # (name, path, held to the goal); the search is shown for information
@@ -226,26 +229,26 @@ def main() -> int:
             ("dashboard", f"{QUEUE}dashboard/", True),
             ("queue, searched by sender", f"{QUEUE}?q=olga.novak", False),
         ]
-        c.wait_for_quiet(args.quiet_wait)
+        wait_for_quiet(args.quiet_wait)
         results = []
         groups = {"web": stack.pid("gunicorn")}
         for name, path, held in pages:
-            before = c.cpu_by_group(groups, DB_NAME)
+            before = cpu_by_group(groups, DB_NAME)
             durations, bad = time_page(session, base + path, args.warmup, args.runs)
-            spent = c.cpu_delta(before, c.cpu_by_group(groups, DB_NAME))
+            spent = cpu_delta(before, cpu_by_group(groups, DB_NAME))
             fetches = args.warmup + args.runs
             cpu = (spent["web"] / fetches, spent["postgres"] / fetches)  # the app, its database backend
             results.append((name, held, durations, bad, cpu))
             stack.check_alive()
     finally:
-        c.clean_up(stack, DB_NAME, tmp, args.keep)
+        clean_up(stack, DB_NAME, tmp, args.keep)
     print()
     print(f"{seed['items']:,} recovery items; {args.runs} timed fetches per page, one at a time, 1 gunicorn worker")
     print("CPU/load: CPU of the gunicorn worker and its PostgreSQL backend per fetch, what one load costs")
     print("whatever else the machine runs (an idle machine's wall time is about this plus the network).")
     print(f"{'page':<28} {'median':>9} {'p95':>9} {'CPU/load (app + db)':>24} {'goal':>9}  result")
     for name, held, durations, bad, cpu in results:
-        median, p95 = statistics.median(durations) * 1000, c.percentile(durations, 95) * 1000
+        median, p95 = statistics.median(durations) * 1000, percentile(durations, 95) * 1000
         ok = median < GOAL_MS and not bad
         failed |= bool(bad) or (held and not ok)
         verdict = ("PASS" if ok else "FAIL") if held else ("info" if not bad else "FAIL")

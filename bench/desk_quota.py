@@ -37,9 +37,25 @@ from collections import Counter
 
 import psycopg
 
-import _common as c
+from lib.db import app_env, clean_up, db_url, recreate_database
+from lib.messages import MAILBOX_SLUG, WEBHOOK_PATH, sign
+from lib.procstat import wait_for_quiet
+from lib.report import log
+from lib.stack import (
+    BIN,
+    PYTHON,
+    REPO,
+    Stack,
+    flush_broker,
+    free_port,
+    git_revision,
+    install_signal_handlers,
+    make_tmp,
+    manage,
+    start_gunicorn,
+)
 
-sys.path.insert(0, str(c.REPO))
+sys.path.insert(0, str(REPO))
 from fakedesk.server import FakeDesk  # noqa: E402  (standard library only; needs the repository on the path)
 
 DB_NAME = "mailroom_bench_desk_quota"
@@ -136,7 +152,7 @@ def _poster(port, items, start_evt, out_q):
     start_evt.wait()
     for body, headers in items:
         try:
-            conn.request("POST", c.WEBHOOK_PATH, body=body, headers=headers)
+            conn.request("POST", WEBHOOK_PATH, body=body, headers=headers)
             resp = conn.getresponse()
             data, status = resp.read(), resp.status
             if resp.will_close:
@@ -154,7 +170,7 @@ def post(port: int, n: int, clients: int, attachments: int) -> list[int]:
     items = []
     for i in range(n):
         body = make_message(tag, i, attachments)
-        items.append((body, {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": c.sign(body, ts),
+        items.append((body, {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign(body, ts),
                              "Content-Type": "message/rfc822"}))
     ctx = multiprocessing.get_context("fork")
     start_evt, out_q = ctx.Event(), ctx.Queue()
@@ -173,16 +189,16 @@ def post(port: int, n: int, clients: int, attachments: int) -> list[int]:
     return [event_id for _, event_id in results]
 
 
-def wait_mapped(ids: list[int], timeout: float, stack: c.Stack, desk_log: DeskLog) -> bool:
+def wait_mapped(ids: list[int], timeout: float, stack: Stack, desk_log: DeskLog) -> bool:
     deadline, last_note = time.time() + timeout, 0.0
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         while time.time() < deadline:
             done = conn.execute("SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id = ANY(%s)",
                                 (ids,)).fetchone()[0]
             if done >= len(ids):
                 return True
             if time.time() - last_note >= 60:
-                c.log(f"{done}/{len(ids)} mapped, {len(desk_log.snapshot()[0])} desk requests so far")
+                log(f"{done}/{len(ids)} mapped, {len(desk_log.snapshot()[0])} desk requests so far")
                 last_note = time.time()
             stack.check_alive()
             time.sleep(0.5)
@@ -190,7 +206,7 @@ def wait_mapped(ids: list[int], timeout: float, stack: c.Stack, desk_log: DeskLo
 
 
 def check(ids: list[int], desk: FakeDesk, attachments: int) -> dict:
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         rows = conn.execute(
             """SELECT e.id, e.state,
                  (SELECT count(*) FROM ticketing_ticketmapping m WHERE m.inbox_event_id = e.id),
@@ -249,40 +265,40 @@ def main() -> int:
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args()
 
-    c.install_signal_handlers()
-    tmp = c.make_tmp("mailroom-bench-desk-quota-")
-    env = dict(c.app_env(DB_NAME, tmp, args.log_level), MAILROOM_CLAMD="off",
+    install_signal_handlers()
+    tmp = make_tmp("mailroom-bench-desk-quota-")
+    env = dict(app_env(DB_NAME, tmp, args.log_level), MAILROOM_CLAMD="off",
                MAILROOM_DESTINATION_QUEUE="destinations")
-    stack = c.Stack(tmp)
+    stack = Stack(tmp)
     token = uuid.uuid4().hex
     desk = FakeDesk(host="127.0.0.1", port=0, db_path=str(tmp / "desk.sqlite3"), token=token,
                     quota_per_minute=args.quota).start()
     desk_log = DeskLog()
     try:
-        print(f"Mailroom desk quota benchmark — revision {c.git_revision()}, {os.cpu_count()} cores")
+        print(f"Mailroom desk quota benchmark — revision {git_revision()}, {os.cpu_count()} cores")
         env.update(BENCH_DESK_URL=desk.url, BENCH_DESTINATION_QUOTA=str(0 if args.no_budget else args.quota),
-                   BENCH_MAILBOX=c.MAILBOX_SLUG,
+                   BENCH_MAILBOX=MAILBOX_SLUG,
                    MAILROOM_T_QUOTA_DESK=f"agent@quota.test/token:{token}")
-        c.recreate_database(DB_NAME)
-        c.manage(env, "migrate", "--noinput", "-v0")
-        c.manage(env, "shell", "-c", SETUP)
-        c.flush_broker()
-        port = c.free_port()
-        c.start_gunicorn(stack, env, args.web_workers, port)
-        stack.start("relay", [str(c.PYTHON), "manage.py", "run_relay"], env)
-        stack.start("sweeper", [str(c.PYTHON), "manage.py", "shell", "-c", SWEEPER], env)
-        celery = [str(c.BIN / "celery"), "-A", "config", "worker", "--loglevel", "WARNING", "--without-mingle",
+        recreate_database(DB_NAME)
+        manage(env, "migrate", "--noinput", "-v0")
+        manage(env, "shell", "-c", SETUP)
+        flush_broker()
+        port = free_port()
+        start_gunicorn(stack, env, args.web_workers, port)
+        stack.start("relay", [str(PYTHON), "manage.py", "run_relay"], env)
+        stack.start("sweeper", [str(PYTHON), "manage.py", "shell", "-c", SWEEPER], env)
+        celery = [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "WARNING", "--without-mingle",
                   "--without-gossip"]
         stack.start("celery", celery + ["--concurrency", str(args.workers), "-Q", "celery", "-n", "cpu@%h"], env)
         stack.start("calls", celery + ["--pool", "threads", "--concurrency", str(args.threads), "-Q",
                                        "destinations", "-n", "calls@%h"], env)
         requests_needed = args.emails * (args.attachments + 1)
         timeout = args.timeout or 2 * requests_needed / args.quota * 60 + 120
-        busy = c.wait_for_quiet(args.quiet_wait)
+        busy = wait_for_quiet(args.quiet_wait)
         desk.add_request_hook(desk_log)
         desk.quota.on_admit = desk_log.admit
-        c.log(f"posting {args.emails} emails with {args.attachments} files each: about {requests_needed} desk "
-              f"requests, {requests_needed / args.quota:.1f} minutes at the quota")
+        log(f"posting {args.emails} emails with {args.attachments} files each: about {requests_needed} desk "
+            f"requests, {requests_needed / args.quota:.1f} minutes at the quota")
         posted_at = time.time()
         ids = post(port, args.emails, args.clients, args.attachments)
         finished = wait_mapped(ids, timeout, stack, desk_log)
@@ -296,10 +312,10 @@ def main() -> int:
         met = report(args, arrivals, admitted_at, quota, counts, posted_at, busy, ok)
         return 0 if ok and met else 1
     except KeyboardInterrupt:
-        c.log("interrupted: stopping what this run started")
+        log("interrupted: stopping what this run started")
         return 130
     finally:
-        c.clean_up(stack, DB_NAME, tmp, args.keep)
+        clean_up(stack, DB_NAME, tmp, args.keep)
         desk.stop()
 
 

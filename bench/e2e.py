@@ -32,20 +32,38 @@ import uuid
 
 import psycopg
 
-import _common as c
 import peer
+from lib.db import analyze, app_env, clean_up, db_url, pg_sessions, prepare_database
+from lib.load import post_with_python_clients
+from lib.messages import make_messages as make_signed_messages, sign
+from lib.procstat import cpu_by_group, cpu_ceiling, cpu_delta, wait_for_quiet
+from lib.profile import Profiler
+from lib.report import log, ms, percentile
+from lib.stack import (
+    BIN,
+    PYTHON,
+    Stack,
+    add_common_arguments,
+    flush_broker,
+    free_port,
+    git_revision,
+    install_signal_handlers,
+    make_tmp,
+    start_gunicorn,
+    with_app_name,
+)
 
 DB_NAME = "mailroom_bench_e2e"
 
 
-def wait_for_mappings(event_ids: list[int], timeout: float, stack: c.Stack, poll: float = 0.05):
+def wait_for_mappings(event_ids: list[int], timeout: float, stack: Stack, poll: float = 0.05):
     """Poll until every event has its mapping; returns (time all were there, mapped count)."""
     lo = min(event_ids)
     want = len(event_ids)
     deadline = time.time() + timeout
     last_check = 0.0
     mapped = 0
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         while True:
             mapped = conn.execute("SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id >= %s",
                                   (lo,)).fetchone()[0]
@@ -61,7 +79,7 @@ def wait_for_mappings(event_ids: list[int], timeout: float, stack: c.Stack, poll
 
 
 def verify(event_ids: list[int], max_ticket_before: int, outbox_before: int) -> dict:
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         row = conn.execute(
             """
             WITH ev AS (SELECT id, state FROM intake_inboxevent WHERE id = ANY(%(ids)s)),
@@ -117,20 +135,20 @@ def verify(event_ids: list[int], max_ticket_before: int, outbox_before: int) -> 
 
 
 def mapping_times(event_ids: list[int]) -> dict[int, float]:
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         rows = conn.execute("SELECT inbox_event_id, extract(epoch FROM created_at) FROM ticketing_ticketmapping "
                             "WHERE inbox_event_id = ANY(%s)", (event_ids,)).fetchall()
     return {eid: float(at) for eid, at in rows}
 
 
 def max_ids() -> tuple[int, int]:
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         return conn.execute("SELECT (SELECT coalesce(max(id), 0) FROM ticketing_ticket), "
                             "(SELECT coalesce(max(id), 0) FROM intake_outboxmessage)").fetchone()
 
 
 def post_and_wait(port, stack, messages, clients, timeout, label, rate=None):
-    posted = c.post_with_python_clients(port, messages, clients, rate=rate)
+    posted = post_with_python_clients(port, messages, clients, rate=rate)
     ids = [r[3] for r in posted["results"] if r[2] == 202 and r[3] is not None]
     if len(ids) != len(messages):
         raise RuntimeError(f"{label}: {len(ids)} of {len(messages)} posts answered 202: {posted['statuses']}\n"
@@ -141,39 +159,39 @@ def post_and_wait(port, stack, messages, clients, timeout, label, rate=None):
 
 def signed(raws: list[bytes]) -> list[tuple[bytes, dict]]:
     ts = int(time.time())
-    return [(raw, {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": c.sign(raw, ts),
+    return [(raw, {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign(raw, ts),
                    "Content-Type": "message/rfc822"}) for raw in raws]
 
 
 def make_messages(args, n: int, tag: str) -> list[tuple[bytes, dict]]:
     if args.corpus == "peer":
         return signed(peer.corpus_messages(peer.peer_dir(), n, tag))
-    return c.make_messages(tag, n, args.body_bytes)
+    return make_signed_messages(tag, n, args.body_bytes)
 
 
 def phase(args, port, stack, groups, n: int, label: str, rate: float | None = None, timeout: float = 0) -> dict:
     """Post n emails (as fast as they go, or paced at `rate`/s), wait for every mapping, check them."""
     messages = make_messages(args, n, label[0] + uuid.uuid4().hex[:10])
     tickets_before, outbox_before = max_ids()
-    busy_before = c.wait_for_quiet(args.quiet_wait)
-    profiler = c.Profiler(stack.tmp) if args.profile and rate is None else None
+    busy_before = wait_for_quiet(args.quiet_wait)
+    profiler = Profiler(stack.tmp) if args.profile and rate is None else None
     if profiler:
         profiler.start("gunicorn", groups["web"], subprocesses=True)
         profiler.start("relay", groups["relay"])
         profiler.start("celery", groups["worker"], subprocesses=True)
         time.sleep(1)
     time.sleep(1.2)  # let PostgreSQL's statistics settle before reading the session count
-    sessions0 = c.pg_sessions(DB_NAME)
-    cpu0 = c.cpu_by_group(groups, DB_NAME, leaders=("worker",), backends=True)
-    c.log(f"{label}: {n} emails from {args.clients} client processes"
-          + (f", paced at {rate:,.1f}/s" if rate else ", as fast as they go"))
+    sessions0 = pg_sessions(DB_NAME)
+    cpu0 = cpu_by_group(groups, DB_NAME, leaders=("worker",), backends=True)
+    log(f"{label}: {n} emails from {args.clients} client processes"
+        + (f", paced at {rate:,.1f}/s" if rate else ", as fast as they go"))
     posted, ids, done_at, mapped = post_and_wait(port, stack, messages, args.clients, timeout or args.timeout, label,
                                                  rate)
-    cpu1 = c.cpu_by_group(groups, DB_NAME, leaders=("worker",), backends=True)
+    cpu1 = cpu_by_group(groups, DB_NAME, leaders=("worker",), backends=True)
     if profiler:
         profiler.stop()
     time.sleep(1.5)  # statistics are flushed by each backend at most once a second
-    sessions1 = c.pg_sessions(DB_NAME)
+    sessions1 = pg_sessions(DB_NAME)
     first_post = min(r[0] for r in posted["results"])
     sent_at = {r[3]: r[0] for r in posted["results"]}
     maps = mapping_times(ids)
@@ -185,7 +203,7 @@ def phase(args, port, stack, groups, n: int, label: str, rate: float | None = No
         "events", "completed", "one_mapping", "one_succeeded_intent", "one_ticket", "consistent", "tickets_made"))
     return {"label": label, "n": n, "rate": len(maps) / wall, "wall": wall, "posted": posted, "mapped": mapped,
             "latencies": sorted(maps[i] - sent_at[i] for i in ids if i in maps), "check": check, "ok": ok,
-            "timed_out": done_at is None, "cpu": c.cpu_delta(cpu0, cpu1), "busy_before": busy_before,
+            "timed_out": done_at is None, "cpu": cpu_delta(cpu0, cpu1), "busy_before": busy_before,
             "sessions": None if None in (sessions0, sessions1) else sessions1 - sessions0,
             "profile": profiler.report() if profiler else ""}
 
@@ -199,14 +217,14 @@ def print_phase(r: dict, args) -> None:
     print("-" * 78)
     print(f"{r['label'].upper()} — {n} emails")
     print(f"  posting               : {posted['requests']} posts in {posted['wall']:.2f} s "
-          f"({posted['requests'] / posted['wall']:,.0f}/s), answer p50 {c.ms(c.percentile(post_lat, 50))}, "
-          f"p99 {c.ms(c.percentile(post_lat, 99))}")
+          f"({posted['requests'] / posted['wall']:,.0f}/s), answer p50 {ms(percentile(post_lat, 50))}, "
+          f"p99 {ms(percentile(post_lat, 99))}")
     if r["timed_out"]:
         print(f"  TIMEOUT               : only {r['mapped']} of {n} mapped in time")
     print(f"  wall time             : {r['wall']:.2f} s from the first post to the last mapping -> "
           f"{r['rate']:,.1f} emails/s")
-    print(f"  latency post->mapping : p50 {c.ms(c.percentile(lat, 50))}, p99 {c.ms(c.percentile(lat, 99))}, "
-          f"max {c.ms(lat[-1]) if lat else 'n/a'}")
+    print(f"  latency post->mapping : p50 {ms(percentile(lat, 50))}, p99 {ms(percentile(lat, 99))}, "
+          f"max {ms(lat[-1]) if lat else 'n/a'}")
     print(f"  relay                 : {check['relay_batches']} batches for {check['outbox_rows']} outbox rows "
           f"(median {sizes[len(sizes) // 2] if sizes else 0}, max {max(sizes) if sizes else 0} rows per batch) "
           f"-> ~{tasks} tasks (~{n / max(1, tasks):.1f} events per task)")
@@ -215,7 +233,7 @@ def print_phase(r: dict, args) -> None:
     cpu = r["cpu"]
     by_process = ", ".join(f"{k} {v / n * 1000:.2f}" for k, v in cpu.items() if k not in ("other", "postgres-other"))
     print(f"  CPU ms per email by process: {by_process}")
-    per, ceiling = c.cpu_ceiling(cpu, n)
+    per, ceiling = cpu_ceiling(cpu, n)
     print(f"    total {per:.2f} ms/email (2 cores would saturate near {ceiling:,.0f} emails/s: an estimate); "
           f"rest of PostgreSQL {cpu['postgres-other'] / n * 1000:.2f} ms/email; other work on the machine "
           f"{cpu['other'] / r['wall'] * 100:.0f}% of a core (before timing: {r['busy_before'] * 100:.0f}%)")
@@ -251,41 +269,41 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the last mapping")
     parser.add_argument("--relay-group", type=int, default=0,
                         help="MAILROOM_RELAY_GROUP for the relay (event ids per task); 0: the app's default")
-    c.add_common_arguments(parser, "py-spy the web, relay and worker processes during the throughput runs and print "
-                                   "where their CPU goes (needs .venv/bin/pip install py-spy)")
+    add_common_arguments(parser, "py-spy the web, relay and worker processes during the throughput runs and print "
+                                 "where their CPU goes (needs .venv/bin/pip install py-spy)")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run: 300 emails, 5 s of latency phase")
     args = parser.parse_args()
     if args.quick:
         args.emails, args.warmup, args.preload, args.quiet_wait, args.latency_seconds = 300, 40, 2000, 5, 5
 
-    c.install_signal_handlers()
+    install_signal_handlers()
     if args.peer or args.corpus == "peer":
         peer.ensure_prepared(peer.peer_dir())
-    tmp = c.make_tmp("mailroom-bench-e2e-")
-    env = c.app_env(DB_NAME, tmp, args.log_level)
+    tmp = make_tmp("mailroom-bench-e2e-")
+    env = app_env(DB_NAME, tmp, args.log_level)
     if args.relay_group:
         env["MAILROOM_RELAY_GROUP"] = str(args.relay_group)
-    stack = c.Stack(tmp)
+    stack = Stack(tmp)
     try:
-        print(f"Mailroom end-to-end benchmark — revision {c.git_revision()}, {os.cpu_count()} cores")
-        c.prepare_database(DB_NAME, env, args.preload)
-        c.flush_broker()
-        port = c.free_port()
-        c.start_gunicorn(stack, c.with_app_name(env, "web"), args.web_workers, port,
-                         worker_class=args.worker_class, threads=args.threads)
-        stack.start("relay", [str(c.PYTHON), "manage.py", "run_relay"], c.with_app_name(env, "relay"))
-        stack.start("celery", [str(c.BIN / "celery"), "-A", "config", "worker", "--concurrency", str(args.workers),
-                               "--loglevel", "WARNING"], c.with_app_name(env, "worker"))
-        c.log(f"started gunicorn ({args.web_workers} {args.worker_class} workers), the relay, and a Celery worker "
-              f"(prefork, concurrency {args.workers})")
-        warm = c.make_messages("w" + uuid.uuid4().hex[:10], args.warmup, args.body_bytes)
+        print(f"Mailroom end-to-end benchmark — revision {git_revision()}, {os.cpu_count()} cores")
+        prepare_database(DB_NAME, env, args.preload)
+        flush_broker()
+        port = free_port()
+        start_gunicorn(stack, with_app_name(env, "web"), args.web_workers, port,
+                       worker_class=args.worker_class, threads=args.threads)
+        stack.start("relay", [str(PYTHON), "manage.py", "run_relay"], with_app_name(env, "relay"))
+        stack.start("celery", [str(BIN / "celery"), "-A", "config", "worker", "--concurrency", str(args.workers),
+                               "--loglevel", "WARNING"], with_app_name(env, "worker"))
+        log(f"started gunicorn ({args.web_workers} {args.worker_class} workers), the relay, and a Celery worker "
+            f"(prefork, concurrency {args.workers})")
+        warm = make_signed_messages("w" + uuid.uuid4().hex[:10], args.warmup, args.body_bytes)
         t0 = time.time()
         _, warm_ids, warm_done, warm_mapped = post_and_wait(port, stack, warm, args.clients, 90, "warm-up")
         if warm_done is None:
             raise RuntimeError(f"warm-up: only {warm_mapped} of {len(warm_ids)} mapped after 90 s\n"
                                + stack.tail("celery") + "\n" + stack.tail("relay"))
-        c.log(f"warm-up: {len(warm_ids)} emails through the stack in {warm_done - t0:.1f} s")
-        c.analyze(DB_NAME)
+        log(f"warm-up: {len(warm_ids)} emails through the stack in {warm_done - t0:.1f} s")
+        analyze(DB_NAME)
         groups = {"web": stack.pid("gunicorn"), "relay": stack.pid("relay"), "worker": stack.pid("celery"),
                   "clients+script": os.getpgid(0)}
 
@@ -293,10 +311,10 @@ def main() -> int:
         for i in range(args.runs):
             runs.append(phase(args, port, stack, groups, args.emails, f"throughput run {i + 1}"))
             if args.peer:
-                c.wait_for_quiet(args.quiet_wait)
-                c.log(f"peer run {i + 1}: django-helpdesk get_email, {args.emails} mails")
+                wait_for_quiet(args.quiet_wait)
+                log(f"peer run {i + 1}: django-helpdesk get_email, {args.emails} mails")
                 peers.append(peer.run_once(peer.peer_dir(), args.emails))
-                c.log("peer: " + peer.describe(peers[-1]))
+                log("peer: " + peer.describe(peers[-1]))
         rate = statistics.median(r["rate"] for r in runs)
         latency = None
         if args.latency_seconds > 0:
@@ -328,18 +346,18 @@ def main() -> int:
                   f"{'MET' if rate >= 5 * peer_rate else 'MISSED'}")
         if latency:
             lat = latency["latencies"]
-            p50, p99 = c.percentile(lat, 50), c.percentile(lat, 99)
-            print(f"  latency at {latency['n'] / args.latency_seconds:,.1f} posts/s (paced): p50 {c.ms(p50)} "
-                  f"(goal < 150 ms: {'MET' if p50 < 0.150 else 'MISSED'}), p99 {c.ms(p99)} "
+            p50, p99 = percentile(lat, 50), percentile(lat, 99)
+            print(f"  latency at {latency['n'] / args.latency_seconds:,.1f} posts/s (paced): p50 {ms(p50)} "
+                  f"(goal < 150 ms: {'MET' if p50 < 0.150 else 'MISSED'}), p99 {ms(p99)} "
                   f"(goal < 1 s: {'MET' if p99 < 1.0 else 'MISSED'})")
         print(f"CHECK: every guarantee in every phase: {'OK' if ok else 'FAILED'}")
         print("=" * 78)
         return 0 if ok else 1
     except KeyboardInterrupt:
-        c.log("interrupted: stopping what this run started")
+        log("interrupted: stopping what this run started")
         return 130
     finally:
-        c.clean_up(stack, DB_NAME, tmp, args.keep)
+        clean_up(stack, DB_NAME, tmp, args.keep)
 
 
 if __name__ == "__main__":

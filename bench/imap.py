@@ -30,9 +30,13 @@ import time
 
 import psycopg
 
-import _common as c
+from lib.db import app_env, clean_up, db_url, prepare_database
+from lib.messages import make_body
+from lib.procstat import wait_for_quiet
+from lib.report import log
+from lib.stack import REPO, Stack, git_revision, install_signal_handlers, make_tmp, manage
 
-sys.path.insert(0, str(c.REPO))
+sys.path.insert(0, str(REPO))
 from tests.dovecot import start_dovecot  # noqa: E402  (the tests' recipe for a private Dovecot)
 
 DB_NAME = "mailroom_bench_imap"
@@ -87,7 +91,7 @@ def fill_maildir(server, user: str, password: str, n: int, tag: str) -> int:
     now = int(time.time())
     for i in range(n):
         path = maildir / "new" / f"{now}.M{i}P{os.getpid()}.bench"
-        path.write_bytes(c.make_body(tag, i, 3000))
+        path.write_bytes(make_body(tag, i, 3000))
         shutil.chown(path, "nobody", "nogroup")
     with server.client(user, password) as client:  # SELECT (read-write): Dovecot indexes the new files
         info = client.select_folder("INBOX")
@@ -116,7 +120,7 @@ def mailroom_sync(env: dict, server, user: str, password: str, run: int, profile
                     BENCH_PASSWORD_VAR=PASSWORD_VAR, **{PASSWORD_VAR: password})
     if profile:
         sync_env["BENCH_PROFILE"] = "1"
-    out = c.manage(sync_env, "shell", "-c", SYNC_SCRIPT, timeout=3600)
+    out = manage(sync_env, "shell", "-c", SYNC_SCRIPT, timeout=3600)
     if profile:
         print(out)
     result = json.loads(next(x for x in out.splitlines() if x.startswith("BENCH_IMAP ")).split(" ", 1)[1])
@@ -125,7 +129,7 @@ def mailroom_sync(env: dict, server, user: str, password: str, run: int, profile
 
 
 def check(mailbox_id: int, n: int, last_uid: int, cursor: dict) -> dict:
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         events, ids, pmids = conn.execute(
             "SELECT count(*), count(DISTINCT id), count(DISTINCT provider_message_id) FROM intake_inboxevent "
             "WHERE mailbox_id = %s", (mailbox_id,)).fetchone()
@@ -148,31 +152,31 @@ def main() -> int:
                         help="cProfile the polling process and print where its CPU goes (slows it down)")
     args = parser.parse_args()
 
-    c.install_signal_handlers()
-    tmp = c.make_tmp("mailroom-bench-imap-")
-    env = c.app_env(DB_NAME, tmp, args.log_level)
-    stack = c.Stack(tmp)
+    install_signal_handlers()
+    tmp = make_tmp("mailroom-bench-imap-")
+    env = app_env(DB_NAME, tmp, args.log_level)
+    stack = Stack(tmp)
     server = None
     try:
-        print(f"Mailroom IMAP benchmark — revision {c.git_revision()}, {os.cpu_count()} cores")
-        c.prepare_database(DB_NAME, env, args.preload)
+        print(f"Mailroom IMAP benchmark — revision {git_revision()}, {os.cpu_count()} cores")
+        prepare_database(DB_NAME, env, args.preload)
         server = start_dovecot()
         user, password = server.add_user()
         t0 = time.monotonic()
         last_uid = fill_maildir(server, user, password, args.messages, "i" + os.urandom(4).hex())
         warm = raw_fetch(server, user, password, args.batch_size)
-        c.log(f"Dovecot on port {server.port}: {args.messages} messages ({warm['bytes']:,} bytes) in INBOX, "
-              f"indexed and read once ({time.monotonic() - t0:.1f} s, not timed)")
+        log(f"Dovecot on port {server.port}: {args.messages} messages ({warm['bytes']:,} bytes) in INBOX, "
+            f"indexed and read once ({time.monotonic() - t0:.1f} s, not timed)")
         raws, syncs, checks = [], [], []
         for run in range(args.runs):
-            c.wait_for_quiet(args.quiet_wait)
+            wait_for_quiet(args.quiet_wait)
             raws.append(raw_fetch(server, user, password, args.batch_size))
-            c.log(f"raw fetch {run + 1}: {raws[-1]['count']} messages, {raws[-1]['rate']:,.0f}/s")
-            c.wait_for_quiet(args.quiet_wait)
+            log(f"raw fetch {run + 1}: {raws[-1]['count']} messages, {raws[-1]['rate']:,.0f}/s")
+            wait_for_quiet(args.quiet_wait)
             syncs.append(mailroom_sync(env, server, user, password, run, args.profile))
             checks.append(check(syncs[-1]["mailbox"], args.messages, last_uid, syncs[-1]["cursor"]))
-            c.log(f"Mailroom sync {run + 1}: {syncs[-1]['new']} new in {syncs[-1]['wall']:.1f} s, "
-                  f"{syncs[-1]['rate']:,.0f}/s")
+            log(f"Mailroom sync {run + 1}: {syncs[-1]['new']} new in {syncs[-1]['wall']:.1f} s, "
+                f"{syncs[-1]['rate']:,.0f}/s")
 
         print()
         print("=" * 78)
@@ -196,12 +200,12 @@ def main() -> int:
         print("=" * 78)
         return 0 if ok else 1
     except KeyboardInterrupt:
-        c.log("interrupted: stopping what this run started")
+        log("interrupted: stopping what this run started")
         return 130
     finally:
         if server is not None:
             server.cleanup()
-        c.clean_up(stack, DB_NAME, tmp, args.keep)
+        clean_up(stack, DB_NAME, tmp, args.keep)
 
 
 if __name__ == "__main__":

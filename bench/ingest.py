@@ -29,7 +29,22 @@ import uuid
 
 import psycopg
 
-import _common as c
+from lib.db import analyze, app_env, clean_up, db_url, prepare_database
+from lib.load import find_wrk, post_with_python_clients, post_with_wrk
+from lib.messages import make_body, make_messages
+from lib.procstat import cpu_by_group, cpu_ceiling, cpu_delta, format_cpu, wait_for_quiet
+from lib.profile import Profiler
+from lib.report import log, ms, percentile
+from lib.stack import (
+    Stack,
+    add_common_arguments,
+    flush_broker,
+    free_port,
+    git_revision,
+    install_signal_handlers,
+    make_tmp,
+    start_gunicorn,
+)
 
 DB_NAME = "mailroom_bench_ingest"
 
@@ -98,7 +113,7 @@ def run_baseline(kind: str, connections: int, duration: float, payload: bytes) -
     ctx = multiprocessing.get_context("fork")
     start_evt, out_q = ctx.Event(), ctx.Queue()
     deadline = time.time() + 0.5 + duration
-    procs = [ctx.Process(target=_baseline_proc, args=(c.db_url(DB_NAME), kind, w, deadline, start_evt, out_q,
+    procs = [ctx.Process(target=_baseline_proc, args=(db_url(DB_NAME), kind, w, deadline, start_evt, out_q,
                                                       payload), daemon=True) for w in range(connections)]
     latencies: list[float] = []
     try:
@@ -116,12 +131,12 @@ def run_baseline(kind: str, connections: int, duration: float, payload: bytes) -
                 p.terminate()
             p.join(5)
     latencies.sort()
-    return {"rows": len(latencies), "rate": len(latencies) / wall, "p50": c.percentile(latencies, 50),
-            "p99": c.percentile(latencies, 99)}
+    return {"rows": len(latencies), "rate": len(latencies) / wall, "p50": percentile(latencies, 50),
+            "p99": percentile(latencies, 99)}
 
 
 def prepare_baseline_tables(preload: int, payload: bytes) -> None:
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         conn.execute(BASELINE_DDL)
         # Tables that already hold rows, as for the app's tables (then ANALYZE).
         conn.execute("INSERT INTO bench_baseline (k, payload, at) SELECT 'pre-' || g, %s, now() "
@@ -138,14 +153,14 @@ def prepare_baseline_tables(preload: int, payload: bytes) -> None:
 
 # --------------------------------------------------------------------------- the app
 def count_events(tag: str) -> tuple[int, int]:
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         events = conn.execute("SELECT count(*) FROM intake_inboxevent WHERE provider_message_id LIKE %s",
                               (f"{tag}.%",)).fetchone()[0]
         unpublished = conn.execute("SELECT count(*) FROM intake_outboxmessage WHERE published_at IS NULL").fetchone()[0]
     return events, unpublished
 
 
-def timed_phase(args, wrk: str | None, port: int, stack: c.Stack, web_workers: int, tmp, kind: str = "app") -> dict:
+def timed_phase(args, wrk: str | None, port: int, stack: Stack, web_workers: int, tmp, kind: str = "app") -> dict:
     tag = "m" + uuid.uuid4().hex[:10]
     if args.requests:
         count = args.requests
@@ -155,42 +170,42 @@ def timed_phase(args, wrk: str | None, port: int, stack: c.Stack, web_workers: i
         # Enough unique messages for `max_rate` requests/s; a client that runs out stops and says so.
         count = int(args.duration * args.max_rate)
     t0 = time.monotonic()
-    messages = c.make_messages(tag, count, args.body_bytes)
-    c.log(f"precomputed {count} unique signed messages of {len(messages[0][0])} bytes "
-          f"({time.monotonic() - t0:.1f} s, not timed)")
+    messages = make_messages(tag, count, args.body_bytes)
+    log(f"precomputed {count} unique signed messages of {len(messages[0][0])} bytes "
+        f"({time.monotonic() - t0:.1f} s, not timed)")
     groups = {"gunicorn": stack.pid(kind)}
     box: dict = {}
 
     def on_start(proc):
         groups["client(wrk)"] = proc.pid
-        box["cpu0"] = c.cpu_by_group(groups, DB_NAME)
+        box["cpu0"] = cpu_by_group(groups, DB_NAME)
 
     def on_end(proc):
-        box["cpu1"] = c.cpu_by_group(groups, DB_NAME)
+        box["cpu1"] = cpu_by_group(groups, DB_NAME)
 
     what = f"{args.clients} clients, " + (f"{count} requests" if args.requests else f"{duration:g} s")
-    box["quiet"] = c.wait_for_quiet(args.quiet_wait)
-    profiler = c.Profiler(tmp / f"profile-{web_workers}") if args.profile else None
+    box["quiet"] = wait_for_quiet(args.quiet_wait)
+    profiler = Profiler(tmp / f"profile-{web_workers}") if args.profile else None
     if profiler:
         profiler.outdir.mkdir(exist_ok=True)
         profiler.start("gunicorn", groups["gunicorn"], subprocesses=True)
         time.sleep(1)
     if wrk:
-        c.log(f"timed phase ({kind}): wrk, {what}, gunicorn {web_workers} {args.worker_class} workers")
-        result = c.post_with_wrk(wrk, port, messages, args.clients, duration, tmp / f"wrk-{tag}",
-                                 on_start=on_start, on_end=on_end)
+        log(f"timed phase ({kind}): wrk, {what}, gunicorn {web_workers} {args.worker_class} workers")
+        result = post_with_wrk(wrk, port, messages, args.clients, duration, tmp / f"wrk-{tag}",
+                               on_start=on_start, on_end=on_end)
         if args.requests:
             result["exhausted_threads"] = 0  # expected: every client sends its share, then stops
     else:
-        c.log(f"timed phase ({kind}): Python http.client processes, {what}, gunicorn {web_workers} "
-              f"{args.worker_class} workers")
+        log(f"timed phase ({kind}): Python http.client processes, {what}, gunicorn {web_workers} "
+            f"{args.worker_class} workers")
         groups["client(python)"] = os.getpgid(0)  # this script's group: the client processes are forked from it
-        box["cpu0"] = c.cpu_by_group(groups, DB_NAME)
-        result = c.post_with_python_clients(port, messages, args.clients, duration)
-        box["cpu1"] = c.cpu_by_group(groups, DB_NAME)
+        box["cpu0"] = cpu_by_group(groups, DB_NAME)
+        result = post_with_python_clients(port, messages, args.clients, duration)
+        box["cpu1"] = cpu_by_group(groups, DB_NAME)
         result["errors"] = sum(v for k, v in result["statuses"].items() if k not in (200, 202))
         result["exhausted_threads"] = 0
-    cpu = c.cpu_delta(box["cpu0"], box["cpu1"])
+    cpu = cpu_delta(box["cpu0"], box["cpu1"])
     if profiler:
         profiler.stop()
         result["profile"] = profiler.report()
@@ -208,7 +223,7 @@ def print_result(r: dict) -> None:
     print(f"  served by             : {served} — gunicorn workers {r['web_workers']}")
     print(f"  client                : {r['client']}, {r['requests']} requests in {r['wall']:.2f} s")
     print(f"  requests/s            : {rate:,.0f}")
-    print(f"  latency               : p50 {c.ms(r['p50'])}, p99 {c.ms(r['p99'])}, max {c.ms(r['max'])}")
+    print(f"  latency               : p50 {ms(r['p50'])}, p99 {ms(r['p99'])}, max {ms(r['max'])}")
     print(f"  answers               : 202 x {accepted}, 200 (duplicate) x {r['statuses'].get(200, 0)}, "
           f"errors {r['errors']}" + (f" {r.get('socket_errors')}" if r.get("socket_errors") else ""))
     ok = r["events"] == accepted
@@ -218,8 +233,8 @@ def print_result(r: dict) -> None:
     if r.get("exhausted_threads"):
         print(f"  NOTE: {r['exhausted_threads']} client(s) ran out of precomputed messages before the end; "
               f"raise --max-rate")
-    print("  " + c.format_cpu(r["cpu"], r["wall"], r["requests"]))
-    per, ceiling = c.cpu_ceiling(r["cpu"], r["requests"])
+    print("  " + format_cpu(r["cpu"], r["wall"], r["requests"]))
+    per, ceiling = cpu_ceiling(r["cpu"], r["requests"])
     other = r["cpu"].get("other", 0) / r["wall"] * 100
     print(f"  CPU per request (app + client + its PostgreSQL backends): {per:.2f} ms -> an idle 2-core machine "
           f"would saturate near {ceiling:,.0f} requests/s (estimate; other work used {other:.0f}% of a core here)")
@@ -245,13 +260,13 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=600, help="warm-up requests before the timed phase")
     parser.add_argument("--body-bytes", type=int, default=3000, help="size of each message (default 3000)")
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
-                        help="auto: wrk if installed (installing it with apt-get as root), else Python processes")
-    parser.add_argument("--no-install", action="store_true", help="never apt-get install wrk")
+                        help="auto: wrk if it is on PATH (install it yourself; nothing is installed here), "
+                             "else Python processes")
     parser.add_argument("--max-rate", type=float, default=2500,
                         help="messages precomputed per second of --duration (default 2500)")
     parser.add_argument("--baseline-duration", type=float, default=3.0, help="seconds per raw psycopg baseline")
-    c.add_common_arguments(parser, "py-spy the gunicorn workers during the timed phase and print where their CPU "
-                                   "goes (needs .venv/bin/pip install py-spy; lowers the figures a little)")
+    add_common_arguments(parser, "py-spy the gunicorn workers during the timed phase and print where their CPU "
+                                 "goes (needs .venv/bin/pip install py-spy; lowers the figures a little)")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run (about 20 s)")
     args = parser.parse_args()
     if args.quick:
@@ -259,47 +274,49 @@ def main() -> int:
         args.quiet_wait = min(args.quiet_wait, 5)
     web_workers = [int(w) for w in str(args.web_workers).split(",") if w.strip()]
 
-    c.install_signal_handlers()
-    tmp = c.make_tmp("mailroom-bench-ingest-")
-    env = c.app_env(DB_NAME, tmp, args.log_level)
-    stack = c.Stack(tmp)
+    install_signal_handlers()
+    tmp = make_tmp("mailroom-bench-ingest-")
+    env = app_env(DB_NAME, tmp, args.log_level)
+    stack = Stack(tmp)
     results = []
     try:
         wrk = None
         if args.client in ("auto", "wrk"):
-            wrk = c.ensure_wrk(allow_install=not args.no_install)
+            wrk = find_wrk()
             if wrk is None and args.client == "wrk":
-                raise SystemExit("wrk is not installed and could not be installed")
+                raise SystemExit("wrk is not on PATH: install it yourself (e.g. your distribution's wrk package), "
+                                 "or use --client python")
             if wrk is None:
-                c.log("wrk unavailable: falling back to Python http.client processes (they use CPU of their own)")
-        print(f"Mailroom ingest benchmark — revision {c.git_revision()}, {os.cpu_count()} cores")
-        info = c.prepare_database(DB_NAME, env, args.preload)
-        c.flush_broker()
-        port = c.free_port()
+                log("wrk not on PATH (install it yourself to use it): falling back to Python http.client processes "
+                    "(they use CPU of their own)")
+        print(f"Mailroom ingest benchmark — revision {git_revision()}, {os.cpu_count()} cores")
+        info = prepare_database(DB_NAME, env, args.preload)
+        flush_broker()
+        port = free_port()
         floor_env = dict(env, FLOOR_TENANT=str(info["tenant"]), FLOOR_MAILBOX=str(info["mailbox"]))
         kinds = ("app",) if args.no_floor else ("app", "floor")
         for n in web_workers:
             for _ in range(args.rounds):
                 for kind in kinds:  # alternating, so that drifting load on the machine hits both alike
                     app, extra = ("config.wsgi", ()) if kind == "app" else ("floor_app.wsgi", ("--pythonpath", "bench"))
-                    c.start_gunicorn(stack, env if kind == "app" else floor_env, n, port, app=app, name=kind,
-                                     worker_class=args.worker_class, threads=args.threads, extra=extra)
-                    warm = c.make_messages("w" + uuid.uuid4().hex[:10], args.warmup, args.body_bytes)
-                    w = c.post_with_python_clients(port, warm, args.clients)
+                    start_gunicorn(stack, env if kind == "app" else floor_env, n, port, app=app, name=kind,
+                                   worker_class=args.worker_class, threads=args.threads, extra=extra)
+                    warm = make_messages("w" + uuid.uuid4().hex[:10], args.warmup, args.body_bytes)
+                    w = post_with_python_clients(port, warm, args.clients)
                     bad = {k: v for k, v in w["statuses"].items() if k != 202}
-                    c.log(f"warm-up ({kind}): {w['requests']} requests, {w['requests'] / w['wall']:.0f}/s "
-                          f"(Python clients), answers {w['statuses']}")
+                    log(f"warm-up ({kind}): {w['requests']} requests, {w['requests'] / w['wall']:.0f}/s "
+                        f"(Python clients), answers {w['statuses']}")
                     if bad:
                         raise RuntimeError(f"warm-up got answers other than 202: {bad}\n" + stack.tail(kind))
-                    c.analyze(DB_NAME)
+                    analyze(DB_NAME)
                     results.append(timed_phase(args, wrk, port, stack, n, tmp, kind))
                     stack.check_alive()
                     stack.stop(kind)
 
-        payload = c.make_body("baseline", 0, args.body_bytes)
+        payload = make_body("baseline", 0, args.body_bytes)
         prepare_baseline_tables(args.preload, payload)
-        c.wait_for_quiet(args.quiet_wait)
-        c.log(f"baseline: raw psycopg 3, {args.clients} connections (processes), {args.baseline_duration:g} s each")
+        wait_for_quiet(args.quiet_wait)
+        log(f"baseline: raw psycopg 3, {args.clients} connections (processes), {args.baseline_duration:g} s each")
         row = run_baseline("row", args.clients, args.baseline_duration, payload)
         shape = run_baseline("shape", args.clients, args.baseline_duration, payload)
         cte = run_baseline("cte", args.clients, args.baseline_duration, payload)
@@ -316,11 +333,11 @@ def main() -> int:
         print("-" * 78)
         print(f"BASELINE (same run) — raw psycopg 3, {args.clients} concurrent connections, durability on:")
         print(f"  single-row INSERT + COMMIT, unique text index   : {row['rate']:,.0f} rows/s "
-              f"(p50 {c.ms(row['p50'])}, p99 {c.ms(row['p99'])})")
+              f"(p50 {ms(row['p50'])}, p99 {ms(row['p99'])})")
         print(f"  ingest-shaped txn (BEGIN, 3 INSERTs, NOTIFY, COMMIT): {shape['rate']:,.0f} txn/s "
-              f"(p50 {c.ms(shape['p50'])}, p99 {c.ms(shape['p99'])})")
+              f"(p50 {ms(shape['p50'])}, p99 {ms(shape['p99'])})")
         print(f"  the same rows as ONE statement (CTE, autocommit): {cte['rate']:,.0f} txn/s "
-              f"(p50 {c.ms(cte['p50'])}, p99 {c.ms(cte['p99'])})")
+              f"(p50 {ms(cte['p50'])}, p99 {ms(cte['p99'])})")
         print("-" * 78)
         consistent = True
         for n in web_workers:
@@ -346,10 +363,10 @@ def main() -> int:
         print("=" * 78)
         return 0 if consistent else 1
     except KeyboardInterrupt:
-        c.log("interrupted: stopping what this run started")
+        log("interrupted: stopping what this run started")
         return 130
     finally:
-        c.clean_up(stack, DB_NAME, tmp, args.keep)
+        clean_up(stack, DB_NAME, tmp, args.keep)
 
 
 if __name__ == "__main__":

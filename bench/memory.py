@@ -29,9 +29,24 @@ import time
 
 import psycopg
 
-import _common as c
+from lib.db import app_env, clean_up, db_url, prepare_database
+from lib.messages import WEBHOOK_PATH, make_messages, sign
+from lib.procstat import children, memory_kib, reset_peak_rss, wait_for_quiet
+from lib.report import log
+from lib.stack import (
+    BIN,
+    PYTHON,
+    REPO,
+    Stack,
+    flush_broker,
+    free_port,
+    git_revision,
+    install_signal_handlers,
+    make_tmp,
+    start_gunicorn,
+)
 
-sys.path.insert(0, str(c.REPO))
+sys.path.insert(0, str(REPO))
 from tests.clamd import start_clamd  # noqa: E402  (the tests' recipe for a private clamd)
 
 DB_NAME = "mailroom_bench_memory"
@@ -88,7 +103,7 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while self.running:
-            rss = c.memory_kib(self.pid).get("VmRSS", 0)
+            rss = memory_kib(self.pid).get("VmRSS", 0)
             self.peak = max(self.peak, rss)
             self.samples += 1
             time.sleep(self.interval)
@@ -97,8 +112,8 @@ class Sampler(threading.Thread):
 def post(port: int, body: bytes) -> tuple[int, dict]:
     ts = int(time.time())
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    conn.request("POST", c.WEBHOOK_PATH, body=body, headers={
-        "X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": c.sign(body, ts), "Content-Type": "message/rfc822"})
+    conn.request("POST", WEBHOOK_PATH, body=body, headers={
+        "X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign(body, ts), "Content-Type": "message/rfc822"})
     resp = conn.getresponse()
     data = resp.read()
     conn.close()
@@ -109,7 +124,7 @@ def post(port: int, body: bytes) -> tuple[int, dict]:
 
 
 def check(event_id: int) -> dict:
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         return dict(zip(("state", "mappings", "intents", "succeeded", "tickets"), conn.execute(
             """SELECT e.state,
                  (SELECT count(*) FROM ticketing_ticketmapping m WHERE m.inbox_event_id = e.id),
@@ -122,9 +137,9 @@ def check(event_id: int) -> dict:
                FROM intake_inboxevent e WHERE e.id = %s""", (event_id,)).fetchone(), strict=True))
 
 
-def wait_mapped(event_id: int, timeout: float, stack: c.Stack) -> float | None:
+def wait_mapped(event_id: int, timeout: float, stack: Stack) -> float | None:
     deadline = time.time() + timeout
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         while time.time() < deadline:
             if conn.execute("SELECT 1 FROM ticketing_ticketmapping WHERE inbox_event_id = %s", (event_id,)).fetchone():
                 return time.time()
@@ -151,10 +166,10 @@ def main() -> int:
                         help="start: a private clamd scans the attachments (default); off: MAILROOM_CLAMD=off")
     args = parser.parse_args()
 
-    c.install_signal_handlers()
-    tmp = c.make_tmp("mailroom-bench-memory-")
-    env = c.app_env(DB_NAME, tmp, args.log_level)
-    stack = c.Stack(tmp)
+    install_signal_handlers()
+    tmp = make_tmp("mailroom-bench-memory-")
+    env = app_env(DB_NAME, tmp, args.log_level)
+    stack = Stack(tmp)
     clamd = None
     try:
         if args.clamd == "start":
@@ -162,44 +177,44 @@ def main() -> int:
             env["MAILROOM_CLAMD"] = clamd.tcp_address
         else:
             env["MAILROOM_CLAMD"] = "off"
-        print(f"Mailroom memory benchmark — revision {c.git_revision()}, {os.cpu_count()} cores")
-        c.prepare_database(DB_NAME, env, args.preload)
-        c.flush_broker()
-        port = c.free_port()
-        c.start_gunicorn(stack, env, 1, port)
-        stack.start("relay", [str(c.PYTHON), "manage.py", "run_relay"], env)
-        stack.start("celery", [str(c.BIN / "celery"), "-A", "config", "worker", "--concurrency", "1",
+        print(f"Mailroom memory benchmark — revision {git_revision()}, {os.cpu_count()} cores")
+        prepare_database(DB_NAME, env, args.preload)
+        flush_broker()
+        port = free_port()
+        start_gunicorn(stack, env, 1, port)
+        stack.start("relay", [str(PYTHON), "manage.py", "run_relay"], env)
+        stack.start("celery", [str(BIN / "celery"), "-A", "config", "worker", "--concurrency", "1",
                                "--loglevel", "WARNING"], env)
         # Warm-up: every process has imported what it needs and holds its connections before we measure.
-        for i, (body, _headers) in enumerate(c.make_messages("w" + os.urandom(4).hex(), 20, 3000)):
+        for i, (body, _headers) in enumerate(make_messages("w" + os.urandom(4).hex(), 20, 3000)):
             status, answer = post(port, body)
             if status != 202 or wait_mapped(answer["inbox_event_id"], 60, stack) is None:
                 raise RuntimeError(f"warm-up message {i}: {status} {answer}\n" + stack.tail("celery"))
         tag = "big" + os.urandom(4).hex()
         raw = big_message(tag, args.size)
-        c.log(f"warm-up done; message built: {len(raw):,} bytes raw ({len(raw) / MiB:.2f} MiB)")
-        web = c.children(stack.pid("gunicorn"))
-        workers = c.children(stack.pid("celery"))
+        log(f"warm-up done; message built: {len(raw):,} bytes raw ({len(raw) / MiB:.2f} MiB)")
+        web = children(stack.pid("gunicorn"))
+        workers = children(stack.pid("celery"))
         if len(web) != 1 or len(workers) != 1:
             raise RuntimeError(f"expected one gunicorn worker and one Celery child, found {web} and {workers}")
         web_pid, child = web[0], workers[0]
-        c.wait_for_quiet(args.quiet_wait)
-        web_before, child_before = c.memory_kib(web_pid), c.memory_kib(child)
-        hwm_reset = c.reset_peak_rss(web_pid) and c.reset_peak_rss(child)
+        wait_for_quiet(args.quiet_wait)
+        web_before, child_before = memory_kib(web_pid), memory_kib(child)
+        hwm_reset = reset_peak_rss(web_pid) and reset_peak_rss(child)
         sampler = Sampler(child)
         sampler.start()
         t0 = time.time()
         status, answer = post(port, raw)
         posted = time.time()
-        web_after = c.memory_kib(web_pid)
+        web_after = memory_kib(web_pid)
         if status != 202:
             raise RuntimeError(f"the large message was answered {status}: {answer}\n" + stack.tail("gunicorn"))
         done = wait_mapped(answer["inbox_event_id"], args.timeout, stack)
         time.sleep(0.5)  # the acknowledgment's work, if any, follows the mapping
         sampler.running = False
         sampler.join()
-        child_after = c.memory_kib(child)
-        still = c.children(stack.pid("celery"))
+        child_after = memory_kib(child)
+        still = children(stack.pid("celery"))
         result = check(answer["inbox_event_id"])
         ok = done is not None and result == {"state": "completed", "mappings": 1, "intents": 1, "succeeded": 1,
                                              "tickets": 1}
@@ -232,10 +247,10 @@ def main() -> int:
         print("=" * 78)
         return 0 if ok else 1
     except KeyboardInterrupt:
-        c.log("interrupted: stopping what this run started")
+        log("interrupted: stopping what this run started")
         return 130
     finally:
-        c.clean_up(stack, DB_NAME, tmp, args.keep)
+        clean_up(stack, DB_NAME, tmp, args.keep)
         if clamd is not None:
             clamd.stop()
 

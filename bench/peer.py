@@ -15,9 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import _common as c
+from lib.report import log
+from lib.stack import REPO
 
-PEER_SCRIPTS = c.REPO.parent / "shared" / "peer" / "django-helpdesk"
+PEER_SCRIPTS = REPO.parent / "shared" / "peer" / "django-helpdesk"
 
 
 def peer_dir() -> Path:
@@ -32,7 +33,7 @@ def ensure_prepared(root: Path) -> None:
     if (root / "venv" / "bin" / "python").exists() and (root / "bench" / "bench.py").exists() \
             and (root / "work" / "tmpl").exists():
         return
-    c.log(f"preparing the peer in {root} (prepare.sh: venv, django-helpdesk, template databases)")
+    log(f"preparing the peer in {root} (prepare.sh: venv, django-helpdesk, template databases)")
     proc = subprocess.run(["bash", str(PEER_SCRIPTS / "prepare.sh")], env=dict(os.environ, PEER_DIR=str(root)),
                           capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:

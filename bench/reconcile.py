@@ -25,7 +25,9 @@ import time
 
 import psycopg
 
-import _common as c
+from lib.db import app_env, db_url, drop_database, recreate_database
+from lib.report import log
+from lib.stack import make_tmp, manage, remove_tmp
 
 DB_NAME = "mailroom_bench_reconcile"
 WINDOW_EVENTS = 1000
@@ -92,7 +94,7 @@ def insert_series(conn, table: str, count_sql: str, values: dict[str, str]) -> N
 def fill(size: int, ids: dict) -> None:
     tenant, mailbox, destination = ids["tenant"], ids["mailbox"], ids["destination"]
     history = size - WINDOW_EVENTS - STUCK_EVENTS
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         for table in ("reconciliation_finding", "reconciliation_reconciliationrun", "ticketing_ticketmapping",
                       "ticketing_intent", "ticketing_ticket", "intake_auditevent", "intake_outboxmessage",
                       "intake_inboxevent"):
@@ -155,31 +157,31 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the database")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    tmp = c.make_tmp("mailroom-bench-reconcile-")
-    env = c.app_env(DB_NAME, tmp, "WARNING")
+    tmp = make_tmp("mailroom-bench-reconcile-")
+    env = app_env(DB_NAME, tmp, "WARNING")
     results = {}
     try:
-        c.recreate_database(DB_NAME)
-        c.manage(env, "migrate", "--noinput", "-v0")
-        out = c.manage(env, "shell", "-c", SETUP)
+        recreate_database(DB_NAME)
+        manage(env, "migrate", "--noinput", "-v0")
+        out = manage(env, "shell", "-c", SETUP)
         ids = json.loads(next(x for x in out.splitlines() if x.startswith("BENCH_SETUP ")).split(" ", 1)[1])
         for size in sizes:
             t0 = time.monotonic()
             fill(size, ids)
-            c.log(f"{size:>9,} stored events generated and analysed in {time.monotonic() - t0:.1f} s")
-            out = c.manage(dict(env, BENCH_PASSES=str(args.passes)), "shell", "-c", PASS_SCRIPT, timeout=1800)
+            log(f"{size:>9,} stored events generated and analysed in {time.monotonic() - t0:.1f} s")
+            out = manage(dict(env, BENCH_PASSES=str(args.passes)), "shell", "-c", PASS_SCRIPT, timeout=1800)
             data = json.loads(next(x for x in out.splitlines() if x.startswith("BENCH_PASS ")).split(" ", 1)[1])
             timed = data["durations"][1:]
             results[size] = statistics.median(timed)
-            c.log(f"{size:>9,} events: one pass {results[size] * 1000:.1f} ms (median of {len(timed)}; "
-                  f"first pass {data['durations'][0] * 1000:.1f} ms)")
-            c.log(f"           last pass per reconciler (ms): {data['parts']}")
+            log(f"{size:>9,} events: one pass {results[size] * 1000:.1f} ms (median of {len(timed)}; "
+                f"first pass {data['durations'][0] * 1000:.1f} ms)")
+            log(f"           last pass per reconciler (ms): {data['parts']}")
             for line in data["lines"]:
-                c.log(f"           {line}")
+                log(f"           {line}")
     finally:
         if not args.keep:
-            c.drop_database(DB_NAME)
-        c.remove_tmp(tmp, keep=args.keep)
+            drop_database(DB_NAME)
+        remove_tmp(tmp, keep=args.keep)
     print()
     print("stored events   pass duration")
     for size, seconds in results.items():

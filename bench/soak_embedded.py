@@ -45,8 +45,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from _common import PYTHON, free_port, log  # noqa: E402
 from intake.signing import signed_headers  # noqa: E402
+from lib.report import log  # noqa: E402
+from lib.stack import PYTHON, free_port  # noqa: E402
 
 QUEUE_PATH = "/admin/reconciliation/recoveryitem/"
 DASHBOARD_PATH = "/admin/reconciliation/recoveryitem/dashboard/"

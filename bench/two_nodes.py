@@ -28,8 +28,24 @@ import uuid
 
 import psycopg
 
-import _common as c
 import e2e
+from lib.db import app_env, clean_up, db_url, prepare_database
+from lib.load import post_with_python_clients
+from lib.messages import make_messages
+from lib.report import log
+from lib.stack import (
+    BIN,
+    PYTHON,
+    Stack,
+    add_common_arguments,
+    flush_broker,
+    free_port,
+    git_revision,
+    install_signal_handlers,
+    make_tmp,
+    start_gunicorn,
+    with_app_name,
+)
 
 DB_NAME = e2e.DB_NAME  # e2e's helpers (phase, verify, wait_for_mappings) read it; one bench runs at a time
 READY_FILE_VAR = "MAILROOM_WORKER_READY_FILE"  # config.celery: a worker writes it once it consumes
@@ -39,10 +55,10 @@ RECOVERY_ENV = {"MAILROOM_CLAIM_SECONDS": "5", "MAILROOM_BROKER_VISIBILITY_TIMEO
                 "MAILROOM_STALE_EVENT_SECONDS": "10", "MAILROOM_SWEEP_SECONDS": "2"}
 
 
-def start_node(stack: c.Stack, env: dict, name: str, concurrency: int, threads: int) -> list[str]:
+def start_node(stack: Stack, env: dict, name: str, concurrency: int, threads: int) -> list[str]:
     """The node's processes, each in its own process group (Stack); returns their names once both workers
     consume."""
-    celery = [str(c.BIN / "celery"), "-A", "config"]
+    celery = [str(BIN / "celery"), "-A", "config"]
     ready = [stack.tmp / f"{name}-worker.ready", stack.tmp / f"{name}-calls.ready"]
     for path in ready:
         path.unlink(missing_ok=True)
@@ -51,11 +67,11 @@ def start_node(stack: c.Stack, env: dict, name: str, concurrency: int, threads: 
                             "--loglevel", "WARNING"],
         "calls": celery + ["worker", "--pool", "threads", "--concurrency", str(threads), "-Q", "destinations",
                            "-n", f"{name}-calls@%h", "--loglevel", "WARNING"],
-        "relay": [str(c.PYTHON), "manage.py", "run_relay"],
+        "relay": [str(PYTHON), "manage.py", "run_relay"],
         "beat": celery + ["beat", "--loglevel", "WARNING"],
     }
     for process, argv in commands.items():
-        process_env = c.with_app_name(env, f"{name}-{process}")
+        process_env = with_app_name(env, f"{name}-{process}")
         if process in ("worker", "calls"):
             process_env[READY_FILE_VAR] = str(ready[process == "calls"])
         stack.start(f"{name}-{process}", argv, process_env)
@@ -68,12 +84,12 @@ def start_node(stack: c.Stack, env: dict, name: str, concurrency: int, threads: 
     return [f"{name}-{process}" for process in NODE_PROCESSES]
 
 
-def stop_nodes(stack: c.Stack, names: list[str]) -> None:
+def stop_nodes(stack: Stack, names: list[str]) -> None:
     for name in names:
         stack.stop(name)
 
 
-def kill_node(stack: c.Stack, names: list[str]) -> None:
+def kill_node(stack: Stack, names: list[str]) -> None:
     """SIGKILL every process group of the node at once, then reap them."""
     for name in names:
         try:
@@ -84,7 +100,7 @@ def kill_node(stack: c.Stack, names: list[str]) -> None:
 
 
 def mapped_count(ids: list[int]) -> int:
-    with psycopg.connect(c.db_url(DB_NAME), autocommit=True) as conn:
+    with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         return conn.execute("SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id = ANY(%s)",
                             (ids,)).fetchone()[0]
 
@@ -93,7 +109,7 @@ def layout(stack, env, nodes: int, concurrency: int, threads: int) -> list[list[
     return [start_node(stack, env, f"node{k + 1}", concurrency, threads) for k in range(nodes)]
 
 
-def groups_of(stack: c.Stack, nodes: list[list[str]]) -> dict[str, int]:
+def groups_of(stack: Stack, nodes: list[list[str]]) -> dict[str, int]:
     groups = {"web": stack.pid("gunicorn"), "clients+script": os.getpgid(0)}
     groups.update({name: stack.pid(name) for node in nodes for name in node})
     return groups
@@ -102,7 +118,7 @@ def groups_of(stack: c.Stack, nodes: list[list[str]]) -> dict[str, int]:
 def throughput(args, port, stack, env, nodes: int, concurrency: int, label: str) -> dict:
     running = layout(stack, env, nodes, concurrency, args.threads)
     try:
-        warm = c.make_messages("w" + uuid.uuid4().hex[:10], 20, args.body_bytes)  # each worker child's first tasks
+        warm = make_messages("w" + uuid.uuid4().hex[:10], 20, args.body_bytes)  # each worker child's first tasks
         e2e.post_and_wait(port, stack, warm, args.clients, 60, "warm-up")
         return e2e.phase(args, port, stack, groups_of(stack, running), args.emails, label)
     finally:
@@ -113,10 +129,10 @@ def throughput(args, port, stack, env, nodes: int, concurrency: int, label: str)
 def kill_phase(args, port, stack, env) -> dict:
     running = layout(stack, {**env, **RECOVERY_ENV}, 2, 1, args.threads)
     try:
-        messages = c.make_messages("k" + uuid.uuid4().hex[:10], args.emails, args.body_bytes)
+        messages = make_messages("k" + uuid.uuid4().hex[:10], args.emails, args.body_bytes)
         tickets_before, outbox_before = e2e.max_ids()
-        c.log(f"kill phase: {args.emails} emails to two nodes; node1 is SIGKILLed once a third is mapped")
-        posted = c.post_with_python_clients(port, messages, args.clients)
+        log(f"kill phase: {args.emails} emails to two nodes; node1 is SIGKILLed once a third is mapped")
+        posted = post_with_python_clients(port, messages, args.clients)
         ids = [r[3] for r in posted["results"] if r[2] == 202 and r[3] is not None]
         if len(ids) != len(messages):
             raise RuntimeError(f"kill phase: {len(ids)} of {len(messages)} posts answered 202: {posted['statuses']}")
@@ -124,7 +140,7 @@ def kill_phase(args, port, stack, env) -> dict:
         while (mapped := mapped_count(ids)) < len(ids) // 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         kill_node(stack, running.pop(0))
-        c.log(f"kill phase: node1 SIGKILLed with {mapped} of {len(ids)} mapped")
+        log(f"kill phase: node1 SIGKILLed with {mapped} of {len(ids)} mapped")
         done_at, _ = e2e.wait_for_mappings(ids, args.timeout + 60, stack)
         time.sleep(2)  # a late duplicate, were there one, would land now
         check = e2e.verify(ids, tickets_before, outbox_before)
@@ -153,30 +169,30 @@ def main() -> int:
     parser.add_argument("--body-bytes", type=int, default=3000, help="size of each message (default 3000)")
     parser.add_argument("--timeout", type=float, default=180, help="seconds to wait for the last mapping")
     parser.add_argument("--no-kill", action="store_true", help="skip the kill phase")
-    c.add_common_arguments(parser, "(not used here)")
+    add_common_arguments(parser, "(not used here)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 300 emails, one round")
     args = parser.parse_args()
     args.corpus, args.profile = "bench", False  # what e2e.phase reads
     if args.quick:
         args.emails, args.rounds, args.preload, args.quiet_wait = 300, 1, 2000, 5
 
-    c.install_signal_handlers()
-    tmp = c.make_tmp("mailroom-bench-two-nodes-")
-    env = c.app_env(DB_NAME, tmp, args.log_level)
+    install_signal_handlers()
+    tmp = make_tmp("mailroom-bench-two-nodes-")
+    env = app_env(DB_NAME, tmp, args.log_level)
     env["MAILROOM_DESTINATION_QUEUE"] = "destinations"
-    stack = c.Stack(tmp)
+    stack = Stack(tmp)
     try:
-        print(f"Mailroom two-node benchmark — revision {c.git_revision()}, {os.cpu_count()} cores")
-        c.prepare_database(DB_NAME, env, args.preload)
-        c.flush_broker()
-        port = c.free_port()
-        c.start_gunicorn(stack, c.with_app_name(env, "web"), args.web_workers, port)
+        print(f"Mailroom two-node benchmark — revision {git_revision()}, {os.cpu_count()} cores")
+        prepare_database(DB_NAME, env, args.preload)
+        flush_broker()
+        port = free_port()
+        start_gunicorn(stack, with_app_name(env, "web"), args.web_workers, port)
         one, two = [], []
         for i in range(args.rounds):
             one.append(throughput(args, port, stack, env, 1, 2, f"one node, concurrency 2 (round {i + 1})"))
-            c.log(f"one node: {one[-1]['rate']:,.1f} emails/s")
+            log(f"one node: {one[-1]['rate']:,.1f} emails/s")
             two.append(throughput(args, port, stack, env, 2, 1, f"two nodes, concurrency 1 each (round {i + 1})"))
-            c.log(f"two nodes: {two[-1]['rate']:,.1f} emails/s")
+            log(f"two nodes: {two[-1]['rate']:,.1f} emails/s")
         killed = None if args.no_kill else kill_phase(args, port, stack, env)
 
         one_rate, two_rate = statistics.median(r["rate"] for r in one), statistics.median(r["rate"] for r in two)
@@ -206,10 +222,10 @@ def main() -> int:
         print("=" * 78)
         return 0 if ok else 1
     except KeyboardInterrupt:
-        c.log("interrupted: stopping what this run started")
+        log("interrupted: stopping what this run started")
         return 130
     finally:
-        c.clean_up(stack, DB_NAME, tmp, args.keep)
+        clean_up(stack, DB_NAME, tmp, args.keep)
 
 
 if __name__ == "__main__":
