@@ -60,6 +60,9 @@ Control API (no auth):
                                      "random": {"seed": 7, "weights": {"error_500": 0.1}}}
     GET/POST /_control/idempotency  {"enabled": bool, "retention_seconds": N}
     GET/POST /_control/search_lag   {"search_lag_seconds": N}: searches see a record N s after its write
+    GET/POST /_control/clock        {"advance_seconds": N}: the desk's clock moves N s ahead (the search lag,
+                                    key retention and upload tokens age; a test waits without sleeping);
+                                    GET {"offset_seconds": total}. Reset sets it back.
     POST /_control/revoke_sessions  expire the OAuth access tokens handed out (the next call is a 401)
     GET  /_control/tickets          every ticket with its comments, files ("attachments") and people
     GET  /_control/people           the desk's users / customers / contacts

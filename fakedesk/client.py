@@ -101,6 +101,10 @@ class DeskClient:
         """How long a search (Jira's JQL, Freshdesk's filter) takes to see a new record."""
         return self.control("search_lag", {"search_lag_seconds": seconds})
 
+    def advance_clock(self, seconds: float) -> float:
+        """Move the desk's clock forward: the search index catches up and kept keys age, without a sleep."""
+        return self.control("clock", {"advance_seconds": seconds})["offset_seconds"]
+
     def revoke_sessions(self) -> int:
         """Expire every OAuth access token handed out (Salesforce): the next call answers 401."""
         return self.control("revoke_sessions", {})["revoked"]

@@ -122,6 +122,9 @@ class Desk:
         self.dialect = dialect
         # An eventually consistent search (Jira, Freshdesk) sees a record only this long after its write.
         self.search_lag_seconds = float(search_lag_seconds)
+        # Seconds the desk's clock runs ahead of the wall clock (`advance_clock`); the store reads `now`.
+        self.clock_offset = 0.0
+        self.store.clock = self.now
         # Bearer tokens handed out by an OAuth token endpoint (Salesforce); revoking them forces a refresh.
         self._sessions: set[str] = set()
         self._sessions_lock = threading.Lock()
@@ -281,9 +284,22 @@ class Desk:
         with self.store.transaction():
             return self.store.requests()
 
+    def now(self) -> float:
+        """The desk's clock: the wall clock plus what `advance_clock` added."""
+        return time.time() + self.clock_offset
+
+    def advance_clock(self, seconds: float) -> float:
+        """Move the desk's clock forward (never back): the search index catches up, kept keys and upload
+        tokens age, as if `seconds` had passed. Returns the offset from the wall clock."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise ValueError("advance_seconds must be a number >= 0")
+        self.clock_offset += float(seconds)
+        return self.clock_offset
+
     def reset(self):
         with self.store.transaction():
             self.store.reset()
+        self.clock_offset = 0.0
         self.plan.replace()
         if self.quota is not None:
             self.quota.reset()

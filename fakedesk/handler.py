@@ -81,6 +81,8 @@ class Handler(BaseHTTPRequestHandler):
         ("POST", re.compile(r"/_control/idempotency"), "control_set_idempotency", False),
         ("GET", re.compile(r"/_control/search_lag"), "control_get_search_lag", False),
         ("POST", re.compile(r"/_control/search_lag"), "control_set_search_lag", False),
+        ("GET", re.compile(r"/_control/clock"), "control_get_clock", False),
+        ("POST", re.compile(r"/_control/clock"), "control_advance_clock", False),
         ("POST", re.compile(r"/_control/revoke_sessions"), "control_revoke_sessions", False),
         ("GET", re.compile(r"/_control/tickets"), "control_tickets", False),
         ("GET", re.compile(r"/_control/requests"), "control_requests", False),
@@ -299,7 +301,7 @@ class Handler(BaseHTTPRequestHandler):
         uploads = []
         for token in tokens:
             upload = self.desk.store.upload(str(token))
-            if upload is None or time.time() - upload["created_epoch"] > UPLOAD_TOKEN_SECONDS:
+            if upload is None or self.desk.now() - upload["created_epoch"] > UPLOAD_TOKEN_SECONDS:
                 return None, WriteOutcome(422, {"error": "RecordInvalid", "description": "Record validation errors",
                                                 "details": {"uploads": [{"description": "Upload token is invalid "
                                                                          "or has expired"}]}})
@@ -564,6 +566,20 @@ class Handler(BaseHTTPRequestHandler):
             return
         self.desk.search_lag_seconds = float(seconds)
         self._send(200, {"search_lag_seconds": self.desk.search_lag_seconds})
+
+    def control_get_clock(self):
+        self._send(200, {"offset_seconds": self.desk.clock_offset})
+
+    def control_advance_clock(self):
+        payload = self._json_body()
+        if payload is None:
+            return
+        try:
+            offset = self.desk.advance_clock(payload.get("advance_seconds"))
+        except ValueError as exc:
+            self._send(400, {"error": "BadSettings", "description": str(exc)})
+            return
+        self._send(200, {"offset_seconds": offset})
 
     def control_revoke_sessions(self):
         self._send(200, {"revoked": self.desk.revoke_sessions()})

@@ -117,6 +117,9 @@ class TicketStore:
     """
 
     def __init__(self, path: str | None = None):
+        # The desk's clock (epoch seconds): what records are stamped with and the search lag and key retention
+        # compare against. `Desk.advance_clock` moves it, so a test waits for the index without sleeping.
+        self.clock = time.time
         self._lock = threading.RLock()
         self._db = sqlite3.connect(path or ":memory:", check_same_thread=False)
         self._db.row_factory = sqlite3.Row
@@ -170,7 +173,7 @@ class TicketStore:
                 json.dumps(fields or {}),
                 now,
                 now,
-                time.time(),
+                self.clock(),
             ),
         )
         ticket_id = cursor.lastrowid
@@ -237,7 +240,7 @@ class TicketStore:
         self._db.execute(
             "INSERT INTO uploads (token, filename, content_type, size, sha256, inline, created_epoch)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (token, filename, content_type, len(data), hashlib.sha256(data).hexdigest(), int(inline), time.time()))
+            (token, filename, content_type, len(data), hashlib.sha256(data).hexdigest(), int(inline), self.clock()))
         return self.upload(token)
 
     def upload(self, token: str) -> dict | None:
@@ -315,7 +318,7 @@ class TicketStore:
         """What an eventually consistent search index finds: only tickets older than `lag_seconds`."""
         rows = self._db.execute(
             "SELECT * FROM tickets WHERE external_id = ? AND created_epoch <= ? ORDER BY id",
-            (external_id, time.time() - lag_seconds)).fetchall()
+            (external_id, self.clock() - lag_seconds)).fetchall()
         return [_ticket_json(row, base_url) for row in rows]
 
     def updated_since(self, base_url: str, since_iso: str, after_id: int, limit: int) -> list[dict]:
@@ -338,7 +341,7 @@ class TicketStore:
 
     def recall(self, key: str, retention_seconds: float):
         """The stored (fingerprint, status, response) for a key still inside its retention, else None."""
-        self._db.execute("DELETE FROM idempotency_keys WHERE created_at <= ?", (time.time() - retention_seconds,))
+        self._db.execute("DELETE FROM idempotency_keys WHERE created_at <= ?", (self.clock() - retention_seconds,))
         row = self._db.execute(
             "SELECT fingerprint, status, response FROM idempotency_keys WHERE key = ?", (key,)).fetchone()
         return None if row is None else (row["fingerprint"], row["status"], json.loads(row["response"]))
@@ -347,7 +350,7 @@ class TicketStore:
         self._db.execute(
             "INSERT OR REPLACE INTO idempotency_keys (key, fingerprint, status, response, created_at)"
             " VALUES (?, ?, ?, ?, ?)",
-            (key, fingerprint, status, json.dumps(response), time.time()),
+            (key, fingerprint, status, json.dumps(response), self.clock()),
         )
 
     # The request log.

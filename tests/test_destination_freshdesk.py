@@ -4,7 +4,6 @@ lagging filter search, the kind's own error mappings, check_connection and the s
 shared contract suite, tests/test_destination_contract.py.)"""
 import hashlib
 import json
-import time
 from collections import Counter
 
 import pytest
@@ -107,7 +106,7 @@ def test_the_search_sees_a_ticket_only_after_the_index_caught_up(desk, freshdesk
     adapter = freshdesk()
     created = adapter.create_ticket(REQUEST, "key-1", REF)
     assert adapter.find_by_external_ref(REF) is None  # the index lags behind the create
-    time.sleep(0.6)
+    desk.advance_clock(0.6)  # the index catches up
     assert adapter.find_by_external_ref(REF) == created
     assert adapter.find_by_external_ref("mailroom-other") is None
 
@@ -294,7 +293,7 @@ def test_a_lost_answer_after_a_create_with_files_leaves_one_ticket_with_each_fil
         adapter.create_ticket(WITH_FILES, "key-1", REF)
 
     # Freshdesk's rule for an unknown outcome: never a second create; the search settles it once it caught up.
-    time.sleep(0.4)
+    desk.advance_clock(0.4)
     found = adapter.find_by_external_ref(REF)
     record = only_record(desk)
     assert found.ticket_id == str(record["id"])

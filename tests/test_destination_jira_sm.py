@@ -6,7 +6,6 @@ pipeline are in the shared contract suites, tests/test_destination_contract.py a
 tests/test_desk_contract_rich.py.)"""
 import hashlib
 import logging
-import time
 
 import pytest
 import requests
@@ -155,7 +154,7 @@ def test_the_search_sees_a_request_only_after_the_index_caught_up(desk, jira):
     adapter = jira()
     created = adapter.create_ticket(REQUEST, "key-1", REF)
     assert adapter.find_by_external_ref(REF) is None  # the index lags behind the create
-    time.sleep(0.6)
+    desk.advance_clock(0.6)  # the index catches up
     assert adapter.find_by_external_ref(REF) == created
     assert adapter.find_by_external_ref("mailroom-other") is None
 

@@ -243,7 +243,7 @@ def test_a_lagging_lookup_is_declared_with_its_settle_delay_and_the_fake_lags(de
     created = adapter.create_ticket(REQUEST, "key-1", "evt-1")
 
     assert adapter.find_by_external_ref("evt-1") is None   # the index has not caught up yet
-    time.sleep(0.6)
+    desk.advance_clock(0.6)  # the index catches up
     assert adapter.find_by_external_ref("evt-1") == created
 
 

@@ -95,7 +95,7 @@ def test_same_key_with_another_body_is_an_idempotent_request_error(desk):
 def test_key_is_forgotten_after_the_retention_window(desk):
     desk.set_idempotency(retention_seconds=0.3)
     first = create(desk, key="k-1")
-    time.sleep(0.4)
+    assert desk.advance_clock(0.4) == 0.4
     late = create(desk, key="k-1")
 
     assert late.status_code == 201
@@ -524,10 +524,21 @@ def test_the_search_lag_is_set_through_the_control_api_and_hides_new_records(des
         return [issue["key"] for issue in answer.json()["issues"]]
 
     assert found() == []  # written, not yet indexed
-    time.sleep(0.7)
+    desk.advance_clock(0.7)
     assert found() == [created.json()["issueKey"]]
     with pytest.raises(ControlError):
         desk.control("search_lag", {"search_lag_seconds": -1})
+
+
+def test_the_clock_moves_forward_only_and_reset_sets_it_back(desk):
+    assert desk.control("clock") == {"offset_seconds": 0.0}
+    assert desk.advance_clock(2) == 2.0 and desk.advance_clock(0.5) == 2.5
+    with pytest.raises(ControlError):
+        desk.control("clock", {"advance_seconds": -1})  # never back: a record must not become unseen again
+    with pytest.raises(ControlError):
+        desk.control("clock", {"advance_seconds": "soon"})
+    desk.reset()
+    assert desk.control("clock") == {"offset_seconds": 0.0}
 
 
 def test_the_command_line_takes_a_dialect_and_a_search_lag():

@@ -319,7 +319,7 @@ def test_retention_expiry_means_a_retry_creates_again(desk, zendesk):
     desk.set_idempotency(retention_seconds=0.2)
     adapter = zendesk()
     first = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    time.sleep(0.3)
+    desk.advance_clock(0.3)
     second = adapter.create_ticket(REQUEST, "key-1", "evt-1")
 
     assert second != first  # why the service must not retry outside idempotency_window_seconds
