@@ -85,6 +85,11 @@ class Listing:
 
 
 class Provider:
+    """A mailbox's provider. A subclass sets `name` and the `supports_*` flags it keeps, and provides the
+    methods of each: a webhook provider `handle_webhook`; a polling one `poll`; a listing one (reconciliation,
+    archive import) `list_recent` and `fetch_listed`. The rest raise NotImplementedError, which says the
+    provider was asked for what its flags do not claim."""
+
     name = ""
     supports_webhook = False
     supports_polling = False
@@ -94,20 +99,31 @@ class Provider:
         self.mailbox = mailbox
 
     def handle_webhook(self, request: HttpRequest, body: bytes) -> WebhookResult:
-        """Verify (raise WebhookRejected) and parse a webhook request."""
-        raise NotImplementedError
+        """Verify (raise WebhookRejected) and parse a webhook request.
+
+        Subclasses of Provider with `supports_webhook` must provide this method. Verify before parsing (an
+        unverified body is never read for content), and raise TransientError when the answer should be a 5xx
+        the provider retries."""
+        raise NotImplementedError("subclasses of Provider with supports_webhook must provide handle_webhook()")
 
     def poll(self, cursor: dict) -> PollBatch:
-        """Fetch the next bounded batch after `cursor` (an empty dict the first time)."""
-        raise NotImplementedError
+        """Fetch the next bounded batch after `cursor` (an empty dict the first time).
+
+        Subclasses of Provider with `supports_polling` must provide this method. The batch's cursor is stored
+        only after its messages are committed, so a batch fetched twice must yield the same provider ids."""
+        raise NotImplementedError("subclasses of Provider with supports_polling must provide poll()")
 
     def list_recent(self, since, until, limit: int, resume: dict | None = None) -> Listing:
-        """At most `limit` messages that arrived in [since, until] (aware datetimes), from `resume` on."""
-        raise NotImplementedError
+        """At most `limit` messages that arrived in [since, until] (aware datetimes), from `resume` on.
+
+        Subclasses of Provider with `supports_listing` must provide this method (and `fetch_listed`)."""
+        raise NotImplementedError("subclasses of Provider with supports_listing must provide list_recent()")
 
     def fetch_listed(self, listed: list[ListedMessage]) -> list[FetchedMessage]:
-        """The raw messages of `listed` (one deleted meanwhile is left out)."""
-        raise NotImplementedError
+        """The raw messages of `listed` (one deleted meanwhile is left out).
+
+        Subclasses of Provider with `supports_listing` must provide this method."""
+        raise NotImplementedError("subclasses of Provider with supports_listing must provide fetch_listed()")
 
     def close(self) -> None:
         """Release connections (a no-op unless the provider keeps one)."""

@@ -151,6 +151,8 @@ class _CachedTokens:
             _cache.pop(key, None)
 
     def _fetch(self, blob: dict) -> tuple[str, float, str]:
+        """Subclasses of _CachedTokens must provide this method: a fresh token for the credentials in `blob`,
+        as (access token, its expiry in epoch seconds, a refresh token to keep or '')."""
         raise NotImplementedError
 
 

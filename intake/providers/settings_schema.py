@@ -26,6 +26,8 @@ class Setting:
     help: str = ""
 
     def errors(self, value) -> list[str]:
+        """Subclasses of Setting must provide this method: what is wrong with `value`, one short phrase per
+        problem, as the console shows it after the setting's name ([] when it is valid)."""
         raise NotImplementedError
 
 
