@@ -1,12 +1,13 @@
 """Stable keys: the same message always yields the same key, whichever channel brought it."""
 import hashlib
 import re
+from typing import Protocol
 
 _SEP = "\x1f"
 _MAX_ID_LENGTH = 900
 
 
-def stable_key(*parts) -> str:
+def stable_key(*parts: object) -> str:
     return hashlib.sha256(_SEP.join(str(p) for p in parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
@@ -60,7 +61,13 @@ def content_fingerprint(raw: bytes) -> str:
 _BODY_PIECE = 64 * 1024
 
 
-def _digest_body(digest, raw: bytes, start: int) -> None:
+class _Digest(Protocol):
+    """What `_digest_body` feeds: a hashlib object (hashlib does not expose their class)."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+
+def _digest_body(digest: _Digest, raw: bytes, start: int) -> None:
     """Feed the body `raw[start:]` with CRLF as LF, no white space at line ends and none at the end.
 
     Line by line (`rstrip` of each line is CRLF -> LF plus trailing spaces removed), in pieces of whole
@@ -115,13 +122,13 @@ def provider_message_id_for_raw(raw: bytes, claimed: str = "", message_id: str |
     return candidate
 
 
-def thread_key_for_raw(raw: bytes, ids: tuple | None = None) -> str:
+def thread_key_for_raw(raw: bytes, ids: tuple[str, str, list[str]] | None = None) -> str:
     """The thread key `intake.validation.thread_key` gives the parsed message, from headers alone.
 
     `ids` is what `intake.mime.thread_ids(raw)` returned, when the caller has it already.
     """
     from .mime import thread_ids
-    from .validation import thread_key_of
+    from .validation.threading import thread_key_of
 
     message_id, in_reply_to, references = ids if ids is not None else thread_ids(raw)
     return thread_key_of(message_id, in_reply_to, references, hashlib.sha256(raw).hexdigest())

@@ -129,7 +129,7 @@ def _bare_address(word: str) -> str:
 class _Reader:
     """One entry at a time: words (raw, display, has an "@" outside quotes), comments, an angle address."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.found: list[Mailbox] = []
         self.words: list[tuple[str, str, bool]] = []
         self.comments: list[str] = []
@@ -148,7 +148,7 @@ class _Reader:
             self.words.append(("".join(self.raw), "".join(self.display), self.has_at))
             self.raw, self.display, self.has_at = [], [], False
 
-    def name(self, words) -> str:
+    def name(self, words: list[tuple[str, str, bool]]) -> str:
         return _display_name(" ".join(display for _, display, _ in words) or " ".join(self.comments))
 
     def angle(self, text: str) -> None:

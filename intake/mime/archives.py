@@ -32,8 +32,12 @@ import tarfile
 import zipfile
 import zlib
 from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Protocol, cast
 
 from .sniff import SNIFF_BYTES, sniff_type
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 MAX_MEMBERS = 200
 MAX_DECOMPRESSED_BYTES = 64 << 20
@@ -60,7 +64,7 @@ class Member:
     sniffed_type: str          # "" for an encrypted member
     encrypted: bool = False
     data: bytes | None = None  # the whole member when it was read whole, else None
-    path: tuple = ()           # where it is: indexes, one per archive level (for `read_members`)
+    path: tuple[int, ...] = ()  # where it is: indexes, one per archive level (for `read_members`)
 
 
 @dataclass
@@ -71,7 +75,7 @@ class Listing:
 
 
 class _Budget:
-    def __init__(self, limit: int = MAX_DECOMPRESSED_BYTES):
+    def __init__(self, limit: int = MAX_DECOMPRESSED_BYTES) -> None:
         self.left = limit
 
     def take(self, count: int) -> None:
@@ -84,13 +88,25 @@ class _OverBudget(Exception):
     pass
 
 
+class _Inflater(Protocol):
+    """What `zlib.decompressobj()` gives, as used here (the zlib module does not expose its class)."""
+
+    @property
+    def eof(self) -> bool: ...
+    @property
+    def unconsumed_tail(self) -> bytes: ...
+    def decompress(self, data: Buffer, /, max_length: int = 0) -> bytes: ...
+    def flush(self, length: int = 16384, /) -> bytes: ...
+
+
 class _Decompressing(io.RawIOBase):
     """A readable stream of a zlib/bz2 stream's output, decompressed in bounded steps and counted."""
 
-    def __init__(self, data: bytes, kind: str, budget: _Budget):
+    def __init__(self, data: bytes, kind: str, budget: _Budget) -> None:
         self.source = memoryview(data)
         self.position = 0
-        self.decompressor = zlib.decompressobj(wbits=47) if kind == "gzip" else bz2.BZ2Decompressor()
+        self.decompressor: _Inflater | bz2.BZ2Decompressor = (
+            zlib.decompressobj(wbits=47) if kind == "gzip" else bz2.BZ2Decompressor())
         self.kind = kind
         self.pending = b""
         self.budget = budget
@@ -101,6 +117,7 @@ class _Decompressing(io.RawIOBase):
     def _more(self, want: int) -> bytes:
         d = self.decompressor
         if self.kind == "gzip":
+            d = cast(_Inflater, d)   # `kind` says which decompressor it is
             if d.eof:
                 return b""
             feed = d.unconsumed_tail or bytes(self.source[self.position:self.position + CHUNK])
@@ -110,6 +127,7 @@ class _Decompressing(io.RawIOBase):
             if not feed and not out:
                 raise EOFError
         else:
+            d = cast(bz2.BZ2Decompressor, d)
             if d.eof:
                 return b""
             feed = b""
@@ -122,7 +140,9 @@ class _Decompressing(io.RawIOBase):
         self.budget.take(len(out))
         return out
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Buffer) -> int:
+        # What io.BufferedReader (a memoryview) or RawIOBase.read (a bytearray) passes: sized and writable.
+        buffer = cast("memoryview | bytearray", buffer)
         want = len(buffer)
         out = self.pending or self._more(min(want, CHUNK))
         while not out and not self.decompressor.eof:
@@ -133,8 +153,9 @@ class _Decompressing(io.RawIOBase):
         return len(out)
 
 
-def _read_up_to(stream, limit: int) -> bytes:
-    chunks, total = [], 0
+def _read_up_to(stream: IO[bytes], limit: int) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
     while total < limit:
         chunk = stream.read(min(CHUNK, limit - total))
         if not chunk:
@@ -144,7 +165,7 @@ def _read_up_to(stream, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_head(stream, budget: _Budget, declared_size: int | None = None) -> tuple[bytes, bool]:
+def _read_head(stream: IO[bytes], budget: _Budget, declared_size: int | None = None) -> tuple[bytes, bool]:
     """The first bytes of a member, or all of it when it is a container; (bytes, whole)."""
     head = _read_up_to(stream, SNIFF_BYTES)
     budget.take(len(head))
@@ -161,13 +182,13 @@ def _read_head(stream, budget: _Budget, declared_size: int | None = None) -> tup
     return head + rest, True
 
 
-def _member(name: str, size: int, data: bytes, whole: bool, path: tuple) -> Member:
+def _member(name: str, size: int, data: bytes, whole: bool, path: tuple[int, ...]) -> Member:
     return Member(name=name, size=size if not whole else len(data),
                   sniffed_type=sniff_type(data, filename=name),
                   data=data if whole else None, path=path)
 
 
-def _zip(data: bytes, listing: Listing, budget: _Budget, path: tuple) -> None:
+def _zip(data: bytes, listing: Listing, budget: _Budget, path: tuple[int, ...]) -> None:
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         for index, info in enumerate(archive.infolist()):
             if info.is_dir():
@@ -204,17 +225,17 @@ def _finder_metadata(name: str, head: bytes) -> bool:
         and head.startswith(_APPLEDOUBLE_MAGIC)
 
 
-def _seven_zip(data: bytes, listing: Listing, budget: _Budget, path: tuple, keep: int = 0) -> None:
+def _seven_zip(data: bytes, listing: Listing, budget: _Budget, path: tuple[int, ...], keep: int = 0) -> None:
     """`keep`: keep every member whole up to that many bytes (for reading them), else only heads."""
     import py7zr
     from py7zr.io import Py7zIO, WriterFactory
 
     class Head(Py7zIO):
-        def __init__(self):
+        def __init__(self) -> None:
             self.kept = bytearray()
             self.total = 0
 
-        def write(self, s) -> int:
+        def write(self, s: bytes | bytearray) -> int:
             written = len(s)
             budget.take(written)
             self.total += len(s)
@@ -226,10 +247,10 @@ def _seven_zip(data: bytes, listing: Listing, budget: _Budget, path: tuple, keep
                 self.kept += bytes(s[:MAX_CONTAINER_BYTES + 1 - len(self.kept)])
             return written
 
-        def read(self, size=None) -> bytes:
+        def read(self, size: int | None = None) -> bytes:
             return b""
 
-        def seek(self, offset, whence=0) -> int:
+        def seek(self, offset: int, whence: int = 0) -> int:
             return 0
 
         def flush(self) -> None:
@@ -239,7 +260,7 @@ def _seven_zip(data: bytes, listing: Listing, budget: _Budget, path: tuple, keep
             return self.total
 
     class Heads(WriterFactory):
-        def __init__(self):
+        def __init__(self) -> None:
             self.made: dict[str, Head] = {}
 
         def create(self, filename: str) -> Py7zIO:
@@ -275,7 +296,7 @@ def _seven_zip(data: bytes, listing: Listing, budget: _Budget, path: tuple, keep
         listing.members.append(_member(info.filename, head.total if head else 0, kept, whole, path + (index,)))
 
 
-def _tar(stream, listing: Listing, budget: _Budget, path: tuple) -> None:
+def _tar(stream: IO[bytes], listing: Listing, budget: _Budget, path: tuple[int, ...]) -> None:
     with tarfile.open(fileobj=stream, mode="r|") as archive:
         for index, info in enumerate(archive):
             if not info.isfile():
@@ -299,7 +320,7 @@ def _gzip_name(data: bytes) -> str:
     return data[position:end].decode("latin-1") if end > position else ""
 
 
-def _compressed(data: bytes, kind: str, listing: Listing, budget: _Budget, path: tuple, depth: int) -> None:
+def _compressed(data: bytes, kind: str, listing: Listing, budget: _Budget, path: tuple[int, ...], depth: int) -> None:
     """A gzip or bzip2 stream: a tar inside it is listed; anything else is one member."""
     if _is_tar(data, kind, budget):
         _tar(io.BufferedReader(_Decompressing(data, kind, budget), CHUNK), listing, budget, path)
@@ -328,7 +349,7 @@ def _nested(member: Member, listing: Listing, budget: _Budget, depth: int) -> No
         listing.members.append(entry)
 
 
-def _list(data: bytes, sniffed_type: str, budget: _Budget, path: tuple, depth: int) -> Listing:
+def _list(data: bytes, sniffed_type: str, budget: _Budget, path: tuple[int, ...], depth: int) -> Listing:
     listing = Listing()
     try:
         if sniffed_type in ZIP_TYPES:
@@ -369,9 +390,9 @@ def _is_tar(data: bytes, kind: str, budget: _Budget) -> bool:
     return len(peek) >= 262 and peek[257:262] == b"ustar"
 
 
-def _read_level(data: bytes, sniffed_type: str, wanted: set, budget: _Budget, limit: int) -> dict:
+def _read_level(data: bytes, sniffed_type: str, wanted: set[int], budget: _Budget, limit: int) -> dict[int, bytes]:
     """{index: bytes} of the members at `wanted` indexes of one archive level, in one pass."""
-    out: dict = {}
+    out: dict[int, bytes] = {}
     if sniffed_type in ZIP_TYPES:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             infos = archive.infolist()
@@ -396,19 +417,19 @@ def _read_level(data: bytes, sniffed_type: str, wanted: set, budget: _Budget, li
     if kind and not _is_tar(data, kind, budget):
         member = _read_up_to(stream, limit + 1)
         return {0: member} if len(member) <= limit and 0 in wanted else {}
-    with tarfile.open(fileobj=stream, mode="r|") as archive:
-        for index, info in enumerate(archive):
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for index, entry in enumerate(tar):
             if index > max(wanted):
                 break
-            if index in wanted and info.isfile() and info.size <= limit:
-                handle = archive.extractfile(info)
-                if handle is not None:
-                    out[index] = _read_up_to(handle, limit)
+            if index in wanted and entry.isfile() and entry.size <= limit:
+                extracted = tar.extractfile(entry)
+                if extracted is not None:
+                    out[index] = _read_up_to(extracted, limit)
     return out
 
 
-def _read_paths(data: bytes, sniffed_type: str, paths: list, budget: _Budget, limit: int, out: dict,
-                prefix: tuple = ()) -> None:
+def _read_paths(data: bytes, sniffed_type: str, paths: list[tuple[int, ...]], budget: _Budget, limit: int,
+                out: dict[tuple[int, ...], bytes], prefix: tuple[int, ...] = ()) -> None:
     wanted = {path[0] for path in paths}
     level = _read_level(data, sniffed_type, wanted, budget, max(limit, MAX_CONTAINER_BYTES))
     for index in sorted(wanted):
@@ -422,11 +443,12 @@ def _read_paths(data: bytes, sniffed_type: str, paths: list, budget: _Budget, li
             _read_paths(member, sniff_type(member), deeper, budget, limit, out, prefix + (index,))
 
 
-def read_members(data: bytes, *, sniffed_type: str, paths: list, limit: int = MAX_CONTAINER_BYTES) -> dict:
+def read_members(data: bytes, *, sniffed_type: str, paths: list[tuple[int, ...]],
+                 limit: int = MAX_CONTAINER_BYTES) -> dict[tuple[int, ...], bytes]:
     """{path: bytes} for the members at `paths` (from `Member.path`), read in one pass per archive level
     within `MAX_DECOMPRESSED_BYTES`; a member that cannot be had (encrypted, over `limit`, past the
     budget) is missing from the answer. Never raises."""
-    out: dict = {}
+    out: dict[tuple[int, ...], bytes] = {}
     if not paths:
         return out
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from . import alternatives
 from .headers import decode_bytes
@@ -17,6 +17,9 @@ from .richtext import enriched_to_text, richtext_to_text
 from .texttrim import cut_at_boundary
 
 if TYPE_CHECKING:
+    from email.message import Message
+
+    from .message import ParsedMessage
     from .walk import WalkState
 
 MAX_DESCRIPTION_CHARS = 1 << 20   # characters; longer text is cut at a paragraph boundary
@@ -29,7 +32,7 @@ _CRLF = re.compile(r"\r\n?")
 _RICH_TEXT = {"text/enriched": enriched_to_text, "text/richtext": richtext_to_text}
 
 
-def _decoded(walk: WalkState, part, limit: int) -> tuple[str, bool]:
+def _decoded(walk: WalkState, part: Message, limit: int) -> tuple[str, bool]:
     """A text part's payload as text, at most `limit` bytes of it; and whether it was cut."""
     data = part.get_payload(decode=True)
     if not isinstance(data, bytes) or not data:
@@ -43,7 +46,7 @@ def _decoded(walk: WalkState, part, limit: int) -> tuple[str, bool]:
     return decode_bytes(data, text_charset(part), walk.defects), cut
 
 
-def _html_text(walk: WalkState, part, source: tuple[str, bool] | None = None) -> tuple[str, bool]:
+def _html_text(walk: WalkState, part: Message, source: tuple[str, bool] | None = None) -> tuple[str, bool]:
     """Readable text of an HTML part, converted once; and whether it was cut."""
     key = id(part)
     if key not in walk.html_text:
@@ -67,7 +70,7 @@ def append_text(walk: WalkState, text: str, source: str, cut: bool = False) -> b
     return True
 
 
-def add_text(walk: WalkState, part, ctype: str) -> bool:
+def add_text(walk: WalkState, part: Message, ctype: str) -> bool:
     """Append the readable text of a body part; True if it had any."""
     if walk.text_chars >= MAX_DESCRIPTION_CHARS:
         walk.truncated = True   # the description is full: this part is left out
@@ -107,12 +110,12 @@ def alternative_rank(ctype: str) -> int:
     return 4
 
 
-def _html_leaf(part, depth: int = 0):
+def _html_leaf(part: Message, depth: int = 0) -> Message | None:
     """The HTML body part an alternative shows: itself, or the first inside it (multipart/related); or None."""
     if part.is_multipart():
         if depth >= 3 or part.get_content_maintype() == "message":
             return None
-        for child in part.get_payload()[:10]:
+        for child in cast("list[Message]", part.get_payload())[:10]:   # a multipart's parts
             leaf = _html_leaf(child, depth + 1)
             if leaf is not None:
                 return leaf
@@ -123,8 +126,8 @@ def _html_leaf(part, depth: int = 0):
     return None
 
 
-def html_instead_of_stub(walk: WalkState, children: list, ranked: list, chosen: int, start: int,
-                          chars: dict) -> int | None:
+def html_instead_of_stub(walk: WalkState, children: list[Message], ranked: list[tuple[int, int]], chosen: int,
+                          start: int, chars: dict[int, int]) -> int | None:
     """Index of the HTML alternative to read instead of the plain text just read, when that is a stub."""
     for index, rank in ranked:
         if index != chosen and rank in (1, 2):
@@ -144,7 +147,7 @@ def html_instead_of_stub(walk: WalkState, children: list, ranked: list, chosen: 
     return index if alternatives.is_stub(plain, html_text) else None
 
 
-def alternative_texts(parsed, max_chars: int = 200_000) -> list[tuple[str, str]]:
+def alternative_texts(parsed: ParsedMessage, max_chars: int = 200_000) -> list[tuple[str, str]]:
     """(content type, readable text) of each text alternative of the message's first
     multipart/alternative: for operators, who may need what the sender wrote in the one the
     ticket did not get (a plain part that lost to the HTML as a stub, or the reverse)."""
@@ -159,7 +162,10 @@ def alternative_texts(parsed, max_chars: int = 200_000) -> list[tuple[str, str]]
             for child in part.get_payload()[:10]:
                 leaf = _html_leaf(child) if child.is_multipart() else child
                 ctype = part_content_type(leaf) if leaf is not None else ""
-                if ctype not in ("text/plain", "text/html") or leaf.get_content_disposition() == "attachment":
+                if ctype not in ("text/plain", "text/html"):
+                    continue
+                leaf = cast("Message", leaf)   # not None: its type was read just above
+                if leaf.get_content_disposition() == "attachment":
                     continue
                 data = leaf.get_payload(decode=True)
                 if not isinstance(data, bytes):

@@ -18,10 +18,13 @@ Never raises; a part that does not parse counts for nothing.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from .headers import content_type_param
 from .message import ParsedMessage
+
+if TYPE_CHECKING:
+    from email.message import Message
 
 MAX_CALENDAR_PARTS = 4
 MAX_WALKED_PARTS = 200   # a calendar part sits near the top; a 2,000-part message is not walked for one
@@ -40,7 +43,7 @@ class CalendarMethod(NamedTuple):
         return bool(self.method)
 
 
-def is_calendar_part(part) -> bool:
+def is_calendar_part(part: Message) -> bool:
     if part.is_multipart():
         return False
     if part.get_content_type() in CALENDAR_TYPES:
@@ -49,7 +52,7 @@ def is_calendar_part(part) -> bool:
     return name.endswith(".ics")
 
 
-def _parameter_method(part) -> str:
+def _parameter_method(part: Message) -> str:
     return content_type_param(part, "method").upper()[:40]
 
 
@@ -106,7 +109,7 @@ def calendar_method(*, parsed: ParsedMessage) -> CalendarMethod:
             if declared and declared not in ANSWER_METHODS:
                 # A request (the ticket path, and most calendar mail) needs no object parsed: ~1.5 ms a part.
                 return CalendarMethod(method=declared, part_type=part.get_content_type())
-            payload = part.get_payload(decode=True) or b""
+            payload = cast("bytes | None", part.get_payload(decode=True)) or b""   # a leaf: its decoded bytes
             method, partstat = _from_object(payload[:MAX_CALENDAR_BYTES]) if payload else ("", "")
             method = declared or method
             if method:

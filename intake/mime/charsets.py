@@ -43,6 +43,10 @@ import binascii
 import codecs
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 WINDOWS_1252 = "windows-1252"   # WHATWG windows-1252 (cp1252 + C1 controls for its 5 holes)
 ISO_2022_JP = "iso-2022-jp"     # the iso2022_jp variants, then CP50220 through cp932
@@ -98,12 +102,13 @@ _HIGH_BYTES = bytes(range(0x80, 0x100))
 _ESC = b"\x1b"
 
 
-def _c1_controls(error: UnicodeDecodeError):
+def _c1_controls(error: UnicodeDecodeError) -> tuple[str, int]:
     """windows-1252 as WHATWG defines it: the bytes cp1252 leaves undefined are the C1 controls."""
     return chr(error.object[error.start]), error.start + 1
 
 
-codecs.register_error("intake-c1-controls", _c1_controls)
+# A decoding handler (only bytes.decode names it), which register_error's type, for any UnicodeError, cannot say.
+codecs.register_error("intake-c1-controls", cast("Callable[[UnicodeError], tuple[str, int]]", _c1_controls))
 
 
 @lru_cache(maxsize=256)
@@ -201,7 +206,7 @@ def _fallback(data: bytes, tried: str, text: str, errors: int, decoded: int, hin
     return text
 
 
-def _candidates(data: bytes, tried: str, hint: str | None):
+def _candidates(data: bytes, tried: str, hint: str | None) -> Iterator[str | None]:
     """Lazily, so that the detector runs only when the cheaper candidates failed. A single-byte hint
     (windows-1252, koi8-r) decodes any bytes "cleanly", so it comes after the detector has had its say
     on whether the bytes are CJK (a raw GB2312 subject in mail whose first text part is a Latin-1 report)."""
@@ -252,7 +257,8 @@ def _detected_short(data: bytes, single_byte: str | None) -> str | None:
     if not results:
         return None
     best = min(result.chaos for result in results)
-    tied = [codec_for(result.encoding) for result in results if result.chaos <= best]
+    # Never None: codec_for knows every encoding `cp_isolation` lets the detector answer.
+    tied = cast("list[str]", [codec_for(result.encoding) for result in results if result.chaos <= best])
     if codec_for(fallback) in tied:
         return codec_for(fallback)
     # On a few characters the detector often cannot tell (chaos 0 for three encodings): the reading
@@ -285,7 +291,7 @@ def _plausibility(data: bytes, codec: str) -> float:
 
 
 @lru_cache(maxsize=8)
-def _frequent(language: str) -> frozenset:
+def _frequent(language: str) -> frozenset[str]:
     try:
         from charset_normalizer.constant import FREQUENCIES
     except ImportError:

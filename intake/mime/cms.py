@@ -18,6 +18,8 @@ byte at most once, so hostile input costs time linear in its size.
 """
 from __future__ import annotations
 
+from typing import cast
+
 MAX_NESTING = 32
 
 _OID_DATA = bytes.fromhex("2a864886f70d010701")                   # 1.2.840.113549.1.7.1
@@ -82,6 +84,7 @@ def _kind_at(data: bytes) -> tuple[str, int]:
     """The content type of a ContentInfo, and where its [0] content begins."""
     pos, _ = _expect(data, 0, _SEQUENCE)
     start, length = _expect(data, pos, _OID)
+    length = cast(int, length)   # an OID is primitive, and `_header` gives no primitive an indefinite length
     return _KIND_BY_OID.get(bytes(data[start:start + length]), ""), start + length
 
 
@@ -93,12 +96,13 @@ def content_kind(blob: bytes) -> str:
         return ""
 
 
-def _octets(data: bytes, pos: int, out: list, depth: int = 0) -> int:
+def _octets(data: bytes, pos: int, out: list[bytes], depth: int = 0) -> int:
     """Append the bytes of the OCTET STRING at `pos` (primitive or chunked) to `out`; its end."""
     if depth > MAX_NESTING:
         raise _Malformed
     tag, start, length = _header(data, pos)
     if tag == _OCTETS:
+        length = cast(int, length)   # primitive: never of indefinite length (`_header`)
         out.append(data[start:start + length])
         return start + length
     if tag != _CONSTRUCTED_OCTETS:
@@ -132,6 +136,7 @@ def is_certs_only(blob: bytes) -> bool:
         content_info_end = _end(blob, pos)
         pos, indefinite = _expect(blob, pos, _SEQUENCE)        # encapContentInfo
         start, length = _expect(blob, pos, _OID)
+        length = cast(int, length)                             # primitive: never indefinite
         if start + length < content_info_end - (2 if indefinite is None else 0):
             return False                                       # it holds content
         pos = content_info_end
@@ -151,13 +156,14 @@ def signed_content(blob: bytes) -> bytes | None:
             return None
         pos, _ = _expect(blob, pos, _SEQUENCE)                 # encapContentInfo
         start, length = _expect(blob, pos, _OID)
+        length = cast(int, length)                             # primitive: never indefinite
         if blob[start:start + length] != _OID_DATA:
             return None
         pos = start + length
         if blob[pos] != _EXPLICIT_0:                           # detached: no content here
             return None
         pos, _ = _expect(blob, pos, _EXPLICIT_0)
-        chunks: list = []
+        chunks: list[bytes] = []
         _octets(blob, pos, chunks)
         return b"".join(chunks)
     except (_Malformed, IndexError):

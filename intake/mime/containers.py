@@ -14,10 +14,21 @@ from __future__ import annotations
 import hashlib
 import mimetypes
 from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 from . import archives, outlookmsg
 from .message import MAX_DEFECTS, Attachment
 from .sniff import sniff_type
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeAlias
+
+    from .parts import AttachmentPart
+    from .walk import WalkState
+
+    # A member of its holder: an archive's by its path (`archives.Member.path`), a .msg's by its index.
+    _MemberKey: TypeAlias = "tuple[int, ...] | int"
 
 MAX_LISTED = 2000      # attachments in one message past which members are no longer listed
 MAX_NESTING = 3        # archives and .msg files inside each other that are opened
@@ -29,7 +40,7 @@ class ArchiveMember:
 
     __slots__ = ("container", "archive_type", "path")
 
-    def __init__(self, container, archive_type: str, path: tuple):
+    def __init__(self, container: AttachmentPart, archive_type: str, path: tuple[int, ...]) -> None:
         self.container = container
         self.archive_type = archive_type
         self.path = path
@@ -40,12 +51,12 @@ class MsgMember:
 
     __slots__ = ("container", "index")
 
-    def __init__(self, container, index: int):
+    def __init__(self, container: AttachmentPart, index: int) -> None:
         self.container = container
         self.index = index
 
 
-def _defect(walk, name: str) -> None:
+def _defect(walk: WalkState, name: str) -> None:
     if len(walk.defects) < MAX_DEFECTS and name not in walk.defects:
         walk.defects.append(name)
 
@@ -58,13 +69,14 @@ def _guessed_type(name: str) -> str:
     return (mimetypes.guess_type(name, strict=False)[0] or "application/octet-stream").lower()
 
 
-def _unreadable(walk, attachment: Attachment, defect: str) -> Attachment:
+def _unreadable(walk: WalkState, attachment: Attachment, defect: str) -> Attachment:
     _defect(walk, defect)
     walk.too_complex = True
     return replace(attachment, contents="unreadable")
 
 
-def expand(walk, *, part, path: tuple, attachment: Attachment, data: bytes, depth: int = 0) -> Attachment:
+def expand(walk: WalkState, *, part: AttachmentPart, path: tuple[int, ...], attachment: Attachment, data: bytes,
+           depth: int = 0) -> Attachment:
     """List the members of `attachment` (the file `part`, its bytes `data`) after it, when it is an archive
     or a .msg; `attachment` with `contents` set (unchanged for any other file)."""
     if attachment.origin == "encrypted" or not data:
@@ -79,7 +91,8 @@ def expand(walk, *, part, path: tuple, attachment: Attachment, data: bytes, dept
     return attachment
 
 
-def _add(walk, path: tuple, attachment: Attachment, stand_in, data: bytes | None, depth: int) -> bool:
+def _add(walk: WalkState, path: tuple[int, ...], attachment: Attachment, stand_in: ArchiveMember | MsgMember,
+         data: bytes | None, depth: int) -> bool:
     """Append one member (and what is inside it, when it is a .msg or an archive not listed yet)."""
     if len(walk.attachments) >= MAX_LISTED:
         _defect(walk, "MemberLimitExceeded")
@@ -100,7 +113,8 @@ def _add(walk, path: tuple, attachment: Attachment, stand_in, data: bytes | None
     return True
 
 
-def _archive(walk, part, path: tuple, attachment: Attachment, data: bytes, depth: int) -> Attachment:
+def _archive(walk: WalkState, part: AttachmentPart, path: tuple[int, ...], attachment: Attachment, data: bytes,
+             depth: int) -> Attachment:
     listing = archives.list_archive(data, sniffed_type=attachment.sniffed_type)
     if listing is None:
         return attachment
@@ -132,7 +146,8 @@ def _archive(walk, part, path: tuple, attachment: Attachment, data: bytes, depth
     return replace(attachment, contents="listed")
 
 
-def _outlook(walk, part, path: tuple, attachment: Attachment, data: bytes, depth: int) -> Attachment:
+def _outlook(walk: WalkState, part: AttachmentPart, path: tuple[int, ...], attachment: Attachment, data: bytes,
+             depth: int) -> Attachment:
     unpacked = outlookmsg.unpack(data)
     if unpacked is None:
         return _unreadable(walk, attachment, "UnreadableOutlookMsg")
@@ -161,28 +176,30 @@ class Payloads:
     """Members' bytes for `iter_attachment_payloads`: the members of one holder are read in one pass
     (`archives.read_members`: at most `archives.MAX_DECOMPRESSED_BYTES` alive), then dropped for the next."""
 
-    def __init__(self, parts: list, part_bytes):
+    def __init__(self, parts: list[AttachmentPart], part_bytes: Callable[[AttachmentPart], bytes]) -> None:
         self.parts = parts
         self.part_bytes = part_bytes
-        self.container = None
-        self.found: dict = {}
+        self.container: AttachmentPart | None = None
+        self.found: dict[_MemberKey, bytes] = {}
 
-    def get(self, stand_in) -> bytes:
+    def get(self, stand_in: ArchiveMember | MsgMember) -> bytes:
         if stand_in.container is not self.container:
             self.container, self.found = stand_in.container, {}
             self.found = _read_all(stand_in, self.part_bytes(stand_in.container), self.parts)
         return self.found.get(stand_in.path if isinstance(stand_in, ArchiveMember) else stand_in.index, b"")
 
 
-def _read_all(stand_in, data: bytes, parts: list) -> dict:
+def _read_all(stand_in: ArchiveMember | MsgMember, data: bytes, parts: list[AttachmentPart]) -> dict[_MemberKey, bytes]:
     if isinstance(stand_in, ArchiveMember):
         paths = [p.path for p in parts if isinstance(p, ArchiveMember) and p.container is stand_in.container]
-        return archives.read_members(data, sniffed_type=stand_in.archive_type, paths=paths)
+        # Keyed by path only: a dict of the wider key type (dict keys are invariant, hence the cast).
+        return cast("dict[_MemberKey, bytes]", archives.read_members(data, sniffed_type=stand_in.archive_type,
+                                                                      paths=paths))
     unpacked = outlookmsg.unpack(data) if data else None
     return {index: member.data for index, member in enumerate(unpacked.members)} if unpacked else {}
 
 
-def member_bytes(stand_in, *, container_data: bytes) -> bytes:
+def member_bytes(stand_in: ArchiveMember | MsgMember, *, container_data: bytes) -> bytes:
     """The bytes of one member, from its holder's bytes (b"" when they cannot be had)."""
     return _read_all(stand_in, container_data, [stand_in]).get(
         stand_in.path if isinstance(stand_in, ArchiveMember) else stand_in.index, b"")

@@ -6,16 +6,21 @@ follow; intake never fetches it.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from .headers import content_type_param, decode_header_value
+
+if TYPE_CHECKING:
+    from email.message import Message
 
 MAX_VALUE_CHARS = 500
 
 
-def _parameter(part, name: str) -> str:
+def _parameter(part: Message, name: str) -> str:
     return decode_header_value(content_type_param(part, name), MAX_VALUE_CHARS)
 
 
-def _location(part, access: str) -> str:
+def _location(part: Message, access: str) -> str:
     url = _parameter(part, "url")
     if url:
         # RFC 2017: a long URL may be split into several quoted strings, rejoined without the spaces.
@@ -37,17 +42,18 @@ def _location(part, access: str) -> str:
     return where or "(no location given)"
 
 
-def external_file_line(part) -> str:
+def external_file_line(part: Message) -> str:
     """One line that says where the external file is, what it is, and until when (see the module docstring)."""
     access = _parameter(part, "access-type").lower()
     details = []
     inner = part.get_payload()
     if isinstance(inner, list) and inner:
+        entity = cast("Message", inner[0])   # the pointer's payload: the header of the external file
         try:
-            content_type = inner[0].get_content_type()
+            content_type = entity.get_content_type()
         except Exception:
             content_type = ""
-        if content_type and inner[0].get("Content-Type") is not None:
+        if content_type and entity.get("Content-Type") is not None:
             details.append(content_type)
     details.append(f"access-type {access or 'unknown'}")
     size = _parameter(part, "size")

@@ -26,9 +26,10 @@ lines longer than `MAX_LINE_CHARS` are skipped; an attached message is read only
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from .addresses import is_valid_address, parse_address_list
-from .message import ParsedMessage
+from .message import Attachment, ParsedMessage
 from .parse import parse_message
 from .parts import attachment_payload
 
@@ -228,7 +229,7 @@ def _attached_sender(parsed: ParsedMessage, index: int) -> tuple[str, str] | Non
     return inner.sender, ("" if name.lower() == inner.sender.lower() else name[:MAX_NAME_CHARS])
 
 
-def _is_message(attachment) -> bool:
+def _is_message(attachment: Attachment) -> bool:
     if attachment.declared_type in _MESSAGE_TYPES:
         return True
     return attachment.declared_type in _EML_TYPES and attachment.filename.lower().endswith(".eml")
@@ -244,6 +245,8 @@ def _attached_original(parsed: ParsedMessage, forward_subject: bool) -> tuple[st
     if not ((forward_subject and little_text) or not other_files):
         return None
     senders = [_attached_sender(parsed, index) for index in messages]
-    if any(sender is None for sender in senders) or len({s[0].lower() for s in senders}) != 1:
+    # Past the first test none is None: each an (address, name) pair.
+    if any(sender is None for sender in senders) \
+            or len({s[0].lower() for s in cast("list[tuple[str, str]]", senders)}) != 1:
         return None
     return senders[0]

@@ -41,6 +41,7 @@ one regular-expression match, and then `raw` itself is returned, not a copy.
 from __future__ import annotations
 
 import re
+from typing import cast
 
 MAX_HEADER_BLOCK = 256 * 1024
 MAX_LOOSE_LINES = 16
@@ -72,7 +73,7 @@ def repair_header_block(raw: bytes) -> bytes:
     """`raw` with its header block rewritten as mail clients read it; `raw` itself when it is clean."""
     if raw[:1] in _JUNK_START:
         raw = _without_leading_junk(raw)
-    clean = _CLEAN_BLOCK.match(raw, 0, MAX_HEADER_BLOCK)
+    clean = cast("re.Match[bytes]", _CLEAN_BLOCK.match(raw, 0, MAX_HEADER_BLOCK))   # matches "" too: never None
     end = clean.end()
     if end >= len(raw) or end >= MAX_HEADER_BLOCK or raw[end] in b"\r\n":
         return raw
@@ -82,7 +83,7 @@ def repair_header_block(raw: bytes) -> bytes:
 def _without_leading_junk(raw: bytes) -> bytes:
     """`raw` without the byte-order marks and whitespace before its first header (Windows scripts and
     PowerShell write a UTF-8 BOM first); as it is when no header follows them."""
-    junk = _LEADING_JUNK.match(raw, 0, MAX_HEADER_BLOCK)
+    junk = cast("re.Match[bytes]", _LEADING_JUNK.match(raw, 0, MAX_HEADER_BLOCK))   # matches "" too: never None
     rest = junk.end()
     if rest and _HEADER_NAME.match(raw, rest) and (raw[rest - 1] in b"\r\n" or raw[:3] == _BOM):
         return raw[rest:]
@@ -158,7 +159,7 @@ def _repair(raw: bytes) -> bytes:
     while index < len(lines) and body_start is None:
         kind, name, content, start, end = lines[index]
         if kind == _HEADER:
-            header = _HEADER_NAME.match(content)
+            header = cast("re.Match[bytes]", _HEADER_NAME.match(content))   # `_lines` made it a header by this match
             if header.group(2):                     # obsolete "Subject : x"
                 out.append(header.group(1) + b":" + raw[start + header.end():end])
                 changed = True

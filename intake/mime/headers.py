@@ -12,12 +12,16 @@ from contextvars import ContextVar
 from email.parser import BytesParser
 from email.policy import compat32
 from email.utils import collapse_rfc2231_value
+from typing import TYPE_CHECKING, cast
 
 from . import charsets
 from .addresses import Mailbox, is_dotless_address, is_valid_address, parse_address_list
 from .headerblock import repair_header_block
 from .message import ParsedMessage, add_defect
 from .policy import MAX_PARAMETER_HEADER_CHARS, PARAMETER_HEADERS
+
+if TYPE_CHECKING:
+    from email.message import Message
 
 MAX_HEADER_CHARS = 64 * 1024
 # Thread ids are read from at most this much of the header block at ingest.
@@ -33,7 +37,8 @@ _FOLDING = re.compile(r"\r?\n(?=[ \t])")
 _FILENAME_CONTROL = dict.fromkeys([*range(0, 9), *range(10, 32), 127], None)
 # The message being parsed, set by fill_headers: its body's charset is the hint for raw 8-bit
 # header bytes, and clean_filename (called from the part walk with the name alone) needs it too.
-_MESSAGE_BEING_PARSED: ContextVar = ContextVar("intake_mime_message_being_parsed", default=None)
+_MESSAGE_BEING_PARSED: ContextVar[weakref.ref[Message] | None] = ContextVar("intake_mime_message_being_parsed",
+                                                                             default=None)
 MAX_HINT_PARTS = 64
 
 
@@ -42,7 +47,7 @@ def _codec(charset: str | None) -> str | None:
     return charsets.codec_for(charset) if isinstance(charset, str) else None
 
 
-def decode_bytes(data: bytes, charset: str | None, defects: list | None = None, hint: str | None = None) -> str:
+def decode_bytes(data: bytes, charset: str | None, defects: list[str] | None = None, hint: str | None = None) -> str:
     """Text of `data` in `charset`, read as mail clients read it (see `intake.mime.charsets`): aliases,
     isolated bad bytes as U+FFFD, a wrong label replaced by UTF-8, `hint`, a detector, then cp1252."""
     if charset and defects is not None and _codec(charset) is None:
@@ -79,7 +84,7 @@ def decode_header_value(value: str, limit: int = MAX_HEADER_CHARS, hint: str | N
     return " ".join(value.translate(_HEADER_CONTROL).split())
 
 
-def _body_charset(message) -> str | None:
+def _body_charset(message: Message) -> str | None:
     """The 8-bit charset the body declares (top level, else the first text part that has one).
 
     Clients that write raw 8-bit headers write them in that charset (Foxmail: GBK headers, gb2312 body).
@@ -92,8 +97,8 @@ def _body_charset(message) -> str | None:
         try:
             if part.is_multipart():
                 children = part.get_payload()
-                if isinstance(children, list):
-                    stack.extend(reversed(children[:MAX_HINT_PARTS]))
+                if isinstance(children, list):   # of messages: a multipart's parts
+                    stack.extend(reversed(cast("list[Message]", children)[:MAX_HINT_PARTS]))
                 continue
             if part.get_content_maintype() != "text":
                 continue
@@ -120,7 +125,7 @@ def clean_id(value: str) -> str:
     return "".join(value.translate(_HEADER_CONTROL).split()).strip("<>")[:998]
 
 
-def _mailboxes(values: list[str], defects: list, budget: int = MAX_HEADER_CHARS,
+def _mailboxes(values: list[str], defects: list[str], budget: int = MAX_HEADER_CHARS,
                hint: str | None = None) -> list[Mailbox]:
     """Every entry of the address headers `values` (`intake.mime.addresses`), names decoded.
 
@@ -138,7 +143,7 @@ def _mailboxes(values: list[str], defects: list, budget: int = MAX_HEADER_CHARS,
     return found
 
 
-def _addresses(values: list[str], defects: list, budget: int = MAX_HEADER_CHARS,
+def _addresses(values: list[str], defects: list[str], budget: int = MAX_HEADER_CHARS,
                hint: str | None = None) -> list[tuple[str, str]]:
     """(display name, address) pairs; entries without an address (an "@" inside, no whitespace) are dropped.
 
@@ -184,7 +189,7 @@ def _token(value: str | None) -> str | None:
     return text.split(";", 1)[0].strip().lower()
 
 
-def clean_filename(name) -> str:
+def clean_filename(name: object) -> str:
     """A display name from a filename parameter: words and 8-bit bytes decoded, folding undone, path and
     controls removed, and only the ends stripped: "Q3  report.pdf" keeps its two spaces, as the sender's
     file system has them."""
@@ -203,7 +208,7 @@ def clean_filename(name) -> str:
     return name[:255]
 
 
-def content_type_param(part, name: str) -> str:
+def content_type_param(part: Message, name: str) -> str:
     """A Content-Type parameter's value as sent (RFC 2231 values collapsed to their text), stripped; "" when
     missing or unreadable. The caller bounds and decodes it as the parameter needs."""
     try:
@@ -215,7 +220,7 @@ def content_type_param(part, name: str) -> str:
     return str(value or "").strip()
 
 
-def part_filename(part) -> str | None:
+def part_filename(part: Message) -> str | None:
     """A part's filename (Content-Disposition filename, else Content-Type name), as `get_filename` gives it,
     except that an RFC 2231 name is decoded from its bytes as `intake.mime.charsets` decodes text: a name
     declared iso-8859-1 that is UTF-8, or declared utf-8 that is windows-1252, comes out as written,
@@ -226,6 +231,7 @@ def part_filename(part) -> str | None:
         value = part.get_param("name", missing, "content-type")
         if value is missing:
             return None
+    value = cast("str | tuple[str | None, str | None, str]", value)   # a parameter: `missing` is ruled out
     if not isinstance(value, tuple):
         return collapse_rfc2231_value(value).strip()
     charset, _language, text = value
@@ -241,7 +247,7 @@ def part_filename(part) -> str | None:
         return charsets.decode(data, charset or None, _charset_hint())
 
 
-def _header_map(message) -> dict[str, list[str]]:
+def _header_map(message: Message) -> dict[str, list[str]]:
     headers: dict[str, list[str]] = {}
     for name, value in message.raw_items():
         values = headers.setdefault(str(name).strip().lower(), [])
@@ -277,7 +283,7 @@ def thread_ids(raw: bytes) -> tuple[str, str, list[str]]:
     except Exception:
         return "", "", []
 
-    def first(name):
+    def first(name: str) -> str | None:
         values = headers.get(name)
         return values[0] if values else None
 
@@ -285,14 +291,14 @@ def thread_ids(raw: bytes) -> tuple[str, str, list[str]]:
             _reference_ids(first("references")))
 
 
-def fill_headers(parsed: ParsedMessage, message, loop_header: str) -> None:
+def fill_headers(parsed: ParsedMessage, message: Message, loop_header: str) -> None:
     _MESSAGE_BEING_PARSED.set(weakref.ref(message))
     headers = _header_map(message)
     defects = parsed.defects
     # Raw 8-bit header bytes that are not UTF-8 are read in the body's charset: look it up only then.
     hint = _charset_hint() if any(not v.isascii() for values in headers.values() for v in values) else None
 
-    def first(name):
+    def first(name: str) -> str | None:
         values = headers.get(name)
         return values[0] if values else None
 

@@ -117,7 +117,7 @@ class _TextExtractor:
         self.pending_space = collapsed[-1] == " "
 
     # -- events ------------------------------------------------------------------------
-    def start(self, tag: str, attrs: dict) -> None:
+    def start(self, tag: str, attrs: dict[str, str]) -> None:
         if "head" in self.invisible and tag not in _HEAD_CONTENT:
             # `<head>` left open: the body has begun all the same.
             del self.invisible[self.invisible.index("head"):]
@@ -191,7 +191,7 @@ class _TextExtractor:
         return text.strip()
 
 
-def _attributes(source: str) -> dict:
+def _attributes(source: str) -> dict[str, str]:
     attrs = {}
     for match in _ATTR.finditer(source):
         name = match.group(1).lower()
@@ -244,14 +244,14 @@ def _tokenize(source: str, sink: _TextExtractor) -> None:
         if name in _VOID:
             sink.end(name)
         elif name in _RAWTEXT:
-            close = _RAWTEXT_END[name].search(source, i)
-            if close is None:
+            end_tag = _RAWTEXT_END[name].search(source, i)
+            if end_tag is None:
                 sink.rawtext(name, source[i:])
                 sink.end(name)
                 return
-            sink.rawtext(name, source[i:close.start()])
+            sink.rawtext(name, source[i:end_tag.start()])
             sink.end(name)
-            after = source.find(">", close.end())
+            after = source.find(">", end_tag.end())
             if after < 0:
                 return
             i = after + 1

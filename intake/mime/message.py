@@ -2,10 +2,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from email.message import Message
+
+    from .parts import AttachmentPart
 
 DEFAULT_LOOP_HEADER = "X-Mailroom-Loop"
 MAX_DEFECTS = 100
+
+
+class Signature(TypedDict):
+    """A signature part of signed mail, in `ParsedMessage.signatures`."""
+    protocol: str   # "pgp" or "smime"
+    type: str       # its content type
+    size: int
+    sha256: str
+
+
+class Alternative(TypedDict):
+    """One alternative of the body's multipart/alternative, in `ParsedMessage.alternatives`."""
+    type: str
+    chars: int | None   # readable characters; None for a part not read
+    chosen: bool
 
 
 @dataclass(frozen=True)
@@ -58,24 +78,25 @@ class ParsedMessage:
     # Lowercased text of From when it holds no usable address ("mailer-daemon" on some bounces).
     sender_hint: str = ""
     encrypted: str = ""                  # "pgp" or "smime" when the content is encrypted, else ""
+    smime_certs_only: bool = False       # an S/MIME certs-only part (application/pkcs7-mime): no content
     # Signature parts of signed mail (multipart/signed): metadata, not attachments.
     # Each: {"protocol", "type", "size", "sha256"}.
-    signatures: list[dict] = field(default_factory=list)
+    signatures: list[Signature] = field(default_factory=list)
     # The alternatives of the body (multipart/alternative): {"type", "chars", "chosen"}.
-    alternatives: list[dict] = field(default_factory=list)
+    alternatives: list[Alternative] = field(default_factory=list)
     text_truncated: bool = False         # `text` was cut (at a paragraph boundary) to its limit
     # The parsed message and the attachment parts, for decoding payloads on demand.
-    _message: Any = field(default=None, repr=False, compare=False)
-    _attachment_parts: list = field(default_factory=list, repr=False, compare=False)
+    _message: Message | None = field(default=None, repr=False, compare=False)
+    _attachment_parts: list[AttachmentPart] = field(default_factory=list, repr=False, compare=False)
 
     @property
-    def email_message(self) -> Any:
+    def email_message(self) -> Message | None:
         """The parsed `email.message.EmailMessage` (header values read raw, `intake.mime.policy`), or None
         when the bytes could not be parsed: for readers of headers and parts this class does not keep
         (validation's automated-sender and calendar rules)."""
         return self._message
 
 
-def add_defect(defects: list, name: str) -> None:
+def add_defect(defects: list[str], name: str) -> None:
     if len(defects) < MAX_DEFECTS and name not in defects:
         defects.append(name)

@@ -13,9 +13,13 @@ import io
 import re
 from email.generator import BytesGenerator
 from itertools import islice
+from typing import TYPE_CHECKING, cast
 
 from .headers import content_type_param
 from .policy import GENERATE_POLICY
+
+if TYPE_CHECKING:
+    from email.message import Message
 
 MAX_PARTIAL_PIECES = 100
 MAX_BOUNDARY_CHARS = 70
@@ -23,7 +27,7 @@ _DELIMITER = re.compile(rb"^--([^\s]{1,70}?)(?:--)?[ \t]*\r?$", re.M)
 _HEADER_LINE = re.compile(rb"[!-9;-~]+[ \t]*:")
 
 
-def partial_info(part) -> tuple[str, int, int]:
+def partial_info(part: Message) -> tuple[str, int, int]:
     """(id, number, total) of a message/partial part; number or total 0 when missing or not a number."""
     def parameter(name: str) -> str:
         return content_type_param(part, name)[:998]
@@ -35,9 +39,9 @@ def partial_info(part) -> tuple[str, int, int]:
     return parameter("id"), number("number"), number("total")
 
 
-def partial_groups(root, max_parts: int) -> dict[str, dict[int, object]]:
+def partial_groups(root: Message, max_parts: int) -> dict[str, dict[int, Message]]:
     """Every message/partial piece in the message, by id and then number."""
-    groups: dict[str, dict[int, object]] = {}
+    groups: dict[str, dict[int, Message]] = {}
     for part in islice(root.walk(), max_parts):
         if part.get_content_type() != "message/partial":
             continue
@@ -47,16 +51,16 @@ def partial_groups(root, max_parts: int) -> dict[str, dict[int, object]]:
     return groups
 
 
-def is_complete(pieces: dict[int, object], total: int) -> bool:
+def is_complete(pieces: dict[int, Message], total: int) -> bool:
     return 0 < total <= MAX_PARTIAL_PIECES and all(number in pieces for number in range(1, total + 1))
 
 
-def _fragment(part, first: bool) -> bytes:
+def _fragment(part: Message, first: bool) -> bytes:
     inner = part.get_payload()
     if not isinstance(inner, list) or not inner:
         data = part.get_payload(decode=True)
         return data if isinstance(data, bytes) else b""
-    message = inner[0]
+    message = cast("Message", inner[0])   # a piece's payload: the message it encloses
     if not first and not message.keys():   # a piece of body: no header of its own
         payload = message.get_payload()
         if isinstance(payload, str):
@@ -66,7 +70,7 @@ def _fragment(part, first: bool) -> bytes:
     return buffer.getvalue()
 
 
-def reassembled(pieces: dict[int, object], total: int) -> bytes:
+def reassembled(pieces: dict[int, Message], total: int) -> bytes:
     """The entity the pieces 1..`total` were cut from (its header is the first piece's enclosed one)."""
     return b"".join(_fragment(pieces[number], number == 1) for number in range(1, total + 1))
 

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .htmltext import html_to_text
+
+if TYPE_CHECKING:
+    from extract_msg.attachments import AttachmentBase, SignedAttachment
 
 # extract-msg logs warnings for every oddity of a file it reads: input this module judges, not our errors.
 logging.getLogger("extract_msg").setLevel(logging.CRITICAL)
@@ -50,13 +54,13 @@ class Unpacked:
     subject: str = ""
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return value if isinstance(value, str) else ""
 
 
-def _member(attachment) -> Member | None:
+def _member(attachment: AttachmentBase | SignedAttachment) -> Member | None:
     name = _text(getattr(attachment, "longFilename", None)) or _text(getattr(attachment, "shortFilename", None))
     mime_type = _text(getattr(attachment, "mimetype", None)).strip().lower()
     data = attachment.data
@@ -82,7 +86,7 @@ def unpack(data: bytes) -> Unpacked | None:
     except Exception:
         return None
     try:
-        attachments = list(message.attachments)
+        attachments: list[AttachmentBase | SignedAttachment] = list(message.attachments)
         if len(attachments) > MAX_MEMBERS:
             return None
         out = Unpacked(subject=_text(getattr(message, "subject", None)))
@@ -95,11 +99,12 @@ def unpack(data: bytes) -> Unpacked | None:
             if total > MAX_MEMBER_BYTES:
                 return None
             out.members.append(member)
-        body = _text(message.body).replace("\r\n", "\n").strip()
+        # A bare MSGFile (class "IPM", which openMsg gives as is) has no body: the AttributeError gives None.
+        body = _text(message.body).replace("\r\n", "\n").strip()   # type: ignore[attr-defined]
         if body:
             out.body, out.body_source = body[:MAX_BODY_CHARS], "plain"
         else:
-            html = message.htmlBody
+            html = message.htmlBody   # type: ignore[attr-defined]  # a message's, as `body` was
             html = html.decode("utf-8", "replace") if isinstance(html, bytes) else _text(html)
             text = html_to_text(html) if html else ""
             if text.strip():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 from email.parser import BytesParser
+from typing import TYPE_CHECKING, cast
 
 from . import calendar, spool
 from .body import MAX_DESCRIPTION_CHARS, add_text, append_text
@@ -15,6 +16,9 @@ from .policy import PARSE_POLICY
 from .texttrim import cut_at_boundary
 from .walk import WalkState, walk_message
 
+if TYPE_CHECKING:
+    from email.message import Message
+
 _INLINE_PGP_BEGIN, _INLINE_PGP_END = "-----BEGIN PGP MESSAGE-----", "-----END PGP MESSAGE-----"
 
 
@@ -23,7 +27,7 @@ _INLINE_PGP_BEGIN, _INLINE_PGP_END = "-----BEGIN PGP MESSAGE-----", "-----END PG
 _READ_DIRECTLY = ("text/", "multipart/", "message/", "application/plain")
 
 
-def _read_directly(part) -> bool:
+def _read_directly(part: Message) -> bool:
     if not (part.get_content_type().startswith(_READ_DIRECTLY) or part_content_type(part).startswith(_READ_DIRECTLY)):
         return calendar.is_calendar_part(part)
     return not (part.get_content_maintype() == "text" and part_content_type(part).startswith("text/")
@@ -34,16 +38,16 @@ class _ShortcutRefused(Exception):
     """The spooling shortcut (`intake.mime.spool`) does not fit this message: it is parsed the ordinary way."""
 
 
-def _bind_runs(message, runs: dict) -> list:
+def _bind_runs(message: Message, runs: dict[str, spool.Run]) -> list[Message]:
     """Give each part whose payload is a token its `spool.Run` (`parts.spooled_run`); raises
     `_ShortcutRefused` unless every token is the payload of one base64 leaf outside any attached message."""
-    bound = {}
+    bound: dict[str, Message] = {}
     stack = [(message, False)]
     while stack:
         part, in_message = stack.pop()
         if part.is_multipart():
             inside = in_message or part.get_content_maintype() == "message"
-            stack.extend((child, inside) for child in part.get_payload())
+            stack.extend((child, inside) for child in cast("list[Message]", part.get_payload()))   # its parts
             continue
         payload = part.get_payload()
         if not isinstance(payload, str) or spool.TOKEN_PREFIX not in payload:
@@ -57,11 +61,11 @@ def _bind_runs(message, runs: dict) -> list:
     if len(bound) != len(runs):
         raise _ShortcutRefused
     for token, part in bound.items():
-        part.mailroom_run = runs[token]
+        part.mailroom_run = runs[token]   # type: ignore[attr-defined]  # our own attribute, read by spooled_run
     return list(bound.values())
 
 
-def _parse(raw: bytes, parsed: ParsedMessage, shortcut: bool):
+def _parse(raw: bytes, parsed: ParsedMessage, shortcut: bool) -> tuple[Message | None, list[Message]]:
     try:
         repaired = repair_header_block(raw)
     except Exception as exc:  # never expected; the unrepaired bytes still parse
@@ -96,7 +100,7 @@ def _parse(raw: bytes, parsed: ParsedMessage, shortcut: bool):
         return None, []
 
 
-def _message_text(walk: WalkState, inner) -> bool:
+def _message_text(walk: WalkState, inner: Message) -> bool:
     """The body text of an attached message, appended to the walk's text; True if it had any."""
     sub = WalkState([])
     try:
@@ -189,6 +193,7 @@ def _parse_message(raw: bytes, parsed: ParsedMessage, *, shortcut: bool) -> Pars
         walk.encrypted = walk.encrypted or "pgp"
     parsed.encrypted = walk.encrypted
     parsed.signatures = walk.signatures
+    # Not a ParsedMessage field: a message that returns before this line has no such attribute at all.
     parsed.smime_certs_only = walk.smime_certs_only
     parsed.alternatives = walk.alternatives
     walk.attachments.sort(key=lambda item: item[0])

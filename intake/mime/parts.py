@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import replace
 from email.generator import BytesGenerator
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, cast
 from urllib.parse import unquote
 
 from . import archives, containers, outlookmsg, spool, tnef
@@ -18,7 +18,13 @@ from .policy import GENERATE_POLICY
 from .sniff import sniff_type, whole_file_needed
 
 if TYPE_CHECKING:
+    from email.message import Message
+    from typing import TypeAlias
+
     from .walk import WalkState
+
+    # What an attachment's bytes are read from: its MIME part, or a stand-in for a file inside one.
+    AttachmentPart: TypeAlias = "Message | TnefMember | containers.ArchiveMember | containers.MsgMember"
 
 MAX_EML_NAME_CHARS = 100
 # Decoded bytes of a spooled part that its sniffing reads (`sniff_type` reads at most a MiB but of a ZIP or OLE file).
@@ -36,23 +42,23 @@ class TnefMember:
 
     __slots__ = ("container", "index")
 
-    def __init__(self, container, index: int):
+    def __init__(self, container: Message, index: int) -> None:
         self.container = container
         self.index = index
 
 
-def _tnef_member_bytes(unpacked, index: int) -> bytes:
+def _tnef_member_bytes(unpacked: tnef.Unpacked | None, index: int) -> bytes:
     if unpacked is None or index >= len(unpacked.members):
         return b""
     return unpacked.members[index].data
 
 
-def spooled_run(part) -> spool.Run | None:
+def spooled_run(part: object) -> spool.Run | None:
     """Where a large base64 part's encoded lines are in the raw message (`intake.mime.spool`), or None."""
     return getattr(part, "mailroom_run", None)
 
 
-def decoded_part_bytes(part) -> bytes:
+def decoded_part_bytes(part: AttachmentPart) -> bytes:
     """Decoded payload of a leaf part, the serialized message of an attached message, or a winmail.dat member."""
     run = spooled_run(part)
     if run is not None:
@@ -62,7 +68,7 @@ def decoded_part_bytes(part) -> bytes:
     if isinstance(part, (containers.ArchiveMember, containers.MsgMember)):
         return containers.member_bytes(part, container_data=decoded_part_bytes(part.container))
     if part.is_multipart():
-        inner = part.get_payload()
+        inner = cast("list[Message]", part.get_payload())   # a multipart's payload: its parts
         target = inner[0] if part.get_content_maintype() == "message" and inner else part
         buffer = io.BytesIO()
         BytesGenerator(buffer, mangle_from_=False, policy=GENERATE_POLICY).flatten(target)
@@ -71,7 +77,7 @@ def decoded_part_bytes(part) -> bytes:
     return data if isinstance(data, bytes) else b""
 
 
-def part_content_type(part) -> str:
+def part_content_type(part: Message) -> str:
     """The part's content type; a malformed Content-Type that still begins with text/plain or text/html
     ('text/html charset="utf-8"', '"text/html"', 'text/html/x') counts as that type."""
     ctype = part.get_content_type()
@@ -85,7 +91,7 @@ def part_content_type(part) -> str:
     return f"text/{match.group(1).lower()}" if match else ctype
 
 
-def text_charset(part) -> str | None:
+def text_charset(part: Message) -> str | None:
     try:
         charset = part.get_content_charset()
     except Exception:
@@ -104,17 +110,18 @@ def _location_name(value: str) -> str:
     return clean_filename(unquote(value.replace("\\", "/").rsplit("/", 1)[-1]))
 
 
-def message_file_name(part) -> str:
+def message_file_name(part: Message) -> str:
     """"<subject>.eml" for an attached message: what a mail program calls it when saving it."""
     inner = part.get_payload()
     if not isinstance(inner, list) or not inner:
         return ""
-    subject = decode_header_value(str(inner[0].get("Subject") or ""), 2000)
+    attached = cast("Message", inner[0])   # the payload of an attached message: that message
+    subject = decode_header_value(str(attached.get("Subject") or ""), 2000)
     subject = " ".join(_UNSAFE_IN_NAME.sub("_", subject).split())[:MAX_EML_NAME_CHARS].strip(" ._")
     return f"{subject}.eml" if subject else ""
 
 
-def part_name(part, ctype: str, filename) -> str:
+def part_name(part: Message, ctype: str, filename: str | None) -> str:
     """Display name: Content-Disposition filename, else Content-Type name (`filename`, from get_filename(),
     with RFC 2231 and 2047 decoded), else the end of Content-Location; an attached message is named after
     its subject. "" if none of these."""
@@ -155,8 +162,8 @@ def unique_names(attachments: list[Attachment]) -> list[Attachment]:
     return out
 
 
-def record_attachment(walk: WalkState, part, path: tuple, ctype: str, disposition, name: str, nested: bool, *,
-                    origin: str = "", data: bytes | None = None) -> None:
+def record_attachment(walk: WalkState, part: Message, path: tuple[int, ...], ctype: str, disposition: str | None,
+                      name: str, nested: bool, *, origin: str = "", data: bytes | None = None) -> None:
     """List a part as an attachment; `name` is its display name (from `part_name`)."""
     run = spooled_run(part) if data is None else None
     if run is not None:
@@ -165,7 +172,7 @@ def record_attachment(walk: WalkState, part, path: tuple, ctype: str, dispositio
         sniffed = sniff_type(digest.head, declared_type=ctype, filename=name)
         if whole_file_needed(digest.head) or sniffed in archives.ARCHIVE_TYPES or sniffed in outlookmsg.MSG_TYPES:
             run = None
-            data = spool.whole(spooled_run(part))
+            data = spool.whole(cast(spool.Run, spooled_run(part)))   # not None: the run just digested
         else:
             data = b""
     if data is None:
@@ -208,7 +215,8 @@ def _readable(data: bytes | spool.Run, spool_threshold: int) -> BinaryIO:
     if isinstance(data, bytes):
         return io.BytesIO(data)   # shares the bytes: no copy
     try:
-        return spool.spooled(data, spool_threshold)
+        # A SpooledTemporaryFile in binary mode is a binary file (typeshed types it IO[bytes] only).
+        return cast(BinaryIO, spool.spooled(data, spool_threshold))
     except OSError:   # no room in the temporary directory: in memory, as before spooling
         return io.BytesIO(spool.whole(data))
 
@@ -252,10 +260,12 @@ def iter_attachment_payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment
 
 def _payloads(parsed: ParsedMessage) -> Iterator[tuple[Attachment, bytes | spool.Run]]:
     """What `iter_attachment_payloads` yields, a spooled part as its `spool.Run`, not decoded yet."""
-    unpacked_from = unpacked = None
+    unpacked_from: Message | None = None
+    unpacked: tnef.Unpacked | None = None
     members = containers.Payloads(parsed._attachment_parts, decoded_part_bytes)
     for attachment, part in zip(parsed.attachments, parsed._attachment_parts, strict=True):
         try:
+            data: bytes | spool.Run
             if isinstance(part, (containers.ArchiveMember, containers.MsgMember)):
                 data = members.get(part)
             elif isinstance(part, TnefMember):

@@ -23,7 +23,7 @@ class _LazyHeaderPolicy(EmailPolicy):
     used here.
     """
 
-    def header_fetch_parse(self, name, value):
+    def header_fetch_parse(self, name: str, value: str) -> str:
         if hasattr(value, "name"):
             return value
         if name.lower() in PARAMETER_HEADERS:

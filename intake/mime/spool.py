@@ -128,7 +128,7 @@ def digest(run: Run, head_bytes: int) -> Digest:
     return Digest(size, hasher.hexdigest(), bytes(head))
 
 
-def spooled(run: Run, threshold: int = DEFAULT_SPOOL_THRESHOLD) -> tempfile.SpooledTemporaryFile:
+def spooled(run: Run, threshold: int = DEFAULT_SPOOL_THRESHOLD) -> tempfile.SpooledTemporaryFile[bytes]:
     """The decoded bytes in a spooled temporary file, rewound; the caller closes it (which deletes it)."""
     spool = tempfile.SpooledTemporaryFile(max_size=threshold, prefix="mailroom-part-")
     try:

@@ -29,6 +29,7 @@ import logging
 import re
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 from .htmltext import html_to_text
 
@@ -75,7 +76,7 @@ class _Refused(Exception):
 class _Check:
     """Walks a TNEF stream the way tnefparse will, refusing what would make it slow or huge."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.attributes = 0
         self.copied = 0
 
@@ -162,7 +163,7 @@ def _padded(length: int) -> int:
     return length + (-length % 4)
 
 
-def _text(value, codepage: str | None) -> str:
+def _text(value: object, codepage: str | None) -> str:
     if isinstance(value, str):
         return value
     if not isinstance(value, (bytes, bytearray)):
@@ -176,7 +177,7 @@ def _text(value, codepage: str | None) -> str:
     return bytes(value).decode("latin-1")
 
 
-def _member(attachment, codepage: str | None) -> Member:
+def _member(attachment: Any, codepage: str | None) -> Member:   # a tnefparse TNEFAttachment (untyped)
     try:
         name = _text(attachment.long_filename(), codepage)
     except Exception:  # the 8.3 name is decoded as UTF-8 by tnefparse, and Outlook writes it in the codepage
@@ -214,7 +215,7 @@ def unpack(data: bytes) -> Unpacked | None:
     return unpacked
 
 
-def _fill_body(unpacked: Unpacked, tnef, codepage: str | None) -> None:
+def _fill_body(unpacked: Unpacked, tnef: Any, codepage: str | None) -> None:   # a tnefparse TNEF (untyped)
     plain = _text(tnef.body, codepage).replace("\r\n", "\n").strip("\x00").strip()
     if plain:
         unpacked.body, unpacked.body_source = plain[:MAX_BODY_CHARS], "plain"
@@ -317,7 +318,7 @@ def _rtf_to_text(rtf: bytes, max_chars: int) -> str:
     unicode_skip, to_skip = 1, 0
     length = 0
 
-    def flush():
+    def flush() -> None:
         nonlocal length
         if pending:
             text = bytes(pending).decode(codepage, "replace")

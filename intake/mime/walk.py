@@ -6,19 +6,22 @@
 from __future__ import annotations
 
 import hashlib
-from email.message import EmailMessage
+from email.message import EmailMessage, Message
 from email.parser import BytesParser
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from . import cms, messageparts, tnef
 from .body import add_text, alternative_rank, append_text, drop_text, html_instead_of_stub
 from .external import external_file_line
 from .headers import clean_filename, content_type_param, part_filename
 from .limits import MAX_ALTERNATIVES, MAX_BOUNDARY_LINES, MAX_DEPTH, MAX_PARTS, MAX_SIGNATURES
-from .message import Attachment, add_defect
+from .message import Alternative, Attachment, Signature, add_defect
 from .parts import TnefMember, decoded_part_bytes, message_file_name, part_content_type, part_name, record_attachment
 from .policy import PARSE_POLICY
 from .sniff import sniff_type
+
+if TYPE_CHECKING:
+    from .parts import AttachmentPart
 
 # Report parts: data about a message, not content (DSNs, MDNs, abuse reports).
 _REPORT_TYPES = frozenset({
@@ -44,34 +47,35 @@ _TEXT_NOT_BODY = frozenset({
 
 
 class WalkState:
-    def __init__(self, defects: list):
+    def __init__(self, defects: list[str]) -> None:
         self.defects = defects
         self.text: list[str] = []
         self.text_sources: list[str] = []    # "plain", "html" or "rtf", one for each entry of `text`
         self.text_chars = 0
         self.truncated = False               # some body text was cut or left out
-        self.attachments: list[tuple[tuple, Attachment, Any]] = []
+        self.attachments: list[tuple[tuple[int, ...], Attachment, AttachmentPart]] = []
         self.parts = 0
         self.too_complex = False
         # Inline text parts with a filename: attachments, and the body if there is no other.
-        self.fallback_text: list[tuple[Any, str]] = []
+        self.fallback_text: list[tuple[Message, str]] = []
         # Bodies found in winmail.dat parts, (text, source): the body if there is no other.
         self.tnef_bodies: list[tuple[str, str]] = []
-        self.signatures: list[dict] = []
+        self.signatures: list[Signature] = []
         self.encrypted = ""
-        self.alternatives: list[dict] = []
+        self.alternatives: list[Alternative] = []
         # id(part) -> (text, cut) of HTML parts converted so far: the alternative choice may convert one early.
         self.html_text: dict[int, tuple[str, bool]] = {}
-        self.root = None                     # the message walked (message/partial pieces are looked up in it)
-        self.partials: dict | None = None    # message/partial pieces by id and number, found on first need
+        self.root: Message | None = None     # the message walked (message/partial pieces are looked up in it)
+        # message/partial pieces by id and number, found on first need.
+        self.partials: dict[str, dict[int, Message]] | None = None
         # Attached messages (message/news, reassembled message/partial) whose text is the body if there is no other.
-        self.message_bodies: list = []
-        self.multiparts: list = []           # the multipart parts enclosing the part being walked
+        self.message_bodies: list[Message] = []
+        self.multiparts: list[Message] = []  # the multipart parts enclosing the part being walked
         self.smime_certs_only = False
         self.reparse = True                  # False when only the headers were parsed (nothing to look at again)
 
 
-def _walk_alternative(walk: WalkState, children: list, depth: int, path: tuple) -> None:
+def _walk_alternative(walk: WalkState, children: list[Message], depth: int, path: tuple[int, ...]) -> None:
     """multipart/alternative as the body: the first part with text in the order plain, multipart, HTML,
     except that a plain stub gives way to the HTML (`intake.mime.alternatives`). Every alternative is recorded."""
     types = [part_content_type(child) for child in children]
@@ -109,7 +113,7 @@ def _walk_alternative(walk: WalkState, children: list, depth: int, path: tuple) 
         walk.alternatives.append({"type": ctype, "chars": chars.get(index), "chosen": index == chosen})
 
 
-def _record_signature(walk: WalkState, part, protocol: str, ctype: str, data: bytes | None = None) -> None:
+def _record_signature(walk: WalkState, part: Message, protocol: str, ctype: str, data: bytes | None = None) -> None:
     if len(walk.signatures) >= MAX_SIGNATURES:
         return
     if data is None:
@@ -121,7 +125,7 @@ def _record_signature(walk: WalkState, part, protocol: str, ctype: str, data: by
                             "sha256": hashlib.sha256(data).hexdigest()})
 
 
-def _walk_signed(walk: WalkState, children: list, depth: int, role: str, path: tuple) -> None:
+def _walk_signed(walk: WalkState, children: list[Message], depth: int, role: str, path: tuple[int, ...]) -> None:
     """multipart/signed: the content is walked as usual; the signature part is recorded, not listed
     (an attached message's signature is not recorded: it is about that message, listed as a whole)."""
     for index, child in enumerate(children):
@@ -133,7 +137,7 @@ def _walk_signed(walk: WalkState, children: list, depth: int, role: str, path: t
             _record_signature(walk, child, protocol, ctype)
 
 
-def _walk_encrypted(walk: WalkState, children: list, role: str, path: tuple) -> None:
+def _walk_encrypted(walk: WalkState, children: list[Message], role: str, path: tuple[int, ...]) -> None:
     """multipart/encrypted (PGP/MIME): a control part ("Version: 1"), then the ciphertext, kept for a person."""
     walk.encrypted = walk.encrypted or "pgp"
     for index, child in enumerate(children):
@@ -146,15 +150,15 @@ def _walk_encrypted(walk: WalkState, children: list, role: str, path: tuple) -> 
                         part_name(child, ctype, part_filename(child)), role == "nested", origin="encrypted")
 
 
-def _smime_type(part) -> str:
+def _smime_type(part: Message) -> str:
     return content_type_param(part, "smime-type").lower()
 
 
-def _is_smime_p7m(filename) -> bool:
+def _is_smime_p7m(filename: str | None) -> bool:
     return bool(filename) and str(filename).strip().lower() == "smime.p7m"
 
 
-def _unwrap_signed_data(walk: WalkState, data: bytes, depth: int):
+def _unwrap_signed_data(walk: WalkState, data: bytes, depth: int) -> Message | None:
     """The MIME entity inside opaque S/MIME signed data, parsed; None if it cannot be had."""
     if depth + 1 > MAX_DEPTH:
         add_defect(walk.defects, "DepthLimitExceeded")
@@ -167,7 +171,8 @@ def _unwrap_signed_data(walk: WalkState, data: bytes, depth: int):
     return _parsed(walk, content, depth)
 
 
-def _walk_pkcs7(walk: WalkState, part, depth: int, role: str, path: tuple, ctype: str, disposition, filename) -> None:
+def _walk_pkcs7(walk: WalkState, part: Message, depth: int, role: str, path: tuple[int, ...], ctype: str,
+                disposition: str | None, filename: str | None) -> None:
     """S/MIME application/pkcs7-mime. Opaque signed data is unwrapped and its content walked in its place
     (the blob recorded as a signature); enveloped data, or signed data that cannot be unwrapped, is
     encrypted mail: the blob is listed with origin "encrypted" for a person. Other kinds (certs-only)
@@ -198,7 +203,8 @@ def _walk_pkcs7(walk: WalkState, part, depth: int, role: str, path: tuple, ctype
     record_attachment(walk, part, path, ctype, disposition, name, role == "nested", origin="encrypted", data=data)
 
 
-def _add_tnef(walk: WalkState, part, role: str, path: tuple, ctype: str, disposition, filename) -> None:
+def _add_tnef(walk: WalkState, part: Message, role: str, path: tuple[int, ...], ctype: str, disposition: str | None,
+              filename: str | None) -> None:
     """A winmail.dat is listed as the files inside it (origin "tnef"), and its body kept in case there is
     no other. One that cannot be unpacked is listed as itself: the default policy refuses its type, so a
     person looks at it."""
@@ -249,7 +255,7 @@ def _count_part(walk: WalkState) -> bool:
     return False
 
 
-def walk_message(walk: WalkState, part, depth: int, role: str, path: tuple) -> None:
+def walk_message(walk: WalkState, part: Message, depth: int, role: str, path: tuple[int, ...]) -> None:
     """Visit one part. `role`: "body" (text counts), "alternate" (a rejected alternative) or "nested"."""
     if not _count_part(walk):
         return
@@ -259,7 +265,7 @@ def walk_message(walk: WalkState, part, depth: int, role: str, path: tuple) -> N
     ctype = part_content_type(part)
     maintype = ctype.split("/", 1)[0]
     if part.is_multipart():
-        children = part.get_payload()
+        children = cast("list[Message]", part.get_payload())   # a multipart's payload: its parts
         if maintype == "message":
             if ctype in _ATTACHED_MESSAGE_TYPES:
                 name = part_name(part, ctype, part_filename(part)) or message_file_name(part)
@@ -336,7 +342,7 @@ def walk_message(walk: WalkState, part, depth: int, role: str, path: tuple) -> N
     record_attachment(walk, part, path, ctype, disposition, part_name(part, ctype, filename), role == "nested")
 
 
-def _walk_partial(walk: WalkState, part, depth: int, role: str, path: tuple) -> None:
+def _walk_partial(walk: WalkState, part: Message, depth: int, role: str, path: tuple[int, ...]) -> None:
     """message/partial: with every piece in the mail, the first stands for the reassembled message (an
     attached message, as message/rfc822) and the others are skipped; else each piece is a file."""
     if walk.partials is None:
@@ -361,7 +367,7 @@ def _walk_partial(walk: WalkState, part, depth: int, role: str, path: tuple) -> 
     record_attachment(walk, part, path, "message/partial", part.get_content_disposition(), name, role == "nested")
 
 
-def _parsed(walk: WalkState, data: bytes, depth: int):
+def _parsed(walk: WalkState, data: bytes, depth: int) -> Message | None:
     """`data` parsed as a MIME entity under the walk's limits; None if it cannot be."""
     if depth + 1 > MAX_DEPTH:
         add_defect(walk.defects, "DepthLimitExceeded")
@@ -378,7 +384,7 @@ def _parsed(walk: WalkState, data: bytes, depth: int):
         return None
 
 
-def _with_found_boundary(walk: WalkState, part, depth: int):
+def _with_found_boundary(walk: WalkState, part: Message, depth: int) -> Message | None:
     """A multipart whose declared boundary never shows, parsed again with the one its body uses; or None."""
     if not walk.reparse:
         return None

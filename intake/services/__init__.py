@@ -8,7 +8,7 @@ event as `received`, and every later move, whichever app asks for it, is a
 conditional UPDATE through that function (see its docstring, and
 docs/design.md §6 for the table of moves).
 """
-from .events import (  # noqa: F401
+from .events import (
     NOT_COMPLETED_STATES,
     record_audit,
     record_progress,
@@ -18,7 +18,7 @@ from .events import (  # noqa: F401
     transition_events,
     wait_event,
 )
-from .ingestion import (  # noqa: F401
+from .ingestion import (
     PROVIDER_OWN_IDS,
     IngestItem,
     IngestResult,
@@ -27,13 +27,37 @@ from .ingestion import (  # noqa: F401
     ingest_batch,
     ingest_under_an_unsigned_id,
 )
-from .outbox import (  # noqa: F401
+from .outbox import (
     NOTIFY_CHANNEL,
     POLL_TOPIC,
     PROCESS_TOPIC,
     enqueue_outbox,
 )
-from .sweeps import (  # noqa: F401
+from .sweeps import (
     purge_webhook_nonces,
     requeue_stale_events,
 )
+
+__all__ = [
+    "NOT_COMPLETED_STATES",
+    "record_audit",
+    "record_progress",
+    "record_taken",
+    "release_waiting_events",
+    "transition_event",
+    "transition_events",
+    "wait_event",
+    "PROVIDER_OWN_IDS",
+    "IngestItem",
+    "IngestResult",
+    "count_webhook_rejection",
+    "ingest",
+    "ingest_batch",
+    "ingest_under_an_unsigned_id",
+    "NOTIFY_CHANNEL",
+    "POLL_TOPIC",
+    "PROCESS_TOPIC",
+    "enqueue_outbox",
+    "purge_webhook_nonces",
+    "requeue_stale_events",
+]

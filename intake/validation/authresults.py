@@ -29,6 +29,7 @@ DMARC, never looser.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from email.parser import BytesParser
 from email.policy import compat32
 
@@ -68,7 +69,9 @@ def _without_comments(value: str) -> str:
 
 
 def _split_semicolons(value: str) -> list[str]:
-    parts, current, quoted = [], [], False
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
     for char in value:
         if char == '"':
             quoted = not quoted
@@ -120,7 +123,8 @@ def authentication_results(parsed: ParsedMessage, trusted_authserv_id: str) -> d
                     from_domain=domain_of(parsed.sender))
 
 
-def _topmost(values, believed, *, from_domain: str, first_only: bool = False) -> dict[str, str]:
+def _topmost(values: Iterable[str], believed: Callable[[str], bool], *, from_domain: str,
+             first_only: bool = False) -> dict[str, str]:
     """The results of the topmost value whose authserv-id `believed` accepts ({} if none).
 
     `first_only`: only the very first header may be the one (a provider that is always the last hop).

@@ -95,7 +95,7 @@ class Automation:
     reason: str       # ReasonCode.LIST_MAIL or ReasonCode.AUTOMATED_NOTIFICATION
     evidence: str     # the header or sender that says so
 
-    def as_details(self) -> dict:
+    def as_details(self) -> dict[str, str]:
         return {"reason": str(self.reason), "evidence": self.evidence[:MAX_EVIDENCE]}
 
 
@@ -120,7 +120,7 @@ def _shown(name: str, value: str) -> str:
     return f"{name}: {' '.join(value.split())}"[:MAX_EVIDENCE]
 
 
-def _list_mail(parsed: ParsedMessage, headers) -> str:
+def _list_mail(parsed: ParsedMessage, headers: list[tuple[str, str]]) -> str:
     list_id = _first(headers, "list-id")
     if list_id is not None:
         return _shown("List-Id", list_id)
@@ -134,7 +134,7 @@ def _list_mail(parsed: ParsedMessage, headers) -> str:
     return ""
 
 
-def _vendor_header(parsed: ParsedMessage, headers) -> str:
+def _vendor_header(parsed: ParsedMessage, headers: list[tuple[str, str]]) -> str:
     for name, value in headers:
         lowered = name.lower()
         if lowered in VENDOR_HEADERS or lowered.startswith(VENDOR_HEADER_PREFIXES):

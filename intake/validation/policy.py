@@ -31,10 +31,15 @@ they hold nothing.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ..mime import DEFAULT_LOOP_HEADER
 from .spamscore import DEFAULT_SPAM_SCORE_THRESHOLD
+
+if TYPE_CHECKING:
+    from ..models import Mailbox
 
 DEFAULT_MAX_MESSAGE_BYTES = 25 * 1024 * 1024
 DEFAULT_ALLOWED_TYPES = frozenset({
@@ -81,7 +86,7 @@ DEFAULT_MAX_ATTACHMENTS = 50
 DEFAULT_SPAM_HEADERS = (("X-Spam-Flag", "yes"), ("X-Spam-Status", "yes"))
 
 
-def _spam_headers(value) -> tuple[tuple[str, str], ...]:
+def _spam_headers(value: object) -> tuple[tuple[str, str], ...]:
     if value is None:
         return DEFAULT_SPAM_HEADERS
     pairs = []
@@ -93,7 +98,7 @@ def _spam_headers(value) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _spam_score_threshold(value) -> float:
+def _spam_score_threshold(value: object) -> float:
     """`spam_score_threshold`: a number; at or above it a trusted spam score skips the acknowledgment."""
     if value is None:
         return DEFAULT_SPAM_SCORE_THRESHOLD
@@ -102,13 +107,13 @@ def _spam_score_threshold(value) -> float:
     return float(value)
 
 
-def _positive_int(value, name: str) -> int:
+def _positive_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
     return value
 
 
-def _string_list(value, name: str) -> list[str]:
+def _string_list(value: object, name: str) -> list[str]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"{name} must be a list of strings, not {value!r}")
     return [v.strip().lower() for v in value if v.strip()]
@@ -122,7 +127,7 @@ class AttachmentPolicy:
     max_attachments: int = DEFAULT_MAX_ATTACHMENTS
 
     @classmethod
-    def from_settings(cls, data: dict | None) -> AttachmentPolicy:
+    def from_settings(cls, data: dict[str, Any] | None) -> AttachmentPolicy:
         """From `Mailbox.settings["attachment_policy"]`; missing keys keep the defaults.
 
         Keys: `allowed_types` (replaces the defaults), `extra_allowed_types` (adds
@@ -179,7 +184,7 @@ class MailboxPolicy:
     spam_score_threshold: float = DEFAULT_SPAM_SCORE_THRESHOLD
 
     @classmethod
-    def from_settings(cls, settings: dict | None, *, allowed_recipients=(),
+    def from_settings(cls, settings: dict[str, Any] | None, *, allowed_recipients: Iterable[str] | None = (),
                       max_message_bytes: int | None = None) -> MailboxPolicy:
         """From a mailbox's settings JSON and its allowed recipients.
 
@@ -215,7 +220,7 @@ class MailboxPolicy:
         )
 
     @classmethod
-    def from_mailbox(cls, mailbox, *, max_message_bytes: int | None = None) -> MailboxPolicy:
+    def from_mailbox(cls, mailbox: Mailbox, *, max_message_bytes: int | None = None) -> MailboxPolicy:
         """From an `intake.Mailbox` (its `settings` and `allowed_recipients`)."""
         return cls.from_settings(mailbox.settings, allowed_recipients=mailbox.allowed_recipients or (),
                                  max_message_bytes=max_message_bytes)

@@ -55,13 +55,19 @@ a bounce (`mailer_daemon` / `delivery_report`), not `missing_sender`.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..mime import ParsedMessage
 from ..mime.calendar import calendar_method
 from ..vocabulary import ReasonCode
 from .bounces import bounce_evidence
 from .policy import MailboxPolicy
+
+if TYPE_CHECKING:
+    from ..mime import Attachment
+    from .policy import AttachmentPolicy
 
 OK = "ok"
 AWAITING_REVIEW = "awaiting_review"
@@ -171,7 +177,7 @@ def spam_flagged(parsed: ParsedMessage, policy: MailboxPolicy | None = None) -> 
 
 
 def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
-             envelope_recipients=()) -> list[Finding]:
+             envelope_recipients: Iterable[str] = ()) -> list[Finding]:
     """Every rule that fires for `parsed`, in no particular order.
 
     `envelope_recipients`: RCPT TO addresses when the provider tells them (Mailgun's
@@ -266,7 +272,7 @@ def _rank(finding: Finding) -> tuple[int, int]:
     return state_rank, reason_rank
 
 
-def decide(found) -> Verdict:
+def decide(found: Iterable[Finding]) -> Verdict:
     """The verdict for a list of findings: the highest by the precedence above, or ok."""
     ordered = tuple(sorted((f for f in found if f.state != OK), key=_rank))
     if not ordered:
@@ -275,15 +281,15 @@ def decide(found) -> Verdict:
     return Verdict(first.state, first.reason_code, first.detail, ordered)
 
 
-def validate(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *, envelope_recipients=(),
-             extra=()) -> Verdict:
+def validate(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *, envelope_recipients: Iterable[str] = (),
+             extra: Iterable[Finding] = ()) -> Verdict:
     """The verdict for `parsed` under `policy` (defaults when None), with `extra` findings
     (scan results, ...) taken into account. Never raises on any ParsedMessage that
     `parse_message` returns."""
     return decide([*findings(parsed, policy, envelope_recipients=envelope_recipients), *extra])
 
 
-def attachment_type_problem(attachment, limits) -> str | None:
+def attachment_type_problem(attachment: Attachment, limits: AttachmentPolicy) -> str | None:
     """Why the mailbox's attachment policy refuses this file's type, or None (also asked when a released
     message's files go to a desk: a refused file stays in Mailroom, listed on the ticket)."""
     if attachment.size == 0 or attachment.origin == "encrypted":

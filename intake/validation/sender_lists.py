@@ -21,6 +21,7 @@ nothing else: its mail is validated and scanned as anyone's).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..domains import normalize_domain, split_address
@@ -43,7 +44,7 @@ class ListEntry:
     def list_name(self) -> str:
         return f"the {self.scope}'s {self.kind} list"
 
-    def detail(self) -> dict:
+    def detail(self) -> dict[str, str | int | None]:
         return {"list": self.scope, "kind": self.kind, "pattern": self.pattern, "entry": self.entry_id}
 
 
@@ -74,7 +75,7 @@ def lookup_keys(sender: str) -> list[str]:
     return keys
 
 
-def deciding_entry(sender: str, entries) -> ListEntry | None:
+def deciding_entry(sender: str, entries: Iterable[ListEntry]) -> ListEntry | None:
     """The entry that decides for `sender` among `entries` (ListEntry of either scope), or None."""
     keys = lookup_keys(sender)
     rank = {key: n for n, key in enumerate(keys)}

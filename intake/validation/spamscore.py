@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..mime import ParsedMessage
 
@@ -46,7 +47,7 @@ class SpamScore:
     score: float
     source: str       # the header it came from
 
-    def as_details(self, threshold: float) -> dict:
+    def as_details(self, threshold: float) -> dict[str, float | str]:
         return {"score": self.score, "source": self.source, "threshold": threshold}
 
 
@@ -77,7 +78,7 @@ def spam_score(*, parsed: ParsedMessage) -> SpamScore | None:
     return max(found, key=lambda s: s.score) if found else None
 
 
-def spam_score_reached(details: dict | None) -> bool:
+def spam_score_reached(details: dict[str, Any] | None) -> bool:   # an event's JSON details
     """Whether a stored `details["spam_score"]` is at or above the threshold stored with it."""
     stored = (details or {}).get("spam_score")
     if not isinstance(stored, dict):
