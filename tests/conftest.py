@@ -20,7 +20,7 @@ SERVICE_FIXTURES = {
     "sns_server",                                     # tests/sns.py: an HTTPS stand-in for SNS
     "moto_server",                                    # tests/test_ses.py: moto's S3-compatible server
     "lmtp_listener", "start_listener",                # tests/postfix.py: manage.py run_lmtp processes
-    "unix_listener",                                  # tests/test_lmtp.py: run_lmtp on a unix socket
+    "unix_listener",                                  # tests/support/lmtp.py: run_lmtp on a unix socket
     "private_postfix",                                # tests/postfix.py: a private Postfix instance
 }
 

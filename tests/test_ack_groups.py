@@ -15,7 +15,7 @@ from tests.conftest import WEBHOOK_SECRET
 from tests.mail import make_message, webhook_headers
 from tests.senderauth import stamped, trust_our_mta
 from tests.smtp import serving
-from tests.test_eai_acknowledgments import JOSE, eai_request
+from tests.support.eai import JOSE, eai_request
 from ticketing import acknowledgments, intents
 from ticketing.models import AcknowledgmentTemplate, Intent
 from ticketing.services import process_inbox_event
@@ -164,7 +164,7 @@ def test_a_message_accepted_whose_answer_was_lost_is_sent_again_as_the_same_mess
 
 def test_an_intent_another_worker_holds_is_left_to_it(mailbox, settings):
     ids = planned(3)
-    assert intents.claim(ids[1], "worker-b")
+    assert intents.claim(ids[1], worker="worker-b")
     with serving(settings, Relay()) as relay:
         assert acknowledgments.send_group(ids, worker="worker-a") == {"sent": 2, "busy": 1}
     assert sorted(m["To"] for m in relay.messages) == ["user0@example.com", "user2@example.com"]

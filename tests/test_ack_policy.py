@@ -26,7 +26,8 @@ from tests.factories import email_message, make_destination, make_mailbox, make_
 from tests.mail import webhook_headers
 from tests.senderauth import TRUSTED_AUTHSERV_ID, stamped, trust_our_mta
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
-from tests.test_api import API, api, make_user
+from tests.support.api import API, api
+from tests.support.users import make_user
 from ticketing import ack_policy
 from ticketing.models import Intent, Ticket, TicketMapping
 from ticketing.services import process_inbox_event

@@ -252,11 +252,11 @@ def test_acknowledgments_off_for_the_mailbox_still_sends_none_whatever_the_templ
 
 def test_the_admin_shows_only_the_tenants_templates_refuses_a_loop_and_previews_the_saved_one(
         client, mailbox, tenant):
-    from tests.test_routing_admin import make_user
+    from tests.support.users import make_user
 
     other = make_tenant(slug="globex", name="Globex", domains=("globex.test",))
     AcknowledgmentTemplate.objects.create(tenant=other, subject="Globex says hi", body="Hi\n")
-    admin = make_user("ada", tenants=[tenant])
+    admin = make_user("ada", groups=["mailroom-admin"], tenants=[tenant])
     client.force_login(admin)
     page = client.get("/admin/ticketing/acknowledgmenttemplate/")
     assert page.status_code == 200 and b"Globex says hi" not in page.content
@@ -281,9 +281,9 @@ def test_the_admin_shows_only_the_tenants_templates_refuses_a_loop_and_previews_
 
 
 def test_business_hours_are_typed_one_day_a_line_and_checked_in_the_admin(client, mailbox, tenant):
-    from tests.test_routing_admin import make_user
+    from tests.support.users import make_user
 
-    client.force_login(make_user("ada", tenants=[tenant]))
+    client.force_login(make_user("ada", groups=["mailroom-admin"], tenants=[tenant]))
     form = {"tenant": tenant.pk, "mailbox": mailbox.pk, "timezone": "Europe/Berlin",
             "weekly": "mon 09:00-17:00\ntue 09:00-12:00, 13:00-17:00\nfri 09:00-14:00",
             "holidays_country": "DE", "holidays_subdivision": "BY", "response_hours": 8}

@@ -4,13 +4,12 @@ The mail here comes from senders our MTA authenticated (`tests.senderauth`): onl
 (tests/test_ack_policy.py shows a forged From getting nothing).
 """
 import pytest
-from django.test import Client
 
 from intake.models import AuditEvent, InboxEvent
-from tests.conftest import WEBHOOK_SECRET
-from tests.mail import make_message, webhook_headers
-from tests.senderauth import stamped, trust_our_mta
+from tests.mail import make_message
+from tests.senderauth import trust_our_mta
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
+from tests.support.acks import notify_intent, post
 from ticketing import acknowledgments
 from ticketing.models import Intent, TicketMapping
 from ticketing.services import process_inbox_event
@@ -19,19 +18,6 @@ from ticketing.services import process_inbox_event
 @pytest.fixture(autouse=True)
 def _our_mta_is_trusted(mailbox):
     trust_our_mta(mailbox)
-
-
-def post(body, authenticated: bool = True) -> int:
-    if authenticated:
-        body = stamped(body)  # every sender below writes from example.com
-    response = Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                             **webhook_headers(WEBHOOK_SECRET, body))
-    assert response.status_code == 202
-    return response.json()["inbox_event_id"]
-
-
-def notify_intent(event_id) -> Intent:
-    return Intent.objects.get(inbox_event_id=event_id, action="notify_requester")
 
 
 def test_one_acknowledgment_per_ticket_even_when_sent_twice(mailbox, smtp_server, settings):

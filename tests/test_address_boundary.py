@@ -23,8 +23,9 @@ from reconciliation.services.setup import do_bootstrap_demo
 from tests.conftest import WEBHOOK_SECRET
 from tests.factories import WEBHOOK_SECRET_VAR, email_message, make_mailbox, make_tenant
 from tests.postfix import lmtp_listener  # noqa: F401  (fixture)
-from tests.test_api import API, api, assert_problem, make_user
-from tests.test_lmtp import lmtp, send
+from tests.support.api import API, api, assert_problem
+from tests.support.lmtp import lmtp, send
+from tests.support.users import make_user
 
 VICTIM = "support@acme.test"
 VARIANTS = ["support@acme.test", "SUPPORT@Acme.TEST", "support+intercept@acme.test", "Support+X@ACME.test"]

@@ -8,7 +8,8 @@ from intake.models import AuditEvent, InboxEvent
 from intake.services import transition_event
 from reconciliation import services
 from tests.factories import make_event
-from tests.test_recovery_queue import make_user, normalize
+from tests.support.queue import normalize
+from tests.support.users import make_user
 from ticketing.models import RoutingPolicy, Ticket
 from ticketing.services import process_inbox_event
 

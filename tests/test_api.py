@@ -10,94 +10,26 @@ from datetime import timedelta
 from email.message import EmailMessage
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group, Permission
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from intake.failures import PermanentError
-from intake.keys import provider_message_id_for_raw
 from intake.models import AuditEvent, InboxEvent, Mailbox
-from intake.services import ingest
 from reconciliation.models import ApiToken
-from reconciliation.services import ensure_role_groups
 from tests.factories import make_destination, make_mailbox, make_tenant
-from tests.mail import make_message
-from ticketing import intents
+from tests.support.api import API, api, assert_problem, failed_item, review_item
+from tests.support.queue import new_event
+from tests.support.users import make_user, token_for
 from ticketing.intents.creation import intent_key
 from ticketing.models import Destination, Intent, RoutingRule, Ticket, TicketMapping
-from ticketing.outcomes import Outcome
 from ticketing.services import process_inbox_event
 
-API = "/api/v1"
-PROBLEM = "application/problem+json"
-
-
 # --- helpers ------------------------------------------------------------------------------------------
-
-def make_user(username, groups=(), tenants=(), perms=(), **flags):
-    ensure_role_groups()
-    user = get_user_model().objects.create_user(username, f"{username}@staff.test", "pw-" + username * 3,
-                                                is_staff=True, **flags)
-    user.groups.set(Group.objects.filter(name__in=groups))
-    for perm in perms:
-        app_label, codename = perm.split(".")
-        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
-    for tenant in tenants:
-        tenant.members.add(user)
-    return get_user_model().objects.get(pk=user.pk)  # fresh permission cache
-
-
-def token_for(user) -> str:
-    out = io.StringIO()
-    call_command("api_token", user.get_username(), stdout=out)
-    return out.getvalue().strip()
-
-
-def api(user) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(user)}")
-    return client
-
-
-def new_event(mailbox, **fields) -> int:
-    raw = fields.pop("raw", None) or make_message(**fields)
-    return ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
-
-
-def review_item(mailbox, **fields) -> int:
-    """An item in the queue: awaiting_review/no_destination (the tenant had no default destination)."""
-    default = Destination.objects.filter(tenant=mailbox.tenant, is_default=True).first()
-    Destination.objects.filter(tenant=mailbox.tenant).update(is_default=False)
-    event_id = new_event(mailbox, **fields)
-    assert process_inbox_event(event_id) == Outcome.AWAITING_REVIEW
-    if default:
-        Destination.objects.filter(pk=default.pk).update(is_default=True)
-    return event_id
-
-
-def failed_item(mailbox, destination, **fields) -> int:
-    """An item whose create_ticket intent failed permanently at `destination` (event failed/rejected)."""
-    event_id = review_item(mailbox, **fields)
-    intent = intents.ensure_intent(InboxEvent.objects.get(pk=event_id), "create_ticket", destination)
-    assert intents.claim(intent.pk, "test")
-    assert intents.record_failure(intent, PermanentError("rejected", "422 from the desk"), "test") == "failed"
-    return event_id
-
 
 def audit_rows(event_id, since_pk=0):
     return list(AuditEvent.objects.filter(inbox_event_id=event_id, pk__gt=since_pk).order_by("at", "pk")
                 .values_list("kind", "actor"))
-
-
-def assert_problem(response, status):
-    assert response.status_code == status, response.content
-    assert response["Content-Type"].startswith(PROBLEM)
-    body = response.json()
-    assert {"type", "title", "status", "detail"} <= set(body) and body["status"] == status
-    return body
 
 
 @pytest.fixture

@@ -18,7 +18,9 @@ from intake.models import InboxEvent
 from reconciliation.models import Finding, ReconciliationRun
 from tests.conftest import WEBHOOK_SECRET
 from tests.factories import WEBHOOK_SECRET_VAR, make_destination, make_mailbox, make_tenant
-from tests.test_api import failed_item, make_user, new_event, review_item, token_for
+from tests.support.api import failed_item, review_item
+from tests.support.queue import new_event
+from tests.support.users import make_user, token_for
 from ticketing.services import process_inbox_event
 
 pytestmark = pytest.mark.timeout(120)

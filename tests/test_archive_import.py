@@ -335,7 +335,7 @@ def mailbox_form(box, **changes) -> dict:
 
 
 def test_the_mailbox_page_starts_an_import_as_its_admin_and_refuses_a_future_cutoff(box):
-    from tests.test_recovery_queue import make_user
+    from tests.support.users import make_user
 
     ann = make_user("ann", groups=["mailroom-admin"], tenants=[box.mailbox.tenant])
     page = Client()

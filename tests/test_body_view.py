@@ -18,7 +18,8 @@ from intake.services import ingest
 from reconciliation.admin.body import FOLD_CHARS, FOLD_LINES, fold
 from reconciliation.services.bodies import attachment_rows
 from tests.browser import browser, chromium_path  # noqa: F401  (fixtures)
-from tests.test_recovery_queue import PASSWORD, QUEUE_URL, make_user
+from tests.support.queue import QUEUE_URL
+from tests.support.users import PASSWORD, make_user
 
 CORPUS = Path(__file__).parent / "corpus"
 SCREENSHOT_DIR = Path(__file__).resolve().parents[1] / "var" / "screenshots"
@@ -353,7 +354,7 @@ def test_an_operator_without_the_body_permission_gets_403_and_no_audit_row(clien
 @pytest.mark.live
 def test_in_a_browser_the_long_body_unfolds_and_the_messages_script_never_runs(live_server, browser, tenant,
                                                                                mailbox):
-    from tests.test_console_walk import new_context_page, walk
+    from tests.support.pages import new_context_page, walk
 
     make_user("sec", groups=["security"], tenants=[tenant])
     hostile = store(mailbox, HOSTILE_HTML)

@@ -7,8 +7,9 @@ from intake.failures import TransientError
 from intake.models import InboxEvent
 from intake.vocabulary import ReasonCode
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
-from tests.test_pause import PAUSES_URL, drain_outbox, toggle
-from tests.test_recovery_queue import make_user, new_event, set_default, zendesk_destinations
+from tests.support.pause import PAUSES_URL, drain_outbox, toggle
+from tests.support.queue import new_event, set_default, zendesk_destinations
+from tests.support.users import make_user
 from ticketing import breaker, intents
 from ticketing.models import Destination, DestinationAttempt, Intent, Notification
 from ticketing.services import process_inbox_event

@@ -6,7 +6,6 @@ service's, and a job whose worker died mid-way resumes from its cursor without a
 pages through Django's test client. The real processes (a Celery worker, Chromium, the embedded
 default on SQLite) are in tests/test_bulk_jobs_live.py.
 """
-from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -16,29 +15,14 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent, Mailbox, Tenant
-from intake.services import transition_event
 from intake.vocabulary import AuditKind
 from reconciliation import services
 from reconciliation.models import BulkJob
 from reconciliation.services import bulk_jobs
-from tests.test_recovery_queue import QUEUE_URL, make_user, new_event, quarantine
+from tests.support.bulk import CLOSE_REASON, FLOOD_REASON, FLOOD_SENDER, applied_per_item, flood, kinds_of
+from tests.support.queue import QUEUE_URL, new_event, quarantine
+from tests.support.users import make_user, operator  # noqa: F401  (fixture)
 from ticketing.models import Destination
-
-FLOOD_SENDER = "promo@flood.test"
-FLOOD_REASON = "sender_rate_limited"
-CLOSE_REASON = "spam wave from flood.test"
-
-
-def flood(mailbox, n, *, reason=FLOOD_REASON, sender=FLOOD_SENDER, subject="WIN a cruise") -> list[int]:
-    """`n` items in the queue (awaiting_review with `reason`), as normalization leaves them."""
-    ids = []
-    for i in range(n):
-        event_id = new_event(mailbox, subject=f"{subject} {i}", sender=sender, to=mailbox.address)
-        InboxEvent.objects.filter(pk=event_id).update(sender=sender, subject=f"{subject} {i}")
-        assert transition_event(event_id, InboxEvent.OPEN_STATES, InboxEvent.State.AWAITING_REVIEW,
-                                actor="system:test", kind=AuditKind.AWAITING_REVIEW, reason_code=reason)
-        ids.append(event_id)
-    return ids
 
 
 def run_to_the_end(job_id, worker="test-runner", size=50) -> list[bulk_jobs.ChunkOutcome]:
@@ -48,20 +32,6 @@ def run_to_the_end(job_id, worker="test-runner", size=50) -> list[bulk_jobs.Chun
         if not outcomes[-1].more:
             return outcomes
     pytest.fail("the job never finished")
-
-
-def kinds_of(ids) -> Counter:
-    return Counter(AuditEvent.objects.filter(inbox_event_id__in=list(ids)).values_list("kind", flat=True))
-
-
-def applied_per_item(job_id) -> Counter:
-    return Counter(AuditEvent.objects.filter(kind=AuditKind.BULK_JOB_APPLIED, detail__bulk_job=job_id)
-                   .values_list("inbox_event_id", flat=True))
-
-
-@pytest.fixture
-def operator(tenant):
-    return make_user("oper", groups=["operator"], tenants=[tenant])
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """Bulk jobs with the real processes: Celery workers (one killed mid-job), an operator in Chromium at 1400
 and 800 px, and the embedded default (SQLite + the SQLAlchemy-transport broker) in a directory of its own.
 
-The services and pages themselves are tested in tests/test_bulk_jobs.py, whose helpers these use.
+The services and pages themselves are tested in tests/test_bulk_jobs.py; the helpers both use are in
+tests/support/bulk.py.
 """
 import json
 import os
@@ -27,15 +28,9 @@ from tests.live import (  # noqa: F401  (fixtures)
     subprocess_env,
     wait_for,
 )
-from tests.test_bulk_jobs import (  # noqa: F401  (the operator fixture)
-    CLOSE_REASON,
-    FLOOD_REASON,
-    applied_per_item,
-    flood,
-    kinds_of,
-    operator,
-)
-from tests.test_recovery_queue import PASSWORD, QUEUE_URL
+from tests.support.bulk import CLOSE_REASON, FLOOD_REASON, applied_per_item, flood, kinds_of
+from tests.support.queue import QUEUE_URL
+from tests.support.users import PASSWORD, operator  # noqa: F401  (the operator fixture)
 
 pytestmark = pytest.mark.live
 
@@ -184,8 +179,8 @@ from intake.models import AuditEvent, InboxEvent
 from reconciliation import services
 from reconciliation.models import BulkJob
 from tests.factories import make_destination, make_mailbox, make_tenant
-from tests.test_bulk_jobs import flood
-from tests.test_recovery_queue import make_user
+from tests.support.bulk import flood
+from tests.support.users import make_user
 
 tenant = make_tenant(slug="acme", domains=("acme.test",))
 make_destination(tenant)

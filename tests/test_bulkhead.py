@@ -17,7 +17,7 @@ from tests.live import (  # noqa: F401  (fixtures)
     live_processes,
     wait_for,
 )
-from tests.test_pause import drain_outbox
+from tests.support.pause import drain_outbox
 from ticketing import bulkhead, execution, services, tasks
 from ticketing.models import Intent, TicketMapping
 from ticketing.outcomes import Outcome
@@ -164,7 +164,7 @@ def test_calls_run_on_the_destinations_queue_and_a_redelivered_call_makes_one_ti
         live_mailbox, live_broker, live_processes, desk, monkeypatch):
     from celery import Celery
 
-    from tests.test_failure_windows import new_event, state_of, worker_env
+    from tests.support.windows import new_event, state_of, worker_env
 
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)  # Celery prefers it to the broker argument
     destination = make_desk_destination(live_mailbox.tenant, desk, monkeypatch)

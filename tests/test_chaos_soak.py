@@ -28,7 +28,7 @@ from tests.live import (  # noqa: F401  (fixtures)
     make_email,
     wait_for,
 )
-from tests.test_failure_windows import settled, state_of, sweeper, worker_env
+from tests.support.windows import settled, state_of, sweeper, worker_env
 
 pytestmark = [pytest.mark.live]
 

@@ -11,9 +11,9 @@ from django.utils import timezone
 from intake.models import Mailbox
 from tests.browser import browser, chromium_path, screenshot_dir  # noqa: F401  (fixtures)
 from tests.fake_authorization_server import FakeAuthorizationServer
-from tests.test_consent_flow import CALLBACK, CLIENT_SECRET, credentials_of, oauth_mailbox
-from tests.test_console_site_browser import log_in, new_page
-from tests.test_recovery_queue import make_user
+from tests.support.consent import CALLBACK, CLIENT_SECRET, credentials_of, oauth_mailbox
+from tests.support.pages import new_page
+from tests.support.users import log_in, make_user
 
 pytestmark = pytest.mark.live
 

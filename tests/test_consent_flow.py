@@ -15,15 +15,13 @@ from django.utils import timezone
 from intake.models import Mailbox, MailboxAudit
 from intake.oauth_consent import services
 from intake.oauth_consent.services import SESSION_KEY, ConsentRefused
-from tests.factories import make_mailbox, make_tenant
+from tests.factories import make_tenant
 from tests.fake_authorization_server import FakeAuthorizationServer, s256
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
-from tests.test_recovery_queue import make_user
+from tests.support.consent import CALLBACK, CLIENT_SECRET, credentials_of, oauth_mailbox
+from tests.support.users import make_user
 from ticketing import credential_warnings
 from ticketing.models import Notification
-
-CALLBACK = "/admin/intake/mailbox/oauth/callback/"
-CLIENT_SECRET = "app-secret-value"
 
 
 @pytest.fixture
@@ -38,16 +36,6 @@ def stub():
 def secrets_dir(tmp_path, settings):
     settings.MAILROOM_SECRETS_DIR = str(tmp_path / "secrets")
     return tmp_path / "secrets"
-
-
-def oauth_mailbox(tenant, secrets_dir, stub, provider="graph", ref_name="graph.json", **settings):
-    folder = secrets_dir / tenant.slug
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "client-secret").write_text(CLIENT_SECRET)
-    base = {"authorize_url": f"{stub.url}/authorize", "token_url": f"{stub.url}/token", "client_id": "consent-app",
-            "client_secret_ref": f"file:{folder}/client-secret"}
-    return make_mailbox(tenant, provider=provider, credentials_ref=f"file:{folder}/{ref_name}",
-                        settings={**base, **settings})
 
 
 def admin_client(username, tenant, **flags) -> Client:
@@ -72,15 +60,6 @@ def sign_in(params) -> dict:
     location = urlsplit(answer.headers["Location"])
     assert location.path == CALLBACK
     return {k: v[0] for k, v in parse_qs(location.query).items()}
-
-
-def credentials_of(mailbox) -> dict | None:
-    path = mailbox.credentials_ref.removeprefix("file:")
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        return None
 
 
 def test_an_admin_connects_a_graph_mailbox_with_pkce_and_the_tokens_land_in_its_file(tenant, secrets_dir, stub):

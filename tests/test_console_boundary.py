@@ -22,8 +22,8 @@ from intake.selectors import tenant_pause_name
 from intake.services import PROCESS_TOPIC, transition_event
 from reconciliation import services
 from tests.factories import ingest_message, make_destination, make_mailbox, make_tenant
-from tests.test_api import API, api, make_user
-from tests.test_recovery_queue import operator, security  # noqa: F401  (fixtures: the two roles of one tenant)
+from tests.support.api import API, api
+from tests.support.users import make_user, operator, security  # noqa: F401  (fixtures: the two roles of one tenant)
 from ticketing import replay, tasks
 from ticketing.models import Intent, RoutingRule, Ticket, TicketMapping
 from ticketing.services import process_inbox_event

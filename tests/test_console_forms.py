@@ -20,7 +20,8 @@ from intake.secrets import env_prefix
 from reconciliation import services
 from reconciliation.models import ApiToken
 from tests.factories import make_destination
-from tests.test_api import API, api, assert_problem, make_user
+from tests.support.api import API, api, assert_problem
+from tests.support.users import make_user
 from ticketing.destinations import configuration_errors
 from ticketing.models import Destination, Ticket
 

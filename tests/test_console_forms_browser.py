@@ -8,7 +8,7 @@ import pytest
 from intake.models import Mailbox
 from reconciliation.models import ApiToken
 from tests.browser import browser, chromium_path, page, screenshot_dir  # noqa: F401  (fixtures)
-from tests.test_recovery_queue import PASSWORD, make_user
+from tests.support.users import PASSWORD, make_user
 
 pytestmark = pytest.mark.live
 

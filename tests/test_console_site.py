@@ -18,7 +18,7 @@ from config.admin_site import INTERNALS, OTHER, SECTION_OF, MailroomAdminSite, s
 from reconciliation import times
 from reconciliation.models import ReconciliationRun
 from tests.factories import make_tenant
-from tests.test_api import make_user
+from tests.support.users import make_user
 from ticketing.admin import ThreadLeaseAdmin
 from ticketing.models import RoutingPolicy, ThreadLease
 

@@ -4,20 +4,12 @@ colours and no Django branding, raises no console error, and leaves a screenshot
 import pytest
 
 from tests.browser import browser, chromium_path, screenshot_dir  # noqa: F401  (fixtures)
-from tests.test_recovery_queue import PASSWORD, make_user
+from tests.support.pages import new_page
+from tests.support.users import log_in, make_user
 
 pytestmark = pytest.mark.live
 
 HEADER_BG = "rgb(31, 58, 95)"  # --secondary of console.css (#1f3a5f), the header of every console page
-
-
-def new_page(browser, width):
-    context = browser.new_context(viewport={"width": width, "height": 900})
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    errors = []
-    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-    return context, page, errors
 
 
 def check(page, shot, screenshot_dir, width, errors, expected_errors=0):
@@ -27,14 +19,6 @@ def check(page, shot, screenshot_dir, width, errors, expected_errors=0):
     text = page.inner_text("body")
     assert "Django" not in text and "{'" not in text and "None" not in text, shot
     assert len(errors) == expected_errors, (shot, errors)  # a 404 logs its own status line, nothing else
-
-
-def log_in(page, base, username):
-    page.goto(f"{base}/admin/login/?next=/admin/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url("**/admin/")
 
 
 @pytest.mark.parametrize("width", [1400, 800])

@@ -1,7 +1,7 @@
 """The console walked in Chromium as an operator and as an admin, at 1400 and 800 px, page by page.
 
-Every page is loaded at both widths by one helper, `walk(page, url, name)`, which collects what is wrong
-with it and never stops at the first problem:
+Every page is loaded at both widths by one helper, `walk(page, url, name)` (tests/support/pages.py), which
+collects what is wrong with it and never stops at the first problem:
 
 - (a) the document is wider than the window (`scrollWidth > innerWidth + 1`), with the element that sticks
   out furthest (outside any box that scrolls on its own);
@@ -20,162 +20,22 @@ the built-in store) and on the embedded default (`test_the_admins_walk_on_the_em
 real gunicorn on a SQLite file, as tests/test_sqlite_parity.py builds it, seeded by `manage.py shell`).
 """
 import json
-import os
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from intake.models import InboxEvent, Mailbox
 from intake.services import transition_event
 from tests.browser import REPO_ROOT, browser, chromium_path  # noqa: F401  (fixtures)
-from tests.test_recovery_queue import (
-    PASSWORD,
-    QUEUE_URL,
-    age,
-    make_user,
-    new_event,
-    normalize,
-    seed_three,
-    set_default,
-    zendesk_destinations,
-)
+from tests.support.pages import SCREENSHOTS, WIDTHS, new_context_page, walk
+from tests.support.queue import QUEUE_URL, age, new_event, normalize, seed_three, set_default, zendesk_destinations
+from tests.support.users import PASSWORD, make_user
 from ticketing.models import Destination, RoutingRule
 from ticketing.services import process_inbox_event
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
 
-WIDTHS = (1400, 800)
-SCREENSHOTS = Path(os.environ.get("MAILROOM_WALK_SCREENSHOTS") or REPO_ROOT / "var" / "screenshots")
 STATES = ("awaiting_review", "quarantined", "failed", "unknown", "completed")
-REPR = re.compile(r"\{'|\[\{|\bNone\b")
-
-# Registered before any page script: CSP violations are reported here as well as on the console.
-WATCH_VIOLATIONS = """
-window.__walkViolations = [];
-document.addEventListener('securitypolicyviolation',
-    (e) => window.__walkViolations.push(e.violatedDirective + ' ' + (e.blockedURI || 'inline')));
-"""
-
-# The element furthest past the window's right edge that no scrolling box of its own clips.
-WIDEST = """() => {
-  const limit = window.innerWidth + 1;
-  const clipped = (el) => {
-    for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
-      if (getComputedStyle(p).overflowX !== 'visible' && p.getBoundingClientRect().right <= limit) return true;
-    }
-    return false;
-  };
-  let worst = null, edge = limit;
-  for (const el of document.body.querySelectorAll('*')) {
-    const r = el.getBoundingClientRect();
-    if (!r.width || r.right + window.scrollX <= edge || clipped(el)) continue;
-    worst = el; edge = r.right + window.scrollX;
-  }
-  if (!worst) return '';
-  const id = worst.id ? '#' + worst.id : '';
-  const cls = worst.classList.length ? '.' + [...worst.classList].slice(0, 3).join('.') : '';
-  const text = (worst.innerText || '').replace(/\\s+/g, ' ').trim().slice(0, 40);
-  return `${worst.tagName.toLowerCase()}${id}${cls} (${Math.round(worst.getBoundingClientRect().width)} px wide,`
-       + ` right edge at ${Math.round(edge)} px)` + (text ? ` "${text}"` : '');
-}"""
-
-
-@dataclass
-class Watch:
-    """What the browser reported since the last `reset`: responses >= 400, console errors, page errors."""
-
-    bad_responses: list = field(default_factory=list)   # (status, url, resource type, method)
-    errors: list = field(default_factory=list)
-
-    def reset(self):
-        self.bad_responses.clear()
-        self.errors.clear()
-
-
-def watched(page) -> Watch:
-    watch = Watch()
-    page.on("response", lambda r: r.status >= 400 and watch.bad_responses.append(
-        (r.status, r.url, r.request.resource_type, r.request.method)))
-    page.on("console", lambda m: m.type == "error" and watch.errors.append(f"console error: {m.text[:200]}"))
-    page.on("pageerror", lambda exc: watch.errors.append(f"page error: {str(exc)[:200]}"))
-    page.walk_watch = watch
-    return watch
-
-
-def _path(url: str) -> str:
-    return re.sub(r"^https?://[^/]+", "", url)
-
-
-def walk(page, url, name, *, submit=None, invalid=False) -> list[str]:
-    """Load `url` at each width and return every problem found, one readable line each.
-
-    `submit(page, width)` then fills and submits a form on it; `invalid=True` says that submit is meant to
-    be refused: its answer must be 200 or 400 and show the form's errors. A valid submit must leave the
-    form (a redirect) without errors.
-    """
-    watch = page.walk_watch
-    problems = []
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for width in WIDTHS:
-        where = f"{name} @{width}px"
-        page.set_viewport_size({"width": width, "height": 900})
-        watch.reset()
-        try:
-            response = page.goto(url)
-            page.wait_for_load_state("load")
-            if submit is not None:
-                with page.expect_navigation() as navigation:
-                    submit(page, width)
-                response = navigation.value
-                page.wait_for_load_state("load")
-        except Exception as exc:  # a timeout or a missing field: the page is not what the walk expects
-            problems.append(f"{where}: could not load or submit ({type(exc).__name__}: {str(exc)[:160]})")
-            continue
-        problems += _form_outcome(page, response, where, submit, invalid)
-        problems += _response_problems(watch, response, where, invalid)
-        # Chromium also logs every failed load on the console: the response line above already says it.
-        problems += [f"{where}: {error}" for error in watch.errors
-                     if not (watch.bad_responses and "Failed to load resource" in error)]
-        problems += [f"{where}: CSP violation: {v}" for v in page.evaluate("window.__walkViolations || []")
-                     if not any(v.split(" ")[0] in e for e in watch.errors)]
-        if page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1"):
-            wide = page.evaluate("document.documentElement.scrollWidth")
-            problems.append(f"{where}: horizontal overflow: the page is {wide} px wide; widest: "
-                            f"{page.evaluate(WIDEST) or 'no single element (margins?)'}")
-        text = page.inner_text("body")
-        for match in list(REPR.finditer(text))[:3]:
-            context = " ".join(text[max(0, match.start() - 30):match.end() + 30].split())
-            problems.append(f"{where}: repr as text {match.group()!r}: \u201c{context}\u201d")
-        page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
-    return problems
-
-
-def _form_outcome(page, response, where, submit, invalid) -> list[str]:
-    if submit is None:
-        return []
-    errors = page.locator(".errornote, .errorlist").all_inner_texts()
-    if invalid and not errors:
-        return [f"{where}: the invalid submit showed no error (answered {response.status if response else '?'}, "
-                f"now at {_path(page.url)})"]
-    if not invalid and errors:
-        return [f"{where}: the valid submit was refused: {' / '.join(' '.join(e.split()) for e in errors)[:200]}"]
-    if not invalid and response is not None and response.request.method == "POST":
-        return [f"{where}: the valid submit answered {response.status} without leaving the form"]
-    return []
-
-
-def _response_problems(watch, response, where, invalid) -> list[str]:
-    problems = []
-    for status, url, kind, method in watch.bad_responses:
-        # The refused form itself may answer 400 with its errors (checked by _form_outcome).
-        if invalid and kind == "document" and method == "POST" and status == 400:
-            continue
-        problems.append(f"{where}: HTTP {status} for {kind} {method} {_path(url)}")
-    if response is not None and response.status >= 400 and not watch.bad_responses:
-        problems.append(f"{where}: HTTP {response.status} for {_path(response.url)}")
-    return problems
 
 
 def report(problems: list[str]) -> str:
@@ -193,15 +53,6 @@ def fill_then_save(selector, value):
         page.fill(selector, value)
         page.click("input[name=_save]")
     return submit
-
-
-def new_context_page(browser):
-    context = browser.new_context(viewport={"width": WIDTHS[0], "height": 900})
-    context.set_default_timeout(15_000)
-    context.add_init_script(WATCH_VIOLATIONS)
-    page = context.new_page()
-    watched(page)
-    return context, page
 
 
 def log_in(page, base, username, password) -> list[str]:
@@ -385,7 +236,7 @@ def start_web(site) -> None:
     import requests
 
     from tests.live import LiveProcess, free_port
-    from tests.test_sqlite_parity import GUNICORN
+    from tests.support.instance import GUNICORN
 
     port = free_port()
     site.url = f"http://127.0.0.1:{port}"
@@ -406,7 +257,7 @@ def start_web(site) -> None:
 
 @pytest.fixture(scope="module")
 def sqlite_instance(tmp_path_factory):
-    from tests.test_sqlite_parity import PASSWORD as ADMIN_PASSWORD, Instance
+    from tests.support.instance import PASSWORD as ADMIN_PASSWORD, Instance
 
     site = Instance(tmp_path_factory.mktemp("walk-sqlite"))
     site.env["MAILROOM_CLAMD"] = "off"

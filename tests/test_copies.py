@@ -13,7 +13,7 @@ from intake.services import transition_event
 from reconciliation import services as console
 from tests.factories import email_message, ingest_message, make_mailbox
 from tests.senderauth import stamped, trust_our_mta
-from tests.test_recovery_queue import make_user
+from tests.support.users import make_user
 from ticketing.copies import LINK_COPY
 from ticketing.models import Destination, Intent, RoutingPolicy, Ticket, TicketComment, TicketMapping
 from ticketing.outcomes import Outcome

@@ -10,7 +10,8 @@ from intake.models import AuditEvent, InboxEvent
 from intake.vocabulary import ReasonCode
 from reconciliation import services as console
 from tests.factories import ingest_message, make_desk_destination
-from tests.test_recovery_queue import make_user, set_default, zendesk_destinations
+from tests.support.queue import set_default, zendesk_destinations
+from tests.support.users import make_user
 from ticketing import intents
 from ticketing.models import Destination, Intent, RoutingPolicy, Ticket
 from ticketing.services import process_inbox_event

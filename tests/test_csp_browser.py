@@ -9,7 +9,8 @@ import pytest
 from django.urls import reverse
 
 from tests.browser import browser, chromium_path, screenshot_dir  # noqa: F401  (fixtures)
-from tests.test_recovery_queue import PASSWORD, QUEUE_URL, make_user, new_event, quarantine
+from tests.support.queue import QUEUE_URL, new_event, quarantine
+from tests.support.users import PASSWORD, make_user
 from ticketing.models import RoutingRule
 
 pytestmark = pytest.mark.live

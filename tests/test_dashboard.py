@@ -11,7 +11,7 @@ from intake.services import transition_event
 from reconciliation import charts
 from reconciliation.dashboard import run_model
 from tests.factories import make_destination, make_mailbox, make_tenant
-from tests.test_recovery_queue import make_user
+from tests.support.users import make_user
 from ticketing.models import Destination, Intent
 
 URL = "/admin/reconciliation/recoveryitem/dashboard/"

@@ -17,10 +17,11 @@ from django.utils import timezone
 from intake.models import InboxEvent
 from reconciliation import services as console
 from reconciliation.selectors import recovery_queue
+from tests.destination_kits import KINDS
 from tests.factories import ingest_message
 from tests.senderauth import stamped, trust_our_mta
-from tests.test_destination_contract import KINDS, intent_of, settle_unknown
-from tests.test_recovery_queue import make_user
+from tests.support.contract import intent_of, settle_unknown
+from tests.support.users import make_user
 from ticketing import attachments
 from ticketing.destinations import adapter_for
 from ticketing.models import Intent, TicketMapping

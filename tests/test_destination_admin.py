@@ -6,7 +6,7 @@ import json
 import pytest
 from django.contrib.messages import get_messages
 
-from tests.test_destination_contract import KINDS
+from tests.destination_kits import KINDS
 from ticketing.destination_admin import DestinationForm
 from ticketing.destinations import adapter_class
 from ticketing.models import Destination

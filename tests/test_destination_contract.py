@@ -12,7 +12,6 @@ What each kind may do with a lost answer depends on what its system offers (docs
 In every case: never two records for one message.
 """
 import importlib
-import time
 from datetime import timedelta
 
 import pytest
@@ -23,14 +22,14 @@ from reconciliation import services as console
 from reconciliation.selectors import recovery_queue
 from tests.destination_kits import KINDS
 from tests.factories import email_message, ingest_message
-from tests.test_recovery_queue import make_user
-from ticketing import budget, intents
+from tests.support.contract import intent_of, settle_unknown
+from tests.support.users import make_user
+from ticketing import budget
 from ticketing.destinations import adapter_for
 from ticketing.models import Intent, RoutingPolicy, TicketMapping
 from ticketing.services import process_inbox_event
 
 pytestmark = pytest.mark.usefixtures("scanner_off")
-
 
 
 class Contract:
@@ -63,27 +62,6 @@ def new_event(mailbox, **fields) -> int:
     fields.setdefault("sender", "Alice Example <alice@customer.test>")
     fields.setdefault("subject", "Invoice 4471 charged twice")
     return ingest_message(mailbox, **fields).inbox_event_id
-
-
-def intent_of(event_id, action="create_ticket") -> Intent:
-    return Intent.objects.filter(inbox_event_id=event_id, action=action).order_by("-action_version").first()
-
-
-def settle_unknown(event_id, seconds: float = 15.0) -> str:
-    """What the sweeps do with an unknown intent, repeated until it leaves `unknown` for good (a lagging
-    search waits for its settle delay; a reopened intent is carried out again)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        intent = intent_of(event_id)
-        if intent.state == "unknown":
-            intents.resolve_unknown(intent.pk)
-        elif intent.state in ("pending", "retry_wait"):
-            Intent.objects.filter(pk=intent.pk).update(next_attempt_at=timezone.now())
-            process_inbox_event(event_id)
-        else:
-            return intent.state
-        time.sleep(0.1)
-    raise AssertionError(f"intent still {intent_of(event_id).state} after {seconds}s")
 
 
 def assert_mapped_to_the_one_record(contract, event_id):

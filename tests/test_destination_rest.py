@@ -373,7 +373,8 @@ def test_a_template_that_could_build_huge_text_is_refused_when_saved_and_quickly
 
 
 def test_the_same_refusals_hold_through_the_admin_and_the_api(tenant, desk, admin_client):
-    from tests.test_api import API, api, make_user
+    from tests.support.api import API, api
+    from tests.support.users import make_user
 
     template, refusal = HUGE[0]
     settings = {**PLAIN, "body_template": template}

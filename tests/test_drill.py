@@ -263,7 +263,7 @@ def test_the_workers_sweeps_and_reconcilers_leave_a_drill_tenants_rows_alone(des
     scratch.set_paused(True)
     assert scratch.process(claimed) == "paused"
     scratch.set_paused(False)
-    assert intents.claim(scratch.intent(claimed).pk, "tests:a-worker-that-died")
+    assert intents.claim(scratch.intent(claimed).pk, worker="tests:a-worker-that-died")
     unknown = new_event(["stall_after_commit:2"])
     assert scratch.process(unknown) == "unknown"
     failed = new_event(["reject_422"])

@@ -5,7 +5,6 @@ address. Here: with SMTPUTF8 in the relay's EHLO the address goes out as UTF-8 i
 without it, an ASCII local part at an IDN domain goes out in punycode, and a non-ASCII local part is not
 sent at all (the intent ends `not-sent`, the event gets `acknowledgment_skipped` / address_not_deliverable).
 """
-import idna
 import pytest
 from django.test import Client
 
@@ -14,11 +13,11 @@ from tests.conftest import WEBHOOK_SECRET
 from tests.mail import webhook_headers
 from tests.senderauth import stamped, trust_our_mta
 from tests.smtp_envelopes import ascii_relay, relay_on, utf8_relay  # noqa: F401  (fixtures)
+from tests.support.eai import JOSE, eai_request
 from ticketing import ack_transport, acknowledgments
 from ticketing.models import Intent, TicketMapping
 from ticketing.services import process_inbox_event
 
-JOSE = "josé@exämple.es"
 CHINESE = "用户@例子.广告"
 IDN_ONLY = "jane@exämple.es"
 IDN_ONLY_PUNYCODE = "jane@xn--exmple-cua.es"
@@ -27,23 +26,6 @@ IDN_ONLY_PUNYCODE = "jane@xn--exmple-cua.es"
 @pytest.fixture(autouse=True)
 def _our_mta_is_trusted(mailbox):
     trust_our_mta(mailbox)
-
-
-def eai_request(sender: str, subject: str = "Impresora sin tóner") -> bytes:
-    """A request as an EAI client (RFC 6532) writes it: UTF-8 in the header fields, the address as it is."""
-    domain = sender.rpartition("@")[2]
-    return stamped((
-        f"From: José Núñez <{sender}>\r\n"
-        "To: support@acme.test\r\n"
-        f"Subject: {subject}\r\n"
-        # ASCII, as EAI clients write it (the domain in punycode): a UTF-8 Message-ID is not taken by intake.
-        f"Message-ID: <eai-{abs(hash(sender))}@{idna.encode(domain, uts46=True).decode()}>\r\n"
-        "Date: Wed, 02 Dec 2026 01:30:00 +0100\r\n"
-        "MIME-Version: 1.0\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
-        "Content-Transfer-Encoding: 8bit\r\n"
-        "\r\n"
-        "La impresora de la segunda planta no imprime.\r\n").encode(), domain=domain)
 
 
 def acknowledge(sender: str) -> tuple[int, Intent, str]:

@@ -19,9 +19,10 @@ from django.test import Client
 from intake.keys import provider_message_id_for_raw
 from intake.services import ingest
 from reconciliation.services import attachment_content_disposition
-from tests.test_api import API, api
-from tests.test_production_settings import PRODUCTION_ENV, clean_env, manage
-from tests.test_recovery_queue import QUEUE_URL, make_user, quarantine
+from tests.support.api import API, api
+from tests.support.production import PRODUCTION_ENV, clean_env, manage
+from tests.support.queue import QUEUE_URL, quarantine
+from tests.support.users import make_user
 
 pytestmark = pytest.mark.usefixtures("scanner_off")
 

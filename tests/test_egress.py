@@ -33,8 +33,10 @@ from intake.secrets import env_prefix
 from tests.factories import email_message, make_destination
 from tests.fake_graph import FakeGraph
 from tests.sns import CERT_PATH, SNS_TOPIC_ARN, ses_notification, signed_sns_message, sns_server  # noqa: F401
-from tests.test_api import API, api, make_user
-from tests.test_production_settings import clean_env, manage
+from tests.support.api import API, api
+from tests.support.production import clean_env, manage
+from tests.support.servers import CountingServer
+from tests.support.users import make_user
 from ticketing.destinations import adapter_for
 from ticketing.destinations.base import TicketRequest
 from ticketing.models import Destination
@@ -63,47 +65,6 @@ REQUEST = TicketRequest(subject="Printer on fire", description="It is on fire.",
 def no_allow_list(settings):
     """Production's default: public addresses only."""
     settings.MAILROOM_EGRESS_ALLOWED_NETWORKS = []
-
-
-class CountingServer:
-    """A real HTTP server on 127.0.0.1 that counts every connection it accepts (and answers 200 {})."""
-
-    def __init__(self):
-        self.connections = 0
-        counter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                self._answer()
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self._answer()
-
-            def _answer(self):
-                body = b'{"ok": true, "access_token": "t", "user": {"id": 1}}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        class Server(ThreadingHTTPServer):
-            def verify_request(self, request, client_address):
-                counter.connections += 1
-                return True
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

@@ -30,8 +30,7 @@ from playwright.sync_api import Error as PlaywrightError
 from intake.signing import signed_headers
 from tests.browser import browser, chromium_path, screenshot_dir  # noqa: F401  (fixtures)
 from tests.factories import email_message
-from tests.test_make_run_browser import banner_value, running_stack  # noqa: F401  (the fixture)
-from tests.test_make_run_smoke import clean_env
+from tests.support.make_run import banner_value, clean_env, running_stack  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
 

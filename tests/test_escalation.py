@@ -11,7 +11,8 @@ from intake.models import InboxEvent
 from intake.services import transition_event
 from reconciliation.services import do_assign, escalation
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
-from tests.test_recovery_queue import QUEUE_URL, make_user, new_event, normalize, quarantine
+from tests.support.queue import QUEUE_URL, new_event, normalize, quarantine
+from tests.support.users import make_user
 from ticketing.models import Notification
 
 BODY = "My password is hunter2 and the server room is on fire.\n"

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 
 from reconciliation.api.urls import router
 from tests.factories import make_mailbox, make_tenant
-from tests.test_api import make_user, token_for
+from tests.support.users import make_user, token_for
 
 ICON = "/static/reconciliation/favicon.ico"
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"  # what Chromium sends

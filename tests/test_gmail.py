@@ -15,16 +15,11 @@ from intake.providers.gmail import GmailProvider, parse_push
 from intake.providers.oauth import clear_token_cache
 from intake.services import POLL_TOPIC
 from tests.fake_google import FakeGoogle, http_date
+from tests.support.gmail import make_raw
 
 AUDIENCE = "https://mailroom.example/webhooks/gmail/support-gmail/"
 SERVICE_ACCOUNT = "gmail-push@acme-project.iam.gserviceaccount.com"
 URL_TOKEN = "push-url-token-0123456789"
-
-
-def make_raw(n: int) -> bytes:
-    return (f"From: Customer {n} <customer{n}@example.com>\r\nTo: support@acme.test\r\n"
-            f"Subject: Request {n}\r\nMessage-ID: <request-{n}@example.com>\r\n"
-            f"Date: Sun, 29 Nov 2026 10:00:{n % 60:02d} +0000\r\n\r\nPlease help with {n}.\r\n").encode()
 
 
 @pytest.fixture(autouse=True)

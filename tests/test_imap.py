@@ -7,7 +7,6 @@ a server that is down, refused credentials, and `manage.py poll_mailbox`.
 """
 import io
 import subprocess
-import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -16,61 +15,13 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
-from intake.channels.polling import poll_mailbox
 from intake.keys import message_id_from_raw
 from intake.models import InboxEvent, Mailbox, PollCursor
-from intake.secrets import env_prefix
 from tests.conftest import WEBHOOK_SECRET
 from tests.dovecot import dovecot, private_dovecot  # noqa: F401  (fixtures)
 from tests.live import MANAGE, PYTHON, REPO_ROOT, subprocess_env, wait_for, wait_for_other_sessions_to_end
 from tests.mail import make_message, webhook_headers
-
-FOLDER = "Support"
-
-
-class ImapBox:
-    """A Dovecot user with a `Support` folder, and the Mailroom mailbox that polls it."""
-
-    def __init__(self, server, mailbox, username, password, password_var):
-        self.server, self.mailbox = server, mailbox
-        self.username, self.password, self.password_var = username, password, password_var
-
-    def client(self):
-        return self.server.client(self.username, self.password)
-
-    def append(self, messages, when=None):
-        with self.client() as client:
-            if not client.folder_exists(FOLDER):
-                client.create_folder(FOLDER)
-            for raw in messages:
-                client.append(FOLDER, raw, msg_time=when)
-
-    def server_state(self):
-        """(UIDVALIDITY, {uid: flags}) as the server sees the folder, read with EXAMINE."""
-        with self.client() as client:
-            status = client.select_folder(FOLDER, readonly=True)
-            uids = client.search("ALL")
-            flags = client.fetch(uids, ["FLAGS"]) if uids else {}
-        return status[b"UIDVALIDITY"], {uid: data[b"FLAGS"] for uid, data in flags.items()}
-
-    def poll(self, **kwargs):
-        return poll_mailbox(self.mailbox.pk, **kwargs)
-
-    def cursor(self):
-        return PollCursor.objects.filter(mailbox=self.mailbox).values_list("value", flat=True).first()
-
-
-def make_imap_box(server, tenant, monkeypatch, slug="imap-support", **settings) -> ImapBox:
-    username, password = server.add_user()
-    password_var = f"{env_prefix(tenant.slug)}IMAP_PASSWORD_{uuid.uuid4().hex[:8].upper()}"  # tenant-scoped
-    monkeypatch.setenv(password_var, password)
-    mailbox = Mailbox.objects.create(
-        tenant=tenant, slug=slug, address=username, provider="imap", poll_enabled=True,
-        credentials_ref=f"env:{password_var}", webhook_secret_ref="env:MAILROOM_TEST_WEBHOOK_SECRET",
-        settings={"host": "127.0.0.1", "port": server.port, "ssl": False, "username": username,
-                  "folder": FOLDER, **settings},
-    )
-    return ImapBox(server, mailbox, username, password, password_var)
+from tests.support.imap import FOLDER, make_imap_box
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from tests.fake_oauth_server import FakeOAuth
 from tests.mail import make_message
 from tests.sns import sns_keys
 from tests.strict_imap import StrictIMAP
-from tests.test_recovery_queue import make_user
+from tests.support.users import make_user
 from ticketing import mailbox_alerts
 
 pytestmark = pytest.mark.django_db(transaction=True)

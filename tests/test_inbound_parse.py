@@ -3,12 +3,9 @@
 Valid -> stored once; forged, stale or replayed -> 401 and nothing stored.
 """
 import base64
-import hashlib
-import hmac
 import json
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,24 +19,18 @@ from intake.models import AuditEvent, InboxEvent, Mailbox, OutboxMessage, Webhoo
 from intake.providers.base import FetchedMessage, Provider, WebhookRejected, WebhookResult
 from intake.providers.inbound import parse_form
 from tests.mail import make_message, webhook_headers
-
-MAILGUN_KEY = "key-mailgun-signing"
-BASIC_USER, BASIC_PASSWORD = "mailroom", "s3cret-basic"
-
-
-def multipart(fields: dict) -> tuple[str, bytes]:
-    """A multipart/form-data body with byte-exact values, as providers post them."""
-    boundary = f"----mailroom{uuid.uuid4().hex}"
-    body = b""
-    for name, value in fields.items():
-        value = value if isinstance(value, bytes) else str(value).encode()
-        body += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n").encode() + value + b"\r\n"
-    body += f"--{boundary}--\r\n".encode()
-    return f"multipart/form-data; boundary={boundary}", body
-
-
-def basic(user=BASIC_USER, password=BASIC_PASSWORD) -> dict:
-    return {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+from tests.support.inbound import (
+    BASIC_PASSWORD,
+    BASIC_USER,
+    MAILGUN_KEY,
+    basic,
+    mailgun_fields,
+    multipart,
+    post_mailgun,
+    post_postmark,
+    post_sendgrid,
+    postmark_payload,
+)
 
 
 def with_latin1_byte(raw: bytes) -> bytes:
@@ -64,19 +55,6 @@ def stored():
 
 
 # --- Mailgun --------------------------------------------------------------------------------------
-
-def mailgun_fields(raw: bytes, key=MAILGUN_KEY, timestamp=None, token=None) -> dict:
-    timestamp = str(int(time.time()) if timestamp is None else timestamp)
-    token = token or uuid.uuid4().hex * 2
-    signature = hmac.new(key.encode(), f"{timestamp}{token}".encode(), hashlib.sha256).hexdigest()
-    return {"recipient": "mailgun@acme.test", "timestamp": timestamp, "token": token, "signature": signature,
-            "body-mime": raw}
-
-
-def post_mailgun(client, fields, url="/webhooks/mailgun/mailgun-box/mime"):
-    content_type, body = multipart(fields)
-    return client.post(url, data=body, content_type=content_type)
-
 
 def test_mailgun_valid_is_stored_once_byte_exact(provider_mailbox):
     mailbox = provider_mailbox("mailgun")
@@ -183,19 +161,6 @@ def test_the_beats_nonce_purge_drops_tokens_older_than_twice_the_tolerance_and_k
 
 # --- Postmark -------------------------------------------------------------------------------------
 
-def postmark_payload(raw: bytes | None = None, **extra) -> dict:
-    payload = {"MessageID": str(uuid.uuid4()), "From": "customer@example.com", "To": "postmark@acme.test",
-               "Subject": "Printer on fire", "TextBody": "Please help.\n", "MessageStream": "inbound", **extra}
-    if raw is not None:
-        payload["RawEmail"] = raw.decode("utf-8")
-    return payload
-
-
-def post_postmark(client, payload, **headers):
-    return client.post("/webhooks/postmark/postmark-box/", data=json.dumps(payload), content_type="application/json",
-                       **headers)
-
-
 def test_postmark_raw_email_is_stored_once_with_its_message_id_as_metadata(provider_mailbox):
     provider_mailbox("postmark")
     raw = make_message(body="Bitte helfen Sie, Jürgen.\n")
@@ -253,11 +218,6 @@ def test_postmark_forged_credentials_are_refused_and_store_nothing(provider_mail
 
 
 # --- SendGrid -------------------------------------------------------------------------------------
-
-def post_sendgrid(client, fields, **headers):
-    content_type, body = multipart(fields)
-    return client.post("/webhooks/sendgrid/sendgrid-box/", data=body, content_type=content_type, **headers)
-
 
 def test_sendgrid_raw_email_field_is_stored_once_byte_exact(provider_mailbox):
     provider_mailbox("sendgrid")

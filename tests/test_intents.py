@@ -171,7 +171,7 @@ def test_expired_claim_becomes_unknown_and_a_late_success_still_counts(zendesk, 
     process_inbox_event(event_id)  # completes
     other = new_event(mailbox)
     intent = intents.ensure_intent(InboxEvent.objects.get(pk=other), "create_ticket", zendesk)
-    assert intents.claim(intent.pk, "worker-a")
+    assert intents.claim(intent.pk, worker="worker-a")
     Intent.objects.filter(pk=intent.pk).update(claimed_until=timezone.now() - timedelta(seconds=1))
     assert intents.expire_claims() == 1
     assert intents.expire_claims() == 0
@@ -187,8 +187,8 @@ def test_a_worker_whose_claim_was_taken_over_sends_nothing(zendesk, mailbox, des
     event_id = new_event(mailbox)
     event = InboxEvent.objects.get(pk=event_id)
     intent = intents.ensure_intent(event, "create_ticket", zendesk)
-    assert intents.claim(intent.pk, "worker-a")
-    assert not intents.claim(intent.pk, "worker-b")
+    assert intents.claim(intent.pk, worker="worker-a")
+    assert not intents.claim(intent.pk, worker="worker-b")
     Intent.objects.filter(pk=intent.pk).update(claimed_until=timezone.now() + timedelta(seconds=0.5))
     # worker-a's claim is about to run out: it must not start a request it cannot finish in time.
     assert not intents.still_claimed(intent.pk, "worker-a", margin_seconds=1.0)

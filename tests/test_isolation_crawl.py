@@ -28,8 +28,9 @@ from reconciliation.api.views import MappingViewSet
 from reconciliation.models import Finding, ReconciliationRun
 from tests.conftest import WEBHOOK_SECRET
 from tests.factories import WEBHOOK_SECRET_VAR, make_destination, make_mailbox, make_tenant
-from tests.test_api import api, failed_item, make_user, new_event, review_item
-from tests.test_recovery_queue import quarantine
+from tests.support.api import api, failed_item, review_item
+from tests.support.queue import new_event, quarantine
+from tests.support.users import make_user
 from ticketing.models import AcknowledgmentTemplate, BusinessHours, RoutingPolicy, RoutingRule, TicketMapping
 from ticketing.services import process_inbox_event
 

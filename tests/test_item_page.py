@@ -18,21 +18,18 @@ from intake.services import transition_event
 from reconciliation import services
 from reconciliation.rendering import RouteField, detail_lines, effective_route, route_changes
 from tests.browser import browser, chromium_path, screenshot_dir  # noqa: F401  (fixtures)
-from tests.test_recovery_queue import (  # noqa: F401  (fixtures and helpers)
-    PASSWORD,
+from tests.support.queue import (  # noqa: F401  (fixtures and helpers)
     QUEUE_URL,
     act,
     audit,
     destinations,
     intent_of,
-    make_user,
     new_event,
-    operator,
-    operator_client,
     seeded,
     set_default,
     tickets_for,
 )
+from tests.support.users import PASSWORD, make_user, operator, operator_client  # noqa: F401  (fixtures and helpers)
 from ticketing.models import Intent
 from ticketing.services import process_inbox_event
 

@@ -1,8 +1,11 @@
-"""Imports point downward only: tools/check_layering.py on the real tree and on small fake trees.
+"""Imports point downward only: tools/check_layering.py on the real tree and on small fake trees; and no
+test module imports another (what test modules share lives in tests/support/).
 
-Pure: no database, no Django app code is imported (the check reads files with `ast`).
+Pure: no database, no Django app code is imported (the checks read files with `ast`).
 """
+import ast
 import importlib.util
+import re
 import subprocess
 import sys
 import textwrap
@@ -191,3 +194,95 @@ def test_imports_for_type_checking_only_and_parent_packages_close_no_cycle(tmp_p
     done = run(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no cycle" in done.stdout
+
+
+# --- tests: a test module imports helpers (tests/support/, tests/*.py), never another test module --------
+
+TESTS = REPO_ROOT / "tests"
+DOTTED_TEST_MODULE = re.compile(r"tests\.test_\w+(\.\w+)*")   # a string naming one: import_module, setattr
+
+
+def is_test_module(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) > 1 and parts[0] == "tests" and parts[1].startswith("test_")
+
+
+def imports_of_test_modules(source: str, package: str = "tests") -> list[tuple[int, str]]:
+    """(line, module) for each import of a tests/test_*.py module in `source` (of a module in `package`): at
+    any depth, relative or absolute, by a string naming it, or inside a string that is a Python script."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if is_test_module(alias.name)]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            if is_test_module(base):
+                found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names
+                      if base == "tests" and alias.name.startswith("test_")]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if DOTTED_TEST_MODULE.fullmatch(node.value.strip()):
+                found.append((node.lineno, node.value.strip()))
+            elif "import" in node.value:  # a script run elsewhere (`manage.py shell -c`) imports too
+                try:
+                    inner = imports_of_test_modules(node.value)
+                except (SyntaxError, ValueError):
+                    continue
+                found += [(node.lineno + line - 1, module) for line, module in inner]
+    return found
+
+
+def test_no_test_module_imports_another_test_module():
+    problems, checked = [], 0
+    for path in sorted(TESTS.rglob("*.py")):
+        relative = path.relative_to(REPO_ROOT)
+        package = ".".join(relative.parent.parts)
+        checked += 1
+        for line, module in imports_of_test_modules(path.read_text(encoding="utf-8"), package):
+            problems.append(f"{relative}:{line}: imports {module} (move what it needs to tests/support/)")
+    assert checked > 100
+    assert problems == [], "\n".join(problems)
+
+
+# The planted sources name tests.test_* only in pieces, so that this file passes the check above.
+T = "tests." + "test_"
+
+
+PLANTED = [
+    f"from {T}api import make_user\n",
+    f"import {T}api\n",
+    f"import {T}api as api_tests\n",
+    "from tests import " + "test_api\n",
+    f"def helper():\n    from {T}recovery_queue import PASSWORD, make_user\n",
+    "from ." + "test_api import make_user\n",
+    f'SCRIPT = """\nimport json\nfrom {T}bulk_jobs import flood\n"""\n',
+    f'importlib.import_module("{T}api")\n',
+    f'monkeypatch.setattr("{T}api.API", "/api/v2")\n',
+]
+
+
+def test_the_check_flags_every_planted_import_of_a_test_module():
+    for source in PLANTED:
+        found = imports_of_test_modules(source)
+        assert len(found) == 1 and found[0][1].startswith(T), (source, found)
+    assert imports_of_test_modules(PLANTED[6]) == [(3, T + "bulk_jobs")]  # its line in the planted source
+
+
+def test_the_check_lets_helpers_and_mentions_through():
+    source = (
+        '"""See tests/test_api.py and tests.test_api for the API\'s own tests."""\n'
+        "from tests.support.users import PASSWORD, make_user\n"
+        "from tests.live import REPO_ROOT\n"
+        "from tests import support\n"
+        "import tests.factories\n"
+        "from . import mail\n"
+        "from .support.api import api\n"
+        'SCRIPT = "from tests.support.bulk import flood"\n'
+        'NOT_PYTHON = "import it, then " + "test_x"\n'
+    )
+    assert imports_of_test_modules(source) == []
+    assert imports_of_test_modules("from ..support.queue import new_event\n", "tests.support") == []
+    assert imports_of_test_modules("from .." + "test_api import API\n", "tests.support") == [(1, T + "api")]

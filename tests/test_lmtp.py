@@ -14,16 +14,12 @@ attacker; the figures are printed (`-s`). The tenant boundary over LMTP: tests/t
 import datetime
 import os
 import select
-import shutil
 import smtplib
 import socket
 import ssl
 import stat
-import tempfile
 import threading
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -34,10 +30,8 @@ from intake.models import AuditEvent, InboxEvent
 from intake.signing import signed_headers
 from tests.conftest import WEBHOOK_SECRET
 from tests.factories import WEBHOOK_SECRET_VAR, email_message, make_mailbox, make_tenant
-from tests.live import MANAGE, PYTHON, LiveProcesses, database_url, subprocess_env, wait_for
 from tests.postfix import Listener, database_outage, lmtp_listener, start_listener, stop_listeners  # noqa: F401
-
-SENDER = "customer@example.com"
+from tests.support.lmtp import SENDER, lmtp, on_the_wire, send, unix_listener  # noqa: F401  (fixture)
 
 
 @pytest.fixture
@@ -74,31 +68,6 @@ def _drop_trigger(name: str, created: list) -> None:
         cursor.execute(f"DROP TRIGGER IF EXISTS {name} ON {InboxEvent._meta.db_table}")
         cursor.execute(f"DROP FUNCTION IF EXISTS {name}()")
     created.remove(name)
-
-
-def lmtp(listener) -> smtplib.LMTP:
-    client = smtplib.LMTP(listener.host, listener.port, timeout=20)
-    client.ehlo("mta.example.test")  # smtplib.LMTP sends LHLO
-    return client
-
-
-def send(client, recipients, raw: bytes, sender: str = SENDER, per_recipient: bool = True):
-    """One transaction by hand: (MAIL reply, [RCPT replies], [DATA replies]); LMTP answers DATA per recipient."""
-    mail = client.mail(sender)
-    rcpts = [client.rcpt(r) for r in recipients]
-    accepted = sum(1 for code, _ in rcpts if code == 250)
-    if not accepted:
-        client.rset()
-        return mail, rcpts, []
-    replies = [client.data(on_the_wire(raw))]
-    if per_recipient:
-        replies += [client.getreply() for _ in range(accepted - 1)]
-    return mail, rcpts, replies
-
-
-def on_the_wire(raw: bytes) -> bytes:
-    """`raw` with CRLF line endings, as a mail server transmits it (and so as the listener stores it)."""
-    return raw.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
 
 
 def events(**filters):
@@ -466,38 +435,6 @@ def test_data_that_never_ends_is_cut_at_the_deadline(acme, start_listener, count
 
 
 # --- a unix socket ------------------------------------------------------------------------------------
-
-@pytest.fixture
-def unix_listener(transactional_db, tmp_path):
-    """`run_lmtp --socket PATH` as a real process; (socket path, Listener). The path is short: AF_UNIX allows 107."""
-    socket_dir = Path(tempfile.mkdtemp(prefix="mr-lmtp-"))
-    socket_dir.chmod(0o755)  # a mail server's user may reach the socket; the socket's own mode decides the rest
-    path = socket_dir / "lmtp.sock"
-    processes = LiveProcesses(tmp_path)
-    application_name = f"mailroom-lmtp-{uuid.uuid4().hex[:8]}"
-    env = subprocess_env()
-    env["DATABASE_URL"] = f"{database_url()}?application_name={application_name}"
-    process = processes.start("lmtp", [PYTHON, MANAGE, "run_lmtp", "--socket", str(path),
-                                       "--hostname", "lmtp.mailroom.test"], env)
-    listener = Listener(str(path), 0, application_name, process)
-
-    def greets() -> bool:
-        try:
-            with socket.socket(socket.AF_UNIX) as sock:
-                sock.settimeout(2)
-                sock.connect(str(path))
-                return sock.recv(512).startswith(b"220")
-        except OSError:
-            return False
-
-    wait_for(lambda: greets() or not process.alive(), timeout=30, describe=process.tail)
-    assert process.alive(), process.tail()
-    try:
-        yield path, listener
-    finally:
-        stop_listeners(processes, [listener])
-        shutil.rmtree(socket_dir, ignore_errors=True)
-
 
 def test_delivery_over_a_unix_socket_end_to_end(acme, unix_listener):
     path, listener = unix_listener

@@ -20,7 +20,7 @@ from intake.models import InboxEvent
 from tests.factories import email_message, make_mailbox, make_tenant
 from tests.live import wait_for
 from tests.postfix import database_outage, private_postfix, start_listener  # noqa: F401  (fixtures)
-from tests.test_lmtp import unix_listener  # noqa: F401  (fixture)
+from tests.support.lmtp import unix_listener  # noqa: F401  (fixture)
 
 FIRST_BATCH = 100
 DURING_OUTAGE = 30

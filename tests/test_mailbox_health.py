@@ -14,8 +14,8 @@ from intake.models import InboxEvent, Mailbox, MailboxAudit, OutboxMessage
 from intake.providers.settings_schema import settings_errors
 from intake.relay import TOPIC_TASKS
 from tests.factories import make_event, make_mailbox, make_tenant
-from tests.test_metrics import TOKEN, scrape, value
-from tests.test_recovery_queue import make_user
+from tests.support.metrics import TOKEN, scrape, value
+from tests.support.users import make_user
 from ticketing import mailbox_alerts, tasks
 from ticketing.models import Notification
 

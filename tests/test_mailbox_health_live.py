@@ -9,9 +9,9 @@ from intake.relay import TOPIC_TASKS
 from tests.conftest import WEBHOOK_SECRET
 from tests.dovecot import private_dovecot  # noqa: F401  (fixture)
 from tests.mail import make_message
-from tests.test_imap import make_imap_box
-from tests.test_metrics import TOKEN, scrape, value
-from tests.test_recovery_queue import make_user
+from tests.support.imap import make_imap_box
+from tests.support.metrics import TOKEN, scrape, value
+from tests.support.users import make_user
 from ticketing import mailbox_alerts, tasks  # noqa: F401  (tasks: registered, as a worker's autodiscovery does)
 from ticketing.models import Notification
 

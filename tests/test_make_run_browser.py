@@ -1,46 +1,18 @@
 """The first hour in a browser: `make run` on the embedded default, then what the banner says, in Chromium.
 
-A fresh copy of the repository (as tests/test_make_run_smoke.py makes it) runs `make run`; the test
-waits for the banner's "ready", takes the URL, user and password from it, and does what a newcomer
-does: opens `/` (it leads to the console's login), logs in with the printed credentials, opens the
-dashboard and the recovery queue (both render on SQLite), at 1400 and 800 px.
+A fresh copy of the repository (`copy_project` of tests/support/make_run.py, as tests/test_make_run_smoke.py)
+runs `make run`; the test waits for the banner's "ready", takes the URL, user and password from it, and
+does what a newcomer does: opens `/` (it leads to the console's login), logs in with the printed
+credentials, opens the dashboard and the recovery queue (both render on SQLite), at 1400 and 800 px.
 """
 import re
 
 import pytest
 
 from tests.browser import browser, chromium_path, screenshot_dir  # noqa: F401  (fixtures)
-from tests.live import free_port, kill_group
-from tests.test_make_run_smoke import Output, TreeWatcher, clean_env, copy_project, wait_until
+from tests.support.make_run import banner_value, running_stack  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.live
-
-
-@pytest.fixture
-def running_stack(tmp_path):
-    import subprocess
-
-    workdir = tmp_path / "mailroom"
-    copy_project(workdir)
-    port = free_port()
-    process = subprocess.Popen(["make", "run", f"PORT={port}", "-o", ".venv/.installed"], cwd=workdir,
-                               env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    output = Output(process.stdout)
-    watcher = TreeWatcher(process.pid)
-    try:
-        wait_until(lambda: "Mailroom is ready" in output.text(), timeout=120, what="the ready banner", output=output)
-        yield port, output
-    finally:
-        watcher.kill_all()
-        if process.poll() is None:
-            kill_group(process.pid)
-            process.wait(timeout=10)
-
-
-def banner_value(output: Output, label: str) -> str:
-    banner = output.text().split("Mailroom is ready", 1)[1]
-    return re.search(rf"{label}:\s+(\S+)", banner).group(1)
 
 
 def test_the_banners_url_and_credentials_open_the_console_and_its_dashboard(running_stack, browser,

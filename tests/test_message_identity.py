@@ -18,8 +18,8 @@ from intake.models import AuditEvent, InboxEvent
 from tests.conftest import WEBHOOK_SECRET
 from tests.dovecot import dovecot  # noqa: F401  (fixture)
 from tests.mail import webhook_headers
-from tests.test_imap import make_imap_box
-from tests.test_inbound_parse import basic, mailgun_fields, post_mailgun, post_postmark, post_sendgrid, postmark_payload
+from tests.support.imap import make_imap_box
+from tests.support.inbound import basic, mailgun_fields, post_mailgun, post_postmark, post_sendgrid, postmark_payload
 from ticketing.models import Intent, Ticket, TicketMapping
 from ticketing.services import process_inbox_event
 
@@ -154,7 +154,7 @@ def test_same_message_by_lmtp_and_by_imap_with_other_transport_headers_is_one_ev
 @pytest.mark.parametrize("provider", ["mailgun", "postmark", "sendgrid"])
 def test_inbound_parse_channels_keep_reused_ids_apart(provider, tenant, monkeypatch):
     from intake.models import Mailbox
-    from tests.test_inbound_parse import BASIC_PASSWORD, BASIC_USER, MAILGUN_KEY
+    from tests.support.inbound import BASIC_PASSWORD, BASIC_USER, MAILGUN_KEY
 
     monkeypatch.setenv("MAILROOM_TEST_MAILGUN_KEY", MAILGUN_KEY)
     monkeypatch.setenv("MAILROOM_TEST_BASIC", f"{BASIC_USER}:{BASIC_PASSWORD}")

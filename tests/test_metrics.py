@@ -4,36 +4,21 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 from django.utils import timezone
-from prometheus_client.parser import text_string_to_metric_families
 
 from intake.models import InboxEvent, OutboxMessage
 from intake.services import transition_event
 from intake.vocabulary import ReasonCode
 from tests.factories import make_destination, make_event
 from tests.mail import make_message
+from tests.support.metrics import TOKEN, scrape, value
 from ticketing.services import process_inbox_event
 
 pytestmark = pytest.mark.django_db(transaction=True)
-TOKEN = "metrics-token-123"
 
 
 @pytest.fixture
 def token(settings):
     settings.MAILROOM_METRICS_TOKEN = TOKEN
-
-
-def scrape(client=None) -> dict:
-    """{(sample name, frozenset(labels)): value} of one authorized scrape."""
-    response = (client or Client()).get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
-    assert response.status_code == 200, response.status_code
-    assert response["Content-Type"].startswith("text/plain")
-    return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(response.content.decode())
-            for sample in family.samples}
-
-
-def value(samples, name, **labels):
-    return samples.get((name, frozenset(labels.items())))
 
 
 def test_404_without_the_token_setting_and_for_a_missing_or_wrong_token(db, settings):

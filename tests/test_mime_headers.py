@@ -12,7 +12,7 @@ from intake.mime import decode_bytes, decode_header_value, parse_message, thread
 from intake.mime.addresses import is_valid_address, parse_address_list
 from intake.mime.charsets import codec_for, decode, decode_encoded_words
 from intake.mime.headerblock import MAX_HEADER_BLOCK, repair_header_block
-from tests.test_mime import PDF, typical_message
+from tests.support.mime import PDF, typical_message
 
 CRLF = b"\r\n"
 

@@ -17,7 +17,7 @@ from intake.models import AuditEvent, InboxEvent
 from intake.services import ingest
 from tests.clamd import EICAR, EICAR_SIGNATURE
 from tests.mail import make_message
-from tests.test_mime import generated_corpus, stdlib_corpus
+from tests.support.mime import generated_corpus, stdlib_corpus
 from ticketing.models import Intent, Ticket
 from ticketing.services import process_inbox_event
 
@@ -212,7 +212,7 @@ def test_a_mailbox_may_opt_into_suppressing_a_flood(mailbox, scanner_off):
 
 def test_suppressed_mail_is_listed_in_the_admin_and_a_replay_makes_its_ticket(mailbox, scanner_off, admin_client):
     from reconciliation import services as console
-    from tests.test_recovery_queue import make_user
+    from tests.support.users import make_user
 
     raw = make_message(subject="Out of office: printer", extra_headers={"Auto-Submitted": "auto-replied"})
     event = run(mailbox, raw)

@@ -10,10 +10,8 @@ from collections import Counter
 import pytest
 import requests
 from django.test import Client
-from django.utils import timezone
 
-from intake.models import InboxEvent, Mailbox, OutboxMessage, Switch, Tenant
-from intake.services import PROCESS_TOPIC
+from intake.models import InboxEvent, Mailbox, Switch, Tenant
 from intake.signing import signed_headers
 from tests.conftest import WEBHOOK_SECRET
 from tests.live import (  # noqa: F401  (fixtures)
@@ -27,17 +25,11 @@ from tests.live import (  # noqa: F401  (fixtures)
     wait_for,
 )
 from tests.mail import make_message, webhook_headers
-from tests.test_recovery_queue import (  # noqa: F401  (fixtures)
-    QUEUE_URL,
-    desk_calls,
-    make_user,
-    set_default,
-    zendesk_destinations,
-)
+from tests.support.pause import PAUSES_URL, drain_outbox, toggle
+from tests.support.queue import QUEUE_URL, desk_calls, set_default, zendesk_destinations  # noqa: F401  (fixtures)
+from tests.support.users import make_user
 from ticketing.models import Destination, Intent, TicketMapping
-from ticketing.services import process_inbox_event
 
-PAUSES_URL = "/admin/reconciliation/pauseswitch/"
 N = 20
 # Not tests.live's database 13: a suite running elsewhere on this Redis must not take our tasks.
 PAUSE_REDIS_DB = 11
@@ -46,25 +38,6 @@ PAUSE_REDIS_DB = 11
 def post_email(client, mailbox, body):
     return client.post(f"/webhooks/raw/{mailbox.slug}/", data=body, content_type="message/rfc822",
                        **webhook_headers(WEBHOOK_SECRET, body))
-
-
-def drain_outbox(times: int = 1) -> Counter:
-    """What the relay and a worker do: every unpublished process message is handed to process_inbox_event.
-
-    `times` > 1 delivers each message again (at-least-once delivery).
-    """
-    outcomes = Counter()
-    rows = list(OutboxMessage.objects.filter(topic=PROCESS_TOPIC, published_at__isnull=True).order_by("pk"))
-    OutboxMessage.objects.filter(pk__in=[r.pk for r in rows]).update(published_at=timezone.now())
-    for _ in range(times):
-        for row in rows:
-            outcomes[process_inbox_event(row.payload["inbox_event_id"])] += 1
-    return outcomes
-
-
-def toggle(client, target, paused, object_id="", reason="a test pause"):
-    return client.post(PAUSES_URL, {"target": target, "paused": "1" if paused else "0", "id": object_id,
-                                    "reason": reason if paused else ""})
 
 
 def assert_each_completed_once(desk, ids):

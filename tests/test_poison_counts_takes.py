@@ -103,7 +103,8 @@ def test_a_ready_event_whose_call_waits_in_the_pool_is_left_to_its_intents_sweep
     event = make_event(mailbox)
     transition_event(event.pk, ["received"], "ready", actor="test", kind=None)
     destination = Destination.objects.get(tenant=mailbox.tenant, is_default=True)
-    intents.create_if_missing(event, Intent.Action.CREATE_TICKET, destination)  # handed to the pool, not taken yet
+    # Handed to the pool, not taken yet.
+    intents.create_if_missing(event, action=Intent.Action.CREATE_TICKET, destination=destination)
     assert requeue_stale_events(older_than_seconds=0) == {"requeued": 0, "poisoned": 0}
     assert InboxEvent.objects.get(pk=event.pk).requeues == 0
     assert intents.enqueue_due(lost_after_seconds=0) == 1  # a lost hand-over is the intent's sweep's to find

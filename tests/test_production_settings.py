@@ -4,38 +4,11 @@ Each case starts a fresh `manage.py` process with a clean environment (nothing o
 MAILROOM_ENV=development, no `.env`), as an operator's shell would.
 """
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-REAL_KEY = "q7Vd2-cJx9LwZr4Tn8YbHs1Pk6Gm3Fa0Ue5Oi_Ql2Ws7Ej4Rt9Yu6Ip3As8Df1Gh"
+from tests.support.production import PRODUCTION_ENV, REAL_KEY, clean_env, manage
 
-# The production environment of README "Running on PostgreSQL and Redis with several workers".
-PRODUCTION_ENV = {
-    "SECRET_KEY": REAL_KEY,
-    "ALLOWED_HOSTS": "mailroom.example.com",
-    "CSRF_TRUSTED_ORIGINS": "https://mailroom.example.com",
-    "MAILROOM_TRUST_X_FORWARDED_PROTO": "true",
-    "SECURE_HSTS_PRELOAD": "true",
-}
 SWITCHES = ("SECURE_SSL_REDIRECT", "SECURE_HSTS_SECONDS", "SECURE_HSTS_INCLUDE_SUBDOMAINS", "SECURE_HSTS_PRELOAD",
             "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_PROXY_SSL_HEADER", "CSRF_TRUSTED_ORIGINS")
-
-
-def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MAILROOM_", "SECURE_", "SESSION_", "CSRF_"))
-           and k not in ("SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "DJANGO_SETTINGS_MODULE")}
-    env["MAILROOM_ENV_FILE"] = str(ROOT / "tests" / "no-such.env")
-    env.update(extra)
-    return env
-
-
-def manage(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
 
 
 def switches(env: dict) -> dict:

@@ -19,7 +19,8 @@ from reconciliation import selectors
 from reconciliation.services import escalation
 from tests.browser import browser, chromium_path, page, screenshot_dir  # noqa: F401  (fixtures)
 from tests.factories import make_destination, make_event, make_mailbox, make_tenant
-from tests.test_recovery_queue import PASSWORD, QUEUE_URL, make_user
+from tests.support.queue import QUEUE_URL
+from tests.support.users import PASSWORD, make_user
 
 DASHBOARD_URL = f"{QUEUE_URL}dashboard/"
 LONG_SUBJECT = ("Our whole accounting department cannot open the invoices you sent last week, and the quarter "

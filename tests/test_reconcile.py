@@ -25,8 +25,8 @@ from tests.dovecot import dovecot  # noqa: F401  (fixture)
 from tests.factories import make_desk_destination, make_event
 from tests.fake_google import FakeGoogle
 from tests.mail import make_message
-from tests.test_gmail import make_raw
-from tests.test_imap import make_imap_box
+from tests.support.gmail import make_raw
+from tests.support.imap import make_imap_box
 from ticketing import intents
 from ticketing.models import Intent, Ticket, TicketMapping
 from ticketing.services import process_inbox_event

@@ -18,17 +18,16 @@ import pytest
 from intake.models import AuditEvent, InboxEvent, Mailbox, Tenant
 from intake.services import transition_event
 from tests.browser import browser, chromium_path, page, screenshot_dir  # noqa: F401  (fixtures)
-from tests.test_recovery_queue import (  # noqa: F401  (fixtures)
-    PASSWORD,
+from tests.support.queue import (  # noqa: F401  (fixtures)
     QUEUE_URL,
     desk_calls,
     intent_of,
-    make_user,
     new_event,
     seed_three,
     tickets_for,
     zendesk_destinations,
 )
+from tests.support.users import PASSWORD, make_user
 from ticketing.models import Destination
 from ticketing.services import process_inbox_event
 

@@ -3,27 +3,17 @@ dry run (which writes nothing) and tenant isolation. Django's test client, real 
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.utils import timezone
 
 from intake.models import InboxEvent
 from reconciliation.services import ensure_role_groups
 from tests.factories import make_destination, make_event, make_mailbox, make_tenant
+from tests.support.users import make_user
 from ticketing.models import RoutingPolicy, RoutingRule
 
 RULES = "/admin/ticketing/routingrule/"
 POLICIES = "/admin/ticketing/routingpolicy/"
-PASSWORD = "pw-for-tests-only-42"
-
-
-def make_user(username, tenants=(), groups=("mailroom-admin",)):
-    ensure_role_groups()
-    user = get_user_model().objects.create_user(username, f"{username}@staff.test", PASSWORD, is_staff=True)
-    user.groups.set(Group.objects.filter(name__in=groups))
-    for tenant in tenants:
-        tenant.members.add(user)
-    return user
 
 
 @pytest.fixture
@@ -36,7 +26,7 @@ def policy(tenant):
 
 @pytest.fixture
 def admin_user(client, tenant, policy):
-    user = make_user("ada", tenants=[tenant])
+    user = make_user("ada", groups=["mailroom-admin"], tenants=[tenant])
     client.force_login(user)
     return user
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.browser import browser, chromium_path, page, screenshot_dir  # noqa: F401  (fixtures)
 from tests.factories import make_event
-from tests.test_routing_admin import PASSWORD, make_user
+from tests.support.users import PASSWORD, make_user
 from ticketing.models import RoutingRule, Ticket, TicketMapping
 from ticketing.services import process_inbox_event
 
@@ -31,7 +31,7 @@ def test_an_admin_tests_a_rule_then_enables_it_and_the_next_mail_is_routed(live_
     stored = make_event(mailbox, subject="URGENT: invoice is wrong")
     assert process_inbox_event(stored.pk) == "created"  # routed before the rule existed
     make_event(mailbox, subject="A question")  # does not match
-    make_user("ada", tenants=[tenant])
+    make_user("ada", groups=["mailroom-admin"], tenants=[tenant])
     base = live_server.url
 
     page.goto(f"{base}/admin/login/?next={RULES}add/")

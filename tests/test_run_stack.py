@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from tests.live import PYTHON, REPO_ROOT, descendants, free_port, is_running, kill_group
-from tests.test_make_run_smoke import Output, clean_env, shell_json, wait_until
+from tests.support.make_run import Output, clean_env, shell_json, wait_until
 
 pytestmark = pytest.mark.live
 

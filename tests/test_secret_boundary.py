@@ -22,7 +22,8 @@ from intake.secret_policy import PLATFORM, SecretChangeRefused, check_secret_cha
 from intake.secrets import SecretRefused, parse_platform_refs, resolve_secret
 from reconciliation.services.setup import PLATFORM_REFS_VAR, ensure_platform_ref
 from tests.factories import make_destination, make_mailbox, make_tenant
-from tests.test_api import API, api, assert_problem, make_user
+from tests.support.api import API, api, assert_problem
+from tests.support.users import make_user
 from ticketing.models import Destination
 
 AI_KEY_REF = "env:MAILROOM_BOUNDARY_AI_KEY"

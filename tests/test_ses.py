@@ -168,7 +168,7 @@ def test_a_certificate_url_that_hides_its_host_is_refused_without_fetching(ses_m
 def test_a_subscribe_url_that_hides_its_host_is_not_visited(ses_mailbox, sns_server, trick):
     """Finding 3, SubscribeURL: the same trick made an unauthenticated request to any host (here a server
     counting its connections) from a validly signed confirmation."""
-    from tests.test_egress import CountingServer
+    from tests.support.servers import CountingServer
 
     victim = CountingServer()
     try:

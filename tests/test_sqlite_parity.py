@@ -12,36 +12,20 @@ The tests of this module share one instance, built once, and run in file order; 
 scratch tenant is in the queue and the dashboard while it runs.
 """
 import json
-import os
 import re
-import subprocess
-import sys
-import time
-import uuid
-from pathlib import Path
 
 import pytest
 import requests
 
-from intake.signing import signed_headers
 from tests.factories import email_message
-from tests.live import REPO_ROOT, LiveProcess, free_port
 from tests.senderauth import TRUSTED_AUTHSERV_ID, stamped
+from tests.support.instance import Instance, assert_no_error_lines
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(600)]
 
-PYTHON = sys.executable
-GUNICORN = str(Path(sys.executable).with_name("gunicorn"))
-MANAGE = str(REPO_ROOT / "manage.py")
-SECRET = "sqlite-parity-webhook-secret"
-PASSWORD = "sqlite-parity-admin-password"
 DEMO = "support@demo.mailroom.test"  # reconciliation.services.setup.DEMO_ADDRESS
 QUEUE = "/admin/reconciliation/recoveryitem/"
-ERROR_LINE = re.compile(r"\bERROR\b|\[ERROR\]|\bCRITICAL\b|Traceback \(most recent call last\)")
 
-# Variables that would switch the instance away from its embedded default, or leak the suite's into it.
-STRIPPED_PREFIXES = ("MAILROOM_", "CELERY_", "DJANGO_")
-STRIPPED = {"DATABASE_URL", "SECRET_KEY", "ALLOWED_HOSTS", "DEBUG", "EMAIL_URL", "LOG_FORMAT", "LOG_LEVEL", "PORT"}
 
 # Run inside the SQLite instance (`manage.py shell -c`), after EXPECT = {...} is prepended. Every event still in
 # `received` is processed three ways from the same start, each in a transaction rolled back afterwards: per event,
@@ -51,7 +35,7 @@ PROCESS_SCRIPT = """
 import json
 from django.db import transaction
 from intake.models import InboxEvent, OutboxMessage
-from tests.test_batch import assert_same, snapshot
+from tests.support.batch import assert_same, snapshot
 from ticketing import batch, services, tasks, workers
 from ticketing.models import Intent, RoutingRule, TicketMapping
 
@@ -98,82 +82,6 @@ print(json.dumps({
     "rule_hits": list(RoutingRule.objects.values_list("name", "hits")),
 }))
 """
-
-
-class Instance:
-    """The SQLite instance: its directory, environment, web server and the output of everything it ran."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.env = {k: v for k, v in os.environ.items()
-                    if k not in STRIPPED and not k.startswith(STRIPPED_PREFIXES)}
-        self.env.update({
-            "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}", "MAILROOM_ENV": "development",
-            "MAILROOM_VAR_DIR": str(root / "var"), "MAILROOM_ENV_FILE": str(root / ".env"),
-            "SECRET_KEY": f"sqlite-parity-{uuid.uuid4().hex}{uuid.uuid4().hex}",
-            "MAILROOM_DEMO_WEBHOOK_SECRET": SECRET, "MAILROOM_DEMO_ADMIN_PASSWORD": PASSWORD,
-            "MAILROOM_PLATFORM_SECRET_REFS": "env:MAILROOM_DEMO_WEBHOOK_SECRET=mailbox:demo",
-            "PYTHONUNBUFFERED": "1",
-        })
-        self.web: LiveProcess | None = None
-        self.url = ""
-        self.token = ""
-        self.ids: dict[str, int] = {}
-        self.processed: dict = {}
-
-    def manage(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([PYTHON, MANAGE, *args], cwd=REPO_ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
-
-    def manage_ok(self, *args: str, timeout: float = 300) -> str:
-        """Run a command; it must exit 0 and log nothing at ERROR. Its stdout."""
-        result = self.manage(*args, timeout=timeout)
-        assert result.returncode == 0, f"{args[0]}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-        assert_no_error_lines(result.stdout + result.stderr, f"manage.py {args[0]}")
-        return result.stdout
-
-    def start_web(self) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.web = LiveProcess("web", [GUNICORN, "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1",
-                                       "--access-logfile", "-"], self.env, REPO_ROOT, self.root / "web.log")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.web.alive(), self.web.tail()
-            try:
-                if requests.get(f"{self.url}/healthz", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:  # refused, or a first answer slower than the timeout
-                pass
-            time.sleep(0.2)
-        pytest.fail(f"gunicorn did not answer /healthz within 30 s:\n{self.web.tail()}")
-
-    def web_log(self) -> str:
-        return self.web.log_path.read_text(errors="replace") if self.web else ""
-
-    def api(self) -> requests.Session:
-        session = requests.Session()
-        session.headers["Authorization"] = f"Token {self.token}"
-        return session
-
-    def post_mail(self, raw: bytes, secret: str = SECRET) -> requests.Response:
-        return requests.post(f"{self.url}/webhooks/raw/demo/", data=raw, timeout=10,
-                             headers={**signed_headers(secret, raw), "Content-Type": "message/rfc822"})
-
-    def console(self) -> requests.Session:
-        """A browser's session, logged in through the login form as the demo's admin."""
-        session = requests.Session()
-        session.get(f"{self.url}/admin/login/", timeout=10).raise_for_status()
-        response = session.post(f"{self.url}/admin/login/?next=/admin/", timeout=10, allow_redirects=False, data={
-            "username": "admin", "password": PASSWORD, "csrfmiddlewaretoken": session.cookies["csrftoken"],
-            "next": "/admin/"})
-        assert response.status_code == 302 and response.headers["Location"] == "/admin/", response.text[:500]
-        return session
-
-
-def assert_no_error_lines(text: str, what: str) -> None:
-    errors = [line for line in text.splitlines() if ERROR_LINE.search(line)]
-    assert not errors, f"{what} logged errors:\n" + "\n".join(errors[:20]) + f"\n---\n{text[-3000:]}"
 
 
 def csrf(session: requests.Session) -> str:
@@ -250,7 +158,7 @@ def test_mail_is_processed_set_based_with_the_rows_the_per_event_path_writes(ins
     ids, result = instance.ids, instance.processed
     state = {int(pk): tuple(v) for pk, v in result["states"].items()}
     plain = [ids[n] for n in ("sample1", "sample2", "first", "second", "invoice")]
-    assert result["same_outcomes"]  # and the script asserted every stored row equal (tests.test_batch.assert_same)
+    assert result["same_outcomes"]  # and the script asserted every stored row equal (tests.support.batch.assert_same)
     # The set-based path took every plain message itself (no fallback) and left the reply, thread work, to the
     # per-event path; the review and quarantine verdicts it settled on the way.
     assert set(result["left_by_set_based"]) == {ids["reply"]}

@@ -23,10 +23,9 @@ Pure: no database.
 import ast
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-APPS = ("intake", "ticketing", "reconciliation")
+from tests.support.source import ROOT, app_modules
+
 OWNERS = ("intake/services/events.py", "intake/services/ingestion.py", "ticketing/intents.py", "ticketing/intents/",
           "reconciliation/services/bulk_jobs.py")
 STATE_MODELS = {"Intent", "InboxEvent", "BulkJob"}
@@ -159,14 +158,6 @@ def state_writes(source: str, path: str = "<snippet>") -> list[Write]:
                 if target in saved:
                     found.append(Write(path, node.lineno, f"{target}.state = ... then {target}.save()"))
     return sorted(set(found), key=lambda w: (w.path, w.line, w.what))
-
-
-def app_modules():
-    for app in APPS:
-        for path in sorted((ROOT / app).rglob("*.py")):
-            relative = path.relative_to(ROOT).as_posix()
-            if "/migrations/" not in relative:
-                yield relative, path
 
 
 def is_owner(relative: str) -> bool:

@@ -198,7 +198,7 @@ def test_the_thread_key_from_headers_at_ingest_matches_the_full_parse():
     from intake.keys import thread_key_for_raw
     from intake.mime import parse_message
     from intake.validation import thread_key
-    from tests.test_mime import generated_corpus, stdlib_corpus
+    from tests.support.mime import generated_corpus, stdlib_corpus
 
     corpus = [raw for _, raw in stdlib_corpus() + generated_corpus()] + [
         email_message(extra_headers={"References": "<a@x> <b@x>", "In-Reply-To": "<b@x>"}),

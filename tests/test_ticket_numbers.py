@@ -14,7 +14,8 @@ from tests.factories import ingest_message
 from tests.mail import make_message, webhook_headers
 from tests.senderauth import stamped, trust_our_mta
 from tests.smtp import smtp_server  # noqa: F401  (fixture)
-from tests.test_api import api, make_user
+from tests.support.api import api
+from tests.support.users import make_user
 from ticketing import acknowledgments, numbers
 from ticketing.models import Intent, Ticket, TicketComment, TicketMapping
 from ticketing.services import process_inbox_event

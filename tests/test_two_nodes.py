@@ -7,7 +7,7 @@ quarter of its writes slowed so that calls are in flight when the node dies. Ema
 web servers, as a load balancer would send them; a post that finds its web server dead is sent again, freshly
 signed, to the other one. Half-way, once the first node's thread pool holds a live claim, every process of
 that node (each its own process group: the workers' children too) is SIGKILLed at once. What beat does runs
-from a sweeper thread on a short period (tests.test_failure_windows.sweeper). Every email must end with one
+from a sweeper thread on a short period (tests.support.windows.sweeper). Every email must end with one
 ticket at the desk, one mapping and one succeeded intent, on Redis and on RabbitMQ with quorum queues.
 """
 import os
@@ -37,7 +37,7 @@ from tests.live import (  # noqa: F401  (fixtures)
     make_email,
     wait_for,
 )
-from tests.test_failure_windows import settled, state_of, sweeper, worker_env
+from tests.support.windows import settled, state_of, sweeper, worker_env
 
 pytestmark = [pytest.mark.live, pytest.mark.fakedesk(process=True, db_path=True)]
 

@@ -25,8 +25,8 @@ from tests.factories import ingest_message
 from tests.live import free_port
 from tests.mail import make_message
 from tests.senderauth import trust_our_mta
-from tests.test_acknowledgments import notify_intent, post
-from tests.test_recovery_queue import make_user
+from tests.support.acks import notify_intent, post
+from tests.support.users import make_user
 from ticketing import acknowledgments, intents
 from ticketing.models import Destination, Intent, TicketMapping
 from ticketing.services import process_inbox_event
@@ -460,7 +460,7 @@ def test_the_console_says_a_replay_linked_the_ticket_it_found(tenant, mailbox, d
     from django.contrib.messages import get_messages
 
     from reconciliation.admin.item import LINKED_MESSAGE
-    from tests.test_recovery_queue import act
+    from tests.support.queue import act
 
     d = start("zendesk", tenant, desk_factory, monkeypatch)
     event_id = held_after_unknown(d, mailbox, "drop_after_commit")

@@ -8,7 +8,7 @@ from intake import validation
 from intake.models import AuditEvent, MailboxAudit
 from intake.vocabulary import AuditKind, MailboxAuditKind, ReasonCode
 from reconciliation import selectors
-from tests.test_state_doors import app_modules
+from tests.support.source import app_modules
 
 # The words as stored today: tests, the console and outside checks compare them. Never rename one.
 STORED_AUDIT_KINDS = {

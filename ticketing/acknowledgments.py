@@ -148,7 +148,7 @@ def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
         elif result is None:
             outcomes[intent.pk] = Outcome.ERROR   # left in_flight: its claim expires to unknown, as a crash would
         else:
-            outcomes[intent.pk] = intents.record_failure(intent, result, worker) or Outcome.CLAIM_LOST
+            outcomes[intent.pk] = intents.record_failure(intent, exc=result, worker=worker) or Outcome.CLAIM_LOST
     return outcomes
 
 

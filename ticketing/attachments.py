@@ -43,7 +43,7 @@ def deliver(intent_id: int, worker: str) -> str:
         .order_by("-pk").first()
     if mapping is None:
         return Outcome.NO_TICKET
-    if not intents.claim(intent.pk, worker):
+    if not intents.claim(intent.pk, worker=worker):
         return Outcome.BUSY
     event = with_small_raw(InboxEvent.objects.select_related("mailbox", "tenant")).get(pk=intent.inbox_event_id)
     adapter = adapter_for(intent.destination)
@@ -57,7 +57,7 @@ def deliver(intent_id: int, worker: str) -> str:
     try:
         result = attach_each(adapter, mapping.ticket_id, files, intent.idempotency_key, public=public)
     except (TransientError, PermanentError, AmbiguousOutcome) as exc:
-        return intents.record_failure(intent, exc, worker) or Outcome.CLAIM_LOST
+        return intents.record_failure(intent, exc=exc, worker=worker) or Outcome.CLAIM_LOST
     except ClaimLost:
         return Outcome.CLAIM_LOST
     detail = {"attached": len(result["done"]), "refused": result["refused"][:20], "held": len(held),

@@ -68,7 +68,7 @@ def claim(intent: Intent, worker: str, lease=None) -> str:
                     cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, intent.destination_id])
             if in_flight(intent.destination_id) >= cap:
                 return Outcome.OVER_CAP
-        return Outcome.CLAIMED if intents.claim(intent.pk, worker, lease) else Outcome.BUSY
+        return Outcome.CLAIMED if intents.claim(intent.pk, worker=worker, lease=lease) else Outcome.BUSY
 
 
 def cap_wait_seconds() -> float:

@@ -152,13 +152,13 @@ class Work:
 
 def attempt_in_transaction(adapter, intent: Intent, work: Work, worker: str, lease=None) -> str:
     """Claim, write and record inside the caller's transaction (a transactional adapter: the built-in store)."""
-    if not intents.claim(intent.pk, worker, lease):
+    if not intents.claim(intent.pk, worker=worker, lease=lease):
         return Outcome.BUSY
     try:
         result = work.perform(adapter, intent)
     except TicketClosed as exc:  # a solved built-in ticket under the `review` policy
         return _ticket_closed(intent, work, worker, adapter, exc)
-    intents.record_success(intent, result, f"worker:{worker}", event=work.event)
+    intents.record_success(intent, result=result, actor=f"worker:{worker}", event=work.event)
     return Outcome.CREATED
 
 
@@ -190,12 +190,13 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
     except TicketClosed as exc:
         return _ticket_closed(intent, work, worker, adapter, exc)
     except (TransientError, PermanentError, AmbiguousOutcome) as exc:
-        return intents.record_failure(intent, exc, worker) or Outcome.CLAIM_LOST  # the breaker counts it there
+        # The breaker counts it there.
+        return intents.record_failure(intent, exc=exc, worker=worker) or Outcome.CLAIM_LOST
     breaker.record_success(intent.destination)
     pause_point("after_destination_success")
     # A claim that expired meanwhile was moved to `unknown`; the success we hold settles it.
-    if intents.record_success(intent, result, f"worker:{worker}", (Intent.State.IN_FLIGHT, Intent.State.UNKNOWN),
-                              event=work.event):
+    if intents.record_success(intent, result=result, actor=f"worker:{worker}",
+                              from_states=(Intent.State.IN_FLIGHT, Intent.State.UNKNOWN), event=work.event):
         return Outcome.CREATED
     logger.error("intent %s: success for ticket %s could not be recorded; reconciliation will look",
                  intent.pk, result.ticket_id)
@@ -219,7 +220,7 @@ def _ticket_closed(intent: Intent, work: Work, worker: str, adapter, exc: Ticket
     if work.action == Intent.Action.ADD_COMMENT and closed_policy(intent.destination, adapter) == FOLLOW_UP:
         return (intents.follow_up_instead(intent, worker=worker, closed_ticket_id=work.target.ticket_id)
                 or Outcome.CLAIM_LOST)
-    return intents.record_failure(intent, exc, worker) or Outcome.CLAIM_LOST
+    return intents.record_failure(intent, exc=exc, worker=worker) or Outcome.CLAIM_LOST
 
 
 def call(intent_id: int, worker: str) -> str:

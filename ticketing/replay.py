@@ -249,7 +249,7 @@ def _link_found(event: InboxEvent, intent: Intent, answer: intents.Answer, route
                 now) -> str:
     """failed/held -> succeeded with the ticket the lookup found (its mapping, the event completed), and
     the replay's audit row; nothing is sent. In the caller's transaction."""
-    if not intents.record_success(intent, answer.ticket, actor, from_states=REPLAYABLE_INTENT_STATES,
+    if not intents.record_success(intent, result=answer.ticket, actor=actor, from_states=REPLAYABLE_INTENT_STATES,
                                   audit_detail={"settled_by": "lookup"}):
         raise ReplayRefused("someone else moved its intent meanwhile")
     record_audit(event.pk, AuditKind.REPLAYED, actor=actor, at=now, detail={
@@ -404,7 +404,7 @@ def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket
                 raise ReplayRefused("someone else moved its intent meanwhile")
             intent.destination_id, intent.destination = destination.pk, destination
         result = TicketResult(ticket_id=ticket_id, url=(ticket_url or ticket_url_for(destination, ticket_id))[:500])
-        if not intents.record_success(intent, result, actor, from_states=CONFIRMABLE_INTENT_STATES):
+        if not intents.record_success(intent, result=result, actor=actor, from_states=CONFIRMABLE_INTENT_STATES):
             raise ReplayRefused("someone else moved its intent meanwhile")
         record_audit(event_id, AuditKind.TICKET_CONFIRMED, actor=actor, at=now, detail={
             "intent": intent.pk, "ticket_id": ticket_id, "destination": destination.pk,

@@ -238,7 +238,7 @@ def _flag(event: InboxEvent, flags: list[str], worker: str) -> None:
 
 def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, lease=None) -> str:
     with transaction.atomic():
-        intents.create_if_missing(event, work.action, destination)
+        intents.create_if_missing(event, action=work.action, destination=destination)
         # The highest version of the action is the one to carry out (a reviewer may have
         # added one), and an existing intent keeps its own destination (a reviewer may have
         # corrected it).

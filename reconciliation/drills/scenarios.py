@@ -118,7 +118,7 @@ def worker_restart(drill: Scratch) -> Observation:
         drill.set_paused(False)
     intent = drill.intent(event_id)
     event = InboxEvent.objects.get(pk=event_id)
-    check(problems, intents.claim(intent.pk, "drill:doomed-worker"), "the doomed worker could not claim")
+    check(problems, intents.claim(intent.pk, worker="drill:doomed-worker"), "the doomed worker could not claim")
     parsed = parse_message(bytes(event.raw), loop_header=settings.MAILROOM_LOOP_HEADER)
     from ticketing.destinations import adapter_for
 

@@ -121,7 +121,7 @@ def _check_records(destination, adapter, records, current: Pass) -> None:
                                         "held": held, "intent": intent.pk if intent else None})
         if held:
             continue
-        if intents.record_success(intent, TicketResult(record.ticket_id, record.url or adapter.ticket_url(
+        if intents.record_success(intent, result=TicketResult(record.ticket_id, record.url or adapter.ticket_url(
                 record.ticket_id)), actor=ACTOR, from_states=ADOPTABLE):
             current.repaired(finding, "adopted")
         else:  # the intent moved meanwhile: the next pass looks again

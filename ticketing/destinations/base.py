@@ -4,15 +4,21 @@ Adapters raise only `TransientError`, `PermanentError` or `AmbiguousOutcome`;
 what each capability flag allows when an outcome is unknown is decided in
 `ticketing.intents.resolve_unknown`, not here.
 """
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from intake.failures import AmbiguousOutcome, PermanentError, TransientError
 from intake.vocabulary import ReasonCode
 
 from .capabilities import Capabilities
 from .journal import Journal, MemoryJournal
+
+if TYPE_CHECKING:
+    from ..models import Destination
+    from .settings import Setting
 
 __all__ = [
     "AmbiguousOutcome",
@@ -72,7 +78,7 @@ class TicketRequest:
     description: str            # plain text; ends with the list of attachments when there are any
     requester: str              # the requester's address
     tags: tuple[str, ...] = ()
-    fields: dict = field(default_factory=dict)   # destination-specific extra fields (Zendesk custom field ids)
+    fields: dict[str, Any] = field(default_factory=dict)  # destination-specific extra fields (Zendesk custom field ids)
     # The route classification chose, in Mailroom's words; each adapter maps them (its settings say how).
     queue: str = ""
     priority: str = ""          # one of ticketing.models.PRIORITIES, or ""
@@ -135,7 +141,7 @@ class RecordPage:
     """One bounded page of `records_with_ref`; `resume` is where the next starts (None: done)."""
 
     records: list[DestinationRecord]
-    resume: dict | None = None
+    resume: dict[str, Any] | None = None
 
 
 class DestinationAdapter:
@@ -161,7 +167,7 @@ class DestinationAdapter:
 
     # The settings this kind reads (`Destination.settings`), checked in the admin field by field:
     # {name: ticketing.destinations.settings.Setting}. Unknown names are refused (a typo is a bug).
-    SETTINGS: dict = {}
+    SETTINGS: "dict[str, Setting]" = {}
     # The kind needs a base URL / a credentials reference to work (the admin says so when missing).
     needs_base_url = True
     needs_credentials = True
@@ -173,7 +179,7 @@ class DestinationAdapter:
     # quota (ticketing.destinations.capabilities); docs/destinations/<kind>.md says the same in words.
     capabilities: Capabilities = Capabilities()
 
-    def __init__(self, destination):
+    def __init__(self, destination: "Destination") -> None:
         self.destination = destination
         # Where a multi-step write notes what is done (an upload's token, the created record, each file),
         # so that the next attempt goes on instead of starting over. The pipeline gives the intent's own
@@ -182,37 +188,54 @@ class DestinationAdapter:
 
     def check_connection(self) -> str:
         """Prove the credentials and the settings work without writing anything; a line saying what was
-        checked. Raises TransientError / PermanentError like any call."""
+        checked. Raises TransientError / PermanentError like any call.
+
+        Subclasses of DestinationAdapter must provide this method."""
         raise NotImplementedError
 
     def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
+        """Create the desk's record for `request`, carrying `external_ref` (and `idempotency_key` where the desk
+        keeps one), and return its id and URL. Raises only TransientError, PermanentError or AmbiguousOutcome.
+
+        Subclasses of DestinationAdapter must provide this method."""
         raise NotImplementedError
 
     def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
+        """The record carrying `external_ref`, None when there is none: how an unknown outcome is settled
+        (`consistent_lookup`, `lookup_settle_seconds`). Raises TransientError / PermanentError like any call.
+
+        Subclasses of DestinationAdapter must provide this method; one whose destination offers no such lookup
+        raises NotImplementedError."""
         raise NotImplementedError
 
     def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
         """Add `comment` (with its files where the kind sends them with the comment) to `ticket_id`; raises
-        `TicketClosed` when the desk says the ticket is closed. Returns the comment's id (or the ticket's)."""
+        `TicketClosed` when the desk says the ticket is closed. Returns the comment's id (or the ticket's).
+
+        Subclasses of DestinationAdapter must provide this method."""
         raise NotImplementedError
 
     # --- files after the write (capabilities.files == "after_write"); see ticketing.destinations.files ----
 
     def upload_file(self, ticket_id: str, file: OutgoingFile, file_key: str, *, public: bool = True) -> str:
         """Attach `file` to record `ticket_id`; the desk's id for it. `file_key` is the file's own key: send it
-        where the desk keeps one (a marker field, a header), so that `find_file` can see it."""
+        where the desk keeps one (a marker field, a header), so that `find_file` can see it.
+
+        Subclasses of DestinationAdapter whose `capabilities.files` is "after_write" must provide this method."""
         raise NotImplementedError
 
     def find_file(self, ticket_id: str, file: OutgoingFile, file_key: str) -> str | None:
         """The desk's id of `file` on `ticket_id` if an earlier attempt attached it (by its key where the desk
-        keeps one, else by name and size), else None. Asked before sending a file again."""
+        keeps one, else by name and size), else None. Asked before sending a file again.
+
+        Subclasses of DestinationAdapter whose `capabilities.files` is "after_write" must provide this method."""
         raise NotImplementedError
 
     # --- the desk's own references (threading a reply to the desk's own notification) ----------------
     # Compiled patterns, each with a named group `ref`, that find the desk's ticket reference in a reply's
     # subject or in its text (a JSM key "SUP-12", a ServiceNow "INC0010001" or "Ref:MSG0000123" watermark,
     # Freshdesk's "[#123]"). Searched by `ticketing.threads` for the tenant's destinations of this kind.
-    reference_patterns: tuple = ()
+    reference_patterns: tuple[re.Pattern[str], ...] = ()
     # Where each pattern is looked for: "subject", "body" (the first lines of the text) or both.
     reference_fields: tuple[str, ...] = ("subject",)
 
@@ -221,7 +244,7 @@ class DestinationAdapter:
         has no such ticket. The default: the reference is the id. May ask the desk (a read)."""
         return ref
 
-    def ticket_url(self, ticket_id) -> str:
+    def ticket_url(self, ticket_id: str | int) -> str:
         """Where a person opens the ticket (`TicketMapping.ticket_url`); "" when the destination has no such page."""
         return ""
 
@@ -229,15 +252,22 @@ class DestinationAdapter:
     # The destination can list what it holds: `records_with_ref` and `existing_tickets` work.
     supports_listing = False
 
-    def records_with_ref(self, prefix: str, since, limit: int, resume: dict | None = None) -> RecordPage:
+    def records_with_ref(self, prefix: str, since: datetime, limit: int,
+                         resume: dict[str, Any] | None = None) -> RecordPage:
         """At most `limit` records created (or, where that is what the API offers, updated) since `since`
-        whose external reference starts with `prefix`; a bounded page, resumable."""
+        whose external reference starts with `prefix`; a bounded page, resumable.
+
+        Subclasses of DestinationAdapter that set `supports_listing` must provide this method."""
         raise NotImplementedError
 
     def existing_tickets(self, ticket_ids: list[str]) -> set[str]:
-        """Which of `ticket_ids` still exist (deleted ones do not)."""
+        """Which of `ticket_ids` still exist (deleted ones do not).
+
+        Subclasses of DestinationAdapter that set `supports_listing` must provide this method."""
         raise NotImplementedError
 
     def records_for_ref(self, external_ref: str) -> list[DestinationRecord]:
-        """Every record carrying exactly `external_ref`, lowest id first."""
+        """Every record carrying exactly `external_ref`, lowest id first.
+
+        Subclasses of DestinationAdapter that set `supports_listing` must provide this method."""
         raise NotImplementedError

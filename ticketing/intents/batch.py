@@ -30,14 +30,19 @@ compares its rows with the per-event path's on a real SQLite file.
 import json
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from intake.models import AuditEvent, InboxEvent, OutboxMessage
-from intake.services import NOT_COMPLETED_STATES, NOTIFY_CHANNEL, transition_events
+from intake.services import (
+    NOT_COMPLETED_STATES,
+    NOTIFY_CHANNEL,
+    transition_events,
+)
 from intake.vocabulary import ReasonCode, SystemActor
 
 from .. import ack_policy
@@ -104,7 +109,8 @@ WHERE i.id = json_extract(v.value, '$[0]') AND i.state = %(pending)s
 """
 
 
-def group_statement(postgres_sql: str, sqlite_sql: str, columns: dict[str, list], params: dict) -> tuple[str, dict]:
+def group_statement(postgres_sql: str, sqlite_sql: str, columns: dict[str, list[Any]],
+                    params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(SQL, parameters) for this database: PostgreSQL gets `columns` as arrays, SQLite as one JSON array of rows
     (`rows`, in the columns' order) and its timestamps as the ORM stores them (`now`)."""
     if settings.USING_POSTGRES:
@@ -116,7 +122,8 @@ def group_statement(postgres_sql: str, sqlite_sql: str, columns: dict[str, list]
     return sqlite_sql, params
 
 
-def create_missing(pairs: list[tuple[InboxEvent, Destination]], action: str, now) -> dict[int, tuple[int, str]]:
+def create_missing(pairs: list[tuple[InboxEvent, Destination]], action: str,
+                   now: datetime) -> dict[int, tuple[int, str]]:
     """Version 1 of `action` for each (event, destination), pending, where none exists yet.
 
     Returns {event id: (intent id, idempotency key)} for the intents this call inserted; an event
@@ -135,7 +142,7 @@ def create_missing(pairs: list[tuple[InboxEvent, Destination]], action: str, now
         return {event_id: (intent_id, key) for intent_id, event_id, key in cursor.fetchall()}
 
 
-def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now,
+def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now: datetime,
                              leading_audits: dict[int, list[AuditEvent]] | None = None) -> None:
     """pending -> succeeded for each success, with everything `record_success` writes, set-based.
 
@@ -162,7 +169,7 @@ def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now,
     if moved != len(successes):
         raise Conflict(f"{len(successes) - moved} events were already completed")
     budget = ack_policy.AcknowledgmentBudget(now=now)  # one for the group: it counts its own acknowledgments
-    audits = []
+    audits: list[AuditEvent] = []
     for s in successes:
         audits.extend((leading_audits or {}).get(s.event.pk, ()))
         audits.append(AuditEvent(inbox_event_id=s.event.pk, kind=AUDIT_KIND[Intent.Action.CREATE_TICKET], actor=actor,
@@ -175,9 +182,11 @@ def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now,
     _enqueue_acknowledgments([s for s in successes if s.acknowledgment is not None], now)
 
 
-def _plan_acknowledgment(success: BuiltinSuccess, now, budget) -> AuditEvent | None:
+def _plan_acknowledgment(success: BuiltinSuccess, now: datetime,
+                         budget: ack_policy.AcknowledgmentBudget) -> AuditEvent | None:
     """`followups.plan_acknowledgment`, deferred: the intent to insert (kept on `success`), or the skip's audit row."""
     event = success.event
+    skipped: dict[str, Any] | None
     if not ack_policy.mailroom_acknowledges(success.destination):
         skipped = {"reason": ReasonCode.DESK_ACKNOWLEDGES}
     else:
@@ -198,10 +207,11 @@ def _plan_acknowledgment(success: BuiltinSuccess, now, budget) -> AuditEvent | N
     return None
 
 
-def _enqueue_acknowledgments(successes: list[BuiltinSuccess], now) -> None:
+def _enqueue_acknowledgments(successes: list[BuiltinSuccess], now: datetime) -> None:
     if not successes:
         return
-    planned = Intent.objects.bulk_create([s.acknowledgment for s in successes])
+    # The caller passes only the successes with an acknowledgment planned.
+    planned = Intent.objects.bulk_create([cast(Intent, s.acknowledgment) for s in successes])
     OutboxMessage.objects.bulk_create([OutboxMessage(topic=NOTIFY_TOPIC, payload={"intent_id": intent.pk},
                                                      created_at=now) for intent in planned])
     if settings.USING_POSTGRES:
@@ -256,7 +266,7 @@ class SentAcknowledgment:
     intent_id: int
     inbox_event_id: int
     message_id: str
-    detail: dict          # for the `acknowledged` audit row (the ticket token, the wording)
+    detail: dict[str, Any]  # for the `acknowledged` audit row (the ticket token, the wording)
 
 
 def claim_acknowledgments(intent_ids: list[int], *, worker: str) -> set[int]:

@@ -4,15 +4,23 @@ A failure for good after an unknown outcome is decided in `lookup` (it asks the 
 written by the transitions here. See the package docstring for the diagram and the fields each state sets."""
 import logging
 import random
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from intake.models import InboxEvent
-from intake.services import NOT_COMPLETED_STATES, PROCESS_TOPIC, enqueue_outbox, record_audit, transition_event
+from intake.services import (
+    NOT_COMPLETED_STATES,
+    PROCESS_TOPIC,
+    enqueue_outbox,
+    record_audit,
+    transition_event,
+)
 from intake.vocabulary import AuditKind, ReasonCode
 
 from ..destinations.base import AmbiguousOutcome, PermanentError, TicketResult, TransientError
@@ -21,18 +29,25 @@ from ..outcomes import Outcome
 from . import followups
 from .creation import insert_intent
 
+if TYPE_CHECKING:
+    from ..leases import Lease
+
 logger = logging.getLogger(__name__)
 
 EventState = InboxEvent.State
 IntentState = Intent.State
 
+# What an attempt's call raises (`intake.failures`), the failure its outcome records.
+AttemptError: TypeAlias = TransientError | PermanentError | AmbiguousOutcome
+
 # The audit row of a success, by action.
-AUDIT_KIND = {Intent.Action.CREATE_TICKET: AuditKind.TICKET_CREATED, Intent.Action.ADD_COMMENT: AuditKind.COMMENT_ADDED,
-              Intent.Action.NOTIFY_REQUESTER: AuditKind.ACKNOWLEDGED,
-              Intent.Action.ATTACH_FILES: AuditKind.FILES_ATTACHED}
+AUDIT_KIND: dict[str, AuditKind] = {
+    Intent.Action.CREATE_TICKET: AuditKind.TICKET_CREATED, Intent.Action.ADD_COMMENT: AuditKind.COMMENT_ADDED,
+    Intent.Action.NOTIFY_REQUESTER: AuditKind.ACKNOWLEDGED, Intent.Action.ATTACH_FILES: AuditKind.FILES_ATTACHED}
 # The audit row of an attempt that did not succeed, by the state it left the intent in.
-ATTEMPT_AUDIT_KIND = {IntentState.RETRY_WAIT: AuditKind.INTENT_RETRY_WAIT, IntentState.FAILED: AuditKind.INTENT_FAILED,
-                      IntentState.UNKNOWN: AuditKind.INTENT_UNKNOWN, IntentState.HELD: AuditKind.INTENT_HELD}
+ATTEMPT_AUDIT_KIND: dict[str, AuditKind] = {
+    IntentState.RETRY_WAIT: AuditKind.INTENT_RETRY_WAIT, IntentState.FAILED: AuditKind.INTENT_FAILED,
+    IntentState.UNKNOWN: AuditKind.INTENT_UNKNOWN, IntentState.HELD: AuditKind.INTENT_HELD}
 # The intent actions that are not a ticket-making action of their own: they follow one (after its mapping).
 FOLLOWING_ACTIONS = (Intent.Action.NOTIFY_REQUESTER, Intent.Action.ATTACH_FILES)
 OPERATOR_RESULT_REF = "handled-by-operator"
@@ -52,11 +67,12 @@ DEFAULT_RETRY_CAP_SECONDS = 600.0
 
 # --- the one UPDATE every transition makes ----------------------------------
 
-def _claim_until(now):
+def _claim_until(now: datetime) -> datetime:
     return now + timedelta(seconds=settings.MAILROOM_CLAIM_SECONDS)
 
 
-_ENTRY = {  # what entering each state sets (the table in the module docstring)
+# What entering each state sets (the table in the module docstring).
+_ENTRY: dict[str, Callable[[datetime], dict[str, Any]]] = {
     IntentState.IN_FLIGHT: lambda now: {"attempts": F("attempts") + 1, "claimed_until": _claim_until(now)},
     IntentState.RETRY_WAIT: lambda now: {"claimed_until": None},
     IntentState.FAILED: lambda now: {"next_attempt_at": None, "claimed_until": None, "completed_at": now},
@@ -69,16 +85,17 @@ _ENTRY = {  # what entering each state sets (the table in the module docstring)
 }
 
 
-def move(rows, to_state: str, now, **fields) -> int:
+def move(rows: QuerySet[Intent], to_state: str, now: datetime, **fields: Any) -> int:
     """UPDATE `rows` (already filtered on the expected states) into `to_state`. Returns the row count."""
     return rows.update(state=to_state, **{**_ENTRY[to_state](now), **fields})
 
 
-def expecting(intent_id: int, *states, **lookups):
+def expecting(intent_id: int, *states: str, **lookups: Any) -> QuerySet[Intent]:
     return Intent.objects.filter(pk=intent_id, state__in=list(states), **lookups)
 
 
-def move_event(event_id: int, to_state: str, now, actor: str, reason_code: str = "", reason_detail: str = "") -> None:
+def move_event(event_id: int, to_state: str, now: datetime, actor: str, reason_code: str = "",
+               reason_detail: str = "") -> None:
     """The event's side of an intent transition, through intake's door; the intent's audit row records it."""
     transition_event(event_id, NOT_COMPLETED_STATES, to_state, actor=actor, kind=None, reason_code=reason_code,
                      reason_detail=reason_detail, now=now)
@@ -86,7 +103,7 @@ def move_event(event_id: int, to_state: str, now, actor: str, reason_code: str =
 
 # --- claiming -------------------------------------------------------------
 
-def claim(intent_id: int, worker: str, lease=None) -> bool:
+def claim(intent_id: int, *, worker: str, lease: "Lease | None" = None) -> bool:
     """pending/retry_wait (and due) -> in_flight, owned by `worker` until the claim expires.
 
     With a thread lease, the lease is checked (and its row locked) in the same
@@ -112,9 +129,9 @@ def still_claimed(intent_id: int, worker: str, margin_seconds: float = 0) -> boo
 
 # --- outcomes of an attempt -------------------------------------------------
 
-def record_success(intent: Intent, result: TicketResult, actor: str,
-                   from_states=(IntentState.IN_FLIGHT,), event: InboxEvent | None = None,
-                   audit_detail: dict | None = None, *, claimed_by: str | None = None) -> bool:
+def record_success(intent: Intent, *, result: TicketResult, actor: str,
+                   from_states: Iterable[str] = (IntentState.IN_FLIGHT,), event: InboxEvent | None = None,
+                   audit_detail: dict[str, Any] | None = None, claimed_by: str | None = None) -> bool:
     """-> succeeded, with the mapping, the event's `completed` state and the audit row, atomically.
 
     `audit_detail`: more for the audit row (how the ticket was found, when no create answered).
@@ -145,7 +162,7 @@ def record_success(intent: Intent, result: TicketResult, actor: str,
     return True
 
 
-def record_files_attached(intent: Intent, worker: str, detail: dict) -> bool:
+def record_files_attached(intent: Intent, worker: str, detail: dict[str, Any]) -> bool:
     """An `attach_files` intent's in_flight -> succeeded (its result: how many files the desk holds), with its
     audit row. The event stays `completed`: its mapping is the ticket-making action's."""
     now = timezone.now()
@@ -186,7 +203,8 @@ def follow_up_instead(intent: Intent, *, worker: str, closed_ticket_id: str) -> 
 NOT_SENT_REF = "not-sent"   # the result_ref prefix of an acknowledgment that ended without an email
 
 
-def record_acknowledgment_not_sent(intent: Intent, *, worker: str, reason: str, detail: dict | None = None) -> bool:
+def record_acknowledgment_not_sent(intent: Intent, *, worker: str, reason: str,
+                                   detail: dict[str, Any] | None = None) -> bool:
     """An acknowledgment's in_flight (still `worker`'s) -> succeeded without an email: the address cannot be
     written to as it is (an internationalised local part, a relay without SMTPUTF8), and never will be by this
     intent, so it is skipped rather than failed (a person could do nothing with it). Its audit row is the
@@ -214,7 +232,7 @@ def max_attempts(intent: Intent) -> int:
     return int((intent.destination.settings or {}).get("max_attempts", DEFAULT_MAX_ATTEMPTS))
 
 
-def retry_later(intent: Intent, exc, worker: str, attempts: int, delay: float | None = None) -> str:
+def retry_later(intent: Intent, exc: AttemptError, worker: str, attempts: int, delay: float | None = None) -> str:
     """in_flight -> retry_wait: a transient failure under the cap, due again after the backoff (or `delay`:
     a failure on a destination the circuit breaker paused)."""
     now = timezone.now()
@@ -225,7 +243,8 @@ def retry_later(intent: Intent, exc, worker: str, attempts: int, delay: float | 
                        next_attempt_at=due)
 
 
-def fail(intent: Intent, exc, worker: str, attempts: int, audit: dict | None = None) -> str:
+def fail(intent: Intent, exc: TransientError | PermanentError, worker: str, attempts: int,
+         audit: dict[str, Any] | None = None) -> str:
     """in_flight -> failed, the event failed/<reason>: a permanent failure, or a transient one at the cap."""
     reason, detail = failure_reason(exc.kind, reason=exc.reason, text=str(exc), attempts=attempts)
     return end_attempt(intent, exc=exc, worker=worker, attempts=attempts, to_state=IntentState.FAILED,
@@ -245,9 +264,9 @@ def outcome_unknown(intent: Intent, exc: AmbiguousOutcome, worker: str, attempts
                        now=timezone.now(), event_state=EventState.UNKNOWN, reason=exc.reason, detail=exc.detail)
 
 
-def end_attempt(intent: Intent, *, exc: TransientError | PermanentError | AmbiguousOutcome, worker: str,
-                attempts: int, to_state: str, now: datetime, event_state: str | None = None, reason: str = "",
-                detail: str = "", audit: dict | None = None, **fields) -> str:
+def end_attempt(intent: Intent, *, exc: AttemptError, worker: str, attempts: int, to_state: str, now: datetime,
+                event_state: str | None = None, reason: str = "", detail: str = "",
+                audit: dict[str, Any] | None = None, **fields: Any) -> str:
     """in_flight (still `worker`'s) -> `to_state`: the outcome of an attempt, the event moved to `event_state`
     (None: it stays) and the audit row. Returns `to_state`, or '' when the intent is no longer that worker's."""
     with transaction.atomic():
@@ -266,7 +285,7 @@ def end_attempt(intent: Intent, *, exc: TransientError | PermanentError | Ambigu
 
 
 def settle_unknown(intent: Intent, *, to_state: str, actor: str, event_state: str, reason: str, detail: str,
-                   audit: dict) -> bool:
+                   audit: dict[str, Any]) -> bool:
     """unknown -> failed / held, the event to `event_state` (`reason`, `detail`), and the audit row: a parked
     known failure settled by its lookup (`lookup.settle_known_failure`). False: someone else moved it."""
     now = timezone.now()

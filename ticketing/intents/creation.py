@@ -1,6 +1,8 @@
 """The one INSERT of an intent (`insert_intent`) and the ways callers create one. Below the transitions
 (ticketing.intents.core) so that what an intent's success plans (ticketing.intents.followups) can create
 intents without importing them."""
+from datetime import datetime
+
 from django.utils import timezone
 
 from intake.keys import stable_key
@@ -23,8 +25,8 @@ def intent_key(event: InboxEvent, action: str, action_version: int) -> str:
     return stable_key(event.tenant_id, event.mailbox_id, event.provider_message_id, action, action_version)
 
 
-def insert_intent(event: InboxEvent, action: str, destination: Destination, action_version: int, state: str, now, *,
-            if_missing: bool) -> Intent:
+def insert_intent(event: InboxEvent, action: str, destination: Destination, action_version: int, state: str,
+                  now: datetime, *, if_missing: bool) -> Intent:
     """The one INSERT of an intent: its key, its external reference and the state it starts in.
 
     `if_missing`: `ON CONFLICT DO NOTHING` (no savepoint; the unique key decides who
@@ -40,7 +42,7 @@ def insert_intent(event: InboxEvent, action: str, destination: Destination, acti
     return row
 
 
-def create_if_missing(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> str:
+def create_if_missing(event: InboxEvent, *, action: str, destination: Destination, action_version: int = 1) -> str:
     """INSERT ... ON CONFLICT DO NOTHING (pending). Returns the idempotency key."""
     return insert_intent(event, action, destination, action_version, IntentState.PENDING, timezone.now(),
                    if_missing=True).idempotency_key
@@ -48,7 +50,7 @@ def create_if_missing(event: InboxEvent, action: str, destination: Destination, 
 
 def ensure_intent(event: InboxEvent, action: str, destination: Destination, action_version: int = 1) -> Intent:
     """The intent for this event, action and version: created once, whoever asks first."""
-    key = create_if_missing(event, action, destination, action_version)
+    key = create_if_missing(event, action=action, destination=destination, action_version=action_version)
     return Intent.objects.select_related("destination").get(idempotency_key=key)
 
 

@@ -7,10 +7,10 @@ from .. import breaker
 from ..destinations.base import PermanentError, TransientError
 from ..models import Intent
 from . import lookup
-from .core import fail, max_attempts, outcome_unknown, retry_later
+from .core import AttemptError, fail, max_attempts, outcome_unknown, retry_later
 
 
-def record_failure(intent: Intent, exc, worker: str) -> str:
+def record_failure(intent: Intent, *, exc: AttemptError, worker: str) -> str:
     """Map a failure kind to the next state. Returns the state the intent is now in (or '' if lost)."""
     attempts = Intent.objects.filter(pk=intent.pk).values_list("attempts", flat=True).first() or 0
     # The circuit breaker counts a destination call's failure (not an acknowledgment's: that is our SMTP);

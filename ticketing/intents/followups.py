@@ -5,19 +5,22 @@ the desk takes files one call each after the write, the `attach_files` intent. E
 import logging
 
 from intake.models import InboxEvent
-from intake.services import enqueue_outbox, record_audit
+from intake.services import (
+    enqueue_outbox,
+    record_audit,
+)
 from intake.vocabulary import ReasonCode, SystemActor
 
 from .. import ack_policy
 from ..destinations import adapter_for
 from ..destinations.capabilities import FILES_AFTER_WRITE
-from ..models import Intent
+from ..models import Destination, Intent
 from .creation import ATTACH_TOPIC, NOTIFY_TOPIC, create_intent
 
 logger = logging.getLogger(__name__)
 
 
-def plan_acknowledgment(event: InboxEvent, destination) -> Intent | None:
+def plan_acknowledgment(event: InboxEvent, destination: Destination) -> Intent | None:
     """Inside the transaction that stores the ticket mapping: the intent and its outbox row,
     or the audit row saying why there is none."""
     # As stored: the caller's copy may predate normalization's sender, details and auth results.
@@ -35,7 +38,7 @@ def plan_acknowledgment(event: InboxEvent, destination) -> Intent | None:
     return intent
 
 
-def sends_files_after(destination) -> bool:
+def sends_files_after(destination: Destination) -> bool:
     """Does `destination` take files one call each after the write? (A REST destination says so in its
     settings: the adapter's capabilities, not its class's.)"""
     try:
@@ -44,7 +47,7 @@ def sends_files_after(destination) -> bool:
         return False
 
 
-def plan_file_delivery(event: InboxEvent, destination) -> Intent | None:
+def plan_file_delivery(event: InboxEvent, destination: Destination) -> Intent | None:
     """Inside the transaction that records a ticket-making action's success: the `attach_files` intent and
     its outbox row when the desk takes files after the write and the message has any."""
     details = InboxEvent.objects.filter(pk=event.pk).values_list("details", flat=True).first() or {}

@@ -8,6 +8,7 @@ sends such a failure here; the writes are `core`'s transitions.
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import cast
 
 from django.utils import timezone
 
@@ -109,7 +110,9 @@ def fail_after_unknown(intent: Intent, *, exc: TransientError | PermanentError, 
     if answer.says == FOUND:
         # Still this attempt's: in flight, or unknown because its claim ran out while we asked; not an
         # intent reopened and claimed by another worker meanwhile (that worker's outcome settles it).
-        done = record_success(intent, answer.ticket, f"worker:{worker}", (IntentState.IN_FLIGHT, IntentState.UNKNOWN),
+        # FOUND always carries its ticket (`ask_destination`).
+        done = record_success(intent, result=cast(TicketResult, answer.ticket), actor=f"worker:{worker}",
+                              from_states=(IntentState.IN_FLIGHT, IntentState.UNKNOWN),
                               audit_detail={"settled_by": "lookup", "instead_of": reason}, claimed_by=worker)
         return IntentState.SUCCEEDED if done else ""
     now = timezone.now()
@@ -136,7 +139,9 @@ def settle_known_failure(intent: Intent, *, actor: str) -> str:
     kind, _, error_reason = intent.last_error_kind.partition(":")
     reason, detail = failure_reason(kind, reason=error_reason, text=intent.last_error, attempts=intent.attempts)
     if answer.says == FOUND:
-        done = record_success(intent, answer.ticket, actor, (IntentState.UNKNOWN,),
+        # FOUND always carries its ticket (`ask_destination`).
+        done = record_success(intent, result=cast(TicketResult, answer.ticket), actor=actor,
+                              from_states=(IntentState.UNKNOWN,),
                               audit_detail={"settled_by": "lookup", "instead_of": reason})
         return IntentState.SUCCEEDED if done else ""
     if answer.says == NOTHING:

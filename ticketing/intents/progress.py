@@ -5,6 +5,8 @@ once: the step it records may be followed by a side effect, and an attempt that 
 write over the next one's notes. The built-in store writes inside its own transaction, so there the
 journal is the intent row in hand.
 """
+from typing import Any
+
 from django.db import transaction
 
 from ..destinations.journal import Journal
@@ -17,14 +19,15 @@ class ClaimLost(Exception):
 
 
 class IntentJournal(Journal):
-    def __init__(self, intent: Intent, worker: str):
+    def __init__(self, intent: Intent, worker: str) -> None:
         self.intent, self.worker = intent, worker
-        self.data = dict(Intent.objects.filter(pk=intent.pk).values_list("progress", flat=True).first() or {})
+        self.data: dict[str, Any] = dict(
+            Intent.objects.filter(pk=intent.pk).values_list("progress", flat=True).first() or {})
 
-    def get(self, name: str, default=None):
+    def get(self, name: str, default: Any = None) -> Any:
         return self.data.get(name, default)
 
-    def put(self, name: str, value) -> None:
+    def put(self, name: str, value: Any) -> None:
         data = {**self.data, name: value}
         with transaction.atomic():
             moved = Intent.objects.filter(pk=self.intent.pk, state=IntentState.IN_FLIGHT,

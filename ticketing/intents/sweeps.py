@@ -4,19 +4,24 @@ Beat runs the sweeps; each is safe to run from two processes at once (rows
 locked with SKIP LOCKED, conditional UPDATEs).
 """
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import cast
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from intake.selectors import drill_events
-from intake.services import PROCESS_TOPIC, enqueue_outbox, record_audit
+from intake.services import (
+    PROCESS_TOPIC,
+    enqueue_outbox,
+    record_audit,
+)
 from intake.vocabulary import AuditKind, ReasonCode, SystemActor
 
 from ..destinations import adapter_for
-from ..destinations.base import AmbiguousOutcome, PermanentError, TransientError
+from ..destinations.base import AmbiguousOutcome, DestinationAdapter, PermanentError, TransientError
 from ..models import Intent
 from .core import (
     CLAIM_EXPIRED_ERROR,
@@ -33,7 +38,7 @@ from .lookup import awaits_lookup, last_unknown_at, settle_known_failure
 logger = logging.getLogger(__name__)
 
 
-def _enqueue(intent: Intent, now) -> None:
+def _enqueue(intent: Intent, now: datetime) -> None:
     """Hand an intent to the task that carries out its action."""
     if intent.action == Intent.Action.NOTIFY_REQUESTER:
         enqueue_outbox(NOTIFY_TOPIC, {"intent_id": intent.pk}, now=now)
@@ -43,12 +48,12 @@ def _enqueue(intent: Intent, now) -> None:
         enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": intent.inbox_event_id}, now=now)
 
 
-def _live(queryset):
+def _live(queryset: QuerySet[Intent]) -> QuerySet[Intent]:
     """Without a drill's intents: the drill runs these transitions itself, for its own events only."""
     return queryset.exclude(inbox_event_id__in=drill_events())
 
 
-def _locked_batch(queryset, limit: int):
+def _locked_batch(queryset: QuerySet[Intent], limit: int) -> list[Intent]:
     return list(queryset.select_for_update(skip_locked=True).order_by("pk")[:limit])
 
 
@@ -63,7 +68,7 @@ def expire_claims(limit: int = 500) -> int:
     return expired
 
 
-def expire(intent: Intent, now) -> bool:
+def expire(intent: Intent, now: datetime) -> bool:
     """in_flight -> unknown, the event unknown/claim_expired. Call with the intent's row locked."""
     with transaction.atomic(savepoint=False):
         if not move(expecting(intent.pk, IntentState.IN_FLIGHT), IntentState.UNKNOWN, now,
@@ -95,7 +100,7 @@ def enqueue_due(limit: int = 500, lost_after_seconds: float | None = None) -> in
     return len(intents)
 
 
-def requeue(intent: Intent, now) -> bool:
+def requeue(intent: Intent, now: datetime) -> bool:
     """retry_wait -> pending (or pending -> pending, a lost hand-over), with its outbox row. Not audited.
 
     Call with the intent's row locked. retry_wait waits for time, pending for a
@@ -148,22 +153,24 @@ def resolve_unknown(intent_id: int, actor: str = SystemActor.RECONCILE) -> str:
             logger.warning("intent %s: lookup failed (%s); staying unknown", intent.pk, exc.reason)
             return ""
         if found is not None:
-            return IntentState.SUCCEEDED if record_success(intent, found, actor, (IntentState.UNKNOWN,)) else ""
+            done = record_success(intent, result=found, actor=actor, from_states=(IntentState.UNKNOWN,))
+            return IntentState.SUCCEEDED if done else ""
         return reopen(intent, now, actor, ReasonCode.LOOKUP_FOUND_NOTHING)
     if adapter.lookup_settle_seconds is not None and creating:
         return _settle_by_lagging_search(intent, adapter, now, actor)
     return hold(intent, now, actor, event_reason=ReasonCode.OUTCOME_UNKNOWN)
 
 
-def unknown_since(intent: Intent):
+def unknown_since(intent: Intent) -> datetime:
     """When the intent last became unknown (its audit row), else when it was created."""
     return last_unknown_at(intent) or intent.created_at
 
 
-def _settle_by_lagging_search(intent: Intent, adapter, now, actor: str) -> str:
+def _settle_by_lagging_search(intent: Intent, adapter: DestinationAdapter, now: datetime, actor: str) -> str:
     """A search that lags behind writes: ask once the settle delay has passed. A record found settles the
     intent; none found is doubt, and doubt is held for a person (never a second create)."""
-    if now < unknown_since(intent) + timedelta(seconds=adapter.lookup_settle_seconds):
+    # `lookup_settle_seconds` is not None: `resolve_unknown` checked it before calling.
+    if now < unknown_since(intent) + timedelta(seconds=cast(float, adapter.lookup_settle_seconds)):
         return ""  # too early: the search may not see it yet; a later sweep asks
     try:
         found = adapter.find_by_external_ref(intent.external_ref)
@@ -171,11 +178,12 @@ def _settle_by_lagging_search(intent: Intent, adapter, now, actor: str) -> str:
         logger.warning("intent %s: search failed (%s); staying unknown", intent.pk, exc.reason)
         return ""
     if found is not None:
-        return IntentState.SUCCEEDED if record_success(intent, found, actor, (IntentState.UNKNOWN,)) else ""
+        done = record_success(intent, result=found, actor=actor, from_states=(IntentState.UNKNOWN,))
+        return IntentState.SUCCEEDED if done else ""
     return hold(intent, now, actor, event_reason=ReasonCode.SEARCH_FOUND_NOTHING)
 
 
-def hold(intent: Intent, now, actor: str, event_reason: str | None) -> str:
+def hold(intent: Intent, now: datetime, actor: str, event_reason: str | None) -> str:
     """unknown -> held: no safe way to know, so a person investigates; no second write."""
     with transaction.atomic():
         if not move(expecting(intent.pk, IntentState.UNKNOWN), IntentState.HELD, now):
@@ -188,7 +196,7 @@ def hold(intent: Intent, now, actor: str, event_reason: str | None) -> str:
     return IntentState.HELD
 
 
-def reopen(intent: Intent, now, actor: str, why: str) -> str:
+def reopen(intent: Intent, now: datetime, actor: str, why: str) -> str:
     """unknown -> pending, enqueued at once, the event back on the path (write_pending)."""
     with transaction.atomic():
         if not move(expecting(intent.pk, IntentState.UNKNOWN), IntentState.PENDING, now):
@@ -200,8 +208,8 @@ def reopen(intent: Intent, now, actor: str, why: str) -> str:
     return IntentState.PENDING
 
 
-def resolve_unknown_intents(limit: int = 200) -> dict:
-    tally: dict = {}
+def resolve_unknown_intents(limit: int = 200) -> dict[str, int]:
+    tally: dict[str, int] = {}
     unknown = _live(Intent.objects.filter(state=IntentState.UNKNOWN)).order_by("pk").values_list("pk", flat=True)
     for intent_id in unknown[:limit]:
         outcome = resolve_unknown(intent_id) or "unchanged"
