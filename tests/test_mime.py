@@ -327,3 +327,17 @@ def test_structured_junk_never_raises(raw):
 def test_html_to_text_never_raises(markup):
     assert isinstance(html_to_text(markup), str)
 
+
+
+def test_a_message_the_parser_gives_up_on_early_still_has_every_field():
+    """normalize reads every field of ParsedMessage; one the parse never reached must be there, at its default
+    (smime_certs_only was once set only at the end of a full parse: AttributeError for anything cut short)."""
+    import dataclasses
+
+    from intake.mime.message import ParsedMessage
+
+    given_up = parse_message(object())  # not bytes: the parse stops before reading a header
+    assert "NotBytes" in given_up.defects
+    for name in ("smime_certs_only", "encrypted", "signatures", "alternatives", "text_truncated"):
+        assert getattr(given_up, name) == getattr(ParsedMessage(), name)
+    assert {f.name for f in dataclasses.fields(ParsedMessage)} >= {"smime_certs_only"}
