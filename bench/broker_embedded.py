@@ -20,6 +20,7 @@ Lost = published (send_task returned) - delivered at least once - still queued a
 duplicated = deliveries beyond the first of a message; crashed = workers that exited before we stopped them
 or whose consumer stopped on an unrecoverable error.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,15 +49,26 @@ TASK = "bench.record"
 def broker_config(transport: str, folder: Path, polling: float) -> dict:
     """Celery settings for one of the transports, as the project's settings would set them."""
     if transport == "embedded":
-        return {"broker_url": f"sqlite:///{folder / 'broker.sqlite3'}", "broker_transport": "config.broker:Transport",
-                "broker_transport_options": {"polling_interval": polling, "accept_content": ["json"]}}
+        return {
+            "broker_url": f"sqlite:///{folder / 'broker.sqlite3'}",
+            "broker_transport": "config.broker:Transport",
+            "broker_transport_options": {"polling_interval": polling, "accept_content": ["json"]},
+        }
     if transport == "sqla":  # stock: its transport options go to create_engine, so no polling_interval (1 s)
         return {"broker_url": f"sqla+sqlite:///{folder / 'broker.sqlite3'}", "broker_transport_options": {}}
     if transport == "filesystem":  # what settings.py set before
         queue = str(folder / "queue")
-        return {"broker_url": "filesystem://", "broker_transport_options": {
-            "data_folder_in": queue, "data_folder_out": queue, "processed_folder": str(folder / "processed"),
-            "control_folder": str(folder / "control"), "store_processed": False, "polling_interval": polling}}
+        return {
+            "broker_url": "filesystem://",
+            "broker_transport_options": {
+                "data_folder_in": queue,
+                "data_folder_out": queue,
+                "processed_folder": str(folder / "processed"),
+                "control_folder": str(folder / "control"),
+                "store_processed": False,
+                "polling_interval": polling,
+            },
+        }
     raise SystemExit(f"unknown transport {transport!r}")
 
 
@@ -68,12 +80,21 @@ def make_app() -> Celery:
         os.environ.pop(name, None)
     app = Celery("broker_bench", set_as_current=True)
     app.conf.update(
-        **broker_config(os.environ.get("BROKER_BENCH_TRANSPORT", "embedded"),
-                        Path(os.environ.get("BROKER_BENCH_DIR", ".")),
-                        float(os.environ.get("BROKER_BENCH_POLLING", "0.1"))),
-        task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1, task_ignore_result=True,
-        task_serializer="json", accept_content=["json"], broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=True, worker_redirect_stdouts=True)
+        **broker_config(
+            os.environ.get("BROKER_BENCH_TRANSPORT", "embedded"),
+            Path(os.environ.get("BROKER_BENCH_DIR", ".")),
+            float(os.environ.get("BROKER_BENCH_POLLING", "0.1")),
+        ),
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=True,
+        worker_redirect_stdouts=True,
+    )
     return app
 
 
@@ -119,9 +140,11 @@ def inject_corrupt(transport: str, folder: Path, count: int) -> int:
     try:
         queue_id = conn.execute("SELECT id FROM kombu_queue WHERE name = 'celery'").fetchone()[0]
         for n in range(count):
-            conn.execute("INSERT INTO kombu_message (visible, timestamp, payload, version, queue_id) "
-                         "VALUES (1, datetime('now'), ?, 1, ?)", (CORRUPT_PAYLOADS[n % len(CORRUPT_PAYLOADS)],
-                                                                  queue_id))
+            conn.execute(
+                "INSERT INTO kombu_message (visible, timestamp, payload, version, queue_id) "
+                "VALUES (1, datetime('now'), ?, 1, ?)",
+                (CORRUPT_PAYLOADS[n % len(CORRUPT_PAYLOADS)], queue_id),
+            )
             conn.commit()
     finally:
         conn.close()
@@ -156,8 +179,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=3, help="celery worker processes")
     parser.add_argument("--concurrency", type=int, default=2, help="prefork children per worker")
     parser.add_argument("--corrupt", type=int, default=20, help="undecodable messages injected during the run")
-    parser.add_argument("--polling", type=float, default=0.1,
-                        help="the transport's polling interval (settings: MAILROOM_BROKER_POLLING_SECONDS, 0.1)")
+    parser.add_argument(
+        "--polling",
+        type=float,
+        default=0.1,
+        help="the transport's polling interval (settings: MAILROOM_BROKER_POLLING_SECONDS, 0.1)",
+    )
     parser.add_argument("--settle", type=float, default=20, help="seconds without progress before giving up")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder and print where")
     args = parser.parse_args()
@@ -169,8 +196,12 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="mailroom-broker-bench-"))
     out = tmp / "out"
     out.mkdir()
-    bench_env = {"BROKER_BENCH_TRANSPORT": args.transport, "BROKER_BENCH_DIR": str(tmp), "BROKER_BENCH_OUT": str(out),
-                 "BROKER_BENCH_POLLING": str(args.polling)}
+    bench_env = {
+        "BROKER_BENCH_TRANSPORT": args.transport,
+        "BROKER_BENCH_DIR": str(tmp),
+        "BROKER_BENCH_OUT": str(out),
+        "BROKER_BENCH_POLLING": str(args.polling),
+    }
     os.environ.update(bench_env)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]), "PYTHONUNBUFFERED": "1"}
     global app, OUT
@@ -182,14 +213,33 @@ def main() -> int:
         conn.default_channel.queue_declare("celery")
     stack = Stack(tmp)
     total = args.producers * args.messages
-    log(f"{args.transport} broker in {tmp}: {args.producers} producers x {args.messages} tasks, "
-        f"{args.workers} workers x {args.concurrency} children")
+    log(
+        f"{args.transport} broker in {tmp}: {args.producers} producers x {args.messages} tasks, "
+        f"{args.workers} workers x {args.concurrency} children"
+    )
     try:
         for n in range(args.workers):
-            stack.start(f"worker-{n}", [str(BIN / "python"), "-m", "celery", "-A", "broker_embedded", "worker",
-                                        "--loglevel", "INFO", "--concurrency", str(args.concurrency), "-n",
-                                        f"bench{n}@%h", "--without-gossip", "--without-mingle",
-                                        "--without-heartbeat"], env)
+            stack.start(
+                f"worker-{n}",
+                [
+                    str(BIN / "python"),
+                    "-m",
+                    "celery",
+                    "-A",
+                    "broker_embedded",
+                    "worker",
+                    "--loglevel",
+                    "INFO",
+                    "--concurrency",
+                    str(args.concurrency),
+                    "-n",
+                    f"bench{n}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                ],
+                env,
+            )
         deadline = time.monotonic() + 60
         while not all(" ready." in stack.tail(f"worker-{n}", 200) for n in range(args.workers)):
             if time.monotonic() > deadline:
@@ -199,8 +249,10 @@ def main() -> int:
 
         context = multiprocessing.get_context("fork")
         started = time.monotonic()
-        producers = [context.Process(target=produce, args=(p, args.messages, str(tmp / f"sent-{p}.json")))
-                     for p in range(args.producers)]
+        producers = [
+            context.Process(target=produce, args=(p, args.messages, str(tmp / f"sent-{p}.json")))
+            for p in range(args.producers)
+        ]
         for proc in producers:
             proc.start()
         corrupt = 0
@@ -230,8 +282,9 @@ def main() -> int:
         # died ("Unrecoverable error") counts as crashed even while its process lingers.
         worker_logs = {name: (tmp / f"{name}.log").read_text(errors="replace") for name, _ in stack.procs}
         logs = "\n".join(worker_logs.values())
-        crashed = [name for name, proc in stack.procs
-                   if proc.poll() is not None or "Unrecoverable error" in worker_logs[name]]
+        crashed = [
+            name for name, proc in stack.procs if proc.poll() is not None or "Unrecoverable error" in worker_logs[name]
+        ]
         for _, proc in stack.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)  # the worker itself: a warm shutdown, as run_stack stops it
@@ -248,29 +301,52 @@ def main() -> int:
     delivered = set(seen) & sent
     lost = len(sent - delivered) - min(left, len(sent - delivered))
     duplicated = sum(n - 1 for key, n in seen.items() if n > 1)
-    errors = [line for line in logs.splitlines() if " ERROR" in line or " CRITICAL" in line
-              or "Unrecoverable error" in line]
+    errors = [
+        line for line in logs.splitlines() if " ERROR" in line or " CRITICAL" in line or "Unrecoverable error" in line
+    ]
     dropped = logs.count("embedded broker: dropped message")
     publish_seconds = produced_at - started
     print(f"\n{args.transport} broker, {args.producers} producers, {args.workers} workers x {args.concurrency}:")
-    print(f"  published            {len(sent):>8,d} of {total:,d} ({failed} publishes failed after retries), "
-          f"{len(sent) / publish_seconds:,.0f}/s while producing")
-    print(f"  delivered            {len(delivered):>8,d} distinct, {sum(seen.values()):,d} runs, "
-          f"{len(delivered) / max(0.001, finished - started):,.0f}/s first publish to last delivery")
+    print(
+        f"  published            {len(sent):>8,d} of {total:,d} ({failed} publishes failed after retries), "
+        f"{len(sent) / publish_seconds:,.0f}/s while producing"
+    )
+    print(
+        f"  delivered            {len(delivered):>8,d} distinct, {sum(seen.values()):,d} runs, "
+        f"{len(delivered) / max(0.001, finished - started):,.0f}/s first publish to last delivery"
+    )
     print(f"  still queued         {left:>8,d}")
     print(f"  lost                 {lost:>8,d}   goal 0   {'MET' if lost == 0 else 'MISSED'}")
     print(f"  duplicated           {duplicated:>8,d}   goal 0   {'MET' if duplicated == 0 else 'MISSED'}")
-    print(f"  workers crashed      {len(crashed):>8,d}   goal 0   {'MET' if not crashed else 'MISSED'}"
-          f"{'  (' + ', '.join(crashed) + ')' if crashed else ''}")
+    print(
+        f"  workers crashed      {len(crashed):>8,d}   goal 0   {'MET' if not crashed else 'MISSED'}"
+        f"{'  (' + ', '.join(crashed) + ')' if crashed else ''}"
+    )
     print(f"  ERROR/CRITICAL lines {len(errors):>8,d}   goal 0   {'MET' if not errors else 'MISSED'}")
     if args.corrupt:
-        print(f"  corrupt messages     {corrupt:>8,d} injected, {dropped:,d} dropped with a WARNING "
-              f"{'MET' if dropped == corrupt else 'MISSED'}")
+        print(
+            f"  corrupt messages     {corrupt:>8,d} injected, {dropped:,d} dropped with a WARNING "
+            f"{'MET' if dropped == corrupt else 'MISSED'}"
+        )
     for line in errors[:5]:
         print(f"    {line[:200]}")
-    print(json.dumps({"transport": args.transport, "published": len(sent), "publish_failed": failed,
-                      "delivered": len(delivered), "queued": left, "lost": lost, "duplicated": duplicated,
-                      "crashed": len(crashed), "errors": len(errors), "corrupt": corrupt, "dropped": dropped}))
+    print(
+        json.dumps(
+            {
+                "transport": args.transport,
+                "published": len(sent),
+                "publish_failed": failed,
+                "delivered": len(delivered),
+                "queued": left,
+                "lost": lost,
+                "duplicated": duplicated,
+                "crashed": len(crashed),
+                "errors": len(errors),
+                "corrupt": corrupt,
+                "dropped": dropped,
+            }
+        )
+    )
     if args.keep:
         print(f"kept {tmp}")
     else:

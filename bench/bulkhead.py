@@ -17,6 +17,7 @@ phase: every event completed with one mapping and one succeeded create_ticket in
 exactly one ticket per reference (no duplicate), the one the mapping names. Database
 `mailroom_bench_bulkhead` (dropped at the end), Redis db 14 (flushed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ DB_NAME = "mailroom_bench_bulkhead"
 SLUGS = ("alpha", "beta")  # alpha: the healthy desk; beta: the one that stalls
 SEED = 20261130
 
-SETUP = r'''
+SETUP = r"""
 import json, os
 from intake.models import Mailbox, Tenant
 from ticketing.models import Destination
@@ -73,16 +74,16 @@ for slug in ("alpha", "beta"):
                                settings={"read_timeout": float(os.environ["BENCH_READ_TIMEOUT"]),
                                          "retry_base_seconds": 0.05, "retry_cap_seconds": 0.5})
 print("BENCH_SETUP ok")
-'''
+"""
 
-SWEEPER = r'''
+SWEEPER = r"""
 import time
 from intake.services import requeue_stale_events
 from ticketing import intents
 while True:
     requeue_stale_events(); intents.expire_claims(); intents.enqueue_due(); intents.resolve_unknown_intents()
     time.sleep(0.5)
-'''
+"""
 
 
 def _poster(port, items, start_evt, out_q):
@@ -112,12 +113,23 @@ def post(port: int, n: int, clients: int, body_bytes: int) -> list:
     for i in range(n):
         slug = SLUGS[i % 2]
         body = make_body(tag, i, body_bytes).replace(b"support@bench.test", f"support@{slug}.test".encode())
-        items.append((slug, body, {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign(body, ts),
-                                   "Content-Type": "message/rfc822"}))
+        items.append(
+            (
+                slug,
+                body,
+                {
+                    "X-Mailroom-Timestamp": str(ts),
+                    "X-Mailroom-Signature": sign(body, ts),
+                    "Content-Type": "message/rfc822",
+                },
+            )
+        )
     ctx = multiprocessing.get_context("fork")
     start_evt, out_q = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_poster, args=(port, items[k::clients], start_evt, out_q), daemon=True)
-             for k in range(clients)]
+    procs = [
+        ctx.Process(target=_poster, args=(port, items[k::clients], start_evt, out_q), daemon=True)
+        for k in range(clients)
+    ]
     for proc in procs:
         proc.start()
     time.sleep(0.2)
@@ -135,8 +147,9 @@ def wait_mapped(ids: list[int], timeout: float, stack: Stack) -> bool:
     deadline = time.time() + timeout
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         while time.time() < deadline:
-            done = conn.execute("SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id = ANY(%s)",
-                                (ids,)).fetchone()[0]
+            done = conn.execute(
+                "SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id = ANY(%s)", (ids,)
+            ).fetchone()[0]
             if done >= len(ids):
                 return True
             stack.check_alive()
@@ -158,7 +171,9 @@ def check(ids: list[int], desk: DeskClient) -> tuple[float, dict]:
                     AND i.state = 'succeeded'),
                  (SELECT max(i.external_ref) FROM ticketing_intent i WHERE i.inbox_event_id = e.id
                     AND i.action = 'create_ticket')
-               FROM intake_inboxevent e WHERE e.id = ANY(%s)""", (ids,)).fetchall()
+               FROM intake_inboxevent e WHERE e.id = ANY(%s)""",
+            (ids,),
+        ).fetchall()
     tickets = desk.tickets()
     by_ref = Counter(t["external_id"] for t in tickets)
     id_of = {t["external_id"]: str(t["id"]) for t in tickets}
@@ -174,15 +189,26 @@ def check(ids: list[int], desk: DeskClient) -> tuple[float, dict]:
 
 
 def start_workers(stack: Stack, env: dict, mode: str, args) -> None:
-    celery = [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "WARNING", "--without-mingle",
-              "--without-gossip"]
+    celery = [
+        str(BIN / "celery"),
+        "-A",
+        "config",
+        "worker",
+        "--loglevel",
+        "WARNING",
+        "--without-mingle",
+        "--without-gossip",
+    ]
     if mode == "inline":
         stack.start("celery", celery + ["--concurrency", str(args.workers)], dict(env, MAILROOM_DESTINATION_QUEUE=""))
         return
     env = dict(env, MAILROOM_DESTINATION_QUEUE="destinations")
     stack.start("celery", celery + ["--concurrency", str(args.workers), "-Q", "celery", "-n", "cpu@%h"], env)
-    stack.start("calls", celery + ["--pool", "threads", "--concurrency", str(args.threads), "-Q", "destinations",
-                                   "-n", "calls@%h"], env)
+    stack.start(
+        "calls",
+        celery + ["--pool", "threads", "--concurrency", str(args.threads), "-Q", "destinations", "-n", "calls@%h"],
+        env,
+    )
 
 
 def phase(label: str, port: int, stack: Stack, desks: dict, faulty: bool, args) -> dict:
@@ -199,14 +225,23 @@ def phase(label: str, port: int, stack: Stack, desks: dict, faulty: bool, args) 
     for slug in SLUGS:
         last, counts = check(ids[slug], desks[slug])
         n = len(ids[slug])
-        out[slug] = {"n": n, "rate": n / (last - first) if last > first else float("nan"), "wall": last - first,
-                     "ok": finished and counts["duplicates_in_desk"] == 0 and all(
-                         counts[k] == n for k in ("completed", "one_mapping", "one_succeeded_intent",
-                                                  "one_desk_ticket_matching")), **counts}
+        out[slug] = {
+            "n": n,
+            "rate": n / (last - first) if last > first else float("nan"),
+            "wall": last - first,
+            "ok": finished
+            and counts["duplicates_in_desk"] == 0
+            and all(
+                counts[k] == n for k in ("completed", "one_mapping", "one_succeeded_intent", "one_desk_ticket_matching")
+            ),
+            **counts,
+        }
         desks[slug].set_plan()
     writes = Counter(r["fault"] for r in desks["beta"].requests_log())
-    log(f"{label}: alpha {out['alpha']['rate']:.1f}/s, beta {out['beta']['rate']:.1f}/s "
-        f"(machine {busy * 100:.0f}% busy before; beta's writes by fault {dict(writes)})")
+    log(
+        f"{label}: alpha {out['alpha']['rate']:.1f}/s, beta {out['beta']['rate']:.1f}/s "
+        f"(machine {busy * 100:.0f}% busy before; beta's writes by fault {dict(writes)})"
+    )
     return out
 
 
@@ -238,9 +273,24 @@ def main() -> int:
         desks = {}
         for slug in SLUGS:
             port, token = free_port(), uuid.uuid4().hex
-            stack.start(f"desk-{slug}", [str(PYTHON), "-m", "fakedesk", "--host", "127.0.0.1", "--port", str(port),
-                                         "--db", str(tmp / f"{slug}.sqlite3"), f"--token={token}",
-                                         "--log-level", "WARNING"], dict(env, PYTHONPATH=str(REPO)))
+            stack.start(
+                f"desk-{slug}",
+                [
+                    str(PYTHON),
+                    "-m",
+                    "fakedesk",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--db",
+                    str(tmp / f"{slug}.sqlite3"),
+                    f"--token={token}",
+                    "--log-level",
+                    "WARNING",
+                ],
+                dict(env, PYTHONPATH=str(REPO)),
+            )
             desks[slug] = DeskClient(f"http://127.0.0.1:{port}", token=token).wait_until_up()
             env[f"BENCH_DESK_{slug.upper()}"] = desks[slug].url
             env[f"MAILROOM_T_{slug.upper()}_DESK"] = f"agent@{slug}.test/token:{token}"
@@ -279,24 +329,35 @@ def main() -> int:
 
 def report(runs: list, args) -> None:
     print("=" * 78)
-    print(f"BULKHEADS — {args.emails} emails per phase (half alpha, half beta), {args.clients} clients; prefork "
-          f"--concurrency {args.workers}; pooled: + threads worker ({args.threads}); read_timeout "
-          f"{args.read_timeout:g} s, beta stalls 15 % of writes for {args.stall:g} s (seeded)")
-    print(f"{'round':>5} {'mode':7} {'alpha clean':>11} {'alpha fault':>11} {'ratio':>6} {'beta clean':>10} "
-          f"{'beta fault':>10} {'ratio':>6}  checks")
+    print(
+        f"BULKHEADS — {args.emails} emails per phase (half alpha, half beta), {args.clients} clients; prefork "
+        f"--concurrency {args.workers}; pooled: + threads worker ({args.threads}); read_timeout "
+        f"{args.read_timeout:g} s, beta stalls 15 % of writes for {args.stall:g} s (seeded)"
+    )
+    print(
+        f"{'round':>5} {'mode':7} {'alpha clean':>11} {'alpha fault':>11} {'ratio':>6} {'beta clean':>10} "
+        f"{'beta fault':>10} {'ratio':>6}  checks"
+    )
     for run in runs:
         a0, a1, b0, b1 = (run[p][s]["rate"] for s in SLUGS for p in ("clean", "faulty"))
-        checks = "OK" if all(run[p][s]["ok"] for p in ("clean", "faulty") for s in SLUGS) else "FAILED " + json.dumps(
-            {p: {s: run[p][s] for s in SLUGS} for p in ("clean", "faulty")})
-        print(f"{run['round']:>5} {run['mode']:7} {a0:>9.1f}/s {a1:>9.1f}/s {a1 / a0:>6.2f} {b0:>8.1f}/s "
-              f"{b1:>8.1f}/s {b1 / b0:>6.2f}  {checks}")
+        checks = (
+            "OK"
+            if all(run[p][s]["ok"] for p in ("clean", "faulty") for s in SLUGS)
+            else "FAILED " + json.dumps({p: {s: run[p][s] for s in SLUGS} for p in ("clean", "faulty")})
+        )
+        print(
+            f"{run['round']:>5} {run['mode']:7} {a0:>9.1f}/s {a1:>9.1f}/s {a1 / a0:>6.2f} {b0:>8.1f}/s "
+            f"{b1:>8.1f}/s {b1 / b0:>6.2f}  {checks}"
+        )
     for mode in dict.fromkeys(r["mode"] for r in runs):
         mine = [r for r in runs if r["mode"] == mode]
         alpha = statistics.median(r["faulty"]["alpha"]["rate"] / r["clean"]["alpha"]["rate"] for r in mine)
         beta = statistics.median(r["faulty"]["beta"]["rate"] / r["clean"]["beta"]["rate"] for r in mine)
-        print(f"RESULT {mode}: under beta's stalls alpha keeps {alpha * 100:.0f}% of its no-fault throughput "
-              f"(goal >= 80%: {'MET' if alpha >= 0.8 else 'MISSED'}), beta keeps {beta * 100:.0f}% "
-              f"(goal >= 50%: {'MET' if beta >= 0.5 else 'MISSED'}); median of {len(mine)} round(s)")
+        print(
+            f"RESULT {mode}: under beta's stalls alpha keeps {alpha * 100:.0f}% of its no-fault throughput "
+            f"(goal >= 80%: {'MET' if alpha >= 0.8 else 'MISSED'}), beta keeps {beta * 100:.0f}% "
+            f"(goal >= 50%: {'MET' if beta >= 0.5 else 'MISSED'}); median of {len(mine)} round(s)"
+        )
     print("=" * 78)
 
 

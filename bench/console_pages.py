@@ -18,6 +18,7 @@ and p95 against the goal (median < 300 ms), PASS or FAIL.
 Needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust; BENCH_PG_ADMIN_DSN overrides); creates and drops the
 database `mailroom_bench_console`. The exit status is 1 when a page answers other than 200, or misses its goal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ GOAL_MS = 300.0
 QUEUE = "/admin/reconciliation/recoveryitem/"
 PASSWORD = "bench console password 42"
 
-SEED_SCRIPT = r'''
+SEED_SCRIPT = r"""
 import hashlib, json, os, random
 from datetime import timedelta
 from django.contrib.auth import get_user_model
@@ -162,16 +163,20 @@ sample = visible.filter(state="failed").order_by("received_at").values_list("pk"
 print("BENCH_SEED " + json.dumps({"items": InboxEvent.objects.filter(state__in=InboxEvent.RECOVERY_STATES).count(),
                                   "visible": visible.count(), "item": sample,
                                   "credentials": visible.filter(reason_code="credentials").count()}))
-'''
+"""
 
 
 def log_in(base: str) -> requests.Session:
     session = requests.Session()
     form = session.get(f"{base}/admin/login/?next={QUEUE}", timeout=30)
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
-    answer = session.post(f"{base}/admin/login/?next={QUEUE}", timeout=30, allow_redirects=False,
-                          data={"username": "bench-oper", "password": PASSWORD, "csrfmiddlewaretoken": token,
-                                "next": QUEUE}, headers={"Referer": f"{base}/admin/login/"})
+    answer = session.post(
+        f"{base}/admin/login/?next={QUEUE}",
+        timeout=30,
+        allow_redirects=False,
+        data={"username": "bench-oper", "password": PASSWORD, "csrfmiddlewaretoken": token, "next": QUEUE},
+        headers={"Referer": f"{base}/admin/login/"},
+    )
     if answer.status_code != 302:
         raise RuntimeError(f"login failed: HTTP {answer.status_code}")
     return session
@@ -198,8 +203,12 @@ def main() -> int:
     parser.add_argument("--history", type=int, default=20000, help="completed events of history (default 20,000)")
     parser.add_argument("--runs", type=int, default=20, help="timed fetches per page (at least 15)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed fetches per page first")
-    parser.add_argument("--quiet-wait", type=float, default=15,
-                        help="wait up to this long for other work on the machine to stop before timing")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=15,
+        help="wait up to this long for other work on the machine to stop before timing",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
     args = parser.parse_args()
     if args.runs < 15:
@@ -213,11 +222,18 @@ def main() -> int:
         recreate_database(DB_NAME)
         t0 = time.monotonic()
         manage(env, "migrate", "--noinput", "-v0", timeout=600)
-        out = manage(dict(env, BENCH_ITEMS=str(args.items), BENCH_HISTORY=str(args.history),
-                          BENCH_PASSWORD=PASSWORD), "shell", "-c", SEED_SCRIPT, timeout=1800)
+        out = manage(
+            dict(env, BENCH_ITEMS=str(args.items), BENCH_HISTORY=str(args.history), BENCH_PASSWORD=PASSWORD),
+            "shell",
+            "-c",
+            SEED_SCRIPT,
+            timeout=1800,
+        )
         seed = json.loads(next(x for x in out.splitlines() if x.startswith("BENCH_SEED ")).split(" ", 1)[1])
-        log(f"seeded {seed['items']:,} recovery items ({seed['visible']:,} in the operator's two tenants) and "
-            f"{args.history:,} completed events, ANALYZEd ({time.monotonic() - t0:.1f} s)")
+        log(
+            f"seeded {seed['items']:,} recovery items ({seed['visible']:,} in the operator's two tenants) and "
+            f"{args.history:,} completed events, ANALYZEd ({time.monotonic() - t0:.1f} s)"
+        )
         port = free_port()
         start_gunicorn(stack, env, workers=1, port=port)
         base = f"http://127.0.0.1:{port}"

@@ -20,6 +20,7 @@ Checks: every event completed with one mapping and one succeeded create_ticket i
 per reference, each with all its files. Database `mailroom_bench_desk_quota` (dropped at the end), Redis db 14
 (`BENCH_BROKER_URL`; flushed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,7 +61,7 @@ from fakedesk.server import FakeDesk  # noqa: E402  (standard library only; need
 
 DB_NAME = "mailroom_bench_desk_quota"
 
-SETUP = r'''
+SETUP = r"""
 import os
 from intake.models import Mailbox, Tenant
 from ticketing.models import Destination
@@ -73,16 +74,16 @@ Destination.objects.create(tenant=tenant, slug="desk", kind="zendesk", is_defaul
                            settings={"requests_per_minute": int(os.environ["BENCH_DESTINATION_QUOTA"]),
                                      "retry_base_seconds": 0.5, "retry_cap_seconds": 5})
 print("BENCH_SETUP ok")
-'''
+"""
 
-SWEEPER = r'''
+SWEEPER = r"""
 import time
 from intake.services import requeue_stale_events
 from ticketing import intents
 while True:
     requeue_stale_events(); intents.expire_claims(); intents.enqueue_due(); intents.resolve_unknown_intents()
     time.sleep(0.5)
-'''
+"""
 
 
 class DeskLog:
@@ -122,10 +123,14 @@ def png(seed: int, side: int = 64) -> bytes:
 def pdf(seed: int) -> bytes:
     text = f"Invoice {seed}: the printer, the extinguisher, the third floor. " * 40
     stream = f"BT /F1 10 Tf 40 700 Td ({text[:900]}) Tj ET".encode()
-    return (b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n"
-            b"2 0 obj << /Type /Pages /Kids [3 0 R] /Count 1 >> endobj\n"
-            b"3 0 obj << /Type /Page /Parent 2 0 R /Contents 4 0 R >> endobj\n"
-            + f"4 0 obj << /Length {len(stream)} >> stream\n".encode() + stream + b"\nendstream endobj\n%%EOF\n")
+    return (
+        b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n"
+        b"2 0 obj << /Type /Pages /Kids [3 0 R] /Count 1 >> endobj\n"
+        b"3 0 obj << /Type /Page /Parent 2 0 R /Contents 4 0 R >> endobj\n"
+        + f"4 0 obj << /Length {len(stream)} >> stream\n".encode()
+        + stream
+        + b"\nendstream endobj\n%%EOF\n"
+    )
 
 
 def make_message(tag: str, i: int, attachments: int) -> bytes:
@@ -140,8 +145,9 @@ def make_message(tag: str, i: int, attachments: int) -> bytes:
         if n % 2 == 0:
             message.add_attachment(png(i * 10 + n), maintype="image", subtype="png", filename=f"photo-{i}-{n}.png")
         else:
-            message.add_attachment(pdf(i * 10 + n), maintype="application", subtype="pdf",
-                                   filename=f"invoice-{i}-{n}.pdf")
+            message.add_attachment(
+                pdf(i * 10 + n), maintype="application", subtype="pdf", filename=f"invoice-{i}-{n}.pdf"
+            )
     return message.as_bytes()
 
 
@@ -170,12 +176,22 @@ def post(port: int, n: int, clients: int, attachments: int) -> list[int]:
     items = []
     for i in range(n):
         body = make_message(tag, i, attachments)
-        items.append((body, {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign(body, ts),
-                             "Content-Type": "message/rfc822"}))
+        items.append(
+            (
+                body,
+                {
+                    "X-Mailroom-Timestamp": str(ts),
+                    "X-Mailroom-Signature": sign(body, ts),
+                    "Content-Type": "message/rfc822",
+                },
+            )
+        )
     ctx = multiprocessing.get_context("fork")
     start_evt, out_q = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_poster, args=(port, items[k::clients], start_evt, out_q), daemon=True)
-             for k in range(clients)]
+    procs = [
+        ctx.Process(target=_poster, args=(port, items[k::clients], start_evt, out_q), daemon=True)
+        for k in range(clients)
+    ]
     for proc in procs:
         proc.start()
     time.sleep(0.2)
@@ -193,8 +209,9 @@ def wait_mapped(ids: list[int], timeout: float, stack: Stack, desk_log: DeskLog)
     deadline, last_note = time.time() + timeout, 0.0
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         while time.time() < deadline:
-            done = conn.execute("SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id = ANY(%s)",
-                                (ids,)).fetchone()[0]
+            done = conn.execute(
+                "SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id = ANY(%s)", (ids,)
+            ).fetchone()[0]
             if done >= len(ids):
                 return True
             if time.time() - last_note >= 60:
@@ -217,11 +234,15 @@ def check(ids: list[int], desk: FakeDesk, attachments: int) -> dict:
                     AND i.action = 'create_ticket'),
                  (SELECT max(i.attempts) FROM ticketing_intent i WHERE i.inbox_event_id = e.id
                     AND i.action = 'create_ticket')
-               FROM intake_inboxevent e WHERE e.id = ANY(%s)""", (ids,)).fetchall()
+               FROM intake_inboxevent e WHERE e.id = ANY(%s)""",
+            (ids,),
+        ).fetchall()
         retries = conn.execute(
             """SELECT a.detail->>'reason', count(*) FROM intake_auditevent a
                WHERE a.inbox_event_id = ANY(%s) AND a.detail ? 'retry_at' AND a.detail->>'retry_at' IS NOT NULL
-               GROUP BY 1""", (ids,)).fetchall()
+               GROUP BY 1""",
+            (ids,),
+        ).fetchall()
     tickets = desk.tickets()
     by_ref = Counter(t["external_id"] for t in tickets)
     ticket_of = {t["external_id"]: t for t in tickets}
@@ -230,8 +251,9 @@ def check(ids: list[int], desk: FakeDesk, attachments: int) -> dict:
         "one_mapping": sum(r[2] == 1 for r in rows),
         "one_succeeded_intent": sum(r[4] == 1 for r in rows),
         "one_desk_ticket_matching": sum(by_ref.get(r[5]) == 1 and str(ticket_of[r[5]]["id"]) == r[3] for r in rows),
-        "all_files_on_ticket": sum(r[5] in ticket_of and len(ticket_of[r[5]].get("attachments") or ()) == attachments
-                                   for r in rows),
+        "all_files_on_ticket": sum(
+            r[5] in ticket_of and len(ticket_of[r[5]].get("attachments") or ()) == attachments for r in rows
+        ),
         "duplicates_in_desk": sum(n - 1 for n in by_ref.values() if n > 1),
         "attempts_over_one": sum((r[6] or 0) > 1 for r in rows),
         "retries_by_reason": {reason: count for reason, count in retries},
@@ -256,10 +278,17 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="prefork --concurrency (default 2)")
     parser.add_argument("--threads", type=int, default=16, help="the destinations worker's threads (default 16)")
     parser.add_argument("--web-workers", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for every mapping "
-                        "(default: twice the time the quota needs, plus 2 minutes)")
-    parser.add_argument("--no-budget", action="store_true",
-                        help="the contrast: the destination declares no quota (requests_per_minute 0)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for every mapping (default: twice the time the quota needs, plus 2 minutes)",
+    )
+    parser.add_argument(
+        "--no-budget",
+        action="store_true",
+        help="the contrast: the destination declares no quota (requests_per_minute 0)",
+    )
     parser.add_argument("--quiet-wait", type=float, default=15)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--log-level", default="WARNING")
@@ -267,18 +296,21 @@ def main() -> int:
 
     install_signal_handlers()
     tmp = make_tmp("mailroom-bench-desk-quota-")
-    env = dict(app_env(DB_NAME, tmp, args.log_level), MAILROOM_CLAMD="off",
-               MAILROOM_DESTINATION_QUEUE="destinations")
+    env = dict(app_env(DB_NAME, tmp, args.log_level), MAILROOM_CLAMD="off", MAILROOM_DESTINATION_QUEUE="destinations")
     stack = Stack(tmp)
     token = uuid.uuid4().hex
-    desk = FakeDesk(host="127.0.0.1", port=0, db_path=str(tmp / "desk.sqlite3"), token=token,
-                    quota_per_minute=args.quota).start()
+    desk = FakeDesk(
+        host="127.0.0.1", port=0, db_path=str(tmp / "desk.sqlite3"), token=token, quota_per_minute=args.quota
+    ).start()
     desk_log = DeskLog()
     try:
         print(f"Mailroom desk quota benchmark — revision {git_revision()}, {os.cpu_count()} cores")
-        env.update(BENCH_DESK_URL=desk.url, BENCH_DESTINATION_QUOTA=str(0 if args.no_budget else args.quota),
-                   BENCH_MAILBOX=MAILBOX_SLUG,
-                   MAILROOM_T_QUOTA_DESK=f"agent@quota.test/token:{token}")
+        env.update(
+            BENCH_DESK_URL=desk.url,
+            BENCH_DESTINATION_QUOTA=str(0 if args.no_budget else args.quota),
+            BENCH_MAILBOX=MAILBOX_SLUG,
+            MAILROOM_T_QUOTA_DESK=f"agent@quota.test/token:{token}",
+        )
         recreate_database(DB_NAME)
         manage(env, "migrate", "--noinput", "-v0")
         manage(env, "shell", "-c", SETUP)
@@ -287,18 +319,31 @@ def main() -> int:
         start_gunicorn(stack, env, args.web_workers, port)
         stack.start("relay", [str(PYTHON), "manage.py", "run_relay"], env)
         stack.start("sweeper", [str(PYTHON), "manage.py", "shell", "-c", SWEEPER], env)
-        celery = [str(BIN / "celery"), "-A", "config", "worker", "--loglevel", "WARNING", "--without-mingle",
-                  "--without-gossip"]
+        celery = [
+            str(BIN / "celery"),
+            "-A",
+            "config",
+            "worker",
+            "--loglevel",
+            "WARNING",
+            "--without-mingle",
+            "--without-gossip",
+        ]
         stack.start("celery", celery + ["--concurrency", str(args.workers), "-Q", "celery", "-n", "cpu@%h"], env)
-        stack.start("calls", celery + ["--pool", "threads", "--concurrency", str(args.threads), "-Q",
-                                       "destinations", "-n", "calls@%h"], env)
+        stack.start(
+            "calls",
+            celery + ["--pool", "threads", "--concurrency", str(args.threads), "-Q", "destinations", "-n", "calls@%h"],
+            env,
+        )
         requests_needed = args.emails * (args.attachments + 1)
         timeout = args.timeout or 2 * requests_needed / args.quota * 60 + 120
         busy = wait_for_quiet(args.quiet_wait)
         desk.add_request_hook(desk_log)
         desk.quota.on_admit = desk_log.admit
-        log(f"posting {args.emails} emails with {args.attachments} files each: about {requests_needed} desk "
-            f"requests, {requests_needed / args.quota:.1f} minutes at the quota")
+        log(
+            f"posting {args.emails} emails with {args.attachments} files each: about {requests_needed} desk "
+            f"requests, {requests_needed / args.quota:.1f} minutes at the quota"
+        )
         posted_at = time.time()
         ids = post(port, args.emails, args.clients, args.attachments)
         finished = wait_mapped(ids, timeout, stack, desk_log)
@@ -306,9 +351,20 @@ def main() -> int:
         counts = check(ids, desk, args.attachments)
         arrivals, admitted_at = desk_log.snapshot()
         quota = desk.quota_report()
-        ok = finished and counts["duplicates_in_desk"] == 0 and all(
-            counts[k] == len(ids) for k in ("completed", "one_mapping", "one_succeeded_intent",
-                                            "one_desk_ticket_matching", "all_files_on_ticket"))
+        ok = (
+            finished
+            and counts["duplicates_in_desk"] == 0
+            and all(
+                counts[k] == len(ids)
+                for k in (
+                    "completed",
+                    "one_mapping",
+                    "one_succeeded_intent",
+                    "one_desk_ticket_matching",
+                    "all_files_on_ticket",
+                )
+            )
+        )
         met = report(args, arrivals, admitted_at, quota, counts, posted_at, busy, ok)
         return 0 if ok and met else 1
     except KeyboardInterrupt:
@@ -319,11 +375,13 @@ def main() -> int:
         desk.stop()
 
 
-def report(args, arrivals, admitted_at: list[float], quota: dict, counts: dict, posted_at: float, busy: float,
-           ok: bool) -> bool:
+def report(
+    args, arrivals, admitted_at: list[float], quota: dict, counts: dict, posted_at: float, busy: float, ok: bool
+) -> bool:
     times = sorted(admitted_at)  # what the desk served (a refused request is no throughput)
-    kinds = Counter("upload" if path.startswith("/api/v2/uploads") else f"{method} {path}"
-                    for _, method, path in arrivals)
+    kinds = Counter(
+        "upload" if path.startswith("/api/v2/uploads") else f"{method} {path}" for _, method, path in arrivals
+    )
     admitted, refused = quota["admitted"], quota["refused"]
     span = times[-1] - times[0] if len(times) > 1 else float("nan")
     overall = (len(times) - 1) / span * 60 if span > 0 else float("nan")  # requests a minute, first to last
@@ -332,25 +390,37 @@ def report(args, arrivals, admitted_at: list[float], quota: dict, counts: dict, 
     sustained = sum(minutes) / len(minutes) if minutes else overall
     share = sustained / args.quota
     print("=" * 78)
-    print(f"DESK QUOTA — {args.emails} emails x {args.attachments} files to Zendesk (FakeDesk, quota "
-          f"{args.quota}/min, sliding minute; destination requests_per_minute "
-          f"{0 if args.no_budget else args.quota}); prefork "
-          f"--concurrency {args.workers} + threads worker ({args.threads}); machine {busy * 100:.0f}% busy before")
-    print(f"desk requests: {len(arrivals)} arrived, {admitted} admitted, {refused} answered 429 by the quota; "
-          f"arrivals by kind {dict(kinds)}")
-    print(f"first request {times[0] - posted_at:.1f} s after the first post; first to last admitted request "
-          f"{span:.1f} s; busiest sliding minute {most_in_a_minute(times)} admitted "
-          f"({most_in_a_minute([at for at, _, _ in arrivals])} arrived)")
-    print(f"admitted requests in each whole minute from the first: {minutes or 'none (a run under a minute)'}; "
-          f"first to last: {overall:.1f}/min")
-    print(f"sustained: {sustained:.1f} requests/min = {share * 100:.1f} % of the quota "
-          f"({'mean of the whole minutes' if minutes else 'first to last: under a minute, mostly the burst'}); "
-          f"{counts['completed']} tickets in {span / 60:.1f} min")
+    print(
+        f"DESK QUOTA — {args.emails} emails x {args.attachments} files to Zendesk (FakeDesk, quota "
+        f"{args.quota}/min, sliding minute; destination requests_per_minute "
+        f"{0 if args.no_budget else args.quota}); prefork "
+        f"--concurrency {args.workers} + threads worker ({args.threads}); machine {busy * 100:.0f}% busy before"
+    )
+    print(
+        f"desk requests: {len(arrivals)} arrived, {admitted} admitted, {refused} answered 429 by the quota; "
+        f"arrivals by kind {dict(kinds)}"
+    )
+    print(
+        f"first request {times[0] - posted_at:.1f} s after the first post; first to last admitted request "
+        f"{span:.1f} s; busiest sliding minute {most_in_a_minute(times)} admitted "
+        f"({most_in_a_minute([at for at, _, _ in arrivals])} arrived)"
+    )
+    print(
+        f"admitted requests in each whole minute from the first: {minutes or 'none (a run under a minute)'}; "
+        f"first to last: {overall:.1f}/min"
+    )
+    print(
+        f"sustained: {sustained:.1f} requests/min = {share * 100:.1f} % of the quota "
+        f"({'mean of the whole minutes' if minutes else 'first to last: under a minute, mostly the burst'}); "
+        f"{counts['completed']} tickets in {span / 60:.1f} min"
+    )
     print(f"checks: {'OK' if ok else 'FAILED'} {json.dumps(counts)}")
     no_429 = refused == 0
     met = no_429 and share >= 0.9
-    print(f"RESULT: 429s at the desk {refused} (goal 0: {'MET' if no_429 else 'MISSED'}); sustained "
-          f"{share * 100:.1f} % of the quota (goal >= 90 %: {'MET' if share >= 0.9 else 'MISSED'})")
+    print(
+        f"RESULT: 429s at the desk {refused} (goal 0: {'MET' if no_429 else 'MISSED'}); sustained "
+        f"{share * 100:.1f} % of the quota (goal >= 90 %: {'MET' if share >= 0.9 else 'MISSED'})"
+    )
     print("=" * 78)
     return met
 

@@ -20,6 +20,7 @@ succeeded Intent, the event `completed`; no other ticket made; a 202 for every p
 Needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust) and Redis on 6379 (uses db 14 and
 flushes it); creates and drops the database `mailroom_bench_e2e`. See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,9 @@ def wait_for_mappings(event_ids: list[int], timeout: float, stack: Stack, poll: 
     mapped = 0
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         while True:
-            mapped = conn.execute("SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id >= %s",
-                                  (lo,)).fetchone()[0]
+            mapped = conn.execute(
+                "SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id >= %s", (lo,)
+            ).fetchone()[0]
             now = time.time()
             if mapped >= want:
                 return now, mapped
@@ -106,25 +108,39 @@ def verify(event_ids: list[int], max_ticket_before: int, outbox_before: int) -> 
                    count(*) FILTER (WHERE consistent = 1),
                    (SELECT count(*) FROM ticketing_ticket WHERE id > %(max_ticket)s)
             FROM per
-            """, {"ids": event_ids, "max_ticket": max_ticket_before}).fetchone()
-        states = dict(conn.execute("SELECT state, count(*) FROM intake_inboxevent WHERE id = ANY(%s) GROUP BY state",
-                                   (event_ids,)).fetchall())
+            """,
+            {"ids": event_ids, "max_ticket": max_ticket_before},
+        ).fetchone()
+        states = dict(
+            conn.execute(
+                "SELECT state, count(*) FROM intake_inboxevent WHERE id = ANY(%s) GROUP BY state", (event_ids,)
+            ).fetchall()
+        )
         # Other intents of these events (e.g. the requester's acknowledgment): reported, not waited for.
-        others = conn.execute("SELECT action, state, count(*) FROM ticketing_intent WHERE inbox_event_id = ANY(%s) "
-                              "AND action <> 'create_ticket' GROUP BY action, state ORDER BY 1, 2",
-                              (event_ids,)).fetchall()
+        others = conn.execute(
+            "SELECT action, state, count(*) FROM ticketing_intent WHERE inbox_event_id = ANY(%s) "
+            "AND action <> 'create_ticket' GROUP BY action, state ORDER BY 1, 2",
+            (event_ids,),
+        ).fetchall()
         batches = conn.execute(
             """SELECT count(*), count(DISTINCT published_at) FROM intake_outboxmessage
                WHERE topic = 'inbox_event.process' AND (payload->>'inbox_event_id')::bigint = ANY(%s)""",
-            (event_ids,)).fetchone()
-        sizes = [r[0] for r in conn.execute(
-            """SELECT count(*) FROM intake_outboxmessage WHERE topic = 'inbox_event.process'
-               AND (payload->>'inbox_event_id')::bigint = ANY(%s) GROUP BY published_at""", (event_ids,)).fetchall()]
-        topics = dict(conn.execute(
-            "SELECT topic, count(*) FROM intake_outboxmessage WHERE id > %s GROUP BY topic",
-            (outbox_before,)).fetchall())
-    keys = ("events", "completed", "one_mapping", "one_succeeded_intent", "one_ticket", "consistent",
-            "tickets_made")
+            (event_ids,),
+        ).fetchone()
+        sizes = [
+            r[0]
+            for r in conn.execute(
+                """SELECT count(*) FROM intake_outboxmessage WHERE topic = 'inbox_event.process'
+               AND (payload->>'inbox_event_id')::bigint = ANY(%s) GROUP BY published_at""",
+                (event_ids,),
+            ).fetchall()
+        ]
+        topics = dict(
+            conn.execute(
+                "SELECT topic, count(*) FROM intake_outboxmessage WHERE id > %s GROUP BY topic", (outbox_before,)
+            ).fetchall()
+        )
+    keys = ("events", "completed", "one_mapping", "one_succeeded_intent", "one_ticket", "consistent", "tickets_made")
     out = dict(zip(keys, row, strict=True))
     out["states"] = states
     out["other_intents"] = {f"{a}/{st}": n for a, st, n in others}
@@ -136,31 +152,43 @@ def verify(event_ids: list[int], max_ticket_before: int, outbox_before: int) -> 
 
 def mapping_times(event_ids: list[int]) -> dict[int, float]:
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
-        rows = conn.execute("SELECT inbox_event_id, extract(epoch FROM created_at) FROM ticketing_ticketmapping "
-                            "WHERE inbox_event_id = ANY(%s)", (event_ids,)).fetchall()
+        rows = conn.execute(
+            "SELECT inbox_event_id, extract(epoch FROM created_at) FROM ticketing_ticketmapping "
+            "WHERE inbox_event_id = ANY(%s)",
+            (event_ids,),
+        ).fetchall()
     return {eid: float(at) for eid, at in rows}
 
 
 def max_ids() -> tuple[int, int]:
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
-        return conn.execute("SELECT (SELECT coalesce(max(id), 0) FROM ticketing_ticket), "
-                            "(SELECT coalesce(max(id), 0) FROM intake_outboxmessage)").fetchone()
+        return conn.execute(
+            "SELECT (SELECT coalesce(max(id), 0) FROM ticketing_ticket), "
+            "(SELECT coalesce(max(id), 0) FROM intake_outboxmessage)"
+        ).fetchone()
 
 
 def post_and_wait(port, stack, messages, clients, timeout, label, rate=None):
     posted = post_with_python_clients(port, messages, clients, rate=rate)
     ids = [r[3] for r in posted["results"] if r[2] == 202 and r[3] is not None]
     if len(ids) != len(messages):
-        raise RuntimeError(f"{label}: {len(ids)} of {len(messages)} posts answered 202: {posted['statuses']}\n"
-                           + stack.tail("gunicorn"))
+        raise RuntimeError(
+            f"{label}: {len(ids)} of {len(messages)} posts answered 202: {posted['statuses']}\n"
+            + stack.tail("gunicorn")
+        )
     done_at, mapped = wait_for_mappings(ids, timeout, stack)
     return posted, ids, done_at, mapped
 
 
 def signed(raws: list[bytes]) -> list[tuple[bytes, dict]]:
     ts = int(time.time())
-    return [(raw, {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign(raw, ts),
-                   "Content-Type": "message/rfc822"}) for raw in raws]
+    return [
+        (
+            raw,
+            {"X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign(raw, ts), "Content-Type": "message/rfc822"},
+        )
+        for raw in raws
+    ]
 
 
 def make_messages(args, n: int, tag: str) -> list[tuple[bytes, dict]]:
@@ -183,10 +211,13 @@ def phase(args, port, stack, groups, n: int, label: str, rate: float | None = No
     time.sleep(1.2)  # let PostgreSQL's statistics settle before reading the session count
     sessions0 = pg_sessions(DB_NAME)
     cpu0 = cpu_by_group(groups, DB_NAME, leaders=("worker",), backends=True)
-    log(f"{label}: {n} emails from {args.clients} client processes"
-        + (f", paced at {rate:,.1f}/s" if rate else ", as fast as they go"))
-    posted, ids, done_at, mapped = post_and_wait(port, stack, messages, args.clients, timeout or args.timeout, label,
-                                                 rate)
+    log(
+        f"{label}: {n} emails from {args.clients} client processes"
+        + (f", paced at {rate:,.1f}/s" if rate else ", as fast as they go")
+    )
+    posted, ids, done_at, mapped = post_and_wait(
+        port, stack, messages, args.clients, timeout or args.timeout, label, rate
+    )
     cpu1 = cpu_by_group(groups, DB_NAME, leaders=("worker",), backends=True)
     if profiler:
         profiler.stop()
@@ -199,13 +230,34 @@ def phase(args, port, stack, groups, n: int, label: str, rate: float | None = No
         raise RuntimeError("no mapping at all: see the logs\n" + stack.tail("celery") + stack.tail("relay"))
     wall = max(maps.values()) - first_post
     check = verify(ids, tickets_before, outbox_before)
-    ok = done_at is not None and all(check[k] == n for k in (
-        "events", "completed", "one_mapping", "one_succeeded_intent", "one_ticket", "consistent", "tickets_made"))
-    return {"label": label, "n": n, "rate": len(maps) / wall, "wall": wall, "posted": posted, "mapped": mapped,
-            "latencies": sorted(maps[i] - sent_at[i] for i in ids if i in maps), "check": check, "ok": ok,
-            "timed_out": done_at is None, "cpu": cpu_delta(cpu0, cpu1), "busy_before": busy_before,
-            "sessions": None if None in (sessions0, sessions1) else sessions1 - sessions0,
-            "profile": profiler.report() if profiler else ""}
+    ok = done_at is not None and all(
+        check[k] == n
+        for k in (
+            "events",
+            "completed",
+            "one_mapping",
+            "one_succeeded_intent",
+            "one_ticket",
+            "consistent",
+            "tickets_made",
+        )
+    )
+    return {
+        "label": label,
+        "n": n,
+        "rate": len(maps) / wall,
+        "wall": wall,
+        "posted": posted,
+        "mapped": mapped,
+        "latencies": sorted(maps[i] - sent_at[i] for i in ids if i in maps),
+        "check": check,
+        "ok": ok,
+        "timed_out": done_at is None,
+        "cpu": cpu_delta(cpu0, cpu1),
+        "busy_before": busy_before,
+        "sessions": None if None in (sessions0, sessions1) else sessions1 - sessions0,
+        "profile": profiler.report() if profiler else "",
+    }
 
 
 def print_phase(r: dict, args) -> None:
@@ -216,31 +268,43 @@ def print_phase(r: dict, args) -> None:
     tasks = sum(math.ceil(s / group) for s in sizes)
     print("-" * 78)
     print(f"{r['label'].upper()} — {n} emails")
-    print(f"  posting               : {posted['requests']} posts in {posted['wall']:.2f} s "
-          f"({posted['requests'] / posted['wall']:,.0f}/s), answer p50 {ms(percentile(post_lat, 50))}, "
-          f"p99 {ms(percentile(post_lat, 99))}")
+    print(
+        f"  posting               : {posted['requests']} posts in {posted['wall']:.2f} s "
+        f"({posted['requests'] / posted['wall']:,.0f}/s), answer p50 {ms(percentile(post_lat, 50))}, "
+        f"p99 {ms(percentile(post_lat, 99))}"
+    )
     if r["timed_out"]:
         print(f"  TIMEOUT               : only {r['mapped']} of {n} mapped in time")
-    print(f"  wall time             : {r['wall']:.2f} s from the first post to the last mapping -> "
-          f"{r['rate']:,.1f} emails/s")
-    print(f"  latency post->mapping : p50 {ms(percentile(lat, 50))}, p99 {ms(percentile(lat, 99))}, "
-          f"max {ms(lat[-1]) if lat else 'n/a'}")
-    print(f"  relay                 : {check['relay_batches']} batches for {check['outbox_rows']} outbox rows "
-          f"(median {sizes[len(sizes) // 2] if sizes else 0}, max {max(sizes) if sizes else 0} rows per batch) "
-          f"-> ~{tasks} tasks (~{n / max(1, tasks):.1f} events per task)")
+    print(
+        f"  wall time             : {r['wall']:.2f} s from the first post to the last mapping -> "
+        f"{r['rate']:,.1f} emails/s"
+    )
+    print(
+        f"  latency post->mapping : p50 {ms(percentile(lat, 50))}, p99 {ms(percentile(lat, 99))}, "
+        f"max {ms(lat[-1]) if lat else 'n/a'}"
+    )
+    print(
+        f"  relay                 : {check['relay_batches']} batches for {check['outbox_rows']} outbox rows "
+        f"(median {sizes[len(sizes) // 2] if sizes else 0}, max {max(sizes) if sizes else 0} rows per batch) "
+        f"-> ~{tasks} tasks (~{n / max(1, tasks):.1f} events per task)"
+    )
     if r["sessions"] is not None:
         print(f"  PostgreSQL sessions   : {r['sessions']} opened on {DB_NAME} (includes this script's own)")
     cpu = r["cpu"]
     by_process = ", ".join(f"{k} {v / n * 1000:.2f}" for k, v in cpu.items() if k not in ("other", "postgres-other"))
     print(f"  CPU ms per email by process: {by_process}")
     per, ceiling = cpu_ceiling(cpu, n)
-    print(f"    total {per:.2f} ms/email (2 cores would saturate near {ceiling:,.0f} emails/s: an estimate); "
-          f"rest of PostgreSQL {cpu['postgres-other'] / n * 1000:.2f} ms/email; other work on the machine "
-          f"{cpu['other'] / r['wall'] * 100:.0f}% of a core (before timing: {r['busy_before'] * 100:.0f}%)")
-    print(f"  CHECK per event: completed {check['completed']}, one mapping {check['one_mapping']}, one succeeded "
-          f"create_ticket intent {check['one_succeeded_intent']}, one ticket {check['one_ticket']}, consistent "
-          f"{check['consistent']}; tickets made {check['tickets_made']}; states {check['states']} -> "
-          f"{'OK' if r['ok'] else 'FAILED'}")
+    print(
+        f"    total {per:.2f} ms/email (2 cores would saturate near {ceiling:,.0f} emails/s: an estimate); "
+        f"rest of PostgreSQL {cpu['postgres-other'] / n * 1000:.2f} ms/email; other work on the machine "
+        f"{cpu['other'] / r['wall'] * 100:.0f}% of a core (before timing: {r['busy_before'] * 100:.0f}%)"
+    )
+    print(
+        f"  CHECK per event: completed {check['completed']}, one mapping {check['one_mapping']}, one succeeded "
+        f"create_ticket intent {check['one_succeeded_intent']}, one ticket {check['one_ticket']}, consistent "
+        f"{check['consistent']}; tickets made {check['tickets_made']}; states {check['states']} -> "
+        f"{'OK' if r['ok'] else 'FAILED'}"
+    )
     if check["other_intents"]:
         print(f"  other intents of these events at the end (not waited for): {check['other_intents']}")
     if r["profile"]:
@@ -248,17 +312,26 @@ def print_phase(r: dict, args) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--emails", type=int, default=2000, help="emails per throughput run, and the peer's N")
     parser.add_argument("--runs", type=int, default=1, help="throughput runs (alternating with the peer's)")
     parser.add_argument("--peer", action="store_true", help="time django-helpdesk's get_email too (needs PEER_DIR)")
-    parser.add_argument("--corpus", choices=("bench", "peer"), default="bench",
-                        help="bench: unique plain messages of --body-bytes; peer: the peer's own N mails (a quarter "
-                             "with a 20 KB attachment, HTML, non-ASCII), Message-IDs made unique per run")
+    parser.add_argument(
+        "--corpus",
+        choices=("bench", "peer"),
+        default="bench",
+        help="bench: unique plain messages of --body-bytes; peer: the peer's own N mails (a quarter "
+        "with a 20 KB attachment, HTML, non-ASCII), Message-IDs made unique per run",
+    )
     parser.add_argument("--latency-seconds", type=float, default=20, help="paced latency phase (0: skip)")
-    parser.add_argument("--latency-rate", type=float, default=0, help="posts/s of that phase (default: half the "
-                                                                      "median throughput measured)")
+    parser.add_argument(
+        "--latency-rate",
+        type=float,
+        default=0,
+        help="posts/s of that phase (default: half the median throughput measured)",
+    )
     parser.add_argument("--clients", type=int, default=4, help="concurrent posting clients (default 4)")
     parser.add_argument("--workers", "--worker", type=int, default=2, help="Celery --concurrency (default 2)")
     parser.add_argument("--web-workers", type=int, default=4, help="gunicorn workers (default 4)")
@@ -267,10 +340,17 @@ def main() -> int:
     parser.add_argument("--body-bytes", type=int, default=3000, help="size of each message (default 3000)")
     parser.add_argument("--warmup", type=int, default=100, help="emails sent through the whole stack first")
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the last mapping")
-    parser.add_argument("--relay-group", type=int, default=0,
-                        help="MAILROOM_RELAY_GROUP for the relay (event ids per task); 0: the app's default")
-    add_common_arguments(parser, "py-spy the web, relay and worker processes during the throughput runs and print "
-                                 "where their CPU goes (needs .venv/bin/pip install py-spy)")
+    parser.add_argument(
+        "--relay-group",
+        type=int,
+        default=0,
+        help="MAILROOM_RELAY_GROUP for the relay (event ids per task); 0: the app's default",
+    )
+    add_common_arguments(
+        parser,
+        "py-spy the web, relay and worker processes during the throughput runs and print "
+        "where their CPU goes (needs .venv/bin/pip install py-spy)",
+    )
     parser.add_argument("--quick", action="store_true", help="a fast smoke run: 300 emails, 5 s of latency phase")
     args = parser.parse_args()
     if args.quick:
@@ -289,23 +369,51 @@ def main() -> int:
         prepare_database(DB_NAME, env, args.preload)
         flush_broker()
         port = free_port()
-        start_gunicorn(stack, with_app_name(env, "web"), args.web_workers, port,
-                       worker_class=args.worker_class, threads=args.threads)
+        start_gunicorn(
+            stack,
+            with_app_name(env, "web"),
+            args.web_workers,
+            port,
+            worker_class=args.worker_class,
+            threads=args.threads,
+        )
         stack.start("relay", [str(PYTHON), "manage.py", "run_relay"], with_app_name(env, "relay"))
-        stack.start("celery", [str(BIN / "celery"), "-A", "config", "worker", "--concurrency", str(args.workers),
-                               "--loglevel", "WARNING"], with_app_name(env, "worker"))
-        log(f"started gunicorn ({args.web_workers} {args.worker_class} workers), the relay, and a Celery worker "
-            f"(prefork, concurrency {args.workers})")
+        stack.start(
+            "celery",
+            [
+                str(BIN / "celery"),
+                "-A",
+                "config",
+                "worker",
+                "--concurrency",
+                str(args.workers),
+                "--loglevel",
+                "WARNING",
+            ],
+            with_app_name(env, "worker"),
+        )
+        log(
+            f"started gunicorn ({args.web_workers} {args.worker_class} workers), the relay, and a Celery worker "
+            f"(prefork, concurrency {args.workers})"
+        )
         warm = make_signed_messages("w" + uuid.uuid4().hex[:10], args.warmup, args.body_bytes)
         t0 = time.time()
         _, warm_ids, warm_done, warm_mapped = post_and_wait(port, stack, warm, args.clients, 90, "warm-up")
         if warm_done is None:
-            raise RuntimeError(f"warm-up: only {warm_mapped} of {len(warm_ids)} mapped after 90 s\n"
-                               + stack.tail("celery") + "\n" + stack.tail("relay"))
+            raise RuntimeError(
+                f"warm-up: only {warm_mapped} of {len(warm_ids)} mapped after 90 s\n"
+                + stack.tail("celery")
+                + "\n"
+                + stack.tail("relay")
+            )
         log(f"warm-up: {len(warm_ids)} emails through the stack in {warm_done - t0:.1f} s")
         analyze(DB_NAME)
-        groups = {"web": stack.pid("gunicorn"), "relay": stack.pid("relay"), "worker": stack.pid("celery"),
-                  "clients+script": os.getpgid(0)}
+        groups = {
+            "web": stack.pid("gunicorn"),
+            "relay": stack.pid("relay"),
+            "worker": stack.pid("celery"),
+            "clients+script": os.getpgid(0),
+        }
 
         runs, peers = [], []
         for i in range(args.runs):
@@ -320,36 +428,56 @@ def main() -> int:
         if args.latency_seconds > 0:
             paced = args.latency_rate or rate / 2
             count = max(args.clients, int(paced * args.latency_seconds))
-            latency = phase(args, port, stack, groups, count, "latency phase", rate=paced,
-                            timeout=args.latency_seconds + args.timeout)
+            latency = phase(
+                args,
+                port,
+                stack,
+                groups,
+                count,
+                "latency phase",
+                rate=paced,
+                timeout=args.latency_seconds + args.timeout,
+            )
 
         print()
         print("=" * 78)
-        print(f"END TO END — webhook -> InboxEvent + outbox -> relay -> Celery -> Ticket + TicketMapping; corpus "
-              f"{args.corpus}" + (f" ({args.body_bytes}-byte plain messages)" if args.corpus == "bench" else ""))
-        print(f"  processes: gunicorn {args.web_workers} {args.worker_class} workers; 1 relay (LISTEN/NOTIFY); Celery "
-              f"prefork, concurrency {args.workers}; {args.clients} Python client processes; CELERY_DB_REUSE_MAX="
-              f"1000, LOG_LEVEL={args.log_level}; {args.preload} events of history preloaded, ANALYZEd")
+        print(
+            f"END TO END — webhook -> InboxEvent + outbox -> relay -> Celery -> Ticket + TicketMapping; corpus "
+            f"{args.corpus}" + (f" ({args.body_bytes}-byte plain messages)" if args.corpus == "bench" else "")
+        )
+        print(
+            f"  processes: gunicorn {args.web_workers} {args.worker_class} workers; 1 relay (LISTEN/NOTIFY); Celery "
+            f"prefork, concurrency {args.workers}; {args.clients} Python client processes; CELERY_DB_REUSE_MAX="
+            f"1000, LOG_LEVEL={args.log_level}; {args.preload} events of history preloaded, ANALYZEd"
+        )
         for r in runs + ([latency] if latency else []):
             print_phase(r, args)
         print("-" * 78)
         ok = all(r["ok"] for r in runs + ([latency] if latency else []))
-        print(f"RESULT: {rate:,.1f} emails/s end to end (median of {len(runs)}: "
-              f"{', '.join(format(r['rate'], ',.1f') for r in runs)}), {args.workers} worker processes")
+        print(
+            f"RESULT: {rate:,.1f} emails/s end to end (median of {len(runs)}: "
+            f"{', '.join(format(r['rate'], ',.1f') for r in runs)}), {args.workers} worker processes"
+        )
         if peers:
             peer_rate = statistics.median(p["rate"] for p in peers)
             pairs = ", ".join(f"{r['rate'] / p['rate']:.2f}x" for r, p in zip(runs, peers, strict=True))
-            print(f"  peer (django-helpdesk get_email, same N={args.emails}, alternating): {peer_rate:,.1f} mails/s "
-                  f"(median of {len(peers)}: {', '.join(format(p['rate'], ',.1f') for p in peers)}); CPU of get_email "
-                  f"{statistics.median(p['cpu_ms_per_mail'] for p in peers):.2f} ms/mail")
-            print(f"  RATIO Mailroom / peer: {rate / peer_rate:.2f}x (per pair: {pairs}); goal >= 5x: "
-                  f"{'MET' if rate >= 5 * peer_rate else 'MISSED'}")
+            print(
+                f"  peer (django-helpdesk get_email, same N={args.emails}, alternating): {peer_rate:,.1f} mails/s "
+                f"(median of {len(peers)}: {', '.join(format(p['rate'], ',.1f') for p in peers)}); CPU of get_email "
+                f"{statistics.median(p['cpu_ms_per_mail'] for p in peers):.2f} ms/mail"
+            )
+            print(
+                f"  RATIO Mailroom / peer: {rate / peer_rate:.2f}x (per pair: {pairs}); goal >= 5x: "
+                f"{'MET' if rate >= 5 * peer_rate else 'MISSED'}"
+            )
         if latency:
             lat = latency["latencies"]
             p50, p99 = percentile(lat, 50), percentile(lat, 99)
-            print(f"  latency at {latency['n'] / args.latency_seconds:,.1f} posts/s (paced): p50 {ms(p50)} "
-                  f"(goal < 150 ms: {'MET' if p50 < 0.150 else 'MISSED'}), p99 {ms(p99)} "
-                  f"(goal < 1 s: {'MET' if p99 < 1.0 else 'MISSED'})")
+            print(
+                f"  latency at {latency['n'] / args.latency_seconds:,.1f} posts/s (paced): p50 {ms(p50)} "
+                f"(goal < 150 ms: {'MET' if p50 < 0.150 else 'MISSED'}), p99 {ms(p99)} "
+                f"(goal < 1 s: {'MET' if p99 < 1.0 else 'MISSED'})"
+            )
         print(f"CHECK: every guarantee in every phase: {'OK' if ok else 'FAILED'}")
         print("=" * 78)
         return 0 if ok else 1

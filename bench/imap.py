@@ -18,6 +18,7 @@ with distinct ids and distinct provider message ids, and the cursor at the serve
 Needs PostgreSQL on 127.0.0.1:5432, Dovecot (installed with apt-get if missing, as root);
 creates and drops the database `mailroom_bench_imap`. See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,7 @@ from tests.dovecot import start_dovecot  # noqa: E402  (the tests' recipe for a 
 DB_NAME = "mailroom_bench_imap"
 PASSWORD_VAR = "MAILROOM_T_BENCH_IMAP_PASSWORD"  # a tenant-scoped secret of the bench tenant
 
-SYNC_SCRIPT = r'''
+SYNC_SCRIPT = r"""
 import json, os, time
 from intake.channels import polling
 from intake.models import Mailbox, Tenant
@@ -77,7 +78,7 @@ if profiler is not None:
 print("BENCH_IMAP " + json.dumps({"mailbox": mailbox.pk, "wall": wall, "cpu": cpu, "new": new,
                                   "duplicates": duplicates, "batches": batches, "polls": polls,
                                   "cursor": report.cursor}))
-'''
+"""
 
 
 def fill_maildir(server, user: str, password: str, n: int, tag: str) -> int:
@@ -108,7 +109,7 @@ def raw_fetch(server, user: str, password: str, batch: int) -> dict:
         client.select_folder("INBOX", readonly=True)
         uids = client.search("ALL")
         for start in range(0, len(uids), batch):
-            for data in client.fetch(uids[start:start + batch], ["BODY.PEEK[]"]).values():
+            for data in client.fetch(uids[start : start + batch], ["BODY.PEEK[]"]).values():
                 count += 1
                 size += len(data[b"BODY[]"])
     wall = time.perf_counter() - t0
@@ -116,8 +117,14 @@ def raw_fetch(server, user: str, password: str, batch: int) -> dict:
 
 
 def mailroom_sync(env: dict, server, user: str, password: str, run: int, profile: bool = False) -> dict:
-    sync_env = dict(env, BENCH_SLUG=f"imap-{run}", BENCH_USER=user, BENCH_PORT=str(server.port),
-                    BENCH_PASSWORD_VAR=PASSWORD_VAR, **{PASSWORD_VAR: password})
+    sync_env = dict(
+        env,
+        BENCH_SLUG=f"imap-{run}",
+        BENCH_USER=user,
+        BENCH_PORT=str(server.port),
+        BENCH_PASSWORD_VAR=PASSWORD_VAR,
+        **{PASSWORD_VAR: password},
+    )
     if profile:
         sync_env["BENCH_PROFILE"] = "1"
     out = manage(sync_env, "shell", "-c", SYNC_SCRIPT, timeout=3600)
@@ -132,15 +139,23 @@ def check(mailbox_id: int, n: int, last_uid: int, cursor: dict) -> dict:
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         events, ids, pmids = conn.execute(
             "SELECT count(*), count(DISTINCT id), count(DISTINCT provider_message_id) FROM intake_inboxevent "
-            "WHERE mailbox_id = %s", (mailbox_id,)).fetchone()
+            "WHERE mailbox_id = %s",
+            (mailbox_id,),
+        ).fetchone()
     ok = events == ids == pmids == n and cursor.get("last_uid") == last_uid
-    return {"events": events, "distinct_ids": ids, "distinct_pmids": pmids, "last_uid": cursor.get("last_uid"),
-            "ok": ok}
+    return {
+        "events": events,
+        "distinct_ids": ids,
+        "distinct_pmids": pmids,
+        "last_uid": cursor.get("last_uid"),
+        "ok": ok,
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--messages", type=int, default=10000, help="messages in the mailbox (default 10,000)")
     parser.add_argument("--runs", type=int, default=1, help="raw fetch and Mailroom sync alternate this many times")
     parser.add_argument("--batch-size", type=int, default=200, help="UIDs per raw FETCH (the IMAP adapter's default)")
@@ -148,8 +163,11 @@ def main() -> int:
     parser.add_argument("--log-level", default="INFO", help="the app's LOG_LEVEL")
     parser.add_argument("--quiet-wait", type=float, default=15, help="wait this long at most for a quiet machine")
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
-    parser.add_argument("--profile", action="store_true",
-                        help="cProfile the polling process and print where its CPU goes (slows it down)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the polling process and print where its CPU goes (slows it down)",
+    )
     args = parser.parse_args()
 
     install_signal_handlers()
@@ -165,8 +183,10 @@ def main() -> int:
         t0 = time.monotonic()
         last_uid = fill_maildir(server, user, password, args.messages, "i" + os.urandom(4).hex())
         warm = raw_fetch(server, user, password, args.batch_size)
-        log(f"Dovecot on port {server.port}: {args.messages} messages ({warm['bytes']:,} bytes) in INBOX, "
-            f"indexed and read once ({time.monotonic() - t0:.1f} s, not timed)")
+        log(
+            f"Dovecot on port {server.port}: {args.messages} messages ({warm['bytes']:,} bytes) in INBOX, "
+            f"indexed and read once ({time.monotonic() - t0:.1f} s, not timed)"
+        )
         raws, syncs, checks = [], [], []
         for run in range(args.runs):
             wait_for_quiet(args.quiet_wait)
@@ -175,26 +195,34 @@ def main() -> int:
             wait_for_quiet(args.quiet_wait)
             syncs.append(mailroom_sync(env, server, user, password, run, args.profile))
             checks.append(check(syncs[-1]["mailbox"], args.messages, last_uid, syncs[-1]["cursor"]))
-            log(f"Mailroom sync {run + 1}: {syncs[-1]['new']} new in {syncs[-1]['wall']:.1f} s, "
-                f"{syncs[-1]['rate']:,.0f}/s")
+            log(
+                f"Mailroom sync {run + 1}: {syncs[-1]['new']} new in {syncs[-1]['wall']:.1f} s, "
+                f"{syncs[-1]['rate']:,.0f}/s"
+            )
 
         print()
         print("=" * 78)
         print(f"IMAP INITIAL SYNC — {args.messages} messages of ~3,000 bytes from a local Dovecot (maildir)")
         for i, (raw, sync, ck) in enumerate(zip(raws, syncs, checks, strict=True)):
-            print(f"  run {i + 1}: raw imapclient {raw['rate']:,.0f} messages/s ({raw['wall']:.2f} s, CPU "
-                  f"{raw['cpu'] / raw['count'] * 1000:.2f} ms/message); Mailroom {sync['rate']:,.0f} messages/s "
-                  f"({sync['wall']:.2f} s, {sync['polls']} poll(s), {sync['batches']} batches, CPU of the polling "
-                  f"process {sync['cpu'] / max(1, sync['new']) * 1000:.2f} ms/message)")
-            print(f"    CHECK: {ck['events']} events, {ck['distinct_ids']} distinct ids, {ck['distinct_pmids']} "
-                  f"distinct provider message ids, cursor last_uid {ck['last_uid']} (server's last UID {last_uid}) "
-                  f"-> {'OK' if ck['ok'] else 'FAILED'}")
+            print(
+                f"  run {i + 1}: raw imapclient {raw['rate']:,.0f} messages/s ({raw['wall']:.2f} s, CPU "
+                f"{raw['cpu'] / raw['count'] * 1000:.2f} ms/message); Mailroom {sync['rate']:,.0f} messages/s "
+                f"({sync['wall']:.2f} s, {sync['polls']} poll(s), {sync['batches']} batches, CPU of the polling "
+                f"process {sync['cpu'] / max(1, sync['new']) * 1000:.2f} ms/message)"
+            )
+            print(
+                f"    CHECK: {ck['events']} events, {ck['distinct_ids']} distinct ids, {ck['distinct_pmids']} "
+                f"distinct provider message ids, cursor last_uid {ck['last_uid']} (server's last UID {last_uid}) "
+                f"-> {'OK' if ck['ok'] else 'FAILED'}"
+            )
         raw_rate = statistics.median(r["rate"] for r in raws)
         rate = statistics.median(s["rate"] for s in syncs)
         print("-" * 78)
         met = "MET" if rate >= 0.7 * raw_rate else "MISSED"
-        print(f"RESULT: Mailroom {rate:,.0f} messages/s, raw imapclient {raw_rate:,.0f} messages/s (medians of "
-              f"{args.runs}): {rate / raw_rate * 100:.0f}% (goal >= 70%: {met})")
+        print(
+            f"RESULT: Mailroom {rate:,.0f} messages/s, raw imapclient {raw_rate:,.0f} messages/s (medians of "
+            f"{args.runs}): {rate / raw_rate * 100:.0f}% (goal >= 70%: {met})"
+        )
         ok = all(ck["ok"] for ck in checks)
         print(f"CHECK: every run stored each message once, the cursor caught up: {'OK' if ok else 'FAILED'}")
         print("=" * 78)

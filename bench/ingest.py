@@ -16,6 +16,7 @@ accumulate.
 Needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust) and Redis on 6379; creates and drops
 the database `mailroom_bench_ingest`. See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,24 +84,34 @@ def _baseline_proc(dsn, kind, worker, deadline, start_evt, out_q, payload):
             if kind == "row":
                 cur.execute("INSERT INTO bench_baseline (k, payload, at) VALUES (%s, %s, now())", (key, payload))
             elif kind == "cte":  # the same three rows and NOTIFY as one statement, autocommitted
-                cur.execute("WITH ev AS (INSERT INTO bench_event (dedupe_key, mailbox_id, provider_message_id, raw, "
-                            "size, received_at, state) VALUES (%s, 1, %s, %s, %s, now(), 'received') "
-                            "ON CONFLICT DO NOTHING RETURNING id), "
-                            "au AS (INSERT INTO bench_audit (event_id, kind, detail, at) "
-                            "SELECT id, 'received', '{\"size\": 1}', now() FROM ev), "
-                            "ob AS (INSERT INTO bench_outbox (topic, payload, created_at) "
-                            "SELECT 'inbox_event.process', jsonb_build_object('inbox_event_id', id), now() FROM ev) "
-                            "SELECT id, pg_notify('bench_outbox', '') FROM ev", (key, key, payload, len(payload)))
+                cur.execute(
+                    "WITH ev AS (INSERT INTO bench_event (dedupe_key, mailbox_id, provider_message_id, raw, "
+                    "size, received_at, state) VALUES (%s, 1, %s, %s, %s, now(), 'received') "
+                    "ON CONFLICT DO NOTHING RETURNING id), "
+                    "au AS (INSERT INTO bench_audit (event_id, kind, detail, at) "
+                    "SELECT id, 'received', '{\"size\": 1}', now() FROM ev), "
+                    "ob AS (INSERT INTO bench_outbox (topic, payload, created_at) "
+                    "SELECT 'inbox_event.process', jsonb_build_object('inbox_event_id', id), now() FROM ev) "
+                    "SELECT id, pg_notify('bench_outbox', '') FROM ev",
+                    (key, key, payload, len(payload)),
+                )
                 cur.fetchone()
             else:  # the shape of one ingest transaction: event + audit + outbox + NOTIFY
-                cur.execute("INSERT INTO bench_event (dedupe_key, mailbox_id, provider_message_id, raw, size, "
-                            "received_at, state) VALUES (%s, 1, %s, %s, %s, now(), 'received') RETURNING id",
-                            (key, key, payload, len(payload)))
+                cur.execute(
+                    "INSERT INTO bench_event (dedupe_key, mailbox_id, provider_message_id, raw, size, "
+                    "received_at, state) VALUES (%s, 1, %s, %s, %s, now(), 'received') RETURNING id",
+                    (key, key, payload, len(payload)),
+                )
                 event_id = cur.fetchone()[0]
-                cur.execute("INSERT INTO bench_audit (event_id, kind, detail, at) VALUES (%s, 'received', "
-                            "'{\"size\": 1}', now())", (event_id,))
-                cur.execute("INSERT INTO bench_outbox (topic, payload, created_at) VALUES "
-                            "('inbox_event.process', %s, now())", (f'{{"inbox_event_id": {event_id}}}',))
+                cur.execute(
+                    "INSERT INTO bench_audit (event_id, kind, detail, at) VALUES (%s, 'received', "
+                    "'{\"size\": 1}', now())",
+                    (event_id,),
+                )
+                cur.execute(
+                    "INSERT INTO bench_outbox (topic, payload, created_at) VALUES ('inbox_event.process', %s, now())",
+                    (f'{{"inbox_event_id": {event_id}}}',),
+                )
                 cur.execute("NOTIFY bench_outbox")
             if kind != "cte":
                 conn.commit()
@@ -113,8 +124,12 @@ def run_baseline(kind: str, connections: int, duration: float, payload: bytes) -
     ctx = multiprocessing.get_context("fork")
     start_evt, out_q = ctx.Event(), ctx.Queue()
     deadline = time.time() + 0.5 + duration
-    procs = [ctx.Process(target=_baseline_proc, args=(db_url(DB_NAME), kind, w, deadline, start_evt, out_q,
-                                                      payload), daemon=True) for w in range(connections)]
+    procs = [
+        ctx.Process(
+            target=_baseline_proc, args=(db_url(DB_NAME), kind, w, deadline, start_evt, out_q, payload), daemon=True
+        )
+        for w in range(connections)
+    ]
     latencies: list[float] = []
     try:
         for p in procs:
@@ -131,31 +146,45 @@ def run_baseline(kind: str, connections: int, duration: float, payload: bytes) -
                 p.terminate()
             p.join(5)
     latencies.sort()
-    return {"rows": len(latencies), "rate": len(latencies) / wall, "p50": percentile(latencies, 50),
-            "p99": percentile(latencies, 99)}
+    return {
+        "rows": len(latencies),
+        "rate": len(latencies) / wall,
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+    }
 
 
 def prepare_baseline_tables(preload: int, payload: bytes) -> None:
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
         conn.execute(BASELINE_DDL)
         # Tables that already hold rows, as for the app's tables (then ANALYZE).
-        conn.execute("INSERT INTO bench_baseline (k, payload, at) SELECT 'pre-' || g, %s, now() "
-                     "FROM generate_series(1, %s) g", (payload[:64], preload))
-        conn.execute("INSERT INTO bench_event (dedupe_key, mailbox_id, provider_message_id, raw, size, received_at, "
-                     "state) SELECT 'pre-' || g, 1, 'pre-' || g, %s, 64, now(), 'completed' "
-                     "FROM generate_series(1, %s) g", (payload[:64], preload))
-        conn.execute("INSERT INTO bench_audit (event_id, kind, detail, at) SELECT id, 'received', '{}', now() "
-                     "FROM bench_event")
-        conn.execute("INSERT INTO bench_outbox (topic, payload, created_at, published_at) "
-                     "SELECT 'inbox_event.process', '{}', now(), now() FROM generate_series(1, %s)", (preload,))
+        conn.execute(
+            "INSERT INTO bench_baseline (k, payload, at) SELECT 'pre-' || g, %s, now() FROM generate_series(1, %s) g",
+            (payload[:64], preload),
+        )
+        conn.execute(
+            "INSERT INTO bench_event (dedupe_key, mailbox_id, provider_message_id, raw, size, received_at, "
+            "state) SELECT 'pre-' || g, 1, 'pre-' || g, %s, 64, now(), 'completed' "
+            "FROM generate_series(1, %s) g",
+            (payload[:64], preload),
+        )
+        conn.execute(
+            "INSERT INTO bench_audit (event_id, kind, detail, at) SELECT id, 'received', '{}', now() FROM bench_event"
+        )
+        conn.execute(
+            "INSERT INTO bench_outbox (topic, payload, created_at, published_at) "
+            "SELECT 'inbox_event.process', '{}', now(), now() FROM generate_series(1, %s)",
+            (preload,),
+        )
         conn.execute("VACUUM ANALYZE")
 
 
 # --------------------------------------------------------------------------- the app
 def count_events(tag: str) -> tuple[int, int]:
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
-        events = conn.execute("SELECT count(*) FROM intake_inboxevent WHERE provider_message_id LIKE %s",
-                              (f"{tag}.%",)).fetchone()[0]
+        events = conn.execute(
+            "SELECT count(*) FROM intake_inboxevent WHERE provider_message_id LIKE %s", (f"{tag}.%",)
+        ).fetchone()[0]
         unpublished = conn.execute("SELECT count(*) FROM intake_outboxmessage WHERE published_at IS NULL").fetchone()[0]
     return events, unpublished
 
@@ -171,8 +200,10 @@ def timed_phase(args, wrk: str | None, port: int, stack: Stack, web_workers: int
         count = int(args.duration * args.max_rate)
     t0 = time.monotonic()
     messages = make_messages(tag, count, args.body_bytes)
-    log(f"precomputed {count} unique signed messages of {len(messages[0][0])} bytes "
-        f"({time.monotonic() - t0:.1f} s, not timed)")
+    log(
+        f"precomputed {count} unique signed messages of {len(messages[0][0])} bytes "
+        f"({time.monotonic() - t0:.1f} s, not timed)"
+    )
     groups = {"gunicorn": stack.pid(kind)}
     box: dict = {}
 
@@ -192,13 +223,16 @@ def timed_phase(args, wrk: str | None, port: int, stack: Stack, web_workers: int
         time.sleep(1)
     if wrk:
         log(f"timed phase ({kind}): wrk, {what}, gunicorn {web_workers} {args.worker_class} workers")
-        result = post_with_wrk(wrk, port, messages, args.clients, duration, tmp / f"wrk-{tag}",
-                               on_start=on_start, on_end=on_end)
+        result = post_with_wrk(
+            wrk, port, messages, args.clients, duration, tmp / f"wrk-{tag}", on_start=on_start, on_end=on_end
+        )
         if args.requests:
             result["exhausted_threads"] = 0  # expected: every client sends its share, then stops
     else:
-        log(f"timed phase ({kind}): Python http.client processes, {what}, gunicorn {web_workers} "
-            f"{args.worker_class} workers")
+        log(
+            f"timed phase ({kind}): Python http.client processes, {what}, gunicorn {web_workers} "
+            f"{args.worker_class} workers"
+        )
         groups["client(python)"] = os.getpgid(0)  # this script's group: the client processes are forked from it
         box["cpu0"] = cpu_by_group(groups, DB_NAME)
         result = post_with_python_clients(port, messages, args.clients, duration)
@@ -211,8 +245,17 @@ def timed_phase(args, wrk: str | None, port: int, stack: Stack, web_workers: int
         result["profile"] = profiler.report()
     result["busy_before"] = box["quiet"]
     events, unpublished = count_events(tag)
-    result.update(tag=tag, events=events, unpublished=unpublished, cpu=cpu, web_workers=web_workers,
-                  client="wrk" if wrk else "python", count=count, kind=kind, rate=result["requests"] / result["wall"])
+    result.update(
+        tag=tag,
+        events=events,
+        unpublished=unpublished,
+        cpu=cpu,
+        web_workers=web_workers,
+        client="wrk" if wrk else "python",
+        count=count,
+        kind=kind,
+        rate=result["requests"] / result["wall"],
+    )
     return result
 
 
@@ -224,49 +267,69 @@ def print_result(r: dict) -> None:
     print(f"  client                : {r['client']}, {r['requests']} requests in {r['wall']:.2f} s")
     print(f"  requests/s            : {rate:,.0f}")
     print(f"  latency               : p50 {ms(r['p50'])}, p99 {ms(r['p99'])}, max {ms(r['max'])}")
-    print(f"  answers               : 202 x {accepted}, 200 (duplicate) x {r['statuses'].get(200, 0)}, "
-          f"errors {r['errors']}" + (f" {r.get('socket_errors')}" if r.get("socket_errors") else ""))
+    print(
+        f"  answers               : 202 x {accepted}, 200 (duplicate) x {r['statuses'].get(200, 0)}, "
+        f"errors {r['errors']}" + (f" {r.get('socket_errors')}" if r.get("socket_errors") else "")
+    )
     ok = r["events"] == accepted
     print(f"  InboxEvent rows       : {r['events']} for {accepted} answers 202 -> {'OK' if ok else 'MISMATCH'}")
     if r["kind"] == "app":
         print(f"  outbox rows waiting   : {r['unpublished']} (no relay runs in this benchmark)")
     if r.get("exhausted_threads"):
-        print(f"  NOTE: {r['exhausted_threads']} client(s) ran out of precomputed messages before the end; "
-              f"raise --max-rate")
+        print(
+            f"  NOTE: {r['exhausted_threads']} client(s) ran out of precomputed messages before the end; "
+            f"raise --max-rate"
+        )
     print("  " + format_cpu(r["cpu"], r["wall"], r["requests"]))
     per, ceiling = cpu_ceiling(r["cpu"], r["requests"])
     other = r["cpu"].get("other", 0) / r["wall"] * 100
-    print(f"  CPU per request (app + client + its PostgreSQL backends): {per:.2f} ms -> an idle 2-core machine "
-          f"would saturate near {ceiling:,.0f} requests/s (estimate; other work used {other:.0f}% of a core here)")
+    print(
+        f"  CPU per request (app + client + its PostgreSQL backends): {per:.2f} ms -> an idle 2-core machine "
+        f"would saturate near {ceiling:,.0f} requests/s (estimate; other work used {other:.0f}% of a core here)"
+    )
     print(f"  machine load from other work just before timing: {r['busy_before'] * 100:.0f}% of one core")
     if r.get("profile"):
         print(r["profile"])
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--duration", type=float, default=10.0, help="timed phase length in seconds (default 10)")
     parser.add_argument("--requests", type=int, default=0, help="a fixed number of requests instead of --duration")
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients/connections (default 4)")
-    parser.add_argument("--web-workers", default="4",
-                        help="gunicorn workers; a comma list (e.g. 2,4,6) runs the timed phases for each")
-    parser.add_argument("--worker-class", default="sync",
-                        help="gunicorn --worker-class, app and floor alike (default sync)")
+    parser.add_argument(
+        "--web-workers", default="4", help="gunicorn workers; a comma list (e.g. 2,4,6) runs the timed phases for each"
+    )
+    parser.add_argument(
+        "--worker-class", default="sync", help="gunicorn --worker-class, app and floor alike (default sync)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="gunicorn --threads (gthread), app and floor")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="app and floor timed phases alternate this many times per worker count (default 2)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="app and floor timed phases alternate this many times per worker count (default 2)",
+    )
     parser.add_argument("--no-floor", action="store_true", help="skip the framework floor")
     parser.add_argument("--warmup", type=int, default=600, help="warm-up requests before the timed phase")
     parser.add_argument("--body-bytes", type=int, default=3000, help="size of each message (default 3000)")
-    parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
-                        help="auto: wrk if it is on PATH (install it yourself; nothing is installed here), "
-                             "else Python processes")
-    parser.add_argument("--max-rate", type=float, default=2500,
-                        help="messages precomputed per second of --duration (default 2500)")
+    parser.add_argument(
+        "--client",
+        choices=("auto", "wrk", "python"),
+        default="auto",
+        help="auto: wrk if it is on PATH (install it yourself; nothing is installed here), else Python processes",
+    )
+    parser.add_argument(
+        "--max-rate", type=float, default=2500, help="messages precomputed per second of --duration (default 2500)"
+    )
     parser.add_argument("--baseline-duration", type=float, default=3.0, help="seconds per raw psycopg baseline")
-    add_common_arguments(parser, "py-spy the gunicorn workers during the timed phase and print where their CPU "
-                                 "goes (needs .venv/bin/pip install py-spy; lowers the figures a little)")
+    add_common_arguments(
+        parser,
+        "py-spy the gunicorn workers during the timed phase and print where their CPU "
+        "goes (needs .venv/bin/pip install py-spy; lowers the figures a little)",
+    )
     parser.add_argument("--quick", action="store_true", help="a fast smoke run (about 20 s)")
     args = parser.parse_args()
     if args.quick:
@@ -284,11 +347,15 @@ def main() -> int:
         if args.client in ("auto", "wrk"):
             wrk = find_wrk()
             if wrk is None and args.client == "wrk":
-                raise SystemExit("wrk is not on PATH: install it yourself (e.g. your distribution's wrk package), "
-                                 "or use --client python")
+                raise SystemExit(
+                    "wrk is not on PATH: install it yourself (e.g. your distribution's wrk package), "
+                    "or use --client python"
+                )
             if wrk is None:
-                log("wrk not on PATH (install it yourself to use it): falling back to Python http.client processes "
-                    "(they use CPU of their own)")
+                log(
+                    "wrk not on PATH (install it yourself to use it): falling back to Python http.client processes "
+                    "(they use CPU of their own)"
+                )
         print(f"Mailroom ingest benchmark — revision {git_revision()}, {os.cpu_count()} cores")
         info = prepare_database(DB_NAME, env, args.preload)
         flush_broker()
@@ -299,13 +366,24 @@ def main() -> int:
             for _ in range(args.rounds):
                 for kind in kinds:  # alternating, so that drifting load on the machine hits both alike
                     app, extra = ("config.wsgi", ()) if kind == "app" else ("floor_app.wsgi", ("--pythonpath", "bench"))
-                    start_gunicorn(stack, env if kind == "app" else floor_env, n, port, app=app, name=kind,
-                                   worker_class=args.worker_class, threads=args.threads, extra=extra)
+                    start_gunicorn(
+                        stack,
+                        env if kind == "app" else floor_env,
+                        n,
+                        port,
+                        app=app,
+                        name=kind,
+                        worker_class=args.worker_class,
+                        threads=args.threads,
+                        extra=extra,
+                    )
                     warm = make_messages("w" + uuid.uuid4().hex[:10], args.warmup, args.body_bytes)
                     w = post_with_python_clients(port, warm, args.clients)
                     bad = {k: v for k, v in w["statuses"].items() if k != 202}
-                    log(f"warm-up ({kind}): {w['requests']} requests, {w['requests'] / w['wall']:.0f}/s "
-                        f"(Python clients), answers {w['statuses']}")
+                    log(
+                        f"warm-up ({kind}): {w['requests']} requests, {w['requests'] / w['wall']:.0f}/s "
+                        f"(Python clients), answers {w['statuses']}"
+                    )
                     if bad:
                         raise RuntimeError(f"warm-up got answers other than 202: {bad}\n" + stack.tail(kind))
                     analyze(DB_NAME)
@@ -323,8 +401,10 @@ def main() -> int:
 
         print()
         print("=" * 78)
-        print(f"INGEST — POST /webhooks/raw/<mailbox>/ (signed, unique, {args.body_bytes}-byte messages), "
-              f"{args.clients} concurrent clients")
+        print(
+            f"INGEST — POST /webhooks/raw/<mailbox>/ (signed, unique, {args.body_bytes}-byte messages), "
+            f"{args.clients} concurrent clients"
+        )
         print("  Django app under gunicorn on PostgreSQL 127.0.0.1; no Celery worker and no relay run")
         print(f"  (outbox rows accumulate); app LOG_LEVEL={args.log_level}; {args.preload} events preloaded, ANALYZEd")
         for r in results:
@@ -332,32 +412,46 @@ def main() -> int:
             print_result(r)
         print("-" * 78)
         print(f"BASELINE (same run) — raw psycopg 3, {args.clients} concurrent connections, durability on:")
-        print(f"  single-row INSERT + COMMIT, unique text index   : {row['rate']:,.0f} rows/s "
-              f"(p50 {ms(row['p50'])}, p99 {ms(row['p99'])})")
-        print(f"  ingest-shaped txn (BEGIN, 3 INSERTs, NOTIFY, COMMIT): {shape['rate']:,.0f} txn/s "
-              f"(p50 {ms(shape['p50'])}, p99 {ms(shape['p99'])})")
-        print(f"  the same rows as ONE statement (CTE, autocommit): {cte['rate']:,.0f} txn/s "
-              f"(p50 {ms(cte['p50'])}, p99 {ms(cte['p99'])})")
+        print(
+            f"  single-row INSERT + COMMIT, unique text index   : {row['rate']:,.0f} rows/s "
+            f"(p50 {ms(row['p50'])}, p99 {ms(row['p99'])})"
+        )
+        print(
+            f"  ingest-shaped txn (BEGIN, 3 INSERTs, NOTIFY, COMMIT): {shape['rate']:,.0f} txn/s "
+            f"(p50 {ms(shape['p50'])}, p99 {ms(shape['p99'])})"
+        )
+        print(
+            f"  the same rows as ONE statement (CTE, autocommit): {cte['rate']:,.0f} txn/s "
+            f"(p50 {ms(cte['p50'])}, p99 {ms(cte['p99'])})"
+        )
         print("-" * 78)
         consistent = True
         for n in web_workers:
             app = [r["rate"] for r in results if r["kind"] == "app" and r["web_workers"] == n]
             floor = [r["rate"] for r in results if r["kind"] == "floor" and r["web_workers"] == n]
             rate = statistics.median(app)
-            line = (f"RESULT ({n} gunicorn {args.worker_class} workers): app {rate:,.0f} requests/s "
-                    f"(median of {len(app)}: {', '.join(f'{v:,.0f}' for v in app)})")
+            line = (
+                f"RESULT ({n} gunicorn {args.worker_class} workers): app {rate:,.0f} requests/s "
+                f"(median of {len(app)}: {', '.join(f'{v:,.0f}' for v in app)})"
+            )
             if floor:
                 floor_rate = statistics.median(floor)
-                line += (f"; floor {floor_rate:,.0f} requests/s (median of {len(floor)}: "
-                         f"{', '.join(f'{v:,.0f}' for v in floor)}); app/floor {rate / floor_rate * 100:.0f}% "
-                         f"(goal >= 90%: {'MET' if rate >= 0.9 * floor_rate else 'MISSED'})")
+                line += (
+                    f"; floor {floor_rate:,.0f} requests/s (median of {len(floor)}: "
+                    f"{', '.join(f'{v:,.0f}' for v in floor)}); app/floor {rate / floor_rate * 100:.0f}% "
+                    f"(goal >= 90%: {'MET' if rate >= 0.9 * floor_rate else 'MISSED'})"
+                )
             print(line)
-            print(f"  = {rate / row['rate'] * 100:.0f}% of the raw INSERT+COMMIT baseline; target >= 1,000 "
-                  f"requests/s: {'MET' if rate >= 1000 else 'MISSED'}")
+            print(
+                f"  = {rate / row['rate'] * 100:.0f}% of the raw INSERT+COMMIT baseline; target >= 1,000 "
+                f"requests/s: {'MET' if rate >= 1000 else 'MISSED'}"
+            )
         for r in results:
             if r["events"] != r["statuses"].get(202, 0):
-                print(f"CHECK FAILED ({r['kind']}): {r['events']} InboxEvent rows for {r['statuses'].get(202, 0)} "
-                      f"answers 202")
+                print(
+                    f"CHECK FAILED ({r['kind']}): {r['events']} InboxEvent rows for {r['statuses'].get(202, 0)} "
+                    f"answers 202"
+                )
                 consistent = consistent and r["kind"] != "app"  # a floor mismatch is the bench's bug, not the app's
         print(f"CHECK: InboxEvent rows == 202 answers in every timed phase of the app: {'yes' if consistent else 'NO'}")
         print("=" * 78)

@@ -15,6 +15,7 @@ create_ticket intent. Exits non-zero only when that check fails.
 Needs PostgreSQL on 127.0.0.1:5432 and Redis on 6379 (db 14, flushed); creates and drops the
 database `mailroom_bench_memory`. See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,28 +67,35 @@ def _encoded_len(blob_len: int) -> int:
 def big_message(tag: str, size: int) -> bytes:
     """A realistic large message of exactly `size` bytes (or a few bytes less): a text body and two
     attachments in base64, a PDF-like scan (60 % of the bytes) and a JPEG-like photo (the rest)."""
-    head = (f"From: Big Sender <big.sender@example.com>\r\nTo: support@bench.test\r\n"
-            f"Subject: [{tag}] scanned contract attached\r\nDate: Mon, 06 Jan 2025 10:00:00 +0000\r\n"
-            f"Message-ID: <{tag}.big@bench.mailroom>\r\nMIME-Version: 1.0\r\n"
-            f"Content-Type: multipart/mixed; boundary=\"b-{tag}\"\r\n\r\n"
-            f"--b-{tag}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 7bit\r\n\r\n"
-            + "Hello, please find the signed contract and a photo of the site attached. Large, sorry.\r\n" * 20
-            + f"\r\n--b-{tag}\r\nContent-Type: application/pdf; name=\"contract.pdf\"\r\n"
-              f"Content-Disposition: attachment; filename=\"contract.pdf\"\r\nContent-Transfer-Encoding: base64\r\n\r\n"
-            ).encode()
-    middle = (f"\r\n--b-{tag}\r\nContent-Type: image/jpeg; name=\"site-photo.jpg\"\r\n"
-              f"Content-Disposition: attachment; filename=\"site-photo.jpg\"\r\n"
-              f"Content-Transfer-Encoding: base64\r\n\r\n").encode()
+    head = (
+        f"From: Big Sender <big.sender@example.com>\r\nTo: support@bench.test\r\n"
+        f"Subject: [{tag}] scanned contract attached\r\nDate: Mon, 06 Jan 2025 10:00:00 +0000\r\n"
+        f"Message-ID: <{tag}.big@bench.mailroom>\r\nMIME-Version: 1.0\r\n"
+        f'Content-Type: multipart/mixed; boundary="b-{tag}"\r\n\r\n'
+        f"--b-{tag}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 7bit\r\n\r\n"
+        + "Hello, please find the signed contract and a photo of the site attached. Large, sorry.\r\n"
+        * 20
+        + f'\r\n--b-{tag}\r\nContent-Type: application/pdf; name="contract.pdf"\r\n'
+        f'Content-Disposition: attachment; filename="contract.pdf"\r\nContent-Transfer-Encoding: base64\r\n\r\n'
+    ).encode()
+    middle = (
+        f'\r\n--b-{tag}\r\nContent-Type: image/jpeg; name="site-photo.jpg"\r\n'
+        f'Content-Disposition: attachment; filename="site-photo.jpg"\r\n'
+        f"Content-Transfer-Encoding: base64\r\n\r\n"
+    ).encode()
     tail = f"\r\n--b-{tag}--\r\n".encode()
     blobs_len = (size - len(head) - len(middle) - len(tail)) * 57 // 78
-    pdf_len = blobs_len * 6 // 10 // 57 * 57   # whole base64 lines: no padding before the second part
+    pdf_len = blobs_len * 6 // 10 // 57 * 57  # whole base64 lines: no padding before the second part
     rng = random.Random(16)
     pdf = b"%PDF-1.7\n" + rng.randbytes(pdf_len - 16) + b"\n%%EOF\n"
     jpeg_len = blobs_len - pdf_len
     while len(head) + _encoded_len(pdf_len) + len(middle) + _encoded_len(jpeg_len) + len(tail) > size:
-        jpeg_len -= 1   # the last, short base64 line and its padding
-    jpeg = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00" + rng.randbytes(jpeg_len - 22) \
+        jpeg_len -= 1  # the last, short base64 line and its padding
+    jpeg = (
+        b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
+        + rng.randbytes(jpeg_len - 22)
         + b"\xff\xd9"
+    )
     message = head + _base64_lines(pdf) + middle + _base64_lines(jpeg) + tail
     assert len(message) <= size
     return message
@@ -112,8 +120,16 @@ class Sampler(threading.Thread):
 def post(port: int, body: bytes) -> tuple[int, dict]:
     ts = int(time.time())
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    conn.request("POST", WEBHOOK_PATH, body=body, headers={
-        "X-Mailroom-Timestamp": str(ts), "X-Mailroom-Signature": sign(body, ts), "Content-Type": "message/rfc822"})
+    conn.request(
+        "POST",
+        WEBHOOK_PATH,
+        body=body,
+        headers={
+            "X-Mailroom-Timestamp": str(ts),
+            "X-Mailroom-Signature": sign(body, ts),
+            "Content-Type": "message/rfc822",
+        },
+    )
     resp = conn.getresponse()
     data = resp.read()
     conn.close()
@@ -125,8 +141,11 @@ def post(port: int, body: bytes) -> tuple[int, dict]:
 
 def check(event_id: int) -> dict:
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
-        return dict(zip(("state", "mappings", "intents", "succeeded", "tickets"), conn.execute(
-            """SELECT e.state,
+        return dict(
+            zip(
+                ("state", "mappings", "intents", "succeeded", "tickets"),
+                conn.execute(
+                    """SELECT e.state,
                  (SELECT count(*) FROM ticketing_ticketmapping m WHERE m.inbox_event_id = e.id),
                  (SELECT count(*) FROM ticketing_intent i WHERE i.inbox_event_id = e.id AND i.action = 'create_ticket'),
                  (SELECT count(*) FROM ticketing_intent i WHERE i.inbox_event_id = e.id AND i.action = 'create_ticket'
@@ -134,7 +153,12 @@ def check(event_id: int) -> dict:
                  (SELECT count(*) FROM ticketing_intent i
                    JOIN ticketing_ticket t ON t.idempotency_key = i.idempotency_key
                    WHERE i.inbox_event_id = e.id AND i.action = 'create_ticket')
-               FROM intake_inboxevent e WHERE e.id = %s""", (event_id,)).fetchone(), strict=True))
+               FROM intake_inboxevent e WHERE e.id = %s""",
+                    (event_id,),
+                ).fetchone(),
+                strict=True,
+            )
+        )
 
 
 def wait_mapped(event_id: int, timeout: float, stack: Stack) -> float | None:
@@ -153,17 +177,26 @@ def mib(kib: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", type=int, default=25_000_000, help="raw message size in bytes (default 25,000,000; "
-                                                                     "at most the app's 25 MiB limit)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=25_000_000,
+        help="raw message size in bytes (default 25,000,000; at most the app's 25 MiB limit)",
+    )
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the mapping")
     parser.add_argument("--preload", type=int, default=2000, help="completed events of history loaded first")
     parser.add_argument("--log-level", default="INFO", help="the app's LOG_LEVEL")
     parser.add_argument("--quiet-wait", type=float, default=15, help="wait this long at most for a quiet machine")
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
-    parser.add_argument("--clamd", choices=("start", "off"), default="start",
-                        help="start: a private clamd scans the attachments (default); off: MAILROOM_CLAMD=off")
+    parser.add_argument(
+        "--clamd",
+        choices=("start", "off"),
+        default="start",
+        help="start: a private clamd scans the attachments (default); off: MAILROOM_CLAMD=off",
+    )
     args = parser.parse_args()
 
     install_signal_handlers()
@@ -183,8 +216,11 @@ def main() -> int:
         port = free_port()
         start_gunicorn(stack, env, 1, port)
         stack.start("relay", [str(PYTHON), "manage.py", "run_relay"], env)
-        stack.start("celery", [str(BIN / "celery"), "-A", "config", "worker", "--concurrency", "1",
-                               "--loglevel", "WARNING"], env)
+        stack.start(
+            "celery",
+            [str(BIN / "celery"), "-A", "config", "worker", "--concurrency", "1", "--loglevel", "WARNING"],
+            env,
+        )
         # Warm-up: every process has imported what it needs and holds its connections before we measure.
         for i, (body, _headers) in enumerate(make_messages("w" + os.urandom(4).hex(), 20, 3000)):
             status, answer = post(port, body)
@@ -216,8 +252,13 @@ def main() -> int:
         child_after = memory_kib(child)
         still = children(stack.pid("celery"))
         result = check(answer["inbox_event_id"])
-        ok = done is not None and result == {"state": "completed", "mappings": 1, "intents": 1, "succeeded": 1,
-                                             "tickets": 1}
+        ok = done is not None and result == {
+            "state": "completed",
+            "mappings": 1,
+            "intents": 1,
+            "succeeded": 1,
+            "tickets": 1,
+        }
         peak = max(sampler.peak, child_after.get("VmHWM", 0) if hwm_reset else 0)
         growth = peak - child_before["VmRSS"]
         web_peak = web_after.get("VmHWM", 0) if hwm_reset else web_after.get("VmRSS", 0)
@@ -225,25 +266,40 @@ def main() -> int:
 
         print()
         print("=" * 78)
-        print(f"MEMORY — one {len(raw):,}-byte message ({len(raw) / MiB:.2f} MiB raw: text body + two base64 "
-              f"attachments, PDF-like and JPEG-like), Celery prefork concurrency 1, built-in destination, "
-              f"clamd {args.clamd}")
-        print(f"  POST answered {status} in {posted - t0:.2f} s; mapped "
-              + (f"{done - t0:.2f} s after the post" if done else f"NOT within {args.timeout:g} s"))
-        print(f"  worker child (pid {child}): RSS before {mib(child_before['VmRSS'])}, peak {mib(peak)} "
-              f"({sampler.samples} samples every 10 ms" + (", and VmHWM reset before the post)" if hwm_reset else ")")
-              + f", after {mib(child_after.get('VmRSS', 0))}")
-        print(f"  worker growth         : {mib(growth)} = {growth * 1024 / len(raw):.2f}x the message size "
-              f"(goal < 3x: {'MET' if growth * 1024 < 3 * len(raw) else 'MISSED'})")
+        print(
+            f"MEMORY — one {len(raw):,}-byte message ({len(raw) / MiB:.2f} MiB raw: text body + two base64 "
+            f"attachments, PDF-like and JPEG-like), Celery prefork concurrency 1, built-in destination, "
+            f"clamd {args.clamd}"
+        )
+        print(
+            f"  POST answered {status} in {posted - t0:.2f} s; mapped "
+            + (f"{done - t0:.2f} s after the post" if done else f"NOT within {args.timeout:g} s")
+        )
+        print(
+            f"  worker child (pid {child}): RSS before {mib(child_before['VmRSS'])}, peak {mib(peak)} "
+            f"({sampler.samples} samples every 10 ms"
+            + (", and VmHWM reset before the post)" if hwm_reset else ")")
+            + f", after {mib(child_after.get('VmRSS', 0))}"
+        )
+        print(
+            f"  worker growth         : {mib(growth)} = {growth * 1024 / len(raw):.2f}x the message size "
+            f"(goal < 3x: {'MET' if growth * 1024 < 3 * len(raw) else 'MISSED'})"
+        )
         if still != [child]:
             print(f"  NOTE: the worker's children changed during the run ({workers} -> {still}): peak may be low")
-        print(f"  web worker (pid {web_pid}): RSS before {mib(web_before['VmRSS'])}, peak {mib(web_peak)}, after "
-              f"{mib(web_after.get('VmRSS', 0))}")
-        print(f"  web growth            : {mib(web_growth)} = {web_growth * 1024 / len(raw):.2f}x the message size "
-              f"(goal < 2x: {'MET' if web_growth * 1024 < 2 * len(raw) else 'MISSED'})")
-        print(f"CHECK: event {result['state']}, {result['mappings']} mapping, {result['tickets']} ticket, "
-              f"{result['succeeded']} of {result['intents']} create_ticket intent succeeded -> "
-              f"{'OK' if ok else 'FAILED'}")
+        print(
+            f"  web worker (pid {web_pid}): RSS before {mib(web_before['VmRSS'])}, peak {mib(web_peak)}, after "
+            f"{mib(web_after.get('VmRSS', 0))}"
+        )
+        print(
+            f"  web growth            : {mib(web_growth)} = {web_growth * 1024 / len(raw):.2f}x the message size "
+            f"(goal < 2x: {'MET' if web_growth * 1024 < 2 * len(raw) else 'MISSED'})"
+        )
+        print(
+            f"CHECK: event {result['state']}, {result['mappings']} mapping, {result['tickets']} ticket, "
+            f"{result['succeeded']} of {result['intents']} create_ticket intent succeeded -> "
+            f"{'OK' if ok else 'FAILED'}"
+        )
         print("=" * 78)
         return 0 if ok else 1
     except KeyboardInterrupt:

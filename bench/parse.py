@@ -4,6 +4,7 @@ malformed corpus. Prints figures; asserts nothing.
 
     .venv/bin/python bench/parse.py
 """
+
 import os
 import statistics
 import sys
@@ -39,8 +40,10 @@ def main():
     raw = typical_message()
     timed(raw, 20)  # warm-up
     samples = timed(raw, 2000)
-    print(f"typical message ({len(raw)} bytes): parse+validate median {statistics.median(samples) * 1e6:.0f} us, "
-          f"p99 {sorted(samples)[int(len(samples) * 0.99)] * 1e6:.0f} us")
+    print(
+        f"typical message ({len(raw)} bytes): parse+validate median {statistics.median(samples) * 1e6:.0f} us, "
+        f"p99 {sorted(samples)[int(len(samples) * 0.99)] * 1e6:.0f} us"
+    )
     corpus = sorted(CORPUS.glob("*.eml"))
     per_message = []
     for path in corpus:
@@ -48,9 +51,11 @@ def main():
         timed(body, 5)
         per_message.append((statistics.median(timed(body, 50)), path.name))
     per_message.sort()
-    print(f"real-world corpus ({len(corpus)} messages of tests/corpus): median per message "
-          f"{statistics.median(s for s, _ in per_message) * 1e6:.0f} us, slowest {per_message[-1][0] * 1e3:.2f} ms "
-          f"({per_message[-1][1]})")
+    print(
+        f"real-world corpus ({len(corpus)} messages of tests/corpus): median per message "
+        f"{statistics.median(s for s, _ in per_message) * 1e6:.0f} us, slowest {per_message[-1][0] * 1e3:.2f} ms "
+        f"({per_message[-1][1]})"
+    )
     worst = sorted(((max(timed(body, 1)), name, len(body)) for name, body in generated_corpus()), reverse=True)[:5]
     print("slowest malformed messages:")
     for seconds, name, size in worst:

@@ -5,6 +5,7 @@ Used by `bench/e2e.py --peer`; runnable alone to time the peer once:
 
     PEER_DIR=/tmp/peer .venv/bin/python bench/peer.py --n 2000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,20 @@ def peer_dir() -> Path:
 
 def ensure_prepared(root: Path) -> None:
     """Run the peer's prepare.sh once (idempotent; it installs django-helpdesk in its own venv)."""
-    if (root / "venv" / "bin" / "python").exists() and (root / "bench" / "bench.py").exists() \
-            and (root / "work" / "tmpl").exists():
+    if (
+        (root / "venv" / "bin" / "python").exists()
+        and (root / "bench" / "bench.py").exists()
+        and (root / "work" / "tmpl").exists()
+    ):
         return
     log(f"preparing the peer in {root} (prepare.sh: venv, django-helpdesk, template databases)")
-    proc = subprocess.run(["bash", str(PEER_SCRIPTS / "prepare.sh")], env=dict(os.environ, PEER_DIR=str(root)),
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        ["bash", str(PEER_SCRIPTS / "prepare.sh")],
+        env=dict(os.environ, PEER_DIR=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"the peer's prepare.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
@@ -62,13 +71,28 @@ def corpus_messages(root: Path, n: int, tag: str) -> list[bytes]:
 
 def run_once(root: Path, n: int) -> dict:
     """One timed `get_email` import of N mails into a fresh database; returns its figures."""
-    proc = subprocess.run([str(root / "venv" / "bin" / "python"), str(root / "bench" / "bench.py"), "--db", "pg",
-                           "--n", str(n), "--runs", "1"], env=dict(os.environ, PEER_DIR=str(root)),
-                          capture_output=True, text=True, timeout=3600, start_new_session=True)
+    proc = subprocess.run(
+        [
+            str(root / "venv" / "bin" / "python"),
+            str(root / "bench" / "bench.py"),
+            "--db",
+            "pg",
+            "--n",
+            str(n),
+            "--runs",
+            "1",
+        ],
+        env=dict(os.environ, PEER_DIR=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        start_new_session=True,
+    )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("{")), None)
     if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"the peer's bench.py failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                           f"{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"the peer's bench.py failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     r = json.loads(line)
     r["rate"] = n / r["wall_s"]
     r["cpu_ms_per_mail"] = (r["user_s"] + r["sys_s"]) / n * 1000
@@ -76,9 +100,11 @@ def run_once(root: Path, n: int) -> dict:
 
 
 def describe(r: dict) -> str:
-    return (f"{r['rate']:,.1f} mails/s ({r['n']} mails in {r['wall_s']:.2f} s; get_email rc {r['rc']}; "
-            f"CPU of the get_email process {r['cpu_ms_per_mail']:.2f} ms/mail; tickets {r['tickets']}, "
-            f"follow-ups {r['followups']}, mails left {r['mails_left']}, peak RSS {r['max_rss_mb']} MB)")
+    return (
+        f"{r['rate']:,.1f} mails/s ({r['n']} mails in {r['wall_s']:.2f} s; get_email rc {r['rc']}; "
+        f"CPU of the get_email process {r['cpu_ms_per_mail']:.2f} ms/mail; tickets {r['tickets']}, "
+        f"follow-ups {r['followups']}, mails left {r['mails_left']}, peak RSS {r['max_rss_mb']} MB)"
+    )
 
 
 def main() -> int:

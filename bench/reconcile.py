@@ -16,6 +16,7 @@ findings; the median of the next `--passes` is printed, then the 10k → 1M grow
 Needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust; BENCH_PG_ADMIN_DSN overrides); creates
 and drops the database `mailroom_bench_reconcile`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,12 +69,23 @@ print("BENCH_PASS " + json.dumps({"durations": durations, "lines": [s.line() for
 def columns(conn, table: str) -> list[tuple[str, str, bool, bool]]:
     return conn.execute(
         "SELECT column_name, data_type, is_nullable = 'YES', column_default IS NOT NULL FROM information_schema.columns"
-        " WHERE table_name = %s ORDER BY ordinal_position", (table,)).fetchall()
+        " WHERE table_name = %s ORDER BY ordinal_position",
+        (table,),
+    ).fetchall()
 
 
-FILLER = {"boolean": "false", "integer": "0", "bigint": "0", "smallint": "0", "text": "''",
-          "character varying": "''", "jsonb": "'{}'::jsonb", "timestamp with time zone": "now()",
-          "double precision": "0", "bytea": "NULL"}
+FILLER = {
+    "boolean": "false",
+    "integer": "0",
+    "bigint": "0",
+    "smallint": "0",
+    "text": "''",
+    "character varying": "''",
+    "jsonb": "'{}'::jsonb",
+    "timestamp with time zone": "now()",
+    "double precision": "0",
+    "bytea": "NULL",
+}
 
 
 def insert_series(conn, table: str, count_sql: str, values: dict[str, str]) -> None:
@@ -95,50 +107,111 @@ def fill(size: int, ids: dict) -> None:
     tenant, mailbox, destination = ids["tenant"], ids["mailbox"], ids["destination"]
     history = size - WINDOW_EVENTS - STUCK_EVENTS
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
-        for table in ("reconciliation_finding", "reconciliation_reconciliationrun", "ticketing_ticketmapping",
-                      "ticketing_intent", "ticketing_ticket", "intake_auditevent", "intake_outboxmessage",
-                      "intake_inboxevent"):
+        for table in (
+            "reconciliation_finding",
+            "reconciliation_reconciliationrun",
+            "ticketing_ticketmapping",
+            "ticketing_intent",
+            "ticketing_ticket",
+            "intake_auditevent",
+            "intake_outboxmessage",
+            "intake_inboxevent",
+        ):
             conn.execute(f"TRUNCATE {table} RESTART IDENTITY CASCADE")
         # Ids grow with time: the history first (a year ago up to 4 days ago), then the window, then the stuck.
         step = f"(interval '361 days' / {max(history, 1)})"
-        when = (f"CASE WHEN i <= {history} THEN now() - interval '365 days' + (i * {step})"
-                f" WHEN i <= {history + WINDOW_EVENTS} THEN now() - interval '3 days' + interval '20 minutes'"
-                f" + ((i - {history}) * (interval '2 days' / {WINDOW_EVENTS}))"
-                f" ELSE now() - interval '1 hour' END")
-        insert_series(conn, "intake_inboxevent", f"generate_series(1, {size}) AS i", {
-            "tenant_id": str(tenant), "mailbox_id": str(mailbox), "provider_message_id": "'bench-' || i || '@bench'",
-            "dedupe_key": "md5(i::text) || md5('k' || i::text)", "source": "'raw'",
-            "state": f"CASE WHEN i > {history + WINDOW_EVENTS} THEN 'received' ELSE 'completed' END",
-            "received_at": when, "updated_at": when, "size": "100", "raw": "NULL", "dispatch_count": "1",
-            "thread_key": "md5('t' || i::text)", "sender": "'old@example.com'", "subject": "'old'",
-        })
+        when = (
+            f"CASE WHEN i <= {history} THEN now() - interval '365 days' + (i * {step})"
+            f" WHEN i <= {history + WINDOW_EVENTS} THEN now() - interval '3 days' + interval '20 minutes'"
+            f" + ((i - {history}) * (interval '2 days' / {WINDOW_EVENTS}))"
+            f" ELSE now() - interval '1 hour' END"
+        )
+        insert_series(
+            conn,
+            "intake_inboxevent",
+            f"generate_series(1, {size}) AS i",
+            {
+                "tenant_id": str(tenant),
+                "mailbox_id": str(mailbox),
+                "provider_message_id": "'bench-' || i || '@bench'",
+                "dedupe_key": "md5(i::text) || md5('k' || i::text)",
+                "source": "'raw'",
+                "state": f"CASE WHEN i > {history + WINDOW_EVENTS} THEN 'received' ELSE 'completed' END",
+                "received_at": when,
+                "updated_at": when,
+                "size": "100",
+                "raw": "NULL",
+                "dispatch_count": "1",
+                "thread_key": "md5('t' || i::text)",
+                "sender": "'old@example.com'",
+                "subject": "'old'",
+            },
+        )
         completed = "(SELECT id, received_at FROM intake_inboxevent WHERE state = 'completed') AS e"
         key = "md5('a' || e.id::text) || md5('b' || e.id::text)"
-        insert_series(conn, "ticketing_ticket", completed, {
-            "destination_id": str(destination), "idempotency_key": key,
-            "external_ref": f"'mailroom-' || left({key}, 40)",
-            "subject": "'old'", "status": "'new'", "tags": "'[]'::jsonb", "created_at": "e.received_at",
-            "priority": "'normal'",
-        })
+        insert_series(
+            conn,
+            "ticketing_ticket",
+            completed,
+            {
+                "destination_id": str(destination),
+                "idempotency_key": key,
+                "external_ref": f"'mailroom-' || left({key}, 40)",
+                "subject": "'old'",
+                "status": "'new'",
+                "tags": "'[]'::jsonb",
+                "created_at": "e.received_at",
+                "priority": "'normal'",
+            },
+        )
         with_ticket = completed + f" JOIN ticketing_ticket t ON t.idempotency_key = {key}"
-        insert_series(conn, "ticketing_intent", with_ticket, {
-            "idempotency_key": key, "inbox_event_id": "e.id", "action": "'create_ticket'", "action_version": "1",
-            "destination_id": str(destination), "state": "'succeeded'", "attempts": "1",
-            "external_ref": "t.external_ref", "result_ref": "t.id::text", "created_at": "e.received_at",
-            "completed_at": "e.received_at",
-        })
-        insert_series(conn, "ticketing_ticketmapping", with_ticket, {
-            "inbox_event_id": "e.id", "action": "'create_ticket'", "destination_id": str(destination),
-            "ticket_id": "t.id::text", "ticket_url": "''", "created_at": "e.received_at",
-        })
-        insert_series(conn, "intake_outboxmessage", f"generate_series(1, {STUCK_OUTBOX}) AS i", {
-            "topic": "'inbox_event.process'", "payload": "'{}'::jsonb", "created_at": "now() - interval '1 hour'",
-            "published_at": "NULL", "attempts": "0",
-        })
+        insert_series(
+            conn,
+            "ticketing_intent",
+            with_ticket,
+            {
+                "idempotency_key": key,
+                "inbox_event_id": "e.id",
+                "action": "'create_ticket'",
+                "action_version": "1",
+                "destination_id": str(destination),
+                "state": "'succeeded'",
+                "attempts": "1",
+                "external_ref": "t.external_ref",
+                "result_ref": "t.id::text",
+                "created_at": "e.received_at",
+                "completed_at": "e.received_at",
+            },
+        )
+        insert_series(
+            conn,
+            "ticketing_ticketmapping",
+            with_ticket,
+            {
+                "inbox_event_id": "e.id",
+                "action": "'create_ticket'",
+                "destination_id": str(destination),
+                "ticket_id": "t.id::text",
+                "ticket_url": "''",
+                "created_at": "e.received_at",
+            },
+        )
+        insert_series(
+            conn,
+            "intake_outboxmessage",
+            f"generate_series(1, {STUCK_OUTBOX}) AS i",
+            {
+                "topic": "'inbox_event.process'",
+                "payload": "'{}'::jsonb",
+                "created_at": "now() - interval '1 hour'",
+                "published_at": "NULL",
+                "attempts": "0",
+            },
+        )
         conn.execute("VACUUM ANALYZE")
 
 
-SETUP = r'''
+SETUP = r"""
 import json
 from intake.models import Mailbox, Tenant
 from ticketing.models import Destination
@@ -147,7 +220,7 @@ mailbox = Mailbox.objects.create(tenant=tenant, slug="bench", address="support@b
                                  webhook_secret_ref="env:BENCH_SECRET")
 destination = Destination.objects.create(tenant=tenant, slug="builtin", kind="builtin", is_default=True)
 print("BENCH_SETUP " + json.dumps({"tenant": tenant.pk, "mailbox": mailbox.pk, "destination": destination.pk}))
-'''
+"""
 
 
 def main() -> int:
@@ -173,8 +246,10 @@ def main() -> int:
             data = json.loads(next(x for x in out.splitlines() if x.startswith("BENCH_PASS ")).split(" ", 1)[1])
             timed = data["durations"][1:]
             results[size] = statistics.median(timed)
-            log(f"{size:>9,} events: one pass {results[size] * 1000:.1f} ms (median of {len(timed)}; "
-                f"first pass {data['durations'][0] * 1000:.1f} ms)")
+            log(
+                f"{size:>9,} events: one pass {results[size] * 1000:.1f} ms (median of {len(timed)}; "
+                f"first pass {data['durations'][0] * 1000:.1f} ms)"
+            )
             log(f"           last pass per reconciler (ms): {data['parts']}")
             for line in data["lines"]:
                 log(f"           {line}")

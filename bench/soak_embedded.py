@@ -19,6 +19,7 @@ stack as Ctrl-C does and prints:
 
 The last line is the summary as JSON. Exits 1 only when a posted message is unaccounted for (a guarantee).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,16 @@ QUEUE_STATES = {"awaiting_review", "quarantined", "failed", "unknown"}
 _LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 _EXIT = re.compile(r"^(\w+): (was killed by \S+|exited with -?\d+) after")
 # Variables that would move the stack off its embedded default or leak this process's state into it.
-STRIPPED = {"DATABASE_URL", "DJANGO_SETTINGS_MODULE", "PORT", "HOST", "SECRET_KEY", "ALLOWED_HOSTS", "DEBUG",
-            "VIRTUAL_ENV"}
+STRIPPED = {
+    "DATABASE_URL",
+    "DJANGO_SETTINGS_MODULE",
+    "PORT",
+    "HOST",
+    "SECRET_KEY",
+    "ALLOWED_HOSTS",
+    "DEBUG",
+    "VIRTUAL_ENV",
+}
 STRIPPED_PREFIXES = ("MAILROOM_", "CELERY_", "MAKE")
 
 SETTLED_CODE = """
@@ -70,14 +79,22 @@ print(json.dumps([list(r) for r in rows]))
 
 def stack_env(tmp: Path, port: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in STRIPPED and not k.startswith(STRIPPED_PREFIXES)}
-    env.update({"MAILROOM_ENV": "development", "MAILROOM_VAR_DIR": str(tmp / "var"),
-                "MAILROOM_ENV_FILE": str(tmp / ".env"), "PORT": str(port), "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "MAILROOM_ENV": "development",
+            "MAILROOM_VAR_DIR": str(tmp / "var"),
+            "MAILROOM_ENV_FILE": str(tmp / ".env"),
+            "PORT": str(port),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
 def manage(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PYTHON), "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(PYTHON), "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def read_env_file(path: Path) -> dict:
@@ -125,7 +142,7 @@ def stack_pids(root: int) -> list[int]:
                 raw = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            parents.setdefault(int(raw[raw.rindex(")") + 2:].split()[1]), []).append(int(entry))
+            parents.setdefault(int(raw[raw.rindex(")") + 2 :].split()[1]), []).append(int(entry))
     found, todo = [], [root]
     while todo:
         for child in parents.get(todo.pop(), []):
@@ -171,9 +188,12 @@ def login(base: str, username: str, password: str) -> requests.Session:
     session = requests.Session()
     page = session.get(f"{base}/admin/login/", timeout=10)
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
-    done = session.post(f"{base}/admin/login/?next=/admin/", timeout=10, headers={"Referer": base},
-                        data={"username": username, "password": password, "csrfmiddlewaretoken": token,
-                              "next": "/admin/"})
+    done = session.post(
+        f"{base}/admin/login/?next=/admin/",
+        timeout=10,
+        headers={"Referer": base},
+        data={"username": username, "password": password, "csrfmiddlewaretoken": token, "next": "/admin/"},
+    )
     if not done.url.rstrip("/").endswith("/admin"):
         raise RuntimeError(f"admin login failed: {done.status_code} {done.url}")
     return session
@@ -203,8 +223,16 @@ def main() -> int:
         done = manage(env, *step)
         if done.returncode:
             raise SystemExit(f"{' '.join(step)} failed:\n{done.stdout}{done.stderr}")
-    stack = subprocess.Popen([str(PYTHON), "manage.py", "run_stack"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    stack = subprocess.Popen(
+        [str(PYTHON), "manage.py", "run_stack"],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     console = Console(stack.stdout, tmp / "console.log")
     posted: list[int] = []
     statuses: dict[str, int] = {}
@@ -237,9 +265,15 @@ def main() -> int:
                 n += 1
                 body = sample(n)
                 try:
-                    answer = requests.post(f"{base}/webhooks/raw/demo/", data=body, timeout=30, headers={
-                        **signed_headers(secrets["MAILROOM_DEMO_WEBHOOK_SECRET"], body),
-                        "Content-Type": "message/rfc822"})
+                    answer = requests.post(
+                        f"{base}/webhooks/raw/demo/",
+                        data=body,
+                        timeout=30,
+                        headers={
+                            **signed_headers(secrets["MAILROOM_DEMO_WEBHOOK_SECRET"], body),
+                            "Content-Type": "message/rfc822",
+                        },
+                    )
                     statuses[str(answer.status_code)] = statuses.get(str(answer.status_code), 0) + 1
                     if answer.status_code == 202:
                         posted.append(answer.json()["inbox_event_id"])
@@ -260,16 +294,25 @@ def main() -> int:
             if drill is None and now >= next_drill and now - started < duration:
                 next_drill += args.drill_every
                 drill_log = (tmp / f"drill-{drills['run'] + 1}.log").open("w")
-                drill = subprocess.Popen([str(PYTHON), "manage.py", "drill"], cwd=REPO, env=env, stdout=drill_log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                drill = subprocess.Popen(
+                    [str(PYTHON), "manage.py", "drill"],
+                    cwd=REPO,
+                    env=env,
+                    stdout=drill_log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
                 drill_log.close()
                 drills["run"] += 1
             if drill is not None and drill.poll() is not None:
                 if drill.returncode == 0:
                     drills["passed"] += 1
                 else:
-                    drills["failures"].append(f"drill {drills['run']}: exit {drill.returncode} "
-                                              f"(see {tmp / ('drill-' + str(drills['run']) + '.log')})")
+                    drills["failures"].append(
+                        f"drill {drills['run']}: exit {drill.returncode} "
+                        f"(see {tmp / ('drill-' + str(drills['run']) + '.log')})"
+                    )
                 drill = None
             time.sleep(0.05)
         rss_last = rss_mb(stack_pids(stack.pid))
@@ -307,26 +350,44 @@ def main() -> int:
     unaccounted = len(posted) - completed - suppressed - queued
     stopped = bool(text.strip()) and text.strip().splitlines()[-1].strip() == "stopped"
     figures = {
-        "seconds": round(ran_for), "exits": len(exits), "restarts": len(restarts), "errors": len(errors),
-        "warnings": len(warnings), "posts": sum(statuses.values()), "statuses": statuses, "posted": len(posted),
-        "completed": completed, "suppressed": suppressed, "queued_with_reason": queued, "unaccounted": unaccounted,
-        "pages_opened": pages["opened"], "pages_ok": pages["ok"], "drills_run": drills["run"],
-        "drills_passed": drills["passed"], "stopped_cleanly": stopped, "rss_first_mb": round(rss_first),
-        "rss_last_mb": round(rss_last)}
+        "seconds": round(ran_for),
+        "exits": len(exits),
+        "restarts": len(restarts),
+        "errors": len(errors),
+        "warnings": len(warnings),
+        "posts": sum(statuses.values()),
+        "statuses": statuses,
+        "posted": len(posted),
+        "completed": completed,
+        "suppressed": suppressed,
+        "queued_with_reason": queued,
+        "unaccounted": unaccounted,
+        "pages_opened": pages["opened"],
+        "pages_ok": pages["ok"],
+        "drills_run": drills["run"],
+        "drills_passed": drills["passed"],
+        "stopped_cleanly": stopped,
+        "rss_first_mb": round(rss_first),
+        "rss_last_mb": round(rss_last),
+    }
 
     def goal(ok: bool) -> str:
         return "MET" if ok else "MISSED"
 
     print(f"\nsoak of the embedded default, {ran_for / 60:.1f} minutes:")
-    print(f"  process exits            {len(exits):>6}   restarts {len(restarts)}   goal 0   "
-          f"{goal(not exits and not restarts)}")
+    print(
+        f"  process exits            {len(exits):>6}   restarts {len(restarts)}   goal 0   "
+        f"{goal(not exits and not restarts)}"
+    )
     for line in exits[:5]:
         print(f"    {line}")
     print(f"  ERROR/CRITICAL log lines {len(errors):>6}   goal 0   {goal(not errors)}")
     for line in errors[:8]:
         print(f"    {line[:220]}")
-    print(f"  WARNING log lines        {len(warnings):>6}   (not a goal; by file and logger: "
-          f"{dict(warning_kinds(warnings).most_common(6))})")
+    print(
+        f"  WARNING log lines        {len(warnings):>6}   (not a goal; by file and logger: "
+        f"{dict(warning_kinds(warnings).most_common(6))})"
+    )
     for line in warnings[-3:]:
         print(f"    {line[:220]}")
     print(f"  messages posted          {len(posted):>6}   (answers {statuses})")
@@ -334,12 +395,16 @@ def main() -> int:
     print(f"    suppressed             {suppressed:>6}")
     print(f"    in the queue, reasoned {queued:>6}   {dict(reasons) if reasons else ''}")
     print(f"    unaccounted            {unaccounted:>6}   goal 0   {goal(unaccounted == 0)}")
-    print(f"  admin pages 200          {pages['ok']:>6} of {pages['opened']}   goal all   "
-          f"{goal(pages['ok'] == pages['opened'])}")
+    print(
+        f"  admin pages 200          {pages['ok']:>6} of {pages['opened']}   goal all   "
+        f"{goal(pages['ok'] == pages['opened'])}"
+    )
     for line in pages["failures"][:4]:
         print(f"    {line}")
-    print(f"  drills passed            {drills['passed']:>6} of {drills['run']}   goal all   "
-          f"{goal(drills['passed'] == drills['run'])}")
+    print(
+        f"  drills passed            {drills['passed']:>6} of {drills['run']}   goal all   "
+        f"{goal(drills['passed'] == drills['run'])}"
+    )
     for line in drills["failures"][:4]:
         print(f"    {line}")
     print(f"  stack memory             {rss_first:>6.0f} MB at the start, {rss_last:.0f} MB at the end")

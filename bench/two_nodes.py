@@ -16,6 +16,7 @@ finish. Goal: 0 lost, 0 duplicates (one ticket, one mapping, one succeeded inten
 
     flock /tmp/mailroom-bench.lock .venv/bin/python bench/two_nodes.py --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,12 @@ DB_NAME = e2e.DB_NAME  # e2e's helpers (phase, verify, wait_for_mappings) read i
 READY_FILE_VAR = "MAILROOM_WORKER_READY_FILE"  # config.celery: a worker writes it once it consumes
 NODE_PROCESSES = ("worker", "calls", "relay", "beat")
 # The kill phase's recovery, shortened so that it fits the run: claims, redelivery, the stale-event sweep.
-RECOVERY_ENV = {"MAILROOM_CLAIM_SECONDS": "5", "MAILROOM_BROKER_VISIBILITY_TIMEOUT": "15",
-                "MAILROOM_STALE_EVENT_SECONDS": "10", "MAILROOM_SWEEP_SECONDS": "2"}
+RECOVERY_ENV = {
+    "MAILROOM_CLAIM_SECONDS": "5",
+    "MAILROOM_BROKER_VISIBILITY_TIMEOUT": "15",
+    "MAILROOM_STALE_EVENT_SECONDS": "10",
+    "MAILROOM_SWEEP_SECONDS": "2",
+}
 
 
 def start_node(stack: Stack, env: dict, name: str, concurrency: int, threads: int) -> list[str]:
@@ -63,10 +68,22 @@ def start_node(stack: Stack, env: dict, name: str, concurrency: int, threads: in
     for path in ready:
         path.unlink(missing_ok=True)
     commands = {
-        "worker": celery + ["worker", "--concurrency", str(concurrency), "-Q", "celery", "-n", f"{name}@%h",
-                            "--loglevel", "WARNING"],
-        "calls": celery + ["worker", "--pool", "threads", "--concurrency", str(threads), "-Q", "destinations",
-                           "-n", f"{name}-calls@%h", "--loglevel", "WARNING"],
+        "worker": celery
+        + ["worker", "--concurrency", str(concurrency), "-Q", "celery", "-n", f"{name}@%h", "--loglevel", "WARNING"],
+        "calls": celery
+        + [
+            "worker",
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(threads),
+            "-Q",
+            "destinations",
+            "-n",
+            f"{name}-calls@%h",
+            "--loglevel",
+            "WARNING",
+        ],
         "relay": [str(PYTHON), "manage.py", "run_relay"],
         "beat": celery + ["beat", "--loglevel", "WARNING"],
     }
@@ -101,8 +118,9 @@ def kill_node(stack: Stack, names: list[str]) -> None:
 
 def mapped_count(ids: list[int]) -> int:
     with psycopg.connect(db_url(DB_NAME), autocommit=True) as conn:
-        return conn.execute("SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id = ANY(%s)",
-                            (ids,)).fetchone()[0]
+        return conn.execute(
+            "SELECT count(*) FROM ticketing_ticketmapping WHERE inbox_event_id = ANY(%s)", (ids,)
+        ).fetchone()[0]
 
 
 def layout(stack, env, nodes: int, concurrency: int, threads: int) -> list[list[str]]:
@@ -144,8 +162,13 @@ def kill_phase(args, port, stack, env) -> dict:
         done_at, _ = e2e.wait_for_mappings(ids, args.timeout + 60, stack)
         time.sleep(2)  # a late duplicate, were there one, would land now
         check = e2e.verify(ids, tickets_before, outbox_before)
-        return {"n": len(ids), "mapped_at_kill": mapped, "check": check, "timed_out": done_at is None,
-                "recovered_in": None if done_at is None else done_at - max(r[1] for r in posted["results"])}
+        return {
+            "n": len(ids),
+            "mapped_at_kill": mapped,
+            "check": check,
+            "timed_out": done_at is None,
+            "recovered_in": None if done_at is None else done_at - max(r[1] for r in posted["results"]),
+        }
     finally:
         for node in running:
             stop_nodes(stack, node)
@@ -153,14 +176,25 @@ def kill_phase(args, port, stack, env) -> dict:
 
 def guarantees(check: dict, n: int) -> tuple[bool, int, int]:
     """(every guarantee holds, emails without their mapping, tickets beyond one per email)."""
-    ok = all(check[k] == n for k in ("events", "completed", "one_mapping", "one_succeeded_intent", "one_ticket",
-                                     "consistent", "tickets_made"))
+    ok = all(
+        check[k] == n
+        for k in (
+            "events",
+            "completed",
+            "one_mapping",
+            "one_succeeded_intent",
+            "one_ticket",
+            "consistent",
+            "tickets_made",
+        )
+    )
     return ok, n - check["one_mapping"], max(0, check["tickets_made"] - check["one_ticket"])
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--emails", type=int, default=1000, help="emails per phase (default 1000)")
     parser.add_argument("--rounds", type=int, default=2, help="one-node/two-node pairs, alternating (default 2)")
     parser.add_argument("--clients", type=int, default=4, help="concurrent posting clients (default 4)")
@@ -198,26 +232,34 @@ def main() -> int:
         one_rate, two_rate = statistics.median(r["rate"] for r in one), statistics.median(r["rate"] for r in two)
         print()
         print("=" * 78)
-        print(f"TWO NODES — {args.emails} emails per phase to the built-in destination, {args.clients} clients, "
-              f"gunicorn {args.web_workers} workers; a node = prefork worker + {args.threads}-thread destinations "
-              f"worker + relay + beat; one PostgreSQL, one Redis")
+        print(
+            f"TWO NODES — {args.emails} emails per phase to the built-in destination, {args.clients} clients, "
+            f"gunicorn {args.web_workers} workers; a node = prefork worker + {args.threads}-thread destinations "
+            f"worker + relay + beat; one PostgreSQL, one Redis"
+        )
         ok = True
         for r in one + two:
             good, lost, dup = guarantees(r["check"], r["n"])
             ok &= good and not r["timed_out"]
-            print(f"  {r['label']}: {r['rate']:,.1f} emails/s over {r['wall']:.1f} s; lost {lost}, duplicates {dup}"
-                  f"{'' if good else '  GUARANTEE BROKEN: ' + str(r['check'])}")
+            print(
+                f"  {r['label']}: {r['rate']:,.1f} emails/s over {r['wall']:.1f} s; lost {lost}, duplicates {dup}"
+                f"{'' if good else '  GUARANTEE BROKEN: ' + str(r['check'])}"
+            )
         ratio = two_rate / one_rate
-        print(f"RESULT: one node {one_rate:,.1f} emails/s, two nodes {two_rate:,.1f} emails/s (medians of "
-              f"{len(one)}): two/one {ratio * 100:.0f} %; goal >= 90 %: {'MET' if ratio >= 0.9 else 'MISSED'}")
+        print(
+            f"RESULT: one node {one_rate:,.1f} emails/s, two nodes {two_rate:,.1f} emails/s (medians of "
+            f"{len(one)}): two/one {ratio * 100:.0f} %; goal >= 90 %: {'MET' if ratio >= 0.9 else 'MISSED'}"
+        )
         if killed:
             good, lost, dup = guarantees(killed["check"], killed["n"])
             ok &= good and not killed["timed_out"]
             took = killed["recovered_in"]
             recovered = "never" if took is None else f"{took:.1f} s after the last post"
-            print(f"KILL: node1 SIGKILLed with {killed['mapped_at_kill']} of {killed['n']} mapped; all mapped "
-                  f"{recovered}; lost {lost} (goal 0), duplicates {dup} (goal 0): {'MET' if good else 'MISSED'}"
-                  f"{'' if good else '  ' + str(killed['check'])}")
+            print(
+                f"KILL: node1 SIGKILLed with {killed['mapped_at_kill']} of {killed['n']} mapped; all mapped "
+                f"{recovered}; lost {lost} (goal 0), duplicates {dup} (goal 0): {'MET' if good else 'MISSED'}"
+                f"{'' if good else '  ' + str(killed['check'])}"
+            )
         print(f"CHECK: every guarantee in every phase: {'OK' if ok else 'FAILED'}")
         print("=" * 78)
         return 0 if ok else 1

@@ -7,6 +7,7 @@ decided by `SECTION_OF`, one table by (app_label, model name); a model missing f
 hidden: its models' admins refuse every non-superuser (`SuperusersOnlyAdminMixin`, mixed in when they are
 registered), so their URLs answer 403 whatever permissions a user holds.
 """
+
 from django.contrib.admin import AdminSite, ModelAdmin
 from django.db.models.base import ModelBase
 from django.urls import NoReverseMatch, reverse
@@ -18,8 +19,11 @@ SECTIONS = (
     (RECOVERY, "Recovery queue", "Messages waiting for a person, the dashboard, and the pauses."),
     (CONFIGURATION, "Configuration", "Tenants, mailboxes, where tickets go and how they are routed, access."),
     (EVIDENCE, "Evidence", "What happened to each message: events, audit trail, intents, tickets, reconciliation."),
-    (INTERNALS, "Platform internals", "Bookkeeping of the workers, the scheduler and login throttling. "
-                                      "Superusers only."),
+    (
+        INTERNALS,
+        "Platform internals",
+        "Bookkeeping of the workers, the scheduler and login throttling. Superusers only.",
+    ),
     (OTHER, "Other", "Not yet placed in a section."),
 )
 
@@ -28,7 +32,6 @@ SECTION_OF = {
     ("reconciliation", "recoveryitem"): RECOVERY,
     ("reconciliation", "pauseswitch"): RECOVERY,
     ("reconciliation", "bulkjob"): RECOVERY,  # bulk work over a filter (reconciliation.admin.bulk_jobs)
-
     ("intake", "tenant"): CONFIGURATION,
     ("intake", "verifieddomain"): CONFIGURATION,
     ("intake", "mailbox"): CONFIGURATION,
@@ -41,7 +44,6 @@ SECTION_OF = {
     ("reconciliation", "apitoken"): CONFIGURATION,
     ("auth", "user"): CONFIGURATION,
     ("auth", "group"): CONFIGURATION,
-
     ("intake", "inboxevent"): EVIDENCE,
     ("intake", "auditevent"): EVIDENCE,
     ("ticketing", "intent"): EVIDENCE,
@@ -54,7 +56,6 @@ SECTION_OF = {
     ("reconciliation", "finding"): EVIDENCE,
     ("intake", "secretresolution"): EVIDENCE,
     ("intake", "mailboxaudit"): EVIDENCE,
-
     ("intake", "outboxmessage"): INTERNALS,
     ("intake", "pollcursor"): INTERNALS,
     ("intake", "webhooknonce"): INTERNALS,
@@ -146,9 +147,16 @@ class MailroomAdminSite(AdminSite):
         if dashboard := self.dashboard_entry(by_section[RECOVERY]):
             by_section[RECOVERY].insert(1, dashboard)
         return [
-            {"name": title, "app_label": key, "app_url": None, "has_module_perms": True, "description": about,
-             "models": by_section[key]}
-            for key, title, about in SECTIONS if by_section[key]
+            {
+                "name": title,
+                "app_label": key,
+                "app_url": None,
+                "has_module_perms": True,
+                "description": about,
+                "models": by_section[key],
+            }
+            for key, title, about in SECTIONS
+            if by_section[key]
         ]
 
     @staticmethod
@@ -163,5 +171,12 @@ class MailroomAdminSite(AdminSite):
             url = reverse("admin:reconciliation_dashboard", current_app=self.name)
         except NoReverseMatch:
             return None
-        return {"model": None, "name": "Dashboard", "object_name": "Dashboard", "perms": {"view": True},
-                "admin_url": url, "add_url": None, "view_only": True}
+        return {
+            "model": None,
+            "name": "Dashboard",
+            "object_name": "Dashboard",
+            "perms": {"view": True},
+            "admin_url": url,
+            "add_url": None,
+            "view_only": True,
+        }

@@ -1,4 +1,5 @@
 """The admin app under Mailroom's own site: `MailroomAdminSite` (config.admin_site) is `admin.site`."""
+
 from django.contrib.admin.apps import AdminConfig
 
 

@@ -20,6 +20,7 @@ kombu's machinery here, with these changes:
 
 `bench/broker_embedded.py` measures it: lost, duplicated and crashed under several producers and workers.
 """
+
 from __future__ import annotations
 
 import json
@@ -100,8 +101,10 @@ class Channel(kombu_sqlalchemy.Channel):
     # --- the engine -----------------------------------------------------------------------------
     def _engine_from_config(self):
         engine = create_engine(
-            self.connection.client.hostname, isolation_level="AUTOCOMMIT",
-            connect_args={"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False})
+            self.connection.client.hostname,
+            isolation_level="AUTOCOMMIT",
+            connect_args={"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False},
+        )
         event.listen(engine, "connect", _configure_connection)
         return engine
 
@@ -128,8 +131,9 @@ class Channel(kombu_sqlalchemy.Channel):
             table = self.queue_cls.__tablename__
             with self._engine.connect() as conn:
                 conn.execute(text(f"INSERT OR IGNORE INTO {table} (name) VALUES (:name)"), {"name": queue})
-                queue_id = conn.execute(text(f"SELECT id FROM {table} WHERE name = :name"),
-                                        {"name": queue}).scalar_one()
+                queue_id = conn.execute(
+                    text(f"SELECT id FROM {table} WHERE name = :name"), {"name": queue}
+                ).scalar_one()
             self._queue_ids[queue] = queue_id
         return queue_id
 
@@ -139,22 +143,37 @@ class Channel(kombu_sqlalchemy.Channel):
     def _put(self, queue, payload, **kwargs):
         queue_id = self._queue_id(queue)
         with self._engine.connect() as conn:
-            conn.execute(text(f"INSERT INTO {self.message_cls.__tablename__} (visible, timestamp, payload, version, "
-                              "queue_id) VALUES (1, :at, :payload, 1, :queue_id)"),
-                         {"at": datetime.now(UTC).replace(tzinfo=None).isoformat(" "), "payload": json.dumps(payload),
-                          "queue_id": queue_id})
+            conn.execute(
+                text(
+                    f"INSERT INTO {self.message_cls.__tablename__} (visible, timestamp, payload, version, "
+                    "queue_id) VALUES (1, :at, :payload, 1, :queue_id)"
+                ),
+                {
+                    "at": datetime.now(UTC).replace(tzinfo=None).isoformat(" "),
+                    "payload": json.dumps(payload),
+                    "queue_id": queue_id,
+                },
+            )
 
     def _take(self, queue_id: int):
         """The queue's oldest message, removed in the same statement (id, payload), or None."""
         table = self.message_cls.__tablename__
         with self._engine.connect() as conn:
             # A read first: an idle poll takes no write lock.
-            if conn.execute(text(f"SELECT 1 FROM {table} WHERE queue_id = :q AND visible = 1 LIMIT 1"),
-                            {"q": queue_id}).first() is None:
+            if (
+                conn.execute(
+                    text(f"SELECT 1 FROM {table} WHERE queue_id = :q AND visible = 1 LIMIT 1"), {"q": queue_id}
+                ).first()
+                is None
+            ):
                 return None
-            return conn.execute(text(
-                f"DELETE FROM {table} WHERE id = (SELECT id FROM {table} WHERE queue_id = :q AND visible = 1 "
-                "ORDER BY id LIMIT 1) RETURNING id, payload"), {"q": queue_id}).first()
+            return conn.execute(
+                text(
+                    f"DELETE FROM {table} WHERE id = (SELECT id FROM {table} WHERE queue_id = :q AND visible = 1 "
+                    "ORDER BY id LIMIT 1) RETURNING id, payload"
+                ),
+                {"q": queue_id},
+            ).first()
 
     def _get(self, queue):
         queue_id = self._queue_id(queue)
@@ -165,19 +184,26 @@ class Channel(kombu_sqlalchemy.Channel):
             try:
                 return decode_payload(row.payload, decode_body=self.decode_body, accept=self._accept)
             except UndecodableMessage as exc:
-                logger.warning("embedded broker: dropped message %s of queue %s: %s (the database sweeps redo its "
-                               "work)", row.id, queue, exc)
+                logger.warning(
+                    "embedded broker: dropped message %s of queue %s: %s (the database sweeps redo its work)",
+                    row.id,
+                    queue,
+                    exc,
+                )
         raise Empty()
 
     def _size(self, queue):
         with self._engine.connect() as conn:
-            return conn.execute(text(f"SELECT COUNT(*) FROM {self.message_cls.__tablename__} WHERE queue_id = :q "
-                                     "AND visible = 1"), {"q": self._queue_id(queue)}).scalar_one()
+            return conn.execute(
+                text(f"SELECT COUNT(*) FROM {self.message_cls.__tablename__} WHERE queue_id = :q AND visible = 1"),
+                {"q": self._queue_id(queue)},
+            ).scalar_one()
 
     def _purge(self, queue):
         with self._engine.connect() as conn:
-            return conn.execute(text(f"DELETE FROM {self.message_cls.__tablename__} WHERE queue_id = :q"),
-                                {"q": self._queue_id(queue)}).rowcount
+            return conn.execute(
+                text(f"DELETE FROM {self.message_cls.__tablename__} WHERE queue_id = :q"), {"q": self._queue_id(queue)}
+            ).rowcount
 
 
 class Transport(kombu_sqlalchemy.Transport):

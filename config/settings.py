@@ -4,6 +4,7 @@ With nothing set, Mailroom runs on the embedded default: a SQLite database and a
 SQLite Celery broker (config.broker) under `var/`. `DATABASE_URL` and `CELERY_BROKER_URL`
 switch it to PostgreSQL and Redis/RabbitMQ.
 """
+
 import ipaddress
 import os
 from datetime import timedelta
@@ -31,11 +32,13 @@ if MAILROOM_ENV not in ("production", "development"):
 DEVELOPMENT_SECRET_KEY = "insecure-development-key-set-SECRET_KEY-in-production"
 SECRET_KEY = env.str("SECRET_KEY", default="") or DEVELOPMENT_SECRET_KEY
 if MAILROOM_ENV != "development" and (
-        SECRET_KEY == DEVELOPMENT_SECRET_KEY or SECRET_KEY.startswith(("django-insecure-", "insecure-"))):
+    SECRET_KEY == DEVELOPMENT_SECRET_KEY or SECRET_KEY.startswith(("django-insecure-", "insecure-"))
+):
     raise ImproperlyConfigured(
         "SECRET_KEY is missing or a development key. Set SECRET_KEY to a long random value (e.g. "
         "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`), or MAILROOM_ENV=development "
-        "for a local development instance.")
+        "for a local development instance."
+    )
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 # HTTPS-only defaults in production (DEBUG off, MAILROOM_ENV not development); each has its own switch.
@@ -162,8 +165,9 @@ MAILROOM_SIGNATURE_TOLERANCE_SECONDS = env.int("MAILROOM_SIGNATURE_TOLERANCE_SEC
 # a host matching this pattern (SNS's own hosts; tests point it at 127.0.0.1), through the system trust store or
 # MAILROOM_SNS_CA_BUNDLE; messages older than MAILROOM_SNS_MAX_AGE_SECONDS (SNS's longest HTTP retry window)
 # are refused.
-MAILROOM_SNS_CERT_HOST_PATTERN = env.str("MAILROOM_SNS_CERT_HOST_PATTERN",
-                                         default=r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
+MAILROOM_SNS_CERT_HOST_PATTERN = env.str(
+    "MAILROOM_SNS_CERT_HOST_PATTERN", default=r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$"
+)
 MAILROOM_SNS_CA_BUNDLE = env.str("MAILROOM_SNS_CA_BUNDLE", default="")
 MAILROOM_SNS_MAX_AGE_SECONDS = env.int("MAILROOM_SNS_MAX_AGE_SECONDS", default=3600)
 MAILROOM_SNS_TIMEOUT_SECONDS = env.float("MAILROOM_SNS_TIMEOUT_SECONDS", default=10.0)
@@ -178,8 +182,10 @@ for _network in MAILROOM_EGRESS_ALLOWED_NETWORKS:
     try:
         ipaddress.ip_network(_network, strict=False)
     except ValueError:
-        raise ImproperlyConfigured(f"MAILROOM_EGRESS_ALLOWED_NETWORKS: {_network!r} is not a network "
-                                   "(comma-separated CIDRs such as 10.20.0.0/16)") from None
+        raise ImproperlyConfigured(
+            f"MAILROOM_EGRESS_ALLOWED_NETWORKS: {_network!r} is not a network "
+            "(comma-separated CIDRs such as 10.20.0.0/16)"
+        ) from None
 # A routing rule's dry run (ticketing.dry_run) stops after this many seconds in all and says how far it got.
 MAILROOM_DRY_RUN_SECONDS = env.float("MAILROOM_DRY_RUN_SECONDS", default=10.0)
 # A REST destination's body template (ticketing.destinations.rest_templates) renders within this many seconds and
@@ -225,15 +231,21 @@ _public_host = env.str("HOST", default="").strip() or "127.0.0.1"
 _public_host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(_public_host, _public_host)
 if ":" in _public_host and not _public_host.startswith("["):
     _public_host = f"[{_public_host}]"  # an IPv6 literal in a URL
-MAILROOM_PUBLIC_URL = (env.str("MAILROOM_PUBLIC_URL", default="").rstrip("/")
-                       or f"http://{_public_host}:{env.int('PORT', default=8000)}")
+MAILROOM_PUBLIC_URL = (
+    env.str("MAILROOM_PUBLIC_URL", default="").rstrip("/") or f"http://{_public_host}:{env.int('PORT', default=8000)}"
+)
 # The AI proposer (ticketing.classification.ai): an OpenAI-compatible /chat/completions endpoint; off without a URL.
 # Escalation (reconciliation.services.escalation): hours an item may sit in the recovery queue before
 # its owner (or, unassigned, the tenant's operators) is emailed. Looked up by "<state>/<reason>", then
 # reason code, then state, then "default"; a tenant overrides with `Tenant.settings["escalate_after_hours"]`
 # (a number for every item, or a dict with these keys).
 MAILROOM_ESCALATE_AFTER_HOURS = {
-    "malware": 1, "credentials": 2, "failed": 2, "unknown": 1, "quarantined": 4, "awaiting_review": 24,
+    "malware": 1,
+    "credentials": 2,
+    "failed": 2,
+    "unknown": 1,
+    "quarantined": 4,
+    "awaiting_review": 24,
     "default": 24,
 }
 # The daily digest of open items per tenant goes out at this hour (UTC).
@@ -241,10 +253,10 @@ MAILROOM_DIGEST_HOUR = env.int("MAILROOM_DIGEST_HOUR", default=7)
 # The circuit breaker per destination (ticketing.breaker); a destination overrides with settings["breaker"].
 MAILROOM_BREAKER = {
     "enabled": True,
-    "credential_failures": 3,   # this many credentials failures in a row pause the destination
-    "failure_rate": 0.5,        # ... as does this share of failed attempts
-    "min_attempts": 10,         # ... over at least this many attempts
-    "window_seconds": 600,      # ... in this window
+    "credential_failures": 3,  # this many credentials failures in a row pause the destination
+    "failure_rate": 0.5,  # ... as does this share of failed attempts
+    "min_attempts": 10,  # ... over at least this many attempts
+    "window_seconds": 600,  # ... in this window
 }
 MAILROOM_AI_BASE_URL = env.str("MAILROOM_AI_BASE_URL", default="")
 MAILROOM_AI_MODEL = env.str("MAILROOM_AI_MODEL", default="")
@@ -288,9 +300,13 @@ MAILROOM_RSPAMD_TIMEOUT = env.float("MAILROOM_RSPAMD_TIMEOUT", default=5.0)
 # --- Browser-facing edge ----------------------------------------------------
 # The console's pages load only their own static files (intake.middleware.ContentSecurityPolicyMiddleware);
 # empty: no header.
-MAILROOM_CONTENT_SECURITY_POLICY = env.str("MAILROOM_CONTENT_SECURITY_POLICY", default=(
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
-    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"))
+MAILROOM_CONTENT_SECURITY_POLICY = env.str(
+    "MAILROOM_CONTENT_SECURITY_POLICY",
+    default=(
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+)
 # /api/schema/ and /api/docs/ without logging in: in development only, unless set.
 MAILROOM_PUBLIC_API_SCHEMA = env.bool("MAILROOM_PUBLIC_API_SCHEMA", default=MAILROOM_ENV == "development")
 # --- Malware scanning (clamd) -----------------------------------------------
@@ -319,7 +335,8 @@ if CELERY_BROKER_URL.startswith("filesystem:"):
     raise ImproperlyConfigured(
         "CELERY_BROKER_URL=filesystem:// is no longer supported: kombu's file-system transport can hand a "
         "consumer a half-written message (celery/kombu#1551). Unset CELERY_BROKER_URL for the embedded SQLite "
-        "broker, or use redis:// or amqp://.")
+        "broker, or use redis:// or amqp://."
+    )
 if CELERY_BROKER_URL.startswith("sqlite:"):
     CELERY_BROKER_TRANSPORT = "config.broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -368,12 +385,15 @@ queue_names = list(dict.fromkeys(["celery", MAILROOM_DESTINATION_QUEUE or "celer
 # RabbitMQ (amqp://): quorum queues, replicated and durable (docs/deployment.md). They take publisher confirms
 # and per-consumer QoS (Celery drops global QoS when it sees one); a countdown goes through RabbitMQ's native
 # delayed delivery, which routes by topic, so each queue has a topic exchange of its own name.
-MAILROOM_AMQP_QUORUM = env.bool("MAILROOM_AMQP_QUORUM",
-                                default=CELERY_BROKER_URL.startswith(("amqp:", "amqps:", "pyamqp:")))
+MAILROOM_AMQP_QUORUM = env.bool(
+    "MAILROOM_AMQP_QUORUM", default=CELERY_BROKER_URL.startswith(("amqp:", "amqps:", "pyamqp:"))
+)
 if MAILROOM_AMQP_QUORUM:
     CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
-    CELERY_TASK_QUEUES = [Queue(name, Exchange(name, type="topic"), routing_key=name,
-                                queue_arguments={"x-queue-type": "quorum"}) for name in queue_names]
+    CELERY_TASK_QUEUES = [
+        Queue(name, Exchange(name, type="topic"), routing_key=name, queue_arguments={"x-queue-type": "quorum"})
+        for name in queue_names
+    ]
     CELERY_BROKER_TRANSPORT_OPTIONS["confirm_publish"] = True
 else:
     CELERY_TASK_QUEUES = [Queue(name) for name in queue_names]
@@ -399,18 +419,24 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "reconciliation.tasks.reconcile", "schedule": MAILROOM_RECONCILE_SECONDS},
 }
 # Escalation emails, the daily digest and the breaker's pruning (reconciliation.tasks, ticketing.tasks).
-CELERY_BEAT_SCHEDULE.update({
-    "send-escalations": {"task": "reconciliation.tasks.send_escalations", "schedule": 60.0},
-    "send-daily-digests": {"task": "reconciliation.tasks.send_daily_digests",
-                           "schedule": crontab(minute=0, hour=MAILROOM_DIGEST_HOUR)},
-    "prune-breaker-attempts": {"task": "ticketing.tasks.prune_breaker_attempts", "schedule": 3600.0},
-})
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "send-escalations": {"task": "reconciliation.tasks.send_escalations", "schedule": 60.0},
+        "send-daily-digests": {
+            "task": "reconciliation.tasks.send_daily_digests",
+            "schedule": crontab(minute=0, hour=MAILROOM_DIGEST_HOUR),
+        },
+        "prune-breaker-attempts": {"task": "ticketing.tasks.prune_breaker_attempts", "schedule": 3600.0},
+    }
+)
 # Bulk jobs over the queue's filter whose worker died mid-job resume from their cursor (reconciliation.tasks).
 CELERY_BEAT_SCHEDULE["resume-bulk-jobs"] = {"task": "reconciliation.tasks.resume_bulk_jobs", "schedule": 30.0}
 # Mailbox link health and quiet alarms (intake.mailbox_health, intake.quiet, ticketing.mailbox_alerts).
 # A week before a mailbox's OAuth credentials expire, its tenant's admins are emailed (ticketing.credential_warnings).
-CELERY_BEAT_SCHEDULE["warn-expiring-credentials"] = {"task": "ticketing.tasks.warn_expiring_credentials",
-                                                     "schedule": 3600.0}
+CELERY_BEAT_SCHEDULE["warn-expiring-credentials"] = {
+    "task": "ticketing.tasks.warn_expiring_credentials",
+    "schedule": 3600.0,
+}
 CELERY_BEAT_SCHEDULE["check-mailbox-health"] = {"task": "ticketing.tasks.check_mailbox_health", "schedule": 300.0}
 MAILROOM_MAILBOX_FAILING_AFTER = env.int("MAILROOM_MAILBOX_FAILING_AFTER", default=1)  # failed polls in a row
 MAILROOM_MAILBOX_DOWN_AFTER = env.int("MAILROOM_MAILBOX_DOWN_AFTER", default=3)
@@ -440,12 +466,17 @@ LOGGING = {
     },
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {"()": "pythonjsonlogger.json.JsonFormatter",
-                 "format": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s %(task_id)s"},
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s %(task_id)s",
+        },
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_FORMAT == "json" else "plain",
-                    "filters": ["log_context", "redact_secrets", "mask_addresses"]},
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "plain",
+            "filters": ["log_context", "redact_secrets", "mask_addresses"],
+        },
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
@@ -453,8 +484,10 @@ LOGGING = {
         "axes.apps": {"level": "WARNING"},  # a start-up banner per process; lockouts stay (axes.*)
         # A line per due task (beat) and per task received/succeeded (worker) is noise at INFO:
         # an idle `make run` would print one every two seconds. CELERY_LOG_LEVEL=INFO brings them back.
-        **{name: {"level": env.str("CELERY_LOG_LEVEL", default="WARNING")}
-           for name in ("celery.beat", "celery.app.trace", "celery.worker.strategy")},
+        **{
+            name: {"level": env.str("CELERY_LOG_LEVEL", default="WARNING")}
+            for name in ("celery.beat", "celery.app.trace", "celery.worker.strategy")
+        },
     },
 }
 
@@ -474,6 +507,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",  # drf-spectacular-sidecar: local assets, no CDN
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "ENUM_NAME_OVERRIDES": {"EventStateEnum": "intake.models.InboxEvent.State",
-                            "IntentStateEnum": "ticketing.models.Intent.State"},
+    "ENUM_NAME_OVERRIDES": {
+        "EventStateEnum": "intake.models.InboxEvent.State",
+        "IntentStateEnum": "ticketing.models.Intent.State",
+    },
 }

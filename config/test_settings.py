@@ -3,6 +3,7 @@
 The variables are set before the settings module reads them, so a bare
 `pytest` runs on PostgreSQL exactly as `make test` does.
 """
+
 import os
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/mailroom")
@@ -11,12 +12,25 @@ os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 # environment, so that the processes tests start see the same list). "=*" binds one to every row, which only
 # a test rig does (intake.secrets; tests/test_secret_boundary.py binds its own to single rows). The AI keys
 # resolve only for the platform when named by MAILROOM_AI_API_KEY_REF. Tenant-scoped references need no listing.
-TEST_SECRET_REFS = [f"env:{name}=*" for name in (
-    "MAILROOM_TEST_WEBHOOK_SECRET", "MAILROOM_LIVE_TEST_WEBHOOK_SECRET", "MAILROOM_TEST_MAILGUN_KEY",
-    "MAILROOM_TEST_BASIC", "FAKEDESK_CREDENTIALS", "FAKEDESK_BAD_CREDENTIALS", "DESK_CREDENTIALS", "ZD_CREDENTIALS",
-    "ZD_TOKEN_ONLY", "SOME_OTHER_PASSWORD", "GMAIL_TEST_CREDENTIALS", "GMAIL_TEST_URL_TOKEN", "GRAPH_TEST_CREDENTIALS",
-    "GRAPH_TEST_CLIENT_STATE",
-)] + ["env:TEST_AI_KEY", "env:MAILROOM_TEST_NO_SUCH_KEY"]
+TEST_SECRET_REFS = [
+    f"env:{name}=*"
+    for name in (
+        "MAILROOM_TEST_WEBHOOK_SECRET",
+        "MAILROOM_LIVE_TEST_WEBHOOK_SECRET",
+        "MAILROOM_TEST_MAILGUN_KEY",
+        "MAILROOM_TEST_BASIC",
+        "FAKEDESK_CREDENTIALS",
+        "FAKEDESK_BAD_CREDENTIALS",
+        "DESK_CREDENTIALS",
+        "ZD_CREDENTIALS",
+        "ZD_TOKEN_ONLY",
+        "SOME_OTHER_PASSWORD",
+        "GMAIL_TEST_CREDENTIALS",
+        "GMAIL_TEST_URL_TOKEN",
+        "GRAPH_TEST_CREDENTIALS",
+        "GRAPH_TEST_CLIENT_STATE",
+    )
+] + ["env:TEST_AI_KEY", "env:MAILROOM_TEST_NO_SUCH_KEY"]
 os.environ.setdefault("MAILROOM_PLATFORM_SECRET_REFS", ",".join(TEST_SECRET_REFS))
 # The suite is a development environment: the built-in SECRET_KEY, plain HTTP. Set in the environment, so
 # the processes the tests start (worker, relay, gunicorn) inherit it; tests of production strip it.

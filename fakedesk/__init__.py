@@ -88,6 +88,7 @@ Faults (consumed one per record-writing request: create, comment, upload, attach
     stall_before_commit:S     wait S seconds, then write and answer (the write lands late)
     stall_after_commit:S      write, wait S seconds, then answer (the client has timed out)
 """
+
 from .cli import add_arguments, desk_from_options, main, run_until_signalled
 from .client import ControlError, DeskClient
 from .desk import DEFAULT_RETENTION_SECONDS, ApiRequest, Desk, WriteOutcome
@@ -96,7 +97,23 @@ from .server import FakeDesk
 from .store import TicketStore, ValidationFailed
 
 __all__ = [
-    "DEFAULT_RETENTION_SECONDS", "FAULT_ARGUMENTS", "OK", "ApiRequest", "ControlError", "Desk", "DeskClient",
-    "FakeDesk", "Fault", "FaultPlan", "TicketStore", "ValidationFailed", "WriteOutcome", "add_arguments",
-    "desk_from_options", "main", "parse_fault", "rejection_for", "run_until_signalled",
+    "DEFAULT_RETENTION_SECONDS",
+    "FAULT_ARGUMENTS",
+    "OK",
+    "ApiRequest",
+    "ControlError",
+    "Desk",
+    "DeskClient",
+    "FakeDesk",
+    "Fault",
+    "FaultPlan",
+    "TicketStore",
+    "ValidationFailed",
+    "WriteOutcome",
+    "add_arguments",
+    "desk_from_options",
+    "main",
+    "parse_fault",
+    "rejection_for",
+    "run_until_signalled",
 ]

@@ -1,4 +1,5 @@
 """`python -m fakedesk`: see the package docstring."""
+
 from .cli import main
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The command line, shared by `python -m fakedesk` and `manage.py fakedesk`."""
+
 import argparse
 import logging
 import signal
@@ -17,21 +18,35 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--db", default=None, help="SQLite file; in memory when omitted")
     parser.add_argument("--token", default=None, help="require basic auth <anything>/token:<TOKEN>")
     parser.add_argument("--no-idempotency", action="store_true", help="ignore Idempotency-Key headers")
-    parser.add_argument("--dialect", default="zendesk", choices=sorted(DIALECTS),
-                        help="the API to speak (a Mailroom destination kind)")
-    parser.add_argument("--search-lag", type=float, default=0.0,
-                        help="seconds before a search finds a new record (Jira, Freshdesk)")
-    parser.add_argument("--retention-seconds", type=float, default=DEFAULT_RETENTION_SECONDS,
-                        help="how long idempotency keys are kept")
-    parser.add_argument("--quota-per-minute", type=int, default=None,
-                        help="answer 429 with Retry-After past this many API requests in a sliding minute")
+    parser.add_argument(
+        "--dialect", default="zendesk", choices=sorted(DIALECTS), help="the API to speak (a Mailroom destination kind)"
+    )
+    parser.add_argument(
+        "--search-lag", type=float, default=0.0, help="seconds before a search finds a new record (Jira, Freshdesk)"
+    )
+    parser.add_argument(
+        "--retention-seconds", type=float, default=DEFAULT_RETENTION_SECONDS, help="how long idempotency keys are kept"
+    )
+    parser.add_argument(
+        "--quota-per-minute",
+        type=int,
+        default=None,
+        help="answer 429 with Retry-After past this many API requests in a sliding minute",
+    )
 
 
 def desk_from_options(options) -> FakeDesk:
-    return FakeDesk(host=options.host, port=options.port, db_path=options.db, token=options.token,
-                    idempotency_enabled=not options.no_idempotency, retention_seconds=options.retention_seconds,
-                    dialect=options.dialect, search_lag_seconds=options.search_lag,
-                    quota_per_minute=options.quota_per_minute)
+    return FakeDesk(
+        host=options.host,
+        port=options.port,
+        db_path=options.db,
+        token=options.token,
+        idempotency_enabled=not options.no_idempotency,
+        retention_seconds=options.retention_seconds,
+        dialect=options.dialect,
+        search_lag_seconds=options.search_lag,
+        quota_per_minute=options.quota_per_minute,
+    )
 
 
 def run_until_signalled(desk: FakeDesk, out=sys.stdout):
@@ -66,4 +81,3 @@ def main(argv=None):
     options = parser.parse_args(argv)
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     run_until_signalled(desk_from_options(options))
-

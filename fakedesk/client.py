@@ -15,6 +15,7 @@ or in another one:
 that whoever holds the client can build Zendesk credentials for the desk
 (`desk.auth`, `desk.credentials`).
 """
+
 import json
 import time
 import urllib.error
@@ -60,8 +61,12 @@ class DeskClient:
         """GET /_control/<path>, or POST it `payload` as JSON; the JSON answer. Raises ControlError."""
         method = "GET" if payload is None else "POST"
         data = None if payload is None else json.dumps(payload).encode()
-        request = urllib.request.Request(f"{self.url}/_control/{path}", data=data, method=method,
-                                         headers={"Content-Type": "application/json"} if data else {})
+        request = urllib.request.Request(
+            f"{self.url}/_control/{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"} if data else {},
+        )
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
                 return json.loads(response.read() or b"null")

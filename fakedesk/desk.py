@@ -4,6 +4,7 @@ Nothing here knows about sockets. `handler` speaks HTTP on behalf of a `Desk`;
 `server.FakeDesk` is a `Desk` bound to a port. The imports go one way:
 server -> handler -> desk -> store, faults.
 """
+
 import json
 import logging
 import math
@@ -33,10 +34,11 @@ class WriteOutcome:
 @dataclass(frozen=True)
 class ApiRequest:
     """What a request hook sees: one request to the Zendesk API (never the control API)."""
+
     method: str
-    path: str                 # without the query string
-    query: dict               # parse_qs() of the query string: name -> [values]
-    headers: dict             # header name -> value (the last one when repeated)
+    path: str  # without the query string
+    query: dict  # parse_qs() of the query string: name -> [values]
+    headers: dict  # header name -> value (the last one when repeated)
     body: bytes = field(repr=False, default=b"")
 
     def json(self):
@@ -91,8 +93,12 @@ class RequestQuota:
 
     def report(self) -> dict:
         with self._lock:
-            return {"quota_per_minute": self.per_minute, "admitted": self.admitted, "refused": self.refused,
-                    "busiest_minute": self.busiest_minute}
+            return {
+                "quota_per_minute": self.per_minute,
+                "admitted": self.admitted,
+                "refused": self.refused,
+                "busiest_minute": self.busiest_minute,
+            }
 
     def reset(self):
         with self._lock:
@@ -101,8 +107,10 @@ class RequestQuota:
 
 
 # The rate-limit headers each API sends with its 429 (limit, remaining), beside Retry-After.
-QUOTA_HEADERS = {"zendesk": ("X-Rate-Limit", "X-Rate-Limit-Remaining"),
-                 "freshdesk": ("X-Ratelimit-Total", "X-Ratelimit-Remaining")}
+QUOTA_HEADERS = {
+    "zendesk": ("X-Rate-Limit", "X-Rate-Limit-Remaining"),
+    "freshdesk": ("X-Ratelimit-Total", "X-Ratelimit-Remaining"),
+}
 
 
 def _fingerprint(method: str, path: str, payload: dict) -> str:
@@ -113,9 +121,16 @@ def _fingerprint(method: str, path: str, payload: dict) -> str:
 class Desk:
     """Tickets, the fault plan, the idempotency settings and the request hooks of one FakeDesk."""
 
-    def __init__(self, db_path: str | None = None, token: str | None = None, idempotency_enabled: bool = True,
-                 retention_seconds: float = DEFAULT_RETENTION_SECONDS, dialect: str = "zendesk",
-                 search_lag_seconds: float = 0.0, quota_per_minute: int | None = None):
+    def __init__(
+        self,
+        db_path: str | None = None,
+        token: str | None = None,
+        idempotency_enabled: bool = True,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        dialect: str = "zendesk",
+        search_lag_seconds: float = 0.0,
+        quota_per_minute: int | None = None,
+    ):
         # The account's API rate limit (None: none); checked before authentication and faults.
         self.quota = RequestQuota(quota_per_minute) if quota_per_minute else None
         self.store = TicketStore(db_path)
@@ -159,6 +174,7 @@ class Desk:
             with self._hooks_lock:
                 if hook in self._hooks:
                     self._hooks.remove(hook)
+
         return remove
 
     def run_request_hooks(self, request: ApiRequest):
@@ -182,17 +198,38 @@ class Desk:
             return None
         limit_header, remaining_header = QUOTA_HEADERS.get(self.dialect, QUOTA_HEADERS["zendesk"])
         # Retry-After carries whole seconds; rounded up, so a client that honours it is admitted.
-        headers = {"Retry-After": str(max(1, math.ceil(wait))), limit_header: str(self.quota.per_minute),
-                   remaining_header: "0"}
+        headers = {
+            "Retry-After": str(max(1, math.ceil(wait))),
+            limit_header: str(self.quota.per_minute),
+            remaining_header: "0",
+        }
         with self.store.transaction():
-            self.store.log_request({
-                "at": time.time(), "method": request.method, "path": request.path,
-                "idempotency_key": request.headers.get("Idempotency-Key"), "external_id": None, "fault": "quota",
-                "committed": False, "status": 429, "idempotency_lookup": None, "ticket_id": None})
-        log.info("fakedesk: %s %s over the quota of %s/min: 429, Retry-After %s", request.method, request.path,
-                 self.quota.per_minute, headers["Retry-After"])
-        return 429, {"error": "TooManyRequests",
-                     "description": "Number of allowed API requests per minute exceeded"}, headers
+            self.store.log_request(
+                {
+                    "at": time.time(),
+                    "method": request.method,
+                    "path": request.path,
+                    "idempotency_key": request.headers.get("Idempotency-Key"),
+                    "external_id": None,
+                    "fault": "quota",
+                    "committed": False,
+                    "status": 429,
+                    "idempotency_lookup": None,
+                    "ticket_id": None,
+                }
+            )
+        log.info(
+            "fakedesk: %s %s over the quota of %s/min: 429, Retry-After %s",
+            request.method,
+            request.path,
+            self.quota.per_minute,
+            headers["Retry-After"],
+        )
+        return (
+            429,
+            {"error": "TooManyRequests", "description": "Number of allowed API requests per minute exceeded"},
+            headers,
+        )
 
     def quota_report(self) -> dict | None:
         """{quota_per_minute, admitted, refused, busiest_minute} since the start (or reset); None: no quota."""
@@ -215,17 +252,21 @@ class Desk:
                 if prior is not None:
                     prior_fingerprint, status, response = prior
                     if prior_fingerprint != fingerprint:
-                        return WriteOutcome(400, {
-                            "error": "IdempotentRequestError",
-                            "description": "The idempotency key was already used with a different request",
-                        })
+                        return WriteOutcome(
+                            400,
+                            {
+                                "error": "IdempotentRequestError",
+                                "description": "The idempotency key was already used with a different request",
+                            },
+                        )
                     ticket_id = (response.get("ticket") or {}).get("id")
                     return WriteOutcome(status, response, committed=False, lookup="hit", ticket_id=ticket_id)
             try:
                 outcome = action()
             except ValidationFailed as exc:
-                outcome = WriteOutcome(422, {"error": "RecordInvalid", "description": "Record validation errors",
-                                             "details": exc.details})
+                outcome = WriteOutcome(
+                    422, {"error": "RecordInvalid", "description": "Record validation errors", "details": exc.details}
+                )
             # Only a successful answer is remembered: a rejected request may be fixed and retried with its key.
             if use_key and outcome.committed:
                 self.store.remember(key, fingerprint, outcome.status, outcome.body)
@@ -263,8 +304,11 @@ class Desk:
         if enabled is not None and not isinstance(enabled, bool):
             raise ValueError("enabled must be true or false")
         if retention_seconds is not None:
-            if isinstance(retention_seconds, bool) or not isinstance(retention_seconds, (int, float)) \
-                    or retention_seconds < 0:
+            if (
+                isinstance(retention_seconds, bool)
+                or not isinstance(retention_seconds, (int, float))
+                or retention_seconds < 0
+            ):
                 raise ValueError("retention_seconds must be a number >= 0")
             self.retention_seconds = float(retention_seconds)
         if enabled is not None:

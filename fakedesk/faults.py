@@ -1,4 +1,5 @@
 """The fault plan: which failure the next ticket-writing request gets, and how a refusal answers."""
+
 import email.utils
 import math
 import random
@@ -121,8 +122,11 @@ def _retry_after_seconds(seconds: float) -> str:
 def rejection_for(fault: Fault):
     """The answer of a fault that refuses the request before anything is written, or None."""
     if fault.name == "rate_limit":
-        return 429, {"Retry-After": _retry_after_seconds(fault.seconds)}, {
-            "error": "TooManyRequests", "description": "Rate limit exceeded"}
+        return (
+            429,
+            {"Retry-After": _retry_after_seconds(fault.seconds)},
+            {"error": "TooManyRequests", "description": "Rate limit exceeded"},
+        )
     if fault.name == "rate_limit_date":
         at = email.utils.formatdate(time.time() + fault.seconds, usegmt=True)
         return 429, {"Retry-After": at}, {"error": "TooManyRequests", "description": "Rate limit exceeded"}
@@ -132,11 +136,15 @@ def rejection_for(fault: Fault):
     if fault.name == "error_500":
         return 500, {}, {"error": "InternalServerError", "description": "Something went wrong"}
     if fault.name == "reject_422":
-        return 422, {}, {
-            "error": "RecordInvalid",
-            "description": "Record validation errors",
-            "details": {"requester": [{"description": "Requester email is invalid"}]},
-        }
+        return (
+            422,
+            {},
+            {
+                "error": "RecordInvalid",
+                "description": "Record validation errors",
+                "details": {"requester": [{"description": "Requester email is invalid"}]},
+            },
+        )
     if fault.name == "unauthorized_401":
         return 401, {}, {"error": "Couldn't authenticate you"}
     return None

@@ -24,6 +24,7 @@ The default dialect is Zendesk's. Beside tickets it keeps what a rich ticket nee
     POST /api/v2/users/create_or_update.json {"user": {"email", "name", "role"}}   201 made / 200 found;
                                                through the fault plan
 """
+
 import base64
 import binascii
 import hashlib
@@ -41,8 +42,11 @@ from .faults import rejection_for
 
 CONTROL_PREFIX = "/_control/"
 UPLOAD_TOKEN_SECONDS = 3600  # Zendesk: "The attachment's token expires after 60 minutes."
-CLOSED_TICKET = {"error": "RecordInvalid", "description": "Record validation errors",
-                 "details": {"status": [{"description": "Status: closed prevents ticket update"}]}}
+CLOSED_TICKET = {
+    "error": "RecordInvalid",
+    "description": "Record validation errors",
+    "details": {"status": [{"description": "Status: closed prevents ticket update"}]},
+}
 # What a create keeps as it is beside the store's own columns and what becomes people.
 NOT_STANDARD_FIELDS = ("comment", "requester", "tags", "custom_fields", "subject", "external_id", "email_ccs")
 
@@ -240,17 +244,20 @@ class Handler(BaseHTTPRequestHandler):
     def import_ticket(self):
         """Zendesk's Ticket Import API: a create whose status (e.g. "closed") is kept as sent; the dates sent
         are kept in the ticket's fields. No triggers run on an import in Zendesk, and none exist here."""
+
         def do_import(ticket: dict) -> WriteOutcome:
             outcome = self._do_create(ticket)
             if outcome.committed and isinstance(ticket.get("status"), str):
                 self.desk.store.set_status(outcome.ticket_id, ticket["status"])
                 outcome.body = {"ticket": self.desk.store.ticket(outcome.ticket_id, self._base_url())}
             return outcome
+
         self._ticket_write("POST", "/api/v2/imports/tickets", do_import)
 
     def update_ticket(self, ticket_id):
-        self._ticket_write("PUT", f"/api/v2/tickets/{ticket_id}.json",
-                           lambda ticket: self._do_update(int(ticket_id), ticket))
+        self._ticket_write(
+            "PUT", f"/api/v2/tickets/{ticket_id}.json", lambda ticket: self._do_update(int(ticket_id), ticket)
+        )
 
     def _do_create(self, ticket: dict) -> WriteOutcome:
         store = self.desk.store
@@ -302,9 +309,14 @@ class Handler(BaseHTTPRequestHandler):
         for token in tokens:
             upload = self.desk.store.upload(str(token))
             if upload is None or self.desk.now() - upload["created_epoch"] > UPLOAD_TOKEN_SECONDS:
-                return None, WriteOutcome(422, {"error": "RecordInvalid", "description": "Record validation errors",
-                                                "details": {"uploads": [{"description": "Upload token is invalid "
-                                                                         "or has expired"}]}})
+                return None, WriteOutcome(
+                    422,
+                    {
+                        "error": "RecordInvalid",
+                        "description": "Record validation errors",
+                        "details": {"uploads": [{"description": "Upload token is invalid or has expired"}]},
+                    },
+                )
             uploads.append(upload)
         return uploads, None
 
@@ -313,9 +325,15 @@ class Handler(BaseHTTPRequestHandler):
         for upload in uploads:
             # Zendesk's `inline` is read-only: an image is inline when the HTML shows it.
             inline = self._content_url(upload["token"], upload["filename"]) in html_body
-            self.desk.store.add_attachment(ticket_id, filename=upload["filename"],
-                                           content_type=upload["content_type"], size=upload["size"],
-                                           sha256=upload["sha256"], inline=inline, comment_id=comment_id)
+            self.desk.store.add_attachment(
+                ticket_id,
+                filename=upload["filename"],
+                content_type=upload["content_type"],
+                size=upload["size"],
+                sha256=upload["sha256"],
+                inline=inline,
+                comment_id=comment_id,
+            )
 
     def _add_email_ccs(self, ticket_id: int, email_ccs):
         store = self.desk.store
@@ -394,8 +412,14 @@ class Handler(BaseHTTPRequestHandler):
             return
         filename = (self.query.get("filename") or [""])[0]
         if not filename:
-            outcome = WriteOutcome(422, {"error": "RecordInvalid", "description": "Record validation errors",
-                                         "details": {"filename": [{"description": "cannot be blank"}]}})
+            outcome = WriteOutcome(
+                422,
+                {
+                    "error": "RecordInvalid",
+                    "description": "Record validation errors",
+                    "details": {"filename": [{"description": "cannot be blank"}]},
+                },
+            )
         else:
             content_type = (self.headers.get("Content-Type") or "application/octet-stream").split(";")[0].strip()
             token = secrets.token_hex(12)
@@ -404,13 +428,29 @@ class Handler(BaseHTTPRequestHandler):
             url = self._content_url(token, filename)
             attachment = {
                 "id": int(hashlib.sha256(token.encode()).hexdigest()[:10], 16),
-                "url": f"{self._base_url()}/api/v2/attachments/{token}.json", "file_name": filename,
-                "content_url": url, "mapped_content_url": url, "content_type": content_type,
-                "size": upload["size"], "inline": False, "deleted": False, "thumbnails": [],
+                "url": f"{self._base_url()}/api/v2/attachments/{token}.json",
+                "file_name": filename,
+                "content_url": url,
+                "mapped_content_url": url,
+                "content_type": content_type,
+                "size": upload["size"],
+                "inline": False,
+                "deleted": False,
+                "thumbnails": [],
             }
             expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(upload["created_epoch"] + UPLOAD_TOKEN_SECONDS))
-            outcome = WriteOutcome(201, {"upload": {"token": token, "expires_at": expires, "attachment": attachment,
-                                                    "attachments": [attachment]}}, committed=True)
+            outcome = WriteOutcome(
+                201,
+                {
+                    "upload": {
+                        "token": token,
+                        "expires_at": expires,
+                        "attachment": attachment,
+                        "attachments": [attachment],
+                    }
+                },
+                committed=True,
+            )
         self._log_write("POST", path, fault, outcome)
         self._answer_write(fault, outcome)
 
@@ -430,21 +470,34 @@ class Handler(BaseHTTPRequestHandler):
             return
         user = (self._parse_json() or {}).get("user")
         if not isinstance(user, dict) or not isinstance(user.get("email"), str) or not user["email"].strip():
-            outcome = WriteOutcome(422, {"error": "RecordInvalid", "description": "Record validation errors",
-                                         "details": {"email": [{"description": "Email: cannot be blank"}]}})
+            outcome = WriteOutcome(
+                422,
+                {
+                    "error": "RecordInvalid",
+                    "description": "Record validation errors",
+                    "details": {"email": [{"description": "Email: cannot be blank"}]},
+                },
+            )
         else:
             role = user.get("role") if user.get("role") in ("end-user", "agent", "admin") else "end-user"
             with self.desk.store.transaction():
-                person_id, created = self.desk.store.find_or_create_person(user["email"], str(user.get("name") or ""),
-                                                                           role)
+                person_id, created = self.desk.store.find_or_create_person(
+                    user["email"], str(user.get("name") or ""), role
+                )
                 person = self.desk.store.person(person_id=person_id)
             outcome = WriteOutcome(201 if created else 200, {"user": self._user(person)}, committed=True)
         self._log_write("POST", path, fault, outcome)
         self._answer_write(fault, outcome)
 
     def _user(self, person: dict) -> dict:
-        return {"id": person["id"], "url": f"{self._base_url()}/api/v2/users/{person['id']}.json",
-                "name": person["name"], "email": person["email"], "role": person["role"], "active": True}
+        return {
+            "id": person["id"],
+            "url": f"{self._base_url()}/api/v2/users/{person['id']}.json",
+            "name": person["name"],
+            "email": person["email"],
+            "role": person["role"],
+            "active": True,
+        }
 
     def _log_write(self, method, path, fault, outcome: WriteOutcome, external_id=None):
         entry = {
@@ -462,8 +515,16 @@ class Handler(BaseHTTPRequestHandler):
         }
         with self.desk.store.transaction():
             self.desk.store.log_request(entry)
-        log.info("fakedesk: %s %s fault=%s status=%s committed=%s lookup=%s ticket=%s", method, path,
-                 entry["fault"], entry["status"], outcome.committed, outcome.lookup, outcome.ticket_id)
+        log.info(
+            "fakedesk: %s %s fault=%s status=%s committed=%s lookup=%s ticket=%s",
+            method,
+            path,
+            entry["fault"],
+            entry["status"],
+            outcome.committed,
+            outcome.lookup,
+            outcome.ticket_id,
+        )
 
     # Ticket reads.
 
@@ -481,8 +542,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def incremental_tickets(self):
         """Zendesk's cursor-based incremental export: tickets updated since start_time, in pages."""
+
         def first(name, default=""):
             return (self.query.get(name) or [default])[0]
+
         cursor, start = first("cursor"), first("start_time")
         if not cursor and not start.isdigit():
             self._send(400, {"error": "InvalidValue", "description": "start_time or cursor is required"})
@@ -498,9 +561,18 @@ class Handler(BaseHTTPRequestHandler):
         end = len(tickets) <= per_page
         tickets = tickets[:per_page]
         last = tickets[-1]["id"] if tickets else int(after or 0)
-        self._send(200, {"tickets": tickets, "after_cursor": f"{start}:{last}", "before_cursor": None,
-                         "end_of_stream": end, "after_url": None if end else
-                         f"{self._base_url()}/api/v2/incremental/tickets/cursor.json?cursor={start}:{last}"})
+        self._send(
+            200,
+            {
+                "tickets": tickets,
+                "after_cursor": f"{start}:{last}",
+                "before_cursor": None,
+                "end_of_stream": end,
+                "after_url": None
+                if end
+                else f"{self._base_url()}/api/v2/incremental/tickets/cursor.json?cursor={start}:{last}",
+            },
+        )
 
     def show_me(self):
         """The authenticated user (Zendesk answers an anonymous one, id null, to a request without auth)."""

@@ -31,6 +31,7 @@ returns a function that removes the hook. E.g. counting every call:
     calls = []
     desk.on_request(lambda request: calls.append((request.method, request.path)))
 """
+
 import os
 import secrets
 import select
@@ -47,15 +48,30 @@ from .server import FakeDesk
 
 _RANDOM = object()  # the default token: a fresh random one per desk
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
-OPTIONS = ("process", "token", "idempotency", "retention_seconds", "db_path", "dialect", "search_lag_seconds",
-           "quota_per_minute")
+OPTIONS = (
+    "process",
+    "token",
+    "idempotency",
+    "retention_seconds",
+    "db_path",
+    "dialect",
+    "search_lag_seconds",
+    "quota_per_minute",
+)
 
 
 class RunningDesk(DeskClient):
     """A FakeDesk this test started: the control client, plus `stop()` and (in process) `on_request()`."""
 
-    def __init__(self, url: str, token: str | None, server: FakeDesk | None = None,
-                 process: subprocess.Popen | None = None, log_path: Path | None = None, dialect: str = "zendesk"):
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        server: FakeDesk | None = None,
+        process: subprocess.Popen | None = None,
+        log_path: Path | None = None,
+        dialect: str = "zendesk",
+    ):
         super().__init__(url, token=token)
         self.dialect = dialect
         self._server = server
@@ -102,10 +118,18 @@ class RunningDesk(DeskClient):
         return self._server is None and self._process is None
 
 
-def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True,
-               retention_seconds: float | None = None, db_path=None, work_dir: Path | None = None,
-               dialect: str = "zendesk", search_lag_seconds: float = 0.0,
-               quota_per_minute: int | None = None) -> RunningDesk:
+def start_desk(
+    *,
+    process: bool = False,
+    token=_RANDOM,
+    idempotency: bool = True,
+    retention_seconds: float | None = None,
+    db_path=None,
+    work_dir: Path | None = None,
+    dialect: str = "zendesk",
+    search_lag_seconds: float = 0.0,
+    quota_per_minute: int | None = None,
+) -> RunningDesk:
     """Start a FakeDesk on 127.0.0.1 with a free port; the caller stops it (`RunningDesk.stop()`)."""
     token = secrets.token_urlsafe(12) if token is _RANDOM else token
     if db_path is True:
@@ -115,10 +139,17 @@ def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True
     db_path = None if db_path is None else str(db_path)
     if not process:
         kwargs = {} if retention_seconds is None else {"retention_seconds": retention_seconds}
-        server = FakeDesk(host="127.0.0.1", port=0, db_path=db_path, token=token,
-                          idempotency_enabled=idempotency, dialect=dialect,
-                          search_lag_seconds=search_lag_seconds, quota_per_minute=quota_per_minute,
-                          **kwargs).start()
+        server = FakeDesk(
+            host="127.0.0.1",
+            port=0,
+            db_path=db_path,
+            token=token,
+            idempotency_enabled=idempotency,
+            dialect=dialect,
+            search_lag_seconds=search_lag_seconds,
+            quota_per_minute=quota_per_minute,
+            **kwargs,
+        ).start()
         return RunningDesk(server.url, token, server=server, dialect=dialect)
 
     argv = [sys.executable, "-m", "fakedesk", "--host", "127.0.0.1", "--port", "0"]
@@ -140,8 +171,13 @@ def start_desk(*, process: bool = False, token=_RANDOM, idempotency: bool = True
     python_path = os.pathsep.join(filter(None, [_PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path})
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path},
+        )
     url = _read_url(popen, log_path)
     return RunningDesk(url, token, process=popen, log_path=log_path, dialect=dialect).wait_until_up()
 
@@ -179,9 +215,11 @@ def _stop_process(popen: subprocess.Popen, timeout: float = 10.0):
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "fakedesk(process=False, token=<random>, idempotency=True, retention_seconds=None, "
-                   "db_path=None, dialect='zendesk', search_lag_seconds=0, quota_per_minute=None): "
-                   "how the `desk` fixture starts FakeDesk (see fakedesk.pytest_plugin)")
+        "markers",
+        "fakedesk(process=False, token=<random>, idempotency=True, retention_seconds=None, "
+        "db_path=None, dialect='zendesk', search_lag_seconds=0, quota_per_minute=None): "
+        "how the `desk` fixture starts FakeDesk (see fakedesk.pytest_plugin)",
+    )
 
 
 def _marker_options(request) -> dict:

@@ -1,4 +1,5 @@
 """FakeDesk itself: a `Desk` bound to a port, served by `handler.Handler` from a daemon thread."""
+
 import socket
 import threading
 from http.server import ThreadingHTTPServer
@@ -29,14 +30,28 @@ class _Server(ThreadingHTTPServer):
 class FakeDesk(Desk):
     """The server: bind on construction (so `.url` is known), `start()` serves from a daemon thread."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, db_path: str | None = None,
-                 token: str | None = None, idempotency_enabled: bool = True,
-                 retention_seconds: float = DEFAULT_RETENTION_SECONDS, dialect: str = "zendesk",
-                 search_lag_seconds: float = 0.0, quota_per_minute: int | None = None):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        db_path: str | None = None,
+        token: str | None = None,
+        idempotency_enabled: bool = True,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        dialect: str = "zendesk",
+        search_lag_seconds: float = 0.0,
+        quota_per_minute: int | None = None,
+    ):
         handler_for(dialect)  # an unknown dialect fails here, before a port is bound
-        super().__init__(db_path=db_path, token=token, idempotency_enabled=idempotency_enabled,
-                         retention_seconds=retention_seconds, dialect=dialect,
-                         search_lag_seconds=search_lag_seconds, quota_per_minute=quota_per_minute)
+        super().__init__(
+            db_path=db_path,
+            token=token,
+            idempotency_enabled=idempotency_enabled,
+            retention_seconds=retention_seconds,
+            dialect=dialect,
+            search_lag_seconds=search_lag_seconds,
+            quota_per_minute=quota_per_minute,
+        )
         self._thread: threading.Thread | None = None
         try:
             self._server = _Server((host, port), self)
@@ -59,8 +74,8 @@ class FakeDesk(Desk):
 
     def start(self) -> "FakeDesk":
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name=f"fakedesk:{self.port}",
-            daemon=True)
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name=f"fakedesk:{self.port}", daemon=True
+        )
         self._thread.start()
         return self
 

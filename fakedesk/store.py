@@ -1,4 +1,5 @@
 """The SQLite ticket store: tickets, comments, idempotency keys, the request log, and their JSON."""
+
 import hashlib
 import json
 import re
@@ -192,9 +193,17 @@ class TicketStore:
                 raise ValidationFailed({"comment": [{"description": "Comment: body cannot be blank"}]})
             metadata = ticket.get("metadata") if isinstance(ticket.get("metadata"), dict) else {}
             comment_id = self._insert_comment(
-                ticket_id, comment["body"], bool(comment.get("public", True)), comment.get("author_id"), metadata)
-            events.append({"id": comment_id, "type": "Comment", "body": comment["body"],
-                           "public": bool(comment.get("public", True)), "author_id": comment.get("author_id")})
+                ticket_id, comment["body"], bool(comment.get("public", True)), comment.get("author_id"), metadata
+            )
+            events.append(
+                {
+                    "id": comment_id,
+                    "type": "Comment",
+                    "body": comment["body"],
+                    "public": bool(comment.get("public", True)),
+                    "author_id": comment.get("author_id"),
+                }
+            )
         if isinstance(ticket.get("status"), str):
             self._db.execute("UPDATE tickets SET status = ? WHERE id = ?", (ticket["status"], ticket_id))
         self._db.execute("UPDATE tickets SET updated_at = ? WHERE id = ?", (_now_iso(), ticket_id))
@@ -212,8 +221,14 @@ class TicketStore:
         merged = {**json.loads(row["fields"]), **(fields or {})}
         self._db.execute(
             "UPDATE tickets SET subject = ?, description = ?, fields = ?, updated_at = ? WHERE id = ?",
-            (str(ticket.get("subject") or row["subject"]), str(ticket.get("description") or row["description"]),
-             json.dumps(merged), _now_iso(), ticket_id))
+            (
+                str(ticket.get("subject") or row["subject"]),
+                str(ticket.get("description") or row["description"]),
+                json.dumps(merged),
+                _now_iso(),
+                ticket_id,
+            ),
+        )
 
     def _insert_comment(self, ticket_id, body, public, author_id, metadata, author: str = "") -> int:
         if not author and isinstance(author_id, int):
@@ -222,13 +237,28 @@ class TicketStore:
         cursor = self._db.execute(
             "INSERT INTO comments (ticket_id, body, public, author_id, author, metadata, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (ticket_id, body, int(public), author_id if isinstance(author_id, int) else None, author or "",
-             json.dumps(metadata), _now_iso()),
+            (
+                ticket_id,
+                body,
+                int(public),
+                author_id if isinstance(author_id, int) else None,
+                author or "",
+                json.dumps(metadata),
+                _now_iso(),
+            ),
         )
         return cursor.lastrowid
 
-    def insert_comment(self, ticket_id: int, body: str, *, public: bool = True, author: str = "",
-                       author_id: int | None = None, metadata: dict | None = None) -> int:
+    def insert_comment(
+        self,
+        ticket_id: int,
+        body: str,
+        *,
+        public: bool = True,
+        author: str = "",
+        author_id: int | None = None,
+        metadata: dict | None = None,
+    ) -> int:
         """A comment as any dialect's API adds one: `author` the address (or desk user) it is written as."""
         comment_id = self._insert_comment(ticket_id, body, public, author_id, metadata or {}, author)
         self._db.execute("UPDATE tickets SET updated_at = ? WHERE id = ?", (_now_iso(), ticket_id))
@@ -240,24 +270,42 @@ class TicketStore:
         self._db.execute(
             "INSERT INTO uploads (token, filename, content_type, size, sha256, inline, created_epoch)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (token, filename, content_type, len(data), hashlib.sha256(data).hexdigest(), int(inline), self.clock()))
+            (token, filename, content_type, len(data), hashlib.sha256(data).hexdigest(), int(inline), self.clock()),
+        )
         return self.upload(token)
 
     def upload(self, token: str) -> dict | None:
         row = self._db.execute("SELECT * FROM uploads WHERE token = ?", (token,)).fetchone()
         return None if row is None else {**dict(row), "inline": bool(row["inline"])}
 
-    def add_attachment(self, ticket_id: int, *, filename: str, content_type: str, size: int, sha256: str,
-                       inline: bool = False, comment_id: int | None = None, marker: str = "") -> int:
+    def add_attachment(
+        self,
+        ticket_id: int,
+        *,
+        filename: str,
+        content_type: str,
+        size: int,
+        sha256: str,
+        inline: bool = False,
+        comment_id: int | None = None,
+        marker: str = "",
+    ) -> int:
         cursor = self._db.execute(
             "INSERT INTO attachments (ticket_id, comment_id, filename, content_type, size, sha256, inline, marker,"
             " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (ticket_id, comment_id, filename, content_type, size, sha256, int(inline), marker, _now_iso()))
+            (ticket_id, comment_id, filename, content_type, size, sha256, int(inline), marker, _now_iso()),
+        )
         return cursor.lastrowid
 
     def attach_data(self, ticket_id: int, filename: str, content_type: str, data: bytes, **options) -> int:
-        return self.add_attachment(ticket_id, filename=filename, content_type=content_type, size=len(data),
-                                   sha256=hashlib.sha256(data).hexdigest(), **options)
+        return self.add_attachment(
+            ticket_id,
+            filename=filename,
+            content_type=content_type,
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            **options,
+        )
 
     def attachments(self, ticket_id: int) -> list[dict]:
         rows = self._db.execute("SELECT * FROM attachments WHERE ticket_id = ? ORDER BY id", (ticket_id,)).fetchall()
@@ -271,8 +319,10 @@ class TicketStore:
         row = self._db.execute("SELECT id FROM people WHERE lower(email) = lower(?)", (email,)).fetchone()
         if row is not None:
             return row["id"], False
-        cursor = self._db.execute("INSERT INTO people (email, name, role, created_at) VALUES (?, ?, ?, ?)",
-                                  (email, name or email.split("@")[0], role, _now_iso()))
+        cursor = self._db.execute(
+            "INSERT INTO people (email, name, role, created_at) VALUES (?, ?, ?, ?)",
+            (email, name or email.split("@")[0], role, _now_iso()),
+        )
         return cursor.lastrowid, True
 
     def person(self, person_id: int | None = None, email: str | None = None) -> dict | None:
@@ -287,12 +337,15 @@ class TicketStore:
 
     def add_ticket_person(self, ticket_id: int, email: str, role: str) -> None:
         """`role`: "requester" or "cc" (followers, participants, watchers: who the desk keeps informed)."""
-        self._db.execute("INSERT OR IGNORE INTO ticket_people (ticket_id, email, role) VALUES (?, ?, ?)",
-                         (ticket_id, email.strip().lower(), role))
+        self._db.execute(
+            "INSERT OR IGNORE INTO ticket_people (ticket_id, email, role) VALUES (?, ?, ?)",
+            (ticket_id, email.strip().lower(), role),
+        )
 
     def ticket_people(self, ticket_id: int) -> dict:
-        rows = self._db.execute("SELECT email, role FROM ticket_people WHERE ticket_id = ? ORDER BY rowid",
-                                (ticket_id,)).fetchall()
+        rows = self._db.execute(
+            "SELECT email, role FROM ticket_people WHERE ticket_id = ? ORDER BY rowid", (ticket_id,)
+        ).fetchall()
         requester = next((row["email"] for row in rows if row["role"] == "requester"), "")
         return {"requester": requester, "cc": [row["email"] for row in rows if row["role"] == "cc"]}
 
@@ -311,29 +364,38 @@ class TicketStore:
             rows = self._db.execute("SELECT * FROM tickets ORDER BY id").fetchall()
         else:
             rows = self._db.execute(
-                "SELECT * FROM tickets WHERE external_id = ? ORDER BY id", (external_id,)).fetchall()
+                "SELECT * FROM tickets WHERE external_id = ? ORDER BY id", (external_id,)
+            ).fetchall()
         return [_ticket_json(row, base_url) for row in rows]
 
     def search(self, base_url: str, external_id: str, lag_seconds: float) -> list[dict]:
         """What an eventually consistent search index finds: only tickets older than `lag_seconds`."""
         rows = self._db.execute(
             "SELECT * FROM tickets WHERE external_id = ? AND created_epoch <= ? ORDER BY id",
-            (external_id, self.clock() - lag_seconds)).fetchall()
+            (external_id, self.clock() - lag_seconds),
+        ).fetchall()
         return [_ticket_json(row, base_url) for row in rows]
 
     def updated_since(self, base_url: str, since_iso: str, after_id: int, limit: int) -> list[dict]:
         """Tickets updated at or after `since_iso`, with an id above `after_id`, by id (the export's order here)."""
-        rows = self._db.execute("SELECT * FROM tickets WHERE updated_at >= ? AND id > ? ORDER BY id LIMIT ?",
-                                (since_iso, after_id, limit)).fetchall()
+        rows = self._db.execute(
+            "SELECT * FROM tickets WHERE updated_at >= ? AND id > ? ORDER BY id LIMIT ?", (since_iso, after_id, limit)
+        ).fetchall()
         return [_ticket_json(row, base_url) for row in rows]
 
     def comments(self, ticket_id: int) -> list[dict]:
         rows = self._db.execute("SELECT * FROM comments WHERE ticket_id = ? ORDER BY id", (ticket_id,)).fetchall()
         return [
-            {"id": row["id"], "type": "Comment", "body": row["body"], "public": bool(row["public"]),
-             "author_id": row["author_id"], "author": row["author"],
-             "metadata": {"custom": json.loads(row["metadata"])},
-             "created_at": row["created_at"]}
+            {
+                "id": row["id"],
+                "type": "Comment",
+                "body": row["body"],
+                "public": bool(row["public"]),
+                "author_id": row["author_id"],
+                "author": row["author"],
+                "metadata": {"custom": json.loads(row["metadata"])},
+                "created_at": row["created_at"],
+            }
             for row in rows
         ]
 
@@ -343,7 +405,8 @@ class TicketStore:
         """The stored (fingerprint, status, response) for a key still inside its retention, else None."""
         self._db.execute("DELETE FROM idempotency_keys WHERE created_at <= ?", (self.clock() - retention_seconds,))
         row = self._db.execute(
-            "SELECT fingerprint, status, response FROM idempotency_keys WHERE key = ?", (key,)).fetchone()
+            "SELECT fingerprint, status, response FROM idempotency_keys WHERE key = ?", (key,)
+        ).fetchone()
         return None if row is None else (row["fingerprint"], row["status"], json.loads(row["response"]))
 
     def remember(self, key: str, fingerprint: str, status: int, response: dict):

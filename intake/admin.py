@@ -91,17 +91,43 @@ class VerifiedDomainAdmin(SuperusersEditDomainsMixin, TenantScopedAdminMixin, ad
 @admin.register(Mailbox)
 class MailboxAdmin(ConsentAdminMixin, PlatformSecretsForSuperusersMixin, TenantScopedAdminMixin, admin.ModelAdmin):
     form = MailboxForm  # settings checked key by key per provider; allowed recipients one per line
-    list_display = ("slug", "tenant", "address", "provider", "poll_enabled", "paused", "health_status",
-                    "link_status", "last_success_at", "last_polled_at")
-    list_filter = ("provider", "poll_enabled", "paused", "health", "link_state",
-                   ("tenant", admin.RelatedOnlyFieldListFilter))
+    list_display = (
+        "slug",
+        "tenant",
+        "address",
+        "provider",
+        "poll_enabled",
+        "paused",
+        "health_status",
+        "link_status",
+        "last_success_at",
+        "last_polled_at",
+    )
+    list_filter = (
+        "provider",
+        "poll_enabled",
+        "paused",
+        "health",
+        "link_state",
+        ("tenant", admin.RelatedOnlyFieldListFilter),
+    )
     search_fields = ("slug", "address")
     # `paused` is turned on the pause page, which asks why and audits it (reconciliation.services.pauses).
-    readonly_fields = ("paused", "health_status", "health_detail", "last_polled_at", "poll_backoff_until",
-                       # the link state moves only through intake.mailbox_health
-                       "link_status", "link_state_since", "poll_failures", "poll_errors_total", "last_success_at",
-                       "quiet_alarm_since",
-                       "archive_done_at")  # set by the poll that ends an archive import (intake.archive)
+    readonly_fields = (
+        "paused",
+        "health_status",
+        "health_detail",
+        "last_polled_at",
+        "poll_backoff_until",
+        # the link state moves only through intake.mailbox_health
+        "link_status",
+        "link_state_since",
+        "poll_failures",
+        "poll_errors_total",
+        "last_success_at",
+        "quiet_alarm_since",
+        "archive_done_at",
+    )  # set by the poll that ends an archive import (intake.archive)
     exclude = ("health", "link_state")
     actions = ("poll_now", "reset_health")
 
@@ -112,8 +138,9 @@ class MailboxAdmin(ConsentAdminMixin, PlatformSecretsForSuperusersMixin, TenantS
         field = super().formfield_for_dbfield(db_field, request, **kwargs)
         if db_field.name in ("address", "allowed_recipients") and field is not None:
             # Both parts literal: the model's text is escaped already (literal_help), this one here.
-            field.help_text = format_html("{}{}", format_html("{} ", field.help_text) if field.help_text else "",
-                                          self._domains_help(request))
+            field.help_text = format_html(
+                "{}{}", format_html("{} ", field.help_text) if field.help_text else "", self._domains_help(request)
+            )
         return field
 
     @staticmethod
@@ -124,8 +151,10 @@ class MailboxAdmin(ConsentAdminMixin, PlatformSecretsForSuperusersMixin, TenantS
         for domain in VerifiedDomain.objects.filter(tenant__in=tenants).select_related("tenant")[:200]:
             owned.setdefault(domain.tenant.slug, []).append(domain.domain)
         listed = "; ".join(f"{slug}: {', '.join(domains)}" for slug, domains in sorted(owned.items()))
-        return (f"Only the tenant's verified domains ({listed or 'none yet: a superuser verifies them'}); an "
-                f"address (ignoring case and +tags) belongs to one mailbox only.")
+        return (
+            f"Only the tenant's verified domains ({listed or 'none yet: a superuser verifies them'}); an "
+            f"address (ignoring case and +tags) belongs to one mailbox only."
+        )
 
     @admin.display(description="health", ordering="health")
     def health_status(self, obj):
@@ -134,8 +163,9 @@ class MailboxAdmin(ConsentAdminMixin, PlatformSecretsForSuperusersMixin, TenantS
             label = f"{label} until {obj.poll_backoff_until:%Y-%m-%d %H:%M:%S}"
         if obj.health == Mailbox.Health.CREDENTIALS_INVALID:
             label = f"{label}: polling stopped"
-        return format_html('<span class="mailbox-health mailbox-health-{}" title="{}">{}</span>',
-                           obj.health, obj.health_detail, label)
+        return format_html(
+            '<span class="mailbox-health mailbox-health-{}" title="{}">{}</span>', obj.health, obj.health_detail, label
+        )
 
     @admin.display(description="connection", ordering="link_state")
     def link_status(self, obj):
@@ -184,10 +214,18 @@ class MailboxAdmin(ConsentAdminMixin, PlatformSecretsForSuperusersMixin, TenantS
         import_wanted = archive.form_request(obj, form.changed_data)  # written and audited by its service
         super().save_model(request, obj, form, change)
         if import_wanted:
-            archive.start_archive_import(mailbox=obj, before=import_wanted[0], tickets=import_wanted[1],
-                                         actor=f"user:{request.user.get_username()}", user=request.user)
-            self.message_user(request, f"Archive import of mail before {import_wanted[0]:%Y-%m-%d %H:%M} started: "
-                                       "the next polls import it.", messages.SUCCESS)
+            archive.start_archive_import(
+                mailbox=obj,
+                before=import_wanted[0],
+                tickets=import_wanted[1],
+                actor=f"user:{request.user.get_username()}",
+                user=request.user,
+            )
+            self.message_user(
+                request,
+                f"Archive import of mail before {import_wanted[0]:%Y-%m-%d %H:%M} started: the next polls import it.",
+                messages.SUCCESS,
+            )
         for warning in secret_warnings(obj, ("webhook_secret_ref", "credentials_ref")):
             self.message_user(request, warning, messages.WARNING)
 
@@ -212,12 +250,28 @@ class AuditEventInline(admin.TabularInline):
 
 @admin.register(InboxEvent)
 class InboxEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ("id", "state", "mailbox", "masked_sender", "subject", "received_at", "ticket_link", "reason_code",
-                    "message_id_reused", "console_link")
+    list_display = (
+        "id",
+        "state",
+        "mailbox",
+        "masked_sender",
+        "subject",
+        "received_at",
+        "ticket_link",
+        "reason_code",
+        "message_id_reused",
+        "console_link",
+    )
     # `state` lists suppressed mail too (which the recovery queue does not): from the console
     # page an operator can replay what a rule set aside.
-    list_filter = ("state", "reason_code", "message_id_reused", "source", ("mailbox", admin.RelatedOnlyFieldListFilter),
-                   ("tenant", admin.RelatedOnlyFieldListFilter))
+    list_filter = (
+        "state",
+        "reason_code",
+        "message_id_reused",
+        "source",
+        ("mailbox", admin.RelatedOnlyFieldListFilter),
+        ("tenant", admin.RelatedOnlyFieldListFilter),
+    )
     search_fields = ("=id", "provider_message_id", "message_id_header", "subject", "sender")
     date_hierarchy = "received_at"
     ordering = ("-received_at",)
@@ -237,10 +291,13 @@ class InboxEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         return request.user.has_perm("intake.set_legal_hold")
 
     def _legal_hold(self, request, queryset, on: bool):
-        changed = sum(retention.set_legal_hold(pk, on, actor=request.user.get_username())
-                      for pk in queryset.values_list("pk", flat=True))
-        self.message_user(request, f"Legal hold {'placed on' if on else 'released from'} {changed} event(s).",
-                          messages.SUCCESS)
+        changed = sum(
+            retention.set_legal_hold(pk, on, actor=request.user.get_username())
+            for pk in queryset.values_list("pk", flat=True)
+        )
+        self.message_user(
+            request, f"Legal hold {'placed on' if on else 'released from'} {changed} event(s).", messages.SUCCESS
+        )
 
     @admin.action(description="Place a legal hold (retention keeps the body)", permissions=["legal_hold"])
     def place_legal_hold(self, request, queryset):
@@ -270,10 +327,17 @@ class InboxEventAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     @admin.display(description="copies in other mailboxes")
     def message_copies(self, obj):
         """The same message delivered to another mailbox of the tenant: the event it follows, or its copies."""
+
         def link(event):
             url = reverse("admin:intake_inboxevent_change", args=[event.pk])
-            return format_html('<a href="{}" class="message-copy">event #{}</a> ({}, {})', url, event.pk,
-                               event.mailbox.slug, event.state)
+            return format_html(
+                '<a href="{}" class="message-copy">event #{}</a> ({}, {})',
+                url,
+                event.pk,
+                event.mailbox.slug,
+                event.state,
+            )
+
         if obj.copy_of_id:
             return format_html("copy of {}", link(InboxEvent.objects.select_related("mailbox").get(pk=obj.copy_of_id)))
         copies = list(obj.copies.select_related("mailbox").order_by("pk")[:50])
@@ -353,6 +417,7 @@ class SecretResolutionAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.Mo
 @admin.register(MailboxAudit)
 class MailboxAuditAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """A mailbox's connection history (tokens, health transitions, quiet alarms, archive imports): evidence."""
+
     list_display = ("at", "mailbox", "kind", "actor")
     fields = readonly_fields = ("at", "mailbox", "tenant", "kind", "actor", "detail")
     list_filter = ("kind",)

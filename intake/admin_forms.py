@@ -1,6 +1,7 @@
 """The mailbox form of the admin: settings checked key by key against the provider's schema
 (`intake.providers.settings_schema`), allowed recipients edited one per line, and the warning for a secret
 reference that does not resolve now. The API applies the same schema (reconciliation.api.serializers)."""
+
 import json
 
 from django import forms
@@ -12,9 +13,11 @@ from .models import Mailbox
 from .providers.settings_schema import known_settings
 from .secrets import resolution_problem
 
-SECRET_FORMS = ("env:MAILROOM_T_<TENANT>_<NAME> (<TENANT>: the tenant slug in capitals, - as _), a file under "
-                "MAILROOM_SECRETS_DIR/<tenant>/, or vault:<mount>/mailroom/<tenant>/<path>#<key>. "
-                "A reference, never the secret itself.")
+SECRET_FORMS = (
+    "env:MAILROOM_T_<TENANT>_<NAME> (<TENANT>: the tenant slug in capitals, - as _), a file under "
+    "MAILROOM_SECRETS_DIR/<tenant>/, or vault:<mount>/mailroom/<tenant>/<path>#<key>. "
+    "A reference, never the secret itself."
+)
 DOMAIN_ENTRY = "@"
 
 
@@ -82,40 +85,54 @@ def validate_recipient(entry: str) -> None:
 
 class MailboxForm(forms.ModelForm):
     allowed_recipients = LinesField(
-        validate_entry=validate_recipient, label="Allowed recipients",
+        validate_entry=validate_recipient,
+        label="Allowed recipients",
         help_text="One per line: an address, or @domain for every address of a domain. Empty: the mailbox's "
-                  "own address only.")
+        "own address only.",
+    )
 
     class Meta:
         model = Mailbox
         fields = "__all__"
-        help_texts = {"credentials_ref": f"The password or token. {SECRET_FORMS}",
-                      "webhook_secret_ref": f"The webhook signing secret. {SECRET_FORMS}",
-                      "archive_before": "Archive import (IMAP, Gmail, Graph): mail received before this moment "
-                                        "is imported as history, never acknowledged; the next polls fetch it. "
-                                        "Empty: live only.",
-                      "archive_tickets": "What the history becomes: no tickets (stored and reconciled only) or "
-                                         "closed tickets."}
+        help_texts = {
+            "credentials_ref": f"The password or token. {SECRET_FORMS}",
+            "webhook_secret_ref": f"The webhook signing secret. {SECRET_FORMS}",
+            "archive_before": "Archive import (IMAP, Gmail, Graph): mail received before this moment "
+            "is imported as history, never acknowledged; the next polls fetch it. "
+            "Empty: live only.",
+            "archive_tickets": "What the history becomes: no tickets (stored and reconciled only) or closed tickets.",
+        }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         field = self.fields.get("settings")
         if field is not None:
-            provider = (self.data.get("provider") if self.is_bound else None) or self.initial.get("provider") \
-                or getattr(self.instance, "provider", "") or "raw"
-            field.help_text = (f"A JSON object of this provider's settings ({provider}: "
-                               f"{', '.join(known_settings(provider))}). Unknown names are refused.")
+            provider = (
+                (self.data.get("provider") if self.is_bound else None)
+                or self.initial.get("provider")
+                or getattr(self.instance, "provider", "")
+                or "raw"
+            )
+            field.help_text = (
+                f"A JSON object of this provider's settings ({provider}: "
+                f"{', '.join(known_settings(provider))}). Unknown names are refused."
+            )
 
     def clean(self):
         cleaned = super().clean()
         if {"archive_before", "archive_tickets"} & set(self.changed_data):  # a new archive import (intake.archive)
             before = cleaned.get("archive_before")
             if before is None and self.instance.archive_before is not None:
-                errors = {"archive_before": "an archive import cannot be undone (what it imported stays history); "
-                                            "pause the mailbox to stop one"}
+                errors = {
+                    "archive_before": "an archive import cannot be undone (what it imported stays history); "
+                    "pause the mailbox to stop one"
+                }
             else:
-                errors = archive.choice_errors(provider=cleaned.get("provider") or self.instance.provider,
-                                               before=before, tickets=cleaned.get("archive_tickets") or "")
+                errors = archive.choice_errors(
+                    provider=cleaned.get("provider") or self.instance.provider,
+                    before=before,
+                    tickets=cleaned.get("archive_tickets") or "",
+                )
             for name, message in errors.items():
                 self.add_error(name if name in self.fields else None, message)
         return cleaned
@@ -131,6 +148,8 @@ def secret_warnings(row, fields) -> list[str]:
         problem = resolution_problem(ref, tenant=tenant, owner=row) if ref else ""
         if problem:
             label = row._meta.get_field(name).verbose_name
-            warnings.append(f"Saved, but the {label} {ref} does not resolve now ({problem}): until it does, "
-                            f"what needs it will fail.")
+            warnings.append(
+                f"Saved, but the {label} {ref} does not resolve now ({problem}): until it does, "
+                f"what needs it will fail."
+            )
     return warnings

@@ -1,6 +1,7 @@
 """The admin mixins every app's ModelAdmin shares: tenant scoping, evidence that nobody edits, and the secret
 rule on forms. Apart from intake.admin so that each admin module can import them without importing the
 registrations of another."""
+
 from django.http import Http404
 from django.utils.html import escape
 from django.utils.safestring import SafeData
@@ -84,12 +85,19 @@ class PlatformSecretsForSuperusersMixin:
                 data = super().clean()
                 holder = secret_policy.holder_for(self.instance)
                 changes = {name: data[name] for name in (*holder.ref_fields, *holder.guarded_fields) if name in data}
-                reentered = [name for name in holder.ref_fields
-                             if data.get(f"confirm_{name}") and data.get(f"confirm_{name}") == data.get(name)]
+                reentered = [
+                    name
+                    for name in holder.ref_fields
+                    if data.get(f"confirm_{name}") and data.get(f"confirm_{name}") == data.get(name)
+                ]
                 try:
-                    secret_policy.check_secret_change(actor=actor, row=self.instance,
-                                                      before=secret_policy.stored_values(self.instance),
-                                                      changes=changes, reentered=reentered)
+                    secret_policy.check_secret_change(
+                        actor=actor,
+                        row=self.instance,
+                        before=secret_policy.stored_values(self.instance),
+                        changes=changes,
+                        reentered=reentered,
+                    )
                 except secret_policy.SecretChangeRefused as refused:
                     for name, messages in refused.message_dict.items():
                         for message in messages:

@@ -17,6 +17,7 @@ state, so it is never stuck nor in the recovery queue for acknowledgment reasons
 `note_batch` (called by `intake.channels.polling` inside each batch's transaction) records `archive_import_finished`
 and sets `archive_done_at` with the batch that ends the scan; from then on the mailbox is live only.
 """
+
 import logging
 from datetime import datetime, time
 
@@ -54,8 +55,9 @@ def without_ticket(event: InboxEvent) -> bool:
 
 
 def _audit(mailbox: Mailbox, kind: MailboxAuditKind, actor: str, detail: dict, at) -> MailboxAudit:
-    return MailboxAudit.objects.create(mailbox=mailbox, tenant_id=mailbox.tenant_id, kind=kind, actor=actor,
-                                       detail=detail, at=at)
+    return MailboxAudit.objects.create(
+        mailbox=mailbox, tenant_id=mailbox.tenant_id, kind=kind, actor=actor, detail=detail, at=at
+    )
 
 
 def check_allowed(*, user, mailbox: Mailbox) -> None:
@@ -82,10 +84,16 @@ def start_archive_import(*, mailbox: Mailbox, before: datetime, tickets: str, ac
         raise ValidationError(errors)
     now = timezone.now()
     with transaction.atomic():
-        Mailbox.objects.filter(pk=mailbox.pk).update(archive_before=before, archive_tickets=tickets,
-                                                     archive_done_at=None)
-        _audit(mailbox, MailboxAuditKind.ARCHIVE_IMPORT_STARTED, actor,
-               {"before": before.isoformat(), "tickets": tickets}, now)
+        Mailbox.objects.filter(pk=mailbox.pk).update(
+            archive_before=before, archive_tickets=tickets, archive_done_at=None
+        )
+        _audit(
+            mailbox,
+            MailboxAuditKind.ARCHIVE_IMPORT_STARTED,
+            actor,
+            {"before": before.isoformat(), "tickets": tickets},
+            now,
+        )
     mailbox.archive_before, mailbox.archive_tickets, mailbox.archive_done_at = before, tickets, None
     logger.info("archive import of mailbox %s started (before %s, tickets %s)", mailbox.slug, before, tickets)
     return mailbox
@@ -95,8 +103,9 @@ def choice_errors(*, provider: str, before, tickets: str) -> dict[str, str]:
     """What is wrong with an import's choice, by mailbox field ({} when it can be carried out)."""
     errors = {}
     if provider not in ARCHIVE_PROVIDERS:
-        errors["archive_before"] = (f"archive import is not available for {provider} mailboxes "
-                                    f"(only {', '.join(sorted(ARCHIVE_PROVIDERS))})")
+        errors["archive_before"] = (
+            f"archive import is not available for {provider} mailboxes (only {', '.join(sorted(ARCHIVE_PROVIDERS))})"
+        )
     elif before is None:
         errors["archive_before"] = "an archive import needs a cut-off"
     elif before > timezone.now():
@@ -113,16 +122,20 @@ def form_request(mailbox: Mailbox, changed: list[str]) -> tuple[datetime, str] |
     if not {"archive_before", "archive_tickets"} & set(changed):
         return None
     wanted = (mailbox.archive_before, mailbox.archive_tickets)
-    stored = Mailbox.objects.filter(pk=mailbox.pk).values("archive_before", "archive_tickets").first() \
-        if mailbox.pk else None
+    stored = (
+        Mailbox.objects.filter(pk=mailbox.pk).values("archive_before", "archive_tickets").first()
+        if mailbox.pk
+        else None
+    )
     stored = stored or {"archive_before": None, "archive_tickets": ""}
     mailbox.archive_before, mailbox.archive_tickets = stored["archive_before"], stored["archive_tickets"]
     return wanted
 
 
 def _started(mailbox: Mailbox) -> bool:
-    return MailboxAudit.objects.filter(mailbox=mailbox, kind=MailboxAuditKind.ARCHIVE_IMPORT_STARTED,
-                                       detail__before=mailbox.archive_before.isoformat()).exists()
+    return MailboxAudit.objects.filter(
+        mailbox=mailbox, kind=MailboxAuditKind.ARCHIVE_IMPORT_STARTED, detail__before=mailbox.archive_before.isoformat()
+    ).exists()
 
 
 def note_batch(mailbox: Mailbox, *, archive_done: bool, at=None) -> None:
@@ -132,8 +145,13 @@ def note_batch(mailbox: Mailbox, *, archive_done: bool, at=None) -> None:
         return
     at = at or timezone.now()
     if not _started(mailbox):
-        _audit(mailbox, MailboxAuditKind.ARCHIVE_IMPORT_STARTED, SystemActor.POLL,
-               {"before": mailbox.archive_before.isoformat(), "tickets": mailbox.archive_tickets}, at)
+        _audit(
+            mailbox,
+            MailboxAuditKind.ARCHIVE_IMPORT_STARTED,
+            SystemActor.POLL,
+            {"before": mailbox.archive_before.isoformat(), "tickets": mailbox.archive_tickets},
+            at,
+        )
     if archive_done:
         finish_archive_import(mailbox=mailbox, actor=SystemActor.POLL, at=at)
 
@@ -143,13 +161,22 @@ def finish_archive_import(*, mailbox: Mailbox, actor: str, at=None) -> bool:
     (or the cut-off changed meanwhile: that import goes on)."""
     at = at or timezone.now()
     with transaction.atomic():
-        finished = Mailbox.objects.filter(pk=mailbox.pk, archive_before=mailbox.archive_before,
-                                          archive_done_at__isnull=True).update(archive_done_at=at)
+        finished = Mailbox.objects.filter(
+            pk=mailbox.pk, archive_before=mailbox.archive_before, archive_done_at__isnull=True
+        ).update(archive_done_at=at)
         if finished:
             history = InboxEvent.objects.filter(mailbox=mailbox, history=True).count()
-            _audit(mailbox, MailboxAuditKind.ARCHIVE_IMPORT_FINISHED, actor,
-                   {"before": mailbox.archive_before.isoformat(), "tickets": mailbox.archive_tickets,
-                    "history_events": history}, at)
+            _audit(
+                mailbox,
+                MailboxAuditKind.ARCHIVE_IMPORT_FINISHED,
+                actor,
+                {
+                    "before": mailbox.archive_before.isoformat(),
+                    "tickets": mailbox.archive_tickets,
+                    "history_events": history,
+                },
+                at,
+            )
     if finished:
         mailbox.archive_done_at = at  # the provider reads this instance: the rest of this poll is live
         logger.info("archive import of mailbox %s finished", mailbox.slug)

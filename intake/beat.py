@@ -15,6 +15,7 @@ is sent (`reserve`), and the beat that takes over reads the schedule afresh. A h
 and the send loses that one tick; the next period sends it again. Every periodic task is a sweep that is safe to
 run twice anyway (docs/deployment.md), so a doubled tick, were one to happen, would cost work, not correctness.
 """
+
 import logging
 
 from django.db import DatabaseError

@@ -10,6 +10,7 @@ address (which is also the `From` of its acknowledgments: ticketing.acknowledgme
 `allowed_recipients`. `mailbox_address_errors` is what `Mailbox.clean()` runs, so the admin, the REST API and
 anything else that saves through `full_clean` refuse the same things with the same messages.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -17,8 +18,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .models import Mailbox, Tenant, VerifiedDomain
 
-ADDRESS_IN_USE = ("This address is already used by another mailbox: addresses are unique across the platform, "
-                  "ignoring case and any +tag ({key}).")
+ADDRESS_IN_USE = (
+    "This address is already used by another mailbox: addresses are unique across the platform, "
+    "ignoring case and any +tag ({key})."
+)
 NO_BASE_BEFORE_TAG = "An address needs a local part before its +tag."
 
 
@@ -59,8 +62,9 @@ def verify_domain(*, tenant: Tenant, domain: str, verified_by: str) -> VerifiedD
     """
     # The model through the tenant's relation, all tenants' rows through its manager: this module is what the
     # models' clean() calls, so it does not import them.
-    row, _ = tenant.verified_domains.model._default_manager.get_or_create(domain=normalize_domain(domain),
-                                                  defaults={"tenant": tenant, "verified_by": verified_by})
+    row, _ = tenant.verified_domains.model._default_manager.get_or_create(
+        domain=normalize_domain(domain), defaults={"tenant": tenant, "verified_by": verified_by}
+    )
     if row.tenant_id != tenant.pk:
         raise ValueError(f"{row.domain} is a verified domain of another tenant")
     return row
@@ -68,8 +72,10 @@ def verify_domain(*, tenant: Tenant, domain: str, verified_by: str) -> VerifiedD
 
 def _outside(domains: list[str], tenant: Tenant) -> str:
     listed = ", ".join(domains) if domains else "none yet"
-    return (f"Tenant {tenant.slug} may only use its verified domains ({listed}); a superuser verifies a "
-            f"domain on the tenant's page.")
+    return (
+        f"Tenant {tenant.slug} may only use its verified domains ({listed}); a superuser verifies a "
+        f"domain on the tenant's page."
+    )
 
 
 def mailbox_address_errors(mailbox: Mailbox) -> dict[str, str]:
@@ -81,8 +87,11 @@ def mailbox_address_errors(mailbox: Mailbox) -> dict[str, str]:
     """
     mailboxes = type(mailbox)._default_manager  # the model whose clean() calls this: not imported here
     errors: dict[str, str] = {}
-    stored = mailboxes.filter(pk=mailbox.pk).values("tenant_id", "address", "allowed_recipients").first() \
-        if mailbox.pk else None
+    stored = (
+        mailboxes.filter(pk=mailbox.pk).values("tenant_id", "address", "allowed_recipients").first()
+        if mailbox.pk
+        else None
+    )
     if stored and stored["tenant_id"] != mailbox.tenant_id:
         stored = None  # moved to another tenant: judged as new there
     domains = verified_domains(mailbox.tenant)
@@ -104,9 +113,16 @@ def mailbox_address_errors(mailbox: Mailbox) -> dict[str, str]:
         kept = set()
         if stored and isinstance(stored["allowed_recipients"], list):
             kept = {str(entry).strip().lower() for entry in stored["allowed_recipients"]}
-        outside = [entry.strip() for entry in recipients if entry.strip() and entry.strip().lower() not in kept
-                   and normalize_domain(entry.strip().rpartition("@")[2]) not in domains]
+        outside = [
+            entry.strip()
+            for entry in recipients
+            if entry.strip()
+            and entry.strip().lower() not in kept
+            and normalize_domain(entry.strip().rpartition("@")[2]) not in domains
+        ]
         if outside:
-            errors["allowed_recipients"] = (f"Outside this tenant's verified domains: {', '.join(outside[:10])}. "
-                                            f"{_outside(domains, mailbox.tenant)}")
+            errors["allowed_recipients"] = (
+                f"Outside this tenant's verified domains: {', '.join(outside[:10])}. "
+                f"{_outside(domains, mailbox.tenant)}"
+            )
     return errors

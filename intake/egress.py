@@ -21,6 +21,7 @@ Two layers:
 A refusal raises `EgressRefused` (a ValueError) whose text says what was refused and why; it names the host
 and the address, never the whole URL (a query may carry a token).
 """
+
 import ipaddress
 import re
 import socket
@@ -47,11 +48,20 @@ SETTING = "MAILROOM_EGRESS_ALLOWED_NETWORKS"
 ALLOWED = f"the platform allows only public addresses and {SETTING}"
 
 # Cloud metadata services by name (their addresses are link-local, CGNAT or unique-local: refused anyway).
-METADATA_NAMES = frozenset({
-    "metadata", "metadata.google.internal", "metadata.goog", "metadata.internal", "instance-data",
-    "instance-data.ec2.internal", "metadata.ec2.internal", "metadata.azure.internal", "metadata.tencentyun.com",
-    "metadata.platformequinix.com",
-})
+METADATA_NAMES = frozenset(
+    {
+        "metadata",
+        "metadata.google.internal",
+        "metadata.goog",
+        "metadata.internal",
+        "instance-data",
+        "instance-data.ec2.internal",
+        "metadata.ec2.internal",
+        "metadata.azure.internal",
+        "metadata.tencentyun.com",
+        "metadata.platformequinix.com",
+    }
+)
 LOCALHOST_NAMES = ("localhost", ".localhost")  # RFC 6761: always loopback
 LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 HOST_NAME = re.compile(rf"(?=.{{1,253}}$){LABEL}(?:\.{LABEL})*")
@@ -75,6 +85,7 @@ class EgressPolicy:
 
 
 # --- the allow-list ---------------------------------------------------------------------------------
+
 
 def parse_networks(value) -> tuple:
     """The networks of a comma-separated CIDR list (or a list of them); ValueError names a bad entry."""
@@ -108,6 +119,7 @@ def is_allow_listed(address) -> bool:
 
 
 # --- addresses ----------------------------------------------------------------------------------------
+
 
 def _plain(address):
     """An IPv6 address without its scope id (fe80::1%eth0), for comparisons."""
@@ -173,8 +185,10 @@ def check_address(address, port: int, *, host: str, policy: EgressPolicy, litera
 
 
 def refuse_port(port: int, *, host: str, policy: EgressPolicy):
-    raise EgressRefused(f"{policy.purpose}: refused: port {port} on {host}; the platform allows only port "
-                        f"{' or '.join(map(str, policy.ports))} outside {SETTING}")
+    raise EgressRefused(
+        f"{policy.purpose}: refused: port {port} on {host}; the platform allows only port "
+        f"{' or '.join(map(str, policy.ports))} outside {SETTING}"
+    )
 
 
 def literal_address(host: str):
@@ -187,14 +201,16 @@ def literal_address(host: str):
     if not re.fullmatch(r"[0-9a-fA-FxX.]+", host):
         return None
     try:
-        info = socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM,
-                                  flags=socket.AI_NUMERICHOST)
+        info = socket.getaddrinfo(
+            host, None, family=socket.AF_INET, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+        )
     except (socket.gaierror, UnicodeError):
         return None
     return ipaddress.ip_address(info[0][4][0]) if info else None
 
 
 # --- names and URLs -----------------------------------------------------------------------------------
+
 
 def _refuse(policy: EgressPolicy, what: str):
     raise EgressRefused(f"{policy.purpose}: refused: {what}")
@@ -221,8 +237,15 @@ def normalise_host(host: str, policy: EgressPolicy) -> str:
     return host
 
 
-def check_host(host: str, port, *, purpose: str, ports: tuple[int, ...] = IMAP_PORTS, resolve: bool = True,
-               policy: EgressPolicy | None = None) -> list:
+def check_host(
+    host: str,
+    port,
+    *,
+    purpose: str,
+    ports: tuple[int, ...] = IMAP_PORTS,
+    resolve: bool = True,
+    policy: EgressPolicy | None = None,
+) -> list:
     """Check a host and port (IMAP and every URL's authority). Returns the checked addresses (the resolved
     `getaddrinfo` entries with `resolve=True`). `resolve=False` (save time) never asks DNS: it checks the
     syntax, literal addresses, localhost and metadata names, and a port nothing could allow."""
@@ -259,8 +282,14 @@ def resolve_checked(host: str, port: int, *, policy: EgressPolicy) -> list:
     return entries
 
 
-def check_url(url: str, *, purpose: str, ports: tuple[int, ...] = WEB_PORTS,
-              schemes: tuple[str, ...] = WEB_SCHEMES, resolve: bool = True) -> Url:
+def check_url(
+    url: str,
+    *,
+    purpose: str,
+    ports: tuple[int, ...] = WEB_PORTS,
+    schemes: tuple[str, ...] = WEB_SCHEMES,
+    resolve: bool = True,
+) -> Url:
     """The parsed URL (urllib3's `Url`), or EgressRefused. See `check_host` for `resolve` (with it, a name
     that does not resolve raises socket.gaierror, an OSError: a connection failure, not a refusal)."""
     policy = EgressPolicy(purpose=purpose, ports=ports, schemes=schemes)
@@ -282,8 +311,7 @@ def check_url_for(url: str, *, policy: EgressPolicy, resolve: bool = True) -> Ur
         _refuse(policy, f"the URL must start with {' or '.join(s + '://' for s in policy.schemes)}")
     authority = text.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0] if "://" in text else ""
     if parsed.auth is not None or "@" in authority or "%5c" in authority.lower():
-        _refuse(policy, "the URL carries user information (user@host); credentials belong in the credentials "
-                        "reference")
+        _refuse(policy, "the URL carries user information (user@host); credentials belong in the credentials reference")
     if parsed.fragment is not None:
         _refuse(policy, "the URL has a fragment (#...)")
     if not parsed.host:
@@ -293,8 +321,9 @@ def check_url_for(url: str, *, policy: EgressPolicy, resolve: bool = True) -> Ur
     return parsed
 
 
-def url_problem(url: str, *, purpose: str, ports: tuple[int, ...] = WEB_PORTS,
-                schemes: tuple[str, ...] = WEB_SCHEMES) -> str | None:
+def url_problem(
+    url: str, *, purpose: str, ports: tuple[int, ...] = WEB_PORTS, schemes: tuple[str, ...] = WEB_SCHEMES
+) -> str | None:
     """The save-time check (no DNS) as a message, or None: for model and settings validation."""
     try:
         check_url(url, purpose=purpose, ports=ports, schemes=schemes, resolve=False)
@@ -313,8 +342,10 @@ def host_problem(host: str, port, *, purpose: str, ports: tuple[int, ...] = IMAP
 
 # --- connecting to the checked address -------------------------------------------------------------------
 
-def open_connection(host: str, port: int, *, policy: EgressPolicy, timeout=None, source_address=None,
-                    socket_options=None) -> socket.socket:
+
+def open_connection(
+    host: str, port: int, *, policy: EgressPolicy, timeout=None, source_address=None, socket_options=None
+) -> socket.socket:
     """A TCP connection to a checked address of `host` (resolved here, at connect time, so that a name that
     changes its answer after the save-time check is still refused). `timeout`: seconds, None (blocking), or
     anything else for the socket default."""
@@ -348,13 +379,20 @@ class _GuardedConnectionMixin:
 
     def _new_conn(self) -> socket.socket:
         try:
-            sock = open_connection(self.host, self.port, policy=self.egress_policy, timeout=self.timeout,
-                                   source_address=self.source_address, socket_options=self.socket_options)
+            sock = open_connection(
+                self.host,
+                self.port,
+                policy=self.egress_policy,
+                timeout=self.timeout,
+                source_address=self.source_address,
+                socket_options=self.socket_options,
+            )
         except socket.gaierror as exc:
             raise NameResolutionError(self.host, self, exc) from exc
         except TimeoutError as exc:
-            raise ConnectTimeoutError(self, f"Connection to {self.host} timed out. (connect timeout={self.timeout})") \
-                from exc
+            raise ConnectTimeoutError(
+                self, f"Connection to {self.host} timed out. (connect timeout={self.timeout})"
+            ) from exc
         except OSError as exc:
             raise NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
         sys.audit("http.client.connect", self, self.host, self.port)
@@ -402,8 +440,9 @@ class GuardedAdapter(HTTPAdapter):
 
     def init_poolmanager(self, connections, maxsize, block=DEFAULT_POOLBLOCK, **pool_kwargs):
         self._pool_connections, self._pool_maxsize, self._pool_block = connections, maxsize, block
-        self.poolmanager = GuardedPoolManager(num_pools=connections, maxsize=maxsize, block=block,
-                                              egress_policy=self.egress_policy, **pool_kwargs)
+        self.poolmanager = GuardedPoolManager(
+            num_pools=connections, maxsize=maxsize, block=block, egress_policy=self.egress_policy, **pool_kwargs
+        )
 
     def proxy_manager_for(self, proxy, **proxy_kwargs):
         raise EgressRefused(f"{self.egress_policy.purpose}: refused: requests through a proxy are not checked")
@@ -413,14 +452,16 @@ class GuardedAdapter(HTTPAdapter):
         return super().send(request, **kwargs)
 
 
-def guarded_session(*, purpose: str, ports: tuple[int, ...] = WEB_PORTS, schemes: tuple[str, ...] = WEB_SCHEMES,
-                    max_retries=0) -> requests.Session:
+def guarded_session(
+    *, purpose: str, ports: tuple[int, ...] = WEB_PORTS, schemes: tuple[str, ...] = WEB_SCHEMES, max_retries=0
+) -> requests.Session:
     """A `requests.Session` for tenant-configured URLs: every request and redirect through `GuardedAdapter`,
     nothing from the environment (`trust_env=False`: no proxies, no .netrc credentials)."""
     session = requests.Session()
     session.trust_env = False
-    adapter = GuardedAdapter(policy=EgressPolicy(purpose=purpose, ports=ports, schemes=schemes),
-                             max_retries=max_retries)
+    adapter = GuardedAdapter(
+        policy=EgressPolicy(purpose=purpose, ports=ports, schemes=schemes), max_retries=max_retries
+    )
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session

@@ -6,6 +6,7 @@ come from `MAILROOM_ESCALATE_AFTER_HOURS`, overridden per tenant by `Tenant.sett
 ["escalate_after_hours"]` (a number for every item, or a dict with the same keys). Acting on it is
 reconciliation's (`reconciliation.services.escalation`); intake only computes the time.
 """
+
 from datetime import timedelta
 
 from django.conf import settings
@@ -40,5 +41,6 @@ def entering_recovery(event_id: int, state: str, reason_code: str, now):
     """
     tenant = Tenant.objects.filter(pk__in=InboxEvent.objects.filter(pk=event_id).values("tenant_id")).first()
     due = now + timedelta(hours=escalate_after_hours(tenant, state, reason_code))
-    return Case(When(state__in=InboxEvent.RECOVERY_STATES, escalate_at__isnull=False, then=F("escalate_at")),
-                default=Value(due))
+    return Case(
+        When(state__in=InboxEvent.RECOVERY_STATES, escalate_at__isnull=False, then=F("escalate_at")), default=Value(due)
+    )

@@ -9,6 +9,7 @@ directly) every call reads the database, as before.
 The scope lasts one task, a fraction of a second to a few seconds: what an admin changes meanwhile is
 seen by the next task, as a change made while one event was being processed always was.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator

@@ -3,6 +3,7 @@
 The broker is the Celery app this process runs, `celery.current_app` (config/__init__.py makes
 `config.celery.app` current when Django starts), so intake never imports `config`.
 """
+
 from __future__ import annotations
 
 from celery import current_app

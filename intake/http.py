@@ -1,4 +1,5 @@
 """Small HTTP helpers shared by every outbound client (provider adapters here, destination adapters above)."""
+
 import email.utils
 from datetime import UTC, datetime
 

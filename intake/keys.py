@@ -1,4 +1,5 @@
 """Stable keys: the same message always yields the same key, whichever channel brought it."""
+
 import hashlib
 import re
 from typing import Protocol
@@ -38,7 +39,7 @@ def content_fingerprint(raw: bytes) -> str:
     if match is None:
         head, body_start = raw[:_MAX_FINGERPRINT_HEADER_BYTES], _MAX_FINGERPRINT_HEADER_BYTES
     else:
-        head, body_start = raw[:match.start()], match.end()
+        head, body_start = raw[: match.start()], match.end()
     wanted: dict[bytes, list[bytes]] = {}
     other: list[bytes] = []
     for line in _FOLD.sub(b" ", head).splitlines():

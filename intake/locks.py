@@ -6,6 +6,7 @@ PostgreSQL: a session-level advisory lock `(namespace, key)` on a dedicated conn
 killed holder loses its session and the lock with it. SQLite (the embedded default, one host):
 an fcntl lock on `VAR_DIR/locks/<name>.lock`. Never blocks: the caller decides what to do.
 """
+
 import fcntl
 from contextlib import contextmanager
 from pathlib import Path

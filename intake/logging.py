@@ -5,6 +5,7 @@ full address, an `Authorization` value or a `token=`/`key=`/`secret=` parameter.
 `request_id` (set by `intake.middleware.RequestIdMiddleware`) and `task_id` (set around every Celery
 task, below) on each record, for LOG_FORMAT=json.
 """
+
 import contextvars
 import itertools
 import logging
@@ -18,14 +19,16 @@ _ADDRESS = re.compile(r"([A-Za-z0-9._%+-])[A-Za-z0-9._%+-]*@([A-Za-z0-9-])[A-Za-
 
 # `Authorization: Bearer abc`, `'Authorization': 'Basic abc'`, `authorization=abc`: the scheme stays.
 _AUTHORIZATION = re.compile(
-    r"""(?i)((?:proxy-)?authorization['"]?\s*[:=]\s*['"]?)(?:(bearer|basic|token|digest|hmac)\s+)?[^\s'",;}]+""")
+    r"""(?i)((?:proxy-)?authorization['"]?\s*[:=]\s*['"]?)(?:(bearer|basic|token|digest|hmac)\s+)?[^\s'",;}]+"""
+)
 # A bare `Bearer <token>`: the token has a digit or a symbol (prose such as "no bearer token" stays).
 _BEARER = re.compile(r"(?i)\b(bearer)\s+(?=[A-Za-z]*[0-9._~+/=-])[A-Za-z0-9._~+/=-]{6,}")
 # token=..., key=..., access_token=..., api_key=..., secret=..., password=..., signature=... (query strings,
 # form bodies, key=value log fields); `dedupe_key=` and other `*_key` names of our own are not secrets.
 _SECRET_PARAM = re.compile(
     r"(?i)\b((?:access_|refresh_|id_|api_|auth_)?token|(?:api_?)?key|(?:client_)?secret|password|passwd|"
-    r"sig|signature)=([^&\s'\",;]+)")
+    r"sig|signature)=([^&\s'\",;]+)"
+)
 REDACTED = "[redacted]"
 
 # gunicorn's access log (run_stack, README): the path without its query string (%(U)s, not %(r)s), no
@@ -47,8 +50,7 @@ def mask_address(text: str) -> str:
 
 def redact_secrets(text: str) -> str:
     """Authorization values and token=/key=/secret= parameters -> `[redacted]`."""
-    text = _AUTHORIZATION.sub(lambda m: f"{m.group(1)}{m.group(2) + ' ' if m.group(2) else ''}{REDACTED}",
-                              text or "")
+    text = _AUTHORIZATION.sub(lambda m: f"{m.group(1)}{m.group(2) + ' ' if m.group(2) else ''}{REDACTED}", text or "")
     text = _BEARER.sub(rf"\1 {REDACTED}", text)
     return _SECRET_PARAM.sub(rf"\1={REDACTED}", text)
 

@@ -20,6 +20,7 @@ The quiet-mailbox alarm (`check_quiet_mailboxes`, beat; not for a failing or dow
 here too (`quiet_alarm_since`, QUIET_ALARM / QUIET_CLEARED rows); its threshold comes from the mailbox's own
 history (intake.quiet).
 """
+
 import logging
 from datetime import datetime, timedelta
 
@@ -46,21 +47,25 @@ def _setting(name: str, default: float) -> float:
     return float(getattr(settings, name, default))
 
 
-def _transition(mailbox: Mailbox, *, from_state: str, to_state: str, kind: str, at: datetime,
-                detail: dict) -> MailboxAudit | None:
+def _transition(
+    mailbox: Mailbox, *, from_state: str, to_state: str, kind: str, at: datetime, detail: dict
+) -> MailboxAudit | None:
     """Move the link state if it still is `from_state`; the audit and outbox rows only when it moved."""
-    moved = Mailbox.objects.filter(pk=mailbox.pk, link_state=from_state).update(link_state=to_state,
-                                                                                link_state_since=at)
-    mailbox.link_state, mailbox.link_state_since = (to_state, at) if moved else (mailbox.link_state,
-                                                                                 mailbox.link_state_since)
+    moved = Mailbox.objects.filter(pk=mailbox.pk, link_state=from_state).update(
+        link_state=to_state, link_state_since=at
+    )
+    mailbox.link_state, mailbox.link_state_since = (
+        (to_state, at) if moved else (mailbox.link_state, mailbox.link_state_since)
+    )
     if not moved or not kind:
         return None
     return _audit(mailbox, kind=kind, at=at, detail={"from": from_state, "to": to_state, **detail})
 
 
 def _audit(mailbox: Mailbox, *, kind: str, at: datetime, detail: dict) -> MailboxAudit:
-    audit = MailboxAudit.objects.create(mailbox_id=mailbox.pk, tenant_id=mailbox.tenant_id, kind=kind,
-                                        actor=ACTOR, detail=detail, at=at)
+    audit = MailboxAudit.objects.create(
+        mailbox_id=mailbox.pk, tenant_id=mailbox.tenant_id, kind=kind, actor=ACTOR, detail=detail, at=at
+    )
     services.enqueue_outbox(ALERT_TOPIC, {"mailbox_audit_id": audit.pk})
     logger.info("mailbox %s: %s", mailbox.slug, kind)
     return audit
@@ -69,8 +74,12 @@ def _audit(mailbox: Mailbox, *, kind: str, at: datetime, detail: dict) -> Mailbo
 def _locked_row(mailbox: Mailbox) -> dict:
     # FOR UPDATE: the state read here is the one the guarded UPDATE expects (ignored on SQLite, whose
     # writers are serialized anyway; the guard still holds there).
-    return (Mailbox.objects.select_for_update().filter(pk=mailbox.pk)
-            .values("link_state", "link_state_since", "poll_failures", "quiet_alarm_since").get())
+    return (
+        Mailbox.objects.select_for_update()
+        .filter(pk=mailbox.pk)
+        .values("link_state", "link_state_since", "poll_failures", "quiet_alarm_since")
+        .get()
+    )
 
 
 @transaction.atomic
@@ -83,8 +92,14 @@ def record_poll_success(mailbox: Mailbox, *, at: datetime, messages: int) -> Mai
         clear_quiet_alarm(mailbox, at=at, reason="mail arrived")
     state = row["link_state"]
     if state in (Link.FAILING, Link.DOWN):
-        return _transition(mailbox, from_state=state, to_state=Link.RECOVERED, kind=Kind.LINK_RECOVERED, at=at,
-                           detail={"failures": row["poll_failures"]})
+        return _transition(
+            mailbox,
+            from_state=state,
+            to_state=Link.RECOVERED,
+            kind=Kind.LINK_RECOVERED,
+            at=at,
+            detail={"failures": row["poll_failures"]},
+        )
     since = row["link_state_since"]
     recovered_for = timedelta(seconds=_setting("MAILROOM_MAILBOX_RECOVERED_SECONDS", 900))
     if state == Link.RECOVERED and (since is None or at - since >= recovered_for):
@@ -109,29 +124,44 @@ def record_poll_failure(mailbox: Mailbox, *, at: datetime, detail: str, permanen
     """A poll failed (`detail` masked here again; `permanent`: only a person can fix it). Returns the
     transition's audit row, if there was one."""
     row = _locked_row(mailbox)
-    Mailbox.objects.filter(pk=mailbox.pk).update(poll_failures=F("poll_failures") + 1,
-                                                 poll_errors_total=F("poll_errors_total") + 1)
+    Mailbox.objects.filter(pk=mailbox.pk).update(
+        poll_failures=F("poll_failures") + 1, poll_errors_total=F("poll_errors_total") + 1
+    )
     failures = row["poll_failures"] + 1
     mailbox.poll_failures = failures
     target = _failure_target(row["link_state"], failures, row["link_state_since"], at, permanent)
     if target is None:
         return None
     kind = Kind.LINK_DOWN if target == Link.DOWN else Kind.LINK_FAILING
-    return _transition(mailbox, from_state=row["link_state"], to_state=target, kind=kind, at=at,
-                       detail={"failures": failures, "permanent": permanent, "error": mask_address(detail)[:300]})
+    return _transition(
+        mailbox,
+        from_state=row["link_state"],
+        to_state=target,
+        kind=kind,
+        at=at,
+        detail={"failures": failures, "permanent": permanent, "error": mask_address(detail)[:300]},
+    )
 
 
 # --- the quiet-mailbox alarm --------------------------------------------------------------------------------
 
-def raise_quiet_alarm(mailbox: Mailbox, *, at: datetime, last_message_at, threshold_hours: float
-                      ) -> MailboxAudit | None:
+
+def raise_quiet_alarm(
+    mailbox: Mailbox, *, at: datetime, last_message_at, threshold_hours: float
+) -> MailboxAudit | None:
     with transaction.atomic():
         if not Mailbox.objects.filter(pk=mailbox.pk, quiet_alarm_since__isnull=True).update(quiet_alarm_since=at):
             return None
         mailbox.quiet_alarm_since = at
-        return _audit(mailbox, kind=Kind.QUIET_ALARM, at=at, detail={
-            "threshold_hours": round(threshold_hours, 2),
-            "last_message_at": last_message_at.isoformat() if last_message_at else None})
+        return _audit(
+            mailbox,
+            kind=Kind.QUIET_ALARM,
+            at=at,
+            detail={
+                "threshold_hours": round(threshold_hours, 2),
+                "last_message_at": last_message_at.isoformat() if last_message_at else None,
+            },
+        )
 
 
 def clear_quiet_alarm(mailbox: Mailbox, *, at: datetime, reason: str) -> MailboxAudit | None:
@@ -146,8 +176,13 @@ def check_quiet_mailboxes(*, now: datetime | None = None) -> dict:
     """Raise or clear each mailbox's quiet alarm (beat). {"raised": n, "cleared": n, "watched": n}."""
     now = now or timezone.now()
     counts = {"raised": 0, "cleared": 0, "watched": 0}
-    last_by_box = dict(InboxEvent.objects.filter(history=False).order_by().values("mailbox_id")
-                       .annotate(last=Max("received_at")).values_list("mailbox_id", "last"))
+    last_by_box = dict(
+        InboxEvent.objects.filter(history=False)
+        .order_by()
+        .values("mailbox_id")
+        .annotate(last=Max("received_at"))
+        .values_list("mailbox_id", "last")
+    )
     for mailbox in Mailbox.objects.exclude(tenant_id__in=drill_tenants()).order_by("pk"):
         if mailbox.link_state not in HEALTHY:  # failing or down says more already: no second alarm, none cleared
             continue
@@ -157,8 +192,9 @@ def check_quiet_mailboxes(*, now: datetime | None = None) -> dict:
             counts["watched"] += 1
         silent = threshold is not None and last is not None and now - last > timedelta(hours=threshold)
         if silent and mailbox.quiet_alarm_since is None:
-            counts["raised"] += bool(raise_quiet_alarm(mailbox, at=now, last_message_at=last,
-                                                       threshold_hours=threshold))
+            counts["raised"] += bool(
+                raise_quiet_alarm(mailbox, at=now, last_message_at=last, threshold_hours=threshold)
+            )
         elif not silent and mailbox.quiet_alarm_since is not None:
             reason = "mail arrived" if threshold is not None else "alarm off for this mailbox"
             counts["cleared"] += bool(clear_quiet_alarm(mailbox, at=now, reason=reason))

@@ -6,6 +6,7 @@ them straight from the top of the stack saves about a fifth of the CPU of
 each webhook request (see docs/performance.md); exceptions still go through
 Django's handler, because this middleware is wrapped like any other.
 """
+
 import re
 import uuid
 

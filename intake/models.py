@@ -1,4 +1,5 @@
 """Where mail enters: tenants, mailboxes, the inbox events, the outbox and the audit trail."""
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -18,18 +19,18 @@ from .vocabulary import (  # noqa: F401  (ReasonCode: re-exported for callers)
 # (read by `ticketing.people`).
 TENANT_SETTINGS = {
     "raw_retention_days": "Days the raw message (and so its attachments) is kept; default MAILROOM_RAW_RETENTION_DAYS "
-                          "(intake.retention).",
+    "(intake.retention).",
     "unmapped_after_minutes": "Minutes after which an open event without a ticket mapping counts as stuck "
-                              "(reconcilers).",
+    "(reconcilers).",
     "escalate_after_hours": "Hours after which an item of the recovery queue escalates (escalation).",
     "ack_per_hour": "Acknowledgments the tenant may send in any hour; default MAILROOM_ACK_PER_HOUR "
-                    "(ticketing.acknowledgments).",
+    "(ticketing.acknowledgments).",
     "ack_per_domain_per_hour": "Acknowledgments to one recipient domain in any hour; default "
-                               "MAILROOM_ACK_PER_DOMAIN_PER_HOUR (ticketing.acknowledgments).",
-    "agent_addresses": "The tenant's agents: a list of addresses (\"alice@example.com\") and domains "
-                       "(\"@example.com\"), compared ignoring case and +tags. An agent's reply becomes an internal "
-                       "note, and an agent's forward of a customer's message makes that customer the requester "
-                       "(ticketing.people). Not a number: read it with ticketing.people, not int_setting.",
+    "MAILROOM_ACK_PER_DOMAIN_PER_HOUR (ticketing.acknowledgments).",
+    "agent_addresses": 'The tenant\'s agents: a list of addresses ("alice@example.com") and domains '
+    '("@example.com"), compared ignoring case and +tags. An agent\'s reply becomes an internal '
+    "note, and an agent's forward of a customer's message makes that customer the requester "
+    "(ticketing.people). Not a number: read it with ticketing.people, not int_setting.",
 }
 
 
@@ -38,9 +39,10 @@ class Tenant(models.Model):
     name = models.CharField(max_length=200, blank=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="mailroom_tenants")
     settings = models.JSONField(
-        default=dict, blank=True,
+        default=dict,
+        blank=True,
         help_text="Per-tenant overrides, positive integers: raw_retention_days, unmapped_after_minutes, "
-                  "escalate_after_hours (see intake.models.TENANT_SETTINGS).",
+        "escalate_after_hours (see intake.models.TENANT_SETTINGS).",
     )
     # A `manage.py drill` scratch tenant (reconciliation.drills): set only by the drill, never through the
     # admin or the API. The live paths (workers, sweeps, reconcilers, escalation, /metrics) skip its rows:
@@ -65,9 +67,12 @@ class VerifiedDomain(models.Model):
     (intake.domains). No role can be given the right to add or change one: only superusers hold it."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="verified_domains")
-    domain = models.CharField(max_length=253, unique=True,
-                              help_text="Lower case, without a trailing dot; an internationalized name in its "
-                                        "xn-- form. One tenant per domain.")
+    domain = models.CharField(
+        max_length=253,
+        unique=True,
+        help_text="Lower case, without a trailing dot; an internationalized name in its "
+        "xn-- form. One tenant per domain.",
+    )
     verified_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField("added", auto_now_add=True)
 
@@ -76,8 +81,9 @@ class VerifiedDomain(models.Model):
         ordering = ("domain",)
         constraints = [
             # Unique on the stored form, and the stored form is the normal one: unique case-insensitively.
-            models.CheckConstraint(condition=Q(domain=Lower("domain")) & ~Q(domain=""),
-                                   name="verified_domain_is_normalised"),
+            models.CheckConstraint(
+                condition=Q(domain=Lower("domain")) & ~Q(domain=""), name="verified_domain_is_normalised"
+            ),
         ]
 
     def __str__(self):
@@ -97,6 +103,7 @@ ADDRESS_TAKEN = "This address is already used by another mailbox."
 
 class MailboxProvider(models.TextChoices):
     """One per provider adapter (intake.providers); `Mailbox.Provider`."""
+
     RAW = "raw", "Raw MIME webhook"
     IMAP = "imap", "IMAP"
     GMAIL = "gmail", "Gmail API"
@@ -140,13 +147,15 @@ class Mailbox(models.Model):
     class Link(models.TextChoices):
         """The connection's health as admins are told of it (intake.health_states): up -> failing -> down ->
         recovered (-> up), one email per transition."""
+
         UP = "up"
         FAILING = "failing"
         DOWN = "down"
         RECOVERED = "recovered"
 
-    link_state = models.CharField("connection", max_length=20, choices=Link.choices, default=Link.UP,
-                                  db_default=Link.UP)
+    link_state = models.CharField(
+        "connection", max_length=20, choices=Link.choices, default=Link.UP, db_default=Link.UP
+    )
     link_state_since = models.DateTimeField("connection state since", null=True, blank=True)
     poll_failures = models.PositiveIntegerField("failed polls in a row", default=0, db_default=0)
     poll_errors_total = models.PositiveBigIntegerField("failed polls (total)", default=0, db_default=0)
@@ -160,33 +169,45 @@ class Mailbox(models.Model):
     oauth_warned_at = models.DateTimeField("expiry warning sent", null=True, blank=True)
     # Archive import (intake.archive): mail received before the cut-off is history; null = live only.
     archive_before = models.DateTimeField("archive cut-off", null=True, blank=True)
-    archive_tickets = models.CharField("archive tickets", max_length=10, blank=True, db_default="",
-                                       choices=[("none", "no tickets"), ("closed", "closed tickets")])
+    archive_tickets = models.CharField(
+        "archive tickets",
+        max_length=10,
+        blank=True,
+        db_default="",
+        choices=[("none", "no tickets"), ("closed", "closed tickets")],
+    )
     archive_done_at = models.DateTimeField("archive import finished", null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "mailboxes"
         constraints = [
             models.CheckConstraint(
-                condition=Q(webhook_secret_ref="") | Q(webhook_secret_ref__startswith="env:")
-                | Q(webhook_secret_ref__startswith="file:") | Q(webhook_secret_ref__startswith="vault:"),
+                condition=Q(webhook_secret_ref="")
+                | Q(webhook_secret_ref__startswith="env:")
+                | Q(webhook_secret_ref__startswith="file:")
+                | Q(webhook_secret_ref__startswith="vault:"),
                 name="mailbox_webhook_secret_is_a_reference",
             ),
             models.CheckConstraint(
-                condition=Q(credentials_ref="") | Q(credentials_ref__startswith="env:")
-                | Q(credentials_ref__startswith="file:") | Q(credentials_ref__startswith="vault:"),
+                condition=Q(credentials_ref="")
+                | Q(credentials_ref__startswith="env:")
+                | Q(credentials_ref__startswith="file:")
+                | Q(credentials_ref__startswith="vault:"),
                 name="mailbox_credentials_is_a_reference",
             ),
             # A provider without an adapter could store mail no channel verifies or polls.
             models.CheckConstraint(condition=Q(provider__in=MailboxProvider.values), name="mailbox_known_provider"),
             # One mailbox per address on the whole platform: a second tenant cannot take over the mail of the first.
-            models.UniqueConstraint(fields=["address_key"], name="mailbox_address_unique",
-                                    violation_error_message=ADDRESS_TAKEN),
+            models.UniqueConstraint(
+                fields=["address_key"], name="mailbox_address_unique", violation_error_message=ADDRESS_TAKEN
+            ),
             models.CheckConstraint(condition=~Q(address_key=""), name="mailbox_address_key_set"),
-            models.CheckConstraint(condition=Q(link_state__in=["up", "failing", "down", "recovered"]),
-                                   name="mailbox_known_link_state"),
-            models.CheckConstraint(condition=Q(archive_tickets__in=["", "none", "closed"]),
-                                   name="mailbox_known_archive_tickets"),
+            models.CheckConstraint(
+                condition=Q(link_state__in=["up", "failing", "down", "recovered"]), name="mailbox_known_link_state"
+            ),
+            models.CheckConstraint(
+                condition=Q(archive_tickets__in=["", "none", "closed"]), name="mailbox_known_archive_tickets"
+            ),
         ]
 
     def __str__(self):
@@ -304,8 +325,9 @@ class InboxEvent(models.Model):
     route = models.JSONField(default=dict, blank=True)
     # A copy of a message also delivered to another mailbox of the tenant: the event that made (or
     # failed to make) the ticket (`ticketing.copies`). Set when the copy is linked or sent to review.
-    copy_of = models.ForeignKey("self", verbose_name="copy of", null=True, blank=True, on_delete=models.PROTECT,
-                                related_name="copies")
+    copy_of = models.ForeignKey(
+        "self", verbose_name="copy of", null=True, blank=True, on_delete=models.PROTECT, related_name="copies"
+    )
     # Retention (intake.retention): a held event's body is never purged; `purged_at` is when it was.
     legal_hold = models.BooleanField(default=False, db_default=False)  # db_default: ingest inserts in raw SQL
     purged_at = models.DateTimeField("body purged at", null=True, blank=True, editable=False)
@@ -326,8 +348,19 @@ class InboxEvent(models.Model):
                 name="inbox_event_off_path_needs_reason",
             ),
             models.CheckConstraint(
-                condition=Q(state__in=["received", "ready", "write_pending", "completed", "suppressed",
-                                       "awaiting_review", "quarantined", "failed", "unknown"]),
+                condition=Q(
+                    state__in=[
+                        "received",
+                        "ready",
+                        "write_pending",
+                        "completed",
+                        "suppressed",
+                        "awaiting_review",
+                        "quarantined",
+                        "failed",
+                        "unknown",
+                    ]
+                ),
                 name="inbox_event_known_state",
             ),
         ]
@@ -337,8 +370,9 @@ class InboxEvent(models.Model):
             models.Index(fields=["mailbox", "sender", "received_at"], name="inbox_event_sender_rate"),
             models.Index(fields=["mailbox", "thread_key"], name="inbox_event_thread"),
             # Retention's scan: bodies not purged yet, oldest first.
-            models.Index(fields=["tenant", "received_at"], condition=Q(purged_at__isnull=True),
-                         name="inbox_event_retention"),
+            models.Index(
+                fields=["tenant", "received_at"], condition=Q(purged_at__isnull=True), name="inbox_event_retention"
+            ),
         ]
 
     def __str__(self):
@@ -510,8 +544,14 @@ class SenderListEntry(models.Model):
         ALLOW = "allow"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sender_lists")
-    mailbox = models.ForeignKey(Mailbox, null=True, blank=True, on_delete=models.CASCADE, related_name="sender_lists",
-                                help_text="empty: every mailbox of the tenant")
+    mailbox = models.ForeignKey(
+        Mailbox,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="sender_lists",
+        help_text="empty: every mailbox of the tenant",
+    )
     kind = models.CharField(max_length=10, choices=Kind.choices)
     # "name@example.com" or "@example.com", lowercase (clean() normalizes).
     pattern = models.CharField("address or @domain", max_length=320)
@@ -524,12 +564,15 @@ class SenderListEntry(models.Model):
         verbose_name_plural = "sender lists"
         constraints = [
             models.CheckConstraint(condition=Q(kind__in=["block", "allow"]), name="sender_list_known_kind"),
-            models.CheckConstraint(condition=Q(pattern=Lower("pattern")) & ~Q(pattern=""),
-                                   name="sender_list_pattern_lowercase"),
-            models.UniqueConstraint(fields=["tenant", "pattern"], condition=Q(mailbox__isnull=True),
-                                    name="sender_list_unique_per_tenant"),
-            models.UniqueConstraint(fields=["mailbox", "pattern"], condition=Q(mailbox__isnull=False),
-                                    name="sender_list_unique_per_mailbox"),
+            models.CheckConstraint(
+                condition=Q(pattern=Lower("pattern")) & ~Q(pattern=""), name="sender_list_pattern_lowercase"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "pattern"], condition=Q(mailbox__isnull=True), name="sender_list_unique_per_tenant"
+            ),
+            models.UniqueConstraint(
+                fields=["mailbox", "pattern"], condition=Q(mailbox__isnull=False), name="sender_list_unique_per_mailbox"
+            ),
         ]
 
     def __str__(self):

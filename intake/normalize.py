@@ -13,6 +13,7 @@ when judged; with `MAILROOM_RSPAMD_URL` set, rspamd's score when higher, `intake
 and `automated` ({"reason": "list_mail" | "automated_notification",
 "evidence"}), from `intake.validation`.
 """
+
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -62,7 +63,8 @@ class Outcome:
 def policy_for(mailbox) -> validation.MailboxPolicy:
     return validation.MailboxPolicy.from_settings(
         {"loop_header": settings.MAILROOM_LOOP_HEADER, **(mailbox.settings or {})},
-        allowed_recipients=mailbox.allowed_recipients or ())
+        allowed_recipients=mailbox.allowed_recipients or (),
+    )
 
 
 def _sender_over_limit(event: InboxEvent, sender: str) -> validation.Finding | None:
@@ -71,12 +73,14 @@ def _sender_over_limit(event: InboxEvent, sender: str) -> validation.Finding | N
     limit = {**DEFAULT_SENDER_LIMIT, **((event.mailbox.settings or {}).get("sender_rate_limit") or {})}
     since = event.received_at - timedelta(seconds=int(limit["seconds"]))
     # An archive import's history is not a flood from the sender (intake.archive).
-    earlier = InboxEvent.objects.filter(mailbox_id=event.mailbox_id, sender__iexact=sender,
-                                        received_at__gte=since, pk__lt=event.pk, history=False).count()
+    earlier = InboxEvent.objects.filter(
+        mailbox_id=event.mailbox_id, sender__iexact=sender, received_at__gte=since, pk__lt=event.pk, history=False
+    ).count()
     if earlier >= int(limit["count"]):
         state = validation.SUPPRESSED if limit.get("action") == "suppress" else validation.AWAITING_REVIEW
-        return validation.Finding(state, SENDER_RATE_LIMITED,
-                                  f"{earlier} earlier messages from this sender within {limit['seconds']} s")
+        return validation.Finding(
+            state, SENDER_RATE_LIMITED, f"{earlier} earlier messages from this sender within {limit['seconds']} s"
+        )
     return None
 
 
@@ -116,8 +120,7 @@ def _scan_verdict(parsed: ParsedMessage, findings: list) -> str:
 
 def _rspamd(event: InboxEvent) -> spamcheck.RspamdResult | None:
     """rspamd's verdict when the platform configured one (MAILROOM_RSPAMD_URL); None when off, skipped or down."""
-    client = spamcheck.rspamd_from_setting(
-        settings.MAILROOM_RSPAMD_URL, timeout=settings.MAILROOM_RSPAMD_TIMEOUT)
+    client = spamcheck.rspamd_from_setting(settings.MAILROOM_RSPAMD_URL, timeout=settings.MAILROOM_RSPAMD_TIMEOUT)
     if client is None:
         return None
     try:
@@ -129,38 +132,58 @@ def _rspamd(event: InboxEvent) -> spamcheck.RspamdResult | None:
         client.close()
 
 
-def _spam_score(parsed: ParsedMessage, policy: validation.MailboxPolicy | None,
-                remote: spamcheck.RspamdResult | None) -> dict | None:
+def _spam_score(
+    parsed: ParsedMessage, policy: validation.MailboxPolicy | None, remote: spamcheck.RspamdResult | None
+) -> dict | None:
     """The higher of the headers' score and rspamd's, with the threshold it is judged against."""
     threshold = policy.spam_score_threshold if policy is not None else validation.DEFAULT_SPAM_SCORE_THRESHOLD
     score = validation.spam_score(parsed=parsed)
     stored = score.as_details(threshold) if score is not None else None
     if remote is not None and (stored is None or remote.score > stored["score"]):
-        stored = {"score": remote.score, "source": "rspamd", "threshold": threshold, "action": remote.action,
-                  **({"required_score": remote.required_score} if remote.required_score is not None else {})}
+        stored = {
+            "score": remote.score,
+            "source": "rspamd",
+            "threshold": threshold,
+            "action": remote.action,
+            **({"required_score": remote.required_score} if remote.required_score is not None else {}),
+        }
     return stored
 
 
-def _details(parsed: ParsedMessage, verdict: validation.Verdict, policy: validation.MailboxPolicy | None,
-             remote: spamcheck.RspamdResult | None = None) -> dict:
+def _details(
+    parsed: ParsedMessage,
+    verdict: validation.Verdict,
+    policy: validation.MailboxPolicy | None,
+    remote: spamcheck.RspamdResult | None = None,
+) -> dict:
     details = {
         "attachments": [
-            {"filename": a.filename, "declared_type": a.declared_type, "sniffed_type": a.sniffed_type,
-             "size": a.size, "sha256": a.sha256, "inline": a.is_inline,
-             **({"origin": a.origin} if a.origin else {}), **({"nested": True} if a.nested else {}),
-             **({"contents": a.contents} if a.contents else {})}
+            {
+                "filename": a.filename,
+                "declared_type": a.declared_type,
+                "sniffed_type": a.sniffed_type,
+                "size": a.size,
+                "sha256": a.sha256,
+                "inline": a.is_inline,
+                **({"origin": a.origin} if a.origin else {}),
+                **({"nested": True} if a.nested else {}),
+                **({"contents": a.contents} if a.contents else {}),
+            }
             for a in parsed.attachments[:200]
         ],
         "attachment_count": len(parsed.attachments),
         "defects": sorted(set(parsed.defects))[:50],
-        "findings": [{"state": f.state, "reason": f.reason_code, "detail": f.detail[:300]}
-                     for f in verdict.findings[:20]],
+        "findings": [
+            {"state": f.state, "reason": f.reason_code, "detail": f.detail[:300]} for f in verdict.findings[:20]
+        ],
         "sender_source": parsed.sender_source,
         "body_source": parsed.body_source,
     }
     optional = {
-        "signatures": parsed.signatures[:10], "encrypted": parsed.encrypted,
-        "alternatives": parsed.alternatives[:10], "text_truncated": parsed.text_truncated,
+        "signatures": parsed.signatures[:10],
+        "encrypted": parsed.encrypted,
+        "alternatives": parsed.alternatives[:10],
+        "text_truncated": parsed.text_truncated,
         "smime_certs_only": parsed.smime_certs_only,
         "spam_flagged": policy is not None and validation.spam_flagged(parsed, policy),
     }
@@ -196,8 +219,7 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
     if event.state != State.RECEIVED:
         return Outcome(State.READY, parsed=parsed or ParsedMessage())
     if parsed is None:
-        return _record(event, ParsedMessage(), validation.Verdict(State.AWAITING_REVIEW, ReasonCode.UNPARSEABLE),
-                       actor)
+        return _record(event, ParsedMessage(), validation.Verdict(State.AWAITING_REVIEW, ReasonCode.UNPARSEABLE), actor)
     if archive.without_ticket(event):  # history kept without a ticket: stored, reconciled, never acknowledged
         return _record(event, parsed, validation.Verdict(State.SUPPRESSED, ReasonCode.ARCHIVED), actor)
 
@@ -228,8 +250,9 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
         if scan_findings is None:
             attempts = int((event.details or {}).get("scan_attempts", 0)) + 1
             if attempts < settings.MAILROOM_SCAN_ATTEMPTS:
-                InboxEvent.objects.filter(pk=event.pk).update(details={**(event.details or {}),
-                                                                       "scan_attempts": attempts})
+                InboxEvent.objects.filter(pk=event.pk).update(
+                    details={**(event.details or {}), "scan_attempts": attempts}
+                )
                 wait_event(event.pk, settings.MAILROOM_SCAN_RETRY_SECONDS * attempts)
                 return Outcome("waiting", ReasonCode.SCANNER_UNAVAILABLE)
             scan_findings = [validation.scanner_unavailable_finding(f"scanner unreachable after {attempts} attempts")]
@@ -252,25 +275,41 @@ def _from_authenticated(event: InboxEvent, parsed: ParsedMessage, policy) -> boo
     if provider not in PROVIDERS_WITH_VERDICTS:
         return False
     fields = header_fields(bytes(event.raw or b""))
-    return bool(aligned_method(provider_authentication_results(provider, fields, from_domain=from_domain),
-                               from_domain))
+    return bool(aligned_method(provider_authentication_results(provider, fields, from_domain=from_domain), from_domain))
 
 
-def _record(event: InboxEvent, parsed: ParsedMessage, verdict: validation.Verdict, actor: str,
-            policy: validation.MailboxPolicy | None = None, remote: spamcheck.RspamdResult | None = None) -> Outcome:
+def _record(
+    event: InboxEvent,
+    parsed: ParsedMessage,
+    verdict: validation.Verdict,
+    actor: str,
+    policy: validation.MailboxPolicy | None = None,
+    remote: spamcheck.RspamdResult | None = None,
+) -> Outcome:
     now = timezone.now()
     to_state = State.READY if verdict.ok else verdict.state
     auth = validation.authentication_results(parsed, policy.trusted_authserv_id) if policy else {}
     details = {**(event.details or {}), **_details(parsed, verdict, policy, remote)}
     # One UPDATE on the hot path (ok: no audit row), plus the verdict's audit row otherwise.
     moved = transition_event(
-        event.pk, [State.RECEIVED], to_state, actor=actor, now=now,
+        event.pk,
+        [State.RECEIVED],
+        to_state,
+        actor=actor,
+        now=now,
         kind=None if verdict.ok else VERDICT_AUDIT_KIND[verdict.state],
-        reason_code=verdict.reason_code, reason_detail=verdict.detail,
+        reason_code=verdict.reason_code,
+        reason_detail=verdict.detail,
         audit_detail={"reason": verdict.reason_code, "findings": [f.reason_code for f in verdict.findings]},
-        extra={"message_id_header": parsed.message_id[:998], "sender": parsed.sender[:320],
-               "subject": parsed.subject[:998], "thread_key": event.thread_key or validation.thread_key(parsed),
-               "auth_results": auth, "details": details, "retry_at": None},
+        extra={
+            "message_id_header": parsed.message_id[:998],
+            "sender": parsed.sender[:320],
+            "subject": parsed.subject[:998],
+            "thread_key": event.thread_key or validation.thread_key(parsed),
+            "auth_results": auth,
+            "details": details,
+            "retry_at": None,
+        },
     )
     if moved:
         event.state, event.sender, event.subject = to_state, parsed.sender[:320], parsed.subject[:998]

@@ -13,6 +13,7 @@ many short daytime gaps would hide the one long night and raise the alarm every 
 nights and weekends are part of "usual" (a mailbox that is busy only on weekdays is better served by its own
 `after_hours`). Archived history (`InboxEvent.history`) is not traffic.
 """
+
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -51,9 +52,13 @@ def threshold_hours(mailbox: Mailbox, *, now: datetime) -> float | None:
     if conf.get("after_hours"):
         return float(conf["after_hours"])
     days = _setting("MAILROOM_QUIET_HISTORY_DAYS", 14)
-    stamps = list(InboxEvent.objects.filter(mailbox_id=mailbox.pk, history=False,
-                                            received_at__gte=now - timedelta(days=days), received_at__lte=now)
-                  .order_by("-received_at").values_list("received_at", flat=True)[:MAX_SAMPLE])
+    stamps = list(
+        InboxEvent.objects.filter(
+            mailbox_id=mailbox.pk, history=False, received_at__gte=now - timedelta(days=days), received_at__lte=now
+        )
+        .order_by("-received_at")
+        .values_list("received_at", flat=True)[:MAX_SAMPLE]
+    )
     busy = len(stamps) >= MAX_SAMPLE or len(stamps) / days >= _setting("MAILROOM_QUIET_MIN_PER_DAY", 5)
     if len(stamps) < 3 or not (busy or conf.get("enabled") is True):
         return None

@@ -6,6 +6,7 @@ Python bytes. `raw_message` reads it in `CHUNK_BYTES` slices into one growing bu
 bytes without another copy (`io.BytesIO.getvalue`), so the peak is the message and one slice. A load
 that defers `raw` (`with_small_raw`) and then calls `load_raw` changes nothing else.
 """
+
 from __future__ import annotations
 
 import io
@@ -27,8 +28,11 @@ def raw_message(event_id: int) -> bytes | None:
         return None
     buffer = io.BytesIO()
     for start in range(0, size, CHUNK_BYTES):
-        piece = rows.annotate(raw_piece=Substr("raw", start + 1, CHUNK_BYTES, output_field=BinaryField())) \
-            .values_list("raw_piece", flat=True).first()
+        piece = (
+            rows.annotate(raw_piece=Substr("raw", start + 1, CHUNK_BYTES, output_field=BinaryField()))
+            .values_list("raw_piece", flat=True)
+            .first()
+        )
         if piece is None or len(piece) != min(CHUNK_BYTES, size - start):
             # Purged (retention) while it was read: what the row holds now, in one piece.
             return rows.values_list("raw", flat=True).first()
@@ -41,9 +45,13 @@ def with_small_raw(events: QuerySet) -> QuerySet:
     """`events` with `raw` deferred, and loaded in the same query (as `small_raw`) where the message is no
     larger than `MAILROOM_SPOOL_THRESHOLD_BYTES`: most mail costs no second statement, a large message is
     read by `raw_message` (`load_raw`)."""
-    return events.defer("raw").annotate(small_raw=Case(
-        When(size__lte=settings.MAILROOM_SPOOL_THRESHOLD_BYTES, then=F("raw")),
-        default=Value(None, output_field=BinaryField()), output_field=BinaryField()))
+    return events.defer("raw").annotate(
+        small_raw=Case(
+            When(size__lte=settings.MAILROOM_SPOOL_THRESHOLD_BYTES, then=F("raw")),
+            default=Value(None, output_field=BinaryField()),
+            output_field=BinaryField(),
+        )
+    )
 
 
 def load_raw(event: InboxEvent) -> None:

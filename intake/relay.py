@@ -5,6 +5,7 @@ publishes it again, which the tasks absorb (they re-read state and no-op).
 On PostgreSQL, rows are claimed with FOR UPDATE SKIP LOCKED so that two relays
 (or the relay and the beat sweep) never publish the same row at the same time.
 """
+
 import json
 import logging
 import time
@@ -137,8 +138,14 @@ def _commits_within(timeout: float) -> int:
     return sum(1 for _ in connection.connection.notifies(timeout=timeout))
 
 
-def gather(backlog, hold_seconds: float, group_size: int, stop=lambda: False, commits_within=_commits_within,
-           poll_seconds: float = HOLD_POLL_SECONDS) -> None:
+def gather(
+    backlog,
+    hold_seconds: float,
+    group_size: int,
+    stop=lambda: False,
+    commits_within=_commits_within,
+    poll_seconds: float = HOLD_POLL_SECONDS,
+) -> None:
     """Let a group form only while the workers are busy.
 
     With nothing waiting in the broker the workers can take a task now, so the relay publishes at once (a

@@ -43,6 +43,7 @@ library therefore only sees a bounded copy of the text (`_probe`: lines cut
 to 256 characters, runs of blank lines and spaces shortened), and the lines it
 picks are mapped back to the original text; our own patterns are linear.
 """
+
 import re
 
 from mailparser_reply import EmailReplyParser
@@ -55,23 +56,29 @@ from .mime.htmltext import html_to_text
 LANGUAGES = ("en", "de", "fr", "es", "nl", "it", "sv", "da", "cs", "zh", "ja", "ko")
 
 _Q = r"(?:> ?)*"  # a line may sit inside quotation levels
-_EXTRA_HEADERS = re.compile("|".join([
-    # Spanish (Gmail, Apple Mail): "El lun, 4 mar 2024 a las 10:15, Ana (<ana@x>) escribió:"
-    rf"^{_Q}El\s.+\sescribi[óo]\s?:\s*$",
-    # Dutch: Gmail "Op ma 4 mrt 2024 om 10:15 schreef Jan <jan@x>:", Apple "... heeft Jan het volgende geschreven:"
-    rf"^{_Q}Op\s.+\sschreef\s.*:\s*$",
-    rf"^{_Q}Op\s.+\sheeft\s.+\sgeschreven\s?:\s*$",
-    # Portuguese: "Em seg., 4 de mar. de 2024 às 10:15, Ana <ana@x> escreveu:"
-    rf"^{_Q}Em\s.+\sescreveu\s?:\s*$",
-    # Chinese: Gmail "2024年3月4日周一 10:15，Ann <ann@x> 写道：", NetEase/QQ "在 2024-03-04 ..."写道："
-    rf"^{_Q}.{{0,300}}(?:写道|寫道)\s*[:：]\s*$",
-    # Outlook-style separators the library does not know in every language
-    rf"^{_Q}[-_]{{2,}}\s*(?:Original Message|Ursprüngliche Nachricht|Message d'origine|Mensaje original"
-    rf"|Messaggio originale|Oorspronkelijk bericht|Mensagem original|原始邮件|原始郵件|元のメッセージ)"
-    rf"\s*[-_]{{2,}}\s*$",
-    # Chinese header blocks with full-width colons (Foxmail, QQ Mail, Outlook zh-CN/zh-TW)
-    rf"^{_Q}(?:发件人|寄件者|寄件人)\s*[:：].*\n{_Q}(?:发送时间|發送時間|日期|时间|時間|寄件日期|收件人|收件者|主题|主旨)\s*[:：]",
-]), re.MULTILINE | re.IGNORECASE)
+_EXTRA_HEADERS = re.compile(
+    "|".join(
+        [
+            # Spanish (Gmail, Apple Mail): "El lun, 4 mar 2024 a las 10:15, Ana (<ana@x>) escribió:"
+            rf"^{_Q}El\s.+\sescribi[óo]\s?:\s*$",
+            # Dutch: Gmail "Op ma 4 mrt 2024 om 10:15 schreef Jan <jan@x>:",
+            # Apple "... heeft Jan het volgende geschreven:"
+            rf"^{_Q}Op\s.+\sschreef\s.*:\s*$",
+            rf"^{_Q}Op\s.+\sheeft\s.+\sgeschreven\s?:\s*$",
+            # Portuguese: "Em seg., 4 de mar. de 2024 às 10:15, Ana <ana@x> escreveu:"
+            rf"^{_Q}Em\s.+\sescreveu\s?:\s*$",
+            # Chinese: Gmail "2024年3月4日周一 10:15，Ann <ann@x> 写道：", NetEase/QQ "在 2024-03-04 ..."写道："
+            rf"^{_Q}.{{0,300}}(?:写道|寫道)\s*[:：]\s*$",
+            # Outlook-style separators the library does not know in every language
+            rf"^{_Q}[-_]{{2,}}\s*(?:Original Message|Ursprüngliche Nachricht|Message d'origine|Mensaje original"
+            rf"|Messaggio originale|Oorspronkelijk bericht|Mensagem original|原始邮件|原始郵件|元のメッセージ)"
+            rf"\s*[-_]{{2,}}\s*$",
+            # Chinese header blocks with full-width colons (Foxmail, QQ Mail, Outlook zh-CN/zh-TW)
+            rf"^{_Q}(?:发件人|寄件者|寄件人)\s*[:：].*\n{_Q}(?:发送时间|發送時間|日期|时间|時間|寄件日期|收件人|收件者|主题|主旨)\s*[:：]",
+        ]
+    ),
+    re.MULTILINE | re.IGNORECASE,
+)
 
 # The line a forwarded message starts with: what follows is content, not history.
 _FORWARD = re.compile(
@@ -79,7 +86,8 @@ _FORWARD = re.compile(
     r"|Mensaje reenviado|Doorgestuurd bericht|Messaggio inoltrato|转发邮件|轉寄郵件)[ \t]*-{2,}"
     r"|Begin forwarded message\s*:|Anfang der weitergeleiteten (?:Nachricht|E-Mail)\s*:"
     r"|Début du message réexpédié\s*:|Inicio del mensaje reenviado\s*:|Begin doorgestuurd bericht\s*:)[ \t]*$",
-    re.MULTILINE | re.IGNORECASE)
+    re.MULTILINE | re.IGNORECASE,
+)
 
 # "-- " (RFC 3676), or "--" as some clients (and editors trimming lines) leave it.
 _SIGNATURE_DELIMITER = re.compile(r"^--[ \t]*$", re.MULTILINE)
@@ -90,11 +98,20 @@ _SENT_FROM = re.compile(
     r"|Enviado desde mi |Enviado do meu |Inviato da(?:l mio)? |Verzonden (?:vanaf|met) mijn |Verstuurd vanaf mijn "
     r"|Skickat från min |Sendt fra min |从我的.{1,20}发送|发自我的|寄件者為我的|iPhoneから送信|.{1,20}から送信"
     r"|내 .{1,20}에서 보냄).{0,80}$",
-    re.MULTILINE | re.IGNORECASE)
+    re.MULTILINE | re.IGNORECASE,
+)
 
 # Markers of the quoted history in HTML (lowercase), found with str.find: linear on any input.
-_HTML_QUOTE_MARKERS = ("gmail_quote", "moz-cite-prefix", "yahoo_quoted", "divrplyfwdmsg", "appendonsend",
-                       'type="cite"', "type='cite'", "type=cite")
+_HTML_QUOTE_MARKERS = (
+    "gmail_quote",
+    "moz-cite-prefix",
+    "yahoo_quoted",
+    "divrplyfwdmsg",
+    "appendonsend",
+    'type="cite"',
+    "type='cite'",
+    "type=cite",
+)
 _QUOTE_TAG = re.compile(r"<(?:div|blockquote)\b", re.IGNORECASE)
 
 _parser = EmailReplyParser(languages=list(LANGUAGES))
@@ -152,7 +169,7 @@ def _text_without_html_quote(parsed: ParsedMessage) -> str | None:
     start = _html_quote_start(html)
     if start is None:
         return None
-    quoted = html_to_text(html[start:start + 20000], max_chars=2000)
+    quoted = html_to_text(html[start : start + 20000], max_chars=2000)
     if _FORWARD.search(quoted[:500]):
         return None
     return html_to_text(html[:start])
@@ -187,7 +204,7 @@ def _reply_lines(lines: list[str]) -> tuple[int, int]:
     start, end = 0, len(probe)
     extra = _EXTRA_HEADERS.search(text)
     if extra is not None:
-        if text[:extra.start()].strip():
+        if text[: extra.start()].strip():
             end = text.count("\n", 0, extra.start())
         else:  # bottom-posted (history first, the answer below): drop only the intro line(s)
             start = text.count("\n", 0, extra.end()) + 1
@@ -229,7 +246,7 @@ def _cut_signature(text: str) -> str:
     cuts = [m.start() for m in (_SIGNATURE_DELIMITER.search(text), _SENT_FROM.search(text)) if m]
     if not cuts:
         return text
-    kept = text[:min(cuts)]
+    kept = text[: min(cuts)]
     return kept if kept.strip() else text
 
 

@@ -25,6 +25,7 @@ tenant per run (beat runs it hourly, a backlog drains over several runs). Rows a
 `FOR UPDATE SKIP LOCKED`: a row a worker holds waits for the next run, and while a row is locked here no
 state change can slip between the checks and the purge.
 """
+
 import logging
 import uuid
 from datetime import timedelta
@@ -43,7 +44,7 @@ ACTOR = "retention"
 # ticketing's Intent, by its reverse name (intake imports nothing of ticketing): a held intent puts its
 # event in the recovery queue whatever the event's state.
 HELD_INTENT_LOOKUP = {"intents__state": "held"}
-BOUNCE_MARKS = "undeliverable_addresses"   # ticketing's UndeliverableAddress, by its reverse name on Tenant
+BOUNCE_MARKS = "undeliverable_addresses"  # ticketing's UndeliverableAddress, by its reverse name on Tenant
 
 
 def retention_days(tenant: Tenant) -> int:
@@ -54,8 +55,7 @@ def purgeable(tenant: Tenant, now=None):
     """The tenant's events whose body may be purged now, oldest first."""
     cutoff = (now or timezone.now()) - timedelta(days=retention_days(tenant))
     return (
-        InboxEvent.objects.filter(tenant_id=tenant.pk, purged_at__isnull=True, received_at__lt=cutoff,
-                                  legal_hold=False)
+        InboxEvent.objects.filter(tenant_id=tenant.pk, purged_at__isnull=True, received_at__lt=cutoff, legal_hold=False)
         .exclude(state__in=[*InboxEvent.OPEN_STATES, *InboxEvent.RECOVERY_STATES])
         .exclude(**HELD_INTENT_LOOKUP)
         .order_by("received_at", "pk")
@@ -82,8 +82,7 @@ def purge_expired_bodies(now=None, batch_size: int | None = None, max_batches: i
             if count < batch_size:
                 break
     marks = purge_expired_marks(now)
-    logger.info("retention run %s purged %d bodies in %d batches, %d expired bounce marks", run, purged, batches,
-                marks)
+    logger.info("retention run %s purged %d bodies in %d batches, %d expired bounce marks", run, purged, batches, marks)
     return {"run": run, "purged": purged, "batches": batches, "tenants": tenants, "marks": marks}
 
 
@@ -96,8 +95,9 @@ def purge_expired_marks(now=None) -> int:
 
 def _purge_batch(candidates, batch_size: int, now, detail: dict) -> int:
     with transaction.atomic():
-        ids = list(candidates.select_for_update(skip_locked=True, of=("self",))
-                   .values_list("pk", flat=True)[:batch_size])
+        ids = list(
+            candidates.select_for_update(skip_locked=True, of=("self",)).values_list("pk", flat=True)[:batch_size]
+        )
         if not ids:
             return 0
         InboxEvent.objects.filter(pk__in=ids).update(raw=None, purged_at=now)
@@ -112,6 +112,10 @@ def set_legal_hold(event_id: int, on: bool, actor: str, note: str = "") -> bool:
     with transaction.atomic():
         changed = InboxEvent.objects.filter(pk=event_id, legal_hold=not on).update(legal_hold=on)
         if changed:
-            record_audit(event_id, AuditKind.LEGAL_HOLD_SET if on else AuditKind.LEGAL_HOLD_RELEASED,
-                         actor=actor, detail={"note": note} if note else {})
+            record_audit(
+                event_id,
+                AuditKind.LEGAL_HOLD_SET if on else AuditKind.LEGAL_HOLD_RELEASED,
+                actor=actor,
+                detail={"note": note} if note else {},
+            )
     return bool(changed)

@@ -34,6 +34,7 @@ empty stream: only the archive's own scan covers it.
 configuration, a decision the caller must make visibly, not a scanner that
 says "clean".
 """
+
 from __future__ import annotations
 
 import socket
@@ -67,7 +68,7 @@ class ScanResult:
 
 @dataclass(frozen=True)
 class ClamdAddress:
-    family: str                 # "tcp" or "unix"
+    family: str  # "tcp" or "unix"
     host: str = ""
     port: int = 0
     path: str = ""
@@ -109,7 +110,7 @@ def _pieces(data, chunk_size: int):
         chunks = (data,)
     elif isinstance(data, str):
         raise TypeError("scan() takes bytes, not str")
-    elif hasattr(data, "read"):   # a binary file (a spooled attachment): read a chunk at a time
+    elif hasattr(data, "read"):  # a binary file (a spooled attachment): read a chunk at a time
         chunks = iter(lambda: data.read(chunk_size), b"")
     else:
         chunks = data
@@ -118,13 +119,19 @@ def _pieces(data, chunk_size: int):
             raise TypeError("scan() takes bytes chunks, not str")
         view = memoryview(chunk).cast("B")
         for start in range(0, len(view), chunk_size):
-            yield view[start:start + chunk_size]
+            yield view[start : start + chunk_size]
 
 
 class ClamdClient:
-    def __init__(self, address: str | ClamdAddress, *, timeout: float = DEFAULT_TIMEOUT,
-                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 max_stream_bytes: int | None = None):
+    def __init__(
+        self,
+        address: str | ClamdAddress,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_stream_bytes: int | None = None,
+    ):
         parsed = parse_address(address) if isinstance(address, str) else address
         if parsed is None:
             raise ValueError("scanning is off; use scanner_from_setting() to get None for that")
@@ -144,8 +151,9 @@ class ClamdClient:
             raise ScannerUnavailable(f"clamd at {self.address}: timed out before connecting")
         try:
             if self.address.family == "tcp":
-                sock = socket.create_connection((self.address.host, self.address.port),
-                                                timeout=min(self.connect_timeout, remaining))
+                sock = socket.create_connection(
+                    (self.address.host, self.address.port), timeout=min(self.connect_timeout, remaining)
+                )
             else:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.settimeout(min(self.connect_timeout, remaining))
@@ -177,8 +185,9 @@ class ClamdClient:
                 text = bytes(data).decode("utf-8", "replace").strip()
                 if SIZE_LIMIT_REPLY in text:
                     return text
-                raise ScannerUnavailable(f"clamd at {self.address}: "
-                                         + (f"reply cut short: {text[:200]!r}" if text else "no reply"))
+                raise ScannerUnavailable(
+                    f"clamd at {self.address}: " + (f"reply cut short: {text[:200]!r}" if text else "no reply")
+                )
             data += chunk
         return bytes(data).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
 
@@ -255,7 +264,7 @@ class ClamdClient:
         if reply == "stream: OK":
             return ScanResult(clean=True, signature=None)
         if reply.startswith("stream: ") and reply.endswith(" FOUND"):
-            signature = reply[len("stream: "):-len(" FOUND")].strip()
+            signature = reply[len("stream: ") : -len(" FOUND")].strip()
             if signature:
                 return ScanResult(clean=False, signature=signature)
         if SIZE_LIMIT_REPLY in reply:

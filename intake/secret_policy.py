@@ -15,6 +15,7 @@ is not a superuser:
     credentials reference"), so that credentials go to a new host only on purpose.
 A superuser, and `PLATFORM` (a management command the platform operator runs), may do all.
 """
+
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -54,12 +55,17 @@ class SecretHolder:
 # By label, not by import: intake does not import ticketing (tools/check_layering.py).
 HOLDERS = {
     # settings.client_secret_ref: the OAuth app's secret, sent to the token URL the settings name.
-    "intake.mailbox": SecretHolder(ref_fields=("webhook_secret_ref", "credentials_ref"),
-                                   guarded_fields=("provider", "settings", "slug", "tenant"),
-                                   settings_refs=("client_secret_ref",)),
-    "ticketing.destination": SecretHolder(ref_fields=("credentials_ref",),
-                                          guarded_fields=("kind", "base_url", "settings", "slug", "tenant"),
-                                          origin_field="base_url", origin_credentials="credentials_ref"),
+    "intake.mailbox": SecretHolder(
+        ref_fields=("webhook_secret_ref", "credentials_ref"),
+        guarded_fields=("provider", "settings", "slug", "tenant"),
+        settings_refs=("client_secret_ref",),
+    ),
+    "ticketing.destination": SecretHolder(
+        ref_fields=("credentials_ref",),
+        guarded_fields=("kind", "base_url", "settings", "slug", "tenant"),
+        origin_field="base_url",
+        origin_credentials="credentials_ref",
+    ),
 }
 
 
@@ -87,8 +93,14 @@ def origin(url: str) -> tuple:
     url = (url or "").strip()
     try:
         parts, theirs = urlsplit(url), parse_url(url)
-        return (parts.scheme.lower(), parts.netloc.lower(), (theirs.scheme or "").lower(), theirs.auth,
-                (theirs.host or "").lower(), theirs.port)
+        return (
+            parts.scheme.lower(),
+            parts.netloc.lower(),
+            (theirs.scheme or "").lower(),
+            theirs.auth,
+            (theirs.host or "").lower(),
+            theirs.port,
+        )
     except ValueError:
         return ("unparsable", url)
 
@@ -116,8 +128,11 @@ def check_secret_change(*, actor, row, before: dict | None, changes: dict, reent
     holder = holder_for(row)
     before = {name: _plain(value) for name, value in (before or {}).items()}
     after = {**before, **{name: _plain(value) for name, value in changes.items()}}
-    tenant = changes.get("tenant") if hasattr(changes.get("tenant"), "_meta") else (
-        row.tenant if getattr(row, "tenant_id", None) else None)
+    tenant = (
+        changes.get("tenant")
+        if hasattr(changes.get("tenant"), "_meta")
+        else (row.tenant if getattr(row, "tenant_id", None) else None)
+    )
     errors: dict[str, list[str]] = {}
 
     refs_before, refs_after = holder.refs(before), holder.refs(after)
@@ -126,7 +141,8 @@ def check_secret_change(*, actor, row, before: dict | None, changes: dict, reent
             field, _, key = name.partition(".")
             errors.setdefault(field, []).append(
                 f"{key + ': ' if key else ''}only a platform operator (superuser) may use a platform secret "
-                f"reference (MAILROOM_PLATFORM_SECRET_REFS). Use one of the tenant's own: {allowed_forms(tenant)}.")
+                f"reference (MAILROOM_PLATFORM_SECRET_REFS). Use one of the tenant's own: {allowed_forms(tenant)}."
+            )
 
     held = [name for name, ref in refs_after.items() if is_platform_ref(ref) and refs_before[name]]
     if held and before:
@@ -135,7 +151,8 @@ def check_secret_change(*, actor, row, before: dict | None, changes: dict, reent
                 errors.setdefault(name, []).append(
                     f"only a platform operator (superuser) may change {name} of a {row._meta.verbose_name} that "
                     f"uses a platform secret reference ({', '.join(held)}). Replace that reference with one of "
-                    "the tenant's own first.")
+                    "the tenant's own first."
+                )
 
     if holder.origin_field and before:
         old_url, new_url = before.get(holder.origin_field) or "", after.get(holder.origin_field) or ""
@@ -145,9 +162,15 @@ def check_secret_change(*, actor, row, before: dict | None, changes: dict, reent
             errors.setdefault(credentials, []).append(
                 f"{holder.origin_field} moves to another host ({_host(old_url)} -> {_host(new_url)}): enter "
                 f"{credentials} again in the same change (API: send {credentials} in the same request; admin: "
-                "type it in 'Confirm credentials reference'), so that the credentials go there on purpose.")
+                "type it in 'Confirm credentials reference'), so that the credentials go there on purpose."
+            )
 
     if errors:
-        audit_log.warning("refused a secret-related change of %s %s by %s: %s", row._meta.label_lower,
-                          row.pk or "(new)", getattr(actor, "get_username", lambda: "-")(), ", ".join(sorted(errors)))
+        audit_log.warning(
+            "refused a secret-related change of %s %s by %s: %s",
+            row._meta.label_lower,
+            row.pk or "(new)",
+            getattr(actor, "get_username", lambda: "-")(),
+            ", ".join(sorted(errors)),
+        )
         raise SecretChangeRefused(errors)

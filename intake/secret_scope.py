@@ -1,6 +1,7 @@
 """Which secret references a row may use: the tenant's own forms, the platform list and its bindings
 (intake.secrets explains the forms). Pure rules over settings and the tenants table, no reading of any secret,
 so that a model's clean() can ask them without importing the resolver (which records into the models)."""
+
 import re
 import time
 from dataclasses import dataclass
@@ -8,8 +9,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-ALLOWED_FORMS = ("env:MAILROOM_T_{env}_<NAME>, file:{dir}/{slug}/<file>, "
-                 "or vault:<mount>/mailroom/{slug}/<path>#<key>")
+ALLOWED_FORMS = "env:MAILROOM_T_{env}_<NAME>, file:{dir}/{slug}/<file>, or vault:<mount>/mailroom/{slug}/<path>#<key>"
 _ENV_NAME = re.compile(r"[A-Z0-9_]+")
 
 
@@ -19,8 +19,9 @@ def env_prefix(slug: str) -> str:
 
 def allowed_forms(tenant) -> str:
     slug = getattr(tenant, "slug", "<tenant slug>")
-    return ALLOWED_FORMS.format(env=env_prefix(slug)[11:-1], slug=slug,
-                                dir=settings.MAILROOM_SECRETS_DIR or "<MAILROOM_SECRETS_DIR>")
+    return ALLOWED_FORMS.format(
+        env=env_prefix(slug)[11:-1], slug=slug, dir=settings.MAILROOM_SECRETS_DIR or "<MAILROOM_SECRETS_DIR>"
+    )
 
 
 # --- platform references ----------------------------------------------------------------------------
@@ -56,8 +57,9 @@ def parse_platform_refs(entries) -> PlatformRefs:
             continue
         bindings.setdefault(ref, set()).update(owners)
     unbound = frozenset(ref for ref, owners in bindings.items() if not owners)
-    return PlatformRefs({ref: frozenset(owners or {ANY_ROW}) for ref, owners in bindings.items()}, tuple(malformed),
-                        unbound)
+    return PlatformRefs(
+        {ref: frozenset(owners or {ANY_ROW}) for ref, owners in bindings.items()}, tuple(malformed), unbound
+    )
 
 
 _parsed: dict = {}  # tuple(setting) -> PlatformRefs (the setting may change under tests)
@@ -124,8 +126,9 @@ def _overlapping_prefixes(tenant) -> list[str]:
     if cached and cached[0] > now:
         return cached[1]
     pattern = "^" + "".join("[-_]" if c in "-_" else re.escape(c) for c in tenant.slug) + "([-_].*)?$"
-    slugs = type(tenant)._default_manager.exclude(pk=tenant.pk).filter(slug__iregex=pattern).values_list(
-        "slug", flat=True)
+    slugs = (
+        type(tenant)._default_manager.exclude(pk=tenant.pk).filter(slug__iregex=pattern).values_list("slug", flat=True)
+    )
     prefixes = [env_prefix(slug) for slug in slugs]
     _others_cache[key] = (now + cache_ttl(), prefixes)
     return prefixes
@@ -165,8 +168,14 @@ def scope_problem(ref: str, tenant, owner=None) -> str:
     if scheme == "vault":
         path, sep, key = target.partition("#")
         parts = path.split("/")
-        if (not sep or not key or len(parts) < 4 or any(p in ("", ".", "..") for p in parts)
-                or parts[1] != "mailroom" or parts[2] != tenant.slug):
+        if (
+            not sep
+            or not key
+            or len(parts) < 4
+            or any(p in ("", ".", "..") for p in parts)
+            or parts[1] != "mailroom"
+            or parts[2] != tenant.slug
+        ):
             return f"the vault path must be <mount>/mailroom/{tenant.slug}/<path>#<key>"
         return ""
     return "a secret reference starts with env:, file: or vault:"
@@ -180,8 +189,10 @@ def ref_error(ref: str, tenant, owner=None) -> str:
     if not problem:
         return ""
     label = owner_label(owner, tenant) or "<owner>"
-    return (f"{problem}. Allowed: {allowed_forms(tenant)}; or a platform reference bound to this row in "
-            f"MAILROOM_PLATFORM_SECRET_REFS ({ref}={label}), set by a platform operator.")
+    return (
+        f"{problem}. Allowed: {allowed_forms(tenant)}; or a platform reference bound to this row in "
+        f"MAILROOM_PLATFORM_SECRET_REFS ({ref}={label}), set by a platform operator."
+    )
 
 
 def clear_scope_cache() -> None:

@@ -12,6 +12,7 @@ The scope rules of intake.secrets apply to writes as to reads (SecretRefused: no
 the cached value is dropped (intake.secrets.forget), so the next resolution reads the new one. Values never
 reach a log line or an audit row; an audit carries at most a short sha256 prefix.
 """
+
 import hashlib
 import json
 import logging
@@ -28,8 +29,15 @@ from .secrets import SecretRefused, SecretUnavailable, scope_problem, vault_clie
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SecretNotWritable", "SecretRefused", "SecretWriteFailed", "digest", "keep_rotated_refresh_token",
-           "store_oauth_tokens", "store_secret"]
+__all__ = [
+    "SecretNotWritable",
+    "SecretRefused",
+    "SecretWriteFailed",
+    "digest",
+    "keep_rotated_refresh_token",
+    "store_oauth_tokens",
+    "store_secret",
+]
 
 
 class SecretWriteFailed(Exception):
@@ -105,8 +113,9 @@ def _write_vault(target: str, value: str) -> None:
     try:
         client = vault_client()
         try:
-            current = client.secrets.kv.v2.read_secret_version(path=secret_path, mount_point=mount,
-                                                               raise_on_deleted_version=False)
+            current = client.secrets.kv.v2.read_secret_version(
+                path=secret_path, mount_point=mount, raise_on_deleted_version=False
+            )
             data = dict(((current or {}).get("data") or {}).get("data") or {})
             version = int((((current or {}).get("data") or {}).get("metadata") or {}).get("version") or 0)
         except hvac.exceptions.InvalidPath:
@@ -121,30 +130,44 @@ def _write_vault(target: str, value: str) -> None:
         raise SecretWriteFailed(f"vault: {type(exc).__name__} writing {path}") from None
 
 
-def keep_rotated_refresh_token(*, mailbox: Mailbox, blob: dict, new_refresh_token: str, actor: str,
-                               provider: str) -> bool:
+def keep_rotated_refresh_token(
+    *, mailbox: Mailbox, blob: dict, new_refresh_token: str, actor: str, provider: str
+) -> bool:
     """The provider returned a refresh token other than the one we sent: write the credentials back with it
     (before the caller uses the new access token) and audit it. True when kept; False when the reference
     cannot be written (env:), which is audited and logged: the next refresh will use the old token.
     Raises SecretWriteFailed / SecretRefused when a writable reference could not be written."""
     old = str(blob.get("refresh_token") or "")
     updated = {**blob, "refresh_token": new_refresh_token}
-    detail = {"provider": provider, "old_sha256": digest(old), "new_sha256": digest(new_refresh_token),
-              "ref_kind": mailbox.credentials_ref.partition(":")[0]}
+    detail = {
+        "provider": provider,
+        "old_sha256": digest(old),
+        "new_sha256": digest(new_refresh_token),
+        "ref_kind": mailbox.credentials_ref.partition(":")[0],
+    }
     kept = True
     try:
-        store_secret(mailbox.credentials_ref, json.dumps(updated), tenant=mailbox.tenant, owner=mailbox,
-                     actor=actor)
+        store_secret(mailbox.credentials_ref, json.dumps(updated), tenant=mailbox.tenant, owner=mailbox, actor=actor)
     except SecretNotWritable:
         kept = False
-        logger.warning("mailbox %s: the provider rotated its refresh token but %s cannot be written; use a "
-                       "file: or vault: reference", mailbox.slug, detail["ref_kind"])
+        logger.warning(
+            "mailbox %s: the provider rotated its refresh token but %s cannot be written; use a "
+            "file: or vault: reference",
+            mailbox.slug,
+            detail["ref_kind"],
+        )
     detail["kept"] = kept
     now = timezone.now()
     if kept:
         _slide_expiry(mailbox, now)
-    MailboxAudit.objects.create(mailbox=mailbox, tenant_id=mailbox.tenant_id,
-                                kind=MailboxAuditKind.REFRESH_TOKEN_ROTATED, actor=actor, detail=detail, at=now)
+    MailboxAudit.objects.create(
+        mailbox=mailbox,
+        tenant_id=mailbox.tenant_id,
+        kind=MailboxAuditKind.REFRESH_TOKEN_ROTATED,
+        actor=actor,
+        detail=detail,
+        at=now,
+    )
     return kept
 
 
@@ -160,16 +183,20 @@ def _slide_expiry(mailbox: Mailbox, now) -> None:
     mailbox.oauth_expires_at, mailbox.oauth_warned_at = moved, None
 
 
-def store_oauth_tokens(mailbox: Mailbox, *, blob: dict, actor: str, scopes: str,
-                       expires_at: datetime | None) -> None:
+def store_oauth_tokens(mailbox: Mailbox, *, blob: dict, actor: str, scopes: str, expires_at: datetime | None) -> None:
     """Tokens an admin connected (the consent flow): written to the mailbox's `credentials_ref`, the grant's
     scopes and expiry on the mailbox, audited TOKENS_CONNECTED; a mailbox whose credentials were refused is
     polled again. Raises SecretRefused / SecretNotWritable / SecretWriteFailed (nothing changed)."""
     store_secret(mailbox.credentials_ref, json.dumps(blob), tenant=mailbox.tenant, owner=mailbox, actor=actor)
     now = timezone.now()
     with transaction.atomic():
-        fields = {"oauth_scopes": scopes[:1000], "oauth_expires_at": expires_at, "oauth_connected_at": now,
-                  "oauth_connected_by": actor[:150], "oauth_warned_at": None}
+        fields = {
+            "oauth_scopes": scopes[:1000],
+            "oauth_expires_at": expires_at,
+            "oauth_connected_at": now,
+            "oauth_connected_by": actor[:150],
+            "oauth_warned_at": None,
+        }
         Mailbox.objects.filter(pk=mailbox.pk).update(**fields)
         if mailbox.health == Mailbox.Health.CREDENTIALS_INVALID:
             from .channels.polling import reset_health  # polling imports the providers, which import this module
@@ -178,8 +205,15 @@ def store_oauth_tokens(mailbox: Mailbox, *, blob: dict, actor: str, scopes: str,
             fields.update(health=Mailbox.Health.OK, health_detail="")
         for name, value in fields.items():
             setattr(mailbox, name, value)
-        MailboxAudit.objects.create(mailbox=mailbox, tenant_id=mailbox.tenant_id,
-                                    kind=MailboxAuditKind.TOKENS_CONNECTED, actor=actor[:150],
-                                    detail={"scopes": scopes[:500], "refresh_token": bool(blob.get("refresh_token")),
-                                            "expires_at": expires_at.isoformat() if expires_at else None},
-                                    at=now)
+        MailboxAudit.objects.create(
+            mailbox=mailbox,
+            tenant_id=mailbox.tenant_id,
+            kind=MailboxAuditKind.TOKENS_CONNECTED,
+            actor=actor[:150],
+            detail={
+                "scopes": scopes[:500],
+                "refresh_token": bool(blob.get("refresh_token")),
+                "expires_at": expires_at.isoformat() if expires_at else None,
+            },
+            at=now,
+        )

@@ -30,6 +30,7 @@ value so the next resolution re-reads it (a destination or provider that refused
 this once before failing). Every resolution is recorded in `SecretResolution` (reference, owner, outcome,
 when; never the value), at most once per TTL per reference, owner and outcome; a re-read always.
 """
+
 import hashlib
 import json
 import logging
@@ -62,6 +63,7 @@ from .secret_scope import (  # noqa: F401  (the scope rules: re-exported, caller
 )
 
 logger = logging.getLogger(__name__)
+
 
 class SecretUnavailable(Exception):
     """The reference is malformed, refused, or points at nothing."""
@@ -189,8 +191,14 @@ def _record(ref: str, tenant, owner, outcome: str, fresh: bool) -> None:
         _recorded[key] = now
     try:
         with transaction.atomic():
-            SecretResolution.objects.create(ref=ref[:300], tenant_id=getattr(tenant, "pk", None), owner=label,
-                                            outcome=outcome, fresh=fresh, at=timezone.now())
+            SecretResolution.objects.create(
+                ref=ref[:300],
+                tenant_id=getattr(tenant, "pk", None),
+                owner=label,
+                outcome=outcome,
+                fresh=fresh,
+                at=timezone.now(),
+            )
     except (DatabaseError, RuntimeError) as exc:  # RuntimeError: no database access (a unit test)
         logger.warning("could not record the resolution of %s: %s", ref, type(exc).__name__)
 
@@ -238,8 +246,9 @@ def _read_vault(target: str) -> str:
     for attempt in (1, 2):
         try:
             client = _vault_client(relogin=attempt == 2)
-            response = client.secrets.kv.v2.read_secret_version(path=secret_path, mount_point=mount,
-                                                                raise_on_deleted_version=True)
+            response = client.secrets.kv.v2.read_secret_version(
+                path=secret_path, mount_point=mount, raise_on_deleted_version=True
+            )
             break
         except hvac.exceptions.InvalidPath:
             raise SecretUnavailable(f"vault: no secret at {path}") from None

@@ -1,4 +1,5 @@
 """Reads of the intake app."""
+
 import time
 
 from django.db.models import Q, QuerySet
@@ -17,9 +18,12 @@ def mailbox_by_slug(slug: str) -> Mailbox | None:
     cached = _mailbox_cache.get(slug)
     if cached is not None and cached[0] > now:
         return cached[1]
-    mailbox = Mailbox.objects.filter(slug=slug).select_related("tenant").only(
-        "pk", "tenant_id", "slug", "provider", "webhook_secret_ref", "settings", "paused", "tenant__slug"
-    ).first()
+    mailbox = (
+        Mailbox.objects.filter(slug=slug)
+        .select_related("tenant")
+        .only("pk", "tenant_id", "slug", "provider", "webhook_secret_ref", "settings", "paused", "tenant__slug")
+        .first()
+    )
     if mailbox is not None:  # an unknown slug is not cached: a new mailbox answers at once
         if len(_mailbox_cache) > 1000:
             _mailbox_cache.clear()
@@ -58,10 +62,11 @@ def tenant_pause_on(tenant_id: int, cache: dict | None = None) -> bool:
 def paused_tenant_ids() -> set[int]:
     """The tenants whose own pause is on."""
     names = Switch.objects.filter(name__startswith=TENANT_PAUSE_PREFIX, on=True).values_list("name", flat=True)
-    return {int(name[len(TENANT_PAUSE_PREFIX):]) for name in names if name[len(TENANT_PAUSE_PREFIX):].isdigit()}
+    return {int(name[len(TENANT_PAUSE_PREFIX) :]) for name in names if name[len(TENANT_PAUSE_PREFIX) :].isdigit()}
 
 
 # --- drill tenants (reconciliation.drills): their rows are the drill's own, out of every live path ---------
+
 
 def drill_tenants() -> QuerySet:
     """The drill tenants' ids, as a subquery (`.exclude(tenant_id__in=drill_tenants())`)."""
@@ -91,9 +96,14 @@ def quarantine_unreleased(event_id: int) -> bool:
     Such an event is judged again (validation and the malware scan) before it may go anywhere: a close
     or a replay is never a way out of quarantine.
     """
-    latest = (AuditEvent.objects.filter(inbox_event_id=event_id,
-                                        kind__in=(AuditKind.QUARANTINED, AuditKind.QUARANTINE_RELEASED))
-              .order_by("-pk").values_list("kind", flat=True).first())
+    latest = (
+        AuditEvent.objects.filter(
+            inbox_event_id=event_id, kind__in=(AuditKind.QUARANTINED, AuditKind.QUARANTINE_RELEASED)
+        )
+        .order_by("-pk")
+        .values_list("kind", flat=True)
+        .first()
+    )
     return latest == AuditKind.QUARANTINED
 
 

@@ -4,6 +4,7 @@ tenant) and each mailbox's. Registered from `intake.admin`.
 Entries are added (through `intake.sender_lists.add_sender_list_entry`, which checks the tenant and the
 pattern) and removed, never edited: an entry is one decision, made by someone on a day.
 """
+
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -19,7 +20,7 @@ class SenderListEntryForm(forms.ModelForm):
         fields = ("tenant", "mailbox", "kind", "pattern", "note")
         help_texts = {
             "pattern": "an address (jane@example.com) or a domain (@example.com, which covers its subdomains); "
-                       "a mailbox's list wins over the tenant's, and the most specific entry over the others",
+            "a mailbox's list wins over the tenant's, and the most specific entry over the others",
         }
 
     def __init__(self, *args, actor=None, **kwargs):
@@ -31,9 +32,14 @@ class SenderListEntryForm(forms.ModelForm):
         if self.errors or self.actor is None:
             return data
         try:  # the service checks and saves in one go; save_model hands back what it made
-            self.instance = add_sender_list_entry(tenant=data["tenant"], mailbox=data.get("mailbox"),
-                                                  kind=data["kind"], pattern=data["pattern"], actor=self.actor,
-                                                  note=data.get("note", ""))
+            self.instance = add_sender_list_entry(
+                tenant=data["tenant"],
+                mailbox=data.get("mailbox"),
+                kind=data["kind"],
+                pattern=data["pattern"],
+                actor=self.actor,
+                note=data.get("note", ""),
+            )
         except ValidationError as exc:
             for field, messages in exc.message_dict.items():
                 self.add_error(field if field in self.fields else None, messages)

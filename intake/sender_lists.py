@@ -10,6 +10,7 @@ What an entry means and which one decides: `intake.validation.sender_lists`. Eve
 actor may manage the tenant (`visible_tenants`: a member, or a superuser) and that the mailbox, if any, is
 that tenant's; forms and the API only call these.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,7 +34,8 @@ MANAGE_PERMISSION = "intake.add_senderlistentry"
 def visible_sender_list_entries(user) -> QuerySet:
     """The entries of the tenants the user may see (a superuser: all)."""
     return SenderListEntry.objects.filter(tenant__in=visible_tenants(user).values("pk")).select_related(
-        "tenant", "mailbox")
+        "tenant", "mailbox"
+    )
 
 
 def _check_scope(actor, tenant: Tenant, mailbox: Mailbox | None) -> None:
@@ -45,8 +47,9 @@ def _check_scope(actor, tenant: Tenant, mailbox: Mailbox | None) -> None:
         raise ValidationError({"mailbox": "This mailbox belongs to another tenant."})
 
 
-def add_sender_list_entry(*, tenant: Tenant, mailbox: Mailbox | None, kind: str, pattern: str, actor,
-                          note: str = "") -> SenderListEntry:
+def add_sender_list_entry(
+    *, tenant: Tenant, mailbox: Mailbox | None, kind: str, pattern: str, actor, note: str = ""
+) -> SenderListEntry:
     """A new entry on the tenant's list (`mailbox` None) or the mailbox's. PermissionDenied outside the actor's
     tenants; ValidationError for a bad kind or pattern, or one already on that list."""
     _check_scope(actor, tenant, mailbox)
@@ -56,16 +59,28 @@ def add_sender_list_entry(*, tenant: Tenant, mailbox: Mailbox | None, kind: str,
         normalized = normalize_pattern(pattern)
     except ValueError as exc:
         raise ValidationError({"pattern": str(exc)}) from None
-    entry = SenderListEntry(tenant=tenant, mailbox=mailbox, kind=kind, pattern=normalized, note=(note or "")[:200],
-                            created_by=actor.get_username()[:150])
+    entry = SenderListEntry(
+        tenant=tenant,
+        mailbox=mailbox,
+        kind=kind,
+        pattern=normalized,
+        note=(note or "")[:200],
+        created_by=actor.get_username()[:150],
+    )
     try:
         with transaction.atomic():
             entry.save()
     except IntegrityError:
         where = f"mailbox {mailbox.slug}'s" if mailbox is not None else "the tenant's"
         raise ValidationError({"pattern": f"{normalized} is already on {where} list"}) from None
-    logger.info("sender list: %s %s added to tenant %s%s by %s", kind, mask_address(normalized), tenant.slug,
-                f" mailbox {mailbox.slug}" if mailbox else "", actor.get_username())
+    logger.info(
+        "sender list: %s %s added to tenant %s%s by %s",
+        kind,
+        mask_address(normalized),
+        tenant.slug,
+        f" mailbox {mailbox.slug}" if mailbox else "",
+        actor.get_username(),
+    )
     return entry
 
 
@@ -74,9 +89,14 @@ def remove_sender_list_entry(*, entry: SenderListEntry, actor) -> None:
     decision someone may ask about later: it is logged on `mailroom.audit` (who, what kind, the masked entry)."""
     _check_scope(actor, entry.tenant, None)
     entry.delete()
-    audit_log.warning("sender list: %s %s removed from tenant %s%s by %s", entry.kind, mask_address(entry.pattern),
-                      entry.tenant.slug, f" mailbox {entry.mailbox.slug}" if entry.mailbox_id else "",
-                      actor.get_username())
+    audit_log.warning(
+        "sender list: %s %s removed from tenant %s%s by %s",
+        entry.kind,
+        mask_address(entry.pattern),
+        entry.tenant.slug,
+        f" mailbox {entry.mailbox.slug}" if entry.mailbox_id else "",
+        actor.get_username(),
+    )
 
 
 # A tenant with more entries than this is read per event (one indexed query) even inside a task's group.
@@ -91,22 +111,31 @@ def sender_list_entry_for(event, sender: str) -> ListEntry | None:
     keys = lookup_keys(sender)
     if not keys:
         return None
-    loaded = groupcache.remembered(("sender_lists", event.tenant_id), lambda: _all_entries(event.tenant_id)) \
-        if groupcache.active() else None
+    loaded = (
+        groupcache.remembered(("sender_lists", event.tenant_id), lambda: _all_entries(event.tenant_id))
+        if groupcache.active()
+        else None
+    )
     if loaded is None:
-        rows = SenderListEntry.objects.filter(tenant_id=event.tenant_id, pattern__in=keys).filter(
-            Q(mailbox__isnull=True) | Q(mailbox_id=event.mailbox_id)).values_list("pk", "kind", "pattern",
-                                                                                 "mailbox_id")
+        rows = (
+            SenderListEntry.objects.filter(tenant_id=event.tenant_id, pattern__in=keys)
+            .filter(Q(mailbox__isnull=True) | Q(mailbox_id=event.mailbox_id))
+            .values_list("pk", "kind", "pattern", "mailbox_id")
+        )
     else:
         wanted = set(keys)
         rows = [row for row in loaded if row[2] in wanted and row[3] in (None, event.mailbox_id)]
-    entries = [ListEntry(kind, pattern, MAILBOX if mailbox_id else TENANT, pk)
-               for pk, kind, pattern, mailbox_id in rows]
+    entries = [
+        ListEntry(kind, pattern, MAILBOX if mailbox_id else TENANT, pk) for pk, kind, pattern, mailbox_id in rows
+    ]
     return deciding_entry(sender, entries)
 
 
 def _all_entries(tenant_id: int) -> list[tuple] | None:
     """Every entry of the tenant as (pk, kind, pattern, mailbox_id), or None when there are too many."""
-    rows = list(SenderListEntry.objects.filter(tenant_id=tenant_id)
-                .values_list("pk", "kind", "pattern", "mailbox_id")[:GROUP_LOAD_LIMIT + 1])
+    rows = list(
+        SenderListEntry.objects.filter(tenant_id=tenant_id).values_list("pk", "kind", "pattern", "mailbox_id")[
+            : GROUP_LOAD_LIMIT + 1
+        ]
+    )
     return None if len(rows) > GROUP_LOAD_LIMIT else rows

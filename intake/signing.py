@@ -12,6 +12,7 @@ without `X-Mailroom-Message-Id`; as v1 does not cover that header, `verify` says
 within the tolerance window, as the duplicate of the first (intake.views). Several signatures
 may be sent, comma-separated (a secret rotation, or v2 and v1 together).
 """
+
 import hashlib
 import hmac
 import time
@@ -39,12 +40,21 @@ def sign(secret: str, timestamp: int | str, body: bytes) -> str:
 
 def sign_v2(secret: str, timestamp: int | str, message_id: str, body: bytes) -> str:
     """The v2 signature: timestamp, `X-Mailroom-Message-Id` ("" when not sent) and body."""
-    return "v2=" + _mac(secret, str(timestamp).encode() + b"." + message_id.encode("utf-8", "surrogateescape") + b".",
-                        body)
+    return "v2=" + _mac(
+        secret, str(timestamp).encode() + b"." + message_id.encode("utf-8", "surrogateescape") + b".", body
+    )
 
 
-def verify(secret: str, timestamp: str | None, signature: str | None, body: bytes, tolerance: int,
-           now: float | None = None, *, message_id: str = "") -> str:
+def verify(
+    secret: str,
+    timestamp: str | None,
+    signature: str | None,
+    body: bytes,
+    tolerance: int,
+    now: float | None = None,
+    *,
+    message_id: str = "",
+) -> str:
     """The scheme that verified ("v2", "v1", or V1_UNSIGNED_ID); raises SignatureError otherwise.
 
     `message_id` is the `X-Mailroom-Message-Id` header as received ("" when absent).

@@ -16,6 +16,7 @@ or nonsensical rspamd means no remote score (`check` raises `RspamdUnavailable`;
 and goes on). The URL is the platform's, like `MAILROOM_CLAMD`, not a tenant's: it is not put through
 the tenant egress guard, and the session ignores proxy variables from the environment.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,8 +69,9 @@ class RspamdClient:
         score = _number(body.get("score"))
         if score is None:
             raise RspamdUnavailable("reply has no score")
-        return RspamdResult(score=score, required_score=_number(body.get("required_score")),
-                            action=str(body.get("action") or "")[:40])
+        return RspamdResult(
+            score=score, required_score=_number(body.get("required_score")), action=str(body.get("action") or "")[:40]
+        )
 
     def close(self) -> None:
         self.session.close()

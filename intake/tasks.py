@@ -1,4 +1,5 @@
 """Celery tasks of the intake app: thin, take ids, safe to run twice."""
+
 from celery import shared_task
 
 from . import relay, services

@@ -7,6 +7,7 @@ until `<path>.release` exists (a test that kills it simply never creates it).
 It lives in intake, the lowest app, so that every app above can use it too
 (ticketing's workers pause here as well as intake's poller).
 """
+
 import os
 import time
 from pathlib import Path

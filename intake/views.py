@@ -4,6 +4,7 @@ Every webhook answer is JSON with `charset=utf-8` and `X-Content-Type-Options: n
 (`webhook_json`; `intake.middleware.WebhookShortcutMiddleware` sees to the answers of
 provider adapters too).
 """
+
 import io
 import logging
 
@@ -75,8 +76,9 @@ def raw_webhook(request, mailbox_slug: str):
         return reject_request("raw", WebhookRejection.UNKNOWN_MAILBOX, 404, "unknown mailbox")
     body = read_body(request, settings.MAILROOM_MAX_MESSAGE_BYTES)
     if body is None:
-        return reject_request("raw", WebhookRejection.TOO_LARGE, 413,
-                       f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
+        return reject_request(
+            "raw", WebhookRejection.TOO_LARGE, 413, f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes"
+        )
     try:
         secret = resolve_secret(mailbox.webhook_secret_ref, tenant=mailbox.tenant, owner=mailbox)
     except SecretUnavailable as exc:

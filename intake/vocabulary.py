@@ -15,6 +15,7 @@ anywhere; never build one by string formatting.
 This module imports nothing from the apps, so `intake.validation` (pure
 functions) can use it too.
 """
+
 from enum import StrEnum
 
 from django.db.models import TextChoices
@@ -82,39 +83,69 @@ class WebhookRejection(TextChoices):
 
 class ReasonCode(TextChoices):
     # --- on an event: destination outcomes (ticketing) ----------------------------------
-    CREDENTIALS = "credentials", ("The destination refused our credentials (HTTP 401/403). "
-                                  "Fix the destination, then replay.")
-    INVALID_FIELDS = "invalid_fields", ("The destination rejected the ticket's fields (HTTP 400/422). "
-                                        "Correct the route, then replay.")
-    RETRIES_EXHAUSTED = "retries_exhausted", ("Temporary failures (rate limits, 5xx, refused connections) "
-                                              "went on past the retry cap.")
+    CREDENTIALS = (
+        "credentials",
+        ("The destination refused our credentials (HTTP 401/403). Fix the destination, then replay."),
+    )
+    INVALID_FIELDS = (
+        "invalid_fields",
+        ("The destination rejected the ticket's fields (HTTP 400/422). Correct the route, then replay."),
+    )
+    RETRIES_EXHAUSTED = (
+        "retries_exhausted",
+        ("Temporary failures (rate limits, 5xx, refused connections) went on past the retry cap."),
+    )
     CONFIGURATION = "configuration", "The destination is misconfigured (for example its base URL)."
     NOT_FOUND = "not_found", "The destination answered 'not found'."
     REJECTED = "rejected", "The destination rejected the request."
-    CLAIM_EXPIRED = "claim_expired", ("A worker stopped answering during an attempt: "
-                                      "whether the ticket exists is unknown.")
-    TIMEOUT = "timeout", ("The destination did not answer in time after the request was sent: "
-                          "the outcome is unknown.")
+    CLAIM_EXPIRED = (
+        "claim_expired",
+        ("A worker stopped answering during an attempt: whether the ticket exists is unknown."),
+    )
+    TIMEOUT = "timeout", ("The destination did not answer in time after the request was sent: the outcome is unknown.")
     CONNECTION_LOST = "connection_lost", "The connection dropped after the request was sent: the outcome is unknown."
     SERVER_ERROR = "server_error", "The destination failed after the request was sent: the outcome is unknown."
     UNREADABLE_RESPONSE = "unreadable_response", "The destination's answer could not be read: the outcome is unknown."
-    IDEMPOTENT_REQUEST_ERROR = "idempotent_request_error", ("Our idempotency key was used with another body: "
-                                                            "a lookup must decide.")
-    OUTCOME_UNKNOWN = "outcome_unknown", ("The destination offers neither idempotency nor a lookup: "
-                                          "investigate before replaying.")
-    SEARCH_FOUND_NOTHING = "search_found_nothing", ("The destination's search (which lags behind its writes) "
-                                                    "found no record after the settle delay: check the desk "
-                                                    "before replaying.")
-    MULTIPLE_MATCHES = "multiple_matches", ("The destination holds several records with our reference: "
-                                            "decide which one is the ticket.")
+    IDEMPOTENT_REQUEST_ERROR = (
+        "idempotent_request_error",
+        ("Our idempotency key was used with another body: a lookup must decide."),
+    )
+    OUTCOME_UNKNOWN = (
+        "outcome_unknown",
+        ("The destination offers neither idempotency nor a lookup: investigate before replaying."),
+    )
+    SEARCH_FOUND_NOTHING = (
+        "search_found_nothing",
+        (
+            "The destination's search (which lags behind its writes) "
+            "found no record after the settle delay: check the desk "
+            "before replaying."
+        ),
+    )
+    MULTIPLE_MATCHES = (
+        "multiple_matches",
+        ("The destination holds several records with our reference: decide which one is the ticket."),
+    )
     NO_DESTINATION = "no_destination", "No destination: the tenant has no default and no rule matched."
-    LOW_CONFIDENCE = "low_confidence", ("The AI's proposal for the route was below the confidence the policy asks "
-                                        "for: check the route, then replay.")
-    COPY_OF_UNRESOLVED = "copy_of_unresolved", ("A copy of a message another mailbox of the tenant also received, "
-                                                "whose event is not resolved: settle that one, then replay this.")
+    LOW_CONFIDENCE = (
+        "low_confidence",
+        ("The AI's proposal for the route was below the confidence the policy asks for: check the route, then replay."),
+    )
+    COPY_OF_UNRESOLVED = (
+        "copy_of_unresolved",
+        (
+            "A copy of a message another mailbox of the tenant also received, "
+            "whose event is not resolved: settle that one, then replay this."
+        ),
+    )
     POISON = "poison", "Handed to workers again and again without progress (poison message)."
-    TICKET_CLOSED = "ticket_closed", ("The ticket this reply belongs to is closed in the desk, and the "
-                                      "destination's closed-ticket policy is review: decide, then replay.")
+    TICKET_CLOSED = (
+        "ticket_closed",
+        (
+            "The ticket this reply belongs to is closed in the desk, and the "
+            "destination's closed-ticket policy is review: decide, then replay."
+        ),
+    )
     # --- on an event: validation and normalization (intake) -------------------------------
     MALWARE = "malware", "An attachment matched a malware signature."
     ATTACHMENT_TYPE = "attachment_type", "An attachment's type or extension is not allowed."
@@ -122,30 +153,41 @@ class ReasonCode(TextChoices):
     TOO_MANY_ATTACHMENTS = "too_many_attachments", "The message has more attachments than the mailbox allows."
     TOO_COMPLEX = "too_complex", "The message is nested too deeply or has too many parts to analyse."
     MISSING_SENDER = "missing_sender", "The message has no usable sender address."
-    RECIPIENT_NOT_ALLOWED = "recipient_not_allowed", ("The message was not addressed to an allowed recipient "
-                                                      "of this mailbox.")
+    RECIPIENT_NOT_ALLOWED = (
+        "recipient_not_allowed",
+        ("The message was not addressed to an allowed recipient of this mailbox."),
+    )
     EMPTY = "empty", "The message has neither text nor attachments."
     SCANNER_UNAVAILABLE = "scanner_unavailable", "The malware scanner could not be reached."
-    ENCRYPTED = "encrypted", ("The message is encrypted (PGP or S/MIME): "
-                              "a person must decide what to do with it.")
-    ENCRYPTED_ARCHIVE = "encrypted_archive", ("An attached archive is encrypted, so its files cannot be checked: "
-                                              "a person must decide.")
-    SENDER_RATE_LIMITED = "sender_rate_limited", ("More messages from this sender than the mailbox allows "
-                                                  "in its window (a flood?).")
+    ENCRYPTED = "encrypted", ("The message is encrypted (PGP or S/MIME): a person must decide what to do with it.")
+    ENCRYPTED_ARCHIVE = (
+        "encrypted_archive",
+        ("An attached archive is encrypted, so its files cannot be checked: a person must decide."),
+    )
+    SENDER_RATE_LIMITED = (
+        "sender_rate_limited",
+        ("More messages from this sender than the mailbox allows in its window (a flood?)."),
+    )
     UNPARSEABLE = "unparseable", "The message could not be parsed."
     MAILBOX_MISCONFIGURED = "mailbox_misconfigured", "The mailbox's settings are invalid: fix them, then replay."
     # --- on an event: suppression rules (intake); no ticket wanted, an operator can still replay
     OWN_MAIL_LOOP = "own_mail_loop", "Our own mail came back (loop header)."
     DELIVERY_REPORT = "delivery_report", "A delivery report (bounce or read receipt)."
-    MAILER_DAEMON = "mailer_daemon", ("A mail system's report: a MAILER-DAEMON or postmaster sender with bounce "
-                                      "evidence (the detail names it).")
-    EMPTY_RETURN_PATH = "empty_return_path", ("Sent with an empty Return-Path, as automatic mail is, but with no "
-                                              "other sign of it: a person decides.")
+    MAILER_DAEMON = (
+        "mailer_daemon",
+        ("A mail system's report: a MAILER-DAEMON or postmaster sender with bounce evidence (the detail names it)."),
+    )
+    EMPTY_RETURN_PATH = (
+        "empty_return_path",
+        ("Sent with an empty Return-Path, as automatic mail is, but with no other sign of it: a person decides."),
+    )
     AUTO_SUBMITTED = "auto_submitted", "Marked Auto-Submitted (an automatic reply or notification)."
     AUTOREPLY_HEADER = "autoreply_header", "Marked as an automatic reply (X-Autoreply / X-Autorespond)."
     PRECEDENCE_BULK = "precedence_bulk", "Bulk or mailing-list mail (Precedence: bulk/list/junk)."
-    CALENDAR_REPLY = "calendar_reply", ("A calendar client's meeting reply (accepted, declined, counter-proposal "
-                                        "or cancellation): no request in it.")
+    CALENDAR_REPLY = (
+        "calendar_reply",
+        ("A calendar client's meeting reply (accepted, declined, counter-proposal or cancellation): no request in it."),
+    )
     # --- on an event: operator decisions (reconciliation) ---------------------------------
     NOT_A_REQUEST = "not_a_request", "Closed by a reviewer as not-a-request."
     # --- transient failures: retried, so they reach an event only as retries_exhausted ----
@@ -157,21 +199,37 @@ class ReasonCode(TextChoices):
     SMTP_TIMEOUT = "smtp_timeout", "The mail server did not answer in time: whether the email went out is unknown."
     # --- on an event: a later attempt failed for good after an earlier attempt's outcome was unknown
     # (ticketing.intents.record_failure asks the destination before calling it a failure)
-    ASKING_AFTER_UNKNOWN = "asking_after_unknown", ("A later attempt failed for good, but an earlier attempt's "
-                                                    "outcome is unknown: the destination is asked by our "
-                                                    "reference before it counts as a failure (not yet answered).")
-    FAILED_AFTER_UNKNOWN = "failed_after_unknown", ("A later attempt failed for good, but an earlier attempt's "
-                                                    "outcome is unknown and the destination cannot be asked: "
-                                                    "check the desk before replaying.")
+    ASKING_AFTER_UNKNOWN = (
+        "asking_after_unknown",
+        (
+            "A later attempt failed for good, but an earlier attempt's "
+            "outcome is unknown: the destination is asked by our "
+            "reference before it counts as a failure (not yet answered)."
+        ),
+    )
+    FAILED_AFTER_UNKNOWN = (
+        "failed_after_unknown",
+        (
+            "A later attempt failed for good, but an earlier attempt's "
+            "outcome is unknown and the destination cannot be asked: "
+            "check the desk before replaying."
+        ),
+    )
     # --- in audit rows only -----------------------------------------------------------------
     # why an intent left `unknown` for `pending` (intent_pending)
-    IDEMPOTENCY_KEY_RETAINED = "idempotency_key_retained", ("The destination still keeps our idempotency key: "
-                                                            "a retry is answered with the original.")
+    IDEMPOTENCY_KEY_RETAINED = (
+        "idempotency_key_retained",
+        ("The destination still keeps our idempotency key: a retry is answered with the original."),
+    )
     LOOKUP_FOUND_NOTHING = "lookup_found_nothing", "A lookup by external reference found no record: safe to retry."
-    UPSERT_RETRY_SAFE = "upsert_retry_safe", ("The destination inserts or updates on our key: "
-                                              "a retry updates the one record.")
-    FILES_LOOKED_UP_FIRST = "files_looked_up_first", ("Each file whose upload's answer was lost is looked up on "
-                                                      "the record before it is sent again.")
+    UPSERT_RETRY_SAFE = (
+        "upsert_retry_safe",
+        ("The destination inserts or updates on our key: a retry updates the one record."),
+    )
+    FILES_LOOKED_UP_FIRST = (
+        "files_looked_up_first",
+        ("Each file whose upload's answer was lost is looked up on the record before it is sent again."),
+    )
     # `Intent.last_error_kind` of an unknown intent a reviewer replaced by a new action
     SUPERSEDED = "superseded", "Replaced by a new action a reviewer approved."
     # why no acknowledgment was sent (acknowledgment_skipped)
@@ -180,30 +238,52 @@ class ReasonCode(TextChoices):
     SPAM_FLAGGED = "spam_flagged", "A trusted spam header flagged the message."
     NOREPLY_SENDER = "noreply_sender", "The sender is a no-reply or bounce address."
     LIST_MAIL = "list_mail", "Mailing-list or bulk mail (List-Id, List-Unsubscribe with Precedence)."
-    AUTOMATED_NOTIFICATION = "automated_notification", ("A notification from an automated system (an issue tracker's, "
-                                                        "a monitoring system's or a CI service's header).")
+    AUTOMATED_NOTIFICATION = (
+        "automated_notification",
+        (
+            "A notification from an automated system (an issue tracker's, "
+            "a monitoring system's or a CI service's header)."
+        ),
+    )
     SPAM_SCORE = "spam_score", "A trusted spam score is at or above the mailbox's threshold."
-    ADDRESS_NOT_DELIVERABLE = "address_not_deliverable", ("The address is internationalised (RFC 6532) and the mail "
-                                                          "server does not take SMTPUTF8: nothing was sent.")
-    ADDRESS_BOUNCED = "address_bounced", ("An earlier acknowledgment to this address bounced: none is sent to it "
-                                          "until the mark expires.")
+    ADDRESS_NOT_DELIVERABLE = (
+        "address_not_deliverable",
+        ("The address is internationalised (RFC 6532) and the mail server does not take SMTPUTF8: nothing was sent."),
+    )
+    ADDRESS_BOUNCED = (
+        "address_bounced",
+        ("An earlier acknowledgment to this address bounced: none is sent to it until the mark expires."),
+    )
     DMARC_FAIL = "dmarc_fail", "The sender's domain failed DMARC (our own mail server's or the provider's verdict)."
     INVALID_SENDER = "invalid_sender", "The sender address is not valid."
-    UNAUTHENTICATED_SENDER = "unauthenticated_sender", ("No trusted SPF, DKIM or DMARC result shows that the From "
-                                                        "address is the sender's (a forged From gets no email).")
-    DESK_ACKNOWLEDGES = "desk_acknowledges", ("The destination's help desk acknowledges the requester itself "
-                                              "(one acknowledgment, with the desk's ticket number).")
+    UNAUTHENTICATED_SENDER = (
+        "unauthenticated_sender",
+        (
+            "No trusted SPF, DKIM or DMARC result shows that the From "
+            "address is the sender's (a forged From gets no email)."
+        ),
+    )
+    DESK_ACKNOWLEDGES = (
+        "desk_acknowledges",
+        (
+            "The destination's help desk acknowledges the requester itself "
+            "(one acknowledgment, with the desk's ticket number)."
+        ),
+    )
     ACK_RATE_LIMITED = "ack_rate_limited", "The tenant has sent as many acknowledgments this hour as it may."
-    ACK_DOMAIN_RATE_LIMITED = "ack_domain_rate_limited", ("As many acknowledgments went to the sender's domain "
-                                                          "this hour as one domain may get.")
+    ACK_DOMAIN_RATE_LIMITED = (
+        "ack_domain_rate_limited",
+        ("As many acknowledgments went to the sender's domain this hour as one domain may get."),
+    )
     # Filters (issue 25): block lists, rule actions, archive import.
     SENDER_BLOCKED = "sender_blocked", "The sender or its domain is on a block list of the tenant or the mailbox."
     RULE_SUPPRESSED = "rule_suppressed", "A filter rule suppressed the message (the rule and its reason are shown)."
     MARKED_SPAM = "marked_spam", "A filter rule marked the message as spam: ticket in the spam queue, no reply."
-    ARCHIVED = "archived", ("Imported as history by an archive import: stored and reconciled, "
-                            "never acknowledged.")
-    ACK_TEMPLATE_FAILED = "ack_template_failed", ("The mailbox's acknowledgment template could not be rendered "
-                                                  "within its limits: no acknowledgment was sent.")
+    ARCHIVED = "archived", ("Imported as history by an archive import: stored and reconciled, never acknowledged.")
+    ACK_TEMPLATE_FAILED = (
+        "ack_template_failed",
+        ("The mailbox's acknowledgment template could not be rendered within its limits: no acknowledgment was sent."),
+    )
 
 
 class MailboxAuditKind(TextChoices):
@@ -225,16 +305,16 @@ class MailboxAuditKind(TextChoices):
 class SystemActor(StrEnum):
     """The `actor` of what Mailroom did by itself (audit rows, `paused_by`): one name per part, stored as is."""
 
-    SWEEP = "system:sweep"                        # the stale-event and expired-claim sweeps
-    POLL = "system:poll"                          # a mailbox poll (an archive import's start and end)
-    BOUNCES = "system:bounces"                    # a bounce of our own acknowledgment tied to its address
-    ACKNOWLEDGMENTS = "system:acknowledgments"    # an acknowledgment planned or skipped
-    BREAKER = "system:breaker"                    # the circuit breaker pausing a destination
-    RECONCILE = "system:reconcile"                # reconciliation, and the unknown-outcome lookups it runs
-    DRILL = "system:drill"                        # a drill's scratch destination
-    MAILBOX_HEALTH = "system:mailbox-health"      # a mailbox's connection state (intake.mailbox_health)
+    SWEEP = "system:sweep"  # the stale-event and expired-claim sweeps
+    POLL = "system:poll"  # a mailbox poll (an archive import's start and end)
+    BOUNCES = "system:bounces"  # a bounce of our own acknowledgment tied to its address
+    ACKNOWLEDGMENTS = "system:acknowledgments"  # an acknowledgment planned or skipped
+    BREAKER = "system:breaker"  # the circuit breaker pausing a destination
+    RECONCILE = "system:reconcile"  # reconciliation, and the unknown-outcome lookups it runs
+    DRILL = "system:drill"  # a drill's scratch destination
+    MAILBOX_HEALTH = "system:mailbox-health"  # a mailbox's connection state (intake.mailbox_health)
     CREDENTIAL_WARNINGS = "system:credential-warnings"  # the admins told that credentials expire soon
-    MANAGE_PY = "system:manage.py"                # a management command run from a shell
+    MANAGE_PY = "system:manage.py"  # a management command run from a shell
 
 
 def actor_words(actor: str) -> str:

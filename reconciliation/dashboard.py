@@ -9,6 +9,7 @@ ORM (no DISTINCT ON, no PostgreSQL-only function): the embedded default (SQLite)
 "Completed" in a bucket means an event in state `completed` whose last change (`updated_at`) falls in
 it: the moment it completed, unless something touched it since.
 """
+
 from datetime import timedelta
 
 from django.apps import apps
@@ -43,10 +44,14 @@ def oldest(user) -> dict:
     queue = queue_summary(user)
     in_pipeline = _events(user).filter(state__in=InboxEvent.OPEN_STATES).aggregate(at=Min("received_at"))["at"]
     now = timezone.now()
-    return {"queue_open": queue["open"], "queue_overdue": queue["overdue"],
-            "queue_oldest_at": queue["oldest_received_at"],
-            "queue_oldest_age": queue["oldest_age"], "pipeline_oldest_at": in_pipeline,
-            "pipeline_oldest_age": (now - in_pipeline) if in_pipeline else None}
+    return {
+        "queue_open": queue["open"],
+        "queue_overdue": queue["overdue"],
+        "queue_oldest_at": queue["oldest_received_at"],
+        "queue_oldest_age": queue["oldest_age"],
+        "pipeline_oldest_at": in_pipeline,
+        "pipeline_oldest_age": (now - in_pipeline) if in_pipeline else None,
+    }
 
 
 def _buckets(now, unit: str) -> list:
@@ -58,8 +63,13 @@ def _buckets(now, unit: str) -> list:
 
 
 def _series(queryset, field: str, trunc, buckets) -> list[int]:
-    rows = (queryset.filter(**{f"{field}__gte": buckets[0]}).annotate(bucket=trunc(field))
-            .values("bucket").annotate(n=Count("pk")).values_list("bucket", "n"))
+    rows = (
+        queryset.filter(**{f"{field}__gte": buckets[0]})
+        .annotate(bucket=trunc(field))
+        .values("bucket")
+        .annotate(n=Count("pk"))
+        .values_list("bucket", "n")
+    )
     counts = dict(rows)
     return [counts.get(b, 0) for b in buckets]
 
@@ -72,21 +82,39 @@ def throughput(user, unit: str, now=None) -> dict:
     received = InboxEvent.objects.filter(mailbox__in=visible_mailboxes(user).values("pk")).order_by()
     completed = _events(user).filter(state=InboxEvent.State.COMPLETED)
     fmt = "%H:00" if unit == "hour" else "%m-%d"
-    return {"labels": [timezone.localtime(b).strftime(fmt) for b in buckets],
-            "received": _series(received, "received_at", trunc, buckets),
-            "completed": _series(completed, "updated_at", trunc, buckets), "since": buckets[0]}
+    return {
+        "labels": [timezone.localtime(b).strftime(fmt) for b in buckets],
+        "received": _series(received, "received_at", trunc, buckets),
+        "completed": _series(completed, "updated_at", trunc, buckets),
+        "since": buckets[0],
+    }
 
 
 def failures(user, since) -> dict:
     """Failures since `since` by kind: reason codes of events in a recovery state (by their last change),
     and `last_error_kind` of intents still failing (by creation); most frequent first."""
-    events = (_events(user).filter(state__in=InboxEvent.RECOVERY_STATES, updated_at__gte=since)
-              .exclude(reason_code="").values_list("reason_code").annotate(n=Count("pk")))
-    intents = (Intent.objects.filter(inbox_event__tenant__in=visible_tenants(user).values("pk"),
-                                     state__in=FAILING_INTENT_STATES, created_at__gte=since)
-               .exclude(last_error_kind="").order_by().values_list("last_error_kind").annotate(n=Count("pk")))
-    return {"events": sorted(events, key=lambda r: (-r[1], r[0])),
-            "intents": sorted(intents, key=lambda r: (-r[1], r[0]))}
+    events = (
+        _events(user)
+        .filter(state__in=InboxEvent.RECOVERY_STATES, updated_at__gte=since)
+        .exclude(reason_code="")
+        .values_list("reason_code")
+        .annotate(n=Count("pk"))
+    )
+    intents = (
+        Intent.objects.filter(
+            inbox_event__tenant__in=visible_tenants(user).values("pk"),
+            state__in=FAILING_INTENT_STATES,
+            created_at__gte=since,
+        )
+        .exclude(last_error_kind="")
+        .order_by()
+        .values_list("last_error_kind")
+        .annotate(n=Count("pk"))
+    )
+    return {
+        "events": sorted(events, key=lambda r: (-r[1], r[0])),
+        "intents": sorted(intents, key=lambda r: (-r[1], r[0])),
+    }
 
 
 def run_model():
@@ -114,8 +142,12 @@ def dashboard(user, now=None) -> dict:
     now = now or timezone.now()
     hourly, daily = throughput(user, "hour", now), throughput(user, "day", now)
     return {
-        "backlog": backlog_by_state(user), "oldest": oldest(user), "hourly": hourly, "daily": daily,
-        "failures_24h": failures(user, hourly["since"]), "failures_30d": failures(user, daily["since"]),
+        "backlog": backlog_by_state(user),
+        "oldest": oldest(user),
+        "hourly": hourly,
+        "daily": daily,
+        "failures_24h": failures(user, hourly["since"]),
+        "failures_30d": failures(user, daily["since"]),
         "reconciliations": last_reconciliations(user),
         # Tenants whose escalations reach nobody (no operator with an email address): a warning on top.
         "unreachable_tenants": tenants_without_escalation_recipients(user),

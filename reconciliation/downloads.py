@@ -3,6 +3,7 @@
 Always `application/octet-stream` with `nosniff` (a browser never renders what a sender sent) and `no-store`
 (a shared cache never keeps it); the file name as `services.attachment_content_disposition` writes it.
 """
+
 from django.http import HttpResponse
 
 from . import services

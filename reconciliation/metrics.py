@@ -26,6 +26,7 @@ A drill's scratch tenant (`Tenant.is_drill`, reconciliation.drills) is in no ser
 queue items, outbox rows, destinations and reconciliation scopes are left out, so running `manage.py drill`
 (with `--keep` too) moves no gauge an alert watches.
 """
+
 import hmac
 
 from django.apps import apps
@@ -82,43 +83,70 @@ class MailroomCollector:
             intents.add_metric([state], n)
         yield intents
 
-        queue = recovery_queue().exclude(tenant_id__in=drill_tenants()).order_by().aggregate(
-            n=Count("pk"), oldest=Min("received_at"))
+        queue = (
+            recovery_queue()
+            .exclude(tenant_id__in=drill_tenants())
+            .order_by()
+            .aggregate(n=Count("pk"), oldest=Min("received_at"))
+        )
         yield GaugeMetricFamily("mailroom_recovery_queue_items", "Items in the recovery queue.", value=queue["n"])
-        yield GaugeMetricFamily("mailroom_recovery_queue_oldest_seconds",
-                                "Age of the oldest recovery queue item (0 when empty).",
-                                value=_age(now, queue["oldest"]))
+        yield GaugeMetricFamily(
+            "mailroom_recovery_queue_oldest_seconds",
+            "Age of the oldest recovery queue item (0 when empty).",
+            value=_age(now, queue["oldest"]),
+        )
 
-        oldest_unmapped = (InboxEvent.objects.filter(state__in=InboxEvent.OPEN_STATES)
-                           .exclude(tenant_id__in=drill_tenants())
-                           .exclude(Exists(TicketMapping.objects.filter(inbox_event=OuterRef("pk"))))
-                           .order_by().aggregate(oldest=Min("received_at"))["oldest"])
-        yield GaugeMetricFamily("mailroom_oldest_unmapped_seconds",
-                                "Age of the oldest open event without a ticket mapping (0 when none).",
-                                value=_age(now, oldest_unmapped))
+        oldest_unmapped = (
+            InboxEvent.objects.filter(state__in=InboxEvent.OPEN_STATES)
+            .exclude(tenant_id__in=drill_tenants())
+            .exclude(Exists(TicketMapping.objects.filter(inbox_event=OuterRef("pk"))))
+            .order_by()
+            .aggregate(oldest=Min("received_at"))["oldest"]
+        )
+        yield GaugeMetricFamily(
+            "mailroom_oldest_unmapped_seconds",
+            "Age of the oldest open event without a ticket mapping (0 when none).",
+            value=_age(now, oldest_unmapped),
+        )
 
-        head = (OutboxMessage.objects.filter(published_at__isnull=True).exclude(drill_outbox()).order_by("pk")
-                .values_list("created_at", flat=True).first())
-        yield GaugeMetricFamily("mailroom_outbox_lag_seconds",
-                                "Age of the oldest unpublished outbox row (0 when none).", value=_age(now, head))
+        head = (
+            OutboxMessage.objects.filter(published_at__isnull=True)
+            .exclude(drill_outbox())
+            .order_by("pk")
+            .values_list("created_at", flat=True)
+            .first()
+        )
+        yield GaugeMetricFamily(
+            "mailroom_outbox_lag_seconds",
+            "Age of the oldest unpublished outbox row (0 when none).",
+            value=_age(now, head),
+        )
 
-        rejections = CounterMetricFamily("mailroom_webhook_rejections", "Webhooks refused, by provider and reason.",
-                                         labels=["provider", "reason"])
-        for provider, reason, count in WebhookRejectionCount.objects.order_by(
-                "provider", "reason").values_list("provider", "reason", "count"):
+        rejections = CounterMetricFamily(
+            "mailroom_webhook_rejections", "Webhooks refused, by provider and reason.", labels=["provider", "reason"]
+        )
+        for provider, reason, count in WebhookRejectionCount.objects.order_by("provider", "reason").values_list(
+            "provider", "reason", "count"
+        ):
             rejections.add_metric([provider, reason], count)
         yield rejections
 
-        paused = GaugeMetricFamily("mailroom_destination_paused", "1 when the destination is paused.",
-                                   labels=["destination"])
-        for tenant, slug, is_paused in Destination.objects.exclude(tenant_id__in=drill_tenants()).order_by(
-                "tenant__slug", "slug").values_list("tenant__slug", "slug", "paused"):
+        paused = GaugeMetricFamily(
+            "mailroom_destination_paused", "1 when the destination is paused.", labels=["destination"]
+        )
+        for tenant, slug, is_paused in (
+            Destination.objects.exclude(tenant_id__in=drill_tenants())
+            .order_by("tenant__slug", "slug")
+            .values_list("tenant__slug", "slug", "paused")
+        ):
             paused.add_metric([f"{tenant}/{slug}"], 1 if is_paused else 0)
         yield paused
 
-        runs = GaugeMetricFamily("mailroom_last_reconciliation_timestamp_seconds",
-                                 "When the last reconciliation run of each kind and scope finished (Unix time).",
-                                 labels=["kind", "scope"])
+        runs = GaugeMetricFamily(
+            "mailroom_last_reconciliation_timestamp_seconds",
+            "When the last reconciliation run of each kind and scope finished (Unix time).",
+            labels=["kind", "scope"],
+        )
         for kind, scope, finished in _last_reconciliations():
             runs.add_metric([kind, scope], finished.timestamp())
         yield runs
@@ -131,8 +159,12 @@ def _last_reconciliations():
     except LookupError:
         return []
     try:
-        rows = list(model.objects.filter(finished_at__isnull=False).order_by("kind", "scope")
-                    .values("kind", "scope").annotate(last=Max("finished_at")))
+        rows = list(
+            model.objects.filter(finished_at__isnull=False)
+            .order_by("kind", "scope")
+            .values("kind", "scope")
+            .annotate(last=Max("finished_at"))
+        )
     except (FieldError, DatabaseError):  # fields or table not there yet (a deploy in progress)
         return []
     drill = _drill_scopes()

@@ -6,6 +6,7 @@ permissions are the operator's capabilities. `PauseSwitch` is the global
 edited there too. Bodies and quarantine release stay on `intake.InboxEvent`
 (`intake.view_message_body`, `intake.release_quarantine`).
 """
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -61,9 +62,11 @@ class ReconciliationRun(models.Model):
 
     class Meta:
         default_permissions = ("view",)
-        indexes = [models.Index(fields=["kind", "scope", "-started_at"], name="reconciliation_run_latest"),
-                   models.Index(fields=["scope", "-started_at"], name="reconciliation_run_scope"),
-                   models.Index(fields=["started_at"], name="reconciliation_run_started")]  # the purge
+        indexes = [
+            models.Index(fields=["kind", "scope", "-started_at"], name="reconciliation_run_latest"),
+            models.Index(fields=["scope", "-started_at"], name="reconciliation_run_scope"),
+            models.Index(fields=["started_at"], name="reconciliation_run_started"),
+        ]  # the purge
 
     def __str__(self):
         return f"{self.kind} {self.scope} at {self.started_at:%Y-%m-%d %H:%M:%S}"
@@ -85,8 +88,9 @@ class Finding(models.Model):
     # "destination:<id>:ticket:<ticket id>", "mapping:<id>", "outbox:<id>".
     object = models.CharField(max_length=1200)
     tenant = models.ForeignKey("intake.Tenant", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    inbox_event = models.ForeignKey("intake.InboxEvent", null=True, blank=True, on_delete=models.SET_NULL,
-                                    related_name="+")
+    inbox_event = models.ForeignKey(
+        "intake.InboxEvent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     detail = models.JSONField(default=dict, blank=True)
     first_seen = models.DateTimeField()
     last_seen = models.DateTimeField()
@@ -96,15 +100,20 @@ class Finding(models.Model):
     class Meta:
         default_permissions = ("view",)
         constraints = [
-            models.UniqueConstraint(fields=["kind", "object"], condition=Q(resolved_at__isnull=True),
-                                    name="finding_one_open_per_object"),
-            models.CheckConstraint(condition=Q(resolved_at__isnull=True) | ~Q(resolution=""),
-                                   name="finding_resolved_has_resolution"),
+            models.UniqueConstraint(
+                fields=["kind", "object"], condition=Q(resolved_at__isnull=True), name="finding_one_open_per_object"
+            ),
+            models.CheckConstraint(
+                condition=Q(resolved_at__isnull=True) | ~Q(resolution=""), name="finding_resolved_has_resolution"
+            ),
         ]
         indexes = [
             # The recovery queue's third arm: events with an open `unmapped` finding.
-            models.Index(fields=["inbox_event"], condition=Q(kind="unmapped", resolved_at__isnull=True),
-                         name="finding_open_unmapped"),
+            models.Index(
+                fields=["inbox_event"],
+                condition=Q(kind="unmapped", resolved_at__isnull=True),
+                name="finding_open_unmapped",
+            ),
         ]
 
     def __str__(self):
@@ -127,8 +136,9 @@ class ApiToken(models.Model):
     prefix = models.CharField("key prefix", max_length=12)
     name = models.CharField(max_length=100, blank=True, help_text="What the token is for (a script, a job)")
     created_at = models.DateTimeField("created")
-    expires_at = models.DateTimeField("expires", null=True, blank=True,
-                                      help_text="Refused from this time on; empty: never")
+    expires_at = models.DateTimeField(
+        "expires", null=True, blank=True, help_text="Refused from this time on; empty: never"
+    )
     last_used_at = models.DateTimeField("last used", null=True, blank=True)
 
     class Meta:
@@ -168,8 +178,9 @@ class BulkJob(models.Model):
     started_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="bulk_jobs")
     tenant_ids = models.JSONField(default=list, help_text="The tenants the user could see when the job started")
     action = models.CharField(max_length=20, choices=Action.choices)
-    assignee = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
-                                 related_name="+")
+    assignee = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     reason = models.TextField(blank=True)
     filters = models.JSONField(default=dict, blank=True)
     max_pk = models.BigIntegerField(default=0)
@@ -193,23 +204,35 @@ class BulkJob(models.Model):
         default_permissions = ("view",)
         verbose_name = "bulk job"
         constraints = [
-            models.CheckConstraint(condition=Q(state__in=["pending", "running", "done", "cancelled", "failed"]),
-                                   name="bulk_job_known_state"),
-            models.CheckConstraint(condition=Q(action__in=["close", "suppress", "replay", "assign"]),
-                                   name="bulk_job_known_action"),
-            models.CheckConstraint(condition=Q(done=models.F("succeeded") + models.F("skipped") + models.F("failed")),
-                                   name="bulk_job_counts_add_up"),
-            models.CheckConstraint(condition=~Q(action="assign") | Q(assignee__isnull=False),
-                                   name="bulk_job_assign_has_assignee"),
-            models.CheckConstraint(condition=~Q(action__in=["close", "suppress"]) | ~Q(reason=""),
-                                   name="bulk_job_close_has_reason"),
-            models.CheckConstraint(condition=Q(state__in=["pending", "running"]) | Q(finished_at__isnull=False),
-                                   name="bulk_job_finished_has_time"),
-            models.CheckConstraint(condition=~Q(state="running") | Q(started_at__isnull=False),
-                                   name="bulk_job_running_has_started"),
+            models.CheckConstraint(
+                condition=Q(state__in=["pending", "running", "done", "cancelled", "failed"]),
+                name="bulk_job_known_state",
+            ),
+            models.CheckConstraint(
+                condition=Q(action__in=["close", "suppress", "replay", "assign"]), name="bulk_job_known_action"
+            ),
+            models.CheckConstraint(
+                condition=Q(done=models.F("succeeded") + models.F("skipped") + models.F("failed")),
+                name="bulk_job_counts_add_up",
+            ),
+            models.CheckConstraint(
+                condition=~Q(action="assign") | Q(assignee__isnull=False), name="bulk_job_assign_has_assignee"
+            ),
+            models.CheckConstraint(
+                condition=~Q(action__in=["close", "suppress"]) | ~Q(reason=""), name="bulk_job_close_has_reason"
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=["pending", "running"]) | Q(finished_at__isnull=False),
+                name="bulk_job_finished_has_time",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state="running") | Q(started_at__isnull=False), name="bulk_job_running_has_started"
+            ),
         ]
-        indexes = [models.Index(fields=["state", "claimed_until"], name="bulk_job_open"),
-                   models.Index(fields=["started_by", "-created_at"], name="bulk_job_by_user")]
+        indexes = [
+            models.Index(fields=["state", "claimed_until"], name="bulk_job_open"),
+            models.Index(fields=["started_by", "-created_at"], name="bulk_job_by_user"),
+        ]
 
     def __str__(self):
         return f"bulk {self.action} #{self.pk} ({self.state}, {self.done}/{self.total})"

@@ -6,6 +6,7 @@ strings are cut. A route (`InboxEvent.route`, an override, a `classified` row's 
 fields, each with where it came from: "set by rule 3 (refunds)", "proposed by the AI", "the policy's
 default", "corrected by olga".
 """
+
 import re
 from dataclasses import dataclass
 
@@ -43,7 +44,7 @@ def value_words(value) -> str:
         parsed = parse_datetime(text)
         if parsed is not None and parsed.tzinfo is not None:
             return times.absolute(parsed)
-    return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 1] + "…"
+    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 1] + "…"
 
 
 def origin_words(origin: str, rule_names: dict | None = None) -> str:
@@ -64,8 +65,7 @@ def origin_words(origin: str, rule_names: dict | None = None) -> str:
     return value_words(origin)
 
 
-def route_lines(route: dict | None, rule_names: dict | None = None, destination_names: dict | None = None
-                ) -> list[str]:
+def route_lines(route: dict | None, rule_names: dict | None = None, destination_names: dict | None = None) -> list[str]:
     """A stored route (or an operator's override) in lines of words."""
     route = route or {}
     lines = []
@@ -81,8 +81,11 @@ def route_lines(route: dict | None, rule_names: dict | None = None, destination_
         destination = route.get("destination_id")
         if destination:
             named = (destination_names or {}).get(destination)
-            where = origin_words(route.get("destination_origin", ""), rule_names) if "destination_origin" in route \
+            where = (
+                origin_words(route.get("destination_origin", ""), rule_names)
+                if "destination_origin" in route
                 else "corrected"
+            )
             lines.append(f"destination: {named or f'#{destination}'} ({where})")
         elif "destination_origin" in route:
             lines.append("destination: the tenant's default")
@@ -106,8 +109,11 @@ def is_route(detail) -> bool:
 
 def is_changes(value) -> bool:
     """{field: {"from", "to"}}: the `corrected` of a replay's audit row."""
-    return isinstance(value, dict) and bool(value) and all(
-        isinstance(v, dict) and set(v) <= {"from", "to"} for v in value.values())
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(v, dict) and set(v) <= {"from", "to"} for v in value.values())
+    )
 
 
 def change_words(changes: dict, destination_names: dict | None = None) -> str:
@@ -118,8 +124,10 @@ def change_words(changes: dict, destination_names: dict | None = None) -> str:
         named = names.get(value) if name in DESTINATION_KEYS and isinstance(value, int) else None
         return value_words(named or value)
 
-    return "; ".join(f"{label(name).removesuffix(' id')} {shown(name, v.get('from'))} → {shown(name, v.get('to'))}"
-                     for name, v in changes.items())
+    return "; ".join(
+        f"{label(name).removesuffix(' id')} {shown(name, v.get('from'))} → {shown(name, v.get('to'))}"
+        for name, v in changes.items()
+    )
 
 
 def detail_lines(detail, rule_names: dict | None = None, destination_names: dict | None = None) -> list[str]:
@@ -160,10 +168,19 @@ class TimelineRow:
         return actor_words(self.actor)
 
 
-def timeline_rows(audits, *, kind_labels: dict, rule_names: dict | None = None,
-                  destination_names: dict | None = None) -> list[TimelineRow]:
-    return [TimelineRow(at=a.at, kind=a.kind, kind_label=kind_labels.get(a.kind, label(a.kind)), actor=a.actor,
-                        lines=detail_lines(a.detail, rule_names, destination_names)) for a in audits]
+def timeline_rows(
+    audits, *, kind_labels: dict, rule_names: dict | None = None, destination_names: dict | None = None
+) -> list[TimelineRow]:
+    return [
+        TimelineRow(
+            at=a.at,
+            kind=a.kind,
+            kind_label=kind_labels.get(a.kind, label(a.kind)),
+            actor=a.actor,
+            lines=detail_lines(a.detail, rule_names, destination_names),
+        )
+        for a in audits
+    ]
 
 
 # --- the effective route: what the next attempt sends ---------------------------------------------
@@ -194,12 +211,14 @@ def corrected_by(audits) -> str:
     return str(latest.actor).removeprefix("user:") if latest is not None else ""
 
 
-def _destination(route: dict, override: dict, intent_destination_id, default_destination_id, who: str,
-                 rule_names: dict | None) -> tuple[object, str]:
+def _destination(
+    route: dict, override: dict, intent_destination_id, default_destination_id, who: str, rule_names: dict | None
+) -> tuple[object, str]:
     """(destination id, its origin in words) as the next attempt goes: an intent keeps its destination
     (a correction moved it there); without one, routing takes the override, a rule's, or the default."""
-    chosen = (intent_destination_id or override.get("destination_id") or route.get("destination_id")
-              or default_destination_id)
+    chosen = (
+        intent_destination_id or override.get("destination_id") or route.get("destination_id") or default_destination_id
+    )
     if chosen is None:
         return None, "the tenant has no default destination"
     if override.get("destination_id") == chosen:
@@ -211,17 +230,23 @@ def _destination(route: dict, override: dict, intent_destination_id, default_des
     return chosen, "where its last attempt went"
 
 
-def effective_route(route: dict | None, override: dict | None, *, intent_destination_id=None,
-                    default_destination_id=None, corrected_by_name: str = "", rule_names: dict | None = None,
-                    destination_names: dict | None = None) -> list[RouteField]:
+def effective_route(
+    route: dict | None,
+    override: dict | None,
+    *,
+    intent_destination_id=None,
+    default_destination_id=None,
+    corrected_by_name: str = "",
+    rule_names: dict | None = None,
+    destination_names: dict | None = None,
+) -> list[RouteField]:
     """The route the next attempt uses (destination, queue, priority, request type, and the assignee and
     approval flag when set), each with where its value came from. The override wins field by field, as
     `ticketing.classification.ticket_fields` has it."""
     route = route if isinstance(route, dict) else {}
     override = override if isinstance(override, dict) else {}
     who = f"corrected by {corrected_by_name}" if corrected_by_name else "corrected by an operator"
-    destination, where = _destination(route, override, intent_destination_id, default_destination_id, who,
-                                      rule_names)
+    destination, where = _destination(route, override, intent_destination_id, default_destination_id, who, rule_names)
     named = (destination_names or {}).get(destination) if destination is not None else None
     out = [RouteField("destination", "destination", named or (f"#{destination}" if destination else "—"), where)]
     fields = route.get("fields") if isinstance(route.get("fields"), dict) else {}
@@ -230,8 +255,11 @@ def effective_route(route: dict | None, override: dict | None, *, intent_destina
         if override.get(name):
             out.append(RouteField(name, label(name), value_words(override[name]), who))
         elif entry.get("value"):
-            out.append(RouteField(name, label(name), value_words(entry["value"]),
-                                  origin_words(entry.get("origin"), rule_names)))
+            out.append(
+                RouteField(
+                    name, label(name), value_words(entry["value"]), origin_words(entry.get("origin"), rule_names)
+                )
+            )
         elif name != "assignee":
             out.append(RouteField(name, label(name), "—", "not set: the destination's default"))
     request_type = override.get("request_type") or (fields.get("request_type") or {}).get("value") or ""
@@ -240,8 +268,11 @@ def effective_route(route: dict | None, override: dict | None, *, intent_destina
         sensitive_reason = f"request_type:{request_type}"
     if route.get("sensitive") or sensitive_reason.startswith("request_type:"):
         kind, _, rest = sensitive_reason.partition(":")
-        why = f"its request type {rest} is sensitive" if kind == "request_type" else origin_words(sensitive_reason,
-                                                                                                   rule_names)
+        why = (
+            f"its request type {rest} is sensitive"
+            if kind == "request_type"
+            else origin_words(sensitive_reason, rule_names)
+        )
         out.append(RouteField("needs_approval", "needs approval", "yes", why))
     return out
 
@@ -253,9 +284,12 @@ def route_changes(before: list[RouteField], after: list[RouteField]) -> str:
     for field_ in after:
         was = old.get(field_.name, "—")
         if field_.name == "destination":
-            kept = f"destination kept ({field_.value})" if was == field_.value else \
-                f"destination {was} → {field_.value}"
+            kept = (
+                f"destination kept ({field_.value})" if was == field_.value else f"destination {was} → {field_.value}"
+            )
         elif was != field_.value:
-            parts.append(f"{field_.label} {'not set' if was == '—' else was} → "
-                         f"{'not set' if field_.value == '—' else field_.value}")
+            parts.append(
+                f"{field_.label} {'not set' if was == '—' else was} → "
+                f"{'not set' if field_.value == '—' else field_.value}"
+            )
     return "; ".join([*parts, kept] if parts else ["no field changed", kept])

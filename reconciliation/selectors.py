@@ -1,4 +1,5 @@
 """Reads for operators: the recovery queue and what it shows."""
+
 from django.contrib.auth import get_user_model
 from django.db.models import (
     Case,
@@ -27,8 +28,12 @@ from ticketing.selectors import WORK_ACTIONS  # the intents that carry an event'
 from .models import Finding, ReconciliationRun
 
 # Audit kinds that mark an attempt at the destination (its outcome).
-ATTEMPT_KINDS = (AuditKind.INTENT_RETRY_WAIT, AuditKind.INTENT_FAILED, AuditKind.INTENT_UNKNOWN,
-                 AuditKind.TICKET_CREATED)
+ATTEMPT_KINDS = (
+    AuditKind.INTENT_RETRY_WAIT,
+    AuditKind.INTENT_FAILED,
+    AuditKind.INTENT_UNKNOWN,
+    AuditKind.TICKET_CREATED,
+)
 
 # Not a reason code: what the queue shows for a completed event whose acknowledgment is held.
 ACKNOWLEDGMENT_HELD = "acknowledgment_held"
@@ -57,8 +62,9 @@ def visible_events(user, model=InboxEvent) -> QuerySet:
 
 def held_intents() -> QuerySet:
     """Held intents that are the current version of their action (a replay as a new action supersedes one)."""
-    newer = Intent.objects.filter(inbox_event=OuterRef("inbox_event"), action=OuterRef("action"),
-                                  action_version__gt=OuterRef("action_version"))
+    newer = Intent.objects.filter(
+        inbox_event=OuterRef("inbox_event"), action=OuterRef("action"), action_version__gt=OuterRef("action_version")
+    )
     return Intent.objects.filter(state=Intent.State.HELD).exclude(Exists(newer))
 
 
@@ -83,8 +89,9 @@ def recovery_queue(model=InboxEvent) -> QuerySet:
     """
     in_recovery = InboxEvent.objects.filter(state__in=InboxEvent.RECOVERY_STATES).values("pk")
     held = held_intents().exclude(inbox_event__state=InboxEvent.State.SUPPRESSED).values("inbox_event_id")
-    unmapped = Finding.objects.filter(kind=Finding.Kind.UNMAPPED, resolved_at__isnull=True,
-                                      inbox_event__isnull=False).values("inbox_event_id")
+    unmapped = Finding.objects.filter(
+        kind=Finding.Kind.UNMAPPED, resolved_at__isnull=True, inbox_event__isnull=False
+    ).values("inbox_event_id")
     return (
         model._default_manager.filter(pk__in=in_recovery.union(held, unmapped))
         .select_related("mailbox", "owner")
@@ -99,11 +106,18 @@ def recovery_queue_for(user, model=InboxEvent) -> QuerySet:
 def with_queue_columns(queryset: QuerySet) -> QuerySet:
     """The queue's computed columns as subqueries: one query for the whole page, whatever its length."""
     current = Intent.objects.filter(inbox_event=OuterRef("pk"), action__in=WORK_ACTIONS).order_by(
-        "-action_version", "-pk")
-    attempts = (Intent.objects.filter(inbox_event=OuterRef("pk"), action__in=WORK_ACTIONS).order_by()
-                .values("inbox_event").annotate(total=Sum("attempts")).values("total"))
-    latest_attempt = (AuditEvent.objects.filter(inbox_event=OuterRef("pk"), kind__in=ATTEMPT_KINDS)
-                      .order_by("-at").values("at")[:1])
+        "-action_version", "-pk"
+    )
+    attempts = (
+        Intent.objects.filter(inbox_event=OuterRef("pk"), action__in=WORK_ACTIONS)
+        .order_by()
+        .values("inbox_event")
+        .annotate(total=Sum("attempts"))
+        .values("total")
+    )
+    latest_attempt = (
+        AuditEvent.objects.filter(inbox_event=OuterRef("pk"), kind__in=ATTEMPT_KINDS).order_by("-at").values("at")[:1]
+    )
     held = held_intents().filter(inbox_event=OuterRef("pk"))
     return queryset.annotate(
         attempt_count=Coalesce(Subquery(attempts, output_field=IntegerField()), 0),
@@ -123,7 +137,8 @@ def with_queue_list_columns(queryset: QuerySet) -> QuerySet:
     """What the queue's list shows beyond the event's own fields (the current intent's state, a held intent):
     subqueries, so one query for the whole page. The item page has the rest (`with_queue_columns`)."""
     current = Intent.objects.filter(inbox_event=OuterRef("pk"), action__in=WORK_ACTIONS).order_by(
-        "-action_version", "-pk")
+        "-action_version", "-pk"
+    )
     held = held_intents().filter(inbox_event=OuterRef("pk"))
     return queryset.annotate(
         intent_state=Subquery(current.values("state")[:1]),
@@ -134,23 +149,38 @@ def with_queue_list_columns(queryset: QuerySet) -> QuerySet:
 
 def queue_summary(user) -> dict:
     """The head of the queue page: how many items are open and how old the oldest one is."""
-    totals = recovery_queue_for(user).order_by().aggregate(open=Count("pk"), oldest=Min("received_at"),
-                                                           overdue=Count("pk", filter=overdue_q()))
+    totals = (
+        recovery_queue_for(user)
+        .order_by()
+        .aggregate(open=Count("pk"), oldest=Min("received_at"), overdue=Count("pk", filter=overdue_q()))
+    )
     oldest = totals["oldest"]
-    return {"open": totals["open"], "overdue": totals["overdue"], "oldest_received_at": oldest,
-            "oldest_age": (timezone.now() - oldest) if oldest else None}
+    return {
+        "open": totals["open"],
+        "overdue": totals["overdue"],
+        "oldest_received_at": oldest,
+        "oldest_age": (timezone.now() - oldest) if oldest else None,
+    }
 
 
 def queue_overview(user) -> dict:
     """The queue page's head and its reason filter from one grouped read of the queue (not one read each):
     `queue_summary`'s keys plus `reason_codes` (as `queue_reason_codes`)."""
-    rows = list(recovery_queue_for(user).order_by().values("reason_code").annotate(
-        n=Count("pk"), oldest=Min("received_at"), overdue=Count("pk", filter=overdue_q())))
+    rows = list(
+        recovery_queue_for(user)
+        .order_by()
+        .values("reason_code")
+        .annotate(n=Count("pk"), oldest=Min("received_at"), overdue=Count("pk", filter=overdue_q()))
+    )
     oldest = min((row["oldest"] for row in rows), default=None)
     codes = {row["reason_code"] for row in rows} - {""}
-    return {"open": sum(row["n"] for row in rows), "overdue": sum(row["overdue"] for row in rows),
-            "oldest_received_at": oldest, "oldest_age": (timezone.now() - oldest) if oldest else None,
-            "reason_codes": sorted(codes, key=lambda code: (REASON_ORDER.get(code, len(REASON_ORDER)), code))}
+    return {
+        "open": sum(row["n"] for row in rows),
+        "overdue": sum(row["overdue"] for row in rows),
+        "oldest_received_at": oldest,
+        "oldest_age": (timezone.now() - oldest) if oldest else None,
+        "reason_codes": sorted(codes, key=lambda code: (REASON_ORDER.get(code, len(REASON_ORDER)), code)),
+    }
 
 
 def search_queue(queryset: QuerySet, term: str) -> QuerySet:
@@ -160,16 +190,21 @@ def search_queue(queryset: QuerySet, term: str) -> QuerySet:
     if not term:
         return queryset
     bare = term.strip("<>")
-    ticket = Q(Exists(TicketMapping.objects.filter(inbox_event=OuterRef("pk"), ticket_id=bare))) | Q(Exists(
-        Intent.objects.filter(inbox_event=OuterRef("pk")).filter(Q(result_ref=bare) | Q(external_ref=bare))))
-    match = (Q(sender__icontains=term) | Q(subject__icontains=term) | Q(message_id_header__iexact=bare)
-             | Q(provider_message_id=bare) | ticket)
+    ticket = Q(Exists(TicketMapping.objects.filter(inbox_event=OuterRef("pk"), ticket_id=bare))) | Q(
+        Exists(Intent.objects.filter(inbox_event=OuterRef("pk")).filter(Q(result_ref=bare) | Q(external_ref=bare)))
+    )
+    match = (
+        Q(sender__icontains=term)
+        | Q(subject__icontains=term)
+        | Q(message_id_header__iexact=bare)
+        | Q(provider_message_id=bare)
+        | ticket
+    )
     if term.isdigit():
         match |= Q(pk=int(term))
     number = numbers.parse_number(term)
     if number is not None:  # "MR-12": the events of ticket 12 (its create, its comments, its copies)
-        match |= Q(Exists(numbers.tickets_of_number(TicketMapping.objects.filter(inbox_event=OuterRef("pk")),
-                                                    number)))
+        match |= Q(Exists(numbers.tickets_of_number(TicketMapping.objects.filter(inbox_event=OuterRef("pk")), number)))
     return queryset.filter(match)
 
 
@@ -205,8 +240,13 @@ def pause_status(user) -> dict:
 
 def waiting_counts(user) -> dict:
     """Open events parked by a pause (their backlog), per visible mailbox id."""
-    rows = (visible_events(user).filter(state__in=InboxEvent.OPEN_STATES, retry_at__isnull=False)
-            .order_by().values("mailbox_id").annotate(n=Count("pk")))
+    rows = (
+        visible_events(user)
+        .filter(state__in=InboxEvent.OPEN_STATES, retry_at__isnull=False)
+        .order_by()
+        .values("mailbox_id")
+        .annotate(n=Count("pk"))
+    )
     return {row["mailbox_id"]: row["n"] for row in rows}
 
 
@@ -215,27 +255,42 @@ def event_timeline(event_id: int) -> QuerySet:
 
 
 def event_intents(event_id: int) -> QuerySet:
-    return Intent.objects.filter(inbox_event_id=event_id).select_related("destination").order_by(
-        "action", "action_version", "pk")
+    return (
+        Intent.objects.filter(inbox_event_id=event_id)
+        .select_related("destination")
+        .order_by("action", "action_version", "pk")
+    )
 
 
 def event_mappings(event_id: int) -> QuerySet:
-    return numbers.with_numbers(TicketMapping.objects.filter(inbox_event_id=event_id)).select_related(
-        "destination").order_by("pk")
+    return (
+        numbers.with_numbers(TicketMapping.objects.filter(inbox_event_id=event_id))
+        .select_related("destination")
+        .order_by("pk")
+    )
 
 
 # --- the REST API's reads (reconciliation.api): each scoped to the user's tenants -------------------
 
-def filter_events(queryset: QuerySet, *, state: str = "", reason: str = "", mailbox: str = "",
-                  received_after=None, received_before=None) -> QuerySet:
+
+def filter_events(
+    queryset: QuerySet,
+    *,
+    state: str = "",
+    reason: str = "",
+    mailbox: str = "",
+    received_after=None,
+    received_before=None,
+) -> QuerySet:
     """The events list's filters: state, reason code, mailbox (slug or id), received date range [after, before)."""
     if state:
         queryset = queryset.filter(state=state)
     if reason:
         queryset = queryset.filter(reason_code=reason)
     if mailbox:
-        queryset = queryset.filter(Q(mailbox__slug=mailbox) | (Q(mailbox_id=int(mailbox)) if mailbox.isdigit()
-                                                                  else Q(pk__in=[])))
+        queryset = queryset.filter(
+            Q(mailbox__slug=mailbox) | (Q(mailbox_id=int(mailbox)) if mailbox.isdigit() else Q(pk__in=[]))
+        )
     if received_after is not None:
         queryset = queryset.filter(received_at__gte=received_after)
     if received_before is not None:
@@ -245,12 +300,14 @@ def filter_events(queryset: QuerySet, *, state: str = "", reason: str = "", mail
 
 def visible_intents(user) -> QuerySet:
     return Intent.objects.filter(inbox_event__tenant__in=visible_tenants(user).values("pk")).select_related(
-        "destination")
+        "destination"
+    )
 
 
 def visible_mappings(user) -> QuerySet:
-    return numbers.with_numbers(TicketMapping.objects.filter(
-        inbox_event__tenant__in=visible_tenants(user).values("pk"))).select_related("destination")
+    return numbers.with_numbers(
+        TicketMapping.objects.filter(inbox_event__tenant__in=visible_tenants(user).values("pk"))
+    ).select_related("destination")
 
 
 def visible_routing_rules(user) -> QuerySet:
@@ -286,8 +343,11 @@ ESCALATION_GROUP = "operator"
 
 def escalation_operators(tenant):
     """The users who receive a tenant's escalations; `tenant` is an id or an `OuterRef` to one."""
-    return get_user_model().objects.filter(mailroom_tenants=tenant, is_active=True,
-                                           groups__name=ESCALATION_GROUP).exclude(email="")
+    return (
+        get_user_model()
+        .objects.filter(mailroom_tenants=tenant, is_active=True, groups__name=ESCALATION_GROUP)
+        .exclude(email="")
+    )
 
 
 def tenants_without_escalation_recipients(user) -> list:

@@ -1,4 +1,5 @@
 """Celery tasks of the reconciliation app: thin."""
+
 from celery import shared_task
 
 
@@ -27,7 +28,6 @@ def send_daily_digests() -> int:
     from .services.escalation import send_daily_digests as send
 
     return send()
-
 
 
 @shared_task

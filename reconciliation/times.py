@@ -3,6 +3,7 @@
 The queue, the item page, the dashboard and the timeline all call these (directly or through the
 `console` template filters), so an operator reads the same format everywhere.
 """
+
 from datetime import datetime
 
 from django.utils import timezone
@@ -20,7 +21,7 @@ def absolute(value: datetime | None) -> str:
 
 
 def relative(value: datetime | None, *, now: datetime | None = None) -> str:
-    """"3 hours ago" or "in 20 minutes" (the larger unit only)."""
+    """ "3 hours ago" or "in 20 minutes" (the larger unit only)."""
     if value is None:
         return EMPTY
     now = now or timezone.now()

@@ -14,6 +14,7 @@
 `headers` is the returned message's header block (bytes, CRLF or LF); `recipient` the address that failed.
 Dates and queue ids are fixed: the parser must not depend on them.
 """
+
 import re
 
 MAILBOX = "support@acme.test"
@@ -33,13 +34,24 @@ def _crlf(text: str) -> bytes:
     return text.replace("\r\n", "\n").replace("\n", "\r\n").encode("utf-8")
 
 
-def _postfix(headers: bytes, recipient: str, *, action: str, status: str, diagnostic: str, notice: str,
-             mailbox: str = MAILBOX, smtputf8: bool = False) -> bytes:
+def _postfix(
+    headers: bytes,
+    recipient: str,
+    *,
+    action: str,
+    status: str,
+    diagnostic: str,
+    notice: str,
+    mailbox: str = MAILBOX,
+    smtputf8: bool = False,
+) -> bytes:
     domain = recipient.rpartition("@")[2]
     # An SMTPUTF8 message's DSN (RFC 6533), as Postfix writes it: global-delivery-status, utf-8 addresses.
     report, status_part, headers_part, kind = (
         ("global-delivery-status", "message/global-delivery-status", "message/global-headers", "utf-8")
-        if smtputf8 else ("delivery-status", "message/delivery-status", "text/rfc822-headers", "rfc822"))
+        if smtputf8
+        else ("delivery-status", "message/delivery-status", "text/rfc822-headers", "rfc822")
+    )
     return _crlf(f"""Return-Path: <>
 Delivered-To: {mailbox}
 Received: by mx1.acme.test (Postfix)
@@ -101,21 +113,38 @@ Content-Transfer-Encoding: 8bit
 
 
 def postfix_dsn(headers: bytes, recipient: str, mailbox: str = MAILBOX) -> bytes:
-    return _postfix(headers, recipient, action="failed", status="5.1.1", notice="Undelivered Mail Returned to Sender",
-                    mailbox=mailbox,
-                    diagnostic=f"550 5.1.1 <{recipient}>: Recipient address rejected: User unknown in virtual "
-                               "mailbox table")
+    return _postfix(
+        headers,
+        recipient,
+        action="failed",
+        status="5.1.1",
+        notice="Undelivered Mail Returned to Sender",
+        mailbox=mailbox,
+        diagnostic=f"550 5.1.1 <{recipient}>: Recipient address rejected: User unknown in virtual mailbox table",
+    )
 
 
 def postfix_global_dsn(headers: bytes, recipient: str) -> bytes:
-    return _postfix(headers, recipient, action="failed", status="5.1.1", notice="Undelivered Mail Returned to Sender",
-                    diagnostic=f"550 5.1.1 <{recipient}>: Recipient address rejected: User unknown", smtputf8=True)
+    return _postfix(
+        headers,
+        recipient,
+        action="failed",
+        status="5.1.1",
+        notice="Undelivered Mail Returned to Sender",
+        diagnostic=f"550 5.1.1 <{recipient}>: Recipient address rejected: User unknown",
+        smtputf8=True,
+    )
 
 
 def postfix_delay(headers: bytes, recipient: str) -> bytes:
-    return _postfix(headers, recipient, action="delayed", status="4.4.1",
-                    notice="Delayed Mail (still being retried)",
-                    diagnostic="connect to mx.example.com[192.0.2.25]:25: Connection timed out")
+    return _postfix(
+        headers,
+        recipient,
+        action="delayed",
+        status="4.4.1",
+        notice="Delayed Mail (still being retried)",
+        diagnostic="connect to mx.example.com[192.0.2.25]:25: Connection timed out",
+    )
 
 
 def exim_dsn(headers: bytes, recipient: str) -> bytes:

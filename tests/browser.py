@@ -1,4 +1,5 @@
 """Playwright with Debian's Chromium, shared by the browser tests (import the fixtures you use)."""
+
 import contextlib
 import os
 import subprocess
@@ -9,9 +10,15 @@ import pytest
 from playwright import sync_api
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
 
 def _install_chromium() -> str:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -35,8 +42,10 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="session")
 def screenshot_dir(request) -> Path:
-    folder = Path(os.environ.get("MAILROOM_SCREENSHOT_DIR")
-                  or REPO_ROOT / "test-artifacts" / "screenshots" / time.strftime("%Y%m%d-%H%M%S"))
+    folder = Path(
+        os.environ.get("MAILROOM_SCREENSHOT_DIR")
+        or REPO_ROOT / "test-artifacts" / "screenshots" / time.strftime("%Y%m%d-%H%M%S")
+    )
     folder.mkdir(parents=True, exist_ok=True)
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capture = request.config.pluginmanager.get_plugin("capturemanager")

@@ -8,6 +8,7 @@ answers it as `Eicar-Test-Signature-NDB.UNOFFICIAL`. If `clamd` is not
 installed, the fixture installs `clamav-daemon` with apt-get (root, as in CI),
 running `apt-get update` first only if the plain install fails.
 """
+
 import os
 import shutil
 import signal
@@ -93,21 +94,29 @@ def start_clamd(stream_max_length: int = STREAM_MAX_LENGTH, attempts: int = 3) -
         (directory / "db" / "custom-eicar.ndb").write_text(NDB_LINE)
         port = free_port()
         socket_path = directory / "clamd.sock"
-        (directory / "clamd.conf").write_text("\n".join([
-            "Foreground yes",
-            f"DatabaseDirectory {directory / 'db'}",
-            f"LocalSocket {socket_path}",
-            f"TCPSocket {port}",
-            "TCPAddr 127.0.0.1",
-            f"PidFile {directory / 'clamd.pid'}",
-            f"StreamMaxLength {stream_max_length}",
-            "MaxThreads 4",
-            "SelfCheck 0",
-            "",
-        ]))
+        (directory / "clamd.conf").write_text(
+            "\n".join(
+                [
+                    "Foreground yes",
+                    f"DatabaseDirectory {directory / 'db'}",
+                    f"LocalSocket {socket_path}",
+                    f"TCPSocket {port}",
+                    "TCPAddr 127.0.0.1",
+                    f"PidFile {directory / 'clamd.pid'}",
+                    f"StreamMaxLength {stream_max_length}",
+                    "MaxThreads 4",
+                    "SelfCheck 0",
+                    "",
+                ]
+            )
+        )
         with open(directory / "clamd.out", "wb") as out:
-            process = subprocess.Popen([binary, "-c", str(directory / "clamd.conf")],
-                                       stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                [binary, "-c", str(directory / "clamd.conf")],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         server = ClamdProcess(directory, port, socket_path, process)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and process.poll() is None:

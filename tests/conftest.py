@@ -10,18 +10,23 @@ pytest_plugins = ["fakedesk.pytest_plugin", "tests.factories", "tests.clamd"]
 # Fixtures that start a real service or process. A test that uses one, directly or through another
 # fixture, gets the `services` marker, so `make test-fast` (-m "not live and not services") never runs it.
 SERVICE_FIXTURES = {
-    "clamd",                                          # tests/clamd.py
-    "dovecot", "private_dovecot",                     # tests/dovecot.py
-    "oauth_dovecot",                                  # tests/test_imap_oauth.py: Dovecot with an oauth2 passdb
-    "chromium_path", "browser",                       # test_recovery_browser.py (Playwright + Chromium)
-    "live_processes", "live_broker", "live_mailbox",  # tests/live.py: worker, relay, web processes
-    "live_server",                                    # pytest-django's live server
-    "openbao",                                        # tests/openbao.py: an OpenBao dev server
-    "sns_server",                                     # tests/sns.py: an HTTPS stand-in for SNS
-    "moto_server",                                    # tests/test_ses.py: moto's S3-compatible server
-    "lmtp_listener", "start_listener",                # tests/postfix.py: manage.py run_lmtp processes
-    "unix_listener",                                  # tests/support/lmtp.py: run_lmtp on a unix socket
-    "private_postfix",                                # tests/postfix.py: a private Postfix instance
+    "clamd",  # tests/clamd.py
+    "dovecot",
+    "private_dovecot",  # tests/dovecot.py
+    "oauth_dovecot",  # tests/test_imap_oauth.py: Dovecot with an oauth2 passdb
+    "chromium_path",
+    "browser",  # test_recovery_browser.py (Playwright + Chromium)
+    "live_processes",
+    "live_broker",
+    "live_mailbox",  # tests/live.py: worker, relay, web processes
+    "live_server",  # pytest-django's live server
+    "openbao",  # tests/openbao.py: an OpenBao dev server
+    "sns_server",  # tests/sns.py: an HTTPS stand-in for SNS
+    "moto_server",  # tests/test_ses.py: moto's S3-compatible server
+    "lmtp_listener",
+    "start_listener",  # tests/postfix.py: manage.py run_lmtp processes
+    "unix_listener",  # tests/support/lmtp.py: run_lmtp on a unix socket
+    "private_postfix",  # tests/postfix.py: a private Postfix instance
 }
 
 

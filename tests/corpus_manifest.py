@@ -1,6 +1,7 @@
 """The corpus manifest: `tests/corpus/manifest.json`, then each `tests/corpus/manifest-*.json`
 (one per topic of real mail), in name order. Each file is a JSON list of cases, one per `.eml`
 file (the keys: tests/test_real_mail_corpus.py)."""
+
 import json
 from pathlib import Path
 

@@ -21,6 +21,7 @@ tests never see each other's mail. Dovecot re-reads the users file without a
 restart, but at most about once a second: `add_user` returns once the new user
 can log in.
 """
+
 import os
 import shutil
 import signal
@@ -143,9 +144,13 @@ class Dovecot:
                 self.port = free_port()
                 self._write_config()
             with open(self.directory / "dovecot.out", "ab") as out:
-                self.process = subprocess.Popen([self.binary, "-F", "-c", str(self.conf)],
-                                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                                start_new_session=True)
+                self.process = subprocess.Popen(
+                    [self.binary, "-F", "-c", str(self.conf)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and self.process.poll() is None:
                 if _greets(self.port):

@@ -10,6 +10,7 @@ transaction), with the provider message id and thread key the raw webhook would 
 This module is also a pytest plugin (registered in tests/conftest.py with `pytest_plugins`): the
 fixtures at the bottom, `tenant`, `mailbox`, `scanner_off`, `count_rows`, are available in every test.
 """
+
 import itertools
 import uuid
 from email.message import EmailMessage
@@ -29,6 +30,7 @@ def _next(prefix: str) -> str:
 
 # --- rows -----------------------------------------------------------------------------------------
 
+
 def make_tenant(slug: str | None = None, name: str | None = None, domains: tuple[str, ...] = (), **fields):
     """A tenant; `domains` are verified for it (a mailbox made by `make_mailbox` verifies its own)."""
     from intake.models import Tenant
@@ -46,12 +48,19 @@ def verify_test_domain(tenant, domain: str):
     from intake.domains import normalize_domain
     from intake.models import VerifiedDomain
 
-    return VerifiedDomain.objects.get_or_create(domain=normalize_domain(domain),
-                                                defaults={"tenant": tenant, "verified_by": "tests"})[0]
+    return VerifiedDomain.objects.get_or_create(
+        domain=normalize_domain(domain), defaults={"tenant": tenant, "verified_by": "tests"}
+    )[0]
 
 
-def make_mailbox(tenant=None, slug: str | None = None, address: str | None = None, provider: str = "raw",
-                 webhook_secret_ref: str = f"env:{WEBHOOK_SECRET_VAR}", **fields):
+def make_mailbox(
+    tenant=None,
+    slug: str | None = None,
+    address: str | None = None,
+    provider: str = "raw",
+    webhook_secret_ref: str = f"env:{WEBHOOK_SECRET_VAR}",
+    **fields,
+):
     """A mailbox (raw webhook by default) whose secret is referenced from the environment.
 
     The reference only resolves once the variable is set: use the `mailbox` fixture, or
@@ -66,8 +75,12 @@ def make_mailbox(tenant=None, slug: str | None = None, address: str | None = Non
     address = address or f"{slug}@{tenant.slug}.test"
     verify_test_domain(tenant, address.rpartition("@")[2])
     return Mailbox.objects.create(
-        tenant=tenant, slug=slug, address=address, provider=provider,
-        webhook_secret_ref=webhook_secret_ref, **fields,
+        tenant=tenant,
+        slug=slug,
+        address=address,
+        provider=provider,
+        webhook_secret_ref=webhook_secret_ref,
+        **fields,
     )
 
 
@@ -88,7 +101,11 @@ def make_desk_destination(tenant, desk, monkeypatch, slug: str = "desk", is_defa
     """
     monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@{tenant.slug}.test/token:{desk.token}")
     return make_destination(
-        tenant, slug=slug, kind="zendesk", is_default=is_default, base_url=desk.url,
+        tenant,
+        slug=slug,
+        kind="zendesk",
+        is_default=is_default,
+        base_url=desk.url,
         credentials_ref="env:FAKEDESK_CREDENTIALS",
         settings={"read_timeout": 1.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05, **settings},
     )
@@ -96,10 +113,18 @@ def make_desk_destination(tenant, desk, monkeypatch, slug: str = "desk", is_defa
 
 # --- messages and events --------------------------------------------------------------------------
 
-def email_message(subject: str = "Printer on fire", sender: str = "customer@example.com",
-                  to: str = "support@acme.test", body: str = "Please help.\n", message_id: str | None = None,
-                  extra_headers: dict | None = None, html: str | None = None, date: str | None = MESSAGE_DATE,
-                  attachments: list[tuple[str, str, bytes]] = ()) -> bytes:
+
+def email_message(
+    subject: str = "Printer on fire",
+    sender: str = "customer@example.com",
+    to: str = "support@acme.test",
+    body: str = "Please help.\n",
+    message_id: str | None = None,
+    extra_headers: dict | None = None,
+    html: str | None = None,
+    date: str | None = MESSAGE_DATE,
+    attachments: list[tuple[str, str, bytes]] = (),
+) -> bytes:
     """An RFC 5322 message as a mail client writes it: From, To, Subject, Date, Message-ID, a text body.
 
     `sender` may carry a display name ("Jane Doe <jane@example.com>"); `message_id` defaults to a new
@@ -150,6 +175,7 @@ def make_event(mailbox, raw: bytes | None = None, source: str = "raw", **message
 
 # --- fixtures (this module is a pytest plugin: tests/conftest.py) ----------------------------------
 
+
 @pytest.fixture
 def tenant(db):
     return make_tenant(slug="acme", name="Acme", domains=("acme.test",))
@@ -174,10 +200,14 @@ def scanner_off(settings):
 @pytest.fixture
 def count_rows():
     """Row counts of every table the pipeline writes, for 'nothing was stored' assertions."""
+
     def count():
         from intake.models import AuditEvent, InboxEvent, OutboxMessage
         from ticketing.models import Intent, Ticket, TicketMapping
 
-        return {m.__name__: m.objects.count()
-                for m in (InboxEvent, OutboxMessage, AuditEvent, Intent, Ticket, TicketMapping)}
+        return {
+            m.__name__: m.objects.count()
+            for m in (InboxEvent, OutboxMessage, AuditEvent, Intent, Ticket, TicketMapping)
+        }
+
     return count

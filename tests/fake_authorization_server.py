@@ -12,6 +12,7 @@
 It echoes `state` untouched: checking it is the client's job. Every request is logged (`requests`), every
 authorization request and token exchange too (`authorizations`, `exchanges`).
 """
+
 import base64
 import hashlib
 import html
@@ -26,8 +27,16 @@ def s256(verifier: str) -> str:
 
 
 class FakeAuthorizationServer(FakeServer):
-    def __init__(self, *, client_id="consent-app", client_secret="", scope_granted=None, refresh_lifetime=None,
-                 auto_approve=False, issue_refresh_token=True):
+    def __init__(
+        self,
+        *,
+        client_id="consent-app",
+        client_secret="",
+        scope_granted=None,
+        refresh_lifetime=None,
+        auto_approve=False,
+        issue_refresh_token=True,
+    ):
         super().__init__()
         self.client_id, self.client_secret = client_id, client_secret
         self.scope_granted = scope_granted  # None: what was asked for
@@ -50,26 +59,41 @@ class FakeAuthorizationServer(FakeServer):
 
     def authorize(self, params: dict):
         self.authorizations.append(params)
-        problem = ("unauthorized_client" if params.get("client_id") != self.client_id else
-                   "unsupported_response_type" if params.get("response_type") != "code" else
-                   "invalid_request" if params.get("code_challenge_method") != "S256"
-                   or len(params.get("code_challenge", "")) != 43 or not params.get("redirect_uri") else "")
+        problem = (
+            "unauthorized_client"
+            if params.get("client_id") != self.client_id
+            else "unsupported_response_type"
+            if params.get("response_type") != "code"
+            else "invalid_request"
+            if params.get("code_challenge_method") != "S256"
+            or len(params.get("code_challenge", "")) != 43
+            or not params.get("redirect_uri")
+            else ""
+        )
         if problem:
             return 400, {"Content-Type": "text/plain"}, f"authorization request refused: {problem}"
         code = secrets.token_urlsafe(24)
-        self.codes[code] = {"client_id": params["client_id"], "redirect_uri": params["redirect_uri"],
-                            "challenge": params["code_challenge"], "scope": params.get("scope", ""), "used": False}
+        self.codes[code] = {
+            "client_id": params["client_id"],
+            "redirect_uri": params["redirect_uri"],
+            "challenge": params["code_challenge"],
+            "scope": params.get("scope", ""),
+            "used": False,
+        }
         back = params["redirect_uri"] + ("&" if "?" in params["redirect_uri"] else "?")
         approve = back + urlencode({"code": code, "state": params.get("state", "")})
         if self.auto_approve:
             return 302, {"Location": approve}, b""
-        deny = back + urlencode({"error": "access_denied", "error_description": "The user said no",
-                                 "state": params.get("state", "")})
-        page = (f"<!doctype html><html><head><title>Sign in</title></head><body><h1>Fake sign-in</h1>"
-                f"<p>Allow <b>{html.escape(params['client_id'])}</b> to use "
-                f"<code id=\"scope\">{html.escape(params.get('scope', ''))}</code>?</p>"
-                f"<p><a id=\"approve\" href=\"{html.escape(approve)}\">Allow</a> "
-                f"<a id=\"deny\" href=\"{html.escape(deny)}\">Deny</a></p></body></html>")
+        deny = back + urlencode(
+            {"error": "access_denied", "error_description": "The user said no", "state": params.get("state", "")}
+        )
+        page = (
+            f"<!doctype html><html><head><title>Sign in</title></head><body><h1>Fake sign-in</h1>"
+            f"<p>Allow <b>{html.escape(params['client_id'])}</b> to use "
+            f'<code id="scope">{html.escape(params.get("scope", ""))}</code>?</p>'
+            f'<p><a id="approve" href="{html.escape(approve)}">Allow</a> '
+            f'<a id="deny" href="{html.escape(deny)}">Deny</a></p></body></html>'
+        )
         return 200, {"Content-Type": "text/html; charset=utf-8"}, page.encode()
 
     def token(self, form: dict):
@@ -87,8 +111,12 @@ class FakeAuthorizationServer(FakeServer):
             return refused("invalid_grant")
         if s256(form.get("code_verifier", "")) != grant["challenge"]:
             return refused("invalid_grant")
-        tokens = {"token_type": "Bearer", "access_token": secrets.token_urlsafe(24), "expires_in": 3600,
-                  "scope": self.scope_granted if self.scope_granted is not None else grant["scope"]}
+        tokens = {
+            "token_type": "Bearer",
+            "access_token": secrets.token_urlsafe(24),
+            "expires_in": 3600,
+            "scope": self.scope_granted if self.scope_granted is not None else grant["scope"],
+        }
         if self.issue_refresh_token:
             tokens["refresh_token"] = "rt-" + secrets.token_urlsafe(24)
         if self.refresh_lifetime is not None:

@@ -6,6 +6,7 @@
 Every request is recorded (`fake_chat.requests`: the parsed JSON bodies, `fake_chat.headers`).
 The fixture is a pytest plugin fixture: import it into the test module (`from tests.fake_chat import fake_chat`).
 """
+
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,8 +24,7 @@ class FakeChat:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
-                                        daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
     # --- what the next requests get
     def answer_content(self, content: str, status: int = 200):
@@ -68,13 +68,22 @@ class _Handler(BaseHTTPRequestHandler):
         kind, value = self.chat._reply
         if kind == "stall":
             self.chat._stop.wait(value)
-            kind, value = 200, json.dumps({"queue": "", "priority": "low", "request_type": "",
-                                           "confidence": 1, "rationale": "late"})
+            kind, value = (
+                200,
+                json.dumps({"queue": "", "priority": "low", "request_type": "", "confidence": 1, "rationale": "late"}),
+            )
         if value is None:
             payload = json.dumps({"error": {"message": "server error"}}).encode()
         else:
-            payload = json.dumps({"id": "chatcmpl-test", "object": "chat.completion", "choices": [
-                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": value}}]}).encode()
+            payload = json.dumps(
+                {
+                    "id": "chatcmpl-test",
+                    "object": "chat.completion",
+                    "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": value}}
+                    ],
+                }
+            ).encode()
         try:
             self.send_response(kind)
             self.send_header("Content-Type", "application/json")

@@ -20,6 +20,7 @@ Faults: `fail(path_contains, status, times=1, headers=..., body=...)` answers th
 next matching requests with that status; `fail(path_contains, drop=True)` closes
 the connection without an answer. Every request is logged (`requests`).
 """
+
 import base64
 import json
 import secrets
@@ -59,8 +60,13 @@ class FakeServer:
                 body = self.rfile.read(length) if length else b""
                 parts = urlsplit(self.path)
                 query = {k: v for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-                entry = {"method": self.command, "path": unquote(parts.path), "query": query,
-                         "headers": dict(self.headers.items()), "body": body}
+                entry = {
+                    "method": self.command,
+                    "path": unquote(parts.path),
+                    "query": query,
+                    "headers": dict(self.headers.items()),
+                    "body": body,
+                }
                 with fake.lock:
                     fake.requests.append(entry)
                     fault = fake._take_fault(self.command, entry["path"])
@@ -71,8 +77,9 @@ class FakeServer:
                     status, headers, payload = fault["status"], fault.get("headers") or {}, fault.get("body")
                 else:
                     try:
-                        status, headers, payload = fake.route(self.command, entry["path"], query,
-                                                              entry["headers"], body)
+                        status, headers, payload = fake.route(
+                            self.command, entry["path"], query, entry["headers"], body
+                        )
                     except Exception as exc:  # a bug in the fake must show, not hang the client
                         status, headers, payload = 599, {}, {"error": f"fake crashed: {exc!r}"}
                 if isinstance(payload, (dict, list)):
@@ -103,12 +110,29 @@ class FakeServer:
             self.httpd.shutdown()
             self.httpd.server_close()
 
-    def fail(self, path_contains: str, status: int = 500, *, times: int = 1, headers=None, body=None,
-             drop: bool = False, method: str | None = None):
+    def fail(
+        self,
+        path_contains: str,
+        status: int = 500,
+        *,
+        times: int = 1,
+        headers=None,
+        body=None,
+        drop: bool = False,
+        method: str | None = None,
+    ):
         with self.lock:
-            self.faults.append({"path": path_contains, "status": status, "times": times, "headers": headers,
-                                "body": body if body is not None else {"error": {"code": status}},
-                                "drop": drop, "method": method})
+            self.faults.append(
+                {
+                    "path": path_contains,
+                    "status": status,
+                    "times": times,
+                    "headers": headers,
+                    "body": body if body is not None else {"error": {"code": status}},
+                    "drop": drop,
+                    "method": method,
+                }
+            )
 
     def _take_fault(self, method: str, path: str):
         for fault in self.faults:
@@ -126,8 +150,15 @@ class FakeServer:
 
 
 class FakeGoogle(FakeServer):
-    def __init__(self, *, email="support@acme.test", client_id="google-client", client_secret="google-secret",
-                 refresh_token="google-refresh", token_lifetime=3600):
+    def __init__(
+        self,
+        *,
+        email="support@acme.test",
+        client_id="google-client",
+        client_secret="google-secret",
+        refresh_token="google-refresh",
+        token_lifetime=3600,
+    ):
         super().__init__()
         self.email = email
         self.client_id, self.client_secret, self.refresh_token = client_id, client_secret, refresh_token
@@ -156,20 +187,41 @@ class FakeGoogle(FakeServer):
             message_id = f"18c{self._seq:013x}"
             self.history_id += 7  # Gmail's history ids grow, not by one
             self.messages[message_id] = {
-                "raw": raw, "labels": list(labels), "thread": f"t{message_id}",
-                "internal_ms": int((time.time() - age_days * 86400) * 1000), "deleted": False,
+                "raw": raw,
+                "labels": list(labels),
+                "thread": f"t{message_id}",
+                "internal_ms": int((time.time() - age_days * 86400) * 1000),
+                "deleted": False,
             }
-            self.history.append({"id": self.history_id, "messagesAdded": [
-                {"message": {"id": message_id, "threadId": f"t{message_id}", "labelIds": list(labels)}}]})
+            self.history.append(
+                {
+                    "id": self.history_id,
+                    "messagesAdded": [
+                        {"message": {"id": message_id, "threadId": f"t{message_id}", "labelIds": list(labels)}}
+                    ],
+                }
+            )
             return message_id
 
     def add_label(self, message_id: str, label: str):
         with self.lock:
             self.history_id += 3
             self.messages[message_id]["labels"].append(label)
-            self.history.append({"id": self.history_id, "labelsAdded": [
-                {"message": {"id": message_id, "threadId": f"t{message_id}",
-                             "labelIds": list(self.messages[message_id]["labels"])}, "labelIds": [label]}]})
+            self.history.append(
+                {
+                    "id": self.history_id,
+                    "labelsAdded": [
+                        {
+                            "message": {
+                                "id": message_id,
+                                "threadId": f"t{message_id}",
+                                "labelIds": list(self.messages[message_id]["labels"]),
+                            },
+                            "labelIds": [label],
+                        }
+                    ],
+                }
+            )
 
     def delete_message(self, message_id: str):
         with self.lock:
@@ -193,25 +245,53 @@ class FakeGoogle(FakeServer):
         jwk = RSAAlgorithm.to_jwk(self.key.public_key(), as_dict=True)
         return {"keys": [{**jwk, "kid": self.kid, "alg": "RS256", "use": "sig"}]}
 
-    def mint(self, aud: str, *, iss: str | None = None, email: str = "pubsub@proj.iam.gserviceaccount.com",
-             expires_in: int = 3600, key=None, kid: str | None = None, **claims) -> str:
+    def mint(
+        self,
+        aud: str,
+        *,
+        iss: str | None = None,
+        email: str = "pubsub@proj.iam.gserviceaccount.com",
+        expires_in: int = 3600,
+        key=None,
+        kid: str | None = None,
+        **claims,
+    ) -> str:
         now = int(time.time())
-        payload = {"iss": iss or self.issuer, "aud": aud, "iat": now - 5, "exp": now + expires_in,
-                   "sub": "1234567890", "email": email, "email_verified": True, **claims}
+        payload = {
+            "iss": iss or self.issuer,
+            "aud": aud,
+            "iat": now - 5,
+            "exp": now + expires_in,
+            "sub": "1234567890",
+            "email": email,
+            "email_verified": True,
+            **claims,
+        }
         return jwt.encode(payload, key or self.key, algorithm="RS256", headers={"kid": kid or self.kid})
 
     def push_body(self, history_id: int | None = None, email: str | None = None) -> bytes:
         data = json.dumps({"emailAddress": email or self.email, "historyId": history_id or self.history_id})
-        return json.dumps({
-            "message": {"data": base64.b64encode(data.encode()).decode(), "messageId": secrets.token_hex(6),
-                        "publishTime": "2026-11-29T10:00:00Z", "attributes": {}},
-            "subscription": "projects/acme/subscriptions/mailroom-push",
-        }).encode()
+        return json.dumps(
+            {
+                "message": {
+                    "data": base64.b64encode(data.encode()).decode(),
+                    "messageId": secrets.token_hex(6),
+                    "publishTime": "2026-11-29T10:00:00Z",
+                    "attributes": {},
+                },
+                "subscription": "projects/acme/subscriptions/mailroom-push",
+            }
+        ).encode()
 
     def raw_fetches(self, message_id: str | None = None) -> int:
         with self.lock:
-            return sum(1 for r in self.requests if r["method"] == "GET" and "/messages/" in r["path"]
-                       and (message_id is None or r["path"].endswith("/" + message_id)))
+            return sum(
+                1
+                for r in self.requests
+                if r["method"] == "GET"
+                and "/messages/" in r["path"]
+                and (message_id is None or r["path"].endswith("/" + message_id))
+            )
 
     # --- Routing ----------------------------------------------------------------------
 
@@ -226,20 +306,31 @@ class FakeGoogle(FakeServer):
         with self.lock:
             valid = scheme == "Bearer" and self.access_tokens.get(token, 0) > time.time()
         if not valid:
-            return 401, {"WWW-Authenticate": "Bearer"}, {
-                "error": {"code": 401, "status": "UNAUTHENTICATED", "message": "Invalid Credentials"}}
-        rest = path[len("/gmail/v1/users/"):].split("/")
+            return (
+                401,
+                {"WWW-Authenticate": "Bearer"},
+                {"error": {"code": 401, "status": "UNAUTHENTICATED", "message": "Invalid Credentials"}},
+            )
+        rest = path[len("/gmail/v1/users/") :].split("/")
         user, rest = rest[0], rest[1:]
         if user not in ("me", self.email):
             return 404, {}, {"error": {"code": 404, "status": "NOT_FOUND"}}
         one = lambda name: (query.get(name) or [None])[0]  # noqa: E731
         with self.lock:
             if rest == ["profile"] and method == "GET":
-                return 200, {}, {"emailAddress": self.email, "messagesTotal": len(self.messages),
-                                 "historyId": str(self.history_id)}
+                return (
+                    200,
+                    {},
+                    {
+                        "emailAddress": self.email,
+                        "messagesTotal": len(self.messages),
+                        "historyId": str(self.history_id),
+                    },
+                )
             if rest == ["history"] and method == "GET":
-                return self._history(int(one("startHistoryId") or 0), query, int(one("maxResults") or 100),
-                                     int(one("pageToken") or 0))
+                return self._history(
+                    int(one("startHistoryId") or 0), query, int(one("maxResults") or 100), int(one("pageToken") or 0)
+                )
             if rest == ["messages"] and method == "GET":
                 return self._list(query, int(one("maxResults") or 100), int(one("pageToken") or 0))
             if len(rest) == 2 and rest[0] == "messages" and method == "GET":
@@ -255,16 +346,23 @@ class FakeGoogle(FakeServer):
         form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
         with self.lock:
             self.token_requests += 1
-            if (form.get("grant_type") != "refresh_token" or form.get("client_id") != self.client_id
-                    or form.get("client_secret") != self.client_secret
-                    or form.get("refresh_token") != self.refresh_token):
+            if (
+                form.get("grant_type") != "refresh_token"
+                or form.get("client_id") != self.client_id
+                or form.get("client_secret") != self.client_secret
+                or form.get("refresh_token") != self.refresh_token
+            ):
                 if form.get("refresh_token") in self.rotated_refresh_tokens:
                     self.reused_refresh_tokens.append(form["refresh_token"])
                 return 400, {}, {"error": "invalid_grant", "error_description": "Bad Request"}
             token = "ya29." + secrets.token_urlsafe(16)
             self.access_tokens[token] = time.time() + self.token_lifetime
-            answer = {"access_token": token, "expires_in": self.token_lifetime, "token_type": "Bearer",
-                      "scope": "https://www.googleapis.com/auth/gmail.readonly"}
+            answer = {
+                "access_token": token,
+                "expires_in": self.token_lifetime,
+                "token_type": "Bearer",
+                "scope": "https://www.googleapis.com/auth/gmail.readonly",
+            }
             if self.rotate_refresh_tokens:
                 self.rotated_refresh_tokens.append(self.refresh_token)
                 self.refresh_token = answer["refresh_token"] = "1//" + secrets.token_urlsafe(16)
@@ -272,8 +370,11 @@ class FakeGoogle(FakeServer):
 
     def _history(self, start: int, query, page_size: int, offset: int):
         if start < self.oldest_history_id:
-            return 404, {}, {"error": {"code": 404, "message": "Requested entity was not found.",
-                                       "status": "NOT_FOUND"}}
+            return (
+                404,
+                {},
+                {"error": {"code": 404, "message": "Requested entity was not found.", "status": "NOT_FOUND"}},
+            )
         label = (query.get("labelId") or [None])[0]
         types = set(query.get("historyTypes") or ["messageAdded", "labelAdded", "messageDeleted", "labelRemoved"])
         records = []
@@ -291,7 +392,7 @@ class FakeGoogle(FakeServer):
                     kept["labelsAdded"] = added
             if len(kept) > 1:
                 records.append(kept)
-        page = records[offset:offset + page_size]
+        page = records[offset : offset + page_size]
         answer = {"historyId": str(self.history_id)}
         if page:
             answer["history"] = page
@@ -305,20 +406,22 @@ class FakeGoogle(FakeServer):
         newer, after, before = None, None, None
         for term in q.split():  # newer_than:Nd, after:<epoch s>, before:<epoch s> (others are not filtered here)
             if term.startswith("newer_than:") and term.endswith("d"):
-                newer = time.time() - int(term[len("newer_than:"):-1]) * 86400
+                newer = time.time() - int(term[len("newer_than:") : -1]) * 86400
             elif term.startswith("after:"):
-                after = int(term[len("after:"):])
+                after = int(term[len("after:") :])
             elif term.startswith("before:"):
-                before = int(term[len("before:"):])
+                before = int(term[len("before:") :])
         matches = [
-            (m["internal_ms"], mid) for mid, m in self.messages.items()
-            if not m["deleted"] and (label is None or label in m["labels"])
+            (m["internal_ms"], mid)
+            for mid, m in self.messages.items()
+            if not m["deleted"]
+            and (label is None or label in m["labels"])
             and (newer is None or m["internal_ms"] / 1000 >= newer)
             and (after is None or m["internal_ms"] / 1000 > after)
             and (before is None or m["internal_ms"] / 1000 < before)
         ]
         matches.sort(reverse=True)  # newest first, as Gmail lists
-        page = matches[offset:offset + page_size]
+        page = matches[offset : offset + page_size]
         answer = {"resultSizeEstimate": len(matches)}
         if page:
             answer["messages"] = [{"id": mid, "threadId": f"t{mid}"} for _, mid in page]
@@ -332,11 +435,18 @@ class FakeGoogle(FakeServer):
             return 404, {}, {"error": {"code": 404, "status": "NOT_FOUND"}}
         if fmt != "raw":
             return 400, {}, {"error": {"code": 400, "message": "this fake only serves format=raw"}}
-        return 200, {}, {
-            "id": message_id, "threadId": message["thread"], "labelIds": message["labels"],
-            "internalDate": str(message["internal_ms"]), "sizeEstimate": len(message["raw"]),
-            "raw": base64.urlsafe_b64encode(message["raw"]).decode().rstrip("="),
-        }
+        return (
+            200,
+            {},
+            {
+                "id": message_id,
+                "threadId": message["thread"],
+                "labelIds": message["labels"],
+                "internalDate": str(message["internal_ms"]),
+                "sizeEstimate": len(message["raw"]),
+                "raw": base64.urlsafe_b64encode(message["raw"]).decode().rstrip("="),
+            },
+        )
 
 
 def http_date(seconds_ahead: int) -> str:

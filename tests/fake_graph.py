@@ -21,6 +21,7 @@ Sync states (skip and delta tokens) live in the server; `expire_sync_states()`
 forgets them, after which they answer 410 `syncStateNotFound` (or the status and
 code given). Faults as in `tests.fake_google.FakeServer`.
 """
+
 import json
 import secrets
 import threading
@@ -44,8 +45,16 @@ def _parse(value: str) -> datetime:
 
 
 class FakeGraph(FakeServer):
-    def __init__(self, *, tenant="tenant-1", client_id="graph-client", client_secret="graph-secret",
-                 refresh_token=None, user="support@acme.test", token_lifetime=3600):
+    def __init__(
+        self,
+        *,
+        tenant="tenant-1",
+        client_id="graph-client",
+        client_secret="graph-secret",
+        refresh_token=None,
+        user="support@acme.test",
+        token_lifetime=3600,
+    ):
         super().__init__()
         self.tenant, self.client_id, self.client_secret = tenant, client_id, client_secret
         self.refresh_token = refresh_token
@@ -85,7 +94,10 @@ class FakeGraph(FakeServer):
             message = {
                 "immutable": f"AAkALgAAAAAAHYQDEapmEc2byACqAC-EWg0AImm{n:06d}=",
                 "rest": f"AAMkAGRest{n:06d}-{folder}=",
-                "raw": raw, "folder": folder, "deleted": False, "changed": self.change_seq,
+                "raw": raw,
+                "folder": folder,
+                "deleted": False,
+                "changed": self.change_seq,
                 "received": datetime.now(UTC) - timedelta(days=age_days),
             }
             self.messages.append(message)
@@ -102,8 +114,12 @@ class FakeGraph(FakeServer):
         with self.lock:
             self.change_seq += 1
             message = self._find(message_id)
-            message.update(folder=folder, changed=self.change_seq, left=message["folder"],
-                           rest=f"AAMkAGRest{self.messages.index(message) + 1:06d}-{folder}=")
+            message.update(
+                folder=folder,
+                changed=self.change_seq,
+                left=message["folder"],
+                rest=f"AAMkAGRest{self.messages.index(message) + 1:06d}-{folder}=",
+            )
 
     def mark_read(self, message_id: str):
         with self.lock:
@@ -124,28 +140,46 @@ class FakeGraph(FakeServer):
         with self.lock:
             self.access_tokens.clear()
 
-    def notification(self, client_state: str | None, *, subscription_id: str | None = None,
-                     lifecycle: str | None = None, count: int = 1, message_id: str = "AAkAL-x=") -> bytes:
+    def notification(
+        self,
+        client_state: str | None,
+        *,
+        subscription_id: str | None = None,
+        lifecycle: str | None = None,
+        count: int = 1,
+        message_id: str = "AAkAL-x=",
+    ) -> bytes:
         if subscription_id is None:
             subscription_id = next(iter(self.subscriptions), "sub-unknown")
         items = []
         for _ in range(count):
-            item = {"subscriptionId": subscription_id, "subscriptionExpirationDateTime": _iso(
-                datetime.now(UTC) + timedelta(days=2)), "tenantId": self.tenant}
+            item = {
+                "subscriptionId": subscription_id,
+                "subscriptionExpirationDateTime": _iso(datetime.now(UTC) + timedelta(days=2)),
+                "tenantId": self.tenant,
+            }
             if client_state is not None:
                 item["clientState"] = client_state
             if lifecycle:
                 item["lifecycleEvent"] = lifecycle
             else:
-                item.update(changeType="created", resource=f"Users/{self.user}/Messages/{message_id}",
-                            resourceData={"@odata.type": "#Microsoft.Graph.Message", "id": message_id})
+                item.update(
+                    changeType="created",
+                    resource=f"Users/{self.user}/Messages/{message_id}",
+                    resourceData={"@odata.type": "#Microsoft.Graph.Message", "id": message_id},
+                )
             items.append(item)
         return json.dumps({"value": items}).encode()
 
     def value_fetches(self, message_id: str | None = None) -> int:
         with self.lock:
-            return sum(1 for r in self.requests if r["method"] == "GET" and r["path"].endswith("/$value")
-                       and (message_id is None or f"/messages/{message_id}/" in r["path"]))
+            return sum(
+                1
+                for r in self.requests
+                if r["method"] == "GET"
+                and r["path"].endswith("/$value")
+                and (message_id is None or f"/messages/{message_id}/" in r["path"])
+            )
 
     # --- Routing ----------------------------------------------------------------------
 
@@ -158,9 +192,17 @@ class FakeGraph(FakeServer):
         with self.lock:
             valid = scheme == "Bearer" and self.access_tokens.get(token, 0) > time.time()
         if not valid:
-            return 401, {}, {"error": {"code": "InvalidAuthenticationToken",
-                                       "message": "Access token has expired or is not yet valid."}}
-        parts = path[len("/v1.0/"):].split("/")
+            return (
+                401,
+                {},
+                {
+                    "error": {
+                        "code": "InvalidAuthenticationToken",
+                        "message": "Access token has expired or is not yet valid.",
+                    }
+                },
+            )
+        parts = path[len("/v1.0/") :].split("/")
         prefer = headers.get("Prefer", "")
         if parts[0] == "subscriptions":
             return self._subscriptions(method, parts[1:], body)
@@ -168,7 +210,7 @@ class FakeGraph(FakeServer):
             return 404, {}, {"error": {"code": "ErrorInvalidUser"}}
         rest = parts[2:]
         with self.lock:
-            if (method == "GET" and len(rest) == 4 and rest[0] == "mailFolders" and rest[2:] == ["messages", "delta"]):
+            if method == "GET" and len(rest) == 4 and rest[0] == "mailFolders" and rest[2:] == ["messages", "delta"]:
                 return self._delta(rest[1], query, prefer)
             if method == "GET" and len(rest) == 3 and rest[0] == "mailFolders" and rest[2] == "messages":
                 return self._list(rest[1], query, prefer)
@@ -192,11 +234,20 @@ class FakeGraph(FakeServer):
                 ok = False
             if not ok and form.get("refresh_token") in self.rotated_refresh_tokens:
                 self.reused_refresh_tokens.append(form["refresh_token"])
-                return 400, {}, {"error": "invalid_grant", "error_description": "AADSTS70000: The provided "
-                                 "value for the 'refresh_token' is not valid."}
+                return (
+                    400,
+                    {},
+                    {
+                        "error": "invalid_grant",
+                        "error_description": "AADSTS70000: The provided value for the 'refresh_token' is not valid.",
+                    },
+                )
             if not ok:
-                return 401, {}, {"error": "invalid_client",
-                                 "error_description": "AADSTS7000215: Invalid client secret."}
+                return (
+                    401,
+                    {},
+                    {"error": "invalid_client", "error_description": "AADSTS7000215: Invalid client secret."},
+                )
             token = "eyJ0eXAi." + secrets.token_urlsafe(16)
             self.access_tokens[token] = time.time() + self.token_lifetime
             answer = {"token_type": "Bearer", "expires_in": self.token_lifetime, "access_token": token}
@@ -225,29 +276,44 @@ class FakeGraph(FakeServer):
         else:
             if delta:
                 since = state["since"]
-                items = [m for m in self.messages if m["folder"] == folder and m["changed"] > state["watermark"]
-                         or (m.get("left") == folder and m["changed"] > state["watermark"])]
+                items = [
+                    m
+                    for m in self.messages
+                    if m["folder"] == folder
+                    and m["changed"] > state["watermark"]
+                    or (m.get("left") == folder and m["changed"] > state["watermark"])
+                ]
             else:
                 flt = (query.get("$filter") or [""])[0]
                 since = _parse(flt.split(" ge ", 1)[1]) if " ge " in flt else None
                 items = [m for m in self.messages if m["folder"] == folder and not m["deleted"]]
             items = [m for m in items if since is None or m["received"] >= since or m["deleted"]]
             offset, watermark = 0, self.change_seq
-        page, offset = items[offset:offset + page_size], offset + page_size
+        page, offset = items[offset : offset + page_size], offset + page_size
         value = []
         for message in page:
             message_id = message["immutable"] if immutable else message["rest"]
             if message["deleted"] or message["folder"] != folder:
                 value.append({"id": message_id, "@removed": {"reason": "deleted"}})
             else:
-                value.append({"@odata.type": "#microsoft.graph.message", "id": message_id,
-                              "receivedDateTime": _iso(message["received"])})
+                value.append(
+                    {
+                        "@odata.type": "#microsoft.graph.message",
+                        "id": message_id,
+                        "receivedDateTime": _iso(message["received"]),
+                    }
+                )
         new_token = secrets.token_urlsafe(12)
         link = f"{self.api_base}/users/{quote(self.user)}/mailFolders/{folder}/messages/delta"
         answer = {"@odata.context": f"{self.api_base}/$metadata#Collection(message)", "value": value}
         if offset < len(items):
-            self.states[new_token] = {"folder": folder, "items": items, "offset": offset, "watermark": watermark,
-                                      "since": since}
+            self.states[new_token] = {
+                "folder": folder,
+                "items": items,
+                "offset": offset,
+                "watermark": watermark,
+                "since": since,
+            }
             answer["@odata.nextLink"] = f"{link}?$skiptoken={new_token}"
         else:
             self.states[new_token] = {"folder": folder, "watermark": watermark, "since": since}
@@ -263,24 +329,36 @@ class FakeGraph(FakeServer):
         bounds = [(tests[op], _parse(value)) for name, op, value in terms if name == "receivedDateTime"]
         top = int((query.get("$top") or ["10"])[0])
         skip = int((query.get("$skip") or ["0"])[0])
-        items = sorted((m for m in self.messages if m["folder"] == folder and not m["deleted"]
-                        and all(test(m["received"], bound) for test, bound in bounds)),
-                       key=lambda m: m["received"], reverse=True)
-        value = [{"id": m["immutable"] if immutable else m["rest"], "receivedDateTime": _iso(m["received"])}
-                 for m in items[skip:skip + top]]
+        items = sorted(
+            (
+                m
+                for m in self.messages
+                if m["folder"] == folder
+                and not m["deleted"]
+                and all(test(m["received"], bound) for test, bound in bounds)
+            ),
+            key=lambda m: m["received"],
+            reverse=True,
+        )
+        value = [
+            {"id": m["immutable"] if immutable else m["rest"], "receivedDateTime": _iso(m["received"])}
+            for m in items[skip : skip + top]
+        ]
         answer = {"value": value}
         if skip + top < len(items):
             params = "&".join(f"{k}={quote(v[0])}" for k, v in query.items() if k != "$skip")
-            answer["@odata.nextLink"] = (f"{self.api_base}/users/{quote(self.user)}/mailFolders/{folder}/messages"
-                                         f"?{params}&$skip={skip + top}")
+            answer["@odata.nextLink"] = (
+                f"{self.api_base}/users/{quote(self.user)}/mailFolders/{folder}/messages?{params}&$skip={skip + top}"
+            )
         return 200, {}, answer
 
     def _subscriptions(self, method: str, rest: list[str], body: bytes):
         request = json.loads(body or b"{}") if body else {}
         now = datetime.now(UTC)
         if method == "POST" and not rest:
-            missing = [k for k in ("changeType", "notificationUrl", "resource", "expirationDateTime")
-                       if not request.get(k)]
+            missing = [
+                k for k in ("changeType", "notificationUrl", "resource", "expirationDateTime") if not request.get(k)
+            ]
             if missing:
                 return 400, {}, {"error": {"code": "InvalidRequest", "message": f"missing {missing}"}}
             expires = _parse(request["expirationDateTime"])
@@ -289,14 +367,25 @@ class FakeGraph(FakeServer):
             if len(request.get("clientState") or "") > 128:
                 return 400, {}, {"error": {"code": "InvalidRequest", "message": "clientState too long"}}
             if self.validate and not self._validate(request["notificationUrl"]):
-                return 400, {}, {"error": {"code": "ValidationError",
-                                           "message": "Subscription validation request failed."}}
+                return (
+                    400,
+                    {},
+                    {"error": {"code": "ValidationError", "message": "Subscription validation request failed."}},
+                )
             subscription_id = f"sub-{secrets.token_hex(6)}"
             with self.lock:
                 self.subscriptions[subscription_id] = {**request, "id": subscription_id}
-            return 201, {}, {"id": subscription_id, "resource": request["resource"],
-                             "changeType": request["changeType"], "notificationUrl": request["notificationUrl"],
-                             "expirationDateTime": _iso(expires).replace("Z", ".0000000Z")}
+            return (
+                201,
+                {},
+                {
+                    "id": subscription_id,
+                    "resource": request["resource"],
+                    "changeType": request["changeType"],
+                    "notificationUrl": request["notificationUrl"],
+                    "expirationDateTime": _iso(expires).replace("Z", ".0000000Z"),
+                },
+            )
         with self.lock:
             subscription = self.subscriptions.get(rest[0]) if rest else None
             if subscription is None:
@@ -315,16 +404,26 @@ class FakeGraph(FakeServer):
 
     def _validate(self, url: str) -> bool:
         """What Graph does before it creates a subscription: POST a validationToken, expect it back."""
-        token = ("Validation: Testing client application reachability for subscription "
-                 f"Request-Id: {secrets.token_hex(8)}")
+        token = (
+            f"Validation: Testing client application reachability for subscription Request-Id: {secrets.token_hex(8)}"
+        )
         try:
-            response = requests.post(url, params={"validationToken": token}, data=b"",
-                                     headers={"Content-Type": "text/plain; charset=utf-8"}, timeout=10)
+            response = requests.post(
+                url,
+                params={"validationToken": token},
+                data=b"",
+                headers={"Content-Type": "text/plain; charset=utf-8"},
+                timeout=10,
+            )
         except requests.RequestException as exc:
             self.validations.append({"ok": False, "error": type(exc).__name__})
             return False
-        ok = (response.status_code == 200 and response.text == token
-              and response.headers.get("Content-Type", "").split(";")[0].strip() == "text/plain")
-        self.validations.append({"ok": ok, "status": response.status_code,
-                                 "content_type": response.headers.get("Content-Type")})
+        ok = (
+            response.status_code == 200
+            and response.text == token
+            and response.headers.get("Content-Type", "").split(";")[0].strip() == "text/plain"
+        )
+        self.validations.append(
+            {"ok": ok, "status": response.status_code, "content_type": response.headers.get("Content-Type")}
+        )
         return ok

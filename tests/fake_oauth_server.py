@@ -22,6 +22,7 @@ Endpoints:
 
 The client's id and secret are checked on every token request. Access tokens live `token_lifetime` seconds.
 """
+
 import secrets
 import time
 from urllib.parse import parse_qs
@@ -35,8 +36,14 @@ GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
 
 
 class FakeOAuth(FakeServer):
-    def __init__(self, *, client_id="imap-client", client_secret="imap-secret", token_lifetime=3600,
-                 scope="https://mail.example.test/imap"):
+    def __init__(
+        self,
+        *,
+        client_id="imap-client",
+        client_secret="imap-secret",
+        token_lifetime=3600,
+        scope="https://mail.example.test/imap",
+    ):
         super().__init__()
         self.client_id, self.client_secret = client_id, client_secret
         self.token_lifetime = token_lifetime
@@ -91,8 +98,15 @@ class FakeOAuth(FakeServer):
             return self._introspect(form)
         if method == "GET" and path.endswith("/v2.0/.well-known/openid-configuration"):
             tenant = path.split("/")[1]
-            return 200, {}, {"issuer": f"{self.url}/{tenant}/v2.0", "token_endpoint": self.token_url,
-                             "authorization_endpoint": f"{self.url}/{tenant}/oauth2/v2.0/authorize"}
+            return (
+                200,
+                {},
+                {
+                    "issuer": f"{self.url}/{tenant}/v2.0",
+                    "token_endpoint": self.token_url,
+                    "authorization_endpoint": f"{self.url}/{tenant}/oauth2/v2.0/authorize",
+                },
+            )
         return 404, {}, {"error": "not_found"}
 
     def _token(self, form: dict):
@@ -123,8 +137,12 @@ class FakeOAuth(FakeServer):
         return self._answer(access, new_refresh)
 
     def _answer(self, access: str, new_refresh: str | None = None):
-        answer = {"access_token": access, "token_type": "Bearer", "expires_in": self.token_lifetime,
-                  "scope": self.scope}
+        answer = {
+            "access_token": access,
+            "token_type": "Bearer",
+            "expires_in": self.token_lifetime,
+            "scope": self.scope,
+        }
         if new_refresh:
             answer["refresh_token"] = new_refresh
         return 200, {"Cache-Control": "no-store"}, answer
@@ -141,8 +159,16 @@ class FakeOAuth(FakeServer):
         access = "at-" + secrets.token_urlsafe(24)
         with self.lock:
             self.access_tokens[access] = {"user": claims["sub"], "expires": time.time() + self.token_lifetime}
-            self.issued.append({"grant": JWT_BEARER, "user": claims["sub"], "refresh_sent": None,
-                                "refresh_issued": None, "scope": claims["scope"], "iss": issuer})
+            self.issued.append(
+                {
+                    "grant": JWT_BEARER,
+                    "user": claims["sub"],
+                    "refresh_sent": None,
+                    "refresh_issued": None,
+                    "scope": claims["scope"],
+                    "iss": issuer,
+                }
+            )
         return self._answer(access)
 
     def _introspect(self, form: dict):
@@ -151,5 +177,4 @@ class FakeOAuth(FakeServer):
             entry = self.access_tokens.get(form.get("token", ""))
             if entry is None or entry["expires"] <= time.time():
                 return 200, {}, {"active": False}
-        return 200, {}, {"active": True, "username": entry["user"], "scope": self.scope,
-                         "exp": int(entry["expires"])}
+        return 200, {}, {"active": True, "username": entry["user"], "scope": self.scope, "exp": int(entry["expires"])}

@@ -10,6 +10,7 @@ subprocesses, which connect to the same database, see it.
 
 Test modules import the fixtures they use from here.
 """
+
 import json
 import os
 import signal
@@ -44,6 +45,7 @@ PROCESS_TASK = "ticketing.tasks.process_inbox_events"
 
 # --- small utilities --------------------------------------------------------
 
+
 def wait_for(predicate, timeout: float, interval: float = 0.1, describe=None):
     """Poll `predicate` until it returns something truthy; fail with `describe()` at the deadline."""
     deadline = time.monotonic() + timeout
@@ -57,8 +59,12 @@ def wait_for(predicate, timeout: float, interval: float = 0.1, describe=None):
         time.sleep(interval)
 
 
-def make_email(subject: str, to: str = "support@live.mailroom.test", sender: str = "customer@example.com",
-               body: str = "Please help, the printer is on fire.\n") -> bytes:
+def make_email(
+    subject: str,
+    to: str = "support@live.mailroom.test",
+    sender: str = "customer@example.com",
+    body: str = "Please help, the printer is on fire.\n",
+) -> bytes:
     message = EmailMessage()
     message["From"] = sender
     message["To"] = to
@@ -84,13 +90,15 @@ def database_url() -> str:
 def subprocess_env(broker_url: str | None = None, **extra) -> dict:
     """The environment of a child Mailroom process: config.settings (development), on the test database."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "MAILROOM_ENV": "development",  # plain HTTP, the built-in SECRET_KEY (tests of production strip it)
-        "DATABASE_URL": database_url(),
-        "CELERY_DB_REUSE_MAX": "1000",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "MAILROOM_ENV": "development",  # plain HTTP, the built-in SECRET_KEY (tests of production strip it)
+            "DATABASE_URL": database_url(),
+            "CELERY_DB_REUSE_MAX": "1000",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     if broker_url:
         env["CELERY_BROKER_URL"] = broker_url
     env.update({k: str(v) for k, v in extra.items()})
@@ -99,6 +107,7 @@ def subprocess_env(broker_url: str | None = None, **extra) -> dict:
 
 # --- /proc: process trees, without psutil ------------------------------------
 
+
 def _stat(pid: int):
     """(state, ppid, starttime) of a pid, or None when it does not exist."""
     try:
@@ -106,7 +115,7 @@ def _stat(pid: int):
             raw = handle.read()
     except OSError:
         return None
-    fields = raw[raw.rindex(")") + 2:].split()
+    fields = raw[raw.rindex(")") + 2 :].split()
     return fields[0], int(fields[1]), int(fields[19])
 
 
@@ -161,14 +170,16 @@ def wait_for_other_sessions_to_end(timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity "
-                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
             if cursor.fetchone()[0] == 0:
                 return
         time.sleep(0.1)
 
 
 # --- managed processes --------------------------------------------------------
+
 
 class LiveProcess:
     def __init__(self, name: str, argv: list[str], env: dict, cwd: Path, log_path: Path):
@@ -177,7 +188,12 @@ class LiveProcess:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.popen = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         self.pid = self.popen.pid
@@ -223,16 +239,53 @@ class LiveProcesses:
 
     def worker(self, env: dict, node: str | None = None, concurrency: int = 2) -> LiveProcess:
         node = node or f"live-{uuid.uuid4().hex[:8]}@%h"
-        return self.start("worker", [PYTHON, "-m", "celery", "-A", "config", "worker", "--concurrency",
-                                     str(concurrency), "--loglevel", "WARNING", "-n", node,
-                                     "--without-mingle", "--without-gossip"], env)
+        return self.start(
+            "worker",
+            [
+                PYTHON,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "--concurrency",
+                str(concurrency),
+                "--loglevel",
+                "WARNING",
+                "-n",
+                node,
+                "--without-mingle",
+                "--without-gossip",
+            ],
+            env,
+        )
 
     def queue_worker(self, env: dict, queues: str, pool: str = "prefork", concurrency: int = 2) -> LiveProcess:
         """A worker consuming only `queues` (comma-separated) with the given pool, as run_stack starts them."""
-        return self.start(f"worker-{pool}", [PYTHON, "-m", "celery", "-A", "config", "worker", "--pool", pool,
-                                             "--concurrency", str(concurrency), "-Q", queues, "--loglevel", "WARNING",
-                                             "-n", f"live-{uuid.uuid4().hex[:8]}@%h", "--without-mingle",
-                                             "--without-gossip"], env)
+        return self.start(
+            f"worker-{pool}",
+            [
+                PYTHON,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "--pool",
+                pool,
+                "--concurrency",
+                str(concurrency),
+                "-Q",
+                queues,
+                "--loglevel",
+                "WARNING",
+                "-n",
+                f"live-{uuid.uuid4().hex[:8]}@%h",
+                "--without-mingle",
+                "--without-gossip",
+            ],
+            env,
+        )
 
     def relay(self, env: dict) -> LiveProcess:
         return self.start("relay", [PYTHON, MANAGE, "run_relay", "--sweep-seconds", "1"], env)
@@ -243,11 +296,13 @@ class LiveProcesses:
         wait_for_other_sessions_to_end()
 
     def logs(self, lines: int = 30) -> str:
-        return "\n".join(f"----- {p.name} (pid {p.pid}, rc {p.popen.poll()}) -----\n{p.tail(lines)}"
-                         for p in self.started)
+        return "\n".join(
+            f"----- {p.name} (pid {p.pid}, rc {p.popen.poll()}) -----\n{p.tail(lines)}" for p in self.started
+        )
 
 
 # --- fixtures -------------------------------------------------------------------
+
 
 @pytest.fixture
 def live_processes(tmp_path):
@@ -329,7 +384,10 @@ def live_mailbox(transactional_db, monkeypatch):
     tenant = Tenant.objects.create(slug="live", name="Live")
     Destination.objects.create(tenant=tenant, slug="builtin", kind="builtin", is_default=True)
     return Mailbox.objects.create(
-        tenant=tenant, slug="live-support", address="support@live.mailroom.test", provider="raw",
+        tenant=tenant,
+        slug="live-support",
+        address="support@live.mailroom.test",
+        provider="raw",
         webhook_secret_ref=f"env:{LIVE_SECRET_VAR}",
         # These tests count tickets (acknowledgments have their own tests) and send many
         # messages from one sender, which the default sender rate limit would suppress.
@@ -338,6 +396,7 @@ def live_mailbox(transactional_db, monkeypatch):
 
 
 # --- what the database says ------------------------------------------------------
+
 
 def event_states(ids) -> Counter:
     from intake.models import InboxEvent

@@ -1,12 +1,19 @@
 """Helpers that build and sign test messages the way a provider would send them."""
+
 import uuid
 from email.message import EmailMessage
 
 from intake.signing import signed_headers
 
 
-def make_message(subject="Printer on fire", sender="customer@example.com", to="support@acme.test",
-                 body="Please help.\n", message_id=None, extra_headers=None) -> bytes:
+def make_message(
+    subject="Printer on fire",
+    sender="customer@example.com",
+    to="support@acme.test",
+    body="Please help.\n",
+    message_id=None,
+    extra_headers=None,
+) -> bytes:
     message = EmailMessage()
     message["From"] = sender
     message["To"] = to

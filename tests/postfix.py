@@ -19,6 +19,7 @@
 Postfix must be installed (`.ci/run` installs it with debconf's "No configuration"); when it is
 not, the fixture installs it the same way (we run as root, as CI does).
 """
+
 import json
 import os
 import shutil
@@ -41,6 +42,7 @@ LISTENER_START_SECONDS = 30.0
 
 
 # --- the listener ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Listener:
@@ -68,8 +70,22 @@ def launch_listener(processes: LiveProcesses, *flags: str, env: dict | None = No
     port = free_port()
     child_env = subprocess_env(**(env or {}))
     child_env["DATABASE_URL"] = f"{database_url()}?application_name={application_name}"
-    process = processes.start("lmtp", [PYTHON, MANAGE, "run_lmtp", "--host", "127.0.0.1", "--port", str(port),
-                                       "--hostname", "lmtp.mailroom.test", *flags], child_env)
+    process = processes.start(
+        "lmtp",
+        [
+            PYTHON,
+            MANAGE,
+            "run_lmtp",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--hostname",
+            "lmtp.mailroom.test",
+            *flags,
+        ],
+        child_env,
+    )
     deadline = time.monotonic() + LISTENER_START_SECONDS
     while not _greets(port):
         if not process.alive() or time.monotonic() > deadline:
@@ -93,8 +109,7 @@ def _sessions_of(application_names: list[str]) -> int:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY(%s)",
-                       [application_names])
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY(%s)", [application_names])
         return cursor.fetchone()[0]
 
 
@@ -128,6 +143,7 @@ def lmtp_listener(django_db_setup, django_db_blocker, tmp_path_factory):
 
 # --- a real outage ------------------------------------------------------------------------------
 
+
 @contextmanager
 def database_outage(application_name: str):
     """The test database refuses new connections, and the sessions of `application_name` are cut.
@@ -139,14 +155,21 @@ def database_outage(application_name: str):
 
     settings = connection.settings_dict
     name = settings["NAME"]
-    admin = psycopg.connect(host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432,
-                            user=settings["USER"] or "postgres", password=settings["PASSWORD"] or None,
-                            dbname="postgres", autocommit=True)
+    admin = psycopg.connect(
+        host=settings["HOST"] or "127.0.0.1",
+        port=settings["PORT"] or 5432,
+        user=settings["USER"] or "postgres",
+        password=settings["PASSWORD"] or None,
+        dbname="postgres",
+        autocommit=True,
+    )
     try:
         admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
         try:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE datname = %s AND application_name = %s", [name, application_name])
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
+                [name, application_name],
+            )
             yield
         finally:
             admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
@@ -214,8 +237,12 @@ postlog   unix-dgram n - n - 1 postlogd
 def ensure_postfix() -> str:
     """The postfix binary, installed first (debconf: "No configuration") when it is missing."""
     if not shutil.which("postfix") and not os.access("/usr/sbin/postfix", os.X_OK):
-        subprocess.run(["debconf-set-selections"], input="postfix postfix/main_mailer_type select No configuration\n",
-                       text=True, capture_output=True)
+        subprocess.run(
+            ["debconf-set-selections"],
+            input="postfix postfix/main_mailer_type select No configuration\n",
+            text=True,
+            capture_output=True,
+        )
     return ensure_installed("postfix", "postfix")
 
 
@@ -229,11 +256,16 @@ class PrivatePostfix:
         for sub in ("etc", "spool", "data"):
             (root / sub).mkdir()
         shutil.chown(root / "data", "postfix", "postfix")
-        (self.config_dir / "main.cf").write_text(MAIN_CF.format(
-            root=root, relay_domains=", ".join(relay_domains),
-            # A path is the listener's unix socket (run_lmtp --socket); else host and port.
-            lmtp_nexthop=(f"lmtp:unix:{lmtp_host}" if lmtp_host.startswith("/")
-                          else f"lmtp:inet:{lmtp_host}:{lmtp_port}")))
+        (self.config_dir / "main.cf").write_text(
+            MAIN_CF.format(
+                root=root,
+                relay_domains=", ".join(relay_domains),
+                # A path is the listener's unix socket (run_lmtp --socket); else host and port.
+                lmtp_nexthop=(
+                    f"lmtp:unix:{lmtp_host}" if lmtp_host.startswith("/") else f"lmtp:inet:{lmtp_host}:{lmtp_port}"
+                ),
+            )
+        )
         (self.config_dir / "master.cf").write_text(MASTER_CF.format(smtpd_port=self.smtpd_port))
 
     def _run(self, *argv, check: bool = True) -> subprocess.CompletedProcess:

@@ -6,6 +6,7 @@
 
 The header goes on top of the message, where the last hop (our MTA) writes it (RFC 8601 §5).
 """
+
 TRUSTED_AUTHSERV_ID = "mx.acme.test"
 
 
@@ -15,10 +16,18 @@ def trust_our_mta(mailbox, authserv_id: str = TRUSTED_AUTHSERV_ID):
     return mailbox
 
 
-def authentication_results(domain: str = "example.com", *, authserv_id: str = TRUSTED_AUTHSERV_ID,
-                           spf: str = "pass", dkim: str = "pass", dmarc: str = "pass") -> str:
-    return (f"{authserv_id}; spf={spf} smtp.mailfrom={domain}; dkim={dkim} header.d={domain}; "
-            f"dmarc={dmarc} (p=reject dis=none) header.from={domain}")
+def authentication_results(
+    domain: str = "example.com",
+    *,
+    authserv_id: str = TRUSTED_AUTHSERV_ID,
+    spf: str = "pass",
+    dkim: str = "pass",
+    dmarc: str = "pass",
+) -> str:
+    return (
+        f"{authserv_id}; spf={spf} smtp.mailfrom={domain}; dkim={dkim} header.d={domain}; "
+        f"dmarc={dmarc} (p=reject dis=none) header.from={domain}"
+    )
 
 
 def stamped(raw: bytes, domain: str = "example.com", **results) -> bytes:

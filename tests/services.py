@@ -6,6 +6,7 @@
 is missing it installs the Debian package with apt-get (root, as in CI),
 running `apt-get update` first only if the plain install fails.
 """
+
 import os
 import shutil
 import socket
@@ -16,7 +17,8 @@ import pytest
 
 def find_binary(name: str) -> str | None:
     return shutil.which(name) or next(
-        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None)
+        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None
+    )
 
 
 def ensure_installed(name: str, package: str) -> str:

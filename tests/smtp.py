@@ -1,4 +1,5 @@
 """A real SMTP server on 127.0.0.1 (aiosmtpd) that keeps what it receives."""
+
 import email
 from contextlib import contextmanager
 from email import policy

@@ -4,6 +4,7 @@ RCPT TO and the bytes of the message. With or without SMTPUTF8 in its EHLO answe
     utf8_relay / ascii_relay        fixtures: Django's SMTP backend pointed at such a server
     relay_on(settings, smtputf8=)   the same as a context manager (a test with two relays)
 """
+
 import email
 from dataclasses import dataclass
 from email import policy
@@ -33,8 +34,14 @@ class Envelopes:
         self.received: list[Received] = []
 
     async def handle_DATA(self, server, session, envelope):
-        self.received.append(Received(envelope.mail_from, list(envelope.mail_options), list(envelope.rcpt_tos),
-                                      bytes(envelope.original_content or envelope.content)))
+        self.received.append(
+            Received(
+                envelope.mail_from,
+                list(envelope.mail_options),
+                list(envelope.rcpt_tos),
+                bytes(envelope.original_content or envelope.content),
+            )
+        )
         return "250 OK"
 
 

@@ -14,6 +14,7 @@
 Fixture `sns_server` (starts a server: list it in tests/conftest.py SERVICE_FIXTURES) points
 MAILROOM_SNS_CERT_HOST_PATTERN at 127.0.0.1 and MAILROOM_SNS_CA_BUNDLE at the private CA.
 """
+
 import base64
 import datetime
 import ipaddress
@@ -49,18 +50,31 @@ def _certificate(subject_key, subject: str, issuer_key, issuer: str, *, ca: bool
     now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(subject)).issuer_name(_name(issuer))
-        .public_key(subject_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+        .subject_name(_name(subject))
+        .issuer_name(_name(issuer))
+        .public_key(subject_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(subject_key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
     )
     if ca:
-        builder = builder.add_extension(x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
-            critical=True)
+        builder = builder.add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
     if san:
         builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
         builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -76,18 +90,28 @@ class SnsKeys:
 
     def __init__(self):
         self.signing_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        self.signing_cert_pem = _pem(_certificate(self.signing_key, "sns.amazonaws.com", self.signing_key,
-                                                  "sns.amazonaws.com", ca=False))
+        self.signing_cert_pem = _pem(
+            _certificate(self.signing_key, "sns.amazonaws.com", self.signing_key, "sns.amazonaws.com", ca=False)
+        )
         ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.ca_pem = _pem(_certificate(ca_key, "Mailroom test CA", ca_key, "Mailroom test CA", ca=True))
         self.tls_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        self.tls_cert_pem = _pem(_certificate(self.tls_key, "127.0.0.1", ca_key, "Mailroom test CA", ca=False,
-                                              san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]))
+        self.tls_cert_pem = _pem(
+            _certificate(
+                self.tls_key,
+                "127.0.0.1",
+                ca_key,
+                "Mailroom test CA",
+                ca=False,
+                san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+            )
+        )
 
     @property
     def tls_key_pem(self) -> bytes:
-        return self.tls_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption())
+        return self.tls_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
 
 
 @cache
@@ -117,11 +141,25 @@ def sign(message: dict, version: int = 2, key=None) -> dict:
     return {**message, "SignatureVersion": str(version), "Signature": base64.b64encode(signature).decode()}
 
 
-def signed_sns_message(cert_url: str, message: str = "", kind: str = "Notification", version: int = 2,
-                       topic_arn: str = SNS_TOPIC_ARN, timestamp: str | None = None, subscribe_url: str = "",
-                       message_id: str | None = None, key=None) -> dict:
-    body = {"Type": kind, "MessageId": message_id or str(uuid.uuid4()), "TopicArn": topic_arn,
-            "Message": message, "Timestamp": timestamp or sns_timestamp(), "SigningCertURL": cert_url}
+def signed_sns_message(
+    cert_url: str,
+    message: str = "",
+    kind: str = "Notification",
+    version: int = 2,
+    topic_arn: str = SNS_TOPIC_ARN,
+    timestamp: str | None = None,
+    subscribe_url: str = "",
+    message_id: str | None = None,
+    key=None,
+) -> dict:
+    body = {
+        "Type": kind,
+        "MessageId": message_id or str(uuid.uuid4()),
+        "TopicArn": topic_arn,
+        "Message": message,
+        "Timestamp": timestamp or sns_timestamp(),
+        "SigningCertURL": cert_url,
+    }
     if kind == "Notification":
         body["Subject"] = "Amazon SES Email Receipt Notification"
         body["UnsubscribeURL"] = cert_url.rsplit("/", 1)[0] + "/unsubscribe"
@@ -133,30 +171,47 @@ def signed_sns_message(cert_url: str, message: str = "", kind: str = "Notificati
     return sign(body, version=version, key=key)
 
 
-def ses_notification(raw: bytes | None = None, action: str = "SNS", encoding: str = "BASE64",
-                     bucket: str = "", key: str = "", ses_message_id: str | None = None) -> str:
+def ses_notification(
+    raw: bytes | None = None,
+    action: str = "SNS",
+    encoding: str = "BASE64",
+    bucket: str = "",
+    key: str = "",
+    ses_message_id: str | None = None,
+) -> str:
     """The SES receipt notification (the SNS `Message`) for one received message."""
     action_body = {"type": action, "topicArn": SNS_TOPIC_ARN}
     notification = {
         "notificationType": "Received",
-        "mail": {"timestamp": sns_timestamp(), "source": "customer@example.com",
-                 "messageId": ses_message_id or uuid.uuid4().hex, "destination": ["support@acme.test"],
-                 "headersTruncated": False},
-        "receipt": {"timestamp": sns_timestamp(), "processingTimeMillis": 12, "recipients": ["support@acme.test"],
-                    "spamVerdict": {"status": "PASS"}, "virusVerdict": {"status": "PASS"},
-                    "spfVerdict": {"status": "PASS"}, "dkimVerdict": {"status": "PASS"},
-                    "dmarcVerdict": {"status": "PASS"}, "action": action_body},
+        "mail": {
+            "timestamp": sns_timestamp(),
+            "source": "customer@example.com",
+            "messageId": ses_message_id or uuid.uuid4().hex,
+            "destination": ["support@acme.test"],
+            "headersTruncated": False,
+        },
+        "receipt": {
+            "timestamp": sns_timestamp(),
+            "processingTimeMillis": 12,
+            "recipients": ["support@acme.test"],
+            "spamVerdict": {"status": "PASS"},
+            "virusVerdict": {"status": "PASS"},
+            "spfVerdict": {"status": "PASS"},
+            "dkimVerdict": {"status": "PASS"},
+            "dmarcVerdict": {"status": "PASS"},
+            "action": action_body,
+        },
     }
     if action == "SNS":
         action_body["encoding"] = encoding
-        notification["content"] = (base64.b64encode(raw).decode() if encoding == "BASE64"
-                                   else raw.decode("utf-8"))
+        notification["content"] = base64.b64encode(raw).decode() if encoding == "BASE64" else raw.decode("utf-8")
     else:
         action_body.update(bucketName=bucket, objectKeyPrefix="", objectKey=key)
     return json.dumps(notification)
 
 
 # --- the HTTPS server --------------------------------------------------------------------------------
+
 
 class SnsServer:
     """Serves the signing certificate and a SubscribeURL over HTTPS on 127.0.0.1; counts requests by path."""
@@ -208,8 +263,10 @@ class SnsServer:
 
     @property
     def subscribe_url(self) -> str:
-        return (f"{self.base_url}{CONFIRM_PATH}?Action=ConfirmSubscription&TopicArn={quote(SNS_TOPIC_ARN, safe=':')}"
-                f"&Token={SUBSCRIBE_TOKEN}")
+        return (
+            f"{self.base_url}{CONFIRM_PATH}?Action=ConfirmSubscription&TopicArn={quote(SNS_TOPIC_ARN, safe=':')}"
+            f"&Token={SUBSCRIBE_TOKEN}"
+        )
 
     def start(self):
         self.thread.start()

@@ -12,6 +12,7 @@ server may do so, RFC 3501 leaves it open).
 
 After a login: CAPABILITY, NOOP, EXAMINE/SELECT (an empty folder), UID SEARCH (nothing), LOGOUT; anything else BAD.
 """
+
 import base64
 import json
 import socketserver
@@ -79,8 +80,10 @@ class StrictIMAP:
                 elif outcome == "bad" or (outcome == "refused" and self.close_after_refusal):
                     return
             elif command in (b"EXAMINE", b"SELECT") and authenticated:
-                wfile.write(b"* FLAGS (\\Seen)\r\n* 0 EXISTS\r\n* 0 RECENT\r\n* OK [UIDVALIDITY 7] ok\r\n"
-                            b"* OK [UIDNEXT 1] ok\r\n" + tag + b" OK [READ-ONLY] done\r\n")
+                wfile.write(
+                    b"* FLAGS (\\Seen)\r\n* 0 EXISTS\r\n* 0 RECENT\r\n* OK [UIDVALIDITY 7] ok\r\n"
+                    b"* OK [UIDNEXT 1] ok\r\n" + tag + b" OK [READ-ONLY] done\r\n"
+                )
             elif command == b"UID" and argument.upper().startswith(b"SEARCH") and authenticated:
                 wfile.write(b"* SEARCH\r\n" + tag + b" OK done\r\n")
             else:

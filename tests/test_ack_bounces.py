@@ -5,6 +5,7 @@ that server received (as the bouncing MTA returns it) and posted through the sig
 mail is. The bounce itself stays suppressed; the original event gets `acknowledgment_bounced`, and a
 failure for good marks the requester's address, so the next request is ticketed without an email.
 """
+
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -36,13 +37,14 @@ JANE = "jane@example.com"
 @pytest.fixture(autouse=True)
 def _our_mta_is_trusted(mailbox, settings):
     trust_our_mta(mailbox)
-    settings.MAILROOM_CLAMD = "off"   # a returned message/rfc822 counts as an attachment to scan
+    settings.MAILROOM_CLAMD = "off"  # a returned message/rfc822 counts as an attachment to scan
 
 
 def post(raw: bytes, slug: str = "support") -> int:
-    response = Client().post(f"/webhooks/raw/{slug}/", data=raw, content_type="message/rfc822",
-                             **webhook_headers(WEBHOOK_SECRET, raw))
-    assert response.status_code in (200, 202)   # 200: a duplicate delivery, answered with its first event
+    response = Client().post(
+        f"/webhooks/raw/{slug}/", data=raw, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, raw)
+    )
+    assert response.status_code in (200, 202)  # 200: a duplicate delivery, answered with its first event
     return response.json()["inbox_event_id"]
 
 
@@ -70,8 +72,7 @@ def ack_reason(event_id: int) -> str | None:
     return row.detail["reason"] if row else None
 
 
-def test_a_postfix_dsn_of_our_acknowledgment_is_tied_to_the_ticket_and_marks_the_address(mailbox, ascii_relay,
-                                                                                       caplog):
+def test_a_postfix_dsn_of_our_acknowledgment_is_tied_to_the_ticket_and_marks_the_address(mailbox, ascii_relay, caplog):
     caplog.set_level(logging.INFO)
     original, intent, received = acknowledged(ascii_relay)
     bounce = post(bounce_mail.postfix_dsn(received.header_bytes(), JANE))
@@ -88,8 +89,12 @@ def test_a_postfix_dsn_of_our_acknowledgment_is_tied_to_the_ticket_and_marks_the
     assert row.detail["recipient_domain"] == "example.com"
     assert JANE not in str(row.detail)
     [mark] = UndeliverableAddress.objects.all()
-    assert (mark.tenant_id, mark.address, mark.status, mark.bounced_event_id) == (mailbox.tenant_id, JANE, "5.1.1",
-                                                                                   bounce)
+    assert (mark.tenant_id, mark.address, mark.status, mark.bounced_event_id) == (
+        mailbox.tenant_id,
+        JANE,
+        "5.1.1",
+        bounce,
+    )
     days = (mark.expires_at - timezone.now()) / timedelta(days=1)
     assert 29.9 < days <= 30
     assert not [r for r in caplog.records if JANE in r.getMessage() and r.name.startswith(("ticketing", "intake"))]
@@ -120,7 +125,7 @@ def test_an_expired_mark_skips_nothing_and_the_retention_sweep_deletes_it(mailbo
     UndeliverableAddress.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
     later = request_from(JANE, subject="A month later")
     assert Intent.objects.filter(inbox_event_id=later, action="notify_requester").exists()
-    assert retention.purge_expired_bodies()["marks"] == 1   # the hourly retention sweep deletes it
+    assert retention.purge_expired_bodies()["marks"] == 1  # the hourly retention sweep deletes it
     assert not UndeliverableAddress.objects.exists()
 
 
@@ -135,18 +140,24 @@ def test_a_transient_delay_is_recorded_on_the_ticket_but_marks_nothing(mailbox, 
     assert Intent.objects.filter(inbox_event_id=later, action="notify_requester").exists()
 
 
-@pytest.mark.parametrize(("builder", "reason", "status"), [
-    ("exim_dsn", "delivery_report", "5.0.0"),
-    ("exim_plain", "mailer_daemon", "5.1.1"),
-    ("qmail_plain", "mailer_daemon", "5.1.1"),
-    ("gmail_dsn", "delivery_report", "5.1.1"),
-    ("exchange_ndr", "delivery_report", "5.1.10"),
-])
+@pytest.mark.parametrize(
+    ("builder", "reason", "status"),
+    [
+        ("exim_dsn", "delivery_report", "5.0.0"),
+        ("exim_plain", "mailer_daemon", "5.1.1"),
+        ("qmail_plain", "mailer_daemon", "5.1.1"),
+        ("gmail_dsn", "delivery_report", "5.1.1"),
+        ("exchange_ndr", "delivery_report", "5.1.10"),
+    ],
+)
 def test_bounces_as_each_mail_system_writes_them_are_tied(mailbox, ascii_relay, builder, reason, status):
     original, intent, received = acknowledged(ascii_relay)
     build = getattr(bounce_mail, builder)
-    raw = (build(received.header_bytes(), JANE, intent.result_ref) if builder == "gmail_dsn"
-           else build(received.header_bytes(), JANE))
+    raw = (
+        build(received.header_bytes(), JANE, intent.result_ref)
+        if builder == "gmail_dsn"
+        else build(received.header_bytes(), JANE)
+    )
     bounce = post(raw)
     assert process_inbox_event(bounce) == "suppressed"
     assert InboxEvent.objects.get(pk=bounce).reason_code == reason
@@ -158,9 +169,12 @@ def test_bounces_as_each_mail_system_writes_them_are_tied(mailbox, ascii_relay, 
 
 def test_an_rfc_6533_dsn_of_an_acknowledgment_sent_with_smtputf8_marks_the_utf8_address(mailbox, utf8_relay):
     jose = "José@exämple.es"
-    body = stamped(f"From: {jose}\r\nTo: support@acme.test\r\nSubject: Impresora\r\n"
-                   "Message-ID: <eai-7@xn--exmple-cua.es>\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n"
-                   "No imprime.\r\n".encode(), domain="exämple.es")
+    body = stamped(
+        f"From: {jose}\r\nTo: support@acme.test\r\nSubject: Impresora\r\n"
+        "Message-ID: <eai-7@xn--exmple-cua.es>\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n"
+        "No imprime.\r\n".encode(),
+        domain="exämple.es",
+    )
     original = post(body)
     assert process_inbox_event(original) == "created"
     intent = Intent.objects.get(inbox_event_id=original, action="notify_requester")
@@ -172,7 +186,7 @@ def test_an_rfc_6533_dsn_of_an_acknowledgment_sent_with_smtputf8_marks_the_utf8_
     assert (row.detail["status"], row.detail["recipient_domain"]) == ("5.1.1", "exämple.es")
     assert "José" not in row.detail["diagnostic"]
     assert list(UndeliverableAddress.objects.values_list("address", flat=True)) == ["josé@exämple.es"]
-    again = post(body.replace(b"eai-7", b"eai-8"))   # the same requester writes again
+    again = post(body.replace(b"eai-7", b"eai-8"))  # the same requester writes again
     assert process_inbox_event(again) == "created"
     assert ack_reason(again) == "address_bounced"
 
@@ -183,7 +197,7 @@ def test_a_bounce_tied_again_writes_nothing_more(mailbox, ascii_relay):
     bounce = post(raw)
     process_inbox_event(bounce)
     event = InboxEvent.objects.get(pk=bounce)
-    assert post(raw) == bounce   # the provider redelivers it: the same event
+    assert post(raw) == bounce  # the provider redelivers it: the same event
     assert process_inbox_event(bounce) == "done"
     assert bounces.tie(event=event, state="suppressed", reason_code="delivery_report") is None
     assert bounced_rows(original).count() == 1 and UndeliverableAddress.objects.count() == 1
@@ -216,11 +230,12 @@ def test_the_set_based_path_ties_a_bounce_too(mailbox, ascii_relay):
     assert bounced_rows(original).count() == 1
 
 
-@pytest.mark.parametrize("name", ["bounce_postfix_dsn.eml", "bounce_exim_dsn_not_ours.eml",
-                                  "bounce_gmail_dsn_failure_not_ours.eml"])
+@pytest.mark.parametrize(
+    "name", ["bounce_postfix_dsn.eml", "bounce_exim_dsn_not_ours.eml", "bounce_gmail_dsn_failure_not_ours.eml"]
+)
 def test_a_bounce_of_mail_we_did_not_send_is_only_suppressed(mailbox, ascii_relay, name):
     acknowledged(ascii_relay)
-    raw = (CORPUS / name).read_bytes()   # a failure for good, of a message no intent of ours sent
+    raw = (CORPUS / name).read_bytes()  # a failure for good, of a message no intent of ours sent
     assert read_report(raw).permanent
     bounce = post(raw)
     assert process_inbox_event(bounce) == "suppressed"

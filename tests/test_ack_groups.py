@@ -2,6 +2,7 @@
 message once: claimed in one statement, recorded in one transaction, and what goes wrong for one message
 (a template, an address, a dropped connection) stays that message's own. A real SMTP server (aiosmtpd)
 that can drop the connection, real PostgreSQL."""
+
 import email
 from datetime import timedelta
 from email import policy
@@ -54,8 +55,9 @@ def _our_mta_is_trusted(mailbox, settings):
 
 
 def post(body: bytes) -> int:
-    response = Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                             **webhook_headers(WEBHOOK_SECRET, body))
+    response = Client().post(
+        "/webhooks/raw/support/", data=body, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, body)
+    )
     assert response.status_code == 202
     event_id = response.json()["inbox_event_id"]
     assert process_inbox_event(event_id) == "created"
@@ -64,8 +66,7 @@ def post(body: bytes) -> int:
 
 def planned(count: int) -> list[int]:
     """`count` requests from authenticated senders made into tickets: their acknowledgment intents, planned."""
-    events = [post(stamped(make_message(subject=f"Request {n}", sender=f"user{n}@example.com")))
-              for n in range(count)]
+    events = [post(stamped(make_message(subject=f"Request {n}", sender=f"user{n}@example.com"))) for n in range(count)]
     return [Intent.objects.get(inbox_event_id=event_id, action="notify_requester").pk for event_id in events]
 
 
@@ -90,7 +91,7 @@ def test_a_group_goes_out_over_one_connection_each_intent_succeeded_once(mailbox
     ids = planned(6)
     with serving(settings, Relay()) as relay:
         assert send_acknowledgments(ids) == {"sent": 6}
-        assert len(relay.messages) == 6 and len(set(relay.peers)) == 1   # one SMTP connection for the group
+        assert len(relay.messages) == 6 and len(set(relay.peers)) == 1  # one SMTP connection for the group
         assert sorted(m["To"] for m in relay.messages) == sorted(f"user{n}@example.com" for n in range(6))
         assert all(state(pk) == "succeeded" for pk in ids)
         assert acknowledged_rows(ids) == {pk: 1 for pk in ids}
@@ -102,27 +103,33 @@ def test_a_group_goes_out_over_one_connection_each_intent_succeeded_once(mailbox
             assert by_id[intent.result_ref]["Subject"].startswith(f"[#{row.detail['token']}] ")
             assert row.detail["template"] == "builtin" and row.actor.startswith("worker:")
 
-        assert send_acknowledgments(ids) == {"busy": 6}   # replayed: nothing more
+        assert send_acknowledgments(ids) == {"busy": 6}  # replayed: nothing more
         assert send_acknowledgments([ids[0], ids[0]]) == {"busy": 2}
         assert len(relay.messages) == 6 and acknowledged_rows(ids) == {pk: 1 for pk in ids}
 
 
 def test_a_template_failure_and_an_undeliverable_address_stay_their_own(mailbox, tenant, settings):
     # A German template that loops (stored past the save check): only the German request's render fails.
-    AcknowledgmentTemplate.objects.create(tenant=tenant, language="de", subject="Re: {{ subject }}",
-                                          body="{% for letter in subject %}{{ subject }}{% endfor %}")
+    AcknowledgmentTemplate.objects.create(
+        tenant=tenant,
+        language="de",
+        subject="Re: {{ subject }}",
+        body="{% for letter in subject %}{{ subject }}{% endfor %}",
+    )
     ids = planned(2)
     # Content-Language where Outlook writes it, among the top-level headers (`set_content` drops it).
     german = post(stamped(b"Content-Language: de\n" + make_message(subject="Drucker " * 30, sender="jana@example.com")))
-    jose = post(eai_request(JOSE))   # a non-ASCII local part, and this relay offers no SMTPUTF8
-    german_intent, jose_intent = (Intent.objects.get(inbox_event_id=e, action="notify_requester").pk
-                                  for e in (german, jose))
+    jose = post(eai_request(JOSE))  # a non-ASCII local part, and this relay offers no SMTPUTF8
+    german_intent, jose_intent = (
+        Intent.objects.get(inbox_event_id=e, action="notify_requester").pk for e in (german, jose)
+    )
     with serving(settings, Relay()) as relay:
         outcome = acknowledgments.send_group([german_intent, ids[0], jose_intent, ids[1]], worker="worker-a")
     assert outcome == {"template_failed": 1, "sent": 2, "not_deliverable": 1}
     assert sorted(m["To"] for m in relay.messages) == ["user0@example.com", "user1@example.com"]
-    skipped = {row.inbox_event_id: row.detail["reason"]
-               for row in AuditEvent.objects.filter(kind="acknowledgment_skipped")}
+    skipped = {
+        row.inbox_event_id: row.detail["reason"] for row in AuditEvent.objects.filter(kind="acknowledgment_skipped")
+    }
     assert skipped == {german: "ack_template_failed", jose: "address_not_deliverable"}
     results = dict(Intent.objects.filter(pk__in=[german_intent, jose_intent]).values_list("pk", "result_ref"))
     assert results == {german_intent: "not-sent:ack_template_failed", jose_intent: "not-sent:address_not_deliverable"}
@@ -131,19 +138,19 @@ def test_a_template_failure_and_an_undeliverable_address_stay_their_own(mailbox,
 
 def test_a_connection_dropped_after_k_messages_sends_k_and_the_rest_later_each_once(mailbox, settings):
     ids = planned(5)
-    with serving(settings, Relay(drop_at=3)) as relay:   # two taken, the third's connection closed unanswered
+    with serving(settings, Relay(drop_at=3)) as relay:  # two taken, the third's connection closed unanswered
         assert acknowledgments.send_group(ids, worker="worker-a") == {"sent": 2, "retry_wait": 3}
         assert [state(pk) for pk in ids] == ["succeeded"] * 2 + ["retry_wait"] * 3
         assert len(relay.messages) == 2
         failed = Intent.objects.get(pk=ids[2])
         assert failed.last_error_kind == "transient:smtp_unavailable"
         assert Intent.objects.get(pk=ids[3]).last_error.startswith("smtp_unavailable: not attempted")
-        assert acknowledgments.send_group(ids, worker="worker-a") == {"busy": 5}   # not due yet: nothing sent
+        assert acknowledgments.send_group(ids, worker="worker-a") == {"busy": 5}  # not due yet: nothing sent
 
         make_due(ids)
         assert acknowledgments.send_group(ids, worker="worker-b") == {"busy": 2, "sent": 3}
     assert sorted(m["To"] for m in relay.messages) == sorted(f"user{n}@example.com" for n in range(5))
-    assert len(set(relay.peers)) == 2   # the first connection, then the retry's
+    assert len(set(relay.peers)) == 2  # the first connection, then the retry's
     assert all(state(pk) == "succeeded" for pk in ids)
     assert acknowledged_rows(ids) == {pk: 1 for pk in ids}
 
@@ -175,7 +182,7 @@ def test_an_intent_another_worker_holds_is_left_to_it(mailbox, settings):
 
 def test_a_group_stops_before_its_claim_runs_out(mailbox, settings):
     ids = planned(2)
-    settings.MAILROOM_CLAIM_SECONDS = 0   # the claim is up as soon as it is taken: nothing may start
+    settings.MAILROOM_CLAIM_SECONDS = 0  # the claim is up as soon as it is taken: nothing may start
     with serving(settings, Relay()) as relay:
         assert acknowledgments.send_group(ids, worker="worker-a") == {"retry_wait": 2}
     assert relay.messages == []

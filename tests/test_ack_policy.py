@@ -10,6 +10,7 @@ recipient domain get at most so many an hour; and the subject is echoed only to 
 Every case runs the real pipeline (the signed raw webhook or `ingest`, normalization, the built-in
 destination, the acknowledgment task) against a real SMTP server on 127.0.0.1.
 """
+
 import json
 from datetime import timedelta
 
@@ -45,8 +46,9 @@ def _our_mta_is_trusted(mailbox):
 
 
 def post(body: bytes) -> int:
-    response = Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                             **webhook_headers(WEBHOOK_SECRET, body))
+    response = Client().post(
+        "/webhooks/raw/support/", data=body, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, body)
+    )
     assert response.status_code == 202, response.content
     return response.json()["inbox_event_id"]
 
@@ -91,20 +93,34 @@ def forged(**fields) -> bytes:
 
 FORGERIES = {
     "no authentication results at all": lambda: forged(),
-    "a perfect pass under an authserv-id nobody trusts": lambda: stamped(forged(), "bank.example",
-                                                                          authserv_id="mx.evil.example"),
-    "Gmail's authserv-id on a mailbox that is not Gmail's": lambda: stamped(forged(), "bank.example",
-                                                                             authserv_id="mx.google.com"),
-    "our MTA: SPF and DKIM pass, but for the attacker's domain": lambda: header(
-        f"{TRUSTED_AUTHSERV_ID}; spf=pass smtp.mailfrom=bounce@attacker.example; dkim=pass header.d=attacker.example;"
-        " dmarc=none header.from=bank.example") + forged(),
-    "our MTA: DKIM pass for a look-alike domain": lambda: header(
-        f"{TRUSTED_AUTHSERV_ID}; spf=fail smtp.mailfrom=bank.example; dkim=pass header.d=bank.example.attacker.test;"
-        " dmarc=none header.from=bank.example") + forged(),
-    "our MTA: a DMARC pass for another From domain": lambda: header(
-        f"{TRUSTED_AUTHSERV_ID}; dmarc=pass header.from=attacker.example") + forged(),
-    "our MTA: everything none": lambda: header(
-        f"{TRUSTED_AUTHSERV_ID}; spf=none smtp.mailfrom=bank.example; dkim=none; dmarc=none") + forged(),
+    "a perfect pass under an authserv-id nobody trusts": lambda: stamped(
+        forged(), "bank.example", authserv_id="mx.evil.example"
+    ),
+    "Gmail's authserv-id on a mailbox that is not Gmail's": lambda: stamped(
+        forged(), "bank.example", authserv_id="mx.google.com"
+    ),
+    "our MTA: SPF and DKIM pass, but for the attacker's domain": lambda: (
+        header(
+            f"{TRUSTED_AUTHSERV_ID}; spf=pass smtp.mailfrom=bounce@attacker.example;"
+            " dkim=pass header.d=attacker.example;"
+            " dmarc=none header.from=bank.example"
+        )
+        + forged()
+    ),
+    "our MTA: DKIM pass for a look-alike domain": lambda: (
+        header(
+            f"{TRUSTED_AUTHSERV_ID}; spf=fail smtp.mailfrom=bank.example;"
+            " dkim=pass header.d=bank.example.attacker.test;"
+            " dmarc=none header.from=bank.example"
+        )
+        + forged()
+    ),
+    "our MTA: a DMARC pass for another From domain": lambda: (
+        header(f"{TRUSTED_AUTHSERV_ID}; dmarc=pass header.from=attacker.example") + forged()
+    ),
+    "our MTA: everything none": lambda: (
+        header(f"{TRUSTED_AUTHSERV_ID}; spf=none smtp.mailfrom=bank.example; dkim=none; dmarc=none") + forged()
+    ),
 }
 
 
@@ -128,8 +144,12 @@ def test_a_mailbox_that_trusts_no_authserv_id_acknowledges_nobody(mailbox, smtp_
 
 def test_a_sender_taken_from_reply_to_is_never_authenticated():
     # DMARC speaks for From; when From held no address, the sender is Sender's or Reply-To's: not vouched for.
-    event = InboxEvent(sender=VICTIM, mailbox=Mailbox(settings={}), details={"sender_source": "reply-to"},
-                       auth_results={"dmarc": "pass", "dmarc.header.from": "bank.example"})
+    event = InboxEvent(
+        sender=VICTIM,
+        mailbox=Mailbox(settings={}),
+        details={"sender_source": "reply-to"},
+        auth_results={"dmarc": "pass", "dmarc.header.from": "bank.example"},
+    )
     assert not ack_policy.sender_authentication(event).authenticated
     assert ack_policy.acknowledgment_skip_reason(event) == "unauthenticated_sender"
     event.details = {"sender_source": "from"}
@@ -140,19 +160,20 @@ def test_a_sender_taken_from_reply_to_is_never_authenticated():
 
 AUTHENTICATED = {
     "DMARC pass": f"{TRUSTED_AUTHSERV_ID}; spf=pass smtp.mailfrom=example.com; dkim=pass header.d=example.com; "
-                  "dmarc=pass (p=reject) header.from=example.com",
+    "dmarc=pass (p=reject) header.from=example.com",
     "DKIM pass, a subdomain signing": f"{TRUSTED_AUTHSERV_ID}; spf=fail smtp.mailfrom=example.com; "
-                                      "dkim=fail header.d=attacker.example; dkim=pass header.d=mail.example.com; "
-                                      "dmarc=none header.from=example.com",
+    "dkim=fail header.d=attacker.example; dkim=pass header.d=mail.example.com; "
+    "dmarc=none header.from=example.com",
     "SPF pass, the bounce domain a subdomain": f"{TRUSTED_AUTHSERV_ID}; spf=pass "
-                                               "smtp.mailfrom=bounces@em.example.com; dkim=none; dmarc=none",
+    "smtp.mailfrom=bounces@em.example.com; dkim=none; dmarc=none",
 }
 
 
 @pytest.mark.parametrize("case", list(AUTHENTICATED))
 def test_an_authenticated_sender_is_acknowledged_with_their_subject(smtp_server, case):
-    event_id = deliver(header(AUTHENTICATED[case]) + email_message(sender="Jane <jane@example.com>",
-                                                                   subject="Printer on fire"))
+    event_id = deliver(
+        header(AUTHENTICATED[case]) + email_message(sender="Jane <jane@example.com>", subject="Printer on fire")
+    )
     [ack] = smtp_server.messages
     mapping = TicketMapping.objects.get(inbox_event_id=event_id)
     assert ack["To"] == "jane@example.com" and ack["From"] == "support@acme.test"
@@ -163,8 +184,10 @@ def test_an_authenticated_sender_is_acknowledged_with_their_subject(smtp_server,
 
 # --- the mailbox's override -------------------------------------------------------------------------------------
 
+
 def test_ack_policy_always_is_honoured_only_where_the_platform_allows_it_and_never_echoes_a_stranger(
-        mailbox, smtp_server, settings):
+    mailbox, smtp_server, settings
+):
     mailbox.settings = {**mailbox.settings, "ack_policy": "always"}
     mailbox.save()
     refused = deliver(forged())
@@ -194,15 +217,25 @@ def test_a_tenant_admin_cannot_open_the_relay_through_the_admin_or_the_api(tenan
     the API alike; without the platform's consent it changes nothing: a forged From still gets no email."""
     own = make_mailbox(tenant, slug="help", address="help@acme.test", webhook_secret_ref="")
     admin_user = make_user("ann", groups=["mailroom-admin"], tenants=[tenant])
-    response = api(admin_user).patch(f"{API}/mailboxes/{own.pk}/", {"settings": {"ack_policy": "always"}},
-                                     format="json")
+    response = api(admin_user).patch(
+        f"{API}/mailboxes/{own.pk}/", {"settings": {"ack_policy": "always"}}, format="json"
+    )
     assert response.status_code == 200, response.content
     browser = Client()
     browser.force_login(admin_user)
-    response = browser.post(f"/admin/intake/mailbox/{own.pk}/change/", {
-        "tenant": tenant.pk, "slug": "help", "address": "help@acme.test", "provider": "raw",
-        "webhook_secret_ref": "", "credentials_ref": "", "allowed_recipients": "[]",
-        "settings": json.dumps({"ack_policy": "always", "trusted_authserv_id": TRUSTED_AUTHSERV_ID})})
+    response = browser.post(
+        f"/admin/intake/mailbox/{own.pk}/change/",
+        {
+            "tenant": tenant.pk,
+            "slug": "help",
+            "address": "help@acme.test",
+            "provider": "raw",
+            "webhook_secret_ref": "",
+            "credentials_ref": "",
+            "allowed_recipients": "[]",
+            "settings": json.dumps({"ack_policy": "always", "trusted_authserv_id": TRUSTED_AUTHSERV_ID}),
+        },
+    )
     assert response.status_code == 302, response.content[:2000]
     own.refresh_from_db()
     assert own.settings["ack_policy"] == "always"
@@ -216,13 +249,17 @@ def test_a_tenant_admin_cannot_open_the_relay_through_the_admin_or_the_api(tenan
 
 # --- the hourly caps ---------------------------------------------------------------------------------------------
 
+
 def authenticated_mail(n: int, domain: str = "example.com") -> bytes:
     return stamped(email_message(sender=f"person{n}@{domain}", subject=f"Question {n}"), domain)
 
 
 def notified() -> list[str]:
-    return sorted(InboxEvent.objects.filter(pk__in=Intent.objects.filter(action="notify_requester")
-                                            .values("inbox_event_id")).values_list("sender", flat=True))
+    return sorted(
+        InboxEvent.objects.filter(
+            pk__in=Intent.objects.filter(action="notify_requester").values("inbox_event_id")
+        ).values_list("sender", flat=True)
+    )
 
 
 def test_a_tenant_gets_at_most_its_hourly_number_of_acknowledgments(smtp_server, settings):
@@ -239,8 +276,11 @@ def test_a_tenant_gets_at_most_its_hourly_number_of_acknowledgments(smtp_server,
 def test_one_recipient_domain_gets_at_most_its_hourly_number(smtp_server, settings):
     settings.MAILROOM_ACK_PER_DOMAIN_PER_HOUR = 2
     ids = [deliver(authenticated_mail(n)) for n in range(3)] + [deliver(authenticated_mail(7, "other.example"))]
-    assert sorted(m["To"] for m in smtp_server.messages) == ["person0@example.com", "person1@example.com",
-                                                             "person7@other.example"]
+    assert sorted(m["To"] for m in smtp_server.messages) == [
+        "person0@example.com",
+        "person1@example.com",
+        "person7@other.example",
+    ]
     assert skip_detail(ids[2]) == {"reason": "ack_domain_rate_limited", "limit_per_hour": 2}
 
 
@@ -262,8 +302,10 @@ def test_the_tenants_own_setting_overrides_the_caps_and_tenants_are_counted_apar
 
 def test_the_caps_hold_when_a_group_is_processed_set_based(mailbox, settings):
     settings.MAILROOM_ACK_PER_HOUR = 2
-    ids = [ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
-           for raw in (authenticated_mail(n) for n in range(5))]
+    ids = [
+        ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
+        for raw in (authenticated_mail(n) for n in range(5))
+    ]
     assert process_inbox_events(ids) == {"created": 5}  # one group, one transaction: it counts its own
     assert len(notified()) == 2
     assert [skip_detail(i)["reason"] for i in ids[2:]] == ["ack_rate_limited"] * 3
@@ -271,13 +313,19 @@ def test_the_caps_hold_when_a_group_is_processed_set_based(mailbox, settings):
 
 # --- what hosted providers say --------------------------------------------------------------------------------
 
-GMAIL_PASS = ("mx.google.com; dkim=pass header.i=@example.com header.s=20230601 header.b=kQ3v; spf=pass "
-              "(google.com: domain of jane@example.com designates 209.85.128.41 as permitted sender) "
-              "smtp.mailfrom=jane@example.com; dmarc=pass (p=NONE sp=NONE dis=NONE) header.from=example.com")
-MICROSOFT_PASS = ("spf=pass (sender IP is 40.107.1.2) smtp.mailfrom=example.com; dkim=pass (signature was verified) "
-                  "header.d=example.com;dmarc=pass action=none header.from=example.com;compauth=pass reason=100")
-MICROSOFT_NONE = ("spf=none (sender IP is 203.0.113.9) smtp.mailfrom=bank.example; dkim=none (message not signed) "
-                  "header.d=none;dmarc=none action=none header.from=bank.example;compauth=fail reason=001")
+GMAIL_PASS = (
+    "mx.google.com; dkim=pass header.i=@example.com header.s=20230601 header.b=kQ3v; spf=pass "
+    "(google.com: domain of jane@example.com designates 209.85.128.41 as permitted sender) "
+    "smtp.mailfrom=jane@example.com; dmarc=pass (p=NONE sp=NONE dis=NONE) header.from=example.com"
+)
+MICROSOFT_PASS = (
+    "spf=pass (sender IP is 40.107.1.2) smtp.mailfrom=example.com; dkim=pass (signature was verified) "
+    "header.d=example.com;dmarc=pass action=none header.from=example.com;compauth=pass reason=100"
+)
+MICROSOFT_NONE = (
+    "spf=none (sender IP is 203.0.113.9) smtp.mailfrom=bank.example; dkim=none (message not signed) "
+    "header.d=none;dmarc=none action=none header.from=bank.example;compauth=fail reason=001"
+)
 
 
 def lines(*headers: str) -> bytes:
@@ -287,40 +335,90 @@ def lines(*headers: str) -> bytes:
 PROVIDER_CASES = {
     "gmail: Google's pass": ("gmail", lines(f"Authentication-Results: {GMAIL_PASS}"), None, None),
     "gmail: Google's DMARC fail, a forged pass below it": (
-        "gmail", lines("Authentication-Results: mx.google.com; dmarc=fail (p=REJECT) header.from=example.com",
-                       f"Authentication-Results: {GMAIL_PASS}"), None, "dmarc_fail"),
-    "graph: Exchange Online's pass (no authserv-id)": ("graph", lines(f"Authentication-Results: {MICROSOFT_PASS}"),
-                                                       None, None),
+        "gmail",
+        lines(
+            "Authentication-Results: mx.google.com; dmarc=fail (p=REJECT) header.from=example.com",
+            f"Authentication-Results: {GMAIL_PASS}",
+        ),
+        None,
+        "dmarc_fail",
+    ),
+    "graph: Exchange Online's pass (no authserv-id)": (
+        "graph",
+        lines(f"Authentication-Results: {MICROSOFT_PASS}"),
+        None,
+        None,
+    ),
     "graph: Exchange's none on top, a forged pass below": (
-        "graph", lines(f"Authentication-Results: {MICROSOFT_NONE}", f"Authentication-Results: {MICROSOFT_PASS}"),
-        None, "unauthenticated_sender"),
+        "graph",
+        lines(f"Authentication-Results: {MICROSOFT_NONE}", f"Authentication-Results: {MICROSOFT_PASS}"),
+        None,
+        "unauthenticated_sender",
+    ),
     "ses: the receipt's DMARC pass": ("ses", b"", {"dmarcVerdict": "PASS", "spfVerdict": "PASS"}, None),
-    "ses: the receipt's DMARC fail": ("ses", lines("Authentication-Results: amazonses.com; dmarc=pass "
-                                                   "header.from=example.com"), {"dmarcVerdict": "FAIL"}, "dmarc_fail"),
+    "ses: the receipt's DMARC fail": (
+        "ses",
+        lines("Authentication-Results: amazonses.com; dmarc=pass header.from=example.com"),
+        {"dmarcVerdict": "FAIL"},
+        "dmarc_fail",
+    ),
     "ses: a gray receipt, SES's aligned SPF pass": (
-        "ses", lines("Authentication-Results: amazonses.com; spf=pass smtp.mailfrom=jane@example.com; dkim=none"),
-        {"dmarcVerdict": "GRAY"}, None),
-    "ses: a gray receipt and nothing else": ("ses", b"", {"dmarcVerdict": "GRAY", "spfVerdict": "PASS"},
-                                             "unauthenticated_sender"),
+        "ses",
+        lines("Authentication-Results: amazonses.com; spf=pass smtp.mailfrom=jane@example.com; dkim=none"),
+        {"dmarcVerdict": "GRAY"},
+        None,
+    ),
+    "ses: a gray receipt and nothing else": (
+        "ses",
+        b"",
+        {"dmarcVerdict": "GRAY", "spfVerdict": "PASS"},
+        "unauthenticated_sender",
+    ),
     "mailgun: Mailgun's DKIM pass for the one signing domain": (
-        "mailgun", lines("X-Mailgun-Dkim-Check-Result: Pass", "X-Mailgun-Spf: Pass",
-                         "DKIM-Signature: v=1; a=rsa-sha256; d=example.com; s=sel; h=from:subject; b=abc"), None, None),
+        "mailgun",
+        lines(
+            "X-Mailgun-Dkim-Check-Result: Pass",
+            "X-Mailgun-Spf: Pass",
+            "DKIM-Signature: v=1; a=rsa-sha256; d=example.com; s=sel; h=from:subject; b=abc",
+        ),
+        None,
+        None,
+    ),
     "mailgun: a second verdict header (one is the sender's)": (
-        "mailgun", lines("X-Mailgun-Dkim-Check-Result: Fail", "X-Mailgun-Dkim-Check-Result: Pass",
-                         "DKIM-Signature: v=1; d=example.com; s=sel; b=abc"), None, "unauthenticated_sender"),
+        "mailgun",
+        lines(
+            "X-Mailgun-Dkim-Check-Result: Fail",
+            "X-Mailgun-Dkim-Check-Result: Pass",
+            "DKIM-Signature: v=1; d=example.com; s=sel; b=abc",
+        ),
+        None,
+        "unauthenticated_sender",
+    ),
     "mailgun: a pass, but another domain signs too": (
-        "mailgun", lines("X-Mailgun-Dkim-Check-Result: Pass", "DKIM-Signature: v=1; d=example.com; s=a; b=x",
-                         "DKIM-Signature: v=1; d=attacker.example; s=b; b=y"), None, "unauthenticated_sender"),
+        "mailgun",
+        lines(
+            "X-Mailgun-Dkim-Check-Result: Pass",
+            "DKIM-Signature: v=1; d=example.com; s=a; b=x",
+            "DKIM-Signature: v=1; d=attacker.example; s=b; b=y",
+        ),
+        None,
+        "unauthenticated_sender",
+    ),
     "mailgun: SPF pass alone (its domain is not vouched for)": (
-        "mailgun", lines("X-Mailgun-Spf: Pass", "Return-Path: <jane@example.com>"), None, "unauthenticated_sender"),
+        "mailgun",
+        lines("X-Mailgun-Spf: Pass", "Return-Path: <jane@example.com>"),
+        None,
+        "unauthenticated_sender",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(PROVIDER_CASES))
 def test_a_hosted_providers_own_verdict_decides(tenant, case):
     provider, on_top, receipt, reason = PROVIDER_CASES[case]
-    box = Mailbox.objects.create(tenant=tenant, slug=f"{provider}-box", address=f"{provider}-box@acme.test",
-                                 provider=provider)
+    box = Mailbox.objects.create(
+        tenant=tenant, slug=f"{provider}-box", address=f"{provider}-box@acme.test", provider=provider
+    )
     raw = on_top + email_message(sender="Jane <jane@example.com>", to=f"{provider}-box@acme.test")
     event_id = ingest(box, f"{provider}-id-1", raw, source=provider).inbox_event_id
     if receipt is not None:  # as the SES webhook keeps the SNS receipt, in the ingest's transaction
@@ -328,8 +426,9 @@ def test_a_hosted_providers_own_verdict_decides(tenant, case):
     assert process_inbox_event(event_id) == "created"
     planned = Intent.objects.filter(inbox_event_id=event_id, action="notify_requester").exists()
     if reason is None:
-        assert planned and not AuditEvent.objects.filter(inbox_event_id=event_id,
-                                                         kind="acknowledgment_skipped").exists()
+        assert (
+            planned and not AuditEvent.objects.filter(inbox_event_id=event_id, kind="acknowledgment_skipped").exists()
+        )
     else:
         assert not planned and skip_detail(event_id) == {"reason": reason}
 
@@ -337,22 +436,30 @@ def test_a_hosted_providers_own_verdict_decides(tenant, case):
 def test_provider_headers_mean_nothing_on_a_raw_mailbox(smtp_server):
     # The same bytes that authenticate on a Gmail or Graph mailbox are just text on a raw one.
     for n, on_top in enumerate((GMAIL_PASS, MICROSOFT_PASS, "amazonses.com; dmarc=pass header.from=example.com")):
-        event_id = deliver(lines(f"Authentication-Results: {on_top}", "X-Mailgun-Dkim-Check-Result: Pass")
-                           + email_message(sender="jane@example.com", message_id=f"<p{n}@example.com>"))
+        event_id = deliver(
+            lines(f"Authentication-Results: {on_top}", "X-Mailgun-Dkim-Check-Result: Pass")
+            + email_message(sender="jane@example.com", message_id=f"<p{n}@example.com>")
+        )
         assert skip_detail(event_id) == {"reason": "unauthenticated_sender"}
     assert smtp_server.messages == []
 
 
 # --- alignment, pure ------------------------------------------------------------------------------------------
 
+
 def test_alignment_is_relaxed_but_never_looser_than_dmarc():
     from intake.validation.authresults import aligned_method, domains_aligned, parse_authentication_results
 
     assert domains_aligned("example.com", "EXAMPLE.com.") and domains_aligned("mail.example.com", "example.com")
     assert domains_aligned("jane@example.com", "bounces.example.com")
-    for a, b in (("example.com", "example.org"), ("a.example.com", "b.example.com"), ("example.com", "com"),
-                 ("bank.example", "bank.example.attacker.test"), ("", "example.com"),
-                 ("notbank.example", "bank.example")):
+    for a, b in (
+        ("example.com", "example.org"),
+        ("a.example.com", "b.example.com"),
+        ("example.com", "com"),
+        ("bank.example", "bank.example.attacker.test"),
+        ("", "example.com"),
+        ("notbank.example", "bank.example"),
+    ):
         assert not domains_aligned(a, b), (a, b)
     assert aligned_method({"dmarc": "pass"}, "example.com") == "dmarc"
     assert aligned_method({"dmarc": "pass", "dmarc.header.from": "mail.example.com"}, "example.com") == ""

@@ -3,6 +3,7 @@
 The mail here comes from senders our MTA authenticated (`tests.senderauth`): only they are acknowledged
 (tests/test_ack_policy.py shows a forged From getting nothing).
 """
+
 import pytest
 
 from intake.models import AuditEvent, InboxEvent
@@ -21,8 +22,9 @@ def _our_mta_is_trusted(mailbox):
 
 
 def test_one_acknowledgment_per_ticket_even_when_sent_twice(mailbox, smtp_server, settings):
-    event_id = post(make_message(subject="Printer on fire", sender="jane@example.com",
-                                 message_id="<orig-1@example.com>"))
+    event_id = post(
+        make_message(subject="Printer on fire", sender="jane@example.com", message_id="<orig-1@example.com>")
+    )
     assert process_inbox_event(event_id) == "created"
     intent = notify_intent(event_id)
     assert acknowledgments.send(intent.pk, "worker-a") == "sent"
@@ -88,8 +90,8 @@ def test_through_the_pipeline_only_completed_tickets_are_acknowledged_once(mailb
         make_message(sender="a@example.com"),
         make_message(sender="b@example.com"),
         make_message(sender="c@example.com", extra_headers={"Auto-Submitted": "auto-replied"}),  # suppressed
-        make_message(sender="d@example.com", to="elsewhere@acme.test"),                          # review
-        make_message(sender="e@example.com", extra_headers={"Precedence": "bulk"}),              # suppressed
+        make_message(sender="d@example.com", to="elsewhere@acme.test"),  # review
+        make_message(sender="e@example.com", extra_headers={"Precedence": "bulk"}),  # suppressed
     ]
     ids = [post(body) for body in bodies]
     for event_id in ids:

@@ -1,4 +1,5 @@
 """Every model of the three apps is in the admin, and every list page renders for a superuser."""
+
 import pytest
 from django.apps import apps
 from django.contrib import admin

@@ -2,6 +2,7 @@
 
 The worker is `process_inbox_event` called in-process; the destination is the built-in store.
 """
+
 import pytest
 
 from intake.models import AuditEvent, InboxEvent
@@ -15,20 +16,32 @@ from ticketing.services import process_inbox_event
 
 ITEM_URL = "/admin/reconciliation/recoveryitem/{}/change/"
 ACT_URL = "/admin/reconciliation/recoveryitem/{}/act/{}/"
-PROPOSAL = {"fields": {"queue": "billing", "priority": "high", "request_type": "refund"}, "confidence": 0.42,
-            "rationale": "Asks for a refund of invoice 42.", "failure": ""}
+PROPOSAL = {
+    "fields": {"queue": "billing", "priority": "high", "request_type": "refund"},
+    "confidence": 0.42,
+    "rationale": "Asks for a refund of invoice 42.",
+    "failure": "",
+}
 
 
 @pytest.fixture
 def low_confidence_item(mailbox, scanner_off):
-    RoutingPolicy.objects.filter(tenant=mailbox.tenant).update(queues=["billing", "tech"],
-                                                                request_types=["refund", "outage"])
+    RoutingPolicy.objects.filter(tenant=mailbox.tenant).update(
+        queues=["billing", "tech"], request_types=["refund", "outage"]
+    )
     event = make_event(mailbox, subject="Refund please", body="Invoice 42 was charged twice.\n")
     normalize(event.pk)
     route = {"fields": {"assignee": {"value": "", "origin": "default"}}, "ai": PROPOSAL}
-    assert transition_event(event.pk, InboxEvent.OPEN_STATES, InboxEvent.State.AWAITING_REVIEW,
-                            actor="system:test", kind="awaiting_review", reason_code="low_confidence",
-                            reason_detail="AI confidence 0.42 below 0.7", extra={"route": route})
+    assert transition_event(
+        event.pk,
+        InboxEvent.OPEN_STATES,
+        InboxEvent.State.AWAITING_REVIEW,
+        actor="system:test",
+        kind="awaiting_review",
+        reason_code="low_confidence",
+        reason_detail="AI confidence 0.42 below 0.7",
+        extra={"route": route},
+    )
     return event
 
 
@@ -43,8 +56,8 @@ def test_the_item_page_shows_the_proposal_and_prefills_the_correction(low_confid
     page = client.get(ITEM_URL.format(low_confidence_item.pk)).content.decode()
     assert 'id="ai-proposal"' in page and 'id="accept-proposal"' in page
     assert "billing" in page and "Asks for a refund of invoice 42." in page and "0.42" in page
-    form = page[page.index('id="form-correct"'):]
-    form = form[:form.index("</form>")]
+    form = page[page.index('id="form-correct"') :]
+    form = form[: form.index("</form>")]
     assert 'value="billing"' in form
     assert '<option value="high" selected>' in form and '<option value="refund" selected>' in form
 
@@ -65,8 +78,9 @@ def test_accept_replays_with_the_proposal_and_the_ticket_has_its_fields(low_conf
 
 
 def test_accept_is_refused_without_a_usable_proposal(low_confidence_item, operator, client):
-    InboxEvent.objects.filter(pk=low_confidence_item.pk).update(route={"ai": {**PROPOSAL, "fields": {},
-                                                                              "failure": "ai_timeout"}})
+    InboxEvent.objects.filter(pk=low_confidence_item.pk).update(
+        route={"ai": {**PROPOSAL, "fields": {}, "failure": "ai_timeout"}}
+    )
     client.post(ACT_URL.format(low_confidence_item.pk, "accept_proposal"))
     assert InboxEvent.objects.get(pk=low_confidence_item.pk).state == InboxEvent.State.AWAITING_REVIEW
     assert 'id="ai-proposal"' not in client.get(ITEM_URL.format(low_confidence_item.pk)).content.decode()

@@ -6,6 +6,7 @@ to review with the proposal kept, and every failure leaves the fields to the
 tenant's defaults with the reason recorded. No answer loses, suppresses or
 desensitises a message.
 """
+
 import pytest
 
 from intake.keys import provider_message_id_for_raw
@@ -17,8 +18,13 @@ from ticketing.classification import ai
 from ticketing.models import RoutingPolicy, Ticket
 from ticketing.services import process_inbox_event
 
-GOOD = {"queue": "billing", "priority": "high", "request_type": "refund", "confidence": 0.93,
-        "rationale": "The customer asks for money back on an invoice."}
+GOOD = {
+    "queue": "billing",
+    "priority": "high",
+    "request_type": "refund",
+    "confidence": 0.93,
+    "rationale": "The customer asks for money back on an invoice.",
+}
 
 
 @pytest.fixture
@@ -26,9 +32,15 @@ def ai_tenant(mailbox, settings, fake_chat):  # noqa: F811
     settings.MAILROOM_CLAMD = "off"
     settings.MAILROOM_AI_TIMEOUT_SECONDS = 0.5
     RoutingPolicy.objects.filter(tenant=mailbox.tenant).update(
-        queues=["billing", "support"], request_types=["refund", "outage"], sensitive_request_types=["refund"],
-        default_queue="support", default_priority="normal", default_request_type="outage",
-        ai_enabled=True, ai_min_confidence=0.7)
+        queues=["billing", "support"],
+        request_types=["refund", "outage"],
+        sensitive_request_types=["refund"],
+        default_queue="support",
+        default_priority="normal",
+        default_request_type="outage",
+        ai_enabled=True,
+        ai_min_confidence=0.7,
+    )
     return mailbox
 
 
@@ -45,9 +57,12 @@ def test_a_good_proposal_fills_the_open_fields_and_sensitivity_follows_the_reque
     assert (event.state, event.reason_code) == ("completed", "")
     ticket = Ticket.objects.get()
     assert (ticket.queue, ticket.priority, ticket.request_type) == ("billing", "high", "refund")
-    assert "needs-approval" in ticket.tags   # refund is a sensitive request type
-    assert {name: field["origin"] for name, field in event.route["fields"].items()
-            if name != "assignee"} == {"queue": "ai", "priority": "ai", "request_type": "ai"}
+    assert "needs-approval" in ticket.tags  # refund is a sensitive request type
+    assert {name: field["origin"] for name, field in event.route["fields"].items() if name != "assignee"} == {
+        "queue": "ai",
+        "priority": "ai",
+        "request_type": "ai",
+    }
 
 
 def test_a_low_confidence_proposal_goes_to_review_with_the_proposal_kept(ai_tenant, fake_chat):  # noqa: F811
@@ -58,18 +73,28 @@ def test_a_low_confidence_proposal_goes_to_review_with_the_proposal_kept(ai_tena
     assert Ticket.objects.count() == 0
 
 
-@pytest.mark.parametrize("answer, failure", [
-    ("this is not json {", ai.INVALID_JSON),
-    ('{"queue": "legal", "priority": "high", "request_type": "refund", "confidence": 0.9, "rationale": "x"}',
-     ai.OUT_OF_VOCABULARY),
-    ('{"queue": "billing", "priority": "high", "request_type": "refund", "confidence": 0.9, "rationale": "x", '
-     '"sensitive": false}', ai.SCHEMA),
-    ('{"action": "drop", "reason": "this mail is spam, delete it", "confidence": 0.99}', ai.SCHEMA),
-    ("stall", ai.TIMEOUT),
-    ("http 500", ai.HTTP_ERROR),
-], ids=["invalid-json", "outside-the-enums", "extra-fields", "says-drop", "stall", "http-500"])
+@pytest.mark.parametrize(
+    "answer, failure",
+    [
+        ("this is not json {", ai.INVALID_JSON),
+        (
+            '{"queue": "legal", "priority": "high", "request_type": "refund", "confidence": 0.9, "rationale": "x"}',
+            ai.OUT_OF_VOCABULARY,
+        ),
+        (
+            '{"queue": "billing", "priority": "high", "request_type": "refund", "confidence": 0.9, "rationale": "x", '
+            '"sensitive": false}',
+            ai.SCHEMA,
+        ),
+        ('{"action": "drop", "reason": "this mail is spam, delete it", "confidence": 0.99}', ai.SCHEMA),
+        ("stall", ai.TIMEOUT),
+        ("http 500", ai.HTTP_ERROR),
+    ],
+    ids=["invalid-json", "outside-the-enums", "extra-fields", "says-drop", "stall", "http-500"],
+)
 def test_every_failure_leaves_the_fields_to_the_defaults_and_the_message_becomes_a_ticket(
-        ai_tenant, fake_chat, answer, failure):  # noqa: F811
+    ai_tenant, fake_chat, answer, failure
+):  # noqa: F811
     if answer == "stall":
         fake_chat.stall(3)
     elif answer == "http 500":

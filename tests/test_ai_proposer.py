@@ -3,6 +3,7 @@
 Every answer the model can give ends as a Proposal: accepted fields for the open fields only, or a
 failure code and no fields. No database.
 """
+
 import logging
 import time
 from types import SimpleNamespace
@@ -14,14 +15,24 @@ from ticketing.classification import ai
 from ticketing.models import RoutingPolicy
 
 OPEN = ("queue", "priority", "request_type")
-GOOD = {"queue": "billing", "priority": "high", "request_type": "refund", "confidence": 0.93,
-        "rationale": "The customer asks for money back on an invoice."}
+GOOD = {
+    "queue": "billing",
+    "priority": "high",
+    "request_type": "refund",
+    "confidence": 0.93,
+    "rationale": "The customer asks for money back on an invoice.",
+}
 SECRET_BODY = "my card number is 4111 and the invoice is wrong"
 
 
 def policy():
-    return RoutingPolicy(queues=["billing", "tech"], request_types=["refund", "outage"],
-                         sensitive_request_types=["refund"], ai_enabled=True, ai_min_confidence=0.7)
+    return RoutingPolicy(
+        queues=["billing", "tech"],
+        request_types=["refund", "outage"],
+        sensitive_request_types=["refund"],
+        ai_enabled=True,
+        ai_min_confidence=0.7,
+    )
 
 
 def facts(body=SECRET_BODY, subject="Invoice 42"):
@@ -33,8 +44,13 @@ def test_a_valid_answer_is_a_proposal_and_the_request_carries_the_vocabulary(fak
     settings.MAILROOM_AI_API_KEY_REF = "env:TEST_AI_KEY"
     fake_chat.answer_json(GOOD)
     proposal = ai.propose(facts(), policy(), OPEN)
-    assert proposal == ai.Proposal(fields={"queue": "billing", "priority": "high", "request_type": "refund"},
-                                   confidence=0.93, rationale=GOOD["rationale"], failure="", raw_ok=True)
+    assert proposal == ai.Proposal(
+        fields={"queue": "billing", "priority": "high", "request_type": "refund"},
+        confidence=0.93,
+        rationale=GOOD["rationale"],
+        failure="",
+        raw_ok=True,
+    )
     [sent] = fake_chat.requests
     assert sent["path"] == "/v1/chat/completions" and sent["model"] == "test-model"
     assert fake_chat.headers[0]["Authorization"] == "Bearer sk-test"
@@ -61,22 +77,38 @@ def test_low_confidence_is_returned_as_is_for_the_caller_to_judge(fake_chat):  #
     assert proposal.confidence == 0.2 and proposal.failure == "" and proposal.fields["queue"] == "billing"
 
 
-@pytest.mark.parametrize(("answer", "failure"), [
-    ("this is not json {", ai.INVALID_JSON),
-    ('{"queue": "billing", "priority": "high", "request_type": "refund", "confidence": 0.9, "rationale": "x", '
-     '"sensitive": false}', ai.SCHEMA),
-    ('{"action": "drop", "reason": "spam", "confidence": 0.99}', ai.SCHEMA),
-    ('{"queue": "billing", "priority": "high", "request_type": "refund", "confidence": 0.9, "rationale": "x", '
-     '"action": "delete"}', ai.SCHEMA),
-    ('{"queue": "billing", "priority": "high", "request_type": "refund", "confidence": 1.5, "rationale": "x"}',
-     ai.SCHEMA),
-    ('{"queue": "billing", "priority": "high", "confidence": 0.9, "rationale": "x"}', ai.SCHEMA),
-    ('["billing"]', ai.SCHEMA),
-    ('{"queue": "legal", "priority": "high", "request_type": "refund", "confidence": 0.9, "rationale": "x"}',
-     ai.OUT_OF_VOCABULARY),
-    ('{"queue": "billing", "priority": "critical", "request_type": "refund", "confidence": 0.9, "rationale": "x"}',
-     ai.OUT_OF_VOCABULARY),
-])
+@pytest.mark.parametrize(
+    ("answer", "failure"),
+    [
+        ("this is not json {", ai.INVALID_JSON),
+        (
+            '{"queue": "billing", "priority": "high", "request_type": "refund", "confidence": 0.9, "rationale": "x", '
+            '"sensitive": false}',
+            ai.SCHEMA,
+        ),
+        ('{"action": "drop", "reason": "spam", "confidence": 0.99}', ai.SCHEMA),
+        (
+            '{"queue": "billing", "priority": "high", "request_type": "refund", "confidence": 0.9, "rationale": "x", '
+            '"action": "delete"}',
+            ai.SCHEMA,
+        ),
+        (
+            '{"queue": "billing", "priority": "high", "request_type": "refund", "confidence": 1.5, "rationale": "x"}',
+            ai.SCHEMA,
+        ),
+        ('{"queue": "billing", "priority": "high", "confidence": 0.9, "rationale": "x"}', ai.SCHEMA),
+        ('["billing"]', ai.SCHEMA),
+        (
+            '{"queue": "legal", "priority": "high", "request_type": "refund", "confidence": 0.9, "rationale": "x"}',
+            ai.OUT_OF_VOCABULARY,
+        ),
+        (
+            '{"queue": "billing", "priority": "critical", "request_type": "refund", '
+            '"confidence": 0.9, "rationale": "x"}',
+            ai.OUT_OF_VOCABULARY,
+        ),
+    ],
+)
 def test_a_bad_answer_is_a_failure_with_no_fields(fake_chat, answer, failure):  # noqa: F811
     fake_chat.answer_content(answer)
     proposal = ai.propose(facts(), policy(), OPEN)

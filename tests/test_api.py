@@ -3,6 +3,7 @@
 Destinations are the built-in ticket store; the worker is `process_inbox_event` called in process (what
 a Celery worker runs for the outbox row an action writes).
 """
+
 import hashlib
 import io
 import re
@@ -27,9 +28,13 @@ from ticketing.services import process_inbox_event
 
 # --- helpers ------------------------------------------------------------------------------------------
 
+
 def audit_rows(event_id, since_pk=0):
-    return list(AuditEvent.objects.filter(inbox_event_id=event_id, pk__gt=since_pk).order_by("at", "pk")
-                .values_list("kind", "actor"))
+    return list(
+        AuditEvent.objects.filter(inbox_event_id=event_id, pk__gt=since_pk)
+        .order_by("at", "pk")
+        .values_list("kind", "actor")
+    )
 
 
 @pytest.fixture
@@ -38,6 +43,7 @@ def operator(tenant):
 
 
 # --- tokens ---------------------------------------------------------------------------------------------
+
 
 def test_token_is_printed_once_stored_hashed_and_a_wrong_one_is_a_401(mailbox, operator):
     token = token_for(operator)
@@ -65,6 +71,7 @@ def test_token_is_printed_once_stored_hashed_and_a_wrong_one_is_a_401(mailbox, o
 
 
 # --- reads ------------------------------------------------------------------------------------------------
+
 
 def test_events_list_filters_detail_intents_and_mappings(mailbox, operator, scanner_off):
     done = new_event(mailbox, subject="Works fine")
@@ -131,6 +138,7 @@ def test_body_and_attachment_need_the_body_permission_and_are_audited(mailbox, o
 
 # --- the queue and its actions ------------------------------------------------------------------------------
 
+
 def test_queue_lists_oldest_first_and_triage_actions(mailbox, operator, scanner_off):
     newer = review_item(mailbox, subject="newer")
     older = review_item(mailbox, subject="older")
@@ -181,30 +189,37 @@ def test_replay_and_correct_and_replay_make_the_ticket(mailbox, operator, scanne
     assert_problem(client.post(f"{API}/queue/{rerouted}/replay/", format="json"), 409)  # completed now
 
     original = Intent.objects.get(inbox_event_id=failed)
-    response = client.post(f"{API}/queue/{failed}/correct-and-replay/",
-                           {"destination": other.pk, "priority": "high"}, format="json")
+    response = client.post(
+        f"{API}/queue/{failed}/correct-and-replay/", {"destination": other.pk, "priority": "high"}, format="json"
+    )
     assert response.status_code == 200 and response.json()["outcome"] == "reopened"
     assert process_inbox_event(failed) == "created"
     intent = Intent.objects.get(inbox_event_id=failed, action="create_ticket")
-    assert (intent.idempotency_key, intent.destination_id, intent.state) == (original.idempotency_key, other.pk,
-                                                                             "succeeded")
+    assert (intent.idempotency_key, intent.destination_id, intent.state) == (
+        original.idempotency_key,
+        other.pk,
+        "succeeded",
+    )
     mapping = TicketMapping.objects.get(inbox_event_id=failed, action="create_ticket")
     assert mapping.destination_id == other.pk
     assert Ticket.objects.filter(destination=other).count() == 1
     # Another tenant's destination is not a choice.
     foreign = make_destination(make_tenant(), slug="theirs")
     third = review_item(mailbox, subject="Not there")
-    assert_problem(client.post(f"{API}/queue/{third}/correct-and-replay/", {"destination": foreign.pk},
-                               format="json"), 400)
+    assert_problem(
+        client.post(f"{API}/queue/{third}/correct-and-replay/", {"destination": foreign.pk}, format="json"), 400
+    )
 
 
 def test_replay_as_new_needs_its_own_permission(mailbox, operator, scanner_off):
     builtin = Destination.objects.get(tenant=mailbox.tenant, slug="builtin")
     failed = failed_item(mailbox, builtin)
-    assert_problem(api(operator).post(f"{API}/queue/{failed}/replay-as-new/", {"reason": "body changed"},
-                                      format="json"), 403)
-    approver = make_user("ada", groups=["operator"], tenants=[mailbox.tenant],
-                         perms=["reconciliation.replay_new_action"])
+    assert_problem(
+        api(operator).post(f"{API}/queue/{failed}/replay-as-new/", {"reason": "body changed"}, format="json"), 403
+    )
+    approver = make_user(
+        "ada", groups=["operator"], tenants=[mailbox.tenant], perms=["reconciliation.replay_new_action"]
+    )
     client = api(approver)
     assert_problem(client.post(f"{API}/queue/{failed}/replay-as-new/", {"reason": ""}, format="json"), 400)
     response = client.post(f"{API}/queue/{failed}/replay-as-new/", {"reason": "body changed"}, format="json")
@@ -235,12 +250,10 @@ def test_confirm_existing_ticket_and_bulk_replay_within_the_cap(mailbox, operato
     assert ("ticket_confirmed", "user:olivia") in audit_rows(first)
 
     settings.MAILROOM_BULK_REPLAY_CAP = 1
-    body = assert_problem(client.post(f"{API}/queue/bulk-replay/", {"event_ids": [second, third]}, format="json"),
-                          409)
+    body = assert_problem(client.post(f"{API}/queue/bulk-replay/", {"event_ids": [second, third]}, format="json"), 409)
     assert "at most 1" in body["detail"]
     settings.MAILROOM_BULK_REPLAY_CAP = 20
-    preview = client.post(f"{API}/queue/bulk-replay/", {"event_ids": [second, third], "preview": True},
-                          format="json")
+    preview = client.post(f"{API}/queue/bulk-replay/", {"event_ids": [second, third], "preview": True}, format="json")
     assert preview.status_code == 200 and {i["plan"] for i in preview.json()} == {"replay", "reroute"}
     assert InboxEvent.objects.get(pk=second).state == "failed"  # a preview writes nothing
     done = client.post(f"{API}/queue/bulk-replay/", {"event_ids": [second, third]}, format="json").json()
@@ -270,8 +283,11 @@ def test_api_replay_and_console_replay_write_the_same_rows(mailbox, operator, sc
         intent = Intent.objects.get(inbox_event_id=event_id, action="create_ticket")
         assert intent.idempotency_key == key_before == intent_key(event, intent.action, intent.action_version)
         results[via] = {
-            "versions": list(Intent.objects.filter(inbox_event_id=event_id).order_by("action", "action_version")
-                             .values_list("action", "action_version", "state")),
+            "versions": list(
+                Intent.objects.filter(inbox_event_id=event_id)
+                .order_by("action", "action_version")
+                .values_list("action", "action_version", "state")
+            ),
             "audit": audit_rows(event_id, since_pk=before),
             "state": event.state,
             "mappings": TicketMapping.objects.filter(inbox_event_id=event_id).count(),
@@ -282,49 +298,82 @@ def test_api_replay_and_console_replay_write_the_same_rows(mailbox, operator, sc
 
 # --- configuration ------------------------------------------------------------------------------------------
 
+
 def test_configuration_crud_is_validated_by_full_clean(mailbox, operator):
     admin_user = make_user("ann", groups=["mailroom-admin"], tenants=[mailbox.tenant])
     client = api(admin_user)
     assert_problem(api(operator).get(f"{API}/mailboxes/"), 403)
 
     for ref in ("hunter2-plaintext", "env:MAILROOM_T_GLOBEX_SECRET"):  # not a reference; another tenant's
-        refused = client.post(f"{API}/mailboxes/", {"tenant": "acme", "slug": "sales", "address": "sales@acme.test",
-                                                     "webhook_secret_ref": ref}, format="json")
+        refused = client.post(
+            f"{API}/mailboxes/",
+            {"tenant": "acme", "slug": "sales", "address": "sales@acme.test", "webhook_secret_ref": ref},
+            format="json",
+        )
         body = assert_problem(refused, 400)
         assert list(body["errors"]) == ["webhook_secret_ref"] and body["detail"].startswith("webhook_secret_ref: ")
     assert not Mailbox.objects.filter(slug="sales").exists()
-    created = client.post(f"{API}/mailboxes/", {"tenant": "acme", "slug": "sales", "address": "sales@acme.test",
-                                                 "webhook_secret_ref": "env:MAILROOM_T_ACME_SALES"}, format="json")
+    created = client.post(
+        f"{API}/mailboxes/",
+        {
+            "tenant": "acme",
+            "slug": "sales",
+            "address": "sales@acme.test",
+            "webhook_secret_ref": "env:MAILROOM_T_ACME_SALES",
+        },
+        format="json",
+    )
     assert created.status_code == 201, created.content
     mailbox_id = created.json()["id"]
     assert_problem(client.patch(f"{API}/mailboxes/{mailbox_id}/", {"paused": True}, format="json"), 400)  # why?
-    assert client.patch(f"{API}/mailboxes/{mailbox_id}/", {"paused": True, "pause_reason": "moving desks"},
-                        format="json").json()["paused"] is True
+    assert (
+        client.patch(
+            f"{API}/mailboxes/{mailbox_id}/", {"paused": True, "pause_reason": "moving desks"}, format="json"
+        ).json()["paused"]
+        is True
+    )
     # The connection's state is shown and never written through the API (its door is intake.mailbox_health).
-    forced = client.patch(f"{API}/mailboxes/{mailbox_id}/", {"link_state": "up", "poll_errors_total": 0,
-                                                             "archive_done_at": "2026-01-01T00:00:00Z"},
-                          format="json")
+    forced = client.patch(
+        f"{API}/mailboxes/{mailbox_id}/",
+        {"link_state": "up", "poll_errors_total": 0, "archive_done_at": "2026-01-01T00:00:00Z"},
+        format="json",
+    )
     assert forced.status_code == 200 and forced.json()["archive_done_at"] is None
     Mailbox.objects.filter(pk=mailbox_id).update(link_state="down", poll_errors_total=4)
     shown = client.get(f"{API}/mailboxes/{mailbox_id}/").json()
     assert (shown["link_state"], shown["poll_errors_total"]) == ("down", 4)
-    assert client.patch(f"{API}/mailboxes/{mailbox_id}/", {"link_state": "up"}, format="json").json()[
-        "link_state"] == "down"
+    assert (
+        client.patch(f"{API}/mailboxes/{mailbox_id}/", {"link_state": "up"}, format="json").json()["link_state"]
+        == "down"
+    )
     assert client.delete(f"{API}/mailboxes/{mailbox_id}/").status_code == 405
 
-    destination = client.post(f"{API}/destinations/", {"tenant": "acme", "slug": "desk2", "kind": "builtin",
-                                                        "credentials_ref": "plain-token"}, format="json")
+    destination = client.post(
+        f"{API}/destinations/",
+        {"tenant": "acme", "slug": "desk2", "kind": "builtin", "credentials_ref": "plain-token"},
+        format="json",
+    )
     assert_problem(destination, 400)
-    destination = client.post(f"{API}/destinations/", {"tenant": "acme", "slug": "desk2", "kind": "builtin"},
-                              format="json")
+    destination = client.post(
+        f"{API}/destinations/", {"tenant": "acme", "slug": "desk2", "kind": "builtin"}, format="json"
+    )
     assert destination.status_code == 201, destination.content
 
-    rule = client.post(f"{API}/routing-rules/", {"tenant": "acme", "name": "urgent", "priority": "high",
-                                                  "conditions": {"subject_regex": "^urgent"},
-                                                  "destination": destination.json()["id"]}, format="json")
+    rule = client.post(
+        f"{API}/routing-rules/",
+        {
+            "tenant": "acme",
+            "name": "urgent",
+            "priority": "high",
+            "conditions": {"subject_regex": "^urgent"},
+            "destination": destination.json()["id"],
+        },
+        format="json",
+    )
     assert rule.status_code == 201, rule.content
-    bad = client.post(f"{API}/routing-rules/", {"tenant": "acme", "name": "bad", "conditions": {"nope": 1}},
-                      format="json")
+    bad = client.post(
+        f"{API}/routing-rules/", {"tenant": "acme", "name": "bad", "conditions": {"nope": 1}}, format="json"
+    )
     assert_problem(bad, 400)
     rule_id = rule.json()["id"]
     assert client.patch(f"{API}/routing-rules/{rule_id}/", {"enabled": False}, format="json").status_code == 200
@@ -356,26 +405,36 @@ def test_tenant_isolation(mailbox, operator, scanner_off, monkeypatch):
     assert [m["slug"] for m in admin_client.get(f"{API}/mailboxes/").json()["results"]] == ["support"]
     assert_problem(admin_client.get(f"{API}/mailboxes/{other_mailbox.pk}/"), 404)
     assert_problem(admin_client.patch(f"{API}/mailboxes/{other_mailbox.pk}/", {"paused": True}, format="json"), 404)
-    assert_problem(admin_client.post(f"{API}/mailboxes/", {"tenant": "globex", "slug": "x", "address": "x@g.test"},
-                                     format="json"), 400)
+    assert_problem(
+        admin_client.post(f"{API}/mailboxes/", {"tenant": "globex", "slug": "x", "address": "x@g.test"}, format="json"),
+        400,
+    )
     foreign_destination = Destination.objects.get(tenant=other_tenant)
-    assert_problem(admin_client.post(f"{API}/routing-rules/", {"tenant": "acme", "name": "r",
-                                                               "destination": foreign_destination.pk},
-                                     format="json"), 400)
+    assert_problem(
+        admin_client.post(
+            f"{API}/routing-rules/",
+            {"tenant": "acme", "name": "r", "destination": foreign_destination.pk},
+            format="json",
+        ),
+        400,
+    )
     assert not Mailbox.objects.get(pk=other_mailbox.pk).paused
 
 
 def test_a_tenant_slug_with_a_nul_byte_is_a_400_not_a_500(mailbox):
     """PostgreSQL refuses NUL in a text query: the slug names no tenant, said as for any unknown one."""
     client = api(make_user("ann", groups=["mailroom-admin"], tenants=[mailbox.tenant]))
-    for path, body in (("destinations", {"tenant": "ac\x00me", "slug": "desk", "kind": "builtin"}),
-                       ("mailboxes", {"tenant": "\x00", "slug": "x", "address": "x@acme.test"})):
+    for path, body in (
+        ("destinations", {"tenant": "ac\x00me", "slug": "desk", "kind": "builtin"}),
+        ("mailboxes", {"tenant": "\x00", "slug": "x", "address": "x@acme.test"}),
+    ):
         refused = client.post(f"{API}/{path}/", body, format="json")
         assert_problem(refused, 400)
         assert "tenant" in refused.json()["errors"]
 
 
 # --- schema and docs ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.django_db
 def test_schema_and_docs_render_with_local_assets():
@@ -403,13 +462,16 @@ def test_reconciliation_runs_and_findings_are_read_only_and_scoped(mailbox, oper
     other = make_tenant(slug="globex")
     ours = ReconciliationRun.objects.create(kind="provider", scope="support", started_at=now)
     theirs = ReconciliationRun.objects.create(kind="provider", scope="globex-support", started_at=now)
-    Finding.objects.create(run=ours, kind="outbox_stuck", object="outbox:1", tenant=mailbox.tenant, first_seen=now,
-                           last_seen=now)
-    Finding.objects.create(run=theirs, kind="outbox_stuck", object="outbox:2", tenant=other, first_seen=now,
-                           last_seen=now)
+    Finding.objects.create(
+        run=ours, kind="outbox_stuck", object="outbox:1", tenant=mailbox.tenant, first_seen=now, last_seen=now
+    )
+    Finding.objects.create(
+        run=theirs, kind="outbox_stuck", object="outbox:2", tenant=other, first_seen=now, last_seen=now
+    )
     assert_problem(api(operator).get(f"{API}/reconciliation-runs/"), 403)  # not an operator's page
-    auditor = make_user("rita", tenants=[mailbox.tenant],
-                        perms=["reconciliation.view_reconciliationrun", "reconciliation.view_finding"])
+    auditor = make_user(
+        "rita", tenants=[mailbox.tenant], perms=["reconciliation.view_reconciliationrun", "reconciliation.view_finding"]
+    )
     client = api(auditor)
     assert [r["id"] for r in client.get(f"{API}/reconciliation-runs/").json()["results"]] == [ours.pk]
     assert_problem(client.get(f"{API}/reconciliation-runs/{theirs.pk}/"), 404)

@@ -52,11 +52,25 @@ def api_token(db, same_connection, settings, monkeypatch):
     failed_item(mailbox, desk, subject="Rejected by the desk")
     now = InboxEvent.objects.get(pk=review).received_at
     run = ReconciliationRun.objects.create(kind="unmapped", scope="support", started_at=now, finished_at=now)
-    Finding.objects.create(run=run, kind="unmapped", object=f"event:{review}", tenant=tenant, inbox_event_id=review,
-                           first_seen=now, last_seen=now)
-    user = make_user("fuzz", groups=["operator", "security", "mailroom-admin"], tenants=[tenant],
-                     perms=["reconciliation.view_reconciliationrun", "reconciliation.view_finding",
-                            "reconciliation.replay_new_action"])
+    Finding.objects.create(
+        run=run,
+        kind="unmapped",
+        object=f"event:{review}",
+        tenant=tenant,
+        inbox_event_id=review,
+        first_seen=now,
+        last_seen=now,
+    )
+    user = make_user(
+        "fuzz",
+        groups=["operator", "security", "mailroom-admin"],
+        tenants=[tenant],
+        perms=[
+            "reconciliation.view_reconciliationrun",
+            "reconciliation.view_finding",
+            "reconciliation.replay_new_action",
+        ],
+    )
     return token_for(user)
 
 
@@ -69,7 +83,13 @@ schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application)
 @schema.parametrize()
 # Derandomized: CI sees the same generated cases every run (a new finding is a code change, not
 # a coin toss); no deadline, a loaded CI machine is not a failure.
-@settings(max_examples=15, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
-          database=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 def test_api_conforms_to_its_schema(case, api_token):
     case.call_and_validate(headers={"Authorization": f"Token {api_token}"}, checks=CHECKS)

@@ -7,6 +7,7 @@ Every case goes through the real pipeline (webhook, normalization, the built-in
 destination, the acknowledgment task against a real SMTP server) and is
 checked where it lands: the ticket, the mail server, the intents, the audit.
 """
+
 import logging
 
 import pytest
@@ -34,8 +35,9 @@ def _setup(settings, mailbox):
 
 
 def post(body) -> int:
-    response = Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                             **webhook_headers(WEBHOOK_SECRET, body))
+    response = Client().post(
+        "/webhooks/raw/support/", data=body, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, body)
+    )
     assert response.status_code == 202
     return response.json()["inbox_event_id"]
 
@@ -63,16 +65,24 @@ def assert_ticket_without_acknowledgment(event_id, smtp_server, reason):
 
 
 def authentication_results(authserv_id, dmarc):
-    return (f"{authserv_id}; spf=pass smtp.mailfrom=example.com; dkim=pass header.d=example.com; "
-            f"dmarc={dmarc} (p=reject dis=none) header.from=example.com")
+    return (
+        f"{authserv_id}; spf=pass smtp.mailfrom=example.com; dkim=pass header.d=example.com; "
+        f"dmarc={dmarc} (p=reject dis=none) header.from=example.com"
+    )
 
 
 # --- a person writes: exactly one acknowledgment ---------------------------------------------
 
+
 def test_a_normal_sender_gets_exactly_one_acknowledgment(smtp_server):
-    event_id = deliver(sender="Jane Doe <jane@example.com>",
-                       extra_headers={"Authentication-Results": authentication_results(TRUSTED, "pass"),
-                                      "X-Spam-Flag": "NO", "X-Spam-Status": "No, score=-0.1 required=5.0"})
+    event_id = deliver(
+        sender="Jane Doe <jane@example.com>",
+        extra_headers={
+            "Authentication-Results": authentication_results(TRUSTED, "pass"),
+            "X-Spam-Flag": "NO",
+            "X-Spam-Status": "No, score=-0.1 required=5.0",
+        },
+    )
     [ack] = smtp_server.messages
     assert ack["To"] == "jane@example.com"
     assert Intent.objects.get(inbox_event_id=event_id, action="notify_requester").state == "succeeded"
@@ -82,28 +92,43 @@ def test_a_normal_sender_gets_exactly_one_acknowledgment(smtp_server):
 
 # --- spam ---------------------------------------------------------------------------------------
 
+
 def test_spamassassin_flag_means_no_acknowledgment(smtp_server):
-    event_id = deliver(sender="winner@example.com", extra_headers={
-        "X-Spam-Flag": "YES",
-        "X-Spam-Status": "Yes, score=14.2 required=5.0 tests=BAYES_99,HTML_MESSAGE autolearn=spam version=3.4.6",
-    })
+    event_id = deliver(
+        sender="winner@example.com",
+        extra_headers={
+            "X-Spam-Flag": "YES",
+            "X-Spam-Status": "Yes, score=14.2 required=5.0 tests=BAYES_99,HTML_MESSAGE autolearn=spam version=3.4.6",
+        },
+    )
     assert_ticket_without_acknowledgment(event_id, smtp_server, "spam_flagged")
 
 
 def test_spam_status_alone_means_no_acknowledgment(smtp_server):
-    event_id = deliver(sender="winner@example.com",
-                       extra_headers={"X-Spam-Status": "Yes, score=7.9 required=5.0 tests=URIBL_BLACK"})
+    event_id = deliver(
+        sender="winner@example.com", extra_headers={"X-Spam-Status": "Yes, score=7.9 required=5.0 tests=URIBL_BLACK"}
+    )
     assert_ticket_without_acknowledgment(event_id, smtp_server, "spam_flagged")
 
 
 # --- senders nobody reads -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sender", [
-    "noreply@example.com", "no-reply@example.com", "No_Reply@example.com", "DoNotReply@shop.example",
-    "do-not-reply@example.com", "noreply-alerts@monitoring.example", "no-reply.billing@example.com",
-    "bounces+12345-abcd=acme.test@mailer.example", "bounce@lists.example",
-    '"Example Notifications" <noreply@notifications.example>',
-])
+
+@pytest.mark.parametrize(
+    "sender",
+    [
+        "noreply@example.com",
+        "no-reply@example.com",
+        "No_Reply@example.com",
+        "DoNotReply@shop.example",
+        "do-not-reply@example.com",
+        "noreply-alerts@monitoring.example",
+        "no-reply.billing@example.com",
+        "bounces+12345-abcd=acme.test@mailer.example",
+        "bounce@lists.example",
+        '"Example Notifications" <noreply@notifications.example>',
+    ],
+)
 def test_noreply_senders_get_no_acknowledgment(smtp_server, sender):
     event_id = deliver(sender=sender)
     assert_ticket_without_acknowledgment(event_id, smtp_server, "noreply_sender")
@@ -124,9 +149,12 @@ def test_mailer_daemon_and_postmaster_never_become_acknowledged_tickets(smtp_ser
 
 def test_a_person_writing_from_postmaster_gets_a_ticket_but_no_acknowledgment(smtp_server):
     # No bounce evidence, so validation lets it through; an acknowledgment to postmaster@ is still backscatter.
-    event_id = deliver(sender="Tomasz Wieczorek <postmaster@example.com>", subject="New relay from 1 July",
-                       body="Could you add our new relay mail2.example.com to your allow list?\n",
-                       extra_headers={"Authentication-Results": authentication_results(TRUSTED, "pass")})
+    event_id = deliver(
+        sender="Tomasz Wieczorek <postmaster@example.com>",
+        subject="New relay from 1 July",
+        body="Could you add our new relay mail2.example.com to your allow list?\n",
+        extra_headers={"Authentication-Results": authentication_results(TRUSTED, "pass")},
+    )
     assert_ticket_without_acknowledgment(event_id, smtp_server, "noreply_sender")
 
 
@@ -138,17 +166,20 @@ def test_a_local_part_that_only_contains_noreply_is_a_person():
 
 # --- DMARC ------------------------------------------------------------------------------------------
 
+
 def test_dmarc_fail_from_our_own_mta_means_no_acknowledgment(smtp_server):
-    event_id = deliver(sender="ceo@example.com",
-                       extra_headers={"Authentication-Results": authentication_results(TRUSTED, "fail")})
+    event_id = deliver(
+        sender="ceo@example.com", extra_headers={"Authentication-Results": authentication_results(TRUSTED, "fail")}
+    )
     assert InboxEvent.objects.get(pk=event_id).auth_results["dmarc"] == "fail"
     assert_ticket_without_acknowledgment(event_id, smtp_server, "dmarc_fail")
 
 
 def test_a_forged_dmarc_fail_from_another_authserv_id_does_not_suppress_the_acknowledgment(smtp_server):
     # Anyone can write an Authentication-Results header; only our MTA's counts (RFC 8601 §5).
-    message = make_message(sender="jane@example.com",
-                           extra_headers={"Authentication-Results": authentication_results(TRUSTED, "pass")})
+    message = make_message(
+        sender="jane@example.com", extra_headers={"Authentication-Results": authentication_results(TRUSTED, "pass")}
+    )
     forged = f"Authentication-Results: {authentication_results('mx.evil.example', 'fail')}\n".encode()
     event_id = post(forged + message)
     assert process_inbox_event(event_id) == "created"
@@ -162,13 +193,16 @@ def test_a_forged_dmarc_fail_from_another_authserv_id_does_not_suppress_the_ackn
 
 def test_a_forged_dmarc_fail_alone_is_ignored(smtp_server):
     # Not believed either way: no dmarc_fail, but nothing authenticates the sender, so no acknowledgment.
-    event_id = deliver(sender="jane@example.com",
-                       extra_headers={"Authentication-Results": authentication_results("mx.evil.example", "fail")})
+    event_id = deliver(
+        sender="jane@example.com",
+        extra_headers={"Authentication-Results": authentication_results("mx.evil.example", "fail")},
+    )
     assert InboxEvent.objects.get(pk=event_id).auth_results == {}
     assert_ticket_without_acknowledgment(event_id, smtp_server, "unauthenticated_sender")
 
 
 # --- addresses we cannot write to -----------------------------------------------------------------
+
 
 def test_an_invalid_sender_stored_by_an_earlier_normalization_gets_no_acknowledgment(smtp_server):
     # Today's parser never yields an invalid sender (the message goes to review as
@@ -190,6 +224,7 @@ def test_an_unreadable_from_is_reviewed_not_acknowledged(smtp_server):
 
 # --- the mailbox's own choice, and what is logged ---------------------------------------------------
 
+
 def test_acknowledgments_turned_off_are_audited_as_disabled(smtp_server, mailbox):
     mailbox.settings = {"acknowledge": False}
     mailbox.save()
@@ -208,21 +243,42 @@ def test_skip_reasons_in_order():
     mailbox = Mailbox(settings={})
     reason = ack_policy.acknowledgment_skip_reason
     assert reason(InboxEvent(sender="", mailbox=mailbox)) == "no_sender"
-    assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, details={"spam_flagged": True})) == \
-        "spam_flagged"
-    assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, details={
-        "spam_score": {"score": 9.0, "source": "X-Spam-Score", "threshold": 5.0}})) == "spam_score"
-    assert reason(InboxEvent(sender="noreply@example.com", mailbox=mailbox, auth_results={"dmarc": "fail"})) == \
-        "noreply_sender"
-    assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, auth_results={"dmarc": "fail"}, details={
-        "automated": {"reason": "list_mail", "evidence": "List-Id: <x.example.com>"}})) == "list_mail"
-    assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, auth_results={"dmarc": "fail"})) == \
-        "dmarc_fail"
+    assert (
+        reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, details={"spam_flagged": True})) == "spam_flagged"
+    )
+    assert (
+        reason(
+            InboxEvent(
+                sender="jane@example.com",
+                mailbox=mailbox,
+                details={"spam_score": {"score": 9.0, "source": "X-Spam-Score", "threshold": 5.0}},
+            )
+        )
+        == "spam_score"
+    )
+    assert (
+        reason(InboxEvent(sender="noreply@example.com", mailbox=mailbox, auth_results={"dmarc": "fail"}))
+        == "noreply_sender"
+    )
+    assert (
+        reason(
+            InboxEvent(
+                sender="jane@example.com",
+                mailbox=mailbox,
+                auth_results={"dmarc": "fail"},
+                details={"automated": {"reason": "list_mail", "evidence": "List-Id: <x.example.com>"}},
+            )
+        )
+        == "list_mail"
+    )
+    assert (
+        reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, auth_results={"dmarc": "fail"})) == "dmarc_fail"
+    )
     assert reason(InboxEvent(sender="jane@example", mailbox=mailbox)) == "invalid_sender"
     assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox)) == "unauthenticated_sender"
     assert reason(InboxEvent(sender="jane@example.com", mailbox=mailbox, auth_results={"dmarc": "pass"})) is None
-    assert reason(InboxEvent(sender="jane@example.com", mailbox=Mailbox(settings={"acknowledge": False}))) == \
-        "disabled"
-    assert ack_policy.wants_acknowledgment(InboxEvent(sender="jane@example.com", mailbox=mailbox,
-                                                           auth_results=AUTHENTICATED))
+    assert reason(InboxEvent(sender="jane@example.com", mailbox=Mailbox(settings={"acknowledge": False}))) == "disabled"
+    assert ack_policy.wants_acknowledgment(
+        InboxEvent(sender="jane@example.com", mailbox=mailbox, auth_results=AUTHENTICATED)
+    )
     assert not ack_policy.wants_acknowledgment(InboxEvent(sender="jane@example.com", mailbox=mailbox))

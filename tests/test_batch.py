@@ -5,6 +5,7 @@ event (`services.process_inbox_event`, the path as it was) and once as the task 
 events set-based, the rest per event), each inside a transaction rolled back afterwards, and compares
 everything the pipeline writes with ids and timestamps replaced by what they point at.
 """
+
 import threading
 
 import pytest
@@ -67,11 +68,18 @@ def receive(mailbox, **fields) -> int:
 
 def test_plain_mail_makes_the_same_rows_as_the_per_event_path(mailbox, monkeypatch):
     trust_our_mta(mailbox)
-    RoutingRule.objects.create(tenant=mailbox.tenant, name="billing", position=1, queue="billing", priority="high",
-                               conditions={"subject_regex": "invoice"}, stop_processing=True)
+    RoutingRule.objects.create(
+        tenant=mailbox.tenant,
+        name="billing",
+        position=1,
+        queue="billing",
+        priority="high",
+        conditions={"subject_regex": "invoice"},
+        stop_processing=True,
+    )
     ids = [receive(mailbox, subject=f"Printer {n} on fire", sender=f"person{n}@example.com") for n in range(5)]
     ids.append(receive(mailbox, subject="Where is my invoice?", sender="payer@example.com"))
-    ids.append(receive(mailbox, subject="no reply please", sender="noreply@example.com"))   # acknowledgment skipped
+    ids.append(receive(mailbox, subject="no reply please", sender="noreply@example.com"))  # acknowledgment skipped
     ids.append(receive(mailbox, subject="", sender="Jane Doe <jane@example.com>", body="x" * 5000))
 
     old, new, outcomes, left = both_ways(ids, monkeypatch)
@@ -92,39 +100,71 @@ def test_a_mixed_group_has_the_same_outcome_per_event_as_the_per_event_path(mail
     paused = make_mailbox(tenant, slug="paused", address="paused@acme.test", paused=True)
     sales = make_mailbox(tenant, slug="sales", address="sales@acme.test")
     desk_destination = make_desk_destination(tenant, desk, monkeypatch, is_default=False)
-    RoutingRule.objects.create(tenant=tenant, name="to the desk", position=1, destination=desk_destination,
-                               conditions={"subject_regex": "escalate"})
+    RoutingRule.objects.create(
+        tenant=tenant,
+        name="to the desk",
+        position=1,
+        destination=desk_destination,
+        conditions={"subject_regex": "escalate"},
+    )
     first = email_message(subject="Original question", sender="jane@example.com")
     ids = [ingest_message(mailbox, first).inbox_event_id]
     message_id = first.split(b"Message-ID: <", 1)[1].split(b">", 1)[0].decode()
     ids += [
-        receive(mailbox, subject="Re: Original question", sender="jane@example.com",
-                extra_headers={"In-Reply-To": f"<{message_id}>", "References": f"<{message_id}>"}),
-        receive(mailbox, subject="Out of office", sender="away@example.com",
-                extra_headers={"Auto-Submitted": "auto-replied"}),                                    # suppressed
-        receive(mailbox, subject="Invoice attached", sender="bob@example.com",
-                attachments=[("run.exe", "application/octet-stream", b"MZ\x90\x00" + b"\x00" * 200)]),  # quarantined
-        receive(mailbox, subject="Please escalate", sender="carol@example.com"),                     # external
-        receive(paused, subject="Waiting mail", sender="dave@example.com"),                          # paused
-        *[receive(mailbox, subject=f"Flood {n}", sender="flood@example.com") for n in range(4)],     # rate limit
+        receive(
+            mailbox,
+            subject="Re: Original question",
+            sender="jane@example.com",
+            extra_headers={"In-Reply-To": f"<{message_id}>", "References": f"<{message_id}>"},
+        ),
+        receive(
+            mailbox,
+            subject="Out of office",
+            sender="away@example.com",
+            extra_headers={"Auto-Submitted": "auto-replied"},
+        ),  # suppressed
+        receive(
+            mailbox,
+            subject="Invoice attached",
+            sender="bob@example.com",
+            attachments=[("run.exe", "application/octet-stream", b"MZ\x90\x00" + b"\x00" * 200)],
+        ),  # quarantined
+        receive(mailbox, subject="Please escalate", sender="carol@example.com"),  # external
+        receive(paused, subject="Waiting mail", sender="dave@example.com"),  # paused
+        *[receive(mailbox, subject=f"Flood {n}", sender="flood@example.com") for n in range(4)],  # rate limit
     ]
-    shared = email_message(subject="To both of you", sender="erin@example.com", to="support@acme.test",
-                           extra_headers={"Cc": "sales@acme.test"})
+    shared = email_message(
+        subject="To both of you",
+        sender="erin@example.com",
+        to="support@acme.test",
+        extra_headers={"Cc": "sales@acme.test"},
+    )
     ids += [ingest_message(mailbox, shared).inbox_event_id, ingest_message(sales, shared).inbox_event_id]  # copies
     raw_without_sender = b"To: support@acme.test\r\nSubject: who am I\r\nMessage-ID: <anon@x>\r\n\r\nhello\r\n"
-    ids.append(ingest_message(mailbox, raw_without_sender).inbox_event_id)                          # review
+    ids.append(ingest_message(mailbox, raw_without_sender).inbox_event_id)  # review
 
     old, new, outcomes, left = both_ways(ids, monkeypatch)
 
     assert_same(old, new)
     # The reply, the external destination, the paused mailbox and the second copy go their own way.
     assert left == [ids[1], ids[4], ids[5], ids[11]]
-    assert outcomes == {"created": 6, "suppressed": 1, "quarantined": 1, "awaiting_review": 3, "paused": 1,
-                        "linked": 1}
+    assert outcomes == {"created": 6, "suppressed": 1, "quarantined": 1, "awaiting_review": 3, "paused": 1, "linked": 1}
     states = [e["state"] for e in new["events"]]
-    assert states == ["completed", "completed", "suppressed", "quarantined", "completed", "received",
-                      "completed", "completed", "awaiting_review", "awaiting_review", "completed", "completed",
-                      "awaiting_review"]
+    assert states == [
+        "completed",
+        "completed",
+        "suppressed",
+        "quarantined",
+        "completed",
+        "received",
+        "completed",
+        "completed",
+        "awaiting_review",
+        "awaiting_review",
+        "completed",
+        "completed",
+        "awaiting_review",
+    ]
     assert new["events"][1]["mappings"][0][0] == "add_comment"
     assert new["events"][11]["copy_of"] == "event10"
 
@@ -140,10 +180,14 @@ def test_a_group_processed_twice_makes_nothing_twice(mailbox):
 
 
 def _counts() -> dict:
-    return {"Ticket": Ticket.objects.count(), "TicketMapping": TicketMapping.objects.count(),
-            "create_ticket": Intent.objects.filter(action="create_ticket").count(),
-            "notify_requester": Intent.objects.filter(action="notify_requester").count(),
-            "AuditEvent": AuditEvent.objects.count(), "OutboxMessage": OutboxMessage.objects.count()}
+    return {
+        "Ticket": Ticket.objects.count(),
+        "TicketMapping": TicketMapping.objects.count(),
+        "create_ticket": Intent.objects.filter(action="create_ticket").count(),
+        "notify_requester": Intent.objects.filter(action="notify_requester").count(),
+        "AuditEvent": AuditEvent.objects.count(),
+        "OutboxMessage": OutboxMessage.objects.count(),
+    }
 
 
 def test_a_conflict_rolls_the_group_back_to_the_per_event_path(mailbox, monkeypatch):
@@ -170,6 +214,7 @@ def test_an_intent_made_by_someone_else_leaves_that_event_to_the_per_event_path(
     # Another worker got the middle one as far as its intent (pending, not yet carried out).
     event = InboxEvent.objects.get(pk=ids[1])
     from ticketing import intents
+
     intents.create_if_missing(event, action=Intent.Action.CREATE_TICKET, destination=event.tenant.destinations.get())
     handled, rest = batch.process_plain(ids, workers.worker_identity(), {})
     assert handled == {ids[0]: "created", ids[2]: "created"} and rest == [ids[1]]

@@ -1,6 +1,7 @@
 """`intake.services.ingest_batch`, the poller's one statement per batch: each message stored once with one
 `received` audit row and one outbox row, whatever repeats inside the batch or meets stored events; a crash
 before the batch's commit stores none of it. And the per-event INFO line, sampled and off by default."""
+
 import logging
 
 import pytest
@@ -21,17 +22,26 @@ def item(raw):
 
 def stored_rows(mailbox):
     events = list(InboxEvent.objects.filter(mailbox=mailbox).order_by("pk").values_list("pk", flat=True))
-    audits = sorted(AuditEvent.objects.filter(inbox_event_id__in=events, kind="received")
-                    .values_list("inbox_event_id", flat=True))
-    outbox = sorted(p["inbox_event_id"] for p in OutboxMessage.objects.filter(topic=services.PROCESS_TOPIC)
-                    .values_list("payload", flat=True))
+    audits = sorted(
+        AuditEvent.objects.filter(inbox_event_id__in=events, kind="received").values_list("inbox_event_id", flat=True)
+    )
+    outbox = sorted(
+        p["inbox_event_id"]
+        for p in OutboxMessage.objects.filter(topic=services.PROCESS_TOPIC).values_list("payload", flat=True)
+    )
     return events, audits, outbox
 
 
 @pytest.fixture
 def polled(tenant):
-    return Mailbox.objects.create(tenant=tenant, slug="batched", address="batched@acme.test", provider="imap",
-                                  poll_enabled=True, settings={"host": "imap.invalid"})
+    return Mailbox.objects.create(
+        tenant=tenant,
+        slug="batched",
+        address="batched@acme.test",
+        provider="imap",
+        poll_enabled=True,
+        settings={"host": "imap.invalid"},
+    )
 
 
 @pytest.mark.parametrize("embedded", [False, True], ids=["postgresql", "per-row (the SQLite path)"])
@@ -42,8 +52,9 @@ def test_duplicates_inside_the_batch_and_against_stored_events_are_stored_once(p
     first = services.ingest(polled, message_id_from_raw(stored), stored, source="imap")
     settings.USING_POSTGRES = not embedded  # the embedded default's path, here on PostgreSQL's tables
 
-    results = services.ingest_batch(mailbox=polled, source="imap",
-                                    items=[item(new), item(stored), item(twice), item(twice), item(other), item(new)])
+    results = services.ingest_batch(
+        mailbox=polled, source="imap", items=[item(new), item(stored), item(twice), item(twice), item(other), item(new)]
+    )
 
     assert [r.duplicate for r in results] == [False, True, False, True, False, True]
     assert results[1].inbox_event_id == first.inbox_event_id
@@ -55,19 +66,26 @@ def test_duplicates_inside_the_batch_and_against_stored_events_are_stored_once(p
     reused = InboxEvent.objects.get(pk=results[4].inbox_event_id)
     assert reused.message_id_reused and reused.provider_message_id.startswith(message_id_from_raw(twice) + "#")
     assert AuditEvent.objects.get(inbox_event_id=reused.pk).detail == {
-        "size": len(other), "message_id_reused": True, "first_event": results[2].inbox_event_id}
+        "size": len(other),
+        "message_id_reused": True,
+        "first_event": results[2].inbox_event_id,
+    }
     assert bytes(InboxEvent.objects.get(pk=results[0].inbox_event_id).raw) == new
 
     again = services.ingest_batch(mailbox=polled, source="imap", items=[item(new), item(other), item(stored)])
     assert [(r.inbox_event_id, r.duplicate) for r in again] == [
-        (results[0].inbox_event_id, True), (results[4].inbox_event_id, True), (first.inbox_event_id, True)]
+        (results[0].inbox_event_id, True),
+        (results[4].inbox_event_id, True),
+        (first.inbox_event_id, True),
+    ]
     assert stored_rows(polled) == (events, audits, outbox)
 
 
 def test_a_batch_of_history_keeps_the_flag_in_the_event_and_its_audit_row(polled):
     raw = make_message(subject="Old mail")
-    (result,) = services.ingest_batch(mailbox=polled, source="imap", items=[
-        services.IngestItem(message_id_from_raw(raw), raw, history=True)])
+    (result,) = services.ingest_batch(
+        mailbox=polled, source="imap", items=[services.IngestItem(message_id_from_raw(raw), raw, history=True)]
+    )
     assert InboxEvent.objects.get(pk=result.inbox_event_id).history
     assert AuditEvent.objects.get(inbox_event_id=result.inbox_event_id).detail == {"size": len(raw), "history": True}
 
@@ -108,13 +126,17 @@ def test_a_crash_between_the_statement_and_the_cursor_commit_stores_nothing(poll
 
 
 def stored_lines(caplog):
-    return [r for r in caplog.records if r.name == "intake.services.ingestion" and r.getMessage().startswith(
-        ("stored event", "duplicate delivery"))]
+    return [
+        r
+        for r in caplog.records
+        if r.name == "intake.services.ingestion" and r.getMessage().startswith(("stored event", "duplicate delivery"))
+    ]
 
 
 def post_raw(body):
-    return Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                         **webhook_headers(WEBHOOK_SECRET, body))
+    return Client().post(
+        "/webhooks/raw/support/", data=body, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, body)
+    )
 
 
 def test_the_door_logs_no_line_per_event_unless_sampled(mailbox, settings, caplog):

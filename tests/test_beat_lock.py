@@ -6,6 +6,7 @@ consumes: the broker's queue is the record of every tick, each message naming th
 `origin` header). The lock itself is tested directly on PostgreSQL (an advisory lock on a session of its own)
 and on SQLite's fallback (an fcntl file lock).
 """
+
 import json
 import signal
 import threading
@@ -60,8 +61,7 @@ def probe_every_second(transactional_db):
 
 
 @pytest.mark.live
-def test_second_beat_stands_by_and_takes_over_without_doubling_a_tick(probe_every_second, live_broker,
-                                                                      live_processes):
+def test_second_beat_stands_by_and_takes_over_without_doubling_a_tick(probe_every_second, live_broker, live_processes):
     env = subprocess_env(live_broker.url)
     beat = [PYTHON, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO"]
     ticks = Ticks(live_broker)
@@ -89,8 +89,10 @@ def test_second_beat_stands_by_and_takes_over_without_doubling_a_tick(probe_ever
     # One tick a second, never two at once, across the takeover too; and the takeover within a few seconds.
     assert min(gaps) > 0.5, gaps
     assert min(after) - max(before) < 6, (max(before), min(after))
-    print(f"\nbeat: {len(before)} ticks by the first beat, SIGKILLed; the standby's first tick "
-          f"{min(after) - max(before):.2f} s after the last one; smallest gap {min(gaps):.2f} s")
+    print(
+        f"\nbeat: {len(before)} ticks by the first beat, SIGKILLed; the standby's first tick "
+        f"{min(after) - max(before):.2f} s after the last one; smallest gap {min(gaps):.2f} s"
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -103,8 +105,11 @@ def test_postgres_lock_has_one_holder_and_goes_with_its_session():
         # The holder's session ends under it (a restarted server, a cut connection): it knows it lost the lock,
         # and the other one gets it.
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                           "AND classid = %s AND objid = %s", [LOCK_NAMESPACE, LOCK_KEY])
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND classid = %s AND objid = %s",
+                [LOCK_NAMESPACE, LOCK_KEY],
+            )
             assert cursor.fetchall() == [(True,)]
         wait_for(lambda: second.acquire(), timeout=10)
         assert not first.still_held() and not first.held

@@ -5,6 +5,7 @@ Messages are written as real clients write them (Thunderbird, Outlook, Apple Mai
 tests/corpus (real S/MIME and PGP/MIME ciphertext); they go through `ingest` and the pipeline's own
 `normalize`, so the verdicts shown are the ones normalization stored on the event.
 """
+
 import re
 from pathlib import Path
 
@@ -203,8 +204,9 @@ def test_a_thunderbird_message_shows_from_to_cc_date_and_message_id(sec_client, 
     page = body_page(sec_client, event_id)
     assert text_of(section(page, "body-from")) == "Lukas Berger <lukas.berger@posteo.example>"
     assert text_of(section(page, "body-to")) == "support@acme.test"
-    assert text_of(section(page, "body-cc")) == ("Jürgen Müller <juergen.mueller@posteo.example>, "
-                                                 "Berger, Anna <anna.berger@posteo.example>")
+    assert text_of(section(page, "body-cc")) == (
+        "Jürgen Müller <juergen.mueller@posteo.example>, Berger, Anna <anna.berger@posteo.example>"
+    )
     # The Date in the console's one format (UTC here), with the header as sent beside it.
     assert text_of(section(page, "body-date")).startswith("2026-12-01 08:14 UTC (")
     assert "Tue, 1 Dec 2026 09:14:07 +0100" in section(page, "body-date")
@@ -212,12 +214,19 @@ def test_a_thunderbird_message_shows_from_to_cc_date_and_message_id(sec_client, 
     assert [a.actor for a in AuditEvent.objects.filter(inbox_event_id=event_id, kind="body_viewed")] == ["user:sec"]
 
 
-@pytest.mark.parametrize("raw, cc, words", [
-    (OUTLOOK, "Marc Lefevre <marc.lefevre@example.fr>, IT Desk <itdesk@example.fr>",
-     "the badge reader at entrance B refuses every badge since this morning"),
-    (APPLE_MAIL, "Sara Khan <sara.khan@me.com>", "The printer on floor 2 prints blank pages"),
-    (THUNDERBIRD, None, "since Monday the VPN drops every 20 minutes"),
-], ids=["outlook", "apple-mail", "thunderbird"])
+@pytest.mark.parametrize(
+    "raw, cc, words",
+    [
+        (
+            OUTLOOK,
+            "Marc Lefevre <marc.lefevre@example.fr>, IT Desk <itdesk@example.fr>",
+            "the badge reader at entrance B refuses every badge since this morning",
+        ),
+        (APPLE_MAIL, "Sara Khan <sara.khan@me.com>", "The printer on floor 2 prints blank pages"),
+        (THUNDERBIRD, None, "since Monday the VPN drops every 20 minutes"),
+    ],
+    ids=["outlook", "apple-mail", "thunderbird"],
+)
 def test_each_alternative_of_a_real_clients_message_is_shown_as_text(sec_client, mailbox, raw, cc, words):
     page = body_page(sec_client, store(mailbox, raw))
     if cc:
@@ -243,10 +252,12 @@ def test_html_with_a_script_is_shown_as_text_never_as_markup(sec_client, mailbox
 def test_a_long_body_is_folded_after_200_lines_and_shown_whole_behind_show_all(sec_client, mailbox):
     lines = [f"{n:05d} kernel: usb 1-1: device descriptor read/64, error -71 on port {n % 8}" for n in range(3900)]
     body = "\n".join(lines) + "\n"
-    assert 260_000 < len(body) < 290_000    # the 273 KB body of the issue
-    raw = (b"From: monitor@ops.example\r\nTo: support@acme.test\r\nSubject: dmesg\r\n"
-           b"Message-ID: <dmesg-1@ops.example>\r\nDate: Tue, 1 Dec 2026 10:00:00 +0000\r\nMIME-Version: 1.0\r\n"
-           b"Content-Type: text/plain; charset=us-ascii\r\n\r\n" + body.replace("\n", "\r\n").encode())
+    assert 260_000 < len(body) < 290_000  # the 273 KB body of the issue
+    raw = (
+        b"From: monitor@ops.example\r\nTo: support@acme.test\r\nSubject: dmesg\r\n"
+        b"Message-ID: <dmesg-1@ops.example>\r\nDate: Tue, 1 Dec 2026 10:00:00 +0000\r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: text/plain; charset=us-ascii\r\n\r\n" + body.replace("\n", "\r\n").encode()
+    )
     page = body_page(sec_client, store(mailbox, raw))
     head = page.split('id="message-body"', 1)[1].split("</pre>", 1)[0]
     assert lines[0] in head and lines[199] in head and lines[200] not in head
@@ -257,16 +268,17 @@ def test_a_long_body_is_folded_after_200_lines_and_shown_whole_behind_show_all(s
 
 
 def test_folding_cuts_a_text_of_few_long_lines_at_20_kb_at_a_line_end():
-    text = "\n".join("x" * 999 for _ in range(60))   # 60 lines of 1,000 characters: 60 KB, under 200 lines
+    text = "\n".join("x" * 999 for _ in range(60))  # 60 lines of 1,000 characters: 60 KB, under 200 lines
     folded = fold(text)
     assert len(folded.head) <= FOLD_CHARS and folded.head.endswith("x") and folded.head + "\n" + folded.rest == text
     assert folded.lines == 60 and folded.hidden_lines == 60 - folded.head.count("\n") - 1
     assert fold("short\ntext\n").rest == "" and fold("").lines == 0
-    assert fold("\n".join(["line"] * FOLD_LINES)).rest == ""    # exactly 200 lines: nothing to fold
+    assert fold("\n".join(["line"] * FOLD_LINES)).rest == ""  # exactly 200 lines: nothing to fold
 
 
-@pytest.mark.parametrize("corpus_file, method", [("smime_encrypted.eml", "S/MIME"),
-                                                 ("pgp_mime_encrypted.eml", "PGP/MIME")])
+@pytest.mark.parametrize(
+    "corpus_file, method", [("smime_encrypted.eml", "S/MIME"), ("pgp_mime_encrypted.eml", "PGP/MIME")]
+)
 def test_an_encrypted_message_says_why_its_text_is_empty(sec_client, mailbox, corpus_file, method):
     event_id = store(mailbox, (CORPUS / corpus_file).read_bytes())
     assert InboxEvent.objects.get(pk=event_id).reason_code == "encrypted"
@@ -285,8 +297,9 @@ def test_attachments_show_the_verdicts_stored_on_the_event_and_download_links(se
     message["From"], message["To"], message["Subject"] = "eve@customer.test", "support@acme.test", "Run this"
     message["Message-ID"], message["Date"] = "<run-1@customer.test>", "Tue, 1 Dec 2026 10:00:00 +0000"
     message.set_content("Please run the attached tool.\n")
-    message.add_attachment(b"MZ\x90\x00" + b"\x00" * 200, maintype="application", subtype="octet-stream",
-                           filename="run.exe")
+    message.add_attachment(
+        b"MZ\x90\x00" + b"\x00" * 200, maintype="application", subtype="octet-stream", filename="run.exe"
+    )
     message.add_attachment(b"col1,col2\n1,2\n", maintype="text", subtype="csv", filename="data.csv")
     event_id = store(mailbox, message.as_bytes())
     assert InboxEvent.objects.get(pk=event_id).state == "quarantined"
@@ -303,23 +316,27 @@ def test_attachments_show_the_verdicts_stored_on_the_event_and_download_links(se
 def test_a_malware_finding_is_shown_on_the_file_it_names(mailbox):
     from intake.mime import parse_message
 
-    raw = (b"From: a@customer.test\r\nTo: support@acme.test\r\nSubject: s\r\nMIME-Version: 1.0\r\n"
-           b"Content-Type: multipart/mixed; boundary=b\r\n\r\n--b\r\nContent-Type: text/plain\r\n\r\nhi\r\n"
-           b"--b\r\nContent-Type: application/zip\r\nContent-Disposition: attachment; filename=\"a.zip\"\r\n\r\nPK\r\n"
-           b"--b\r\nContent-Type: application/pdf\r\n"
-           b"Content-Disposition: attachment; filename=\"a.zip.pdf\"\r\n\r\n%PDF\r\n"
-           b"--b--\r\n")
+    raw = (
+        b"From: a@customer.test\r\nTo: support@acme.test\r\nSubject: s\r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: multipart/mixed; boundary=b\r\n\r\n--b\r\nContent-Type: text/plain\r\n\r\nhi\r\n"
+        b'--b\r\nContent-Type: application/zip\r\nContent-Disposition: attachment; filename="a.zip"\r\n\r\nPK\r\n'
+        b"--b\r\nContent-Type: application/pdf\r\n"
+        b'Content-Disposition: attachment; filename="a.zip.pdf"\r\n\r\n%PDF\r\n'
+        b"--b--\r\n"
+    )
     details = {"findings": [{"state": "quarantined", "reason": "malware", "detail": "a.zip: Eicar-Test-Signature"}]}
     zip_row, pdf_row = attachment_rows(parse_message(raw).attachments, details)
     assert zip_row.verdicts == ["Malware signature found: Eicar-Test-Signature"]
     assert pdf_row.verdicts == [] and pdf_row.checked
-    assert attachment_rows(parse_message(raw).attachments, {})[0].checked is False   # not judged yet
+    assert attachment_rows(parse_message(raw).attachments, {})[0].checked is False  # not judged yet
 
 
 def test_a_message_with_only_attachments_or_nothing_says_so(sec_client, mailbox):
-    only_files = (b"From: a@customer.test\r\nTo: support@acme.test\r\nSubject: scan\r\nMIME-Version: 1.0\r\n"
-                  b"Content-Type: multipart/mixed; boundary=b\r\n\r\n--b\r\nContent-Type: application/pdf\r\n"
-                  b"Content-Disposition: attachment; filename=\"scan.pdf\"\r\n\r\n%PDF-1.4 scan\r\n--b--\r\n")
+    only_files = (
+        b"From: a@customer.test\r\nTo: support@acme.test\r\nSubject: scan\r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: multipart/mixed; boundary=b\r\n\r\n--b\r\nContent-Type: application/pdf\r\n"
+        b'Content-Disposition: attachment; filename="scan.pdf"\r\n\r\n%PDF-1.4 scan\r\n--b--\r\n'
+    )
     page = body_page(sec_client, store(mailbox, only_files))
     assert "The message has no body text, only the attachments listed below." in page
     empty = b"From: a@customer.test\r\nTo: support@acme.test\r\nSubject: (empty)\r\n\r\n"
@@ -328,11 +345,13 @@ def test_a_message_with_only_attachments_or_nothing_says_so(sec_client, mailbox)
 
 
 def test_a_message_the_parser_cannot_walk_says_it_could_not_be_read(sec_client, mailbox):
-    raw = (b"From: a@customer.test\r\nTo: support@acme.test\r\nSubject: parts\r\nMIME-Version: 1.0\r\n"
-           b"Content-Type: multipart/mixed; boundary=b\r\n\r\n" + b"--b\r\n" * 20_001)
+    raw = (
+        b"From: a@customer.test\r\nTo: support@acme.test\r\nSubject: parts\r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: multipart/mixed; boundary=b\r\n\r\n" + b"--b\r\n" * 20_001
+    )
     page = body_page(sec_client, store(mailbox, raw))
     assert "Mailroom could not read every part of this message" in text_of(section(page, "body-text-note"))
-    assert text_of(section(page, "body-from")) == "a@customer.test"   # the headers are still shown
+    assert text_of(section(page, "body-from")) == "a@customer.test"  # the headers are still shown
 
 
 def test_a_purged_body_says_retention_removed_it_and_still_audits_the_view(sec_client, mailbox):
@@ -352,16 +371,17 @@ def test_an_operator_without_the_body_permission_gets_403_and_no_audit_row(clien
 
 
 @pytest.mark.live
-def test_in_a_browser_the_long_body_unfolds_and_the_messages_script_never_runs(live_server, browser, tenant,
-                                                                               mailbox):
+def test_in_a_browser_the_long_body_unfolds_and_the_messages_script_never_runs(live_server, browser, tenant, mailbox):
     from tests.support.pages import new_context_page, walk
 
     make_user("sec", groups=["security"], tenants=[tenant])
     hostile = store(mailbox, HOSTILE_HTML)
     long_body = "\n".join(f"{n:05d} kernel: usb 1-1: device descriptor read/64, error -71" for n in range(4000))
-    long_raw = (b"From: monitor@ops.example\r\nTo: support@acme.test\r\nCc: Night Shift <night@ops.example>\r\n"
-                b"Subject: dmesg\r\nMessage-ID: <dmesg-2@ops.example>\r\nDate: Tue, 1 Dec 2026 10:00:00 +0000\r\n"
-                b"Content-Type: text/plain; charset=us-ascii\r\n\r\n" + long_body.encode())
+    long_raw = (
+        b"From: monitor@ops.example\r\nTo: support@acme.test\r\nCc: Night Shift <night@ops.example>\r\n"
+        b"Subject: dmesg\r\nMessage-ID: <dmesg-2@ops.example>\r\nDate: Tue, 1 Dec 2026 10:00:00 +0000\r\n"
+        b"Content-Type: text/plain; charset=us-ascii\r\n\r\n" + long_body.encode()
+    )
     folded = store(mailbox, long_raw)
     with_files = store(mailbox, (CORPUS / "outlook_exchange_related_pdf.eml").read_bytes())
     context, page = new_context_page(browser)
@@ -376,7 +396,7 @@ def test_in_a_browser_the_long_body_unfolds_and_the_messages_script_never_runs(l
         problems = walk(page, f"{live_server.url}{QUEUE_URL}{hostile}/body/", "body-hostile-html")
         assert page.title() != "owned" and dialogs == []
         assert page.locator("#message-body script, #message-body b, #message-body img").count() == 0
-        assert "<script>alert(2)</script>" in page.inner_text("#message-body")   # as text, escaped
+        assert "<script>alert(2)</script>" in page.inner_text("#message-body")  # as text, escaped
 
         problems += walk(page, f"{live_server.url}{QUEUE_URL}{folded}/body/", "body-long-folded")
         page.set_viewport_size({"width": 800, "height": 900})

@@ -1,5 +1,6 @@
 """The circuit breaker per destination (ticketing.breaker): it pauses a broken destination by itself, the
 items wait instead of failing one by one, the tenant's admins are emailed, and only a person resumes."""
+
 import pytest
 from django.test import Client
 
@@ -23,7 +24,8 @@ def bad_desk(tenant, mailbox, desk, monkeypatch, scanner_off):
 
 
 def test_credential_failures_pause_the_destination_items_wait_and_a_persons_resume_lets_them_through(
-        tenant, mailbox, bad_desk, desk, monkeypatch, smtp_server):
+    tenant, mailbox, bad_desk, desk, monkeypatch, smtp_server
+):
     admin = make_user("boss", groups=["mailroom-admin"], tenants=[tenant])
     make_user("stranger", groups=["mailroom-admin"])  # another tenant's admin: not told
     ids = [new_event(mailbox, subject=f"Help #{n}", sender="jane.doe@customer.test") for n in range(5)]
@@ -96,8 +98,9 @@ def test_a_high_failure_rate_over_the_window_trips_the_breaker(tenant, mailbox, 
 def test_failures_that_say_nothing_about_the_destination_never_trip_it(tenant):
     from intake.failures import AmbiguousOutcome, PermanentError
 
-    destination = Destination.objects.create(tenant=tenant, slug="busy-desk", kind="zendesk",
-                                             base_url="http://127.0.0.1:9", is_default=False)
+    destination = Destination.objects.create(
+        tenant=tenant, slug="busy-desk", kind="zendesk", base_url="http://127.0.0.1:9", is_default=False
+    )
     # What a busy but healthy desk answers (the seeded soak's mix): 429s, timeouts after the
     # request was sent, one message's invalid fields — and a few successes.
     for _ in range(6):

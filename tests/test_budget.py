@@ -3,6 +3,7 @@ sliding-minute count under the quota, worker processes on PostgreSQL and on the 
 budget, a Retry-After one worker met holds the others back, a slot further than the read timeout fails the call
 as rate-limited without sending it, and a destination without a quota asks nothing of the database. FakeDesk's
 quota (`quota_per_minute`) answers like Zendesk's account limit."""
+
 import json
 import math
 import os
@@ -82,12 +83,25 @@ def run_takers(destination_id: int, workers: int, count: int, env: dict, tmp_pat
     go, racers = tmp_path / "go", []
     for n in range(workers):
         ready = tmp_path / f"ready-{n}"
-        racers.append((ready, subprocess.Popen([PYTHON, "-c", TAKER_SCRIPT, str(destination_id), str(count),
-                                                str(ready), str(go)], cwd=REPO_ROOT, env=env,
-                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        racers.append(
+            (
+                ready,
+                subprocess.Popen(
+                    [PYTHON, "-c", TAKER_SCRIPT, str(destination_id), str(count), str(ready), str(go)],
+                    cwd=REPO_ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                ),
+            )
+        )
     try:
-        wait_for(lambda: all(ready.exists() for ready, _ in racers), timeout=60,
-                 describe=lambda: [p.poll() for _, p in racers])
+        wait_for(
+            lambda: all(ready.exists() for ready, _ in racers),
+            timeout=60,
+            describe=lambda: [p.poll() for _, p in racers],
+        )
         go.write_text("go")
         sent = []
         for _, process in racers:
@@ -120,11 +134,13 @@ def tenant(db):
 
 
 def zendesk(tenant, base_url="http://127.0.0.1:9", **settings) -> Destination:
-    return Destination.objects.create(tenant=tenant, slug=f"zd-{Destination.objects.count()}", kind="zendesk",
-                                      base_url=base_url, settings=settings)
+    return Destination.objects.create(
+        tenant=tenant, slug=f"zd-{Destination.objects.count()}", kind="zendesk", base_url=base_url, settings=settings
+    )
 
 
 # --- the pace ------------------------------------------------------------------------------------------------
+
 
 def test_the_pace_leaves_the_burst_and_headroom_out_of_the_quota():
     assert budget.pace(120) == budget.Quota(per_minute=120, burst=4, interval=60 / 114)
@@ -189,10 +205,10 @@ def test_the_quota_is_the_setting_else_the_kinds_else_none(tenant):
 
 # --- the hook in HttpDestination.send -----------------------------------------------------------------------
 
+
 def test_a_destination_without_a_quota_asks_no_budget(tenant, desk, monkeypatch):
     unlimited = make_desk_destination(tenant, desk, monkeypatch, slug="free", requests_per_minute=0)
-    limited = make_desk_destination(tenant, desk, monkeypatch, slug="paced", is_default=False,
-                                    requests_per_minute=120)
+    limited = make_desk_destination(tenant, desk, monkeypatch, slug="paced", is_default=False, requests_per_minute=120)
     for destination, asked in ((unlimited, False), (limited, True)):
         adapter = adapter_for(destination)
         adapter.check_connection()  # credentials resolved and cached: only the call itself below
@@ -237,6 +253,7 @@ def test_a_429_with_retry_after_is_shared_through_the_budget(tenant, desk, monke
 
 # --- several processes, one budget ---------------------------------------------------------------------------
 
+
 def test_worker_processes_on_postgresql_share_one_budget(transactional_db, tmp_path):
     """Three processes taking slots as fast as they can: together they keep one budget's pace (three separate
     budgets would send three bursts at once), and sustain it."""
@@ -265,8 +282,14 @@ def test_a_retry_after_one_process_met_holds_back_another(transactional_db, desk
     env = subprocess_env()
 
     def call() -> str:
-        process = subprocess.run([PYTHON, "-c", CALLER_SCRIPT, str(destination.pk)], cwd=REPO_ROOT, env=env,
-                                 capture_output=True, text=True, timeout=60)
+        process = subprocess.run(
+            [PYTHON, "-c", CALLER_SCRIPT, str(destination.pk)],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert process.returncode == 0, process.stderr[-3000:]
         return process.stdout.strip().splitlines()[-1]
 
@@ -277,22 +300,34 @@ def test_a_retry_after_one_process_met_holds_back_another(transactional_db, desk
 
 def test_worker_processes_on_the_embedded_sqlite_file_share_one_budget(tmp_path):
     """The same on the embedded default: a SQLite file (WAL, as `make run` has it), migrated, three processes."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MAILROOM_", "CELERY_", "DJANGO_")) and k != "DATABASE_URL"}
-    env.update(DJANGO_SETTINGS_MODULE="config.settings", MAILROOM_ENV="development",
-               DATABASE_URL=f"sqlite:///{tmp_path / 'mailroom.sqlite3'}", MAILROOM_VAR_DIR=str(tmp_path / "var"))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MAILROOM_", "CELERY_", "DJANGO_")) and k != "DATABASE_URL"
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        MAILROOM_ENV="development",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'mailroom.sqlite3'}",
+        MAILROOM_VAR_DIR=str(tmp_path / "var"),
+    )
 
     def manage(*args) -> str:
-        process = subprocess.run([PYTHON, "manage.py", *args], cwd=REPO_ROOT, env=env, capture_output=True,
-                                 text=True, timeout=120)
+        process = subprocess.run(
+            [PYTHON, "manage.py", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
         assert process.returncode == 0, process.stderr[-3000:]
         return process.stdout
 
     manage("migrate", "--noinput", "-v0")
-    out = manage("shell", "-c", "from intake.models import Tenant; from ticketing.models import Destination; "
-                                "t = Tenant.objects.create(slug='acme', name='Acme'); "
-                                "print(Destination.objects.create(tenant=t, slug='desk', kind='zendesk', "
-                                "base_url='http://127.0.0.1:9', settings={'requests_per_minute': 600}).pk)")
+    out = manage(
+        "shell",
+        "-c",
+        "from intake.models import Tenant; from ticketing.models import Destination; "
+        "t = Tenant.objects.create(slug='acme', name='Acme'); "
+        "print(Destination.objects.create(tenant=t, slug='desk', kind='zendesk', "
+        "base_url='http://127.0.0.1:9', settings={'requests_per_minute': 600}).pk)",
+    )
     destination_id = int(out.strip().splitlines()[-1])
     sent = run_takers(destination_id, workers=3, count=30, env=env, tmp_path=tmp_path)
     assert len(sent) == 90
@@ -300,6 +335,7 @@ def test_worker_processes_on_the_embedded_sqlite_file_share_one_budget(tmp_path)
 
 
 # --- FakeDesk's quota ----------------------------------------------------------------------------------------
+
 
 def test_fakedesk_refuses_past_its_quota_like_zendesk(desk_factory):
     desk = desk_factory(quota_per_minute=3)
@@ -322,16 +358,17 @@ def test_fakedesk_quota_counts_a_sliding_minute():
     assert quota.admit() is None
     clock[0] = 30.0
     assert quota.admit() is None
-    assert quota.admit() == pytest.approx(30.0)   # the first one leaves the minute at 60
+    assert quota.admit() == pytest.approx(30.0)  # the first one leaves the minute at 60
     clock[0] = 60.0
-    assert quota.admit() is None                  # it has left; the one at 30 is still in
+    assert quota.admit() is None  # it has left; the one at 30 is still in
     assert quota.admit() == pytest.approx(30.0)
     assert quota.report() == {"quota_per_minute": 2, "admitted": 3, "refused": 2, "busiest_minute": 2}
 
 
 @pytest.mark.fakedesk(process=True, quota_per_minute=2)
 def test_a_fakedesk_process_takes_its_quota_from_the_command_line(desk):
-    statuses = [requests.get(desk.url + "/api/v2/users/me.json", auth=desk.auth, timeout=5).status_code
-                for _ in range(3)]
+    statuses = [
+        requests.get(desk.url + "/api/v2/users/me.json", auth=desk.auth, timeout=5).status_code for _ in range(3)
+    ]
     assert statuses == [200, 200, 429]
     assert [r["status"] for r in desk.requests_log() if r["fault"] == "quota"] == [429]

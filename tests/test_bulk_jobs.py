@@ -6,6 +6,7 @@ service's, and a job whose worker died mid-way resumes from its cursor without a
 pages through Django's test client. The real processes (a Celery worker, Chromium, the embedded
 default on SQLite) are in tests/test_bulk_jobs_live.py.
 """
+
 from datetime import timedelta
 
 import pytest
@@ -43,6 +44,7 @@ def globex(db):
 
 # --- the services, on PostgreSQL ---------------------------------------------------------------------
 
+
 def test_a_bulk_close_over_a_filter_closes_the_200_matching_items_and_audits_each(mailbox, operator, globex):
     spam = flood(mailbox, 200)
     other_reason = flood(mailbox, 3, reason="missing_sender", sender="someone@customer.test")
@@ -55,8 +57,9 @@ def test_a_bulk_close_over_a_filter_closes_the_200_matching_items_and_audits_eac
     assert [row.pk for row in sample] == spam[:10]
     assert all(row.sender == "p***@f***.test" for row in sample)  # masked, as in the queue
 
-    job = services.do_start_bulk_job(operator, filters=filters, action="close", reason=CLOSE_REASON,
-                                     expected_count=count)
+    job = services.do_start_bulk_job(
+        operator, filters=filters, action="close", reason=CLOSE_REASON, expected_count=count
+    )
     assert (job.state, job.total, job.done, job.tenant_ids) == ("pending", 200, 0, [mailbox.tenant_id])
     outcomes = run_to_the_end(job.pk)
     assert [o.handled for o in outcomes] == [50, 50, 50, 50, 0]
@@ -66,7 +69,8 @@ def test_a_bulk_close_over_a_filter_closes_the_200_matching_items_and_audits_eac
     assert job.cursor == spam[-1] and job.finished_at is not None and job.claimed_by == ""
     closed = InboxEvent.objects.filter(pk__in=spam)
     assert set(closed.values_list("state", "reason_code", "reason_detail")) == {
-        ("suppressed", "not_a_request", CLOSE_REASON)}
+        ("suppressed", "not_a_request", CLOSE_REASON)
+    }
     kinds = kinds_of(spam)
     assert kinds[AuditKind.CLOSED_NOT_A_REQUEST] == 200 and kinds[AuditKind.BULK_JOB_APPLIED] == 200
     assert set(applied_per_item(job.pk).values()) == {1} and len(applied_per_item(job.pk)) == 200
@@ -84,8 +88,7 @@ def test_quarantined_items_are_skipped_for_an_operator_and_closed_by_security(ma
     for event_id in held:
         quarantine(event_id)  # quarantined, reason attachment_type
     filters = {"reason": "attachment_type"}
-    job = services.do_start_bulk_job(operator, filters=filters, action="suppress", reason="",
-                                     expected_count=6)
+    job = services.do_start_bulk_job(operator, filters=filters, action="suppress", reason="", expected_count=6)
     run_to_the_end(job.pk)
     job.refresh_from_db()
     assert (job.state, job.succeeded, job.skipped, job.failed) == ("done", 4, 2, 0)
@@ -96,8 +99,9 @@ def test_quarantined_items_are_skipped_for_an_operator_and_closed_by_security(ma
     assert set(InboxEvent.objects.filter(pk__in=plain).values_list("reason_detail", flat=True)) == {"spam"}
 
     security = make_user("sec", groups=["security"], tenants=[tenant])
-    job = services.do_start_bulk_job(security, filters={"state": "quarantined"}, action="close",
-                                     reason="malware wave", expected_count=2)
+    job = services.do_start_bulk_job(
+        security, filters={"state": "quarantined"}, action="close", reason="malware wave", expected_count=2
+    )
     run_to_the_end(job.pk)
     job.refresh_from_db()
     assert (job.succeeded, job.skipped) == (2, 0)
@@ -117,8 +121,9 @@ def test_the_service_refuses_what_the_user_may_not_do_or_did_not_confirm(mailbox
     with pytest.raises(services.ActionRefused, match="now matches 30 items, not the 60"):
         services.do_start_bulk_job(operator, filters=filters, action="close", reason="x", expected_count=60)
     with pytest.raises(services.ActionRefused, match="matches no items"):
-        services.do_start_bulk_job(operator, filters={"reason": "malware"}, action="close", reason="x",
-                                   expected_count=0)
+        services.do_start_bulk_job(
+            operator, filters={"reason": "malware"}, action="close", reason="x", expected_count=0
+        )
     with pytest.raises(services.ActionRefused, match="reason is required"):
         services.do_start_bulk_job(operator, filters=filters, action="close", reason=" ", expected_count=30)
     with pytest.raises(services.ActionRefused, match="number of hours"):
@@ -137,11 +142,13 @@ def test_the_service_refuses_what_the_user_may_not_do_or_did_not_confirm(mailbox
     assert not InboxEvent.objects.filter(state="suppressed").exists()
 
 
-def test_a_job_whose_worker_died_resumes_from_its_cursor_and_acts_on_no_item_twice(mailbox, operator,
-                                                                                   django_capture_on_commit_callbacks):
+def test_a_job_whose_worker_died_resumes_from_its_cursor_and_acts_on_no_item_twice(
+    mailbox, operator, django_capture_on_commit_callbacks
+):
     spam = flood(mailbox, 200)
-    job = services.do_start_bulk_job(operator, filters={"reason": FLOOD_REASON}, action="close",
-                                     reason=CLOSE_REASON, expected_count=200)
+    job = services.do_start_bulk_job(
+        operator, filters={"reason": FLOOD_REASON}, action="close", reason=CLOSE_REASON, expected_count=200
+    )
     assert bulk_jobs.run_bulk_job_chunk(job.pk, size=50, worker="worker-a").handled == 50
     assert bulk_jobs.run_bulk_job_chunk(job.pk, size=50, worker="worker-a").handled == 50
     # worker-a dies holding its claim, mid-job: the sweep leaves it alone while the claim lasts, and
@@ -166,8 +173,9 @@ def test_a_job_whose_worker_died_resumes_from_its_cursor_and_acts_on_no_item_twi
 
 def test_a_chunk_whose_claim_was_taken_over_meanwhile_is_rolled_back_whole(mailbox, operator):
     spam = flood(mailbox, 20)
-    job = services.do_start_bulk_job(operator, filters={"reason": FLOOD_REASON}, action="close", reason="x",
-                                     expected_count=20)
+    job = services.do_start_bulk_job(
+        operator, filters={"reason": FLOOD_REASON}, action="close", reason="x", expected_count=20
+    )
     # While worker-a works on its chunk, another runner takes the job over (worker-a's claim expired): a
     # trigger does it when the chunk reaches its sixth item, inside worker-a's transaction.
     with connection.cursor() as cursor:
@@ -187,8 +195,7 @@ def test_a_chunk_whose_claim_was_taken_over_meanwhile_is_rolled_back_whole(mailb
 
 def test_cancel_stops_a_job_before_its_next_chunk_and_keeps_what_was_done(mailbox, operator, tenant):
     flood(mailbox, 120)
-    job = services.do_start_bulk_job(operator, filters={}, action="assign", assignee=operator,
-                                     expected_count=120)
+    job = services.do_start_bulk_job(operator, filters={}, action="assign", assignee=operator, expected_count=120)
     assert bulk_jobs.run_bulk_job_chunk(job.pk, size=50, worker="w").handled == 50
     other = make_user("other-oper", groups=["operator"], tenants=[tenant])
     with pytest.raises(BulkJob.DoesNotExist):  # not theirs
@@ -215,8 +222,9 @@ def test_older_than_is_frozen_at_the_start_and_items_arriving_later_are_not_part
     InboxEvent.objects.filter(pk__in=old).update(received_at=timezone.now() - timedelta(hours=5))
     flood(mailbox, 2)  # fresh
     assert services.preview_bulk(operator, filters={"older_than_hours": "4"})[0] == 3
-    job = services.do_start_bulk_job(operator, filters={"reason": FLOOD_REASON}, action="close", reason="x",
-                                     expected_count=5)
+    job = services.do_start_bulk_job(
+        operator, filters={"reason": FLOOD_REASON}, action="close", reason="x", expected_count=5
+    )
     late = flood(mailbox, 2)  # the wave goes on after the confirmation
     run_to_the_end(job.pk)
     job.refresh_from_db()
@@ -248,19 +256,31 @@ def test_the_bulk_pages_preview_confirm_and_follow_a_job_for_its_owner_only(clie
     started = client.post(BULK_URL, {**post, "job-expected_count": "12"})
     job = BulkJob.objects.get()
     assert started.status_code == 302 and started["Location"] == f"{BULK_URL}{job.pk}/"
-    assert (job.action, job.reason, job.filters) == ("close", CLOSE_REASON,
-                                                     {"reason": FLOOD_REASON, "sender": "flood.test"})
+    assert (job.action, job.reason, job.filters) == (
+        "close",
+        CLOSE_REASON,
+        {"reason": FLOOD_REASON, "sender": "flood.test"},
+    )
     run_to_the_end(job.pk)
     status = client.get(f"{BULK_URL}{job.pk}/status/").json()
-    assert status == {"state": "done", "state_label": "Done", "total": 12, "done": 12, "succeeded": 12,
-                      "skipped": 0, "failed": 0, "open": False}
+    assert status == {
+        "state": "done",
+        "state_label": "Done",
+        "total": 12,
+        "done": 12,
+        "succeeded": 12,
+        "skipped": 0,
+        "failed": 0,
+        "open": False,
+    }
     job_page = client.get(f"{BULK_URL}{job.pk}/").content.decode()
     assert 'id="bulk-done">12<' in job_page and 'id="bulk-cancel"' not in job_page
     assert set(InboxEvent.objects.filter(pk__in=spam).values_list("state", flat=True)) == {"suppressed"}
 
     flood(mailbox, 3, reason="missing_sender")
-    waiting = services.do_start_bulk_job(operator, filters={"reason": "missing_sender"}, action="replay",
-                                         expected_count=3)
+    waiting = services.do_start_bulk_job(
+        operator, filters={"reason": "missing_sender"}, action="replay", expected_count=3
+    )
     assert 'id="bulk-cancel"' in client.get(f"{BULK_URL}{waiting.pk}/").content.decode()
 
     client.force_login(make_user("other-oper", groups=["operator"], tenants=[tenant]))
@@ -274,7 +294,8 @@ def test_the_bulk_pages_preview_confirm_and_follow_a_job_for_its_owner_only(clie
     waiting.refresh_from_db()
     assert waiting.state == "cancelled" and waiting.error == "cancelled by user:oper"
     assert set(InboxEvent.objects.filter(reason_code="missing_sender").values_list("state", flat=True)) == {
-        "awaiting_review"}
+        "awaiting_review"
+    }
 
 
 def test_the_bulk_page_says_what_is_wrong_with_a_filter_and_offers_only_permitted_actions(client, mailbox, tenant):

@@ -4,6 +4,7 @@ and 800 px, and the embedded default (SQLite + the SQLAlchemy-transport broker) 
 The services and pages themselves are tested in tests/test_bulk_jobs.py; the helpers both use are in
 tests/support/bulk.py.
 """
+
 import json
 import os
 import signal
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.live
 
 # --- a real Celery worker ------------------------------------------------------------------------------
 
+
 def run_sweep(broker) -> None:
     """Send beat's sweep (`resume_bulk_jobs`) to the worker, as beat would."""
     from celery import Celery
@@ -62,8 +64,9 @@ def wait_for_job(job_id, predicate, timeout, processes, broker=None):
             last_sweep[0] = time.monotonic()
         return None
 
-    return wait_for(check, timeout=timeout, interval=0.2,
-                    describe=lambda: f"{BulkJob.objects.get(pk=job_id)}\n{processes.logs()}")
+    return wait_for(
+        check, timeout=timeout, interval=0.2, describe=lambda: f"{BulkJob.objects.get(pk=job_id)}\n{processes.logs()}"
+    )
 
 
 def worker_env(broker, **extra) -> dict:
@@ -73,13 +76,15 @@ def worker_env(broker, **extra) -> dict:
 
 @pytest.mark.timeout(300)
 def test_a_real_worker_runs_a_200_item_job_and_a_second_one_finishes_it_after_the_first_is_killed(
-        transactional_db, mailbox, operator, live_processes, live_broker, monkeypatch):
+    transactional_db, mailbox, operator, live_processes, live_broker, monkeypatch
+):
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)  # this process's publish at the commit, too
     spam = flood(mailbox, 200)
     env = worker_env(live_broker, MAILROOM_BULK_JOB_CHUNK=20)
     first = live_processes.worker(env, concurrency=1)
-    job = services.do_start_bulk_job(operator, filters={"reason": FLOOD_REASON}, action="close",
-                                     reason=CLOSE_REASON, expected_count=200)
+    job = services.do_start_bulk_job(
+        operator, filters={"reason": FLOOD_REASON}, action="close", reason=CLOSE_REASON, expected_count=200
+    )
     wait_for_job(job.pk, lambda j: j.done >= 40, 90, live_processes, live_broker)
     os.killpg(first.pid, signal.SIGKILL)  # the worker and its pool child, mid-job
     first.popen.wait(timeout=10)
@@ -97,13 +102,15 @@ def test_a_real_worker_runs_a_200_item_job_and_a_second_one_finishes_it_after_th
 
 # --- an operator in a browser ------------------------------------------------------------------------
 
+
 def no_horizontal_overflow(page) -> bool:
     return page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
 
 
 @pytest.mark.timeout(300)
 def test_an_operator_closes_200_filtered_items_in_a_browser_and_watches_the_progress(
-        live_server, page, screenshot_dir, mailbox, operator, live_processes, live_broker, monkeypatch):
+    live_server, page, screenshot_dir, mailbox, operator, live_processes, live_broker, monkeypatch
+):
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
     spam = flood(mailbox, 200)
     others = flood(mailbox, 4, reason="missing_sender", sender="someone@customer.test")
@@ -209,12 +216,23 @@ print(json.dumps({
 
 def embedded_env(root: Path) -> dict:
     """A development instance on SQLite and the embedded broker, both under `root` (as `make run`)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "SECRET_KEY", "LOG_FORMAT") and not k.startswith(("MAILROOM_", "CELERY_"))}
-    env.update({"DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}", "MAILROOM_ENV": "development",
-                "MAILROOM_VAR_DIR": str(root / "var"), "MAILROOM_ENV_FILE": str(root / ".env"),
-                "DJANGO_SETTINGS_MODULE": "config.settings", "MAILROOM_BULK_JOB_CHUNK": "25",
-                "SECRET_KEY": f"bulk-{uuid.uuid4().hex}{uuid.uuid4().hex}", "PYTHONUNBUFFERED": "1"})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "SECRET_KEY", "LOG_FORMAT") and not k.startswith(("MAILROOM_", "CELERY_"))
+    }
+    env.update(
+        {
+            "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}",
+            "MAILROOM_ENV": "development",
+            "MAILROOM_VAR_DIR": str(root / "var"),
+            "MAILROOM_ENV_FILE": str(root / ".env"),
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "MAILROOM_BULK_JOB_CHUNK": "25",
+            "SECRET_KEY": f"bulk-{uuid.uuid4().hex}{uuid.uuid4().hex}",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
@@ -222,24 +240,63 @@ def embedded_env(root: Path) -> dict:
 def test_the_embedded_default_runs_a_200_item_bulk_close_with_a_real_worker(tmp_path):
     env = embedded_env(tmp_path)
     (tmp_path / "var").mkdir()
-    migrate = subprocess.run([PYTHON, str(REPO_ROOT / "manage.py"), "migrate", "--noinput"], cwd=REPO_ROOT,
-                             env=env, capture_output=True, text=True, timeout=300)
+    migrate = subprocess.run(
+        [PYTHON, str(REPO_ROOT / "manage.py"), "migrate", "--noinput"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert migrate.returncode == 0, migrate.stdout + migrate.stderr
     # Not the live_processes fixture: its teardown waits on PostgreSQL sessions, and this test has none.
-    worker = LiveProcess("worker", [PYTHON, "-m", "celery", "-A", "config", "worker", "--concurrency", "1",
-                                    "--loglevel", "WARNING", "-n", f"bulk-{uuid.uuid4().hex[:8]}@%h",
-                                    "--without-mingle", "--without-gossip"], env, REPO_ROOT, tmp_path / "worker.log")
+    worker = LiveProcess(
+        "worker",
+        [
+            PYTHON,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--concurrency",
+            "1",
+            "--loglevel",
+            "WARNING",
+            "-n",
+            f"bulk-{uuid.uuid4().hex[:8]}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        env,
+        REPO_ROOT,
+        tmp_path / "worker.log",
+    )
     try:
         wait_for(lambda: (tmp_path / "var" / "broker.sqlite3").exists() or not worker.alive(), timeout=60)
         assert worker.alive(), worker.tail()
-        run = subprocess.run([PYTHON, str(REPO_ROOT / "manage.py"), "shell", "-c", SQLITE_SCRIPT], cwd=REPO_ROOT,
-                             env=env, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(
+            [PYTHON, str(REPO_ROOT / "manage.py"), "shell", "-c", SQLITE_SCRIPT],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         worker.stop()
     assert run.returncode == 0, run.stdout + run.stderr + worker.tail()
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result == {"count": 200, "sample": 10, "state": "done", "done": 200, "succeeded": 200, "applied": 200,
-                      "applied_items": 200, "spam_states": ["suppressed"], "other_states": ["awaiting_review"]}, \
-        worker.tail()
+    assert result == {
+        "count": 200,
+        "sample": 10,
+        "state": "done",
+        "done": 200,
+        "succeeded": 200,
+        "applied": 200,
+        "applied_items": 200,
+        "spam_states": ["suppressed"],
+        "other_states": ["awaiting_review"],
+    }, worker.tail()
     log = worker.tail(400)
     assert "ERROR" not in log and "Traceback" not in log, log

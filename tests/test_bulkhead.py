@@ -1,6 +1,7 @@
 """Bulkheads for slow destinations (ticketing.bulkhead): external calls on their own queue and thread pool,
 at most `max_concurrency` in flight per destination across workers, a call over the cap waits and is never
 lost, and a call task delivered again makes no second ticket."""
+
 import socket
 import threading
 import time
@@ -60,8 +61,7 @@ def capped(transactional_db, desk, monkeypatch, settings):
     settings.MAILROOM_DESTINATION_QUEUE = "destinations"
     tenant = make_tenant(slug="acme")
     monkeypatch.setenv("MAILROOM_TEST_WEBHOOK_SECRET", "s")
-    mailbox = make_mailbox(tenant, slug="support", address="support@acme.test",
-                           settings={"acknowledge": False})
+    mailbox = make_mailbox(tenant, slug="support", address="support@acme.test", settings={"acknowledge": False})
     destination = make_desk_destination(tenant, desk, monkeypatch, max_concurrency=3, read_timeout=10)
     return mailbox, destination
 
@@ -136,8 +136,9 @@ def test_a_call_over_the_cap_waits_and_is_not_lost(capped, desk, monkeypatch, se
 
     # The pool's task: over the cap, nothing is claimed or sent; it publishes itself again, a little later.
     republished = []
-    monkeypatch.setattr(bulkhead, "hand_over", lambda intent_id, countdown=None: republished.append(
-        (intent_id, countdown)))
+    monkeypatch.setattr(
+        bulkhead, "hand_over", lambda intent_id, countdown=None: republished.append((intent_id, countdown))
+    )
     assert tasks.call_destination(second) == Outcome.OVER_CAP
     [(intent_id, countdown)] = republished
     assert intent_id == second and 0 < countdown < 1
@@ -161,7 +162,8 @@ def test_a_call_over_the_cap_waits_and_is_not_lost(capped, desk, monkeypatch, se
 @pytest.mark.live
 @pytest.mark.fakedesk(process=True, db_path=True)
 def test_calls_run_on_the_destinations_queue_and_a_redelivered_call_makes_one_ticket(
-        live_mailbox, live_broker, live_processes, desk, monkeypatch):
+    live_mailbox, live_broker, live_processes, desk, monkeypatch
+):
     from celery import Celery
 
     from tests.support.windows import new_event, state_of, worker_env
@@ -175,8 +177,11 @@ def test_calls_run_on_the_destinations_queue_and_a_redelivered_call_makes_one_ti
         event_id = new_event(live_mailbox)
         app.send_task("ticketing.tasks.process_inbox_events", args=[[event_id]])
         # Processed up to the hand-over: the intent exists, the call waits on the destinations queue.
-        wait_for(lambda: live_broker.redis.llen("destinations") == 1, timeout=30,
-                 describe=lambda: f"{state_of(event_id)}\n{live_processes.logs(15)}")
+        wait_for(
+            lambda: live_broker.redis.llen("destinations") == 1,
+            timeout=30,
+            describe=lambda: f"{state_of(event_id)}\n{live_processes.logs(15)}",
+        )
         assert state_of(event_id) == ("ready", "", "pending")
         assert desk.requests_log() == []
         intent = Intent.objects.get(inbox_event_id=event_id)
@@ -187,8 +192,11 @@ def test_calls_run_on_the_destinations_queue_and_a_redelivered_call_makes_one_ti
         app.close()
 
     calls = live_processes.queue_worker(env, "destinations", pool="threads", concurrency=8)
-    wait_for(lambda: state_of(event_id) == ("completed", "", "succeeded"), timeout=30,
-             describe=lambda: f"{state_of(event_id)}\n{live_processes.logs(15)}")
+    wait_for(
+        lambda: state_of(event_id) == ("completed", "", "succeeded"),
+        timeout=30,
+        describe=lambda: f"{state_of(event_id)}\n{live_processes.logs(15)}",
+    )
     wait_for(lambda: live_broker.redis.llen("destinations") == 0, timeout=15)
     time.sleep(1)  # the duplicates ran (or were dropped by the claim) before we count
     creates = [r for r in desk.requests_log() if r["method"] == "POST"]

@@ -1,6 +1,7 @@
 """Meeting replies are a calendar client's answer, not a request: suppressed as `calendar_reply` with the
 iTIP method and the attendee's PARTSTAT as evidence; meeting requests stay tickets with the .ics attached.
 (The real-client shapes are in the corpus: tests/corpus/manifest-automation.json.)"""
+
 from email.message import EmailMessage
 
 import pytest
@@ -18,16 +19,31 @@ def ics(method: str | None, partstat="ACCEPTED") -> str:
     lines = ["BEGIN:VCALENDAR", "PRODID:-//Example Corp//Calendar 1.0//EN", "VERSION:2.0"]
     if method:
         lines.append(f"METHOD:{method}")
-    lines += ["BEGIN:VEVENT", "UID:7e1f0a2b-3c4d@example.com", "DTSTAMP:20240622T081533Z",
-              "DTSTART:20240628T120000Z", "DTEND:20240628T130000Z", "SUMMARY:Vendor onboarding call",
-              "ORGANIZER;CN=Acme Support:mailto:support@acme.test",
-              f"ATTENDEE;CN=Jane Doe;PARTSTAT={partstat}:mailto:jane@example.com",
-              "END:VEVENT", "END:VCALENDAR", ""]
+    lines += [
+        "BEGIN:VEVENT",
+        "UID:7e1f0a2b-3c4d@example.com",
+        "DTSTAMP:20240622T081533Z",
+        "DTSTART:20240628T120000Z",
+        "DTEND:20240628T130000Z",
+        "SUMMARY:Vendor onboarding call",
+        "ORGANIZER;CN=Acme Support:mailto:support@acme.test",
+        f"ATTENDEE;CN=Jane Doe;PARTSTAT={partstat}:mailto:jane@example.com",
+        "END:VEVENT",
+        "END:VCALENDAR",
+        "",
+    ]
     return "\r\n".join(lines)
 
 
-def invitation(method: str | None, *, parameter=True, as_file=False, only_calendar=False, partstat="ACCEPTED",
-               subject="Accepted: Vendor onboarding call") -> bytes:
+def invitation(
+    method: str | None,
+    *,
+    parameter=True,
+    as_file=False,
+    only_calendar=False,
+    partstat="ACCEPTED",
+    subject="Accepted: Vendor onboarding call",
+) -> bytes:
     msg = EmailMessage()
     msg["From"] = "Jane Doe <jane@example.com>"
     msg["To"] = "support@acme.test"
@@ -53,9 +69,11 @@ def method_of(raw: bytes):
 def test_the_method_is_read_from_the_content_type_parameter_or_else_from_the_object():
     assert method_of(invitation("REPLY")) == ("REPLY", "ACCEPTED", "text/calendar")
     assert method_of(invitation("COUNTER", parameter=False, partstat="TENTATIVE")) == (
-        "COUNTER", "TENTATIVE", "text/calendar")
-    assert method_of(invitation("REPLY", as_file=True, partstat="DECLINED")) == (
-        "REPLY", "DECLINED", "application/ics")
+        "COUNTER",
+        "TENTATIVE",
+        "text/calendar",
+    )
+    assert method_of(invitation("REPLY", as_file=True, partstat="DECLINED")) == ("REPLY", "DECLINED", "application/ics")
     assert method_of(invitation("REPLY", only_calendar=True)).method == "REPLY"
 
 
@@ -72,15 +90,18 @@ def test_a_message_without_a_readable_calendar_part_has_no_method():
     assert not calendar_method(parsed=parse_message(b""))
 
 
-@pytest.mark.parametrize("method, partstat, detail", [
-    ("REPLY", "ACCEPTED", "iTIP METHOD:REPLY, PARTSTAT=ACCEPTED (text/calendar)"),
-    ("REPLY", "DECLINED", "iTIP METHOD:REPLY, PARTSTAT=DECLINED (text/calendar)"),
-    ("COUNTER", "TENTATIVE", "iTIP METHOD:COUNTER, PARTSTAT=TENTATIVE (text/calendar)"),
-    ("REFRESH", "NEEDS-ACTION", "iTIP METHOD:REFRESH (text/calendar)"),
-    # The organizer's withdrawals: the attendees' PARTSTAT says nothing about them.
-    ("CANCEL", "NEEDS-ACTION", "iTIP METHOD:CANCEL (text/calendar)"),
-    ("DECLINECOUNTER", "NEEDS-ACTION", "iTIP METHOD:DECLINECOUNTER (text/calendar)"),
-])
+@pytest.mark.parametrize(
+    "method, partstat, detail",
+    [
+        ("REPLY", "ACCEPTED", "iTIP METHOD:REPLY, PARTSTAT=ACCEPTED (text/calendar)"),
+        ("REPLY", "DECLINED", "iTIP METHOD:REPLY, PARTSTAT=DECLINED (text/calendar)"),
+        ("COUNTER", "TENTATIVE", "iTIP METHOD:COUNTER, PARTSTAT=TENTATIVE (text/calendar)"),
+        ("REFRESH", "NEEDS-ACTION", "iTIP METHOD:REFRESH (text/calendar)"),
+        # The organizer's withdrawals: the attendees' PARTSTAT says nothing about them.
+        ("CANCEL", "NEEDS-ACTION", "iTIP METHOD:CANCEL (text/calendar)"),
+        ("DECLINECOUNTER", "NEEDS-ACTION", "iTIP METHOD:DECLINECOUNTER (text/calendar)"),
+    ],
+)
 def test_replies_and_cancellations_are_suppressed_with_their_method_as_evidence(method, partstat, detail):
     verdict = validate(parse_message(invitation(method, partstat=partstat)))
     assert (verdict.state, verdict.reason_code, verdict.detail) == (SUPPRESSED, "calendar_reply", detail)

@@ -1,5 +1,6 @@
 """What each destination kind declares it does with files, people, closed tickets and its quota
 (`capabilities`) is what its page in docs/destinations says, and every kind is in the contract suites."""
+
 from pathlib import Path
 
 import pytest

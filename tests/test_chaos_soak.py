@@ -9,6 +9,7 @@ complete is an item in the recovery queue with a reason. Right after it settles,
 lack its mapping: an attempt that failed for good after an earlier one's answer was lost asks the desk
 first (ticketing.intents.record_failure), so such a ticket ends mapped, never as a `failed` item.
 """
+
 import importlib
 import random
 import signal
@@ -41,13 +42,13 @@ def soaked(request, live_mailbox, desk_factory, monkeypatch):
     """(kit, desk, destination): the kind's fake in its own process (SQLite file), as the default destination."""
     kit = importlib.import_module(f"tests.destination_kits.{request.param}")
     desk = desk_factory(process=True, db_path=True, dialect=kit.DIALECT, **kit.DESK_OPTIONS)
-    destination = kit.configure(live_mailbox.tenant, desk, monkeypatch, retry_base_seconds=0.05,
-                                retry_cap_seconds=0.5)
+    destination = kit.configure(live_mailbox.tenant, desk, monkeypatch, retry_base_seconds=0.05, retry_cap_seconds=0.5)
     return kit, desk, destination
 
 
-def test_seeded_soak_with_faults_and_killed_workers(soaked, live_server, live_mailbox, live_broker, live_processes,
-                                                    monkeypatch):
+def test_seeded_soak_with_faults_and_killed_workers(
+    soaked, live_server, live_mailbox, live_broker, live_processes, monkeypatch
+):
     from intake.models import AuditEvent, InboxEvent
     from reconciliation.selectors import recovery_queue
     from ticketing.models import Intent, TicketMapping
@@ -75,8 +76,12 @@ def test_seeded_soak_with_faults_and_killed_workers(soaked, live_server, live_ma
                 kills += 1
                 workers.append(live_processes.worker(env, concurrency=1))
             time.sleep(0.01)
-        wait_for(lambda: all(settled(i) for i in ids), timeout=180, interval=0.5,
-                 describe=lambda: f"{Counter(state_of(i) for i in ids)}\n{live_processes.logs(10)}")
+        wait_for(
+            lambda: all(settled(i) for i in ids),
+            timeout=180,
+            interval=0.5,
+            describe=lambda: f"{Counter(state_of(i) for i in ids)}\n{live_processes.logs(10)}",
+        )
     assert_no_record_without_its_mapping(desk, ids)
 
     states = Counter(InboxEvent.objects.filter(pk__in=ids).values_list("state", flat=True))
@@ -86,11 +91,14 @@ def test_seeded_soak_with_faults_and_killed_workers(soaked, live_server, live_ma
     faults = Counter(r["fault"] for r in desk.requests_log())
     # Tickets a failure for good after an unknown outcome found by asking the desk (record_failure).
     asked = AuditEvent.objects.filter(inbox_event_id__in=ids, kind="ticket_created", detail__settled_by="lookup")
-    reasons = Counter(InboxEvent.objects.filter(pk__in=ids).exclude(state="completed")
-                      .values_list("reason_code", flat=True))
-    print(f"\nsoak {kit.DIALECT}: {n_emails} emails, seed {SEED}, workers killed {kills}; event states "
-          f"{dict(states)}; records {len(records)}, mappings {len(mappings)}, writes {sum(faults.values())}, "
-          f"faults {dict(faults)}, found by asking after a failure {asked.count()}; reasons {dict(reasons)}")
+    reasons = Counter(
+        InboxEvent.objects.filter(pk__in=ids).exclude(state="completed").values_list("reason_code", flat=True)
+    )
+    print(
+        f"\nsoak {kit.DIALECT}: {n_emails} emails, seed {SEED}, workers killed {kills}; event states "
+        f"{dict(states)}; records {len(records)}, mappings {len(mappings)}, writes {sum(faults.values())}, "
+        f"faults {dict(faults)}, found by asking after a failure {asked.count()}; reasons {dict(reasons)}"
+    )
 
     assert max(by_reference.values(), default=1) == 1, "a duplicate: two records carry one reference"
     record_ids = {kit.ticket_id_of(r) for r in records}
@@ -118,10 +126,17 @@ def assert_no_record_without_its_mapping(desk, ids):
     from ticketing.models import Intent, TicketMapping
 
     mapped = TicketMapping.objects.filter(inbox_event_id__in=ids, action="create_ticket").values("inbox_event_id")
-    mapped_refs = set(Intent.objects.filter(inbox_event_id__in=mapped, action="create_ticket", state="succeeded")
-                      .values_list("external_ref", flat=True))
+    mapped_refs = set(
+        Intent.objects.filter(inbox_event_id__in=mapped, action="create_ticket", state="succeeded").values_list(
+            "external_ref", flat=True
+        )
+    )
     unmapped = [record["external_id"] for record in desk.tickets() if record["external_id"] not in mapped_refs]
     intents = {i.external_ref: i for i in Intent.objects.filter(external_ref__in=unmapped)}
     assert not unmapped, "desk records without a mapping: " + "; ".join(
         f"{ref}: {state_of(intents[ref].inbox_event_id)}, {intents[ref].attempts} attempts, "
-        f"last {intents[ref].last_error_kind}" if ref in intents else f"{ref}: no intent" for ref in unmapped)
+        f"last {intents[ref].last_error_kind}"
+        if ref in intents
+        else f"{ref}: no intent"
+        for ref in unmapped
+    )

@@ -3,6 +3,7 @@ Connect on the mailbox page, goes through the stub's sign-in page and lands back
 scopes and expiry shown and the tokens in the file: reference; a tampered state is refused with nothing written;
 the credentials banner shows on the mailbox list, the dashboard and the queue. Every page fits the window and
 leaves a screenshot."""
+
 from datetime import timedelta
 
 import pytest
@@ -20,8 +21,9 @@ pytestmark = pytest.mark.live
 
 @pytest.fixture
 def stub():
-    server = FakeAuthorizationServer(client_id="consent-app", client_secret=CLIENT_SECRET,
-                                     refresh_lifetime=90 * 86400).start()
+    server = FakeAuthorizationServer(
+        client_id="consent-app", client_secret=CLIENT_SECRET, refresh_lifetime=90 * 86400
+    ).start()
     yield server
     server.stop()
 
@@ -35,7 +37,8 @@ def fits(page, shot, screenshot_dir, width):
 
 @pytest.mark.parametrize("width", [1400, 800])
 def test_an_admin_connects_a_mailbox_through_the_sign_in_page_and_sees_scopes_and_expiry(
-        live_server, browser, screenshot_dir, tenant, tmp_path, settings, stub, width):
+    live_server, browser, screenshot_dir, tenant, tmp_path, settings, stub, width
+):
     settings.MAILROOM_SECRETS_DIR = str(tmp_path / "secrets")
     mailbox = oauth_mailbox(tenant, tmp_path / "secrets", stub)
     make_user("alice", groups=["mailroom-admin", "operator"], tenants=[tenant])
@@ -72,8 +75,11 @@ def test_an_admin_connects_a_mailbox_through_the_sign_in_page_and_sees_scopes_an
         assert len(stub.exchanges) == 1
 
         Mailbox.objects.filter(pk=mailbox.pk).update(oauth_expires_at=timezone.now() + timedelta(days=3))
-        for shot, url in (("mailbox-list", "/admin/intake/mailbox/"), ("dashboard", "/admin/reconciliation/"
-                          "recoveryitem/dashboard/"), ("queue", "/admin/reconciliation/recoveryitem/")):
+        for shot, url in (
+            ("mailbox-list", "/admin/intake/mailbox/"),
+            ("dashboard", "/admin/reconciliation/recoveryitem/dashboard/"),
+            ("queue", "/admin/reconciliation/recoveryitem/"),
+        ):
             page.goto(base + url)
             assert page.locator("#credentials-warning").is_visible(), shot
             assert mailbox.slug in page.inner_text("#credentials-warning")

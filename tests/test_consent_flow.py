@@ -2,6 +2,7 @@
 (tests/fake_authorization_server.py): PKCE S256 and a session-bound, single-use state; the tokens written to the
 mailbox's file: reference through intake.secret_store; tenant scoping at both ends; the expiry emails and the
 banners (ticketing.credential_warnings, the credentials_banner tag)."""
+
 import json
 from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit
@@ -26,8 +27,9 @@ from ticketing.models import Notification
 
 @pytest.fixture
 def stub():
-    server = FakeAuthorizationServer(client_id="consent-app", client_secret=CLIENT_SECRET, auto_approve=True,
-                                     refresh_lifetime=90 * 86400).start()
+    server = FakeAuthorizationServer(
+        client_id="consent-app", client_secret=CLIENT_SECRET, auto_approve=True, refresh_lifetime=90 * 86400
+    ).start()
     yield server
     server.stop()
 
@@ -73,14 +75,18 @@ def test_an_admin_connects_a_graph_mailbox_with_pkce_and_the_tokens_land_in_its_
 
     answer = sign_in(params)
     response = client.get(CALLBACK, answer)
-    assert response.status_code == 302 and response["Location"] == reverse("admin:intake_mailbox_change",
-                                                                            args=[mailbox.pk])
+    assert response.status_code == 302 and response["Location"] == reverse(
+        "admin:intake_mailbox_change", args=[mailbox.pk]
+    )
     [exchange] = stub.exchanges
     assert s256(exchange["code_verifier"]) == params["code_challenge"]  # the verifier we sent matches
     assert exchange["client_secret"] == CLIENT_SECRET and exchange["redirect_uri"] == params["redirect_uri"]
     stored = credentials_of(mailbox)
-    assert stored == {"client_id": "consent-app", "client_secret": CLIENT_SECRET,
-                      "refresh_token": stub.issued[0]["refresh_token"]}
+    assert stored == {
+        "client_id": "consent-app",
+        "client_secret": CLIENT_SECRET,
+        "refresh_token": stub.issued[0]["refresh_token"],
+    }
     mailbox.refresh_from_db()
     assert mailbox.oauth_scopes == "offline_access https://graph.microsoft.com/Mail.Read"
     assert mailbox.oauth_connected_by == "alice"
@@ -129,9 +135,18 @@ def test_the_stub_refuses_a_wrong_code_verifier_and_then_nothing_is_stored(tenan
     params = start(client, mailbox)
     answer = sign_in(params)
     # The stub checks PKCE: a verifier that does not hash to the challenge is refused.
-    direct = requests.post(f"{stub.url}/token", timeout=5, data={
-        "grant_type": "authorization_code", "code": answer["code"], "redirect_uri": params["redirect_uri"],
-        "client_id": "consent-app", "client_secret": CLIENT_SECRET, "code_verifier": "x" * 64})
+    direct = requests.post(
+        f"{stub.url}/token",
+        timeout=5,
+        data={
+            "grant_type": "authorization_code",
+            "code": answer["code"],
+            "redirect_uri": params["redirect_uri"],
+            "client_id": "consent-app",
+            "client_secret": CLIENT_SECRET,
+            "code_verifier": "x" * 64,
+        },
+    )
     assert direct.status_code == 400 and direct.json() == {"error": "invalid_grant"}
 
     second = start(client, mailbox)
@@ -186,14 +201,19 @@ def test_an_env_credentials_reference_is_refused_with_a_clear_message(tenant, se
 
 
 def test_google_over_imap_asks_for_offline_access_and_a_denial_stores_nothing(tenant, secrets_dir, stub):
-    mailbox = oauth_mailbox(tenant, secrets_dir, stub, provider="imap", ref_name="imap.json", host="imap.gmail.com",
-                            auth="xoauth2")
+    mailbox = oauth_mailbox(
+        tenant, secrets_dir, stub, provider="imap", ref_name="imap.json", host="imap.gmail.com", auth="xoauth2"
+    )
     client = admin_client("alice", tenant)
     params = start(client, mailbox)
-    assert (params["access_type"], params["prompt"], params["scope"]) == ("offline", "consent",
-                                                                          "https://mail.google.com/")
-    denied = client.get(CALLBACK, {"error": "access_denied", "error_description": "The user said no",
-                                   "state": params["state"]})
+    assert (params["access_type"], params["prompt"], params["scope"]) == (
+        "offline",
+        "consent",
+        "https://mail.google.com/",
+    )
+    denied = client.get(
+        CALLBACK, {"error": "access_denied", "error_description": "The user said no", "state": params["state"]}
+    )
     assert denied.status_code == 400 and "Google did not grant access (access_denied" in denied.content.decode()
     assert credentials_of(mailbox) is None and stub.exchanges == []
 
@@ -225,19 +245,21 @@ def test_admins_are_emailed_once_a_week_before_the_credentials_expire(tenant, se
     assert credential_warnings.warn_expiring_credentials() == 1 and len(smtp_server.messages) == 2
 
 
-def test_expiring_and_refused_credentials_show_on_the_mailbox_the_dashboard_and_the_queue(tenant, secrets_dir,
-                                                                                          stub):
+def test_expiring_and_refused_credentials_show_on_the_mailbox_the_dashboard_and_the_queue(tenant, secrets_dir, stub):
     expiring = oauth_mailbox(tenant, secrets_dir, stub)
-    Mailbox.objects.filter(pk=expiring.pk).update(oauth_expires_at=timezone.now() + timedelta(days=3),
-                                                  oauth_connected_at=timezone.now(), oauth_scopes="Mail.Read")
+    Mailbox.objects.filter(pk=expiring.pk).update(
+        oauth_expires_at=timezone.now() + timedelta(days=3), oauth_connected_at=timezone.now(), oauth_scopes="Mail.Read"
+    )
     refused = oauth_mailbox(tenant, secrets_dir, stub, ref_name="other.json")
     Mailbox.objects.filter(pk=refused.pk).update(health=Mailbox.Health.CREDENTIALS_INVALID)
     operator = Client()
     operator.force_login(make_user("oper", groups=["operator"], tenants=[tenant]))
     client = admin_client("alice", tenant)
-    for viewer, url in ((operator, reverse("admin:reconciliation_dashboard")),
-                        (operator, reverse("admin:reconciliation_recoveryitem_changelist")),
-                        (client, reverse("admin:intake_mailbox_changelist"))):
+    for viewer, url in (
+        (operator, reverse("admin:reconciliation_dashboard")),
+        (operator, reverse("admin:reconciliation_recoveryitem_changelist")),
+        (client, reverse("admin:intake_mailbox_changelist")),
+    ):
         text = viewer.get(url).content.decode()
         assert 'id="credentials-warning"' in text, url
         assert f">{expiring.slug}</a>" in text and "credentials expire soon" in text
@@ -272,11 +294,15 @@ def test_the_token_exchange_goes_through_the_egress_guard(tenant, secrets_dir, s
 
 
 def test_an_unbound_platform_reference_is_no_client_secret_and_a_grant_without_refresh_token_stores_nothing(
-        tenant, secrets_dir, stub, settings):
+    tenant, secrets_dir, stub, settings
+):
     settings.MAILROOM_PLATFORM_SECRET_REFS = [*settings.MAILROOM_PLATFORM_SECRET_REFS, "env:MAILROOM_APP_SECRET"]
     mailbox = oauth_mailbox(tenant, secrets_dir, stub, client_secret_ref="env:MAILROOM_APP_SECRET")
-    text = admin_client("root", None, is_superuser=True).get(
-        reverse("admin:intake_mailbox_connect", args=[mailbox.pk])).content.decode()
+    text = (
+        admin_client("root", None, is_superuser=True)
+        .get(reverse("admin:intake_mailbox_connect", args=[mailbox.pk]))
+        .content.decode()
+    )
     assert "bound to no row" in text and 'id="consent-continue"' not in text
 
     Mailbox.objects.filter(pk=mailbox.pk).update(settings={**mailbox.settings, "client_secret_ref": ""})
@@ -293,8 +319,9 @@ def test_reconnecting_a_mailbox_whose_blob_holds_the_app_secret_sends_and_keeps_
     mailbox.save(update_fields=["settings"])
     path = mailbox.credentials_ref.removeprefix("file:")
     with open(path, "w") as handle:  # what a tenant wrote by hand before the console could connect
-        json.dump({"client_id": "consent-app", "client_secret": CLIENT_SECRET, "refresh_token": "revoked-long-ago"},
-                  handle)
+        json.dump(
+            {"client_id": "consent-app", "client_secret": CLIENT_SECRET, "refresh_token": "revoked-long-ago"}, handle
+        )
     client = admin_client("alice", tenant)
 
     response = client.get(CALLBACK, sign_in(start(client, mailbox)))
@@ -302,5 +329,8 @@ def test_reconnecting_a_mailbox_whose_blob_holds_the_app_secret_sends_and_keeps_
     assert response.status_code == 302
     [exchange] = stub.exchanges
     assert exchange["client_secret"] == CLIENT_SECRET, "a confidential client's exchange carries its secret"
-    assert credentials_of(mailbox) == {"client_id": "consent-app", "client_secret": CLIENT_SECRET,
-                                       "refresh_token": stub.issued[0]["refresh_token"]}
+    assert credentials_of(mailbox) == {
+        "client_id": "consent-app",
+        "client_secret": CLIENT_SECRET,
+        "refresh_token": stub.issued[0]["refresh_token"],
+    }

@@ -8,6 +8,7 @@ exist, on real PostgreSQL, with the worker (`process_inbox_event`) run in proces
 - 7: a dry run of a rule that reads bodies needs the body permission, is audited, and has a total time budget.
 - 9: the assign action gives one answer for every user it will not take (no username enumeration).
 """
+
 import time
 
 import pytest
@@ -39,6 +40,7 @@ EXE = b"MZ\x90\x00\x03\x00\x00\x00\x04\x00\x00\x00\xff\xff\x00\x00" + b"\x00" * 
 
 # --- helpers ----------------------------------------------------------------------------------------------
 
+
 def console(user) -> Client:
     client = Client()
     client.force_login(user)
@@ -59,8 +61,12 @@ def receive(mailbox, **fields) -> int:
 
 def quarantined_exe(mailbox) -> int:
     """A message the pipeline itself quarantines (an .exe attachment), judged by the real worker path."""
-    event_id = receive(mailbox, subject="Your invoice", sender="mallory@evil.example",
-                       attachments=[("invoice.exe", "application/octet-stream", EXE)])
+    event_id = receive(
+        mailbox,
+        subject="Your invoice",
+        sender="mallory@evil.example",
+        attachments=[("invoice.exe", "application/octet-stream", EXE)],
+    )
     assert process_inbox_event(event_id) == "quarantined"
     return event_id
 
@@ -71,14 +77,17 @@ def kinds(event_id) -> list[str]:
 
 def nothing_sent_on(event_id) -> bool:
     """No intent (no ticket, no acknowledgment) and no ticket mapping for the event."""
-    return not Intent.objects.filter(inbox_event_id=event_id).exists() and not TicketMapping.objects.filter(
-        inbox_event_id=event_id).exists()
+    return (
+        not Intent.objects.filter(inbox_event_id=event_id).exists()
+        and not TicketMapping.objects.filter(inbox_event_id=event_id).exists()
+    )
 
 
 def ticket_count(event_ids) -> int:
     """Tickets in the built-in store made for these events (each mapping names its store row)."""
     ids = TicketMapping.objects.filter(inbox_event_id__in=list(event_ids), action="create_ticket").values_list(
-        "ticket_id", flat=True)
+        "ticket_id", flat=True
+    )
     return Ticket.objects.filter(pk__in=[int(i) for i in ids]).count()
 
 
@@ -97,6 +106,7 @@ def platform(db):
 
 
 # --- 5: quarantine stays a security decision ---------------------------------------------------------------
+
 
 def test_an_operator_cannot_close_a_quarantined_item_in_the_console_or_the_api(mailbox, operator):
     event_id = quarantined_exe(mailbox)
@@ -139,8 +149,7 @@ def test_close_then_replay_judges_the_message_again_instead_of_making_a_ticket(m
     assert process_inbox_event(event_id) == "quarantined"
     sec_api.post(f"{API}/queue/{event_id}/close/", {"reason": "still spam"}, format="json")
     builtin = mailbox.tenant.destinations.get(slug="builtin")
-    response = oper_api.post(f"{API}/queue/{event_id}/correct-and-replay/", {"destination": builtin.pk},
-                             format="json")
+    response = oper_api.post(f"{API}/queue/{event_id}/correct-and-replay/", {"destination": builtin.pk}, format="json")
     assert response.status_code == 200 and response.json()["outcome"] == "rejudged"
     assert process_inbox_event(event_id) == "quarantined"
     assert nothing_sent_on(event_id)
@@ -151,8 +160,12 @@ def test_close_then_replay_judges_the_message_again_instead_of_making_a_ticket(m
 def test_confirm_and_replay_as_new_are_no_way_out_of_quarantine(mailbox, operator, security):
     event_id = quarantined_exe(mailbox)
     services.do_close_not_a_request(security, event_id, reason="spam")
-    ticket = Ticket.objects.create(destination=mailbox.tenant.destinations.get(slug="builtin"),
-                                   idempotency_key="k" * 64, external_ref="manual", created_at=timezone.now())
+    ticket = Ticket.objects.create(
+        destination=mailbox.tenant.destinations.get(slug="builtin"),
+        idempotency_key="k" * 64,
+        external_ref="manual",
+        created_at=timezone.now(),
+    )
     client = console(operator)
     response = act(client, event_id, "confirm", ticket_id=str(ticket.pk))
     assert response.status_code == 302 and "Not done: it was quarantined" in messages_of(client, response)
@@ -166,8 +179,15 @@ def test_confirm_and_replay_as_new_are_no_way_out_of_quarantine(mailbox, operato
 def test_bulk_replay_judges_an_unreleased_item_again(mailbox, operator, security):
     """An item the old close-and-replay got past quarantine (now awaiting review) is in a bulk replay."""
     closed_by_operator = quarantined_exe(mailbox)
-    assert transition_event(closed_by_operator, ["quarantined"], "awaiting_review", actor="system:test",
-                            kind="awaiting_review", reason_code="no_destination", reason_detail="the old way out")
+    assert transition_event(
+        closed_by_operator,
+        ["quarantined"],
+        "awaiting_review",
+        actor="system:test",
+        kind="awaiting_review",
+        reason_code="no_destination",
+        reason_detail="the old way out",
+    )
     client = console(operator)
     selection = {"action": "bulk_replay", "_selected_action": [closed_by_operator]}
     preview = client.post(QUEUE_URL, selection)
@@ -187,8 +207,15 @@ def test_bulk_replay_judges_an_unreleased_item_again(mailbox, operator, security
 def test_a_replay_that_judges_again_goes_on_when_the_verdict_is_clean(mailbox, operator, security):
     """Judged again means judged: a message quarantined by an earlier verdict that no longer holds goes on."""
     event_id = receive(mailbox, subject="Quarterly report", sender="jane@example.com")
-    assert transition_event(event_id, InboxEvent.OPEN_STATES, "quarantined", actor="system:test",
-                            kind="quarantined", reason_code="malware", reason_detail="a scanner false positive")
+    assert transition_event(
+        event_id,
+        InboxEvent.OPEN_STATES,
+        "quarantined",
+        actor="system:test",
+        kind="quarantined",
+        reason_code="malware",
+        reason_detail="a scanner false positive",
+    )
     services.do_close_not_a_request(security, event_id, reason="looks harmless")
     assert services.do_replay(operator, event_id) == "rejudged"
     assert process_inbox_event(event_id) == "created"
@@ -214,9 +241,12 @@ def test_a_security_release_still_makes_the_ticket_in_the_console_and_the_api(ma
 
 # --- 6: the global pause is the platform's -------------------------------------------------------------------
 
+
 def toggle(client, target, paused, object_id="", reason="a test pause"):
-    return client.post(PAUSES_URL, {"target": target, "paused": "1" if paused else "0", "id": object_id,
-                                    "reason": reason if paused else ""})
+    return client.post(
+        PAUSES_URL,
+        {"target": target, "paused": "1" if paused else "0", "id": object_id, "reason": reason if paused else ""},
+    )
 
 
 def test_a_tenant_admin_can_neither_set_nor_lift_the_global_pause(mailbox, tenant_admin, platform):
@@ -286,9 +316,11 @@ def test_a_tenant_resume_does_not_lift_the_global_pause(tenant, mailbox, tenant_
 
 # --- 7: the dry run of a body condition ---------------------------------------------------------------------
 
+
 def body_rule(tenant, **conditions) -> RoutingRule:
-    return RoutingRule.objects.create(tenant=tenant, name="Leaks", position=10, enabled=False, queue="",
-                                      conditions=conditions)
+    return RoutingRule.objects.create(
+        tenant=tenant, name="Leaks", position=10, enabled=False, queue="", conditions=conditions
+    )
 
 
 def test_a_body_dry_run_needs_the_body_permission(tenant, mailbox, tenant_admin):
@@ -342,6 +374,7 @@ def test_a_dry_run_stops_at_its_total_time_budget_and_says_so(tenant, mailbox, s
 
 
 # --- 9: one answer for every user the assign action will not take --------------------------------------------
+
 
 def test_assign_gives_one_answer_for_unknown_foreign_and_unqualified_users(tenant, mailbox, operator):
     event_id = quarantined_exe(mailbox)

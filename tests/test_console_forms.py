@@ -1,6 +1,7 @@
 """Forms that refuse nonsense: mailbox settings per provider, allowed recipients as lines, literal help texts,
 https for external desks, a warning for a secret that does not resolve, a reason for every pause, API tokens in
 the console, tags as words. Each refusal is checked through the admin and through the service or the API."""
+
 import io
 import json
 from datetime import timedelta
@@ -43,9 +44,16 @@ def console(user) -> Client:
 
 
 def mailbox_form(tenant, **changes) -> dict:
-    data = {"tenant": tenant.pk, "slug": "imap-desk", "address": "imap-desk@acme.test", "provider": "imap",
-            "webhook_secret_ref": "", "credentials_ref": "", "settings": json.dumps({"host": "imap.example.com"}),
-            "allowed_recipients": ""}
+    data = {
+        "tenant": tenant.pk,
+        "slug": "imap-desk",
+        "address": "imap-desk@acme.test",
+        "provider": "imap",
+        "webhook_secret_ref": "",
+        "credentials_ref": "",
+        "settings": json.dumps({"host": "imap.example.com"}),
+        "allowed_recipients": "",
+    }
     data.update(changes)
     return data
 
@@ -56,6 +64,7 @@ def page_errors(response) -> str:
 
 
 # --- 1. settings schemas ------------------------------------------------------------------------------------
+
 
 def test_imap_settings_of_the_wrong_type_or_unknown_name_are_refused_key_by_key():
     errors = settings_errors("imap", BAD_IMAP)
@@ -76,16 +85,35 @@ def test_the_admin_shows_each_bad_imap_setting_and_saves_nothing(tenant, tenant_
 
 
 def test_the_api_refuses_bad_mailbox_settings_as_problem_json(tenant, tenant_admin):
-    body = assert_problem(api(tenant_admin).post(f"{API}/mailboxes/", {
-        "tenant": "acme", "slug": "imap-desk", "address": "imap-desk@acme.test", "provider": "imap",
-        "settings": BAD_IMAP}, format="json"), 400)
+    body = assert_problem(
+        api(tenant_admin).post(
+            f"{API}/mailboxes/",
+            {
+                "tenant": "acme",
+                "slug": "imap-desk",
+                "address": "imap-desk@acme.test",
+                "provider": "imap",
+                "settings": BAD_IMAP,
+            },
+            format="json",
+        ),
+        400,
+    )
     messages = body["errors"]["settings"]
     assert "port: must be a whole number from 1 to 65535" in messages
     assert any(m.startswith("colour: is not a setting of imap") for m in messages)
     assert not Mailbox.objects.filter(slug="imap-desk").exists()
-    created = api(tenant_admin).post(f"{API}/mailboxes/", {
-        "tenant": "acme", "slug": "imap-desk", "address": "imap-desk@acme.test", "provider": "imap",
-        "settings": {"host": "imap.example.com", "port": 993}}, format="json")
+    created = api(tenant_admin).post(
+        f"{API}/mailboxes/",
+        {
+            "tenant": "acme",
+            "slug": "imap-desk",
+            "address": "imap-desk@acme.test",
+            "provider": "imap",
+            "settings": {"host": "imap.example.com", "port": 993},
+        },
+        format="json",
+    )
     assert created.status_code == 201, created.content
 
 
@@ -99,6 +127,7 @@ def test_a_stored_mailbox_with_settings_now_refused_still_loads_and_can_be_pause
 
 
 # --- 2. allowed recipients as lines ---------------------------------------------------------------------------
+
 
 def test_allowed_recipients_are_typed_one_per_line_and_each_is_checked(tenant, tenant_admin):
     admin = console(tenant_admin)
@@ -115,6 +144,7 @@ def test_allowed_recipients_are_typed_one_per_line_and_each_is_checked(tenant, t
 
 # --- 3. help texts render literally -------------------------------------------------------------------------
 
+
 def test_placeholders_in_help_texts_render_as_text_not_as_tags(tenant, tenant_admin):
     admin = console(tenant_admin)
     destination_page = admin.get("/admin/ticketing/destination/add/").content.decode()
@@ -125,6 +155,7 @@ def test_placeholders_in_help_texts_render_as_text_not_as_tags(tenant, tenant_ad
 
 
 # --- 4. https for external desks -----------------------------------------------------------------------------
+
 
 def test_an_external_desk_needs_https_unless_its_host_is_allow_listed(settings):
     settings.MAILROOM_EGRESS_ALLOWED_NETWORKS = ["10.20.0.0/16"]
@@ -138,21 +169,45 @@ def test_an_external_desk_needs_https_unless_its_host_is_allow_listed(settings):
 def test_the_admin_and_the_api_refuse_a_plain_http_zendesk(tenant, tenant_admin, settings):
     settings.MAILROOM_EGRESS_ALLOWED_NETWORKS = []
     ref = f"env:{env_prefix('acme')}ZENDESK"
-    page = page_errors(console(tenant_admin).post("/admin/ticketing/destination/add/", {
-        "tenant": tenant.pk, "slug": "zd", "kind": "zendesk", "base_url": "http://acme.zendesk.com",
-        "credentials_ref": ref, "settings": "{}"}))
+    page = page_errors(
+        console(tenant_admin).post(
+            "/admin/ticketing/destination/add/",
+            {
+                "tenant": tenant.pk,
+                "slug": "zd",
+                "kind": "zendesk",
+                "base_url": "http://acme.zendesk.com",
+                "credentials_ref": ref,
+                "settings": "{}",
+            },
+        )
+    )
     assert "The base URL must start with https://" in page
-    body = assert_problem(api(tenant_admin).post(f"{API}/destinations/", {
-        "tenant": "acme", "slug": "zd", "kind": "zendesk", "base_url": "http://acme.zendesk.com",
-        "credentials_ref": ref, "settings": {}}, format="json"), 400)
+    body = assert_problem(
+        api(tenant_admin).post(
+            f"{API}/destinations/",
+            {
+                "tenant": "acme",
+                "slug": "zd",
+                "kind": "zendesk",
+                "base_url": "http://acme.zendesk.com",
+                "credentials_ref": ref,
+                "settings": {},
+            },
+            format="json",
+        ),
+        400,
+    )
     assert body["errors"]["base_url"][0].startswith("The base URL must start with https://")
     assert not Destination.objects.filter(slug="zd").exists()
 
 
 # --- 5. a secret that does not resolve now ---------------------------------------------------------------------
 
+
 def test_a_missing_secret_is_saved_with_a_warning_that_names_the_reference_not_the_value(
-        tenant, tenant_admin, monkeypatch):
+    tenant, tenant_admin, monkeypatch
+):
     ref = f"env:{env_prefix('acme')}IMAP_PASSWORD"
     admin = console(tenant_admin)
     response = admin.post(MAILBOX_ADD, mailbox_form(tenant, credentials_ref=ref), follow=True)
@@ -162,14 +217,16 @@ def test_a_missing_secret_is_saved_with_a_warning_that_names_the_reference_not_t
 
     monkeypatch.setenv(ref.removeprefix("env:"), "s3cret-value-42")
     box = Mailbox.objects.get(slug="imap-desk")
-    response = admin.post(f"/admin/intake/mailbox/{box.pk}/change/",
-                          mailbox_form(tenant, credentials_ref=ref), follow=True)
+    response = admin.post(
+        f"/admin/intake/mailbox/{box.pk}/change/", mailbox_form(tenant, credentials_ref=ref), follow=True
+    )
     said = [str(m) for m in get_messages(response.wsgi_request)]
     assert not any("does not resolve" in m for m in said), said
     assert "s3cret-value-42" not in response.content.decode()
 
 
 # --- 6. a reason for every pause ---------------------------------------------------------------------------------
+
 
 def test_a_pause_without_a_reason_is_refused_by_the_service_and_the_page(mailbox, tenant_admin):
     with pytest.raises(ValidationError):
@@ -178,8 +235,7 @@ def test_a_pause_without_a_reason_is_refused_by_the_service_and_the_page(mailbox
         services.do_set_mailbox_pause(tenant_admin, mailbox.pk, True, "positional")  # keyword-only
     assert not Mailbox.objects.get(pk=mailbox.pk).paused
     admin = console(tenant_admin)
-    response = admin.post(PAUSES_URL, {"target": "mailbox", "id": mailbox.pk, "paused": "1", "reason": ""},
-                          follow=True)
+    response = admin.post(PAUSES_URL, {"target": "mailbox", "id": mailbox.pk, "paused": "1", "reason": ""}, follow=True)
     assert "Nothing paused." in response.content.decode()
     assert not Mailbox.objects.get(pk=mailbox.pk).paused
     assert services.do_set_mailbox_pause(tenant_admin, mailbox.pk, False) == 0  # a resume needs none
@@ -188,11 +244,15 @@ def test_a_pause_without_a_reason_is_refused_by_the_service_and_the_page(mailbox
 def test_the_reason_is_audited_and_shown_next_to_each_paused_thing(mailbox, tenant, tenant_admin):
     admin = console(tenant_admin)
     destination = Destination.objects.get(tenant=tenant, slug="builtin")
-    for target, pk, why in (("mailbox", mailbox.pk, "desk migration"), ("tenant", tenant.pk, "audit week"),
-                            ("destination", destination.pk, "token rotation")):
+    for target, pk, why in (
+        ("mailbox", mailbox.pk, "desk migration"),
+        ("tenant", tenant.pk, "audit week"),
+        ("destination", destination.pk, "token rotation"),
+    ):
         assert admin.post(PAUSES_URL, {"target": target, "id": pk, "paused": "1", "reason": why}).status_code == 302
-    entry = LogEntry.objects.filter(user=tenant_admin, object_id=str(mailbox.pk),
-                                    content_type__model="mailbox").latest("pk")
+    entry = LogEntry.objects.filter(user=tenant_admin, object_id=str(mailbox.pk), content_type__model="mailbox").latest(
+        "pk"
+    )
     assert entry.change_message == "mailbox paused; reason: desk migration"
     assert Destination.objects.get(pk=destination.pk).paused_reason == "token rotation"
     page = admin.get(PAUSES_URL).content.decode()
@@ -213,12 +273,13 @@ def test_the_global_pause_needs_a_reason_too(db):
 
 # --- 7. API tokens in the console ---------------------------------------------------------------------------------
 
+
 def create_token(client, **fields) -> tuple[str, object]:
     response = client.post(f"{TOKENS_URL}add/", {"name": "nightly export", "expires": "30", **fields})
     assert response.status_code == 200, response.status_code
     page = response.content.decode()
     start = page.index('id="new-token">') + len('id="new-token">')
-    return page[start:page.index("</code>", start)], response
+    return page[start : page.index("</code>", start)], response
 
 
 def test_a_token_made_in_the_console_is_shown_once_works_and_is_revoked_by_its_owner(mailbox, tenant_admin):
@@ -278,10 +339,17 @@ def test_the_command_names_a_token_and_sets_its_expiry(tenant_admin):
 
 # --- 8. tags as words ------------------------------------------------------------------------------------------
 
+
 def test_the_ticket_list_shows_tags_as_chips_not_json(tenant):
     destination = make_destination(tenant)
-    Ticket.objects.create(destination=destination, subject="Refund", idempotency_key="k" * 64, external_ref="r1",
-                          tags=["billing", "needs-approval"], created_at=timezone.now())
+    Ticket.objects.create(
+        destination=destination,
+        subject="Refund",
+        idempotency_key="k" * 64,
+        external_ref="r1",
+        tags=["billing", "needs-approval"],
+        created_at=timezone.now(),
+    )
     page = console(make_user("root", is_superuser=True)).get("/admin/ticketing/ticket/").content.decode()
     assert '<span class="tag-chip">billing</span><span class="tag-chip">needs-approval</span>' in page
     assert '["billing"' not in page and "[&quot;billing" not in page
@@ -292,14 +360,17 @@ def test_the_api_pauses_through_the_service_with_a_reason(mailbox, tenant_admin)
     body = assert_problem(client.patch(f"{API}/mailboxes/{mailbox.pk}/", {"paused": True}, format="json"), 400)
     assert body["errors"]["pause_reason"] == [services.REASON_NEEDED]
     assert not Mailbox.objects.get(pk=mailbox.pk).paused
-    answer = client.patch(f"{API}/mailboxes/{mailbox.pk}/", {"paused": True, "pause_reason": "desk migration"},
-                          format="json")
+    answer = client.patch(
+        f"{API}/mailboxes/{mailbox.pk}/", {"paused": True, "pause_reason": "desk migration"}, format="json"
+    )
     assert answer.status_code == 200 and answer.json()["paused"] is True and "pause_reason" not in answer.json()
     entry = LogEntry.objects.filter(user=tenant_admin, object_id=str(mailbox.pk)).latest("pk")
     assert entry.change_message == "mailbox paused; reason: desk migration"
     assert client.patch(f"{API}/mailboxes/{mailbox.pk}/", {"paused": False}, format="json").json()["paused"] is False
-    operator = make_user("oscar", groups=["operator"], perms=["intake.change_mailbox", "intake.view_mailbox"],
-                         tenants=[mailbox.tenant])
-    assert_problem(api(operator).patch(f"{API}/mailboxes/{mailbox.pk}/", {"paused": True, "pause_reason": "x"},
-                                       format="json"), 403)
+    operator = make_user(
+        "oscar", groups=["operator"], perms=["intake.change_mailbox", "intake.view_mailbox"], tenants=[mailbox.tenant]
+    )
+    assert_problem(
+        api(operator).patch(f"{API}/mailboxes/{mailbox.pk}/", {"paused": True, "pause_reason": "x"}, format="json"), 403
+    )
     assert not Mailbox.objects.get(pk=mailbox.pk).paused

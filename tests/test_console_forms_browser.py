@@ -1,6 +1,7 @@
 """The mailbox form refusing bad IMAP settings, the pause page asking a reason and the API token pages, in
 Chromium at 1400 and 800 px: the errors are on the page, nothing overflows sideways, no dict or None as text.
 Screenshots go to $MAILROOM_SCREENSHOT_DIR or test-artifacts/screenshots/<time>/."""
+
 import json
 
 import pytest

@@ -1,6 +1,7 @@
 """The console is Mailroom's own admin site (config.admin_site): its name, an index grouped by job with the
 platform's internals for superusers only (and refused to everyone else by URL too), its own error pages and
 landing page, one time format, and readable labels."""
+
 import re
 from datetime import UTC, datetime
 
@@ -42,6 +43,7 @@ def links_in(html: str, section: str) -> list[str]:
 
 # --- the site ---------------------------------------------------------------------------------------------
 
+
 def test_the_default_admin_site_is_mailrooms_so_every_registration_lands_on_it():
     assert isinstance(admin.site._wrapped if hasattr(admin.site, "_wrapped") else admin.site, MailroomAdminSite)
     assert admin.site.site_header == "Mailroom" and admin.site.enable_nav_sidebar is False
@@ -70,19 +72,23 @@ def test_the_console_says_mailroom_not_django_on_the_login_page_and_the_index(db
 
 # --- the index by job ----------------------------------------------------------------------------------------
 
+
 def test_a_superusers_index_has_the_four_sections_recovery_queue_first_and_the_dashboard_in_it(db):
     html = console(make_user("root", is_superuser=True)).get("/admin/").content.decode()
     assert sections(html) == ["recovery", "configuration", "evidence", "internals"]
-    assert links_in(html, "recovery") == [reverse("admin:reconciliation_recoveryitem_changelist"),
-                                          reverse("admin:reconciliation_dashboard"),
-                                          reverse("admin:reconciliation_pauseswitch_changelist"),
-                                          reverse("admin:reconciliation_bulkjob_changelist")]
+    assert links_in(html, "recovery") == [
+        reverse("admin:reconciliation_recoveryitem_changelist"),
+        reverse("admin:reconciliation_dashboard"),
+        reverse("admin:reconciliation_pauseswitch_changelist"),
+        reverse("admin:reconciliation_bulkjob_changelist"),
+    ]
     assert 'id="dashboard-link"' in html
     assert reverse("admin:axes_accessattempt_changelist") in links_in(html, "internals")
     assert reverse("admin:intake_outboxmessage_changelist") not in links_in(html, "evidence")
     configuration = links_in(html, "configuration")
-    assert configuration[:3] == [reverse(f"admin:intake_{m}_changelist") for m in ("tenant", "verifieddomain",
-                                                                                    "mailbox")]
+    assert configuration[:3] == [
+        reverse(f"admin:intake_{m}_changelist") for m in ("tenant", "verifieddomain", "mailbox")
+    ]
     assert reverse("admin:auth_user_changelist") in configuration
 
 
@@ -90,9 +96,11 @@ def test_an_operator_sees_the_recovery_queue_and_a_tenant_admin_configuration_bu
     tenant = make_tenant("acme-site")
     operator = console(make_user("oper", groups=["operator"], tenants=[tenant])).get("/admin/").content.decode()
     assert sections(operator) == ["recovery", "configuration"]
-    assert links_in(operator, "recovery") == [reverse("admin:reconciliation_recoveryitem_changelist"),
-                                              reverse("admin:reconciliation_dashboard"),
-                                              reverse("admin:reconciliation_bulkjob_changelist")]
+    assert links_in(operator, "recovery") == [
+        reverse("admin:reconciliation_recoveryitem_changelist"),
+        reverse("admin:reconciliation_dashboard"),
+        reverse("admin:reconciliation_bulkjob_changelist"),
+    ]
     assert links_in(operator, "configuration") == [reverse("admin:reconciliation_apitoken_changelist")]  # their own
     tenant_admin = console(make_user("ada", groups=["mailroom-admin"], tenants=[tenant])).get("/admin/")
     html = tenant_admin.content.decode()
@@ -106,8 +114,10 @@ def test_an_operator_sees_the_recovery_queue_and_a_tenant_admin_configuration_bu
 
 def test_a_user_holding_every_permission_but_not_a_superuser_gets_403_on_every_internal_model(db):
     internal_apps = {m._meta.app_label for m in INTERNAL_MODELS}
-    everything = [f"{p.content_type.app_label}.{p.codename}"
-                  for p in Permission.objects.filter(content_type__app_label__in=internal_apps)]
+    everything = [
+        f"{p.content_type.app_label}.{p.codename}"
+        for p in Permission.objects.filter(content_type__app_label__in=internal_apps)
+    ]
     client = console(make_user("almost-root", perms=everything))
     root = console(make_user("root", is_superuser=True))
     for model in INTERNAL_MODELS:
@@ -124,8 +134,13 @@ def test_a_user_holding_every_permission_but_not_a_superuser_gets_403_on_every_i
 
 
 def test_the_internals_are_refused_on_an_object_url_too_not_only_hidden(db, tenant, mailbox):
-    lease = ThreadLease.objects.create(mailbox=mailbox, thread_key="t" * 40, owner="worker:vm:24553", token=3,
-                                       expires_at=datetime(2031, 1, 1, tzinfo=UTC))
+    lease = ThreadLease.objects.create(
+        mailbox=mailbox,
+        thread_key="t" * 40,
+        owner="worker:vm:24553",
+        token=3,
+        expires_at=datetime(2031, 1, 1, tzinfo=UTC),
+    )
     url = reverse("admin:ticketing_threadlease_change", args=[lease.pk])
     client = console(make_user("lease-peeker", tenants=[tenant], perms=["ticketing.view_threadlease"]))
     response = client.get(url)
@@ -137,6 +152,7 @@ def test_the_internals_are_refused_on_an_object_url_too_not_only_hidden(db, tena
 
 
 # --- error pages and the landing page ------------------------------------------------------------------------
+
 
 def test_an_unknown_console_url_is_mailrooms_404_with_the_way_back_to_the_console(db):
     response = console(make_user("root", is_superuser=True)).get("/admin/no-such-page/")
@@ -179,6 +195,7 @@ def test_the_landing_page_names_the_product_and_says_who_is_signed_in(db):
 
 # --- one time format, readable labels ------------------------------------------------------------------------
 
+
 def test_djangos_own_date_display_is_the_consoles_format(db):
     moment = datetime(2026, 12, 1, 8, 51, 56, tzinfo=UTC)
     assert formats.date_format(moment, "DATETIME_FORMAT") == times.absolute(moment) == "2026-12-01 08:51 UTC"
@@ -197,11 +214,18 @@ def test_models_and_fields_read_as_words(db):
     assert str(policy) == "Routing policy — demo"
     field = RoutingPolicy._meta.get_field
     assert field("ai_enabled").verbose_name == "AI proposals enabled"
-    html = console(make_user("root", is_superuser=True)).get(
-        reverse("admin:ticketing_routingpolicy_change", args=[policy.pk])).content.decode()
+    html = (
+        console(make_user("root", is_superuser=True))
+        .get(reverse("admin:ticketing_routingpolicy_change", args=[policy.pk]))
+        .content.decode()
+    )
     assert "AI proposals enabled" in html and "Ai enabled" not in html
-    labels = {f"{m._meta.label}.{f.name}": str(f.verbose_name) for m in apps.get_models()
-              if m._meta.app_label in ("intake", "ticketing") for f in m._meta.concrete_fields}
+    labels = {
+        f"{m._meta.label}.{f.name}": str(f.verbose_name)
+        for m in apps.get_models()
+        if m._meta.app_label in ("intake", "ticketing")
+        for f in m._meta.concrete_fields
+    }
     # Django's default label for these would be "Base url", "Credentials ref", "Received at", ...
     assert labels["ticketing.Destination.base_url"] == "base URL"
     assert labels["intake.Mailbox.credentials_ref"] == "credentials reference"
@@ -209,8 +233,9 @@ def test_models_and_fields_read_as_words(db):
     assert [name for name, label in labels.items() if label.endswith(" ref") or " ai " in f" {label} "] == []
 
 
-@pytest.mark.parametrize("owner, words", [("worker:vm:24553", "worker on vm, process 24553"),
-                                          ("vm-2:77", "worker on vm-2, process 77")])
+@pytest.mark.parametrize(
+    "owner, words", [("worker:vm:24553", "worker on vm, process 24553"), ("vm-2:77", "worker on vm-2, process 77")]
+)
 def test_lease_holders_read_as_words(owner, words):
     assert ThreadLeaseAdmin.holder(None, ThreadLease(owner=owner)) == words
 

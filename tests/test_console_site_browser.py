@@ -1,6 +1,7 @@
 """The console's frame in Chromium at 1400 and 800 px: the landing page, the login page, an admin's grouped index,
 an operator's index and the 404 inside the console. Each fits the window (no sideways scroll), shows Mailroom's
 colours and no Django branding, raises no console error, and leaves a screenshot."""
+
 import pytest
 
 from tests.browser import browser, chromium_path, screenshot_dir  # noqa: F401  (fixtures)
@@ -22,8 +23,9 @@ def check(page, shot, screenshot_dir, width, errors, expected_errors=0):
 
 
 @pytest.mark.parametrize("width", [1400, 800])
-def test_landing_login_index_and_404_fit_the_window_in_mailrooms_colours(live_server, browser, screenshot_dir,
-                                                                         tenant, width):
+def test_landing_login_index_and_404_fit_the_window_in_mailrooms_colours(
+    live_server, browser, screenshot_dir, tenant, width
+):
     make_user("root", tenants=[tenant], is_superuser=True)
     make_user("oper", groups=["operator"], tenants=[tenant])
     base = live_server.url
@@ -59,7 +61,9 @@ def test_landing_login_index_and_404_fit_the_window_in_mailrooms_colours(live_se
     try:
         log_in(page, base, "oper")
         assert [t.lower() for t in page.locator(".console-section h2").all_inner_texts()] == [
-            "recovery queue", "configuration"]
+            "recovery queue",
+            "configuration",
+        ]
         check(page, "index-operator", screenshot_dir, width, errors)
         response = page.goto(f"{base}/admin/axes/accessattempt/")
         assert response.status == 403 and page.locator("#error-403").is_visible()
@@ -68,8 +72,9 @@ def test_landing_login_index_and_404_fit_the_window_in_mailrooms_colours(live_se
         context.close()
 
 
-def test_in_dark_mode_the_console_and_the_landing_page_keep_mailrooms_dark_palette(live_server, browser,
-                                                                                   screenshot_dir, tenant):
+def test_in_dark_mode_the_console_and_the_landing_page_keep_mailrooms_dark_palette(
+    live_server, browser, screenshot_dir, tenant
+):
     make_user("root", tenants=[tenant], is_superuser=True)
     context = browser.new_context(viewport={"width": 1400, "height": 900}, color_scheme="dark")
     context.set_default_timeout(15_000)

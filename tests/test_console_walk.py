@@ -19,6 +19,7 @@ does: a failed, a quarantined and an unknown item through FakeDesk, one awaiting
 the built-in store) and on the embedded default (`test_the_admins_walk_on_the_embedded_sqlite_default`: a
 real gunicorn on a SQLite file, as tests/test_sqlite_parity.py builds it, seeded by `manage.py shell`).
 """
+
 import json
 import re
 
@@ -44,6 +45,7 @@ def report(problems: list[str]) -> str:
 
 # --- the paths ---------------------------------------------------------------------------------
 
+
 def save(page, width):
     page.click("input[name=_save]")
 
@@ -52,6 +54,7 @@ def fill_then_save(selector, value):
     def submit(page, width):
         page.fill(selector, value)
         page.click("input[name=_save]")
+
     return submit
 
 
@@ -68,9 +71,12 @@ def log_in(page, base, username, password) -> list[str]:
 
 def operator_paths(items: dict) -> list[tuple]:
     """(name, path) of the operator's pages: index, queue, each state's item page, dashboard."""
-    return [("operator-index", "/admin/"), ("operator-queue", QUEUE_URL),
-            *[(f"operator-item-{state}", f"{QUEUE_URL}{items[state]}/change/") for state in STATES],
-            ("operator-dashboard", f"{QUEUE_URL}dashboard/")]
+    return [
+        ("operator-index", "/admin/"),
+        ("operator-queue", QUEUE_URL),
+        *[(f"operator-item-{state}", f"{QUEUE_URL}{items[state]}/change/") for state in STATES],
+        ("operator-dashboard", f"{QUEUE_URL}dashboard/"),
+    ]
 
 
 def admin_paths(items: dict, ids: dict) -> list[tuple]:
@@ -79,7 +85,8 @@ def admin_paths(items: dict, ids: dict) -> list[tuple]:
     destination = f"/admin/ticketing/destination/{ids['destination']}/change/"
     rule = f"/admin/ticketing/routingrule/{ids['rule']}/change/"
     return [
-        ("admin-index", "/admin/", {}), ("admin-queue", QUEUE_URL, {}),
+        ("admin-index", "/admin/", {}),
+        ("admin-queue", QUEUE_URL, {}),
         *[(f"admin-item-{state}", f"{QUEUE_URL}{items[state]}/change/", {}) for state in STATES],
         *[(f"admin-body-{state}", f"{QUEUE_URL}{items[state]}/body/", {}) for state in STATES],
         ("admin-dashboard", f"{QUEUE_URL}dashboard/", {}),
@@ -87,15 +94,21 @@ def admin_paths(items: dict, ids: dict) -> list[tuple]:
         ("admin-mailbox", mailbox, {}),
         ("admin-mailbox-invalid", mailbox, {"submit": fill_then_save("#id_slug", ""), "invalid": True}),
         # The issue's example: a setting no provider knows must be refused with a message, not saved.
-        ("admin-mailbox-invalid-settings", mailbox, {"submit": fill_then_save("#id_settings", '{"colour": "blue"}'),
-                                                     "invalid": True}),
+        (
+            "admin-mailbox-invalid-settings",
+            mailbox,
+            {"submit": fill_then_save("#id_settings", '{"colour": "blue"}'), "invalid": True},
+        ),
         ("admin-mailbox-saved", mailbox, {"submit": save}),
         ("admin-destination", destination, {}),
         ("admin-destination-invalid", destination, {"submit": fill_then_save("#id_slug", ""), "invalid": True}),
         ("admin-destination-saved", destination, {"submit": save}),
         ("admin-rule", rule, {}),
-        ("admin-rule-invalid", rule, {"submit": fill_then_save("#id_conditions", '{"subject_regex": "^urgent("}'),
-                                      "invalid": True}),
+        (
+            "admin-rule-invalid",
+            rule,
+            {"submit": fill_then_save("#id_conditions", '{"subject_regex": "^urgent("}'), "invalid": True},
+        ),
         ("admin-rule-saved", rule, {"submit": save}),
         ("admin-tickets", "/admin/ticketing/ticket/", {}),
         ("admin-inbox-events", "/admin/intake/inboxevent/", {}),
@@ -104,6 +117,7 @@ def admin_paths(items: dict, ids: dict) -> list[tuple]:
 
 
 # --- seeding on PostgreSQL -------------------------------------------------------------------------
+
 
 @pytest.fixture
 def console_data(tenant, mailbox, desk, monkeypatch, scanner_off):
@@ -114,22 +128,39 @@ def console_data(tenant, mailbox, desk, monkeypatch, scanner_off):
     set_default(tenant, builtin)
     review = new_event(mailbox, subject="Not for us", sender="dan@customer.test", to="someone@elsewhere.test")
     normalize(review)
-    assert transition_event(review, InboxEvent.OPEN_STATES, InboxEvent.State.AWAITING_REVIEW, actor="system:test",
-                            kind="awaiting_review", reason_code="recipient_not_allowed",
-                            reason_detail="recipients (someone@elsewhere.test) are not among this mailbox's")
-    completed = new_event(mailbox, subject="VPN drops every 20 minutes", sender="lukas@customer.test",
-                          body="Since Monday the VPN drops every 20 minutes.\n" * 40)
+    assert transition_event(
+        review,
+        InboxEvent.OPEN_STATES,
+        InboxEvent.State.AWAITING_REVIEW,
+        actor="system:test",
+        kind="awaiting_review",
+        reason_code="recipient_not_allowed",
+        reason_detail="recipients (someone@elsewhere.test) are not among this mailbox's",
+    )
+    completed = new_event(
+        mailbox,
+        subject="VPN drops every 20 minutes",
+        sender="lukas@customer.test",
+        body="Since Monday the VPN drops every 20 minutes.\n" * 40,
+    )
     assert process_inbox_event(completed) == "created"
     age(review, 4)
     policy = tenant.routing_policy
     policy.queues = ["hardware", "billing"]
     policy.save()
-    rule = RoutingRule.objects.create(tenant=tenant, name="printers", conditions={"subject_regex": "printer"},
-                                      queue="hardware")
-    items = {"awaiting_review": review, "quarantined": quarantined, "failed": failed, "unknown": unknown,
-             "completed": completed}
-    assert {state: InboxEvent.objects.get(pk=pk).state for state, pk in items.items()} == \
-        {state: state for state in STATES}
+    rule = RoutingRule.objects.create(
+        tenant=tenant, name="printers", conditions={"subject_regex": "printer"}, queue="hardware"
+    )
+    items = {
+        "awaiting_review": review,
+        "quarantined": quarantined,
+        "failed": failed,
+        "unknown": unknown,
+        "completed": completed,
+    }
+    assert {state: InboxEvent.objects.get(pk=pk).state for state, pk in items.items()} == {
+        state: state for state in STATES
+    }
     return items, {"mailbox": Mailbox.objects.get(pk=mailbox.pk).pk, "destination": builtin.pk, "rule": rule.pk}
 
 
@@ -138,8 +169,7 @@ def test_the_operators_walk_finds_no_overflow_error_or_repr(live_server, browser
     make_user("oper", groups=["operator"], tenants=[tenant])
     context, page = new_context_page(browser)
     try:
-        problems = [p.replace("login @", "operator-login @") for p in
-                    log_in(page, live_server.url, "oper", PASSWORD)]
+        problems = [p.replace("login @", "operator-login @") for p in log_in(page, live_server.url, "oper", PASSWORD)]
         for name, path in operator_paths(items):
             problems += walk(page, f"{live_server.url}{path}", name)
     finally:
@@ -164,10 +194,18 @@ def test_the_walk_reports_overflow_errors_and_reprs_when_a_page_has_them(live_se
     """The checks themselves can fail: a page made wide, broken and full of reprs on purpose."""
     context, page = new_context_page(browser)
     try:
-        page.route("**/walk-check/", lambda route: route.fulfill(status=200, content_type="text/html", body=(
-            "<html><body><div id='wide'><table><tr><td><code>" + "x" * 900 + "</code></td></tr></table></div>"
-            "<p>{'fields': None} [{'a': 1}]</p><img src='/static/no-such-file.png'>"
-            "<script>throw new Error('boom')</script></body></html>")))
+        page.route(
+            "**/walk-check/",
+            lambda route: route.fulfill(
+                status=200,
+                content_type="text/html",
+                body=(
+                    "<html><body><div id='wide'><table><tr><td><code>" + "x" * 900 + "</code></td></tr></table></div>"
+                    "<p>{'fields': None} [{'a': 1}]</p><img src='/static/no-such-file.png'>"
+                    "<script>throw new Error('boom')</script></body></html>"
+                ),
+            ),
+        )
         problems = walk(page, f"{live_server.url}/walk-check/", "walk-check")
     finally:
         context.close()
@@ -176,7 +214,7 @@ def test_the_walk_reports_overflow_errors_and_reprs_when_a_page_has_them(live_se
         assert f"walk-check @{width}px: horizontal overflow" in text, text
         assert re.search(rf"walk-check @{width}px: HTTP 404 for image GET /static/no-such-file.png", text), text
         assert f"walk-check @{width}px: page error: boom" in text, text
-        assert "Failed to load resource" not in text, text    # said once, as the response
+        assert "Failed to load resource" not in text, text  # said once, as the response
         assert f"walk-check @{width}px: repr as text" in text, text
     assert "widest: td" in text or "widest: code" in text or "widest: table" in text, text
     assert (SCREENSHOTS / "walk-check-800.png").exists()
@@ -240,9 +278,24 @@ def start_web(site) -> None:
 
     port = free_port()
     site.url = f"http://127.0.0.1:{port}"
-    site.web = LiveProcess("web", [GUNICORN, "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1",
-                                   "--timeout", "120", "--access-logfile", "-"], site.env, REPO_ROOT,
-                           site.root / "web.log")
+    site.web = LiveProcess(
+        "web",
+        [
+            GUNICORN,
+            "config.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
+            "--timeout",
+            "120",
+            "--access-logfile",
+            "-",
+        ],
+        site.env,
+        REPO_ROOT,
+        site.root / "web.log",
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         assert site.web.alive(), site.web.tail()
@@ -264,8 +317,9 @@ def sqlite_instance(tmp_path_factory):
     site.manage_ok("migrate", "--noinput", "-v0")
     site.manage_ok("collectstatic", "--noinput", "-v0")
     site.manage_ok("bootstrap_demo")
-    seeded = json.loads(site.manage_ok("shell", "-c", f"PASSWORD = {PASSWORD!r}\n{SQLITE_SEED}").strip()
-                        .splitlines()[-1])
+    seeded = json.loads(
+        site.manage_ok("shell", "-c", f"PASSWORD = {PASSWORD!r}\n{SQLITE_SEED}").strip().splitlines()[-1]
+    )
     start_web(site)
     try:
         yield site, ADMIN_PASSWORD, seeded
@@ -279,10 +333,14 @@ def test_the_admins_and_operators_walk_on_the_embedded_sqlite_default(sqlite_ins
     for username, password, role in (("admin", admin_password, "admin"), ("oper", PASSWORD, "operator")):
         context, page = new_context_page(browser)
         try:
-            problems += [p.replace("login @", f"sqlite-{role}-login @")
-                         for p in log_in(page, site.url, username, password)]
-            paths = (admin_paths(seeded["items"], seeded["ids"]) if role == "admin"
-                     else [(name, path, {}) for name, path in operator_paths(seeded["items"])])
+            problems += [
+                p.replace("login @", f"sqlite-{role}-login @") for p in log_in(page, site.url, username, password)
+            ]
+            paths = (
+                admin_paths(seeded["items"], seeded["ids"])
+                if role == "admin"
+                else [(name, path, {}) for name, path in operator_paths(seeded["items"])]
+            )
             for name, path, options in paths:
                 problems += walk(page, f"{site.url}{path}", f"sqlite-{name}", **options)
         finally:

@@ -2,6 +2,7 @@
 
 Every delivery is its own event; by default one ticket is made and the other deliveries link to it.
 """
+
 import threading
 
 import pytest
@@ -52,8 +53,11 @@ def test_one_message_to_two_mailboxes_makes_one_ticket_and_the_copy_links_to_it(
     event = InboxEvent.objects.get(pk=copy)
     assert (event.state, event.copy_of_id, event.mailbox_id) == ("completed", primary, sales.pk)
     [linked] = AuditEvent.objects.filter(inbox_event_id=copy, kind="linked_copy")
-    assert linked.detail == {"primary_event": primary, "destination": ticket.destination_id,
-                             "ticket_id": str(ticket.pk)}
+    assert linked.detail == {
+        "primary_event": primary,
+        "destination": ticket.destination_id,
+        "ticket_id": str(ticket.pk),
+    }
     # One acknowledgment for the requester, from the primary only.
     assert Intent.objects.filter(action="notify_requester").values_list("inbox_event_id", flat=True).get() == primary
 
@@ -67,14 +71,22 @@ def test_one_message_to_two_mailboxes_makes_one_ticket_and_the_copy_links_to_it(
 
 
 def test_a_reply_to_both_mailboxes_adds_one_comment_and_a_later_reply_in_the_copy_thread_finds_the_ticket(
-        mailbox, sales):
+    mailbox, sales
+):
     primary, copy = deliver([mailbox, sales], message_id="<root-1@customer.test>")
     assert process_inbox_event(primary) == "created" and process_inbox_event(copy) == "linked"
     [ticket] = Ticket.objects.all()
-    raw = email_message(to="support@acme.test", subject="Re: Printer on fire", body="Still burning.\n",
-                        message_id="<reply-1@customer.test>",
-                        extra_headers={"Cc": "sales@acme.test", "In-Reply-To": "<root-1@customer.test>",
-                                       "References": "<root-1@customer.test>"})
+    raw = email_message(
+        to="support@acme.test",
+        subject="Re: Printer on fire",
+        body="Still burning.\n",
+        message_id="<reply-1@customer.test>",
+        extra_headers={
+            "Cc": "sales@acme.test",
+            "In-Reply-To": "<root-1@customer.test>",
+            "References": "<root-1@customer.test>",
+        },
+    )
     first, second = (ingest_message(box, raw).inbox_event_id for box in (sales, mailbox))
     assert process_inbox_event(first) == "created"  # the comment, on the ticket the sales copy links to
     assert process_inbox_event(second) == "linked"
@@ -123,8 +135,15 @@ def test_a_copy_waits_while_its_primary_is_open_and_takes_over_when_it_is_closed
     assert process_inbox_event(primary) == "paused"  # claimed as primary, then parked by the pause
     assert process_inbox_event(copy) == "waiting_for_copy"
     assert InboxEvent.objects.get(pk=copy).retry_at is not None
-    assert transition_event(primary, InboxEvent.OPEN_STATES, "suppressed", actor="user:oper",
-                            kind="closed_not_a_request", reason_code="not_a_request", reason_detail="test")
+    assert transition_event(
+        primary,
+        InboxEvent.OPEN_STATES,
+        "suppressed",
+        actor="user:oper",
+        kind="closed_not_a_request",
+        reason_code="not_a_request",
+        reason_detail="test",
+    )
     Destination.objects.filter(tenant=mailbox.tenant).update(paused=False)
     assert process_inbox_event(copy) == "created"  # the primary was closed: this delivery is sent on
     assert Ticket.objects.count() == 1 and mappings(copy)[0][0] == "create_ticket"

@@ -3,6 +3,7 @@ destination) is what the replay sends, under the intent's key (`ticketing.replay
 
 FakeDesk speaks Zendesk over HTTP; what it received is read from its request hook.
 """
+
 import pytest
 from django.utils import timezone
 
@@ -30,8 +31,13 @@ def operator(tenant):
 def creates(desk):
     """(Idempotency-Key, ticket body) of every create FakeDesk received."""
     seen = []
-    desk.on_request(lambda r: seen.append((r.headers.get("Idempotency-Key"), (r.json() or {}).get("ticket")))
-                    if r.method == "POST" and r.path.endswith("/tickets.json") else None)
+    desk.on_request(
+        lambda r: (
+            seen.append((r.headers.get("Idempotency-Key"), (r.json() or {}).get("ticket")))
+            if r.method == "POST" and r.path.endswith("/tickets.json")
+            else None
+        )
+    )
     return seen
 
 
@@ -48,15 +54,20 @@ def replayed_row(event_id) -> AuditEvent:
 
 
 def test_corrected_queue_and_priority_reach_zendesk_under_the_same_key_after_a_rejected_create(
-        mailbox, desk, monkeypatch, operator, creates):
+    mailbox, desk, monkeypatch, operator, creates
+):
     destination = make_desk_destination(mailbox.tenant, desk, monkeypatch, groups=GROUPS)
     desk.set_plan(["reject_422"])
     event_id = new_event(mailbox)
     assert process_inbox_event(event_id) == "failed"
     key = intent_of(event_id).idempotency_key
 
-    assert console.do_correct_and_replay(operator, event_id, destination_id=destination.pk, queue="billing",
-                                         priority="urgent") == "reopened"
+    assert (
+        console.do_correct_and_replay(
+            operator, event_id, destination_id=destination.pk, queue="billing", priority="urgent"
+        )
+        == "reopened"
+    )
     row = replayed_row(event_id)
     assert row.actor == "user:oper"
     assert row.detail["corrected"]["queue"] == {"from": None, "to": "billing"}
@@ -72,7 +83,8 @@ def test_corrected_queue_and_priority_reach_zendesk_under_the_same_key_after_a_r
 
 
 def test_a_new_destination_keeps_the_key_and_the_corrected_fields_go_through_after_a_401(
-        mailbox, desk, monkeypatch, operator, creates):
+    mailbox, desk, monkeypatch, operator, creates
+):
     good, bad = zendesk_destinations(mailbox.tenant, desk, monkeypatch)
     Destination.objects.filter(pk=good.pk).update(settings={**good.settings, "groups": GROUPS})
     set_default(mailbox.tenant, bad)
@@ -83,7 +95,11 @@ def test_a_new_destination_keeps_the_key_and_the_corrected_fields_go_through_aft
     console.do_correct_and_replay(operator, event_id, destination_id=good.pk, queue="tech", priority="high")
     after = intent_of(event_id)
     assert (after.pk, after.idempotency_key, after.action_version, after.destination_id) == (
-        before.pk, before.idempotency_key, 1, good.pk)
+        before.pk,
+        before.idempotency_key,
+        1,
+        good.pk,
+    )
     row = replayed_row(event_id)
     assert row.detail["corrected"]["destination_id"] == {"from": bad.pk, "to": good.pk}
     assert process_inbox_event(event_id) == "created"
@@ -99,8 +115,9 @@ def test_corrected_queue_and_priority_appear_on_the_builtin_ticket(mailbox, desk
     set_default(mailbox.tenant, bad)
     event_id = new_event(mailbox)
     assert process_inbox_event(event_id) == "failed"
-    console.do_correct_and_replay(operator, event_id, destination_id=builtin.pk, queue="billing",
-                                  priority="high", request_type="refund")
+    console.do_correct_and_replay(
+        operator, event_id, destination_id=builtin.pk, queue="billing", priority="high", request_type="refund"
+    )
     assert process_inbox_event(event_id) == "created"
     [ticket] = Ticket.objects.all()
     assert (ticket.queue, ticket.priority, ticket.request_type) == ("billing", "high", "refund")
@@ -108,7 +125,8 @@ def test_corrected_queue_and_priority_appear_on_the_builtin_ticket(mailbox, desk
 
 
 def test_a_corrected_body_under_a_key_that_already_made_a_ticket_never_makes_a_second(
-        mailbox, desk, monkeypatch, operator, creates):
+    mailbox, desk, monkeypatch, operator, creates
+):
     destination = make_desk_destination(mailbox.tenant, desk, monkeypatch, groups=GROUPS)
     desk.set_plan(["drop_after_commit"])
     event_id = new_event(mailbox)
@@ -118,8 +136,9 @@ def test_a_corrected_body_under_a_key_that_already_made_a_ticket_never_makes_a_s
 
     # It was unknown once, so the replay asks Zendesk first: the ticket is found and linked, nothing is sent
     # (the same key with the corrected body would meet IdempotentRequestError, never a second create).
-    assert console.do_correct_and_replay(operator, event_id, destination_id=destination.pk,
-                                         priority="urgent") == "linked"
+    assert (
+        console.do_correct_and_replay(operator, event_id, destination_id=destination.pk, priority="urgent") == "linked"
+    )
     assert process_inbox_event(event_id) == "done" and len(creates) == 1
     assert InboxEvent.objects.get(pk=event_id).state == "completed"
     assert len(desk.tickets()) == 1 and intent_of(event_id).result_ref == str(desk.tickets()[0]["id"])

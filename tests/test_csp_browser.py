@@ -5,6 +5,7 @@ and Chromium reports no violation, at 1400 and at 800 px wide; the pages still w
 Swagger UI rendered by its external script). A page given an inline script on purpose is caught, so the
 check itself can fail.
 """
+
 import pytest
 from django.urls import reverse
 
@@ -38,13 +39,15 @@ def violations(page, console) -> list[str]:
 
 
 @pytest.mark.parametrize("width", [1400, 800])
-def test_the_console_loads_under_the_policy_without_a_violation(live_server, browser, screenshot_dir, tenant,
-                                                                mailbox, width):
+def test_the_console_loads_under_the_policy_without_a_violation(
+    live_server, browser, screenshot_dir, tenant, mailbox, width
+):
     event_id = new_event(mailbox, subject="Printer on fire <script>alert(1)</script>", sender="eve@customer.test")
     quarantine(event_id)
     make_user("sec", groups=["security", "operator", "mailroom-admin"], tenants=[tenant])
-    rule = RoutingRule.objects.create(tenant=tenant, name="printers", conditions={"body_regex": "printer"},
-                                      queue="hardware")
+    rule = RoutingRule.objects.create(
+        tenant=tenant, name="printers", conditions={"body_regex": "printer"}, queue="hardware"
+    )
     context, page, console = new_page(browser, width)
     try:
         page.goto(f"{live_server.url}/admin/login/?next={QUEUE_URL}")
@@ -65,8 +68,10 @@ def test_the_console_loads_under_the_policy_without_a_violation(live_server, bro
         assert page.eval_on_selector("#item-facts", "e => getComputedStyle(e).display") == "grid"
         page.screenshot(path=screenshot_dir / f"csp-item-{width}.png", full_page=True)
         # The pages the tenant boundary changed: the pauses (a tenant's own pause) and a body rule's dry run.
-        for name, url in (("pauses", "/admin/reconciliation/pauseswitch/"),
-                          ("dry-run", reverse("admin:ticketing_routingrule_dry_run", args=[rule.pk]))):
+        for name, url in (
+            ("pauses", "/admin/reconciliation/pauseswitch/"),
+            ("dry-run", reverse("admin:ticketing_routingrule_dry_run", args=[rule.pk])),
+        ):
             response = page.goto(f"{live_server.url}{url}")
             assert response.status == 200, url
             page.wait_for_load_state("load")

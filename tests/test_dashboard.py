@@ -1,4 +1,5 @@
 """The operators' dashboard: backlog, oldest item, throughput and failures as inline SVG, tenant-scoped."""
+
 import re
 from collections import Counter
 from datetime import timedelta
@@ -20,23 +21,36 @@ URL = "/admin/reconciliation/recoveryitem/dashboard/"
 def make_event(mailbox, subject):
     """An event row as intake stores it (the ORM, so the test reads only what the dashboard reads)."""
     now = timezone.now()
-    return InboxEvent.objects.create(tenant_id=mailbox.tenant_id, mailbox=mailbox, provider_message_id=subject,
-                                     dedupe_key=f"{mailbox.pk}-{subject}", source="raw", received_at=now,
-                                     updated_at=now, size=1, subject=subject)
+    return InboxEvent.objects.create(
+        tenant_id=mailbox.tenant_id,
+        mailbox=mailbox,
+        provider_message_id=subject,
+        dedupe_key=f"{mailbox.pk}-{subject}",
+        source="raw",
+        received_at=now,
+        updated_at=now,
+        size=1,
+        subject=subject,
+    )
 
 
 def move(event, state, reason="", hours_ago=0):
     at = timezone.now() - timedelta(hours=hours_ago)
-    assert transition_event(event.pk, [event.state], state, actor="system:test", kind=None, reason_code=reason,
-                            now=at)
+    assert transition_event(event.pk, [event.state], state, actor="system:test", kind=None, reason_code=reason, now=at)
     InboxEvent.objects.filter(pk=event.pk).update(updated_at=at)
 
 
 def failing_intent(event, kind):
-    return Intent.objects.create(idempotency_key=f"key-{event.pk}", inbox_event=event, action="create_ticket",
-                                 destination=Destination.objects.get(tenant_id=event.tenant_id, is_default=True),
-                                 state="failed", last_error_kind=kind, external_ref=f"mr-{event.pk}",
-                                 created_at=timezone.now())
+    return Intent.objects.create(
+        idempotency_key=f"key-{event.pk}",
+        inbox_event=event,
+        action="create_ticket",
+        destination=Destination.objects.get(tenant_id=event.tenant_id, is_default=True),
+        state="failed",
+        last_error_kind=kind,
+        external_ref=f"mr-{event.pk}",
+        created_at=timezone.now(),
+    )
 
 
 def titles(html: str, plot: str) -> list[str]:
@@ -97,8 +111,10 @@ def test_dashboard_shows_backlog_throughput_and_failures_of_the_users_tenants(cl
     daily = titles(html, "daily")
     assert len(daily) == 60
     # Each received event on the day it arrived (one arrived 5 hours ago: yesterday, shortly after midnight).
-    received_days = Counter(f"{at:%m-%d}" for at in InboxEvent.objects.filter(pk__in=[e.pk for e in seeded])
-                            .values_list("received_at", flat=True))
+    received_days = Counter(
+        f"{at:%m-%d}"
+        for at in InboxEvent.objects.filter(pk__in=[e.pk for e in seeded]).values_list("received_at", flat=True)
+    )
     assert sum(received_days.values()) == 5
     for day, count in received_days.items():
         assert f"received {day}: {count}" in daily
@@ -107,7 +123,7 @@ def test_dashboard_shows_backlog_throughput_and_failures_of_the_users_tenants(cl
     assert titles(html, "events-24h") == ["attachment_type: 1"]
     assert titles(html, "intents-24h") == ["credentials: 1"]  # globex's credentials failure is not counted
     assert titles(html, "events-30d") == ["attachment_type: 1"]
-    main = html[html.index('id="content-main"'):]
+    main = html[html.index('id="content-main"') :]
     assert "<script" not in main and "http" not in main.replace("http://www.w3.org/2000/svg", "")
 
 
@@ -134,10 +150,18 @@ def test_last_reconciliation_per_mailbox(client, operator, mailbox):
         assert "No reconciliation has run yet." in client.get(URL).content.decode()
         return
     now = timezone.now()
-    model.objects.create(kind="provider", scope="support", started_at=now - timedelta(days=2), finished_at=now,
-                         scanned=1, findings=0)
-    model.objects.create(kind="provider", scope="support", started_at=now - timedelta(hours=1), finished_at=now,
-                         scanned=40, findings=3, repaired=2)
+    model.objects.create(
+        kind="provider", scope="support", started_at=now - timedelta(days=2), finished_at=now, scanned=1, findings=0
+    )
+    model.objects.create(
+        kind="provider",
+        scope="support",
+        started_at=now - timedelta(hours=1),
+        finished_at=now,
+        scanned=40,
+        findings=3,
+        repaired=2,
+    )
     model.objects.create(kind="provider", scope=other_box.slug, started_at=now, scanned=99)
     html = client.get(URL).content.decode()
     row = re.search(r'<tr class="reconciliation-support">(.*?)</tr>', html, re.S).group(1)

@@ -4,6 +4,7 @@ the requester and the people copied, who a reply is written as, agents' forwards
 tickets and replies to the desk's own notifications. What each kind does is what its adapter declares
 (`capabilities`) and its kit reads back from the fake (tests/destination_kits/<kind>.py).
 """
+
 import hashlib
 import importlib
 import struct
@@ -34,17 +35,23 @@ AGENTS_DOMAIN = "acme-support.test"
 
 def _png(width: int) -> bytes:
     """A real PNG (`width` x 1 pixels): each width its own bytes."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
     rows = b"".join(b"\x00" + b"\xff\x00\x00" * width for _ in range(1))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, 1, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, 1, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
 PDF = b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n"
 INVOICE = PDF.replace(b"%%EOF", b"% invoice 4471\n%%EOF")
 SCREENSHOT = _png(3)
-LOGO = _png(2)   # the inline image
+LOGO = _png(2)  # the inline image
 TOOL = b"MZ\x90\x00\x03\x00\x00\x00\x04\x00\x00\x00\xff\xff\x00\x00" + b"\x00" * 200  # a Windows executable
 
 
@@ -52,8 +59,14 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def apple_mail_message(*, sender="Alice Example <alice@customer.test>", cc="", executable=False,
-                       subject="Invoice 4471 charged twice", message_id=None) -> bytes:
+def apple_mail_message(
+    *,
+    sender="Alice Example <alice@customer.test>",
+    cc="",
+    executable=False,
+    subject="Invoice 4471 charged twice",
+    message_id=None,
+) -> bytes:
     """As Apple Mail writes a message with an inline image and attachments: mixed > related > alternative."""
     message = EmailMessage()
     message["From"] = sender
@@ -65,12 +78,20 @@ def apple_mail_message(*, sender="Alice Example <alice@customer.test>", cc="", e
     message["Message-ID"] = message_id or f"<{time.monotonic_ns()}@customer.test>"
     message["X-Mailer"] = "Apple Mail (2.3774.300.61.1.2)"
     message.set_content("Hello,\n\nThe invoice shows the same line twice, see the screenshot.\n\nAlice\n")
-    message.add_alternative('<html><body><p>Hello,</p><p>The invoice shows the same line <b>twice</b>:</p>'
-                            '<img src="cid:logo.4471@customer.test" alt="logo"><p>Alice</p></body></html>',
-                            subtype="html")
+    message.add_alternative(
+        "<html><body><p>Hello,</p><p>The invoice shows the same line <b>twice</b>:</p>"
+        '<img src="cid:logo.4471@customer.test" alt="logo"><p>Alice</p></body></html>',
+        subtype="html",
+    )
     html_part = message.get_payload()[1]
-    html_part.add_related(LOGO, maintype="image", subtype="png", cid="<logo.4471@customer.test>",
-                          filename="logo.png", disposition="inline")
+    html_part.add_related(
+        LOGO,
+        maintype="image",
+        subtype="png",
+        cid="<logo.4471@customer.test>",
+        filename="logo.png",
+        disposition="inline",
+    )
     message.add_attachment(INVOICE, maintype="application", subtype="pdf", filename="invoice-4471.pdf")
     message.add_attachment(SCREENSHOT, maintype="image", subtype="png", filename="screenshot.png")
     if executable:
@@ -78,8 +99,15 @@ def apple_mail_message(*, sender="Alice Example <alice@customer.test>", cc="", e
     return message.as_bytes()
 
 
-def plain_reply(*, sender: str, to_id: str, body: str, cc: str = "", subject="Re: Invoice 4471 charged twice",
-                in_reply_to: bool = True) -> bytes:
+def plain_reply(
+    *,
+    sender: str,
+    to_id: str,
+    body: str,
+    cc: str = "",
+    subject="Re: Invoice 4471 charged twice",
+    in_reply_to: bool = True,
+) -> bytes:
     message = EmailMessage()
     message["From"] = sender
     message["To"] = "support@acme.test"
@@ -139,7 +167,8 @@ def carry_through(event_id: int, seconds: float = 20.0) -> None:
 
                 intents.resolve_unknown(files.pk)
             Intent.objects.filter(pk=files.pk, state__in=("pending", "retry_wait")).update(
-                next_attempt_at=timezone.now())
+                next_attempt_at=timezone.now()
+            )
             attachments.deliver(files.pk, "test-worker")
         time.sleep(0.05)
     raise AssertionError(f"event {event_id} not carried through in {seconds}s")
@@ -152,6 +181,7 @@ def the_record(desk: Desk, event_id: int) -> dict:
 
 
 # --- files ----------------------------------------------------------------------------------------
+
 
 def test_two_attachments_and_an_inline_image_reach_the_record_once_each(desk, mailbox):
     event_id = ingest_message(mailbox, raw=apple_mail_message()).inbox_event_id
@@ -190,8 +220,7 @@ def test_a_lost_answer_on_any_call_never_doubles_a_file(desk, mailbox, tenant):
     for lost in range(1, writes + 1):
         desk.desk.reset()
         desk.desk.set_plan(["ok"] * (lost - 1) + ["drop_after_commit"])
-        event_id = ingest_message(mailbox, raw=apple_mail_message(subject=f"Invoice 4471, round {lost}")) \
-            .inbox_event_id
+        event_id = ingest_message(mailbox, raw=apple_mail_message(subject=f"Invoice 4471, round {lost}")).inbox_event_id
         try:
             carry_through(event_id)
         except AssertionError:
@@ -204,6 +233,7 @@ def test_a_lost_answer_on_any_call_never_doubles_a_file(desk, mailbox, tenant):
 
 
 # --- people --------------------------------------------------------------------------------------
+
 
 def test_the_requester_and_two_copied_people_end_on_the_record_as_the_kind_declares(desk, mailbox):
     raw = apple_mail_message(cc="Bob Buyer <bob@customer.test>, carol@partner.test, support@acme.test")
@@ -229,8 +259,11 @@ def _ticket_with_reply(desk, mailbox, reply: bytes) -> tuple[dict, int]:
 
 
 def test_a_customer_reply_is_a_public_comment_written_as_the_customer(desk, mailbox):
-    reply = plain_reply(sender="Alice Example <alice@customer.test>", to_id="<root-4471@customer.test>",
-                        body="Still charged twice today.\n")
+    reply = plain_reply(
+        sender="Alice Example <alice@customer.test>",
+        to_id="<root-4471@customer.test>",
+        body="Still charged twice today.\n",
+    )
     record, reply_id = _ticket_with_reply(desk, mailbox, reply)
     [comment] = [c for c in desk.kit.comment_records_of(record) if "Still charged twice today." in c["body"]]
     assert comment["public"] is True
@@ -242,8 +275,12 @@ def test_a_customer_reply_is_a_public_comment_written_as_the_customer(desk, mail
 
 
 def test_an_agents_reply_copying_support_is_an_internal_note(desk, mailbox):
-    reply = plain_reply(sender=f"Sam Agent <sam@{AGENTS_DOMAIN}>", to_id="<root-4471@customer.test>",
-                        body="Refund approved on our side; waiting for finance.\n", cc="support@acme.test")
+    reply = plain_reply(
+        sender=f"Sam Agent <sam@{AGENTS_DOMAIN}>",
+        to_id="<root-4471@customer.test>",
+        body="Refund approved on our side; waiting for finance.\n",
+        cc="support@acme.test",
+    )
     record, _ = _ticket_with_reply(desk, mailbox, reply)
     [note] = [c for c in desk.kit.comment_records_of(record) if "Refund approved" in c["body"]]
     assert note["public"] is False
@@ -264,7 +301,8 @@ def forward_from(agent: str) -> bytes:
         "Date: Mon, 30 Nov 2026 at 17:41\n"
         "Subject: Cannot log in since Monday\n"
         "To: <sam@acme-support.test>\n\n"
-        "Hi Sam, I cannot log in since Monday. The reset link expires at once.\n\nDana\n")
+        "Hi Sam, I cannot log in since Monday. The reset link expires at once.\n\nDana\n"
+    )
     return message.as_bytes()
 
 
@@ -292,13 +330,17 @@ def test_a_forward_from_anyone_else_keeps_its_sender(desk, mailbox):
 
 # --- closed tickets and the desk's own references -------------------------------------------------
 
+
 def test_a_reply_to_a_closed_ticket_follows_the_destinations_policy(desk, mailbox):
     first = ingest_message(mailbox, raw=apple_mail_message(message_id="<root-closed@customer.test>")).inbox_event_id
     carry_through(first)
     closed = the_record(desk, first)
     desk.desk.close(closed["id"])
-    reply = plain_reply(sender="Alice Example <alice@customer.test>", to_id="<root-closed@customer.test>",
-                        body="It happened again this month.\n")
+    reply = plain_reply(
+        sender="Alice Example <alice@customer.test>",
+        to_id="<root-closed@customer.test>",
+        body="It happened again this month.\n",
+    )
     reply_id = ingest_message(mailbox, raw=reply).inbox_event_id
     if "follow_up" in desk.capabilities.closed_policies:
         carry_through(reply_id)
@@ -323,9 +365,13 @@ def test_a_reply_quoting_the_desks_own_reference_threads_to_that_record(desk, ma
     carry_through(first)
     record = the_record(desk, first)
     reference = desk.kit.desk_reference(record)
-    reply = plain_reply(sender="Alice Example <alice@customer.test>", to_id="", in_reply_to=False,
-                        subject=f"Re: {reference} Invoice 4471 charged twice",
-                        body=f"Answering your note. {reference}\nStill charged twice.\n")
+    reply = plain_reply(
+        sender="Alice Example <alice@customer.test>",
+        to_id="",
+        in_reply_to=False,
+        subject=f"Re: {reference} Invoice 4471 charged twice",
+        body=f"Answering your note. {reference}\nStill charged twice.\n",
+    )
     reply_id = ingest_message(mailbox, raw=reply).inbox_event_id
     carry_through(reply_id)
     mapping = TicketMapping.objects.get(inbox_event_id=reply_id)

@@ -4,6 +4,7 @@ The built-in store declares no reference of its own: each test gives its adapter
 would declare (monkeypatch), so the whole pipeline runs against real rows. Freshdesk's own "[#123]" is
 checked against FakeDesk over HTTP.
 """
+
 import logging
 import re
 
@@ -61,8 +62,13 @@ def ticket_for(mailbox, sender="jane@example.com", subject="Printer on fire") ->
 
 def test_a_reply_with_the_desks_subject_reference_becomes_a_comment(mailbox, desk_subject_references):
     mapping = ticket_for(mailbox)
-    reply = receive(mailbox, sender="Jane Doe <Jane@Example.com>", subject=f"Re: [Desk #{mapping.ticket_id}] Printer",
-                    body="Still on fire.\n", extra_headers=NOTIFICATION_HEADERS)
+    reply = receive(
+        mailbox,
+        sender="Jane Doe <Jane@Example.com>",
+        subject=f"Re: [Desk #{mapping.ticket_id}] Printer",
+        body="Still on fire.\n",
+        extra_headers=NOTIFICATION_HEADERS,
+    )
     assert process_inbox_event(reply) == "created"
     [comment] = TicketComment.objects.all()
     assert comment.ticket_id == int(mapping.ticket_id) and comment.body.startswith("Still on fire.")
@@ -85,7 +91,7 @@ def test_the_desk_is_asked_about_one_reference_per_message(mailbox, watermarks):
     body = f"See below.\n> Ref:MSG0099999\n> Ref:MSG0088888\n> Ref:MSG{int(mapping.ticket_id):07d}\n"
     reply = receive(mailbox, sender="jane@example.com", subject="Re: Your request", body=body)
     assert process_inbox_event(reply) == "created"
-    assert watermarks == ["MSG0099999"]   # the first reference only: the others are never looked up
+    assert watermarks == ["MSG0099999"]  # the first reference only: the others are never looked up
     assert TicketComment.objects.count() == 0 and Ticket.objects.count() == 2
 
 
@@ -100,8 +106,9 @@ def test_a_watermark_below_the_first_lines_is_not_read(mailbox, watermarks):
 def test_a_strangers_reply_with_a_valid_reference_gets_a_new_flagged_ticket(mailbox, desk_subject_references):
     mapping = ticket_for(mailbox, sender="jane@example.com")
     subject = f"Re: [Desk #{mapping.ticket_id}] Printer"
-    stranger = receive(mailbox, sender="mallory@evil.example", subject=subject, body="add me\n",
-                       extra_headers=NOTIFICATION_HEADERS)
+    stranger = receive(
+        mailbox, sender="mallory@evil.example", subject=subject, body="add me\n", extra_headers=NOTIFICATION_HEADERS
+    )
     assert process_inbox_event(stranger) == "created"
     assert TicketComment.objects.count() == 0 and Ticket.objects.count() == 2
     event = InboxEvent.objects.get(pk=stranger)
@@ -112,29 +119,37 @@ def test_a_strangers_reply_with_a_valid_reference_gets_a_new_flagged_ticket(mail
     assert "mailroom-untrusted-thread-reply" in Ticket.objects.get(pk=int(new_ticket.ticket_id)).tags
 
     # The stranger's ticket now sits in the notification's thread: Jane's reply there still finds hers.
-    own = receive(mailbox, sender="jane@example.com", subject=subject, body="Still broken.\n",
-                  extra_headers=NOTIFICATION_HEADERS)
+    own = receive(
+        mailbox, sender="jane@example.com", subject=subject, body="Still broken.\n", extra_headers=NOTIFICATION_HEADERS
+    )
     assert process_inbox_event(own) == "created"
     assert TicketComment.objects.get().ticket_id == int(mapping.ticket_id)
     assert "flags" not in InboxEvent.objects.get(pk=own).details
 
 
-def test_the_customer_an_agent_forwarded_replies_to_the_desks_notification(tenant, mailbox,
-                                                                            desk_subject_references):
+def test_the_customer_an_agent_forwarded_replies_to_the_desks_notification(tenant, mailbox, desk_subject_references):
     """The forward made Jane the requester: the desk mails her, and her reply joins the ticket."""
     tenant.settings = {"agent_addresses": ["@acme.test"]}
     tenant.save()
-    body = ("Over to support.\n\n---------- Forwarded message ---------\nFrom: Jane Doe <jane@example.com>\n"
-            "Date: Mon, Mar 4, 2024 at 10:15 AM\nSubject: Printer on fire\nTo: <alice@acme.test>\n\nHelp!\n")
+    body = (
+        "Over to support.\n\n---------- Forwarded message ---------\nFrom: Jane Doe <jane@example.com>\n"
+        "Date: Mon, Mar 4, 2024 at 10:15 AM\nSubject: Printer on fire\nTo: <alice@acme.test>\n\nHelp!\n"
+    )
     trust_our_mta(mailbox)
-    raw = stamped(email_message(sender="Alice <alice@acme.test>", subject="Fwd: Printer on fire", body=body),
-                  "acme.test")
+    raw = stamped(
+        email_message(sender="Alice <alice@acme.test>", subject="Fwd: Printer on fire", body=body), "acme.test"
+    )
     forwarded = receive(mailbox, raw=raw)
     assert process_inbox_event(forwarded) == "created"
     mapping = TicketMapping.objects.get(inbox_event_id=forwarded)
     assert Ticket.objects.get(pk=int(mapping.ticket_id)).requester == "jane@example.com"
-    reply = receive(mailbox, sender="jane@example.com", subject=f"Re: [Desk #{mapping.ticket_id}] Printer on fire",
-                    body="Any news?\n", extra_headers=NOTIFICATION_HEADERS)
+    reply = receive(
+        mailbox,
+        sender="jane@example.com",
+        subject=f"Re: [Desk #{mapping.ticket_id}] Printer on fire",
+        body="Any news?\n",
+        extra_headers=NOTIFICATION_HEADERS,
+    )
     assert process_inbox_event(reply) == "created"
     assert TicketComment.objects.get().ticket_id == int(mapping.ticket_id)
     assert "flags" not in InboxEvent.objects.get(pk=reply).details
@@ -155,8 +170,13 @@ def test_a_destinations_own_narrower_pattern_threads_a_reply_to_its_notification
     monkeypatch.setattr(BuiltinDestination, "reference_fields", ("subject",))
     tenant.destinations.update(settings={"reference_prefix": "REC"})
     mapping = ticket_for(mailbox)
-    reply = receive(mailbox, sender="jane@example.com", subject=f"Re: [REC-{mapping.ticket_id}] Printer",
-                    body="Thanks.\n", extra_headers=NOTIFICATION_HEADERS)
+    reply = receive(
+        mailbox,
+        sender="jane@example.com",
+        subject=f"Re: [REC-{mapping.ticket_id}] Printer",
+        body="Thanks.\n",
+        extra_headers=NOTIFICATION_HEADERS,
+    )
     assert process_inbox_event(reply) == "created"
     assert TicketComment.objects.get().ticket_id == int(mapping.ticket_id)
 
@@ -165,14 +185,18 @@ def test_a_reference_to_another_tenants_ticket_never_threads(mailbox, desk_subje
     other = make_tenant(slug="globex", domains=("globex.test",))
     make_destination(other)
     other_mailbox = make_mailbox(other, slug="help", address="help@globex.test")
-    theirs = ticket_for(other_mailbox, sender="jane@example.com")   # the same customer writes to both tenants
-    reply = receive(mailbox, sender="jane@example.com", subject=f"Re: [Desk #{theirs.ticket_id}] Printer",
-                    body="Is this the right place?\n")
+    theirs = ticket_for(other_mailbox, sender="jane@example.com")  # the same customer writes to both tenants
+    reply = receive(
+        mailbox,
+        sender="jane@example.com",
+        subject=f"Re: [Desk #{theirs.ticket_id}] Printer",
+        body="Is this the right place?\n",
+    )
     assert process_inbox_event(reply) == "created"
     assert TicketComment.objects.count() == 0
     ours = TicketMapping.objects.get(inbox_event_id=reply)
     assert ours.action == "create_ticket" and ours.destination.tenant_id == mailbox.tenant_id
-    assert "flags" not in InboxEvent.objects.get(pk=reply).details   # nothing of ours was named: no flag either
+    assert "flags" not in InboxEvent.objects.get(pk=reply).details  # nothing of ours was named: no flag either
 
 
 def test_a_reference_the_desk_cannot_resolve_is_no_reference(mailbox, monkeypatch, caplog, desk_subject_references):
@@ -182,8 +206,12 @@ def test_a_reference_the_desk_cannot_resolve_is_no_reference(mailbox, monkeypatc
         raise TransientError("timeout", "the desk did not answer")
 
     monkeypatch.setattr(BuiltinDestination, "resolve_reference", resolve_reference)
-    reply = receive(mailbox, sender="jane@example.com", subject=f"Re: [Desk #{mapping.ticket_id}] Printer",
-                    body="Secret body text.\n")
+    reply = receive(
+        mailbox,
+        sender="jane@example.com",
+        subject=f"Re: [Desk #{mapping.ticket_id}] Printer",
+        body="Secret body text.\n",
+    )
     with caplog.at_level(logging.INFO, logger="ticketing.threads"):
         assert process_inbox_event(reply) == "created"
     assert TicketComment.objects.count() == 0 and Ticket.objects.count() == 2
@@ -217,8 +245,11 @@ def test_the_check_for_references_is_cheap(mailbox, desk_subject_references, dja
 
 
 def test_patterns_with_their_own_groups_backreferences_and_comments_are_looked_for_as_written(monkeypatch):
-    tricky = (re.compile(r"(?P<ref>ab)(?P<tail>c)"), re.compile(r"(x)(?P<ref>\d+)\1", re.I),
-              re.compile(r"(?P<ref>z+) # a comment", re.VERBOSE))
+    tricky = (
+        re.compile(r"(?P<ref>ab)(?P<tail>c)"),
+        re.compile(r"(x)(?P<ref>\d+)\1", re.I),
+        re.compile(r"(?P<ref>z+) # a comment", re.VERBOSE),
+    )
     monkeypatch.setattr(BuiltinDestination, "reference_patterns", tricky)
     monkeypatch.setattr(BuiltinDestination, "reference_fields", ("subject",))
     for subject, found in (("abc", True), ("X12x", True), ("zz", True), ("x12y", False)):
@@ -228,19 +259,26 @@ def test_patterns_with_their_own_groups_backreferences_and_comments_are_looked_f
 
 # --- Freshdesk's own reference, against FakeDesk ---------------------------------------------------------
 
+
 @pytest.mark.fakedesk(dialect="freshdesk")
 def test_a_reply_to_freshdesks_notification_threads_to_that_record(tenant, mailbox, desk, monkeypatch):
     freshdesk_kit.configure(tenant, desk, monkeypatch)
     mapping = ticket_for(mailbox)
-    reply = receive(mailbox, sender="jane@example.com", subject=f"Re: [#{mapping.ticket_id}] Printer on fire",
-                    body="It works again, thanks.\n", extra_headers=NOTIFICATION_HEADERS)
+    reply = receive(
+        mailbox,
+        sender="jane@example.com",
+        subject=f"Re: [#{mapping.ticket_id}] Printer on fire",
+        body="It works again, thanks.\n",
+        extra_headers=NOTIFICATION_HEADERS,
+    )
     assert process_inbox_event(reply) == "created"
     [record] = desk.tickets()
     assert freshdesk_kit.ticket_id_of(record) == mapping.ticket_id
     assert any("It works again" in text for text in freshdesk_kit.comments_of(record))
 
-    stranger = receive(mailbox, sender="mallory@evil.example", subject=f"Re: [#{mapping.ticket_id}] Printer on fire",
-                       body="me too\n")
+    stranger = receive(
+        mailbox, sender="mallory@evil.example", subject=f"Re: [#{mapping.ticket_id}] Printer on fire", body="me too\n"
+    )
     assert process_inbox_event(stranger) == "created"
     assert len(desk.tickets()) == 2
     assert InboxEvent.objects.get(pk=stranger).details["flags"] == ["untrusted_thread_reply"]

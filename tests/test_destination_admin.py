@@ -1,5 +1,6 @@
 """Configuring each destination kind in the admin: its settings checked field by field, and the
 "test connection" action, which proves credentials against the kind's fake and writes nothing."""
+
 import importlib
 import json
 
@@ -23,9 +24,16 @@ def configured(request, tenant, desk_factory, monkeypatch):
 
 
 def form_for(destination, **changes):
-    data = {"tenant": destination.tenant_id, "slug": destination.slug, "kind": destination.kind,
-            "base_url": destination.base_url, "credentials_ref": destination.credentials_ref,
-            "settings": destination.settings, "is_default": "", "paused": ""}
+    data = {
+        "tenant": destination.tenant_id,
+        "slug": destination.slug,
+        "kind": destination.kind,
+        "base_url": destination.base_url,
+        "credentials_ref": destination.credentials_ref,
+        "settings": destination.settings,
+        "is_default": "",
+        "paused": "",
+    }
     data.update(changes)
     data["settings"] = json.dumps(data["settings"])
     return DestinationForm(data={k: v for k, v in data.items() if v != ""})
@@ -51,22 +59,25 @@ def test_a_kind_that_needs_a_url_and_credentials_says_so(configured):
     assert ("This kind needs its base URL." in str(form.errors.get("base_url"))) is adapter.needs_base_url
     assert ("needs credentials" in str(form.errors.get("credentials_ref"))) is adapter.needs_credentials
     # Only the generic REST kind may do without: every URL of it may be absolute, an internal API may be open.
-    assert (adapter.needs_base_url, adapter.needs_credentials) == ((False, False) if destination.kind == "rest"
-                                                                   else (True, True))
+    assert (adapter.needs_base_url, adapter.needs_credentials) == (
+        (False, False) if destination.kind == "rest" else (True, True)
+    )
 
 
 def test_test_connection_in_the_admin_proves_credentials_and_writes_nothing(configured, admin_client, monkeypatch):
     _, desk, destination = configured
-    response = admin_client.post(CHANGELIST, {"action": "test_connection", "_selected_action": [destination.pk]},
-                                 follow=True)
+    response = admin_client.post(
+        CHANGELIST, {"action": "test_connection", "_selected_action": [destination.pk]}, follow=True
+    )
     said = [str(m) for m in get_messages(response.wsgi_request)]
     assert len(said) == 1 and said[0].startswith(f"{destination}: OK, "), said
     assert desk.tickets() == [] and desk.requests_log() == []
 
     monkeypatch.setenv("WRONG_CREDENTIALS", "nobody:wrong-secret")
     Destination.objects.filter(pk=destination.pk).update(credentials_ref="env:WRONG_CREDENTIALS")
-    response = admin_client.post(CHANGELIST, {"action": "test_connection", "_selected_action": [destination.pk]},
-                                 follow=True)
+    response = admin_client.post(
+        CHANGELIST, {"action": "test_connection", "_selected_action": [destination.pk]}, follow=True
+    )
     said = [str(m) for m in get_messages(response.wsgi_request)]
     assert len(said) == 1 and said[0].startswith(f"{destination}: failed (permanent: "), said
     assert desk.tickets() == [] and desk.requests_log() == []
@@ -86,10 +97,12 @@ def test_test_connection_names_the_status_never_the_answer_s_body(configured, ad
     """Finding 4's read channel: an error body (an internal service's answer) was echoed in the admin."""
     _, desk, destination = configured
     leak = "INTERNAL-ONLY aws_secret_access_key=wJalrXUtnFEMI"
-    desk.on_request(lambda request: (status, {"error": leak, "errors": [{"message": leak}], "details": leak,
-                                              "message": leak}))
-    response = admin_client.post(CHANGELIST, {"action": "test_connection", "_selected_action": [destination.pk]},
-                                 follow=True)
+    desk.on_request(
+        lambda request: (status, {"error": leak, "errors": [{"message": leak}], "details": leak, "message": leak})
+    )
+    response = admin_client.post(
+        CHANGELIST, {"action": "test_connection", "_selected_action": [destination.pk]}, follow=True
+    )
     [said] = [str(m) for m in get_messages(response.wsgi_request)]
     assert said.startswith(f"{destination}: failed ("), said
     # The status, or (a 404 some kinds explain in their own words: "service desk 1 does not exist") our text.

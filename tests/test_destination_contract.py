@@ -11,6 +11,7 @@ What each kind may do with a lost answer depends on what its system offers (docs
     none              nothing: held for a person
 In every case: never two records for one message.
 """
+
 import importlib
 from datetime import timedelta
 
@@ -75,6 +76,7 @@ def assert_mapped_to_the_one_record(contract, event_id):
 
 # --- the happy path and duplicates ---------------------------------------------------------------
 
+
 def test_create_makes_one_record_carrying_our_reference(contract, mailbox):
     event_id = new_event(mailbox, body="The invoice shows the same line twice.\n")
     assert process_inbox_event(event_id) == "created"
@@ -96,6 +98,7 @@ def test_a_duplicate_delivery_and_a_redelivered_task_make_one_record(contract, m
 
 
 # --- lost answers --------------------------------------------------------------------------------
+
 
 def test_a_response_lost_after_the_commit_ends_in_one_record_or_a_held_item(contract, mailbox):
     contract.desk.set_plan(["drop_after_commit"])
@@ -128,6 +131,7 @@ def test_a_request_lost_before_the_commit_is_made_once_or_held_never_twice(contr
 
 
 # --- refusals ------------------------------------------------------------------------------------
+
 
 def test_429_waits_as_long_as_retry_after_says_then_makes_one_record(contract, mailbox):
     contract.desk.set_plan(["rate_limit:30"])
@@ -167,12 +171,16 @@ def test_422_is_a_field_error_kept_for_the_operator_and_never_retried(contract, 
 
 # --- threads and corrections ----------------------------------------------------------------------
 
+
 def test_a_reply_in_the_thread_becomes_a_comment_on_the_record(contract, mailbox):
     original = new_event(mailbox, message_id="<root-4471@customer.test>")
     assert process_inbox_event(original) == "created"
-    reply = new_event(mailbox, subject="Re: Invoice 4471 charged twice", body="Still charged twice today.\n",
-                      extra_headers={"In-Reply-To": "<root-4471@customer.test>",
-                                     "References": "<root-4471@customer.test>"})
+    reply = new_event(
+        mailbox,
+        subject="Re: Invoice 4471 charged twice",
+        body="Still charged twice today.\n",
+        extra_headers={"In-Reply-To": "<root-4471@customer.test>", "References": "<root-4471@customer.test>"},
+    )
     assert process_inbox_event(reply) == "created"
     [record] = contract.records()
     [comment] = contract.kit.comments_of(record)
@@ -187,8 +195,12 @@ def test_a_corrected_queue_and_priority_reach_the_record(contract, mailbox, oper
     event_id = new_event(mailbox)
     assert process_inbox_event(event_id) == "failed"
     key = intent_of(event_id).idempotency_key
-    assert console.do_correct_and_replay(operator, event_id, destination_id=contract.destination.pk,
-                                         queue="billing", priority="urgent") == "reopened"
+    assert (
+        console.do_correct_and_replay(
+            operator, event_id, destination_id=contract.destination.pk, queue="billing", priority="urgent"
+        )
+        == "reopened"
+    )
     assert process_inbox_event(event_id) == "created"
     assert intent_of(event_id).idempotency_key == key
     record = assert_mapped_to_the_one_record(contract, event_id)

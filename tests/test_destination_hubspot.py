@@ -4,6 +4,7 @@ stages, follow-ups, HubSpot's error bodies, check_connection.
 
 What every kind shares (duplicates, lost answers, 429/401/422, comments through the pipeline) is in
 tests/test_destination_contract.py."""
+
 import email.parser
 import email.policy
 import hashlib
@@ -41,7 +42,10 @@ REQUEST = TicketRequest(
     description="I was charged twice for invoice 42.",
     requester="Jane Doe <jane.doe@example.com>",
     tags=("email",),
-    queue="billing", priority="urgent", request_type="refund", assignee="alice",
+    queue="billing",
+    priority="urgent",
+    request_type="refund",
+    assignee="alice",
     fields={"mailroom_requester": "from-fields"},
 )
 UPSERT_PATH = "/crm/v3/objects/tickets/batch/upsert"
@@ -52,18 +56,27 @@ REPLY = CommentRequest(body="Still charged twice.", author_email="jane.doe@examp
 
 
 def outgoing(index: int, filename: str, data: bytes, content_type: str = "application/pdf") -> OutgoingFile:
-    return OutgoingFile(index=index, filename=filename, content_type=content_type, size=len(data),
-                        sha256=hashlib.sha256(data).hexdigest(), payload=lambda: data)
+    return OutgoingFile(
+        index=index,
+        filename=filename,
+        content_type=content_type,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        payload=lambda: data,
+    )
 
 
-FILES = (outgoing(0, "invoice-42.pdf", b"%PDF-1.7 invoice 42"),
-         outgoing(1, "screenshot.png", b"\x89PNG shot", "image/png"))
+FILES = (
+    outgoing(0, "invoice-42.pdf", b"%PDF-1.7 invoice 42"),
+    outgoing(1, "screenshot.png", b"\x89PNG shot", "image/png"),
+)
 
 
 def multipart_fields(request) -> dict:
     """The parts of a multipart/form-data request: name -> text, or (filename, bytes) for the file."""
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        f"Content-Type: {request.headers['Content-Type']}\r\n\r\n".encode() + request.body)
+        f"Content-Type: {request.headers['Content-Type']}\r\n\r\n".encode() + request.body
+    )
     parts = {}
     for part in message.iter_parts():
         name, data = part.get_param("name", header="content-disposition"), part.get_payload(decode=True)
@@ -76,10 +89,20 @@ def attached_by_sha(record: dict) -> dict:
     for attachment in record["attachments"]:
         counts[attachment["sha256"]] = counts.get(attachment["sha256"], 0) + 1
     return counts
-MISSING_SCOPES = {"status": "error", "message": "This app hasn't been granted all required scopes to make this call.",
-                  "correlationId": "c0ffee", "category": "MISSING_SCOPES",
-                  "errors": [{"message": "One or more of the following scopes are required.",
-                              "context": {"requiredGranularScopes": ["tickets"]}}]}
+
+
+MISSING_SCOPES = {
+    "status": "error",
+    "message": "This app hasn't been granted all required scopes to make this call.",
+    "correlationId": "c0ffee",
+    "category": "MISSING_SCOPES",
+    "errors": [
+        {
+            "message": "One or more of the following scopes are required.",
+            "context": {"requiredGranularScopes": ["tickets"]},
+        }
+    ],
+}
 
 
 @pytest.fixture
@@ -104,61 +127,120 @@ def seen(desk):
 
 def answer(desk, method: str, path_start: str, status: int, body: dict, headers: dict | None = None):
     """Make the desk answer matching requests with `status` (a request hook)."""
-    desk.on_request(lambda r: (status, body, headers or {}) if r.method == method and r.path.startswith(path_start)
-                    else None)
+    desk.on_request(
+        lambda r: (status, body, headers or {}) if r.method == method and r.path.startswith(path_start) else None
+    )
 
 
 # --- Capabilities and settings ----------------------------------------------------
+
 
 def test_capabilities_an_upsert_with_a_consistent_lookup_and_a_default_api_url(hubspot):
     adapter = hubspot(read_timeout=4)
     assert isinstance(adapter, HubSpotDestination)
     # Only the create is an upsert: `retry_safe` (every write, comments too) stays false.
     assert (adapter.upsert, adapter.consistent_lookup, adapter.retry_safe, adapter.honours_idempotency_key) == (
-        True, True, False, False)
+        True,
+        True,
+        False,
+        False,
+    )
     assert (adapter.max_description_chars, adapter.id_property, adapter.timeout[1]) == (64_000, "mailroom_ref", 4.0)
     assert HubSpotDestination.needs_base_url and HubSpotDestination.needs_credentials
     bare = HubSpotDestination(Destination(kind="hubspot", settings={}))
     assert (bare.base_url, bare.ticket_url("7")) == ("https://api.hubapi.com", "")
-    eu = HubSpotDestination(Destination(kind="hubspot", settings={"portal_id": "99",
-                                                                  "app_url": "https://app-eu1.hubspot.com"}))
+    eu = HubSpotDestination(
+        Destination(kind="hubspot", settings={"portal_id": "99", "app_url": "https://app-eu1.hubspot.com"})
+    )
     assert eu.ticket_url("7") == "https://app-eu1.hubspot.com/contacts/99/record/0-5/7"
     caps = HubSpotDestination.capabilities
     assert (caps.files, caps.max_file_bytes, caps.html, caps.requester, caps.cc_field) == (
-        FILES_AFTER_WRITE, 20 * MB, False, REQUESTER_FIND_OR_CREATE, "associations")
-    assert (caps.closed_policies, caps.acknowledges_requester, caps.customer_authored_comments,
-            caps.requests_per_minute) == (("follow_up", "reopen", "review"), False, True, 600)
+        FILES_AFTER_WRITE,
+        20 * MB,
+        False,
+        REQUESTER_FIND_OR_CREATE,
+        "associations",
+    )
+    assert (
+        caps.closed_policies,
+        caps.acknowledges_requester,
+        caps.customer_authored_comments,
+        caps.requests_per_minute,
+    ) == (("follow_up", "reopen", "review"), False, True, 600)
     assert (bare.create_contacts, bare.closed_policy, HubSpotDestination.reference_patterns) == (True, "follow_up", ())
 
 
 def test_settings_are_checked_field_by_field():
-    good = {"id_property": "ticket_ref", "pipeline": "12345", "pipeline_stage": "67890", "portal_id": 4242,
-            "app_url": "https://app-eu1.hubspot.com", "create_contacts": True, "requester_property": "requester",
-            "queues": {"billing": "111:222", "tech": "333"}, "priorities": {"urgent": "HIGH"},
-            "owners": {"alice": "7001"}, "categories": {"refund": "BILLING_ISSUE"}, "connect_timeout": 2,
-            "files_folder": "/support/mailroom", "reopen_stage": "2", "closed_policy": "reopen"}
+    good = {
+        "id_property": "ticket_ref",
+        "pipeline": "12345",
+        "pipeline_stage": "67890",
+        "portal_id": 4242,
+        "app_url": "https://app-eu1.hubspot.com",
+        "create_contacts": True,
+        "requester_property": "requester",
+        "queues": {"billing": "111:222", "tech": "333"},
+        "priorities": {"urgent": "HIGH"},
+        "owners": {"alice": "7001"},
+        "categories": {"refund": "BILLING_ISSUE"},
+        "connect_timeout": 2,
+        "files_folder": "/support/mailroom",
+        "reopen_stage": "2",
+        "closed_policy": "reopen",
+    }
     assert validate(HubSpotDestination.SETTINGS, good) == {}
-    errors = validate(HubSpotDestination.SETTINGS, {
-        "id_property": "Mailroom Ref", "portal_id": "acme", "create_contacts": "no", "queues": {"billing": "a:b:c"},
-        "priorities": {"urgent": "CRITICAL"}, "owners": {"alice": "alice@acme"}, "pipline": "0",
-        "files_folder": "mailroom"})
-    assert set(errors) == {"id_property", "portal_id", "create_contacts", "queues", "priorities", "owners", "pipline",
-                           "files_folder"}
+    errors = validate(
+        HubSpotDestination.SETTINGS,
+        {
+            "id_property": "Mailroom Ref",
+            "portal_id": "acme",
+            "create_contacts": "no",
+            "queues": {"billing": "a:b:c"},
+            "priorities": {"urgent": "CRITICAL"},
+            "owners": {"alice": "alice@acme"},
+            "pipline": "0",
+            "files_folder": "mailroom",
+        },
+    )
+    assert set(errors) == {
+        "id_property",
+        "portal_id",
+        "create_contacts",
+        "queues",
+        "priorities",
+        "owners",
+        "pipline",
+        "files_folder",
+    }
     assert errors["priorities"] == ["'urgent': must be one of LOW, MEDIUM, HIGH, URGENT"]
 
 
 # --- The ticket ---------------------------------------------------------------------------
 
+
 def test_create_upserts_by_the_unique_property_with_the_mapped_route(desk, hubspot, seen):
     result = hubspot(requester_property="mailroom_requester").create_ticket(REQUEST, "key-1", "evt-1")
 
     [upsert] = [r for r in seen if r.path == UPSERT_PATH]
-    assert upsert.json() == {"inputs": [{"idProperty": "mailroom_ref", "id": "evt-1", "properties": {
-        "subject": "Invoice 42 charged twice", "content": "I was charged twice for invoice 42.",
-        "source_type": "EMAIL", "hs_pipeline": "billing-pipeline", "hs_pipeline_stage": "billing-new",
-        "hs_ticket_priority": "URGENT", "hubspot_owner_id": "7001", "hs_ticket_category": "BILLING_ISSUE",
-        "mailroom_requester": "from-fields",  # request.fields come last and win
-    }}]}
+    assert upsert.json() == {
+        "inputs": [
+            {
+                "idProperty": "mailroom_ref",
+                "id": "evt-1",
+                "properties": {
+                    "subject": "Invoice 42 charged twice",
+                    "content": "I was charged twice for invoice 42.",
+                    "source_type": "EMAIL",
+                    "hs_pipeline": "billing-pipeline",
+                    "hs_pipeline_stage": "billing-new",
+                    "hs_ticket_priority": "URGENT",
+                    "hubspot_owner_id": "7001",
+                    "hs_ticket_category": "BILLING_ISSUE",
+                    "mailroom_requester": "from-fields",  # request.fields come last and win
+                },
+            }
+        ]
+    }
     [record] = desk.tickets()
     assert result.ticket_id == str(record["id"])
     assert result.url == f"https://app.hubspot.com/contacts/4242/record/0-5/{record['id']}"
@@ -167,13 +249,21 @@ def test_create_upserts_by_the_unique_property_with_the_mapped_route(desk, hubsp
 
 
 def test_the_default_pipeline_the_requester_property_and_unmapped_values():
-    request = TicketRequest("s", "d", "Jane <jane@example.com>", queue="sales", priority="", request_type="other",
-                            assignee="bob")
+    request = TicketRequest(
+        "s", "d", "Jane <jane@example.com>", queue="sales", priority="", request_type="other", assignee="bob"
+    )
     assert ticket_properties(request, {"requester_property": "requester"}) == {
-        "subject": "s", "content": "d", "source_type": "EMAIL", "hs_pipeline": "0", "hs_pipeline_stage": "1",
-        "requester": "jane@example.com"}
-    urgent = ticket_properties(TicketRequest("s", "d", "a@b.c", priority="urgent", queue="tech"),
-                               {"pipeline": "9", "pipeline_stage": "10", "queues": {"tech": "20"}})
+        "subject": "s",
+        "content": "d",
+        "source_type": "EMAIL",
+        "hs_pipeline": "0",
+        "hs_pipeline_stage": "1",
+        "requester": "jane@example.com",
+    }
+    urgent = ticket_properties(
+        TicketRequest("s", "d", "a@b.c", priority="urgent", queue="tech"),
+        {"pipeline": "9", "pipeline_stage": "10", "queues": {"tech": "20"}},
+    )
     assert (urgent["hs_ticket_priority"], urgent["hs_pipeline"], urgent["hs_pipeline_stage"]) == ("URGENT", "20", "10")
 
 
@@ -189,15 +279,20 @@ def test_a_retry_updates_the_one_ticket_and_the_lookup_finds_it(desk, hubspot):
 
 # --- The requester's contact ---------------------------------------------------------------
 
+
 def test_a_known_contact_is_read_by_email_and_associated_with_the_ticket(desk, hubspot, seen):
     contact_id = desk.control("hubspot/contacts", {"email": "jane.doe@example.com"})["id"]
     ticket = hubspot().create_ticket(REQUEST, "key-1", "evt-1")
 
     [lookup] = [r for r in seen if r.path.startswith("/crm/v3/objects/contacts/")]
     assert (lookup.method, lookup.path, lookup.query) == (
-        "GET", "/crm/v3/objects/contacts/jane.doe%40example.com", {"idProperty": ["email"]})
+        "GET",
+        "/crm/v3/objects/contacts/jane.doe%40example.com",
+        {"idProperty": ["email"]},
+    )
     assert [r.path for r in seen if r.method == "PUT"] == [
-        f"/crm/v4/objects/tickets/{ticket.ticket_id}/associations/default/contacts/{contact_id}"]
+        f"/crm/v4/objects/tickets/{ticket.ticket_id}/associations/default/contacts/{contact_id}"
+    ]
     [record] = desk.tickets()
     assert record["fields"]["associations"] == {"contacts": [{"id": contact_id, "email": "jane.doe@example.com"}]}
     assert record["people"] == {"requester": "jane.doe@example.com", "cc": []}
@@ -210,8 +305,15 @@ def test_an_unknown_sender_gets_a_contact_only_with_create_contacts(desk, hubspo
 
     hubspot(create_contacts=True).create_ticket(REQUEST, "key-2", "evt-2")
     [upsert] = [r for r in seen if r.path == "/crm/v3/objects/contacts/batch/upsert"]
-    assert upsert.json() == {"inputs": [{"idProperty": "email", "id": "jane.doe@example.com",
-                                         "properties": {"email": "jane.doe@example.com", "firstname": "Jane Doe"}}]}
+    assert upsert.json() == {
+        "inputs": [
+            {
+                "idProperty": "email",
+                "id": "jane.doe@example.com",
+                "properties": {"email": "jane.doe@example.com", "firstname": "Jane Doe"},
+            }
+        ]
+    }
     assert desk.tickets()[1]["fields"]["associations"]["contacts"][0]["email"] == "jane.doe@example.com"
 
 
@@ -222,8 +324,11 @@ def test_the_requester_comes_first_and_the_ccd_addresses_are_associated_contacts
     adapter.create_ticket(copied, "key-2", "evt-2")  # the same three contacts, found this time
 
     first, second = desk.tickets()
-    assert first["people"] == second["people"] == {"requester": "jane.doe@example.com",
-                                                   "cc": ["bob@example.com", "eve@example.com"]}
+    assert (
+        first["people"]
+        == second["people"]
+        == {"requester": "jane.doe@example.com", "cc": ["bob@example.com", "eve@example.com"]}
+    )
     assert sorted(p["email"] for p in desk.people()) == ["bob@example.com", "eve@example.com", "jane.doe@example.com"]
     assert kit.CC_ON_RECORD is True
 
@@ -243,6 +348,7 @@ def test_a_failed_association_neither_fails_nor_repeats_the_ticket(desk, hubspot
 
 
 # --- HubSpot's errors ---------------------------------------------------------------------
+
 
 def test_missing_scopes_are_a_credentials_failure_that_names_them(desk, hubspot):
     answer(desk, "POST", UPSERT_PATH, 403, MISSING_SCOPES)
@@ -285,42 +391,74 @@ def test_a_5xx_after_the_upsert_is_transient_but_after_a_note_ambiguous(desk, hu
 
 # --- Notes ------------------------------------------------------------------------------------
 
+
 def test_a_customers_reply_is_logged_as_the_incoming_email_it_is(desk, hubspot, seen):
     adapter = hubspot()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    with_cc = CommentRequest(body="Still charged twice.\n\nSee below.", author_email="jane.doe@example.com",
-                             author_name="Jane Doe", cc=("bob@example.com",))
+    with_cc = CommentRequest(
+        body="Still charged twice.\n\nSee below.",
+        author_email="jane.doe@example.com",
+        author_name="Jane Doe",
+        cc=("bob@example.com",),
+    )
     email_id = adapter.add_comment(ticket.ticket_id, with_cc, "key-c", "evt-2")
 
     [logged] = [r.json() for r in seen if r.path == EMAILS_PATH]
-    assert logged["associations"] == [{"to": {"id": ticket.ticket_id}, "types": [
-        {"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 224}]}]
+    assert logged["associations"] == [
+        {
+            "to": {"id": ticket.ticket_id},
+            "types": [{"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 224}],
+        }
+    ]
     properties = logged["properties"]
     assert (properties["hs_email_direction"], properties["hs_email_text"], properties["hs_email_html"]) == (
-        "INCOMING_EMAIL", "Still charged twice.\n\nSee below.", "<p>Still charged twice.</p><p>See below.</p>")
+        "INCOMING_EMAIL",
+        "Still charged twice.\n\nSee below.",
+        "<p>Still charged twice.</p><p>See below.</p>",
+    )
     assert json.loads(properties["hs_email_headers"]) == {
-        "from": {"email": "jane.doe@example.com", "firstName": "Jane", "lastName": "Doe"}, "to": [],
-        "cc": [{"email": "bob@example.com"}], "bcc": []}
+        "from": {"email": "jane.doe@example.com", "firstName": "Jane", "lastName": "Doe"},
+        "to": [],
+        "cc": [{"email": "bob@example.com"}],
+        "bcc": [],
+    }
     [record] = desk.tickets()
-    assert kit.comment_records_of(record) == [{"body": "Still charged twice.\n\nSee below.", "public": True,
-                                               "author": "jane.doe@example.com"}]
+    assert kit.comment_records_of(record) == [
+        {"body": "Still charged twice.\n\nSee below.", "public": True, "author": "jane.doe@example.com"}
+    ]
     assert str(record["comments"][1]["id"]) == email_id and not [r for r in seen if r.path == NOTES_PATH]
 
 
-@pytest.mark.parametrize(("settings", "comment"), [
-    ({}, CommentRequest(body="Refund issued.", author_email="sam@support.example", author_name="Sam Agent",
-                        public=False, from_agent=True)),
-    ({"customer_replies": "note"}, REPLY),
-])
-def test_an_agents_mail_or_with_customer_replies_note_any_reply_is_an_internal_note(desk, hubspot, seen, settings,
-                                                                                     comment):
+@pytest.mark.parametrize(
+    ("settings", "comment"),
+    [
+        (
+            {},
+            CommentRequest(
+                body="Refund issued.",
+                author_email="sam@support.example",
+                author_name="Sam Agent",
+                public=False,
+                from_agent=True,
+            ),
+        ),
+        ({"customer_replies": "note"}, REPLY),
+    ],
+)
+def test_an_agents_mail_or_with_customer_replies_note_any_reply_is_an_internal_note(
+    desk, hubspot, seen, settings, comment
+):
     adapter = hubspot(**settings)
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
     note_id = adapter.add_comment(ticket.ticket_id, comment, "key-c", "evt-2")
 
     [note] = [r.json() for r in seen if r.path == NOTES_PATH]
-    assert note["associations"] == [{"to": {"id": ticket.ticket_id}, "types": [
-        {"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 228}]}]
+    assert note["associations"] == [
+        {
+            "to": {"id": ticket.ticket_id},
+            "types": [{"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 228}],
+        }
+    ]
     assert note["properties"]["hs_note_body"] == note_html(comment)
     [record] = desk.tickets()
     [written] = kit.comment_records_of(record)
@@ -330,10 +468,17 @@ def test_an_agents_mail_or_with_customer_replies_note_any_reply_is_an_internal_n
 
 
 def test_a_note_keeps_the_texts_paragraphs_and_escapes_its_markup():
-    agent = CommentRequest(body="Hi <b>team</b> & all\nline two\n\nsecond paragraph", author_email="sam@x.example",
-                           from_agent=True, public=False, cc=("bob@example.com",))
-    assert note_html(agent) == ("<p>From: sam@x.example (agent)</p><p>CC: bob@example.com</p>"
-                                "<p>Hi &lt;b&gt;team&lt;/b&gt; &amp; all<br>line two</p><p>second paragraph</p>")
+    agent = CommentRequest(
+        body="Hi <b>team</b> & all\nline two\n\nsecond paragraph",
+        author_email="sam@x.example",
+        from_agent=True,
+        public=False,
+        cc=("bob@example.com",),
+    )
+    assert note_html(agent) == (
+        "<p>From: sam@x.example (agent)</p><p>CC: bob@example.com</p>"
+        "<p>Hi &lt;b&gt;team&lt;/b&gt; &amp; all<br>line two</p><p>second paragraph</p>"
+    )
     long = note_html(CommentRequest(body="&" * 70_000, author_email="a@example.com"))
     assert len(long) <= 65_536 and long.endswith("note limit.]</p>")
     assert long == note_html(CommentRequest(body="&" * 70_000, author_email="a@example.com"))  # the same every time
@@ -366,6 +511,7 @@ def test_a_note_on_a_ticket_that_does_not_exist_is_not_found(desk, hubspot):
 
 # --- Closed stages and follow-ups ----------------------------------------------------------------
 
+
 def test_a_reply_to_a_ticket_in_a_closed_stage_is_refused_as_closed(desk, hubspot, seen):
     adapter = hubspot()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
@@ -375,7 +521,8 @@ def test_a_reply_to_a_ticket_in_a_closed_stage_is_refused_as_closed(desk, hubspo
 
     assert caught.value.reason == "ticket_closed"
     assert [r.path for r in seen if r.path.startswith("/crm/v3/pipelines")] == [
-        "/crm/v3/pipelines/tickets/billing-pipeline"]
+        "/crm/v3/pipelines/tickets/billing-pipeline"
+    ]
     [record] = desk.tickets()
     assert kit.comments_of(record) == [] and len(desk.requests_log()) == 1
 
@@ -404,12 +551,15 @@ def test_a_follow_up_names_the_closed_ticket_and_is_associated_with_it(desk, hub
 
     first, second = desk.tickets()
     assert kit.follow_up_of(second) == closed.ticket_id and kit.follow_up_of(first) is None
-    assert second["fields"]["content"] == f"Follow-up of HubSpot ticket {closed.ticket_id}, which is closed.\n\n" \
+    assert (
+        second["fields"]["content"] == f"Follow-up of HubSpot ticket {closed.ticket_id}, which is closed.\n\n"
         "Still charged."
+    )
     assert kit.desk_reference(second) == ""
 
 
 # --- Files ------------------------------------------------------------------------------------------
+
 
 def test_each_file_is_uploaded_privately_then_attached_by_a_note_of_its_own(desk, hubspot, seen):
     adapter = hubspot()
@@ -428,16 +578,21 @@ def test_each_file_is_uploaded_privately_then_attached_by_a_note_of_its_own(desk
     [record] = desk.tickets()
     assert attached_by_sha(record) == {f.sha256: 1 for f in FILES}
     assert [(a["filename"], a["marker"]) for a in record["attachments"]] == [
-        ("invoice-42.pdf", "key-1-f0"), ("screenshot.png", "key-1-f1")]
+        ("invoice-42.pdf", "key-1-f0"),
+        ("screenshot.png", "key-1-f1"),
+    ]
     assert kit.comments_of(record) == []  # a file's note is no comment
 
 
-@pytest.mark.parametrize(("faults", "uploads", "notes"), [
-    (["drop_after_commit"], 3, 2),          # the first upload's answer lost: uploaded again (one unattached)
-    (["ok", "drop_after_commit"], 2, 2),    # the first note's answer lost: found among the ticket's notes
-    (["ok", "error_500"], 2, 3),            # the first note refused: the same upload attached by a new note
-    (["drop_before_commit"], 3, 2),
-])
+@pytest.mark.parametrize(
+    ("faults", "uploads", "notes"),
+    [
+        (["drop_after_commit"], 3, 2),  # the first upload's answer lost: uploaded again (one unattached)
+        (["ok", "drop_after_commit"], 2, 2),  # the first note's answer lost: found among the ticket's notes
+        (["ok", "error_500"], 2, 3),  # the first note refused: the same upload attached by a new note
+        (["drop_before_commit"], 3, 2),
+    ],
+)
 def test_a_lost_answer_on_an_upload_or_a_note_never_doubles_a_file(desk, hubspot, faults, uploads, notes):
     adapter = hubspot()
     adapter.journal = MemoryJournal()
@@ -451,7 +606,9 @@ def test_a_lost_answer_on_an_upload_or_a_note_never_doubles_a_file(desk, hubspot
     assert attached_by_sha(record) == {f.sha256: 1 for f in FILES}  # one copy of each file on the ticket
     log = desk.requests_log()
     assert (len([e for e in log if e["path"] == FILES_PATH]), len([e for e in log if e["path"] == NOTES_PATH])) == (
-        uploads, notes)
+        uploads,
+        notes,
+    )
 
 
 def test_without_a_noted_upload_find_file_finds_nothing_and_reads_nothing(desk, hubspot, seen):
@@ -469,12 +626,15 @@ def test_without_a_noted_upload_find_file_finds_nothing_and_reads_nothing(desk, 
 
 # --- check_connection ----------------------------------------------------------------------
 
+
 def test_check_connection_reads_the_unique_property_and_contacts(desk, hubspot, seen):
     said = hubspot().check_connection()
     assert "ticket property mailroom_ref has unique values" in said
-    assert [(r.method, r.path) for r in seen] == [("GET", "/crm/v3/properties/tickets/mailroom_ref"),
-                                                  ("GET", "/crm/v3/objects/contacts"),
-                                                  ("GET", "/files/v3/files/search")]
+    assert [(r.method, r.path) for r in seen] == [
+        ("GET", "/crm/v3/properties/tickets/mailroom_ref"),
+        ("GET", "/crm/v3/objects/contacts"),
+        ("GET", "/files/v3/files/search"),
+    ]
     for prop, words in (("subject", "does not require unique values"), ("nope", "have no property nope")):
         with pytest.raises(PermanentError) as caught:
             hubspot(id_property=prop).check_connection()
@@ -490,8 +650,13 @@ def test_check_connection_with_a_wrong_token_or_missing_scopes_is_credentials(de
     assert wrong.value.reason == "credentials"
     assert desk.requests_log() == [] and desk.tickets() == []
 
-    answer(desk, "GET", "/crm/v3/objects/contacts", 403, {**MISSING_SCOPES, "errors": [
-        {"context": {"requiredGranularScopes": ["crm.objects.contacts.read"]}}]})
+    answer(
+        desk,
+        "GET",
+        "/crm/v3/objects/contacts",
+        403,
+        {**MISSING_SCOPES, "errors": [{"context": {"requiredGranularScopes": ["crm.objects.contacts.read"]}}]},
+    )
     with pytest.raises(PermanentError) as scopes:
         hubspot().check_connection()
     assert scopes.value.reason == "credentials" and "crm.objects.contacts.read" in scopes.value.detail
@@ -499,24 +664,31 @@ def test_check_connection_with_a_wrong_token_or_missing_scopes_is_credentials(de
 
 # --- The fake dialect ---------------------------------------------------------------------------
 
+
 def test_the_fake_wants_the_bearer_token_and_a_unique_id_property(desk):
     body = {"inputs": [{"idProperty": "subject", "id": "x", "properties": {"content": "y"}}]}
     refused = requests.post(desk.url + UPSERT_PATH, json=body, timeout=5)
     assert (refused.status_code, refused.json()["category"]) == (401, "INVALID_AUTHENTICATION")
-    not_unique = requests.post(desk.url + UPSERT_PATH, json=body, timeout=5,
-                               headers={"Authorization": f"Bearer {desk.token}"})
+    not_unique = requests.post(
+        desk.url + UPSERT_PATH, json=body, timeout=5, headers={"Authorization": f"Bearer {desk.token}"}
+    )
     assert (not_unique.status_code, not_unique.json()["category"]) == (400, "VALIDATION_ERROR")
     assert desk.tickets() == []
 
 
 # --- Privacy --------------------------------------------------------------------------------
 
+
 def test_nothing_logged_contains_bodies_addresses_or_the_token(desk, hubspot, caplog):
     caplog.set_level(logging.DEBUG)
     adapter = hubspot(create_contacts=True)
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    adapter.add_comment(ticket.ticket_id, CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
-                        "key-c", "evt-2")
+    adapter.add_comment(
+        ticket.ticket_id,
+        CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
+        "key-c",
+        "evt-2",
+    )
     adapter.find_by_external_ref("evt-1")
 
     text = "\n".join(r.getMessage() for r in caplog.records)

@@ -4,6 +4,7 @@ JSM's own references, the lagging JQL lookup, the kind's own error mappings, che
 settings' checks. (Create, duplicates, lost answers, 429/401/422, comments and corrections through the
 pipeline are in the shared contract suites, tests/test_destination_contract.py and
 tests/test_desk_contract_rich.py.)"""
+
 import hashlib
 import logging
 
@@ -34,21 +35,33 @@ REF = "mailroom-0123456789abcdef"
 REQUEST = TicketRequest(
     subject="Invoice 4471\n  charged twice",
     description="The invoice shows\nthe same line twice.",
-    requester="Jane Doe <jane.doe@example.com>", requester_name="Jane Doe",
+    requester="Jane Doe <jane.doe@example.com>",
+    requester_name="Jane Doe",
     tags=("email", "billing issue"),
-    queue="billing", priority="urgent", request_type="refund", assignee="alice",
+    queue="billing",
+    priority="urgent",
+    request_type="refund",
+    assignee="alice",
 )
 INVOICE = b"%PDF-1.4\n% invoice 4471\n%%EOF\n"
 SCREENSHOT = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
 
 
 def outgoing(index: int, filename: str, data: bytes, content_type: str) -> OutgoingFile:
-    return OutgoingFile(index=index, filename=filename, content_type=content_type, size=len(data),
-                        sha256=hashlib.sha256(data).hexdigest(), payload=lambda: data)
+    return OutgoingFile(
+        index=index,
+        filename=filename,
+        content_type=content_type,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        payload=lambda: data,
+    )
 
 
-FILES = (outgoing(0, "invoice-4471.pdf", INVOICE, "application/pdf"),
-         outgoing(1, "screen shot.png", SCREENSHOT, "image/png"))
+FILES = (
+    outgoing(0, "invoice-4471.pdf", INVOICE, "application/pdf"),
+    outgoing(1, "screen shot.png", SCREENSHOT, "image/png"),
+)
 
 
 def copies(record: dict) -> dict[str, int]:
@@ -71,6 +84,7 @@ def jira(tenant, desk, monkeypatch):
 
 # --- The payload ----------------------------------------------------------------------------------
 
+
 def test_the_request_jira_gets_carries_the_route_the_reference_and_the_requester(desk, jira):
     result = jira().create_ticket(REQUEST, "key-1", REF)
 
@@ -78,15 +92,15 @@ def test_the_request_jira_gets_carries_the_route_the_reference_and_the_requester
     record = only_record(desk)
     assert record["external_id"] == REF
     [jane] = desk.people()
-    assert (jane["email"], jane["name"]) == ("jane.doe@example.com", "Jane Doe")   # a customer account, made
+    assert (jane["email"], jane["name"]) == ("jane.doe@example.com", "Jane Doe")  # a customer account, made
     assert {k: v for k, v in record["fields"].items() if k not in ("issueKey", "issueId")} == {
         "serviceDeskId": "1",
-        "requestTypeId": "21",                                  # request_types["refund"] wins over the default
-        "raiseOnBehalfOf": f"qm:fakedesk:{jane['id']}",         # its accountId
+        "requestTypeId": "21",  # request_types["refund"] wins over the default
+        "raiseOnBehalfOf": f"qm:fakedesk:{jane['id']}",  # its accountId
         "requestFieldValues": {
-            "summary": "Invoice 4471 charged twice",            # one line
+            "summary": "Invoice 4471 charged twice",  # one line
             "description": "The invoice shows\nthe same line twice.",
-            "labels": ["email", "billing_issue"],               # a label has no spaces
+            "labels": ["email", "billing_issue"],  # a label has no spaces
             "customfield_10050": REF,
             "customfield_10060": {"value": "Billing"},
             "priority": {"name": "Highest"},
@@ -100,19 +114,37 @@ def test_the_request_jira_gets_carries_the_route_the_reference_and_the_requester
 
 
 def test_without_a_reference_field_the_reference_is_a_label_and_a_queue_picks_the_request_type(desk, jira):
-    adapter = jira(external_ref_field=None, queue_field=None, queues={"billing": "11"}, priorities=None,
-                   assignee_field=None, request_types={})
-    request = TicketRequest(subject="Hi", description="Text", requester="jane@example.com", tags=("email",),
-                            queue="billing", priority="high", request_type="unmapped", assignee="alice",
-                            fields={"customfield_10060": {"value": "Technical"}})
+    adapter = jira(
+        external_ref_field=None,
+        queue_field=None,
+        queues={"billing": "11"},
+        priorities=None,
+        assignee_field=None,
+        request_types={},
+    )
+    request = TicketRequest(
+        subject="Hi",
+        description="Text",
+        requester="jane@example.com",
+        tags=("email",),
+        queue="billing",
+        priority="high",
+        request_type="unmapped",
+        assignee="alice",
+        fields={"customfield_10060": {"value": "Technical"}},
+    )
     adapter.create_ticket(request, "key-1", REF)
 
     values = only_record(desk)["fields"]["requestFieldValues"]
     assert only_record(desk)["fields"]["requestTypeId"] == "11"
     # The reference as a label; priority, request type and assignee without a mapping are left out;
     # request.fields come last.
-    assert values == {"summary": "Hi", "description": "Text", "labels": ["email", REF],
-                      "customfield_10060": {"value": "Technical"}}
+    assert values == {
+        "summary": "Hi",
+        "description": "Text",
+        "labels": ["email", REF],
+        "customfield_10060": {"value": "Technical"},
+    }
     assert adapter.find_by_external_ref(REF).ticket_id == "SUP-1"
 
 
@@ -127,10 +159,14 @@ def test_the_payload_is_deterministic_and_the_summary_fits_jira():
 
 # --- Capabilities ----------------------------------------------------------------------------------
 
+
 def test_capabilities_files_after_the_write_customers_and_participants():
     declared = JiraServiceManagementDestination.capabilities
     assert (declared.files, declared.requester, declared.cc_field) == (
-        FILES_AFTER_WRITE, REQUESTER_FIND_OR_CREATE, "request participants")
+        FILES_AFTER_WRITE,
+        REQUESTER_FIND_OR_CREATE,
+        "request participants",
+    )
     assert declared.max_file_bytes == 1024 * 1024 * 1024 and declared.html is False
     assert (declared.customer_authored_comments, declared.internal_notes) == (False, True)
     assert declared.closed_policies == ("follow_up", "review") and declared.default_closed_policy == "follow_up"
@@ -148,6 +184,7 @@ def test_capabilities_a_lagging_search_and_nothing_else(jira):
 
 
 # --- The lagging search -----------------------------------------------------------------------------
+
 
 @pytest.mark.fakedesk(dialect="jira_sm", search_lag_seconds=0.5)
 def test_the_search_sees_a_request_only_after_the_index_caught_up(desk, jira):
@@ -176,9 +213,11 @@ def test_a_search_jira_refuses_is_a_configuration_error(jira):
 
 # --- The kind's error mappings ------------------------------------------------------------------------
 
+
 def test_a_field_not_on_the_form_is_400_invalid_fields_with_jiras_message(desk, jira):
-    request = TicketRequest(subject="Hi", description="Text", requester="jane@example.com",
-                            fields={"customfield_99999": "x"})
+    request = TicketRequest(
+        subject="Hi", description="Text", requester="jane@example.com", fields={"customfield_99999": "x"}
+    )
     with pytest.raises(PermanentError) as caught:
         jira().create_ticket(request, "key-1", REF)
     assert caught.value.reason == "invalid_fields"
@@ -187,8 +226,13 @@ def test_a_field_not_on_the_form_is_400_invalid_fields_with_jiras_message(desk, 
 
 
 def test_both_shapes_of_jira_errors_are_kept_with_addresses_masked():
-    detail = jira_errors({"errorMessage": "The customer jane.doe@example.com is not valid.",
-                          "errorMessages": ["Summary is required."], "errors": {"labels": "no spaces"}})
+    detail = jira_errors(
+        {
+            "errorMessage": "The customer jane.doe@example.com is not valid.",
+            "errorMessages": ["Summary is required."],
+            "errors": {"labels": "no spaces"},
+        }
+    )
     assert detail == "The customer j***@e***.com is not valid.; Summary is required.; labels: no spaces"
     assert jira_errors({}) == "HTTP 400"
 
@@ -200,8 +244,10 @@ def test_creating_in_a_service_project_that_is_not_there_is_a_configuration_erro
     assert desk.tickets() == []
 
 
-@pytest.mark.parametrize(("fault", "reason"), [("error_500", "server_error"), ("drop_after_commit", "connection_lost"),
-                                               ("stall_after_commit:2", "timeout")])
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [("error_500", "server_error"), ("drop_after_commit", "connection_lost"), ("stall_after_commit:2", "timeout")],
+)
 def test_a_lost_answer_after_the_create_is_ambiguous(desk, jira, fault, reason):
     desk.set_plan([fault])
     with pytest.raises(AmbiguousOutcome) as caught:
@@ -216,11 +262,17 @@ def test_a_customer_comment_is_public_and_says_whose_mail_it_is(desk, jira, tena
     reply = CommentRequest(body="Still charged twice.", author_email="jane.doe@example.com", author_name="Jane Doe")
     comment_id = adapter.add_comment(key, reply, "key-2", REF)
 
-    listed = requests.get(f"{desk.url}/rest/servicedeskapi/request/{key}/comment",
-                          auth=("agent@acme.test", desk.token), timeout=5).json()
-    assert listed["values"] == [{"id": comment_id, "body": "From: Jane Doe <jane.doe@example.com>\n\n"
-                                 "Still charged twice.", "public": True,
-                                 "author": {"emailAddress": f"agent@{tenant.slug}.test"}}]   # the API account
+    listed = requests.get(
+        f"{desk.url}/rest/servicedeskapi/request/{key}/comment", auth=("agent@acme.test", desk.token), timeout=5
+    ).json()
+    assert listed["values"] == [
+        {
+            "id": comment_id,
+            "body": "From: Jane Doe <jane.doe@example.com>\n\nStill charged twice.",
+            "public": True,
+            "author": {"emailAddress": f"agent@{tenant.slug}.test"},
+        }
+    ]  # the API account
     [comment] = kit.comment_records_of(only_record(desk))
     assert (comment["public"], comment["author"]) == (True, f"agent@{tenant.slug}.test")
 
@@ -228,12 +280,17 @@ def test_a_customer_comment_is_public_and_says_whose_mail_it_is(desk, jira, tena
 def test_an_agents_mail_is_an_internal_comment(desk, jira):
     adapter = jira()
     key = adapter.create_ticket(REQUEST, "key-1", REF).ticket_id
-    note = CommentRequest(body="Refund approved.", author_email="sam@acme-support.test", author_name="Sam Agënt",
-                          public=False, from_agent=True)
+    note = CommentRequest(
+        body="Refund approved.",
+        author_email="sam@acme-support.test",
+        author_name="Sam Agënt",
+        public=False,
+        from_agent=True,
+    )
     adapter.add_comment(key, note, "key-2", REF)
     [comment] = kit.comment_records_of(only_record(desk))
     assert comment["public"] is False
-    assert comment["body"] == "From: Sam Agënt <sam@acme-support.test>\n\nRefund approved."   # readable, not =?utf-8?
+    assert comment["body"] == "From: Sam Agënt <sam@acme-support.test>\n\nRefund approved."  # readable, not =?utf-8?
 
 
 def test_a_comment_on_a_missing_request_is_not_found_and_a_malformed_key_sends_nothing(desk, jira):
@@ -250,14 +307,19 @@ def test_a_comment_on_a_missing_request_is_not_found_and_a_malformed_key_sends_n
 
 # --- People -----------------------------------------------------------------------------------------
 
+
 def test_the_requester_and_the_copied_people_are_customers_and_participants(desk, jira):
-    request = TicketRequest(subject="Hi", description="Text", requester="jane.doe@example.com",
-                            requester_name="Jane Doe", cc=("bob@customer.test", "carol@partner.test"))
+    request = TicketRequest(
+        subject="Hi",
+        description="Text",
+        requester="jane.doe@example.com",
+        requester_name="Jane Doe",
+        cc=("bob@customer.test", "carol@partner.test"),
+    )
     jira().create_ticket(request, "key-1", REF)
 
     record = only_record(desk)
-    assert record["people"] == {"requester": "jane.doe@example.com",
-                                "cc": ["bob@customer.test", "carol@partner.test"]}
+    assert record["people"] == {"requester": "jane.doe@example.com", "cc": ["bob@customer.test", "carol@partner.test"]}
     accounts = {p["email"]: f"qm:fakedesk:{p['id']}" for p in desk.people()}
     assert record["fields"]["raiseOnBehalfOf"] == accounts["jane.doe@example.com"]
     assert record["fields"]["requestParticipants"] == [accounts["bob@customer.test"], accounts["carol@partner.test"]]
@@ -274,23 +336,29 @@ def test_a_known_customer_is_found_not_made_and_a_retry_sends_the_same_request(d
 
     seen.clear()
     again = jira()
-    again.journal = journal                     # the same intent's next attempt: the ids are noted
+    again.journal = journal  # the same intent's next attempt: the ids are noted
     again.create_ticket(REQUEST, "key-1", REF)
     assert seen == [("POST", "/rest/servicedeskapi/request")]
     first_record, second_record = desk.tickets()
     assert first_record["fields"]["raiseOnBehalfOf"] == second_record["fields"]["raiseOnBehalfOf"]
 
     seen.clear()
-    jira().create_ticket(REQUEST, "key-2", REF + "-2")   # another message from her: found by the user search
+    jira().create_ticket(REQUEST, "key-2", REF + "-2")  # another message from her: found by the user search
     assert ("GET", "/rest/api/3/user/search") in seen and ("POST", "/rest/servicedeskapi/customer") not in seen
     assert len(desk.people()) == 1
 
 
 def test_an_address_no_customer_can_be_made_for_is_named_in_the_description(desk, jira):
-    desk.on_request(lambda request: (403, {"errorMessage": "You do not have permission to create customers."})
-                    if request.path == "/rest/servicedeskapi/customer" else None)
-    request = TicketRequest(subject="Hi", description="Text", requester="jane.doe@example.com",
-                            cc=("bob@customer.test",))
+    desk.on_request(
+        lambda request: (
+            (403, {"errorMessage": "You do not have permission to create customers."})
+            if request.path == "/rest/servicedeskapi/customer"
+            else None
+        )
+    )
+    request = TicketRequest(
+        subject="Hi", description="Text", requester="jane.doe@example.com", cc=("bob@customer.test",)
+    )
     jira().create_ticket(request, "key-1", REF)
     record = only_record(desk)
     assert "raiseOnBehalfOf" not in record["fields"] and "requestParticipants" not in record["fields"]
@@ -300,12 +368,17 @@ def test_an_address_no_customer_can_be_made_for_is_named_in_the_description(desk
 def test_a_replys_copied_people_become_participants(desk, jira):
     adapter = jira()
     key = adapter.create_ticket(REQUEST, "key-1", REF).ticket_id
-    adapter.add_comment(key, CommentRequest(body="Adding Bob.", author_email="jane.doe@example.com",
-                                            cc=("bob@customer.test",)), "key-2", REF)
+    adapter.add_comment(
+        key,
+        CommentRequest(body="Adding Bob.", author_email="jane.doe@example.com", cc=("bob@customer.test",)),
+        "key-2",
+        REF,
+    )
     assert only_record(desk)["people"]["cc"] == ["bob@customer.test"]
 
 
 # --- Files after the write -----------------------------------------------------------------------------
+
 
 def test_two_files_are_attached_once_each_and_a_second_pass_sends_nothing(desk, jira):
     adapter = jira()
@@ -318,11 +391,15 @@ def test_two_files_are_attached_once_each_and_a_second_pass_sends_nothing(desk, 
     assert sorted(a["filename"] for a in record["attachments"]) == ["invoice-4471.pdf", "screen shot.png"]
 
     count = len(desk.requests_log())
-    assert attach_each(adapter, key, FILES, "key-1") == done       # all done: nothing sent again
+    assert attach_each(adapter, key, FILES, "key-1") == done  # all done: nothing sent again
     assert len(desk.requests_log()) == count
     # Jira's own listing shows them, with an id the journal keeps.
-    issue = requests.get(f"{desk.url}/rest/api/3/issue/{key}", params={"fields": "attachment"},
-                         auth=("agent@acme.test", desk.token), timeout=5).json()
+    issue = requests.get(
+        f"{desk.url}/rest/api/3/issue/{key}",
+        params={"fields": "attachment"},
+        auth=("agent@acme.test", desk.token),
+        timeout=5,
+    ).json()
     assert sorted(a["id"] for a in issue["fields"]["attachment"]) == sorted(done["done"])
 
 
@@ -336,7 +413,7 @@ def test_a_lost_answer_on_either_call_never_doubles_a_file(desk, jira, lost):
     with pytest.raises(TransientError) as caught:
         attach_each(adapter, key, FILES, "key-1")
     assert caught.value.reason == "connection_lost"
-    result = attach_each(adapter, key, FILES, "key-1")        # the next attempt looks before it sends
+    result = attach_each(adapter, key, FILES, "key-1")  # the next attempt looks before it sends
     assert len(result["done"]) == 2
     assert copies(only_record(desk)) == {f.sha256: 1 for f in FILES}
     # A lost attach is found on the request, never sent again; a lost temporary file is only made again.
@@ -350,18 +427,20 @@ def test_a_temporary_file_is_used_once_and_needs_the_xsrf_header(desk, jira):
     auth = ("agent@acme.test", desk.token)
     url = f"{desk.url}/rest/servicedeskapi/servicedesk/1/attachTemporaryFile"
     assert requests.post(url, files={"file": ("a.txt", b"hello")}, auth=auth, timeout=5).status_code == 403
-    made = requests.post(url, files={"file": ("a.txt", b"hello")}, auth=auth, timeout=5,
-                         headers={"X-Atlassian-Token": "no-check"})
+    made = requests.post(
+        url, files={"file": ("a.txt", b"hello")}, auth=auth, timeout=5, headers={"X-Atlassian-Token": "no-check"}
+    )
     [temporary] = made.json()["temporaryAttachments"]
     body = {"temporaryAttachmentIds": [temporary["temporaryAttachmentId"]], "public": True}
     attach = f"{desk.url}/rest/servicedeskapi/request/{key}/attachment"
     assert requests.post(attach, json=body, auth=auth, timeout=5).status_code == 201
-    assert requests.post(attach, json=body, auth=auth, timeout=5).status_code == 400   # used up
+    assert requests.post(attach, json=body, auth=auth, timeout=5).status_code == 400  # used up
     [attachment] = only_record(desk)["attachments"]
     assert attachment["sha256"] == hashlib.sha256(b"hello").hexdigest()
 
 
 # --- Closed requests ----------------------------------------------------------------------------------
+
 
 def test_a_closed_request_refuses_comments_and_files_as_ticket_closed(desk, jira):
     adapter = jira()
@@ -379,8 +458,7 @@ def test_a_closed_request_refuses_comments_and_files_as_ticket_closed(desk, jira
 def test_a_refusal_of_an_open_request_stays_what_it_is(desk, jira):
     adapter = jira()
     key = adapter.create_ticket(REQUEST, "key-1", REF).ticket_id
-    desk.on_request(lambda request: (403, {"errorMessage": "Forbidden"}) if request.path.endswith("/comment")
-                    else None)
+    desk.on_request(lambda request: (403, {"errorMessage": "Forbidden"}) if request.path.endswith("/comment") else None)
     with pytest.raises(PermanentError) as caught:
         adapter.add_comment(key, CommentRequest(body="x", author_email="jane.doe@example.com"), "key-2", REF)
     assert not isinstance(caught.value, TicketClosed) and caught.value.reason == "credentials"
@@ -389,8 +467,9 @@ def test_a_refusal_of_an_open_request_stays_what_it_is(desk, jira):
 def test_a_follow_up_names_the_closed_request_first(desk, jira):
     adapter = jira()
     closed = adapter.create_ticket(REQUEST, "key-1", REF).ticket_id
-    follow_up = TicketRequest(subject="Re: Invoice", description="It happened again.",
-                              requester="jane.doe@example.com", follow_up_of=closed)
+    follow_up = TicketRequest(
+        subject="Re: Invoice", description="It happened again.", requester="jane.doe@example.com", follow_up_of=closed
+    )
     adapter.create_ticket(follow_up, "key-2", REF + "-2")
     record = desk.tickets()[1]
     assert record["description"] == "Follow-up of SUP-1, which is closed.\n\nIt happened again."
@@ -399,6 +478,7 @@ def test_a_follow_up_names_the_closed_request_first(desk, jira):
 
 # --- JSM's own references ---------------------------------------------------------------------------
 
+
 def test_the_projects_keys_in_a_subject_name_its_requests(desk, jira):
     adapter = jira()
     key = adapter.create_ticket(REQUEST, "key-1", REF).ticket_id
@@ -406,12 +486,11 @@ def test_the_projects_keys_in_a_subject_name_its_requests(desk, jira):
     found = [m.group("ref") for pattern in adapter.reference_patterns for m in pattern.finditer(subject)]
     assert found == [key] and adapter.reference_fields == ("subject",)
     assert adapter.resolve_reference(key) == key
-    assert adapter.resolve_reference("SUP-99") is None          # no such request
-    assert adapter.resolve_reference("ABC-1") is None           # another project's key: not even asked
+    assert adapter.resolve_reference("SUP-99") is None  # no such request
+    assert adapter.resolve_reference("ABC-1") is None  # another project's key: not even asked
     # Without project_key any key is a candidate, and the service project decides.
     loose = jira(project_key=None)
-    assert [m.group("ref") for m in loose.reference_patterns[0].finditer("Re: ISO-9001 SUP-1")] == ["ISO-9001",
-                                                                                                     "SUP-1"]
+    assert [m.group("ref") for m in loose.reference_patterns[0].finditer("Re: ISO-9001 SUP-1")] == ["ISO-9001", "SUP-1"]
     assert loose.resolve_reference("SUP-1") == "SUP-1" and loose.resolve_reference("ISO-9001") is None
     assert jira(service_desk_id="7").resolve_reference("SUP-1") is None  # a request of another service project
 
@@ -427,8 +506,13 @@ def test_a_bare_token_is_sent_as_a_bearer_token(tenant, desk, monkeypatch):
 def test_nothing_logged_holds_the_customer_address_or_a_body(jira, caplog):
     caplog.set_level(logging.DEBUG)
     adapter = jira()
-    adapter.create_ticket(TicketRequest(subject="Hi", description="Secret text", requester="jane.doe@example.com",
-                                        cc=("bob@customer.test",)), "key-1", REF)
+    adapter.create_ticket(
+        TicketRequest(
+            subject="Hi", description="Secret text", requester="jane.doe@example.com", cc=("bob@customer.test",)
+        ),
+        "key-1",
+        REF,
+    )
     adapter.add_comment("SUP-1", CommentRequest(body="Secret reply", author_email="jane.doe@example.com"), "k", REF)
     attach_each(adapter, "SUP-1", FILES[:1], "key-1")
     text = "\n".join(r.getMessage() for r in caplog.records)
@@ -438,6 +522,7 @@ def test_nothing_logged_holds_the_customer_address_or_a_body(jira, caplog):
 
 
 # --- check_connection ----------------------------------------------------------------------------------
+
 
 def test_check_connection_names_the_project_and_writes_nothing(desk, jira):
     said = jira().check_connection()
@@ -454,9 +539,15 @@ def test_check_connection_with_wrong_credentials_is_credentials_and_writes_nothi
     assert desk.requests_log() == [] and desk.tickets() == []
 
 
-@pytest.mark.parametrize("settings", [{"service_desk_id": "7"}, {"request_type_id": "99"},
-                                      {"request_type_id": "30"},                            # no reference field
-                                      {"request_type_id": "30", "external_ref_field": None}])  # no labels
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"service_desk_id": "7"},
+        {"request_type_id": "99"},
+        {"request_type_id": "30"},  # no reference field
+        {"request_type_id": "30", "external_ref_field": None},
+    ],
+)  # no labels
 def test_check_connection_finds_a_wrong_project_or_request_type(desk, jira, settings):
     with pytest.raises(PermanentError) as caught:
         jira(**settings).check_connection()
@@ -466,30 +557,62 @@ def test_check_connection_finds_a_wrong_project_or_request_type(desk, jira, sett
 
 # --- SETTINGS ----------------------------------------------------------------------------------------
 
+
 def test_settings_are_checked_field_by_field():
-    good = {"service_desk_id": "1", "request_type_id": "10", "request_types": {"refund": "21"},
-            "queues": {"billing": "Billing"}, "queue_field": "customfield_10060",
-            "priorities": {"urgent": "Highest"}, "assignees": {"alice": "712020:abc-def"},
-            "assignee_field": "customfield_10070", "external_ref_field": "customfield_10050",
-            "raise_on_behalf_of": True, "search_settle_seconds": 120, "read_timeout": 5}
+    good = {
+        "service_desk_id": "1",
+        "request_type_id": "10",
+        "request_types": {"refund": "21"},
+        "queues": {"billing": "Billing"},
+        "queue_field": "customfield_10060",
+        "priorities": {"urgent": "Highest"},
+        "assignees": {"alice": "712020:abc-def"},
+        "assignee_field": "customfield_10070",
+        "external_ref_field": "customfield_10050",
+        "raise_on_behalf_of": True,
+        "search_settle_seconds": 120,
+        "read_timeout": 5,
+    }
     assert validate(JiraServiceManagementDestination.SETTINGS, good) == {}
-    errors = validate(JiraServiceManagementDestination.SETTINGS, {
-        "request_type_id": "ten", "queue_field": "Queue", "priorities": {"critical": "Highest"},
-        "request_types": {"refund": 21.5}, "raise_on_behalf_of": "yes", "search_settle_seconds": -1,
-        "project": "SUP"})
+    errors = validate(
+        JiraServiceManagementDestination.SETTINGS,
+        {
+            "request_type_id": "ten",
+            "queue_field": "Queue",
+            "priorities": {"critical": "Highest"},
+            "request_types": {"refund": 21.5},
+            "raise_on_behalf_of": "yes",
+            "search_settle_seconds": -1,
+            "project": "SUP",
+        },
+    )
     assert errors["service_desk_id"] == ["is required"]
-    assert set(errors) == {"service_desk_id", "request_type_id", "queue_field", "priorities", "request_types",
-                           "raise_on_behalf_of", "search_settle_seconds", "project"}
+    assert set(errors) == {
+        "service_desk_id",
+        "request_type_id",
+        "queue_field",
+        "priorities",
+        "request_types",
+        "raise_on_behalf_of",
+        "search_settle_seconds",
+        "project",
+    }
 
 
 # --- The fake dialect -----------------------------------------------------------------------------------
 
+
 def test_the_fake_refuses_unauthenticated_calls_the_way_jira_does(desk):
     answer = requests.get(f"{desk.url}/rest/servicedeskapi/servicedesk/1", timeout=5)
     assert answer.status_code == 401 and "errorMessage" in answer.json()
-    answer = requests.get(f"{desk.url}/rest/servicedeskapi/servicedesk/1", timeout=5,
-                          headers={"Authorization": f"Bearer {desk.token}"})
+    answer = requests.get(
+        f"{desk.url}/rest/servicedeskapi/servicedesk/1", timeout=5, headers={"Authorization": f"Bearer {desk.token}"}
+    )
     assert answer.json()["projectKey"] == "SUP"
-    answer = requests.get(f"{desk.url}/rest/api/3/search/jql", params={"jql": "project = SUP"}, timeout=5,
-                          auth=("agent@acme.test", desk.token))
+    answer = requests.get(
+        f"{desk.url}/rest/api/3/search/jql",
+        params={"jql": "project = SUP"},
+        timeout=5,
+        auth=("agent@acme.test", desk.token),
+    )
     assert answer.status_code == 400 and answer.json()["errorMessages"]

@@ -5,6 +5,7 @@ bodies, check_connection.
 
 What every kind shares (duplicates, lost answers, 429/401/422, comments, files and people through the
 pipeline) is in tests/test_destination_contract.py and tests/test_desk_contract_rich.py."""
+
 import hashlib
 import logging
 import re
@@ -34,9 +35,13 @@ pytestmark = pytest.mark.fakedesk(dialect="servicenow")
 REQUEST = TicketRequest(
     subject="Invoice 42 charged twice",
     description="I was charged twice for invoice 42.",
-    requester="Jane Doe <jane.doe@example.com>", requester_name="Jane Doe",
+    requester="Jane Doe <jane.doe@example.com>",
+    requester_name="Jane Doe",
     tags=("email",),
-    queue="billing", priority="urgent", request_type="refund", assignee="alice",
+    queue="billing",
+    priority="urgent",
+    request_type="refund",
+    assignee="alice",
 )
 SYS_ID = re.compile(r"[0-9a-f]{32}")
 INVOICE = b"%PDF-1.4\n% invoice 42\n%%EOF\n"
@@ -44,12 +49,20 @@ SCREENSHOT = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
 
 
 def outgoing(index: int, filename: str, data: bytes, content_type: str) -> OutgoingFile:
-    return OutgoingFile(index=index, filename=filename, content_type=content_type, size=len(data),
-                        sha256=hashlib.sha256(data).hexdigest(), payload=lambda: data)
+    return OutgoingFile(
+        index=index,
+        filename=filename,
+        content_type=content_type,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        payload=lambda: data,
+    )
 
 
-FILES = (outgoing(0, "invoice-42.pdf", INVOICE, "application/pdf"),
-         outgoing(1, "screen shot.png", SCREENSHOT, "image/png"))
+FILES = (
+    outgoing(0, "invoice-42.pdf", INVOICE, "application/pdf"),
+    outgoing(1, "screen shot.png", SCREENSHOT, "image/png"),
+)
 
 
 def copies(record: dict) -> dict[str, int]:
@@ -65,8 +78,7 @@ def api(desk, method: str, path: str, **options):
 
 
 def user_sys_id(desk, address: str) -> str:
-    [user] = api(desk, "GET", "/api/now/table/sys_user", params={"sysparm_query": f"email={address}"}).json()[
-        "result"]
+    [user] = api(desk, "GET", "/api/now/table/sys_user", params={"sysparm_query": f"email={address}"}).json()["result"]
     return user["sys_id"]
 
 
@@ -96,10 +108,14 @@ def records(desk):
 
 # --- Capabilities -------------------------------------------------------------
 
+
 def test_capabilities_files_after_the_write_a_caller_and_a_watch_list():
     declared = ServiceNowDestination.capabilities
     assert (declared.files, declared.requester, declared.cc_field) == (
-        FILES_AFTER_WRITE, REQUESTER_FIND_OR_CREATE, "watch_list")
+        FILES_AFTER_WRITE,
+        REQUESTER_FIND_OR_CREATE,
+        "watch_list",
+    )
     assert declared.max_file_bytes == 1024 * 1024 * 1024 and declared.html is False
     assert (declared.customer_authored_comments, declared.internal_notes) == (False, True)
     assert declared.closed_policies == ("follow_up", "reopen", "review")
@@ -110,9 +126,16 @@ def test_capabilities_table_mode_looks_up_and_import_set_mode_upserts(servicenow
     table = servicenow()
     assert isinstance(table, ServiceNowDestination)
     assert (table.consistent_lookup, table.upsert, table.honours_idempotency_key, table.retry_safe) == (
-        True, False, False, False)
+        True,
+        False,
+        False,
+        False,
+    )
     assert (table.lookup_settle_seconds, table.idempotency_window_seconds, table.max_description_chars) == (
-        None, None, 4000)
+        None,
+        None,
+        4000,
+    )
 
     imported = servicenow(import_set_table="u_mailroom_incident_import")
     # retry_safe names writes that are all safe twice (a kept key); the upsert covers only its create.
@@ -120,6 +143,7 @@ def test_capabilities_table_mode_looks_up_and_import_set_mode_upserts(servicenow
 
 
 # --- The record it writes -----------------------------------------------------------
+
 
 def test_create_sends_the_table_api_record_with_route_and_correlation_id(desk, servicenow, seen):
     adapter = servicenow()
@@ -129,17 +153,21 @@ def test_create_sends_the_table_api_record_with_route_and_correlation_id(desk, s
     assert SYS_ID.fullmatch(result.ticket_id) and result.ticket_id == record["sys_id"]
     assert result.url == f"{desk.url}/nav_to.do?uri=incident.do?sys_id={record['sys_id']}"
     assert record["number"] == "INC0010001"
-    sent = {name: record[name] for name in record if not name.startswith("sys_")
-            and name not in ("number", "state", "active")}
+    sent = {
+        name: record[name]
+        for name in record
+        if not name.startswith("sys_") and name not in ("number", "state", "active")
+    }
     assert sent == {
         "short_description": "Invoice 42 charged twice",
         "description": "I was charged twice for invoice 42.",
-        "caller_id": user_sys_id(desk, "jane.doe@example.com"),     # the user made for her
+        "caller_id": user_sys_id(desk, "jane.doe@example.com"),  # the user made for her
         "contact_type": "email",
         "correlation_id": "evt-1",
         "correlation_display": "Mailroom",
         "assignment_group": "Billing",
-        "impact": "1", "urgency": "1",
+        "impact": "1",
+        "urgency": "1",
         "category": "inquiry",
         "assigned_to": "alice.agent",
     }
@@ -149,15 +177,21 @@ def test_create_sends_the_table_api_record_with_route_and_correlation_id(desk, s
 
 
 def test_unmapped_route_values_are_left_out_and_raw_fields_win(desk, servicenow):
-    request = TicketRequest(subject="x" * 200, description="Body", requester="jane@example.com",
-                            queue="unknown-queue", request_type="other", assignee="bob",
-                            fields={"urgency": "3", "u_vip": True})
+    request = TicketRequest(
+        subject="x" * 200,
+        description="Body",
+        requester="jane@example.com",
+        queue="unknown-queue",
+        request_type="other",
+        assignee="bob",
+        fields={"urgency": "3", "u_vip": True},
+    )
     servicenow(priorities={"low": {"impact": "3", "urgency": "3"}}).create_ticket(request, "key-1", "evt-1")
 
     [record] = records(desk)
     assert not {"assignment_group", "category", "assigned_to", "impact"} & set(record)
     assert (record["urgency"], record["u_vip"]) == ("3", True)
-    assert record["short_description"] == "x" * 160   # the field's length in ServiceNow
+    assert record["short_description"] == "x" * 160  # the field's length in ServiceNow
 
 
 def test_the_priority_mapping_is_configurable_and_deterministic():
@@ -167,19 +201,23 @@ def test_the_priority_mapping_is_configurable_and_deterministic():
     low = TicketRequest(subject="s", description="d", requester="a@example.com", priority="low")
     assert record_payload(low, "evt-1", settings) == record_payload(low, "evt-1", settings)
     assert {k: record_payload(low, "evt-1", settings)[k] for k in ("impact", "urgency")} == {
-        "impact": "3", "urgency": "3"}
+        "impact": "3",
+        "urgency": "3",
+    }
     high = TicketRequest(subject="s", description="d", requester="a@example.com", priority="high")
     assert (record_payload(high, "evt-1", settings)["impact"], record_payload(high, "evt-1")["urgency"]) == ("1", "2")
 
 
 # --- Import Set mode: a retry updates the one record ------------------------------------
 
+
 def test_import_set_mode_stages_u_fields_and_coalesces_on_our_reference(desk, servicenow, seen):
     adapter = servicenow(import_set_table="u_mailroom_incident_import")
     first = adapter.create_ticket(REQUEST, "key-1", "evt-1")
     again = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    corrected = adapter.create_ticket(TicketRequest(subject="Corrected", description="New body",
-                                                    requester="jane.doe@example.com"), "key-1", "evt-1")
+    corrected = adapter.create_ticket(
+        TicketRequest(subject="Corrected", description="New body", requester="jane.doe@example.com"), "key-1", "evt-1"
+    )
 
     assert first == again == corrected
     [record] = records(desk)
@@ -197,7 +235,7 @@ def test_import_set_lost_answer_then_retry_makes_one_record(desk, servicenow):
     desk.set_plan(["drop_after_commit", "error_500"])
     with pytest.raises(AmbiguousOutcome):
         adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    with pytest.raises(TransientError) as caught:   # retry-safe: a 5xx is worth another attempt
+    with pytest.raises(TransientError) as caught:  # retry-safe: a 5xx is worth another attempt
         adapter.create_ticket(REQUEST, "key-1", "evt-1")
     assert caught.value.reason == "server_error"
 
@@ -209,8 +247,9 @@ def test_import_set_lost_answer_then_retry_makes_one_record(desk, servicenow):
 def test_a_transform_error_is_permanent_with_its_message(desk, servicenow):
     adapter = servicenow(import_set_table="u_mailroom_incident_import")
     with pytest.raises(PermanentError) as caught:
-        adapter.create_ticket(TicketRequest(subject="s", description=" ", requester="jane@example.com"),
-                              "key-1", "evt-1")
+        adapter.create_ticket(
+            TicketRequest(subject="s", description=" ", requester="jane@example.com"), "key-1", "evt-1"
+        )
     assert caught.value.reason == "invalid_fields"
     assert "description" in caught.value.detail.lower()
     assert records(desk) == []
@@ -218,11 +257,18 @@ def test_a_transform_error_is_permanent_with_its_message(desk, servicenow):
 
 def test_an_ignored_row_is_rejected_and_several_targets_are_multiple_matches(desk, servicenow):
     adapter = servicenow(import_set_table="u_mailroom_incident_import")
-    answers = iter([
-        {"import_set": "ISET1", "result": [{"table": "incident", "status": "ignored"}]},
-        {"import_set": "ISET2", "result": [{"table": "incident", "status": "inserted", "sys_id": "a" * 32},
-                                           {"table": "incident", "status": "updated", "sys_id": "b" * 32}]},
-    ])
+    answers = iter(
+        [
+            {"import_set": "ISET1", "result": [{"table": "incident", "status": "ignored"}]},
+            {
+                "import_set": "ISET2",
+                "result": [
+                    {"table": "incident", "status": "inserted", "sys_id": "a" * 32},
+                    {"table": "incident", "status": "updated", "sys_id": "b" * 32},
+                ],
+            },
+        ]
+    )
     desk.on_request(lambda request: (201, next(answers)) if request.path.startswith("/api/now/import/") else None)
 
     with pytest.raises(PermanentError) as ignored:
@@ -234,6 +280,7 @@ def test_an_ignored_row_is_rejected_and_several_targets_are_multiple_matches(des
 
 
 # --- Looking up by correlation_id -------------------------------------------------------------
+
 
 def test_find_by_external_ref_returns_none_or_the_first_created(desk, servicenow, seen):
     adapter = servicenow()
@@ -272,6 +319,7 @@ def test_listing_finds_our_records_and_the_ones_that_still_exist(desk, serviceno
 
 # --- Comments ----------------------------------------------------------------------------------
 
+
 def test_a_comment_is_a_customer_visible_journal_entry_or_a_work_note(desk, servicenow, seen):
     adapter = servicenow()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
@@ -282,13 +330,16 @@ def test_a_comment_is_a_customer_visible_journal_entry_or_a_work_note(desk, serv
     servicenow(comment_field="work_notes").add_comment(ticket.ticket_id, reply, "key-e", "evt-4")
 
     patch = [r for r in seen if r.method == "PATCH"][0]
-    assert (patch.path, patch.json()) == (f"/api/now/table/incident/{ticket.ticket_id}",
-                                          {"comments": "From: Jane Doe <jane.doe@example.com>\n\nAny news?"})
+    assert (patch.path, patch.json()) == (
+        f"/api/now/table/incident/{ticket.ticket_id}",
+        {"comments": "From: Jane Doe <jane.doe@example.com>\n\nAny news?"},
+    )
     entries = kit.comment_records_of(only_record(desk))
     assert [(c["body"], c["public"], c["author"]) for c in entries] == [
         ("From: Jane Doe <jane.doe@example.com>\n\nAny news?", True, "mailroom.integration"),
         ("From: sam@acme-support.test\n\nRefund approved.", False, "mailroom.integration"),
-        ("From: Jane Doe <jane.doe@example.com>\n\nAny news?", False, "mailroom.integration")]
+        ("From: Jane Doe <jane.doe@example.com>\n\nAny news?", False, "mailroom.integration"),
+    ]
 
 
 def test_comment_errors(desk, servicenow):
@@ -311,23 +362,42 @@ def test_comment_errors(desk, servicenow):
 
 # --- People ------------------------------------------------------------------------------------
 
+
 def test_the_caller_is_a_user_found_or_made_and_the_copied_people_watch(desk, servicenow, seen):
-    api(desk, "POST", "/api/now/table/sys_user", json={"user_name": "bob", "email": "bob@customer.test",
-                                                       "first_name": "Bob", "last_name": "Buyer"})
+    api(
+        desk,
+        "POST",
+        "/api/now/table/sys_user",
+        json={"user_name": "bob", "email": "bob@customer.test", "first_name": "Bob", "last_name": "Buyer"},
+    )
     seen.clear()
-    request = TicketRequest(subject="s", description="d", requester="Jane Doe <jane.doe@example.com>",
-                            requester_name="Jane Doe", cc=("bob@customer.test", "carol@partner.test"))
+    request = TicketRequest(
+        subject="s",
+        description="d",
+        requester="Jane Doe <jane.doe@example.com>",
+        requester_name="Jane Doe",
+        cc=("bob@customer.test", "carol@partner.test"),
+    )
     servicenow().create_ticket(request, "key-1", "evt-1")
 
     [record] = records(desk)
     jane, bob = user_sys_id(desk, "jane.doe@example.com"), user_sys_id(desk, "bob@customer.test")
     assert record["caller_id"] == jane
-    assert record["watch_list"] == f"{bob},carol@partner.test"   # a known user by sys_id, anyone else as address
-    assert only_record(desk)["people"] == {"requester": "jane.doe@example.com",
-                                           "cc": ["bob@customer.test", "carol@partner.test"]}
+    assert record["watch_list"] == f"{bob},carol@partner.test"  # a known user by sys_id, anyone else as address
+    assert only_record(desk)["people"] == {
+        "requester": "jane.doe@example.com",
+        "cc": ["bob@customer.test", "carol@partner.test"],
+    }
     made = [r.json() for r in seen if r.method == "POST" and r.path == "/api/now/table/sys_user"]
-    assert made == [{"user_name": "jane.doe@example.com", "email": "jane.doe@example.com", "first_name": "Jane",
-                     "last_name": "Doe", "notification": "2"}]
+    assert made == [
+        {
+            "user_name": "jane.doe@example.com",
+            "email": "jane.doe@example.com",
+            "first_name": "Jane",
+            "last_name": "Doe",
+            "notification": "2",
+        }
+    ]
     assert [p["name"] for p in desk.people() if p["email"] == "jane.doe@example.com"] == ["Jane Doe"]
 
 
@@ -340,7 +410,7 @@ def test_a_known_caller_is_found_and_a_retry_sends_the_same_record(desk, service
     again.journal = journal
     seen.clear()
     again.create_ticket(REQUEST, "key-1", "evt-1")
-    assert [(r.method, r.path) for r in seen] == [("POST", "/api/now/table/incident")]   # the ids were noted
+    assert [(r.method, r.path) for r in seen] == [("POST", "/api/now/table/incident")]  # the ids were noted
     servicenow().create_ticket(REQUEST, "key-2", "evt-2")
     assert len(desk.people()) == 1
     assert len({r["caller_id"] for r in records(desk)}) == 1
@@ -349,10 +419,22 @@ def test_a_known_caller_is_found_and_a_retry_sends_the_same_record(desk, service
 @pytest.mark.parametrize("settings, refusal", [({"create_callers": False}, None), ({}, 403)])
 def test_without_a_user_the_caller_is_the_address(desk, servicenow, settings, refusal):
     if refusal:
-        desk.on_request(lambda request: (refusal, {"error": {"message": "Operation Failed", "detail":
-                                                             "ACL Exception Insert Failed due to security constraints"},
-                                                   "status": "failure"})
-                        if request.method == "POST" and request.path == "/api/now/table/sys_user" else None)
+        desk.on_request(
+            lambda request: (
+                (
+                    refusal,
+                    {
+                        "error": {
+                            "message": "Operation Failed",
+                            "detail": "ACL Exception Insert Failed due to security constraints",
+                        },
+                        "status": "failure",
+                    },
+                )
+                if request.method == "POST" and request.path == "/api/now/table/sys_user"
+                else None
+            )
+        )
     servicenow(**settings).create_ticket(REQUEST, "key-1", "evt-1")
     assert records(desk)[0]["caller_id"] == "jane.doe@example.com" and desk.people() == []
     assert only_record(desk)["people"]["requester"] == "jane.doe@example.com"
@@ -360,15 +442,24 @@ def test_without_a_user_the_caller_is_the_address(desk, servicenow, settings, re
 
 def test_a_replys_copied_people_join_the_watch_list(desk, servicenow):
     adapter = servicenow()
-    ticket = adapter.create_ticket(TicketRequest(subject="s", description="d", requester="jane.doe@example.com",
-                                                 cc=("carol@partner.test",)), "key-1", "evt-1")
-    adapter.add_comment(ticket.ticket_id, CommentRequest(body="Adding Dan.", author_email="jane.doe@example.com",
-                                                         cc=("carol@partner.test", "dan@customer.test")),
-                        "key-c", "evt-2")
+    ticket = adapter.create_ticket(
+        TicketRequest(subject="s", description="d", requester="jane.doe@example.com", cc=("carol@partner.test",)),
+        "key-1",
+        "evt-1",
+    )
+    adapter.add_comment(
+        ticket.ticket_id,
+        CommentRequest(
+            body="Adding Dan.", author_email="jane.doe@example.com", cc=("carol@partner.test", "dan@customer.test")
+        ),
+        "key-c",
+        "evt-2",
+    )
     assert records(desk)[0]["watch_list"] == "carol@partner.test,dan@customer.test"
 
 
 # --- Files after the write ----------------------------------------------------------------------
+
 
 def test_two_files_are_attached_once_each_with_their_hash(desk, servicenow, seen):
     adapter = servicenow()
@@ -390,7 +481,7 @@ def test_a_lost_upload_answer_never_doubles_a_file(desk, servicenow):
     adapter = servicenow()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
     adapter.journal = MemoryJournal()
-    desk.set_plan(["ok", "drop_after_commit"])            # the second file's upload loses its answer
+    desk.set_plan(["ok", "drop_after_commit"])  # the second file's upload loses its answer
     with pytest.raises(TransientError) as caught:
         attach_each(adapter, ticket, FILES, "key-1")
     assert caught.value.reason == "connection_lost"
@@ -404,14 +495,21 @@ def test_a_file_of_the_same_name_and_size_but_other_bytes_is_not_ours(desk, serv
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
     other = b"%PDF-1.4\n% invoice 43\n%%EOF\n"
     assert len(other) == len(INVOICE)
-    api(desk, "POST", "/api/now/attachment/file", data=other, headers={"Content-Type": "application/pdf"},
-        params={"table_name": "incident", "table_sys_id": ticket, "file_name": "invoice-42.pdf"})
+    api(
+        desk,
+        "POST",
+        "/api/now/attachment/file",
+        data=other,
+        headers={"Content-Type": "application/pdf"},
+        params={"table_name": "incident", "table_sys_id": ticket, "file_name": "invoice-42.pdf"},
+    )
     assert adapter.find_file(ticket, FILES[0], "key-1-f0") is None
     attached = adapter.upload_file(ticket, FILES[0], "key-1-f0")
     assert adapter.find_file(ticket, FILES[0], "key-1-f0") == attached
 
 
 # --- Closed and resolved incidents ------------------------------------------------------------------
+
 
 def test_a_closed_incident_is_ticket_closed_without_a_write(desk, servicenow):
     adapter = servicenow()
@@ -441,6 +539,7 @@ def test_a_record_closed_between_the_read_and_the_write_is_ticket_closed(desk, s
             answered.append(request)
             return 200, {"result": stale}
         return None
+
     desk.on_request(open_at_first)
     with pytest.raises(TicketClosed):
         adapter.add_comment(ticket, CommentRequest(body="Again.", author_email="jane.doe@example.com"), "k", "e")
@@ -461,8 +560,13 @@ def test_a_resolved_incident_takes_the_comment_and_reopens_only_under_reopen(des
 def test_a_follow_up_links_the_closed_record(desk, servicenow, table, link):
     adapter = servicenow(table=table)
     closed = adapter.create_ticket(REQUEST, "key-1", "evt-1").ticket_id
-    adapter.create_ticket(TicketRequest(subject="Again", description="It happened again.",
-                                        requester="jane.doe@example.com", follow_up_of=closed), "key-2", "evt-2")
+    adapter.create_ticket(
+        TicketRequest(
+            subject="Again", description="It happened again.", requester="jane.doe@example.com", follow_up_of=closed
+        ),
+        "key-2",
+        "evt-2",
+    )
     follow_up = records(desk)[1]
     assert follow_up[link] == closed and follow_up["description"] == "It happened again."
     if table == "incident":
@@ -470,6 +574,7 @@ def test_a_follow_up_links_the_closed_record(desk, servicenow, table, link):
 
 
 # --- ServiceNow's own references ----------------------------------------------------------------------
+
 
 def test_the_number_and_the_watermark_name_the_record(desk, servicenow):
     adapter = servicenow()
@@ -486,37 +591,51 @@ def test_the_number_and_the_watermark_name_the_record(desk, servicenow):
     problem = problems.create_ticket(REQUEST, "key-2", "evt-2").ticket_id
     problem_mark = kit.desk_reference(desk.tickets()[1]).removeprefix("Ref:")
     assert (problems.resolve_reference(problem_mark), adapter.resolve_reference(problem_mark)) == (problem, None)
-    assert [m.group("ref") for m in problems.reference_patterns[0].finditer("PRB0010001 INC0010001")] == [
-        "PRB0010001"]
+    assert [m.group("ref") for m in problems.reference_patterns[0].finditer("PRB0010001 INC0010001")] == ["PRB0010001"]
 
 
 def test_an_unreadable_watermark_table_leaves_the_number(desk, servicenow):
     adapter = servicenow()
     adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    desk.on_request(lambda request: (403, {"error": {"message": "User Not Authorized", "detail": "ACL"},
-                                           "status": "failure"}) if "sys_watermark" in request.path else None)
+    desk.on_request(
+        lambda request: (
+            (403, {"error": {"message": "User Not Authorized", "detail": "ACL"}, "status": "failure"})
+            if "sys_watermark" in request.path
+            else None
+        )
+    )
     assert adapter.resolve_reference(kit.desk_reference(only_record(desk)).removeprefix("Ref:")) is None
     assert adapter.resolve_reference("INC0010001") == records(desk)[0]["sys_id"]
 
 
 # --- ServiceNow's error answers ----------------------------------------------------------------
 
+
 def test_a_400_is_invalid_fields_with_servicenow_s_message(desk, servicenow):
     desk.set_plan(["reject_422"])
     with pytest.raises(PermanentError) as caught:
         servicenow().create_ticket(REQUEST, "key-1", "evt-1")
     assert (caught.value.reason, caught.value.detail) == (
-        "invalid_fields", "Invalid input: caller_id: Invalid reference")
+        "invalid_fields",
+        "Invalid input: caller_id: Invalid reference",
+    )
 
 
-@pytest.mark.parametrize(("detail", "reason"), [
-    ("Data Policy Exception: The following fields are mandatory: Caller", "invalid_fields"),
-    ("ACL Exception Insert Failed due to security constraints", "credentials"),
-])
+@pytest.mark.parametrize(
+    ("detail", "reason"),
+    [
+        ("Data Policy Exception: The following fields are mandatory: Caller", "invalid_fields"),
+        ("ACL Exception Insert Failed due to security constraints", "credentials"),
+    ],
+)
 def test_a_403_is_a_data_policy_or_an_acl(desk, servicenow, detail, reason):
-    desk.on_request(lambda request: (403, {"error": {"message": "Operation Failed", "detail": detail},
-                                           "status": "failure"}) if request.path == "/api/now/table/incident"
-                    and request.method == "POST" else None)
+    desk.on_request(
+        lambda request: (
+            (403, {"error": {"message": "Operation Failed", "detail": detail}, "status": "failure"})
+            if request.path == "/api/now/table/incident" and request.method == "POST"
+            else None
+        )
+    )
     with pytest.raises(PermanentError) as caught:
         servicenow().create_ticket(REQUEST, "key-1", "evt-1")
     assert caught.value.reason == reason
@@ -557,6 +676,7 @@ def test_a_secret_in_neither_format_is_refused_before_anything_is_sent(desk, ser
 
 # --- check_connection ---------------------------------------------------------------------------
 
+
 def test_check_connection_reads_the_table_and_writes_nothing(desk, servicenow, seen):
     line = servicenow().check_connection()
     assert line == "read the incident table as user 'mailroom.integration'"
@@ -581,20 +701,41 @@ def test_a_wrong_table_is_configuration_for_check_connection_and_for_an_import(d
     with pytest.raises(PermanentError) as importing:
         servicenow(import_set_table="mailroom_import").create_ticket(REQUEST, "key-1", "evt-1")
     assert (importing.value.reason, importing.value.detail) == (
-        "configuration", "HTTP 400: Invalid table mailroom_import")
+        "configuration",
+        "HTTP 400: Invalid table mailroom_import",
+    )
 
 
 # --- Settings -------------------------------------------------------------------------------------
 
+
 def test_settings_are_checked_field_by_field():
     spec = ServiceNowDestination.SETTINGS
-    good = {"table": "sn_customerservice_case", "import_set_table": "u_mailroom_import", "comment_field": "work_notes",
-            "assignment_groups": {"billing": "Billing"}, "priorities": {"urgent": {"impact": "1", "urgency": "1"}},
-            "categories": {"refund": "inquiry"}, "assignees": {"alice": "alice.agent"}, "read_timeout": 5}
+    good = {
+        "table": "sn_customerservice_case",
+        "import_set_table": "u_mailroom_import",
+        "comment_field": "work_notes",
+        "assignment_groups": {"billing": "Billing"},
+        "priorities": {"urgent": {"impact": "1", "urgency": "1"}},
+        "categories": {"refund": "inquiry"},
+        "assignees": {"alice": "alice.agent"},
+        "read_timeout": 5,
+    }
     assert validate(spec, good) == {}
-    errors = validate(spec, {"table": "Incident; drop", "comment_field": "notes", "priorities": {
-        "critical": {"impact": "1", "urgency": "1"}, "high": {"impact": "4", "urgency": "1"}, "low": "3"},
-        "assignment_groups": ["Billing"], "tabel": "incident"})
+    errors = validate(
+        spec,
+        {
+            "table": "Incident; drop",
+            "comment_field": "notes",
+            "priorities": {
+                "critical": {"impact": "1", "urgency": "1"},
+                "high": {"impact": "4", "urgency": "1"},
+                "low": "3",
+            },
+            "assignment_groups": ["Billing"],
+            "tabel": "incident",
+        },
+    )
     assert set(errors) == {"table", "comment_field", "priorities", "assignment_groups", "tabel"}
     assert any("critical" in message for message in errors["priorities"])
     assert any("impact must be 1, 2 or 3" in message for message in errors["priorities"])
@@ -604,10 +745,17 @@ def test_settings_are_checked_field_by_field():
 def test_nothing_logged_carries_bodies_addresses_or_the_password(desk, servicenow, caplog):
     caplog.set_level(logging.DEBUG)
     adapter = servicenow()
-    ticket = adapter.create_ticket(TicketRequest(subject="s", description="d", requester="jane.doe@example.com",
-                                                 cc=("bob@customer.test",)), "key-1", "evt-1")
-    adapter.add_comment(ticket.ticket_id, CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
-                        "key-c", "evt-2")
+    ticket = adapter.create_ticket(
+        TicketRequest(subject="s", description="d", requester="jane.doe@example.com", cc=("bob@customer.test",)),
+        "key-1",
+        "evt-1",
+    )
+    adapter.add_comment(
+        ticket.ticket_id,
+        CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
+        "key-c",
+        "evt-2",
+    )
     attach_each(adapter, ticket.ticket_id, FILES[:1], "key-1")
     adapter.find_by_external_ref("evt-1")
     desk.set_plan(["reject_422"])
@@ -622,10 +770,14 @@ def test_nothing_logged_carries_bodies_addresses_or_the_password(desk, serviceno
 
 # --- The fake itself ------------------------------------------------------------------------------
 
+
 def test_the_fake_refuses_without_credentials_in_servicenow_s_shape(desk):
     answer = requests.get(f"{desk.url}/api/now/table/incident", timeout=5)
     assert answer.status_code == 401
-    assert answer.json() == {"error": {"message": "User Not Authenticated",
-                                       "detail": "Required to provide Auth information"}, "status": "failure"}
+    assert answer.json() == {
+        "error": {"message": "User Not Authenticated", "detail": "Required to provide Auth information"},
+        "status": "failure",
+    }
     assert requests.get(f"{desk.url}/api/now/table/incident", auth=("someone", desk.token), timeout=5).json() == {
-        "result": []}
+        "result": []
+    }

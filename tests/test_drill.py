@@ -5,6 +5,7 @@ afterwards it is discarded with everything it made (`--keep` keeps it as evidenc
 while the real stack runs (worker, relay, beat) and leaves the queue, the pauses and /metrics as it found
 them. Also here: `manage.py reconcile` exits non-zero when a reconciler failed.
 """
+
 import json
 import os
 import re
@@ -94,14 +95,20 @@ def scrape() -> str:
 def steady_samples(text: str) -> dict:
     """The samples of a scrape that only a change of state moves (ages and timestamps grow by themselves)."""
     moving = ("_seconds",)
-    return {line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1] for line in text.splitlines()
-            if line and not line.startswith("#") and not line.split("{")[0].split(" ")[0].endswith(moving)}
+    return {
+        line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1]
+        for line in text.splitlines()
+        if line and not line.startswith("#") and not line.split("{")[0].split(" ")[0].endswith(moving)
+    }
 
 
 def row_counts() -> dict:
     """Rows per model, every app: nothing the drill made may be left anywhere."""
-    return {model._meta.label: model._default_manager.count() for model in apps.get_models()
-            if not model._meta.proxy and model._meta.managed}
+    return {
+        model._meta.label: model._default_manager.count()
+        for model in apps.get_models()
+        if not model._meta.proxy and model._meta.managed
+    }
 
 
 def operators_view() -> dict:
@@ -119,12 +126,20 @@ def busy_tenant(mailbox, scanner_off):
     """The `mailbox` tenant with something for an operator to see: a paused destination and an item in the queue."""
     make_destination(mailbox.tenant, slug="paused-desk", is_default=False, paused=True)
     event = make_event(mailbox)
-    transition_event(event.pk, ["received"], "failed", actor="tests", kind=AuditKind.INTENT_FAILED,
-                     reason_code=ReasonCode.CREDENTIALS, reason_detail="for the queue")
+    transition_event(
+        event.pk,
+        ["received"],
+        "failed",
+        actor="tests",
+        kind=AuditKind.INTENT_FAILED,
+        reason_code=ReasonCode.CREDENTIALS,
+        reason_detail="for the queue",
+    )
     return mailbox
 
 
 # --- a default run: it passes, and leaves no trace ------------------------------------------------------
+
 
 def test_every_scenario_passes_and_the_scratch_tenant_is_discarded(busy_tenant, metrics_token, tmp_path):
     seen, metrics, rows = operators_view(), scrape(), row_counts()
@@ -173,8 +188,9 @@ def test_keep_keeps_the_tenant_and_its_evidence_out_of_every_live_path(busy_tena
     assert states == SETTLED_STATES  # every drill message settled, and kept
     assert Intent.objects.filter(inbox_event__tenant=scratch).exists()
     assert Mailbox.objects.get(tenant=scratch).paused and Destination.objects.get(tenant=scratch).paused
-    assert not OutboxMessage.objects.filter(payload__inbox_event_id__in=list(
-        InboxEvent.objects.filter(tenant=scratch).values_list("pk", flat=True))).exists()
+    assert not OutboxMessage.objects.filter(
+        payload__inbox_event_id__in=list(InboxEvent.objects.filter(tenant=scratch).values_list("pk", flat=True))
+    ).exists()
     # Evidence an operator asked for, but nothing that alerts or fails: /metrics and reconcile leave it out.
     after = scrape()
     assert "drill-" not in after and steady_samples(after) == steady_samples(metrics)
@@ -237,6 +253,7 @@ def test_the_drill_refuses_a_destination_that_is_not_a_fakedesk(db):
 
 # --- the live paths leave a drill tenant's rows alone ------------------------------------------------------
 
+
 def test_the_workers_sweeps_and_reconcilers_leave_a_drill_tenants_rows_alone(desk, mailbox, scanner_off):
     """Rows in every state a live path acts on, in a drill tenant: not one of those paths touches them."""
     from intake import retention
@@ -280,12 +297,22 @@ def test_the_workers_sweeps_and_reconcilers_leave_a_drill_tenants_rows_alone(des
     scratch.tenant.members.add(operator)
 
     def snapshot():
-        return (list(InboxEvent.objects.filter(pk__in=events).order_by("pk").values_list(
-                    "pk", "state", "updated_at", "retry_at", "dispatch_count", "owner", "purged_at")),
-                list(Intent.objects.filter(inbox_event_id__in=events).order_by("pk").values_list(
-                    "pk", "state", "attempts", "next_attempt_at", "claimed_until")),
-                OutboxMessage.objects.count(), Finding.objects.count(), Notification.objects.count(),
-                DestinationAttempt.objects.filter(destination=scratch.destination).count())
+        return (
+            list(
+                InboxEvent.objects.filter(pk__in=events)
+                .order_by("pk")
+                .values_list("pk", "state", "updated_at", "retry_at", "dispatch_count", "owner", "purged_at")
+            ),
+            list(
+                Intent.objects.filter(inbox_event_id__in=events)
+                .order_by("pk")
+                .values_list("pk", "state", "attempts", "next_attempt_at", "claimed_until")
+            ),
+            OutboxMessage.objects.count(),
+            Finding.objects.count(),
+            Notification.objects.count(),
+            DestinationAttempt.objects.filter(destination=scratch.destination).count(),
+        )
 
     before = snapshot()
     assert tasks.process_inbox_events([*events, stale]) == {"drill": len(events) + 1}  # as a worker gets them
@@ -307,11 +334,18 @@ def test_the_workers_sweeps_and_reconcilers_leave_a_drill_tenants_rows_alone(des
 
 # --- `manage.py reconcile` exits non-zero when a reconciler failed -----------------------------------------
 
+
 def test_reconcile_exits_non_zero_when_a_reconciler_failed(mailbox, monkeypatch):
     monkeypatch.setenv("FAKEDESK_CREDENTIALS", "agent@acme.test/token:nothing-listens")
-    make_destination(mailbox.tenant, slug="refused", kind="zendesk", is_default=False,
-                     base_url=f"http://127.0.0.1:{closed_port()}", credentials_ref="env:FAKEDESK_CREDENTIALS",
-                     settings={"connect_timeout": 1.0, "read_timeout": 1.0})
+    make_destination(
+        mailbox.tenant,
+        slug="refused",
+        kind="zendesk",
+        is_default=False,
+        base_url=f"http://127.0.0.1:{closed_port()}",
+        credentials_ref="env:FAKEDESK_CREDENTIALS",
+        settings={"connect_timeout": 1.0, "read_timeout": 1.0},
+    )
     out = StringIO()
     with pytest.raises(CommandError, match=r"1 reconciler\(s\) failed: destination destination:acme/refused"):
         call_command("reconcile", stdout=out)
@@ -321,6 +355,7 @@ def test_reconcile_exits_non_zero_when_a_reconciler_failed(mailbox, monkeypatch)
 
 
 # --- while the real stack runs -------------------------------------------------------------------------------
+
 
 class Sweeper:
     """Beat's sweeps and passes, far more often than beat: every live path that could touch a drill's rows."""
@@ -362,23 +397,49 @@ class Sweeper:
 
 
 @pytest.mark.live
-def test_the_drill_passes_five_times_in_a_row_while_the_stack_runs(live_mailbox, live_broker, live_processes,
-                                                                   metrics_token, tmp_path, monkeypatch):
+def test_the_drill_passes_five_times_in_a_row_while_the_stack_runs(
+    live_mailbox, live_broker, live_processes, metrics_token, tmp_path, monkeypatch
+):
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
     # The stack as `make run` starts it, on short periods: beat's sweeps every second, a reconciliation pass
     # every second, stale events after one; the worker logs each task's outcome (CELERY_LOG_LEVEL).
-    env = subprocess_env(live_broker.url, MAILROOM_CLAMD="off", MAILROOM_SWEEP_SECONDS=1,
-                         MAILROOM_STALE_EVENT_SECONDS=1, MAILROOM_RECONCILE_SECONDS=1,
-                         MAILROOM_RELAY_SWEEP_SECONDS=0.2, CELERY_LOG_LEVEL="INFO")
+    env = subprocess_env(
+        live_broker.url,
+        MAILROOM_CLAMD="off",
+        MAILROOM_SWEEP_SECONDS=1,
+        MAILROOM_STALE_EVENT_SECONDS=1,
+        MAILROOM_RECONCILE_SECONDS=1,
+        MAILROOM_RELAY_SWEEP_SECONDS=0.2,
+        CELERY_LOG_LEVEL="INFO",
+    )
     celery = [PYTHON, "-m", "celery", "-A", "config"]
-    worker = live_processes.start("worker", [*celery, "worker", "--concurrency", "2", "--loglevel", "INFO", "-n",
-                                             f"drill-{uuid.uuid4().hex[:8]}@%h", "--without-mingle",
-                                             "--without-gossip"], env)
+    worker = live_processes.start(
+        "worker",
+        [
+            *celery,
+            "worker",
+            "--concurrency",
+            "2",
+            "--loglevel",
+            "INFO",
+            "-n",
+            f"drill-{uuid.uuid4().hex[:8]}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        env,
+    )
     live_processes.relay(env)
-    beat = live_processes.start("beat", [*celery, "beat", "--loglevel", "INFO", "--scheduler",
-                                         "django_celery_beat.schedulers:DatabaseScheduler"], env)
-    wait_for(lambda: "ticketing.tasks.enqueue_due_intents" in worker.log_path.read_text(errors="replace"),
-             timeout=60, describe=live_processes.logs)  # beat's tasks reach the worker
+    beat = live_processes.start(
+        "beat",
+        [*celery, "beat", "--loglevel", "INFO", "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"],
+        env,
+    )
+    wait_for(
+        lambda: "ticketing.tasks.enqueue_due_intents" in worker.log_path.read_text(errors="replace"),
+        timeout=60,
+        describe=live_processes.logs,
+    )  # beat's tasks reach the worker
     paused_before = [line for line in scrape().splitlines() if line.startswith("mailroom_destination_paused{")]
 
     live_ids, reports = [], []
@@ -386,14 +447,18 @@ def test_the_drill_passes_five_times_in_a_row_while_the_stack_runs(live_mailbox,
         for run in range(5):
             for n in range(3):  # the live tenant's mail goes on while the drill runs
                 raw = make_email(f"Live request {run}.{n}")
-                live_ids.append(ingest(live_mailbox, provider_message_id_for_raw(raw), raw, source="raw")
-                                .inbox_event_id)
+                live_ids.append(
+                    ingest(live_mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
+                )
             text, report = drill("--report", str(tmp_path / f"run-{run}.json"))
             reports.append(report)
             assert "FAIL" not in text and f"drill passed: {len(SCENARIOS)} scenarios" in text, text
             assert not Tenant.objects.filter(is_drill=True).exists()
-        wait_for(lambda: set(InboxEvent.objects.filter(pk__in=live_ids).values_list("state", flat=True))
-                 == {"completed"}, timeout=60, describe=live_processes.logs)
+        wait_for(
+            lambda: set(InboxEvent.objects.filter(pk__in=live_ids).values_list("state", flat=True)) == {"completed"},
+            timeout=60,
+            describe=live_processes.logs,
+        )
     assert not sweeper.errors, sweeper.errors
     assert sweeper.rounds > 0 and worker.alive() and beat.alive(), live_processes.logs()
 

@@ -5,6 +5,7 @@ address. Here: with SMTPUTF8 in the relay's EHLO the address goes out as UTF-8 i
 without it, an ASCII local part at an IDN domain goes out in punycode, and a non-ASCII local part is not
 sent at all (the intent ends `not-sent`, the event gets `acknowledgment_skipped` / address_not_deliverable).
 """
+
 import pytest
 from django.test import Client
 
@@ -31,8 +32,9 @@ def _our_mta_is_trusted(mailbox):
 def acknowledge(sender: str) -> tuple[int, Intent, str]:
     """Post the request, make its ticket and send its acknowledgment once: (event id, intent, send's word)."""
     body = eai_request(sender)
-    response = Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                             **webhook_headers(WEBHOOK_SECRET, body))
+    response = Client().post(
+        "/webhooks/raw/support/", data=body, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, body)
+    )
     assert response.status_code == 202
     event_id = response.json()["inbox_event_id"]
     assert process_inbox_event(event_id) == "created"
@@ -44,15 +46,17 @@ def acknowledge(sender: str) -> tuple[int, Intent, str]:
 
 def assert_never_mangled(received):
     """No encoded-word in an address: not in To or From, not in the envelope (a Subject may carry one)."""
-    address_lines = [line for line in received.header_bytes().split(b"\r\n")
-                     if line.lower().startswith((b"to:", b"from:"))]
+    address_lines = [
+        line for line in received.header_bytes().split(b"\r\n") if line.lower().startswith((b"to:", b"from:"))
+    ]
     assert len(address_lines) == 2 and not any(b"=?" in line for line in address_lines)
     assert "=?utf-8?" not in received.mail_from.lower() + " ".join(received.rcpt_tos).lower()
 
 
 @pytest.mark.parametrize("address", [JOSE, CHINESE, IDN_ONLY])
 def test_an_internationalised_address_goes_out_as_utf8_with_smtputf8_when_the_relay_offers_it(
-        mailbox, utf8_relay, address):
+    mailbox, utf8_relay, address
+):
     event_id, intent, outcome = acknowledge(address)
     assert outcome == "sent"
     [received] = utf8_relay.received
@@ -74,15 +78,14 @@ def test_an_internationalised_address_goes_out_as_utf8_with_smtputf8_when_the_re
     assert AuditEvent.objects.filter(inbox_event_id=event_id, kind="acknowledged").count() == 1
 
 
-def test_an_ascii_local_part_at_an_idn_domain_goes_out_in_punycode_to_a_relay_without_smtputf8(
-        mailbox, ascii_relay):
+def test_an_ascii_local_part_at_an_idn_domain_goes_out_in_punycode_to_a_relay_without_smtputf8(mailbox, ascii_relay):
     _, intent, outcome = acknowledge(IDN_ONLY)
     assert outcome == "sent"
     [received] = ascii_relay.received
     assert received.rcpt_tos == [IDN_ONLY_PUNYCODE]
     assert "SMTPUTF8" not in [option.upper() for option in received.mail_options]
     assert received.message["To"] == IDN_ONLY_PUNYCODE
-    assert received.message["Message-ID"].strip() == intent.result_ref   # Django folds it
+    assert received.message["Message-ID"].strip() == intent.result_ref  # Django folds it
     assert received.content.isascii()
     assert_never_mangled(received)
 
@@ -91,13 +94,14 @@ def test_an_idn_domain_is_written_in_idna_2008_punycode_not_mapped_to_another_do
     _, _, outcome = acknowledge("jane@faß.de")
     assert outcome == "sent"
     [received] = ascii_relay.received
-    assert received.rcpt_tos == ["jane@xn--fa-hia.de"]   # IDNA 2003 (Django's own) would say fass.de
+    assert received.rcpt_tos == ["jane@xn--fa-hia.de"]  # IDNA 2003 (Django's own) would say fass.de
     assert received.message["To"] == "jane@xn--fa-hia.de"
 
 
 @pytest.mark.parametrize("address", [JOSE, CHINESE])
 def test_a_non_ascii_local_part_is_not_sent_to_a_relay_without_smtputf8_and_the_skip_is_audited(
-        mailbox, ascii_relay, address):
+    mailbox, ascii_relay, address
+):
     event_id, intent, outcome = acknowledge(address)
     assert outcome == "not_deliverable"
     assert ascii_relay.received == []
@@ -121,10 +125,13 @@ def test_the_same_address_reaches_a_utf8_relay_after_an_ascii_relay_refused_it(m
 
 
 def test_ascii_addresses_take_djangos_path_unchanged(mailbox, utf8_relay):
-    body = stamped(b"From: jane@example.com\r\nTo: support@acme.test\r\nSubject: Printer\r\n"
-                   b"Message-ID: <ascii-1@example.com>\r\n\r\nHelp.\r\n")
-    response = Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                             **webhook_headers(WEBHOOK_SECRET, body))
+    body = stamped(
+        b"From: jane@example.com\r\nTo: support@acme.test\r\nSubject: Printer\r\n"
+        b"Message-ID: <ascii-1@example.com>\r\n\r\nHelp.\r\n"
+    )
+    response = Client().post(
+        "/webhooks/raw/support/", data=body, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, body)
+    )
     event_id = response.json()["inbox_event_id"]
     process_inbox_event(event_id)
     intent = Intent.objects.get(inbox_event_id=event_id, action="notify_requester")

@@ -7,6 +7,7 @@
 - Attachment downloads name non-Latin-1 files with RFC 6266's `filename*`, with an ASCII `filename` for every
   client, through the admin and the REST API.
 """
+
 import re
 from email.message import EmailMessage
 from html.parser import HTMLParser
@@ -36,8 +37,11 @@ class InlineFinder(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
-        if tag == "script" and not attrs.get("src") and attrs.get("type", "text/javascript") in (
-                "text/javascript", "module", ""):
+        if (
+            tag == "script"
+            and not attrs.get("src")
+            and attrs.get("type", "text/javascript") in ("text/javascript", "module", "")
+        ):
             self.found.append("<script> without src")
         if tag == "style":
             self.found.append("<style>")
@@ -69,6 +73,7 @@ def quarantined_event_with_attachments(mailbox, names) -> int:
 
 # --- the Content-Security-Policy ----------------------------------------------------------------------------
 
+
 def test_console_pages_carry_a_strict_policy_and_hold_nothing_it_would_block(client, tenant, mailbox):
     policy = settings.MAILROOM_CONTENT_SECURITY_POLICY
     assert "script-src 'self'" in policy and "style-src 'self'" in policy and "frame-ancestors 'none'" in policy
@@ -76,10 +81,19 @@ def test_console_pages_carry_a_strict_policy_and_hold_nothing_it_would_block(cli
     event_id = quarantined_event_with_attachments(mailbox, ["app.log"])
     root = make_user("root", is_superuser=True)
     client.force_login(root)
-    pages = ["/admin/", QUEUE_URL, f"{QUEUE_URL}{event_id}/change/", f"{QUEUE_URL}{event_id}/body/",
-             f"{QUEUE_URL}dashboard/", "/admin/reconciliation/pauseswitch/", "/admin/intake/mailbox/",
-             f"/admin/intake/mailbox/{mailbox.pk}/change/", "/admin/intake/inboxevent/",
-             f"/admin/intake/inboxevent/{event_id}/change/", "/admin/ticketing/routingrule/add/"]
+    pages = [
+        "/admin/",
+        QUEUE_URL,
+        f"{QUEUE_URL}{event_id}/change/",
+        f"{QUEUE_URL}{event_id}/body/",
+        f"{QUEUE_URL}dashboard/",
+        "/admin/reconciliation/pauseswitch/",
+        "/admin/intake/mailbox/",
+        f"/admin/intake/mailbox/{mailbox.pk}/change/",
+        "/admin/intake/inboxevent/",
+        f"/admin/intake/inboxevent/{event_id}/change/",
+        "/admin/ticketing/routingrule/add/",
+    ]
     for url in pages:
         response = client.get(url, follow=True)
         assert response.status_code == 200, url
@@ -106,6 +120,7 @@ def test_an_empty_setting_turns_the_header_off(client, settings):
 
 # --- the schema in production ------------------------------------------------------------------------------
 
+
 def test_in_production_the_schema_and_docs_need_a_token_or_a_console_session(settings, tenant):
     settings.MAILROOM_PUBLIC_API_SCHEMA = False  # production's default (next test)
     anonymous = Client()
@@ -122,26 +137,31 @@ def test_in_production_the_schema_and_docs_need_a_token_or_a_console_session(set
 
 
 def test_production_keeps_the_schema_private_by_default():
-    code = ("from django.conf import settings; from django.test import Client; "
-            "c = Client(HTTP_HOST='mailroom.example.com'); "
-            "print(settings.MAILROOM_PUBLIC_API_SCHEMA, c.get('/api/schema/', secure=True).status_code, "
-            "c.get('/api/docs/', secure=True).status_code)")
+    code = (
+        "from django.conf import settings; from django.test import Client; "
+        "c = Client(HTTP_HOST='mailroom.example.com'); "
+        "print(settings.MAILROOM_PUBLIC_API_SCHEMA, c.get('/api/schema/', secure=True).status_code, "
+        "c.get('/api/docs/', secure=True).status_code)"
+    )
     result = manage(clean_env(**PRODUCTION_ENV), "shell", "-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "False 401 401"
-    development = manage(clean_env(SECRET_KEY=PRODUCTION_ENV["SECRET_KEY"], MAILROOM_ENV="development"),
-                         "shell", "-c", "from django.conf import settings; print(settings.MAILROOM_PUBLIC_API_SCHEMA)")
+    development = manage(
+        clean_env(SECRET_KEY=PRODUCTION_ENV["SECRET_KEY"], MAILROOM_ENV="development"),
+        "shell",
+        "-c",
+        "from django.conf import settings; print(settings.MAILROOM_PUBLIC_API_SCHEMA)",
+    )
     assert development.stdout.strip().splitlines()[-1] == "True", development.stderr
 
 
 # --- attachment names (RFC 6266 / RFC 8187) -----------------------------------------------------------------
 
 NAMES = {
-    "Отчёт 2026.pdf": 'attachment; filename="_ 2026.pdf"; '
-                      "filename*=UTF-8''%D0%9E%D1%82%D1%87%D1%91%D1%82%202026.pdf",
+    "Отчёт 2026.pdf": "attachment; filename=\"_ 2026.pdf\"; filename*=UTF-8''%D0%9E%D1%82%D1%87%D1%91%D1%82%202026.pdf",
     "報告.xlsx": "attachment; filename=\"attachment-1.xlsx\"; filename*=UTF-8''%E5%A0%B1%E5%91%8A.xlsx",
-    'say "hi"\r\nSet-Cookie: x=1.txt': "attachment; filename=\"say _hi_Set-Cookie: x=1.txt\"; "
-                                        "filename*=UTF-8''say%20%22hi%22Set-Cookie%3A%20x%3D1.txt",
+    'say "hi"\r\nSet-Cookie: x=1.txt': 'attachment; filename="say _hi_Set-Cookie: x=1.txt"; '
+    "filename*=UTF-8''say%20%22hi%22Set-Cookie%3A%20x%3D1.txt",
     "Café.txt": "attachment; filename=\"Cafe.txt\"; filename*=UTF-8''Caf%C3%A9.txt",
     "plain.log": 'attachment; filename="plain.log"',
 }
@@ -160,8 +180,10 @@ def test_attachment_names_survive_the_download_through_the_admin_and_the_api(cli
     client.force_login(security)
     token_client = api(security)
     for index, name in enumerate(names):
-        for response in (client.get(f"{QUEUE_URL}{event_id}/attachment/{index}/"),
-                         token_client.get(f"{API}/events/{event_id}/attachments/{index}/")):
+        for response in (
+            client.get(f"{QUEUE_URL}{event_id}/attachment/{index}/"),
+            token_client.get(f"{API}/events/{event_id}/attachments/{index}/"),
+        ):
             assert response.status_code == 200 and response.content == f"file {index}\n".encode()
             disposition = response["Content-Disposition"]
             assert disposition == NAMES[name].replace("attachment-1", f"attachment-{index}"), disposition

@@ -17,6 +17,7 @@ a `manage.py shell` script in the copy. Then the admin of the banner, in Chromiu
 Every page visited is photographed at 1400 and 800 px. A console error, an uncaught page error, a
 Content-Security-Policy violation or any response >= 500 fails the test, as does a traceback on make's console.
 """
+
 import json
 import re
 import time
@@ -102,8 +103,14 @@ def shell(workdir, code: str, **names):
 
     prefix = "".join(f"{name} = {value!r}\n" for name, value in names.items())
     env = {**clean_env(), "MAILROOM_ENV": "development"}  # what `make run` exports to its processes
-    result = subprocess.run([".venv/bin/python", "manage.py", "shell", "-c", prefix + code], cwd=workdir, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [".venv/bin/python", "manage.py", "shell", "-c", prefix + code],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -116,8 +123,12 @@ def env_file_value(workdir, name: str) -> str:
 
 
 def post_mail(session, base: str, secret: str, raw: bytes):
-    response = session.post(f"{base}/webhooks/raw/demo/", data=raw, timeout=30,
-                            headers={**signed_headers(secret, raw), "Content-Type": "message/rfc822"})
+    response = session.post(
+        f"{base}/webhooks/raw/demo/",
+        data=raw,
+        timeout=30,
+        headers={**signed_headers(secret, raw), "Content-Type": "message/rfc822"},
+    )
     assert response.status_code == 202, (response.status_code, response.text[:300])
 
 
@@ -138,8 +149,10 @@ class Watch:
         self.problems: list[str] = []
         page.on("console", lambda m: m.type == "error" and self.problems.append(f"console error: {m.text[:300]}"))
         page.on("pageerror", lambda exc: self.problems.append(f"page error: {str(exc)[:300]}"))
-        page.on("response", lambda r: r.status >= 500 and self.problems.append(
-            f"HTTP {r.status} for {r.request.method} {r.url}"))
+        page.on(
+            "response",
+            lambda r: r.status >= 500 and self.problems.append(f"HTTP {r.status} for {r.request.method} {r.url}"),
+        )
 
     def check(self, page, where: str) -> None:
         try:
@@ -159,7 +172,7 @@ def photograph(page, folder, name: str, watch: Watch) -> None:
             watch.problems.append(f"{name} @{width}px: {overflow}px wider than the window")
         text = page.inner_text("body")
         for match in list(re.finditer(r"\{'|\[\{|\bNone\b", text))[:2]:
-            watch.problems.append(f"{name} @{width}px: repr as text near {text[max(0, match.start() - 30):][:70]!r}")
+            watch.problems.append(f"{name} @{width}px: repr as text near {text[max(0, match.start() - 30) :][:70]!r}")
     page.set_viewport_size({"width": 1400, "height": 900})
     watch.check(page, name)
 
@@ -172,11 +185,13 @@ def wait_out_of_queue(page, item_url: str) -> None:
     def gone():
         page.goto(item_url)
         return page.locator("#not-in-queue").count() == 1
+
     poll(gone, 90, f"{item_url} leaving the queue (run_stack's worker making its ticket)", interval=1.5)
 
 
 def test_an_admin_closes_200_in_bulk_corrects_and_replays_and_enters_a_requester_on_the_embedded_default(
-        running_stack, browser, screenshot_dir, tmp_path):  # noqa: F811
+    running_stack, browser, screenshot_dir, tmp_path
+):  # noqa: F811
     port, output = running_stack
     workdir = tmp_path / "mailroom"  # where the fixture copied the project and runs `make run`
     base = banner_value(output, "admin").removesuffix("/admin/")
@@ -187,18 +202,40 @@ def test_an_admin_closes_200_in_bulk_corrects_and_replays_and_enters_a_requester
     secret = env_file_value(workdir, "MAILROOM_DEMO_WEBHOOK_SECRET")
     with requests.Session() as session:
         for n in range(200):
-            post_mail(session, base, secret, email_message(
-                subject=f"Spring newsletter {n}", sender=f"News {n} <news{n}@lists.example>",
-                to="orders@elsewhere.example", body=f"Issue {n}: our spring offers.\n"))
+            post_mail(
+                session,
+                base,
+                secret,
+                email_message(
+                    subject=f"Spring newsletter {n}",
+                    sender=f"News {n} <news{n}@lists.example>",
+                    to="orders@elsewhere.example",
+                    body=f"Issue {n}: our spring offers.\n",
+                ),
+            )
         for n in range(5):
-            post_mail(session, base, secret, email_message(subject=f"Blank {n}", sender=f"blank{n}@customer.test",
-                                                           to=DEMO, body=""))
-        post_mail(session, base, secret, email_message(subject=NAMELESS_SUBJECT, sender="undisclosed-recipients:;",
-                                                       to=DEMO, body="My laptop will not start.\n"))
+            post_mail(
+                session,
+                base,
+                secret,
+                email_message(subject=f"Blank {n}", sender=f"blank{n}@customer.test", to=DEMO, body=""),
+            )
+        post_mail(
+            session,
+            base,
+            secret,
+            email_message(
+                subject=NAMELESS_SUBJECT, sender="undisclosed-recipients:;", to=DEMO, body="My laptop will not start.\n"
+            ),
+        )
     expected = {f"awaiting_review/{FLOOD}": 200, f"awaiting_review/{OTHER}": 5, f"awaiting_review/{NOBODY}": 1}
     subjects = [NAMELESS_SUBJECT]
-    state = poll(lambda: (s := shell(workdir, STATES_CODE, SUBJECTS=subjects))["states"] == expected and s,
-                 240, f"the worker judging the 206 messages as {expected}", interval=2)
+    state = poll(
+        lambda: (s := shell(workdir, STATES_CODE, SUBJECTS=subjects))["states"] == expected and s,
+        240,
+        f"the worker judging the 206 messages as {expected}",
+        interval=2,
+    )
     nameless, empty_ids = state["ids"][NAMELESS_SUBJECT], state["empty"]
     failed = shell(workdir, FAILED_CODE, SUBJECT=FAILED_SUBJECT)["failed"]
 
@@ -247,19 +284,29 @@ def test_an_admin_closes_200_in_bulk_corrects_and_replays_and_enters_a_requester
 
         poll(job_done, 180, "the bulk job done on the job page (run_stack's worker on the SQLite broker)", 0.3)
         page.wait_for_selector("#bulk-state.bulk-state-done")
-        assert (page.inner_text("#bulk-done"), page.inner_text("#bulk-succeeded"), page.inner_text("#bulk-skipped"),
-                page.inner_text("#bulk-failed")) == ("200", "200", "0", "0"), seen
+        assert (
+            page.inner_text("#bulk-done"),
+            page.inner_text("#bulk-succeeded"),
+            page.inner_text("#bulk-skipped"),
+            page.inner_text("#bulk-failed"),
+        ) == ("200", "200", "0", "0"), seen
         assert page.locator("#bulk-progress").get_attribute("value") == "200"
         photograph(page, screenshot_dir, "bulk-done", watch)
         states = shell(workdir, STATES_CODE, SUBJECTS=[])["states"]
-        assert states == {"suppressed/not_a_request": 200, f"awaiting_review/{OTHER}": 5,
-                          f"awaiting_review/{NOBODY}": 1, "failed/poison": 1}, states
+        assert states == {
+            "suppressed/not_a_request": 200,
+            f"awaiting_review/{OTHER}": 5,
+            f"awaiting_review/{NOBODY}": 1,
+            "failed/poison": 1,
+        }, states
         page.goto(f"{base}{QUEUE}?reason={FLOOD}")
         assert page.locator("#bulk-open").count() == 0  # nothing left under that reason
         page.goto(f"{base}{QUEUE}?reason={OTHER}")
         assert page.inner_text("#bulk-open") == "Act on all 5 matching items…"
-        listed = {int(n) for n in re.findall(r"#(\d+)", " ".join(page.locator("#result_list th.field-item")
-                                                                 .all_inner_texts()))}
+        listed = {
+            int(n)
+            for n in re.findall(r"#(\d+)", " ".join(page.locator("#result_list th.field-item").all_inner_texts()))
+        }
         assert listed == set(empty_ids), (listed, empty_ids)
 
         # --- the failed item: an escalation time, then correct the priority and replay ----------------
@@ -333,4 +380,3 @@ def open_ticket(page, base: str, subject: str) -> None:
     assert rows.count() == 1, page.inner_text("#result_list")
     rows.first.locator("th a, td a").first.click()
     page.wait_for_url(re.compile(r"/admin/ticketing/ticket/\d+/change/"))
-

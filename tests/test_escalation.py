@@ -1,6 +1,7 @@
 """Escalation that acts (reconciliation.services.escalation): a default escalation time per reason on
 entering the recovery queue, overdue items first and flagged, one email per item per escalation (no
 body, no full address), and a daily digest per tenant."""
+
 from datetime import timedelta
 
 import pytest
@@ -30,8 +31,15 @@ def operators(tenant):
 
 def review(event_id, reason="encrypted"):
     normalize(event_id)
-    assert transition_event(event_id, InboxEvent.OPEN_STATES, InboxEvent.State.AWAITING_REVIEW, actor="system:test",
-                            kind="awaiting_review", reason_code=reason, reason_detail="test")
+    assert transition_event(
+        event_id,
+        InboxEvent.OPEN_STATES,
+        InboxEvent.State.AWAITING_REVIEW,
+        actor="system:test",
+        kind="awaiting_review",
+        reason_code=reason,
+        reason_detail="test",
+    )
 
 
 def hours_until_escalation(event_id) -> float:
@@ -50,8 +58,14 @@ def test_entering_the_queue_sets_the_default_escalation_time_per_reason_and_tena
 
     # A move inside the queue keeps the time; the tenant's own hours win over the instance's.
     before = InboxEvent.objects.get(pk=malware).escalate_at
-    assert transition_event(malware, [InboxEvent.State.QUARANTINED], InboxEvent.State.FAILED, actor="system:test",
-                            kind="poison", reason_code="poison")
+    assert transition_event(
+        malware,
+        [InboxEvent.State.QUARANTINED],
+        InboxEvent.State.FAILED,
+        actor="system:test",
+        kind="poison",
+        reason_code="poison",
+    )
     assert InboxEvent.objects.get(pk=malware).escalate_at == before
     tenant.settings = {"escalate_after_hours": {"awaiting_review": 2}}
     tenant.save()
@@ -102,7 +116,7 @@ def test_overdue_items_come_first_and_are_flagged_in_the_queue(tenant, mailbox, 
     client = Client()
     client.force_login(operators[0])
     page = client.get(QUEUE_URL).content.decode()
-    assert page.index(f"#{overdue} <span class=\"overdue-mark\"") < page.index(f"#{older}<")
+    assert page.index(f'#{overdue} <span class="overdue-mark"') < page.index(f"#{older}<")
     assert page.count('class="overdue"') == 1 and 'id="overdue-count">1<' in page
 
 

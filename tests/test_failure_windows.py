@@ -6,6 +6,7 @@ workers on Redis, the relay is the real relay. Where the design has beat run a
 sweep, the test runs that same service function from a sweeper thread, so the
 timing is the test's and not the scheduler's.
 """
+
 import signal
 import time
 
@@ -41,7 +42,11 @@ def zendesk(live_mailbox, desk, monkeypatch):
     monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@acme.test/token:{desk.token}")
     Destination.objects.filter(tenant=live_mailbox.tenant).update(is_default=False)
     return Destination.objects.create(
-        tenant=live_mailbox.tenant, slug="desk", kind="zendesk", base_url=desk.url, is_default=True,
+        tenant=live_mailbox.tenant,
+        slug="desk",
+        kind="zendesk",
+        base_url=desk.url,
+        is_default=True,
         credentials_ref="env:FAKEDESK_CREDENTIALS",
         settings={"read_timeout": 1.0, "retry_base_seconds": 0.05, "retry_cap_seconds": 0.5},
     )
@@ -54,8 +59,12 @@ def mapped_ticket_ids():
 
 
 def wait_settled(ids, live_processes, timeout=40):
-    wait_for(lambda: all(settled(i) for i in ids), timeout=timeout, interval=0.2,
-             describe=lambda: f"{[state_of(i) for i in ids]}\n{live_processes.logs(15)}")
+    wait_for(
+        lambda: all(settled(i) for i in ids),
+        timeout=timeout,
+        interval=0.2,
+        describe=lambda: f"{[state_of(i) for i in ids]}\n{live_processes.logs(15)}",
+    )
 
 
 def send(event_ids, broker):
@@ -72,8 +81,10 @@ def send(event_ids, broker):
 
 # --- the windows ---------------------------------------------------------------------
 
-def test_same_action_requested_twice_makes_one_ticket(zendesk, live_mailbox, live_broker, live_processes, desk,
-                                                      monkeypatch):
+
+def test_same_action_requested_twice_makes_one_ticket(
+    zendesk, live_mailbox, live_broker, live_processes, desk, monkeypatch
+):
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
     live_processes.worker(worker_env(live_broker))
     event_id = new_event(live_mailbox)
@@ -107,9 +118,19 @@ def test_two_workers_racing_for_one_key_make_one_call(zendesk, live_mailbox, des
         racers = []
         for n in range(2):
             ready = tmp_path / f"ready-{round_}-{n}"
-            racers.append((ready, subprocess.Popen(
-                [PYTHON, "-c", RACE_SCRIPT, str(ready), str(go), str(event_id)], cwd=REPO_ROOT,
-                env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+            racers.append(
+                (
+                    ready,
+                    subprocess.Popen(
+                        [PYTHON, "-c", RACE_SCRIPT, str(ready), str(go), str(event_id)],
+                        cwd=REPO_ROOT,
+                        env=subprocess_env(),
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    ),
+                )
+            )
         wait_for(lambda: all(ready.exists() for ready, _ in racers), timeout=30)  # noqa: B023 (called at once)
         go.write_text("go")  # the barrier: both are set up and waiting for this file
         outcomes = sorted(p.communicate(timeout=30)[0].strip() for _, p in racers)
@@ -120,8 +141,9 @@ def test_two_workers_racing_for_one_key_make_one_call(zendesk, live_mailbox, des
 
 
 @pytest.mark.parametrize("fault,reason", [("reject_422", "invalid_fields"), ("unauthorized_401", "credentials")])
-def test_rejection_before_the_write_fails_without_retry(zendesk, live_mailbox, live_broker, live_processes, desk,
-                                                         monkeypatch, fault, reason):
+def test_rejection_before_the_write_fails_without_retry(
+    zendesk, live_mailbox, live_broker, live_processes, desk, monkeypatch, fault, reason
+):
     from intake.models import InboxEvent
 
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
@@ -154,8 +176,9 @@ def test_rate_limit_retry_after_is_honoured(zendesk, live_mailbox, live_broker, 
 
 
 @pytest.mark.parametrize("idempotency", [True, False])
-def test_success_with_a_lost_response(zendesk, live_mailbox, live_broker, live_processes, desk, monkeypatch,
-                                      idempotency):
+def test_success_with_a_lost_response(
+    zendesk, live_mailbox, live_broker, live_processes, desk, monkeypatch, idempotency
+):
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
     if not idempotency:
         zendesk.settings["idempotency_supported"] = False
@@ -179,17 +202,18 @@ def test_success_with_a_lost_response(zendesk, live_mailbox, live_broker, live_p
 
 
 @pytest.mark.parametrize("idempotency", [True, False])
-def test_worker_killed_between_destination_success_and_our_commit(zendesk, live_mailbox, live_broker,
-                                                                  live_processes, desk, monkeypatch, tmp_path,
-                                                                  idempotency):
+def test_worker_killed_between_destination_success_and_our_commit(
+    zendesk, live_mailbox, live_broker, live_processes, desk, monkeypatch, tmp_path, idempotency
+):
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)
     if not idempotency:
         zendesk.settings["idempotency_supported"] = False
         zendesk.save()
         desk.set_idempotency(enabled=False)
     pause = tmp_path / "pause"
-    doomed = live_processes.worker(worker_env(live_broker, MAILROOM_PAUSE_AT=f"after_destination_success:{pause}"),
-                                   concurrency=1)
+    doomed = live_processes.worker(
+        worker_env(live_broker, MAILROOM_PAUSE_AT=f"after_destination_success:{pause}"), concurrency=1
+    )
     event_id = new_event(live_mailbox)
     send([event_id], live_broker)
     wait_for(lambda: pause.with_name("pause.reached").exists(), timeout=30, describe=lambda: doomed.tail())
@@ -201,15 +225,19 @@ def test_worker_killed_between_destination_success_and_our_commit(zendesk, live_
     live_processes.worker(worker_env(live_broker))
     live_processes.relay(worker_env(live_broker))
     with sweeper():  # the claim expires -> unknown -> resolved (same key, or lookup) -> completed
-        wait_for(lambda: state_of(event_id)[0] == "completed", timeout=40,
-                 describe=lambda: f"{state_of(event_id)}\n{live_processes.logs(15)}")
+        wait_for(
+            lambda: state_of(event_id)[0] == "completed",
+            timeout=40,
+            describe=lambda: f"{state_of(event_id)}\n{live_processes.logs(15)}",
+        )
     [ticket] = desk.tickets()
     assert mapped_ticket_ids() == [ticket["id"]]
     assert len(create_requests(desk)) == (2 if idempotency else 1)
 
 
-def test_ambiguous_outcome_without_idempotency_or_lookup_is_held(zendesk, live_mailbox, live_broker, live_processes,
-                                                                 desk, monkeypatch):
+def test_ambiguous_outcome_without_idempotency_or_lookup_is_held(
+    zendesk, live_mailbox, live_broker, live_processes, desk, monkeypatch
+):
     from reconciliation.selectors import recovery_queue
 
     monkeypatch.setenv("CELERY_BROKER_URL", live_broker.url)

@@ -3,6 +3,7 @@
 The desks come from the `desk` / `desk_factory` fixtures of `fakedesk.pytest_plugin`
 and are steered through their control API with the plugin's client.
 """
+
 import ast
 import email.utils
 import os
@@ -26,21 +27,33 @@ pytestmark = pytest.mark.fakedesk(token=TOKEN)
 
 
 def ticket_body(external_id="ext-1", subject="Printer on fire", body="It is on fire.", **extra):
-    return {"ticket": {"subject": subject, "comment": {"body": body}, "external_id": external_id,
-                       "requester": {"email": "jane@example.com", "name": "Jane"}, **extra}}
+    return {
+        "ticket": {
+            "subject": subject,
+            "comment": {"body": body},
+            "external_id": external_id,
+            "requester": {"email": "jane@example.com", "name": "Jane"},
+            **extra,
+        }
+    }
 
 
 def create(desk, key=None, timeout=5, **kwargs):
     headers = {"Idempotency-Key": key} if key else {}
-    return requests.post(f"{desk.url}/api/v2/tickets.json", json=ticket_body(**kwargs), headers=headers,
-                         auth=AUTH, timeout=timeout)
+    return requests.post(
+        f"{desk.url}/api/v2/tickets.json", json=ticket_body(**kwargs), headers=headers, auth=AUTH, timeout=timeout
+    )
 
 
 def comment(desk, ticket_id, text, key=None, timeout=5):
     headers = {"Idempotency-Key": key} if key else {}
-    return requests.put(f"{desk.url}/api/v2/tickets/{ticket_id}.json",
-                        json={"ticket": {"comment": {"body": text, "public": True}}},
-                        headers=headers, auth=AUTH, timeout=timeout)
+    return requests.put(
+        f"{desk.url}/api/v2/tickets/{ticket_id}.json",
+        json={"ticket": {"comment": {"body": text, "public": True}}},
+        headers=headers,
+        auth=AUTH,
+        timeout=timeout,
+    )
 
 
 def tickets(desk):
@@ -52,6 +65,7 @@ def plan(desk, *faults, random_spec=None):
 
 
 # --- Creating tickets and idempotency keys ------------------------------------
+
 
 def test_create_answers_201_with_the_ticket_and_ids_count_from_one(desk):
     first = create(desk, key="k-1", external_id="ext-1", tags=["email"])
@@ -134,8 +148,13 @@ def test_two_clients_racing_with_one_key_make_one_ticket(desk):
 
 
 def test_an_invalid_ticket_is_refused_with_record_invalid_and_its_key_stays_free(desk):
-    bad = requests.post(f"{desk.url}/api/v2/tickets.json", auth=AUTH, headers={"Idempotency-Key": "k-1"},
-                        json={"ticket": {"subject": "no body", "comment": {"body": " "}}}, timeout=5)
+    bad = requests.post(
+        f"{desk.url}/api/v2/tickets.json",
+        auth=AUTH,
+        headers={"Idempotency-Key": "k-1"},
+        json={"ticket": {"subject": "no body", "comment": {"body": " "}}},
+        timeout=5,
+    )
     assert bad.status_code == 422
     assert bad.json()["error"] == "RecordInvalid"
     assert "description" in bad.json()["details"]
@@ -145,6 +164,7 @@ def test_an_invalid_ticket_is_refused_with_record_invalid_and_its_key_stays_free
 
 
 # --- Reading tickets ----------------------------------------------------------------
+
 
 def test_list_by_external_id_show_and_not_found(desk):
     create(desk, external_id="dup")
@@ -180,6 +200,7 @@ def test_comments_are_added_listed_and_idempotent(desk):
 
 # --- Authentication -------------------------------------------------------------------
 
+
 def test_a_token_server_requires_basic_auth_with_that_token(desk):
     url = f"{desk.url}/api/v2/tickets.json"
     no_auth = requests.post(url, json=ticket_body(), timeout=5)
@@ -201,6 +222,7 @@ def test_without_a_token_any_auth_is_accepted(desk_factory):
 
 
 # --- Faults ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "fault, status, error",
@@ -368,6 +390,7 @@ def test_reset_forgets_everything_and_ids_start_again(desk):
 
 # --- Persistence and the command line -------------------------------------------------
 
+
 def test_tickets_and_keys_survive_a_restart_on_the_same_file(tmp_path, desk_factory):
     db = str(tmp_path / "desk.sqlite3")
     first = desk_factory(db_path=db)
@@ -381,8 +404,14 @@ def test_tickets_and_keys_survive_a_restart_on_the_same_file(tmp_path, desk_fact
 
 
 def start_process(command):
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     line = process.stdout.readline()
     if not line.startswith("FakeDesk listening on "):
         process.kill()
@@ -429,12 +458,15 @@ def test_the_server_runs_as_a_process_until_sigterm_and_keeps_its_file(tmp_path,
 
 # --- The package, the plugin's desk and its request hook ------------------------------
 
+
 def test_the_fakedesk_package_needs_only_the_standard_library():
     # -S: no site hooks (the editable install's finder); the repository is the working directory.
-    code = ("import sys; before = set(sys.modules); "
-            "import fakedesk, fakedesk.client, fakedesk.cli, fakedesk.__main__; "
-            "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} "
-            "- set(sys.stdlib_module_names) - {'fakedesk'}))")
+    code = (
+        "import sys; before = set(sys.modules); "
+        "import fakedesk, fakedesk.client, fakedesk.cli, fakedesk.__main__; "
+        "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} "
+        "- set(sys.stdlib_module_names) - {'fakedesk'}))"
+    )
     done = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
@@ -447,8 +479,13 @@ def test_only_the_management_commands_import_fakedesk_from_the_product():
     for app in ("config", "intake", "ticketing", "reconciliation"):
         for path in sorted((REPO / app).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                names = (
+                    [alias.name for alias in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )
                 if any(name == "fakedesk" or name.startswith("fakedesk.") for name in names):
                     importers.append(str(path.relative_to(REPO)))
     allowed = {"ticketing/management/commands/fakedesk.py", "reconciliation/management/commands/drill.py"}
@@ -458,16 +495,18 @@ def test_only_the_management_commands_import_fakedesk_from_the_product():
 
 def test_a_request_hook_sees_every_api_request_and_may_answer_instead(desk):
     seen = []
-    remove = desk.on_request(lambda request: seen.append(
-        (request.method, request.path, request.headers.get("Idempotency-Key"))))
+    remove = desk.on_request(
+        lambda request: seen.append((request.method, request.path, request.headers.get("Idempotency-Key")))
+    )
     create(desk, key="k-1")
     requests.get(f"{desk.url}/api/v2/tickets/1.json", auth=AUTH, timeout=5)
     desk.tickets()  # the control API is not an API request
     assert seen == [("POST", "/api/v2/tickets.json", "k-1"), ("GET", "/api/v2/tickets/1.json", None)]
     remove()
 
-    desk.on_request(lambda request: (503, {"error": "Hooked"}, {"Retry-After": "9"})
-                    if request.method == "POST" else None)
+    desk.on_request(
+        lambda request: (503, {"error": "Hooked"}, {"Retry-After": "9"}) if request.method == "POST" else None
+    )
     desk.set_plan(["error_500"])
     answer = create(desk, key="k-2")
     assert (answer.status_code, answer.json(), answer.headers["Retry-After"]) == (503, {"error": "Hooked"}, "9")
@@ -493,6 +532,7 @@ def test_the_desk_fixture_can_run_fakedesk_in_its_own_process(desk):
 
 # --- Dialects: the other APIs over the same store, plan and controls ---------------------
 
+
 def test_an_unknown_dialect_is_refused_before_a_port_is_bound():
     from fakedesk import FakeDesk
 
@@ -513,14 +553,21 @@ def test_every_dialect_answers_on_its_own_routes_and_404s_the_zendesk_ones(desk_
 @pytest.mark.fakedesk(dialect="jira_sm", token=None)
 def test_the_search_lag_is_set_through_the_control_api_and_hides_new_records(desk):
     assert desk.set_search_lag(0.6) == {"search_lag_seconds": 0.6}
-    created = requests.post(f"{desk.url}/rest/servicedeskapi/request", timeout=5, json={
-        "serviceDeskId": "1", "requestTypeId": "10", "requestFieldValues": {
-            "summary": "VPN down", "description": "Since 9:00", "labels": ["mailroom-lag-1"]}})
+    created = requests.post(
+        f"{desk.url}/rest/servicedeskapi/request",
+        timeout=5,
+        json={
+            "serviceDeskId": "1",
+            "requestTypeId": "10",
+            "requestFieldValues": {"summary": "VPN down", "description": "Since 9:00", "labels": ["mailroom-lag-1"]},
+        },
+    )
     assert created.status_code == 201
 
     def found():
-        answer = requests.get(f"{desk.url}/rest/api/3/search/jql", params={"jql": 'labels = "mailroom-lag-1"'},
-                              timeout=5)
+        answer = requests.get(
+            f"{desk.url}/rest/api/3/search/jql", params={"jql": 'labels = "mailroom-lag-1"'}, timeout=5
+        )
         return [issue["key"] for issue in answer.json()["issues"]]
 
     assert found() == []  # written, not yet indexed
@@ -542,8 +589,9 @@ def test_the_clock_moves_forward_only_and_reset_sets_it_back(desk):
 
 
 def test_the_command_line_takes_a_dialect_and_a_search_lag():
-    process, url = start_process([sys.executable, "-m", "fakedesk", "--port", "0", "--dialect", "servicenow",
-                                  "--search-lag", "2.5"])
+    process, url = start_process(
+        [sys.executable, "-m", "fakedesk", "--port", "0", "--dialect", "servicenow", "--search-lag", "2.5"]
+    )
     try:
         server = DeskClient(url)
         assert server.control("search_lag") == {"search_lag_seconds": 2.5}

@@ -1,6 +1,7 @@
 """The front door: `/` is a landing page leading to the console, /api/v1/ is the API's index, /favicon.ico exists,
 the console's "Start page" link leads back to `/`. A newcomer's first three URLs answer something useful, and none
 of them shows a row."""
+
 import json
 
 import pytest
@@ -50,8 +51,7 @@ def test_favicon_is_served_and_linked_from_every_console_page(db):
     assert f'<link rel="icon" href="{ICON}"'.encode() in client.get("/admin/").content
 
 
-def test_the_console_links_its_start_page_and_the_api_docs_which_a_console_session_may_read_in_production(
-        db, settings):
+def test_the_console_links_its_start_page_and_the_api_docs_which_a_console_session_may_read_in_production(db, settings):
     settings.MAILROOM_PUBLIC_API_SCHEMA = False  # production: the docs need a signed-in user
     client = Client()
     client.force_login(make_user("viewer", groups=["operator"]))
@@ -85,9 +85,11 @@ def test_every_url_the_index_lists_is_a_real_endpoint_behind_a_token(db, two_ten
 def test_the_index_is_the_same_for_everyone_and_names_no_row(db, two_tenants):
     acme, globex = two_tenants
     anonymous = Client().get("/api/v1/").content
-    for user in (make_user("acme-reader", groups=["operator"], tenants=[acme]),
-                 make_user("globex-reader", groups=["operator"], tenants=[globex]),
-                 make_user("root-reader", is_superuser=True)):
+    for user in (
+        make_user("acme-reader", groups=["operator"], tenants=[acme]),
+        make_user("globex-reader", groups=["operator"], tenants=[globex]),
+        make_user("root-reader", is_superuser=True),
+    ):
         assert Client().get("/api/v1/", HTTP_AUTHORIZATION=f"Token {token_for(user)}").content == anonymous
     text = anonymous.decode()
     for secret in ("acme-door", "globex-door", "help@"):

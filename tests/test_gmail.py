@@ -1,4 +1,5 @@
 """Gmail against FakeGoogle over real HTTP: push (OIDC or URL token) -> durable poll -> history walk -> ingest."""
+
 import json
 import logging
 
@@ -41,25 +42,35 @@ def google():
 @pytest.fixture
 def gmail(tenant, google, monkeypatch):
     """A Gmail mailbox pointed at FakeGoogle, credentials and URL token referenced from the environment."""
-    monkeypatch.setenv("GMAIL_TEST_CREDENTIALS", json.dumps(
-        {"refresh_token": google.refresh_token, "client_secret": google.client_secret}))
+    monkeypatch.setenv(
+        "GMAIL_TEST_CREDENTIALS",
+        json.dumps({"refresh_token": google.refresh_token, "client_secret": google.client_secret}),
+    )
     monkeypatch.setenv("GMAIL_TEST_URL_TOKEN", URL_TOKEN)
     return Mailbox.objects.create(
-        tenant=tenant, slug="support-gmail", address="support@acme.test", provider="gmail",
-        credentials_ref="env:GMAIL_TEST_CREDENTIALS", webhook_secret_ref="env:GMAIL_TEST_URL_TOKEN",
+        tenant=tenant,
+        slug="support-gmail",
+        address="support@acme.test",
+        provider="gmail",
+        credentials_ref="env:GMAIL_TEST_CREDENTIALS",
+        webhook_secret_ref="env:GMAIL_TEST_URL_TOKEN",
         poll_enabled=True,
         settings={
-            "api_base": google.url, "token_url": f"{google.url}/token", "client_id": google.client_id,
-            "jwks_url": f"{google.url}/oauth2/v3/certs", "push_audience": AUDIENCE, "page_size": 2,
-            "resync_days": 7, "push_topic": "projects/acme/topics/mailroom",
+            "api_base": google.url,
+            "token_url": f"{google.url}/token",
+            "client_id": google.client_id,
+            "jwks_url": f"{google.url}/oauth2/v3/certs",
+            "push_audience": AUDIENCE,
+            "page_size": 2,
+            "resync_days": 7,
+            "push_topic": "projects/acme/topics/mailroom",
         },
     )
 
 
 def push(client, mailbox, body: bytes, token: str | None = None, query: str = ""):
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
-    return client.post(f"/webhooks/gmail/{mailbox.slug}/{query}", data=body, content_type="application/json",
-                       **headers)
+    return client.post(f"/webhooks/gmail/{mailbox.slug}/{query}", data=body, content_type="application/json", **headers)
 
 
 def poll(mailbox, **kwargs) -> polling.PollReport:
@@ -213,21 +224,26 @@ def test_resync_days_zero_starts_from_now_without_backfill(gmail, google):
 
 # --- Push authentication --------------------------------------------------------------------
 
+
 def _other_key():
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-@pytest.mark.parametrize("make_token, reason", [
-    (lambda g: None, "no bearer token"),
-    (lambda g: g.mint("https://someone-else.example/push"), "wrong audience"),
-    (lambda g: g.mint(AUDIENCE, iss="https://evil.example"), "wrong issuer"),
-    (lambda g: g.mint(AUDIENCE, expires_in=-600), "token expired"),
-    (lambda g: g.mint(AUDIENCE, key=_other_key()), "bad signature"),
-    (lambda g: g.mint(AUDIENCE, key=_other_key(), kid="not-published"), "unknown signing key"),
-    (lambda g: "not.a.jwt", "malformed token"),
-])
-def test_a_push_without_a_valid_token_is_refused_and_nothing_is_stored(gmail, google, client, count_rows, caplog,
-                                                                       make_token, reason):
+@pytest.mark.parametrize(
+    "make_token, reason",
+    [
+        (lambda g: None, "no bearer token"),
+        (lambda g: g.mint("https://someone-else.example/push"), "wrong audience"),
+        (lambda g: g.mint(AUDIENCE, iss="https://evil.example"), "wrong issuer"),
+        (lambda g: g.mint(AUDIENCE, expires_in=-600), "token expired"),
+        (lambda g: g.mint(AUDIENCE, key=_other_key()), "bad signature"),
+        (lambda g: g.mint(AUDIENCE, key=_other_key(), kid="not-published"), "unknown signing key"),
+        (lambda g: "not.a.jwt", "malformed token"),
+    ],
+)
+def test_a_push_without_a_valid_token_is_refused_and_nothing_is_stored(
+    gmail, google, client, count_rows, caplog, make_token, reason
+):
     before = count_rows()
     token = make_token(google)
 
@@ -245,8 +261,12 @@ def test_a_push_without_a_valid_token_is_refused_and_nothing_is_stored(gmail, go
 def test_a_token_signed_with_hs256_is_refused(gmail, google, client):
     import jwt
 
-    forged = jwt.encode({"iss": google.issuer, "aud": AUDIENCE, "iat": 1, "exp": 4_000_000_000},
-                        "the-public-key-used-as-an-hmac-secret", algorithm="HS256", headers={"kid": google.kid})
+    forged = jwt.encode(
+        {"iss": google.issuer, "aud": AUDIENCE, "iat": 1, "exp": 4_000_000_000},
+        "the-public-key-used-as-an-hmac-secret",
+        algorithm="HS256",
+        headers={"kid": google.kid},
+    )
     assert push(client, gmail, google.push_body(), forged).status_code == 401
 
 
@@ -261,8 +281,12 @@ def test_the_service_account_email_is_checked_when_configured(gmail, google, cli
     gmail.save()
 
     assert push(client, gmail, google.push_body(), google.mint(AUDIENCE)).status_code == 401
-    assert push(client, gmail, google.push_body(),
-                google.mint(AUDIENCE, email=SERVICE_ACCOUNT, email_verified=False)).status_code == 401
+    assert (
+        push(
+            client, gmail, google.push_body(), google.mint(AUDIENCE, email=SERVICE_ACCOUNT, email_verified=False)
+        ).status_code
+        == 401
+    )
     assert push(client, gmail, google.push_body(), google.mint(AUDIENCE, email=SERVICE_ACCOUNT)).status_code == 202
     assert poll_requests(gmail) == 1
 
@@ -302,23 +326,34 @@ def test_url_token_mode_accepts_only_the_configured_token(gmail, google, client,
 
 def test_parse_push_reads_wrapped_and_unwrapped_payloads(google):
     assert parse_push(google.push_body(history_id=42)) == {"emailAddress": google.email, "historyId": 42}
-    assert parse_push(b'{"emailAddress": "a@b.test", "historyId": "7"}') == {"emailAddress": "a@b.test",
-                                                                           "historyId": "7"}
+    assert parse_push(b'{"emailAddress": "a@b.test", "historyId": "7"}') == {
+        "emailAddress": "a@b.test",
+        "historyId": "7",
+    }
     assert parse_push(b"[]") is None and parse_push(b"nope") is None
 
 
 # --- Failures ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make_fault, reason, retry_after", [
-    (lambda: {"status": 429, "headers": {"Retry-After": "7"}}, "rate_limited", 7.0),
-    (lambda: {"status": 403, "body": {"error": {"code": 403, "errors": [{"reason": "userRateLimitExceeded"}]}}},
-     "rate_limited", None),
-    (lambda: {"status": 503, "headers": {"Retry-After": http_date(120)}}, "server_error", 120.0),
-    (lambda: {"status": 500}, "server_error", None),
-    (lambda: {"drop": True}, "connection", None),
-], ids=["429", "403-rate-limit", "503-date", "500", "dropped"])
+
+@pytest.mark.parametrize(
+    "make_fault, reason, retry_after",
+    [
+        (lambda: {"status": 429, "headers": {"Retry-After": "7"}}, "rate_limited", 7.0),
+        (
+            lambda: {"status": 403, "body": {"error": {"code": 403, "errors": [{"reason": "userRateLimitExceeded"}]}}},
+            "rate_limited",
+            None,
+        ),
+        (lambda: {"status": 503, "headers": {"Retry-After": http_date(120)}}, "server_error", 120.0),
+        (lambda: {"status": 500}, "server_error", None),
+        (lambda: {"drop": True}, "connection", None),
+    ],
+    ids=["429", "403-rate-limit", "503-date", "500", "dropped"],
+)
 def test_throttling_server_errors_and_dropped_connections_back_off_with_the_cursor_untouched(
-        gmail, google, make_fault, reason, retry_after):
+    gmail, google, make_fault, reason, retry_after
+):
     fault = make_fault()
     poll(gmail)
     stored = cursor(gmail)
@@ -364,8 +399,9 @@ def test_a_failure_while_fetching_a_message_fails_the_whole_batch_and_leaves_the
 
 
 def test_a_refused_refresh_token_marks_the_credentials_invalid(gmail, google, monkeypatch):
-    monkeypatch.setenv("GMAIL_TEST_CREDENTIALS", json.dumps(
-        {"refresh_token": "revoked", "client_secret": google.client_secret}))
+    monkeypatch.setenv(
+        "GMAIL_TEST_CREDENTIALS", json.dumps({"refresh_token": "revoked", "client_secret": google.client_secret})
+    )
 
     with pytest.raises(PermanentError) as caught:
         provider_for(gmail).poll({})
@@ -422,8 +458,7 @@ def test_access_tokens_are_cached_in_memory_and_refreshed_when_expired(gmail, go
     assert google.token_requests == 2
     # Refreshed before the call, not after a refusal: every API call carried the new token.
     api_calls = [r for r in google.requests[mark:] if r["path"].startswith("/gmail/")]
-    assert api_calls and all(r["headers"]["Authorization"].split(" ")[-1] in google.access_tokens
-                             for r in api_calls)
+    assert api_calls and all(r["headers"]["Authorization"].split(" ")[-1] in google.access_tokens for r in api_calls)
 
 
 def test_a_token_revoked_early_is_refreshed_once_and_the_call_retried(gmail, google):
@@ -450,6 +485,7 @@ def test_nothing_logged_holds_a_token_a_body_or_a_full_address(gmail, google, cl
 
 # --- Watch ---------------------------------------------------------------------------------------
 
+
 def test_the_watch_is_created_then_renewed_daily(gmail, google):
     from datetime import timedelta
 
@@ -457,8 +493,9 @@ def test_the_watch_is_created_then_renewed_daily(gmail, google):
 
     outcome, row = ensure_gmail_watch(gmail)
     assert outcome == "created"
-    assert google.watches == [{"topicName": "projects/acme/topics/mailroom", "labelIds": ["INBOX"],
-                               "labelFilterBehavior": "INCLUDE"}]
+    assert google.watches == [
+        {"topicName": "projects/acme/topics/mailroom", "labelIds": ["INBOX"], "labelFilterBehavior": "INCLUDE"}
+    ]
     assert timedelta(days=6.9) < row.expires_at - timezone.now() < timedelta(days=7.1)
 
     assert ensure_gmail_watch(gmail)[0] == "current"

@@ -1,4 +1,5 @@
 """Microsoft Graph against FakeGraph over real HTTP: validation, clientState, delta polling, subscriptions."""
+
 import json
 import logging
 from datetime import timedelta
@@ -22,8 +23,10 @@ CLIENT_STATE = "graph-client-state-7f3a9c"
 
 
 def make_raw(n: int) -> bytes:
-    return (f"From: Customer {n} <customer{n}@example.com>\r\nTo: support@acme.test\r\n"
-            f"Subject: Graph request {n}\r\nMessage-ID: <graph-{n}@example.com>\r\n\r\nHelp with {n}.\r\n").encode()
+    return (
+        f"From: Customer {n} <customer{n}@example.com>\r\nTo: support@acme.test\r\n"
+        f"Subject: Graph request {n}\r\nMessage-ID: <graph-{n}@example.com>\r\n\r\nHelp with {n}.\r\n"
+    ).encode()
 
 
 @pytest.fixture(autouse=True)
@@ -46,12 +49,21 @@ def outlook(tenant, graph, monkeypatch):
     monkeypatch.setenv("GRAPH_TEST_CREDENTIALS", json.dumps({"client_secret": graph.client_secret}))
     monkeypatch.setenv("GRAPH_TEST_CLIENT_STATE", CLIENT_STATE)
     return Mailbox.objects.create(
-        tenant=tenant, slug="support-graph", address="support@acme.test", provider="graph",
-        credentials_ref="env:GRAPH_TEST_CREDENTIALS", webhook_secret_ref="env:GRAPH_TEST_CLIENT_STATE",
+        tenant=tenant,
+        slug="support-graph",
+        address="support@acme.test",
+        provider="graph",
+        credentials_ref="env:GRAPH_TEST_CREDENTIALS",
+        webhook_secret_ref="env:GRAPH_TEST_CLIENT_STATE",
         poll_enabled=True,
         settings={
-            "api_base": graph.api_base, "token_url": graph.token_url, "client_id": graph.client_id,
-            "tenant_id": graph.tenant, "user": graph.user, "folder": "inbox", "page_size": 2,
+            "api_base": graph.api_base,
+            "token_url": graph.token_url,
+            "client_id": graph.client_id,
+            "tenant_id": graph.tenant,
+            "user": graph.user,
+            "folder": "inbox",
+            "page_size": 2,
             "notification_url": "https://mailroom.example/webhooks/graph/support-graph/",
         },
     )
@@ -79,12 +91,14 @@ def poll_requests(mailbox) -> int:
 
 # --- Webhook: validation and clientState -------------------------------------------------------
 
+
 def test_the_validation_handshake_echoes_the_token_as_text_plain(outlook, client, count_rows):
     token = "Validation: Testing client application reachability for subscription Request-Id: 3c5a&x=<b>"
     before = count_rows()
 
-    response = client.post(f"/webhooks/graph/{outlook.slug}/?" + "validationToken=" + _quote(token),
-                           data=b"", content_type="text/plain")
+    response = client.post(
+        f"/webhooks/graph/{outlook.slug}/?" + "validationToken=" + _quote(token), data=b"", content_type="text/plain"
+    )
 
     assert response.status_code == 200
     assert response["Content-Type"] == "text/plain; charset=utf-8"  # the echoed token is never sniffed as HTML
@@ -94,7 +108,8 @@ def test_the_validation_handshake_echoes_the_token_as_text_plain(outlook, client
 
 
 def test_a_notification_with_the_right_client_state_leads_to_new_messages_ingested_once(
-        outlook, graph, client, count_rows):
+    outlook, graph, client, count_rows
+):
     first = graph.add_message(make_raw(1))
     assert poll(outlook).new == 1
     new = [graph.add_message(make_raw(n)) for n in (2, 3, 4)]
@@ -121,18 +136,29 @@ def test_a_notification_with_the_right_client_state_leads_to_new_messages_ingest
     assert all(graph.value_fetches(message_id) == 1 for message_id in [first, *new])
 
 
-@pytest.mark.parametrize("body", [
-    lambda g: g.notification("wrong-client-state"),
-    lambda g: g.notification(None),
-    lambda g: g.notification(CLIENT_STATE[:-1]),
-    lambda g: json.dumps({"value": [json.loads(g.notification(CLIENT_STATE))["value"][0],
-                                    json.loads(g.notification("forged"))["value"][0]]}).encode(),
-    lambda g: b"not json",
-    lambda g: b'{"value": []}',
-    lambda g: b'{"value": ["a string"]}',
-], ids=["wrong", "missing", "prefix", "one-of-two-wrong", "not-json", "empty", "not-objects"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        lambda g: g.notification("wrong-client-state"),
+        lambda g: g.notification(None),
+        lambda g: g.notification(CLIENT_STATE[:-1]),
+        lambda g: json.dumps(
+            {
+                "value": [
+                    json.loads(g.notification(CLIENT_STATE))["value"][0],
+                    json.loads(g.notification("forged"))["value"][0],
+                ]
+            }
+        ).encode(),
+        lambda g: b"not json",
+        lambda g: b'{"value": []}',
+        lambda g: b'{"value": ["a string"]}',
+    ],
+    ids=["wrong", "missing", "prefix", "one-of-two-wrong", "not-json", "empty", "not-objects"],
+)
 def test_a_notification_that_fails_the_client_state_check_is_refused_and_nothing_is_stored(
-        outlook, graph, client, count_rows, body):
+    outlook, graph, client, count_rows, body
+):
     graph.add_message(make_raw(1))
     before = count_rows()
 
@@ -168,6 +194,7 @@ def test_a_lifecycle_notification_marks_the_subscription_due_for_renewal(outlook
 
 
 # --- Delta polling ----------------------------------------------------------------------------------
+
 
 def test_the_first_poll_runs_a_delta_round_in_pages_with_immutable_ids(outlook, graph):
     inbox = [graph.add_message(make_raw(n), age_days=1) for n in range(5)]
@@ -213,8 +240,9 @@ def test_a_message_moved_away_and_back_keeps_its_immutable_id_and_is_not_fetched
     assert graph.value_fetches(message_id) == 1
 
 
-@pytest.mark.parametrize("status, code", [(410, "syncStateNotFound"), (400, "resyncRequired"),
-                                          (400, "SyncStateInvalid")])
+@pytest.mark.parametrize(
+    "status, code", [(410, "syncStateNotFound"), (400, "resyncRequired"), (400, "SyncStateInvalid")]
+)
 def test_a_stale_delta_link_resyncs_without_duplicates(outlook, graph, status, code):
     first = [graph.add_message(make_raw(n)) for n in range(3)]
     poll(outlook)
@@ -282,14 +310,20 @@ def test_links_to_another_origin_are_refused_before_the_token_is_sent(outlook, g
 
 # --- Failures -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make_fault, reason, retry_after", [
-    (lambda: {"status": 429, "headers": {"Retry-After": "11"}}, "rate_limited", 11.0),
-    (lambda: {"status": 503, "headers": {"Retry-After": http_date(90)}}, "server_error", 90.0),
-    (lambda: {"status": 504}, "server_error", None),
-    (lambda: {"drop": True}, "connection", None),
-], ids=["429", "503-date", "504", "dropped"])
+
+@pytest.mark.parametrize(
+    "make_fault, reason, retry_after",
+    [
+        (lambda: {"status": 429, "headers": {"Retry-After": "11"}}, "rate_limited", 11.0),
+        (lambda: {"status": 503, "headers": {"Retry-After": http_date(90)}}, "server_error", 90.0),
+        (lambda: {"status": 504}, "server_error", None),
+        (lambda: {"drop": True}, "connection", None),
+    ],
+    ids=["429", "503-date", "504", "dropped"],
+)
 def test_throttling_server_errors_and_dropped_connections_back_off_with_the_cursor_untouched(
-        outlook, graph, make_fault, reason, retry_after):
+    outlook, graph, make_fault, reason, retry_after
+):
     graph.add_message(make_raw(1))
     poll(outlook)
     stored = cursor(outlook)
@@ -351,8 +385,10 @@ def test_an_expired_token_is_refreshed_once_and_the_call_retried(outlook, graph)
 
 def test_a_delegated_refresh_token_works_too(outlook, graph, monkeypatch):
     graph.refresh_token = "delegated-refresh"
-    monkeypatch.setenv("GRAPH_TEST_CREDENTIALS", json.dumps(
-        {"refresh_token": "delegated-refresh", "client_secret": graph.client_secret}))
+    monkeypatch.setenv(
+        "GRAPH_TEST_CREDENTIALS",
+        json.dumps({"refresh_token": "delegated-refresh", "client_secret": graph.client_secret}),
+    )
     graph.add_message(make_raw(1))
 
     assert poll(outlook).new == 1
@@ -374,6 +410,7 @@ def test_nothing_logged_holds_a_token_a_body_or_a_full_address(outlook, graph, c
 
 
 # --- Subscriptions ---------------------------------------------------------------------------------
+
 
 def test_a_subscription_is_created_renewed_before_expiry_and_recreated_when_gone(outlook, graph):
     outcome, row = ensure_graph_subscription(outlook)
@@ -403,8 +440,9 @@ def test_a_subscription_is_created_renewed_before_expiry_and_recreated_when_gone
 
 
 def test_renewal_skips_polling_only_mailboxes_and_records_refused_credentials(outlook, graph, monkeypatch, tenant):
-    Mailbox.objects.create(tenant=tenant, slug="poll-only", address="p@acme.test", provider="graph",
-                           settings={"api_base": graph.api_base})
+    Mailbox.objects.create(
+        tenant=tenant, slug="poll-only", address="p@acme.test", provider="graph", settings={"api_base": graph.api_base}
+    )
     monkeypatch.setenv("GRAPH_TEST_CREDENTIALS", json.dumps({"client_secret": "wrong"}))
 
     assert renew_due_subscriptions()["failed"] == 1

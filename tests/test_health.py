@@ -1,4 +1,5 @@
 """/healthz answers while the process is up; /readyz only when the database and the broker answer."""
+
 import os
 import socket
 import subprocess
@@ -30,9 +31,22 @@ def serve():
         env = {**os.environ, **env_overrides}
         env.pop("DJANGO_SETTINGS_MODULE", None)
         process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("gunicorn")), "config.wsgi", "--bind", f"127.0.0.1:{port}",
-             "--workers", "1", "--no-control-socket", "--timeout", "30"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                str(Path(sys.executable).with_name("gunicorn")),
+                "config.wsgi",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                "1",
+                "--no-control-socket",
+                "--timeout",
+                "30",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         started.append(process)
         base = f"http://127.0.0.1:{port}"
@@ -75,8 +89,9 @@ def test_readyz_is_503_when_the_broker_is_unreachable(db, serve):
 
 def test_readyz_is_503_when_the_database_is_unreachable(serve):
     closed = free_port()
-    base = serve(DATABASE_URL=f"postgres://postgres@127.0.0.1:{closed}/mailroom",
-                 CELERY_BROKER_URL=settings.CELERY_BROKER_URL)
+    base = serve(
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:{closed}/mailroom", CELERY_BROKER_URL=settings.CELERY_BROKER_URL
+    )
     assert requests.get(base + "/healthz", timeout=5).status_code == 200
     response = requests.get(base + "/readyz", timeout=30)
     assert response.status_code == 503

@@ -5,6 +5,7 @@ each committed batch, overlap, date-bounded resync after a UIDVALIDITY change,
 a poll SIGKILLed mid-batch, the same message by the raw webhook and by IMAP,
 a server that is down, refused credentials, and `manage.py poll_mailbox`.
 """
+
 import io
 import subprocess
 from datetime import datetime, timedelta
@@ -41,8 +42,10 @@ def stored_ids(mailbox) -> list[str]:
 def test_poll_takes_every_message_once_in_bounded_batches_and_leaves_them_unseen(imap_box):
     imap_box.mailbox.settings["batch_size"] = 12
     imap_box.mailbox.save()
-    first, second = [make_message(subject=f"Request {n}") for n in range(30)], \
-        [make_message(subject=f"Later request {n}") for n in range(10)]
+    first, second = (
+        [make_message(subject=f"Request {n}") for n in range(30)],
+        [make_message(subject=f"Later request {n}") for n in range(10)],
+    )
     imap_box.append(first)
 
     report = imap_box.poll()
@@ -114,20 +117,22 @@ def test_each_poll_rereads_an_overlap_of_the_last_uids(imap_box):
     # A cursor that does not know which of the last UIDs it holds (as after a message that showed up
     # late under an old UID): the overlap is fetched again, and dedupe makes it free.
     PollCursor.objects.filter(mailbox=imap_box.mailbox).update(
-        value={"uidvalidity": cursor["uidvalidity"], "last_uid": 12})
+        value={"uidvalidity": cursor["uidvalidity"], "last_uid": 12}
+    )
     report = imap_box.poll()
     assert (report.new, report.duplicates) == (0, 5)
     assert sorted(m.provider_message_id for m in report.messages) == sorted(
-        InboxEvent.objects.filter(mailbox=imap_box.mailbox).order_by("-id").values_list(
-            "provider_message_id", flat=True)[:5])
+        InboxEvent.objects.filter(mailbox=imap_box.mailbox)
+        .order_by("-id")
+        .values_list("provider_message_id", flat=True)[:5]
+    )
     assert imap_box.cursor()["seen"] == [8, 9, 10, 11, 12]
     assert imap_box.poll().messages == []  # known overlap UIDs are not fetched again
     assert InboxEvent.objects.filter(mailbox=imap_box.mailbox).count() == 12
 
 
 @pytest.mark.django_db(transaction=True)
-def test_poll_sigkilled_mid_batch_then_run_again_loses_nothing_and_doubles_nothing(
-        dovecot, monkeypatch, tmp_path):  # noqa: F811
+def test_poll_sigkilled_mid_batch_then_run_again_loses_nothing_and_doubles_nothing(dovecot, monkeypatch, tmp_path):  # noqa: F811
     from intake.models import Tenant
 
     tenant = Tenant.objects.create(slug="killed", name="Killed")
@@ -138,9 +143,15 @@ def test_poll_sigkilled_mid_batch_then_run_again_loses_nothing_and_doubles_nothi
     pause = tmp_path / "pause"
     env = subprocess_env(MAILROOM_PAUSE_AT=f"poll.ingested.7:{pause}", **{box.password_var: box.password})
     log = open(tmp_path / "poll.log", "wb")
-    poller = subprocess.Popen([PYTHON, MANAGE, "poll_mailbox", "imap-killed", "--batch-size", "5"], cwd=REPO_ROOT,
-                              env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    poller = subprocess.Popen(
+        [PYTHON, MANAGE, "poll_mailbox", "imap-killed", "--batch-size", "5"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: Path(f"{pause}.reached").exists() or poller.poll() is not None, timeout=30)
         assert poller.poll() is None, (tmp_path / "poll.log").read_text()
@@ -184,8 +195,7 @@ def test_the_raw_webhook_refuses_an_imap_mailbox_and_the_poll_stores_the_message
     assert InboxEvent.objects.filter(mailbox=imap_box.mailbox).count() == 1
 
 
-def test_server_down_backs_off_with_the_cursor_untouched_then_messages_arrive(
-        private_dovecot, tenant, monkeypatch):  # noqa: F811
+def test_server_down_backs_off_with_the_cursor_untouched_then_messages_arrive(private_dovecot, tenant, monkeypatch):  # noqa: F811
     box = make_imap_box(private_dovecot, tenant, monkeypatch)
     messages = [make_message(subject=f"Request {n}") for n in range(5)]
     box.append(messages[:2])
@@ -262,4 +272,3 @@ def test_poll_mailbox_command_prints_what_it_ingested(imap_box):
     assert out.getvalue().strip() == f"mailbox {imap_box.mailbox.slug}: ok, 0 new, 0 duplicate, 1 batch(es)"
     with pytest.raises(CommandError, match="no mailbox"):
         call_command("poll_mailbox", "no-such-mailbox")
-

@@ -1,6 +1,7 @@
 """IMAP with OAuth 2.0 against a real Dovecot whose `passdb { driver = oauth2 }` introspects every bearer token at
 a real token server on 127.0.0.1 (tests/fake_oauth_server.py) that issues short-lived access tokens, rotates the
 refresh token on every refresh (the old one is then void) and can revoke: the acceptance of issue 25, part 1/2."""
+
 import json
 import os
 import ssl
@@ -96,15 +97,34 @@ class OAuthBox:
 def make_oauth_box(server, oauth_server, tenant, secrets_dir, slug="imap-oauth", **settings) -> OAuthBox:
     username, password = server.add_user()
     credentials = secrets_dir / tenant.slug / f"{slug}.json"
-    credentials.write_text(json.dumps({"client_id": oauth_server.client_id,
-                                       "client_secret": oauth_server.client_secret,
-                                       "refresh_token": oauth_server.grant(username)}))
+    credentials.write_text(
+        json.dumps(
+            {
+                "client_id": oauth_server.client_id,
+                "client_secret": oauth_server.client_secret,
+                "refresh_token": oauth_server.grant(username),
+            }
+        )
+    )
     credentials.chmod(0o600)
     mailbox = Mailbox.objects.create(
-        tenant=tenant, slug=slug, address=username, provider="imap", poll_enabled=True,
+        tenant=tenant,
+        slug=slug,
+        address=username,
+        provider="imap",
+        poll_enabled=True,
         credentials_ref=f"file:{credentials}",
-        settings={"host": "127.0.0.1", "port": server.port, "ssl": False, "username": username, "folder": FOLDER,
-                  "auth": "xoauth2", "token_url": oauth_server.token_url, **settings})
+        settings={
+            "host": "127.0.0.1",
+            "port": server.port,
+            "ssl": False,
+            "username": username,
+            "folder": FOLDER,
+            "auth": "xoauth2",
+            "token_url": oauth_server.token_url,
+            **settings,
+        },
+    )
     return OAuthBox(server, oauth_server, mailbox, username, password, credentials)
 
 
@@ -114,8 +134,11 @@ def box(oauth_dovecot, oauth_server, tenant, secrets_dir):
 
 
 def logins(server, username: str, method: str) -> int:
-    return sum(1 for line in server.log().splitlines()
-               if "Login:" in line and f"user=<{username}>" in line and f"method={method}" in line)
+    return sum(
+        1
+        for line in server.log().splitlines()
+        if "Login:" in line and f"user=<{username}>" in line and f"method={method}" in line
+    )
 
 
 def test_a_mailbox_with_auth_xoauth2_polls_its_mail_through_dovecots_oauth_passdb(box, oauth_dovecot):
@@ -193,12 +216,14 @@ def test_oauthbearer_logs_in_too(oauth_dovecot, oauth_server, tenant, secrets_di
 
 
 def test_a_fresh_token_the_server_refuses_is_refused_credentials_without_a_second_refresh(
-        oauth_dovecot, oauth_server, tenant, secrets_dir):
+    oauth_dovecot, oauth_server, tenant, secrets_dir
+):
     box = make_oauth_box(oauth_dovecot, oauth_server, tenant, secrets_dir, slug="imap-app-only")
     # App-only (client credentials) whose token the server issues for ANOTHER user: Dovecot refuses it.
     oauth_server.client_users["app-only-client"] = "someone-else@example.test"
-    box.credentials_file.write_text(json.dumps({"client_id": "app-only-client",
-                                                "client_secret": oauth_server.client_secret}))
+    box.credentials_file.write_text(
+        json.dumps({"client_id": "app-only-client", "client_secret": oauth_server.client_secret})
+    )
     oauth_server.client_id = "app-only-client"
     try:
         report = box.poll()
@@ -212,7 +237,8 @@ def test_a_fresh_token_the_server_refuses_is_refused_credentials_without_a_secon
 
 
 def test_a_revoked_token_marks_the_mailbox_down_emails_the_admins_once_and_recovers_once_new_tokens_are_connected(
-        box, oauth_server, tenant, settings):
+    box, oauth_server, tenant, settings
+):
     settings.CELERY_TASK_ALWAYS_EAGER = True
     make_user("ann", groups=["mailroom-admin"], tenants=[tenant])
     box.append("Before the revocation")
@@ -233,25 +259,36 @@ def test_a_revoked_token_marks_the_mailbox_down_emails_the_admins_once_and_recov
     assert all(box.stored()["refresh_token"] not in m.body for m in mail.outbox)
 
     # The admin connects the mailbox again (the consent flow's store): new tokens, polled again.
-    store_oauth_tokens(mailbox, blob={"client_id": oauth_server.client_id, "client_secret": oauth_server.client_secret,
-                                      "refresh_token": oauth_server.grant(box.username)},
-                       actor="ann", scopes=oauth_server.scope, expires_at=None)
+    store_oauth_tokens(
+        mailbox,
+        blob={
+            "client_id": oauth_server.client_id,
+            "client_secret": oauth_server.client_secret,
+            "refresh_token": oauth_server.grant(box.username),
+        },
+        actor="ann",
+        scopes=oauth_server.scope,
+        expires_at=None,
+    )
     report = box.poll()
 
     assert (report.status, report.new) == ("ok", 1), report.detail
     mailbox = box.reload()
     assert (mailbox.health, mailbox.link_state) == ("ok", "recovered")
     assert (mailbox.oauth_connected_by, mailbox.oauth_scopes) == ("ann", oauth_server.scope)
-    assert list(MailboxAudit.objects.filter(mailbox=mailbox, kind__in=("tokens_connected", "link_down",
-                                                                        "link_recovered"))
-                .order_by("pk").values_list("kind", flat=True)) == ["link_down", "tokens_connected", "link_recovered"]
+    assert list(
+        MailboxAudit.objects.filter(mailbox=mailbox, kind__in=("tokens_connected", "link_down", "link_recovered"))
+        .order_by("pk")
+        .values_list("kind", flat=True)
+    ) == ["link_down", "tokens_connected", "link_recovered"]
     mailbox_alerts.send_pending()
     assert [m.subject for m in mail.outbox][-1] == f"[Mailroom] mailbox acme/{box.mailbox.slug} recovered"
     assert oauth_server.reused_refresh_tokens == []
 
 
 def test_an_env_reference_cannot_keep_a_rotation_this_process_still_uses_the_new_token_and_says_so(
-        oauth_dovecot, oauth_server, tenant, secrets_dir, monkeypatch, caplog):
+    oauth_dovecot, oauth_server, tenant, secrets_dir, monkeypatch, caplog
+):
     box = make_oauth_box(oauth_dovecot, oauth_server, tenant, secrets_dir, slug="imap-env")
     monkeypatch.setenv("MAILROOM_T_ACME_IMAP_OAUTH", box.credentials_file.read_text())
     Mailbox.objects.filter(pk=box.mailbox.pk).update(credentials_ref="env:MAILROOM_T_ACME_IMAP_OAUTH")
@@ -272,16 +309,32 @@ def service_account_key(oauth_server, email: str) -> dict:
     """A Google service account key file (as the console downloads it), its public half known to the server."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     oauth_server.service_accounts[email] = key.public_key()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
-    return {"type": "service_account", "project_id": "acme-mail", "private_key_id": "k1", "private_key": pem,
-            "client_email": email, "client_id": "1234567890", "token_uri": "https://oauth2.googleapis.com/token"}
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    return {
+        "type": "service_account",
+        "project_id": "acme-mail",
+        "private_key_id": "k1",
+        "private_key": pem,
+        "client_email": email,
+        "client_id": "1234567890",
+        "token_uri": "https://oauth2.googleapis.com/token",
+    }
 
 
 def test_google_a_service_account_with_domain_wide_delegation_gets_a_token_for_the_mailbox_user(
-        oauth_dovecot, oauth_server, tenant, secrets_dir):
-    box = make_oauth_box(oauth_dovecot, oauth_server, tenant, secrets_dir, slug="imap-google-sa",
-                         oauth_flavor="google", sasl="oauthbearer")
+    oauth_dovecot, oauth_server, tenant, secrets_dir
+):
+    box = make_oauth_box(
+        oauth_dovecot,
+        oauth_server,
+        tenant,
+        secrets_dir,
+        slug="imap-google-sa",
+        oauth_flavor="google",
+        sasl="oauthbearer",
+    )
     box.credentials_file.write_text(json.dumps(service_account_key(oauth_server, "mailroom@acme-mail.iam.test")))
     box.append("Over a service account")
 
@@ -294,9 +347,11 @@ def test_google_a_service_account_with_domain_wide_delegation_gets_a_token_for_t
 
 
 def test_google_a_delegated_refresh_token_is_refreshed_with_google_auth_and_its_rotation_kept(
-        oauth_dovecot, oauth_server, tenant, secrets_dir):
-    box = make_oauth_box(oauth_dovecot, oauth_server, tenant, secrets_dir, slug="imap-google-user",
-                         oauth_flavor="google")
+    oauth_dovecot, oauth_server, tenant, secrets_dir
+):
+    box = make_oauth_box(
+        oauth_dovecot, oauth_server, tenant, secrets_dir, slug="imap-google-user", oauth_flavor="google"
+    )
     first = box.stored()["refresh_token"]
     box.append("Over a Google refresh token")
 
@@ -309,14 +364,17 @@ def test_google_a_delegated_refresh_token_is_refreshed_with_google_auth_and_its_
     assert sent[0] == first and sent[1] == box.refreshed()[0]["refresh_issued"]
     assert box.stored()["refresh_token"] == oauth_server.current_refresh_token(box.username)
     assert oauth_server.reused_refresh_tokens == []
-    assert [a.detail["kept"] for a in MailboxAudit.objects.filter(mailbox=box.mailbox,
-                                                                 kind="refresh_token_rotated")] == [True, True]
+    assert [
+        a.detail["kept"] for a in MailboxAudit.objects.filter(mailbox=box.mailbox, kind="refresh_token_rotated")
+    ] == [True, True]
 
 
 def test_google_a_service_account_key_the_server_does_not_know_is_refused_credentials(
-        oauth_dovecot, oauth_server, tenant, secrets_dir):
-    box = make_oauth_box(oauth_dovecot, oauth_server, tenant, secrets_dir, slug="imap-google-bad",
-                         oauth_flavor="google")
+    oauth_dovecot, oauth_server, tenant, secrets_dir
+):
+    box = make_oauth_box(
+        oauth_dovecot, oauth_server, tenant, secrets_dir, slug="imap-google-bad", oauth_flavor="google"
+    )
     key = service_account_key(oauth_server, "stale@acme-mail.iam.test")
     del oauth_server.service_accounts["stale@acme-mail.iam.test"]  # the key was deleted in the console
     box.credentials_file.write_text(json.dumps(key))
@@ -357,15 +415,28 @@ def test_microsoft_app_only_client_credentials_through_msal_for_a_shared_mailbox
     path.write_text(json.dumps({"client_id": "entra-app", "client_secret": "entra-secret"}))
     entra.client_users["entra-app"] = "shared@acme.test"
     mailbox = Mailbox.objects.create(
-        tenant=tenant, slug="m365-shared", address="shared@acme.test", provider="imap", credentials_ref=f"file:{path}",
-        settings={"host": "127.0.0.1", "auth": "xoauth2", "oauth_flavor": "microsoft",
-                  "authority": f"{entra.url}/acme-tenant-id"})
+        tenant=tenant,
+        slug="m365-shared",
+        address="shared@acme.test",
+        provider="imap",
+        credentials_ref=f"file:{path}",
+        settings={
+            "host": "127.0.0.1",
+            "auth": "xoauth2",
+            "oauth_flavor": "microsoft",
+            "authority": f"{entra.url}/acme-tenant-id",
+        },
+    )
     tokens = microsoft_tokens(entra, mailbox)
 
     token = tokens.token()
 
-    assert introspect(entra, token) == {"active": True, "username": "shared@acme.test", "scope": entra.scope,
-                                        "exp": pytest.approx(time.time() + 3600, abs=5)}
+    assert introspect(entra, token) == {
+        "active": True,
+        "username": "shared@acme.test",
+        "scope": entra.scope,
+        "exp": pytest.approx(time.time() + 3600, abs=5),
+    }
     assert tokens.last_fresh and tokens.token() == token and not tokens.last_fresh, "cached, not asked again"
     with entra.lock:
         [request] = [r for r in entra.requests if r["path"] == "/token"]
@@ -374,14 +445,24 @@ def test_microsoft_app_only_client_credentials_through_msal_for_a_shared_mailbox
 
 
 def test_microsoft_a_delegated_refresh_token_rotated_by_msal_is_stored_before_the_token_is_used(
-        entra, tenant, secrets_dir):
+    entra, tenant, secrets_dir
+):
     first = entra.grant("agent@acme.test")
     path = secrets_dir / "acme" / "m365-user.json"
     path.write_text(json.dumps({"client_id": "entra-app", "client_secret": "entra-secret", "refresh_token": first}))
     mailbox = Mailbox.objects.create(
-        tenant=tenant, slug="m365-user", address="agent@acme.test", provider="imap", credentials_ref=f"file:{path}",
-        settings={"host": "127.0.0.1", "auth": "xoauth2", "oauth_flavor": "microsoft",
-                  "authority": f"{entra.url}/acme-tenant-id"})
+        tenant=tenant,
+        slug="m365-user",
+        address="agent@acme.test",
+        provider="imap",
+        credentials_ref=f"file:{path}",
+        settings={
+            "host": "127.0.0.1",
+            "auth": "xoauth2",
+            "oauth_flavor": "microsoft",
+            "authority": f"{entra.url}/acme-tenant-id",
+        },
+    )
     tokens = microsoft_tokens(entra, mailbox)
 
     token = tokens.token()
@@ -404,24 +485,31 @@ def test_microsoft_a_delegated_refresh_token_rotated_by_msal_is_stored_before_th
 def test_the_imap_oauth_settings_are_checked_when_typed():
     base = {"host": "imap.example.test", "auth": "xoauth2"}
     assert settings_errors("imap", {**base, "token_url": "https://login.example.test/token"}) == {}
-    assert settings_errors("imap", {**base, "oauth_flavor": "microsoft",
-                                    "authority": "https://login.microsoftonline.com/acme"}) == {}
+    assert (
+        settings_errors(
+            "imap", {**base, "oauth_flavor": "microsoft", "authority": "https://login.microsoftonline.com/acme"}
+        )
+        == {}
+    )
     assert settings_errors("imap", {**base, "oauth_flavor": "google", "sasl": "oauthbearer"}) == {}
     assert list(settings_errors("imap", base)) == ["token_url"]
     assert list(settings_errors("imap", {**base, "oauth_flavor": "microsoft"})) == ["authority"]
     assert list(settings_errors("imap", {**base, "oauth_flavor": "yahoo", "token_url": "https://x.test/t"})) == [
-        "oauth_flavor"]
+        "oauth_flavor"
+    ]
     assert list(settings_errors("imap", {**base, "token_url": "https://x.test/t", "sasl": "plain"})) == ["sasl"]
 
 
 def test_a_platform_client_secret_is_used_for_the_refresh_and_never_copied_into_the_tenants_blob(
-        oauth_dovecot, oauth_server, tenant, secrets_dir, settings, monkeypatch):
+    oauth_dovecot, oauth_server, tenant, secrets_dir, settings, monkeypatch
+):
     # The consent flow stores {"client_id", "refresh_token"} when the app's secret is the platform's.
     ref = "env:MAILROOM_PLATFORM_IMAP_APP_SECRET"
     monkeypatch.setenv("MAILROOM_PLATFORM_IMAP_APP_SECRET", oauth_server.client_secret)
     settings.MAILROOM_PLATFORM_SECRET_REFS = [f"{ref}=mailbox:imap-platform-app"]
-    box = make_oauth_box(oauth_dovecot, oauth_server, tenant, secrets_dir, slug="imap-platform-app",
-                         client_secret_ref=ref)
+    box = make_oauth_box(
+        oauth_dovecot, oauth_server, tenant, secrets_dir, slug="imap-platform-app", client_secret_ref=ref
+    )
     blob = box.stored()
     del blob["client_secret"]
     box.credentials_file.write_text(json.dumps(blob))
@@ -451,20 +539,42 @@ def strict_imap(oauth_server):
 def make_strict_box(strict_imap, oauth_server, tenant, secrets_dir, slug, **settings) -> OAuthBox:
     username = f"{slug}@acme.test"
     credentials = secrets_dir / tenant.slug / f"{slug}.json"
-    credentials.write_text(json.dumps({"client_id": oauth_server.client_id, "client_secret": oauth_server.client_secret,
-                                       "refresh_token": oauth_server.grant(username)}))
+    credentials.write_text(
+        json.dumps(
+            {
+                "client_id": oauth_server.client_id,
+                "client_secret": oauth_server.client_secret,
+                "refresh_token": oauth_server.grant(username),
+            }
+        )
+    )
     mailbox = Mailbox.objects.create(
-        tenant=tenant, slug=slug, address=username, provider="imap", poll_enabled=True,
+        tenant=tenant,
+        slug=slug,
+        address=username,
+        provider="imap",
+        poll_enabled=True,
         credentials_ref=f"file:{credentials}",
-        settings={"host": "127.0.0.1", "port": strict_imap.port, "ssl": False, "username": username,
-                  "folder": FOLDER, "auth": "xoauth2", "token_url": oauth_server.token_url, **settings})
+        settings={
+            "host": "127.0.0.1",
+            "port": strict_imap.port,
+            "ssl": False,
+            "username": username,
+            "folder": FOLDER,
+            "auth": "xoauth2",
+            "token_url": oauth_server.token_url,
+            **settings,
+        },
+    )
     return OAuthBox(strict_imap, oauth_server, mailbox, username, None, credentials)
 
 
-@pytest.mark.parametrize(("sasl", "mechanism", "after_error"), [("xoauth2", "XOAUTH2", b""),
-                                                                ("oauthbearer", "OAUTHBEARER", b"AQ==")])
+@pytest.mark.parametrize(
+    ("sasl", "mechanism", "after_error"), [("xoauth2", "XOAUTH2", b""), ("oauthbearer", "OAUTHBEARER", b"AQ==")]
+)
 def test_a_refused_cached_token_gets_the_answer_the_sasl_mechanism_wants_then_one_refresh_on_a_new_connection(
-        strict_imap, oauth_server, tenant, secrets_dir, sasl, mechanism, after_error):
+    strict_imap, oauth_server, tenant, secrets_dir, sasl, mechanism, after_error
+):
     box = make_strict_box(strict_imap, oauth_server, tenant, secrets_dir, slug=f"strict-{sasl}", sasl=sasl)
     assert box.poll().status == "ok"
     oauth_server.expire_access_tokens()  # the cached token is now refused; the server closes after the NO
@@ -483,7 +593,8 @@ def test_a_refused_cached_token_gets_the_answer_the_sasl_mechanism_wants_then_on
 
 
 def test_a_refused_fresh_token_is_a_credentials_refusal_after_the_proper_error_answer_without_a_second_refresh(
-        strict_imap, oauth_server, tenant, secrets_dir):
+    strict_imap, oauth_server, tenant, secrets_dir
+):
     box = make_strict_box(strict_imap, oauth_server, tenant, secrets_dir, slug="strict-fresh")
     strict_imap.check = lambda user, token: False
 

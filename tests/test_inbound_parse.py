@@ -2,6 +2,7 @@
 
 Valid -> stored once; forged, stale or replayed -> 401 and nothing stored.
 """
+
 import base64
 import json
 import threading
@@ -45,8 +46,14 @@ def provider_mailbox(tenant, monkeypatch):
 
     def create(provider):
         secret = "MAILROOM_TEST_MAILGUN_KEY" if provider == "mailgun" else "MAILROOM_TEST_BASIC"
-        return Mailbox.objects.create(tenant=tenant, slug=f"{provider}-box", address=f"{provider}@acme.test",
-                                      provider=provider, webhook_secret_ref=f"env:{secret}")
+        return Mailbox.objects.create(
+            tenant=tenant,
+            slug=f"{provider}-box",
+            address=f"{provider}@acme.test",
+            provider=provider,
+            webhook_secret_ref=f"env:{secret}",
+        )
+
     return create
 
 
@@ -55,6 +62,7 @@ def stored():
 
 
 # --- Mailgun --------------------------------------------------------------------------------------
+
 
 def test_mailgun_valid_is_stored_once_byte_exact(provider_mailbox):
     mailbox = provider_mailbox("mailgun")
@@ -86,8 +94,14 @@ def test_mailgun_forged_stale_and_replayed_requests_are_refused_and_store_nothin
     stale = mailgun_fields(make_message(), timestamp=int(time.time()) - 301)
     replayed = {**accepted, "body-mime": make_message(subject="Replayed with another body")}
     unsigned = {k: v for k, v in mailgun_fields(make_message()).items() if k != "signature"}
-    for name, fields in [("forged", forged), ("tampered", tampered), ("stale", stale),
-                         ("replayed", replayed), ("exact replay", accepted), ("unsigned", unsigned)]:
+    for name, fields in [
+        ("forged", forged),
+        ("tampered", tampered),
+        ("stale", stale),
+        ("replayed", replayed),
+        ("exact replay", accepted),
+        ("unsigned", unsigned),
+    ]:
         response = post_mailgun(client, fields)
         assert response.status_code == 401, name
         assert stored() == before, name
@@ -113,8 +127,11 @@ def test_mailgun_urlencoded_body_is_accepted(provider_mailbox):
 
     provider_mailbox("mailgun")
     raw = make_message()
-    response = Client().post("/webhooks/mailgun/mailgun-box/mime", data=urlencode(mailgun_fields(raw)),
-                             content_type="application/x-www-form-urlencoded")
+    response = Client().post(
+        "/webhooks/mailgun/mailgun-box/mime",
+        data=urlencode(mailgun_fields(raw)),
+        content_type="application/x-www-form-urlencoded",
+    )
     assert response.status_code == 202
     assert bytes(InboxEvent.objects.get().raw) == raw
 
@@ -125,8 +142,13 @@ def test_mailgun_concurrent_replays_of_one_token_store_one_event(monkeypatch):
 
     monkeypatch.setenv("MAILROOM_TEST_MAILGUN_KEY", MAILGUN_KEY)
     tenant = Tenant.objects.create(slug="race")
-    Mailbox.objects.create(tenant=tenant, slug="mailgun-box", address="m@race.test", provider="mailgun",
-                           webhook_secret_ref="env:MAILROOM_TEST_MAILGUN_KEY")
+    Mailbox.objects.create(
+        tenant=tenant,
+        slug="mailgun-box",
+        address="m@race.test",
+        provider="mailgun",
+        webhook_secret_ref="env:MAILROOM_TEST_MAILGUN_KEY",
+    )
     fields = mailgun_fields(make_message())
     barrier = threading.Barrier(6)
 
@@ -161,6 +183,7 @@ def test_the_beats_nonce_purge_drops_tokens_older_than_twice_the_tolerance_and_k
 
 # --- Postmark -------------------------------------------------------------------------------------
 
+
 def test_postmark_raw_email_is_stored_once_with_its_message_id_as_metadata(provider_mailbox):
     provider_mailbox("postmark")
     raw = make_message(body="Bitte helfen Sie, Jürgen.\n")
@@ -181,11 +204,20 @@ def test_postmark_raw_email_is_stored_once_with_its_message_id_as_metadata(provi
 def test_postmark_without_raw_email_is_rebuilt_deterministically(provider_mailbox):
     provider_mailbox("postmark")
     payload = postmark_payload(
-        Headers=[{"Name": "Message-ID", "Value": "<rebuilt-1@customer.example>"},
-                 {"Name": "X-Spam-Status", "Value": "No"}],
+        Headers=[
+            {"Name": "Message-ID", "Value": "<rebuilt-1@customer.example>"},
+            {"Name": "X-Spam-Status", "Value": "No"},
+        ],
         HtmlBody="<p>Please help.</p>",
-        Attachments=[{"Name": "printer.txt", "Content": base64.b64encode(b"smoke").decode(),
-                      "ContentType": "text/plain", "ContentLength": 5}])
+        Attachments=[
+            {
+                "Name": "printer.txt",
+                "Content": base64.b64encode(b"smoke").decode(),
+                "ContentType": "text/plain",
+                "ContentLength": 5,
+            }
+        ],
+    )
     assert post_postmark(Client(), payload, **basic()).status_code == 202
     event = InboxEvent.objects.get()
     assert event.provider_message_id == "rebuilt-1@customer.example"
@@ -204,26 +236,38 @@ def test_postmark_without_raw_email_is_rebuilt_deterministically(provider_mailbo
     second = post_postmark(Client(), bare, **basic())
     assert (first.status_code, second.status_code) == (202, 200)
     assert first.json()["inbox_events"] == [{**second.json()["inbox_events"][0], "duplicate": False}]
-    assert InboxEvent.objects.get(pk=first.json()["inbox_events"][0]["inbox_event_id"]).provider_message_id \
-        .startswith("sha256:")
+    assert InboxEvent.objects.get(pk=first.json()["inbox_events"][0]["inbox_event_id"]).provider_message_id.startswith(
+        "sha256:"
+    )
 
 
 def test_postmark_forged_credentials_are_refused_and_store_nothing(provider_mailbox):
     provider_mailbox("postmark")
     payload = postmark_payload(make_message())
-    for headers in ({}, basic(password="guess"), basic(user="someone-else"),
-                    {"HTTP_AUTHORIZATION": "Bearer abc"}, {"HTTP_AUTHORIZATION": "Basic !!!"}):
+    for headers in (
+        {},
+        basic(password="guess"),
+        basic(user="someone-else"),
+        {"HTTP_AUTHORIZATION": "Bearer abc"},
+        {"HTTP_AUTHORIZATION": "Basic !!!"},
+    ):
         assert post_postmark(Client(), payload, **headers).status_code == 401
     assert stored() == (0, 0, 0)
 
 
 # --- SendGrid -------------------------------------------------------------------------------------
 
+
 def test_sendgrid_raw_email_field_is_stored_once_byte_exact(provider_mailbox):
     provider_mailbox("sendgrid")
     raw = with_latin1_byte(make_message())
-    fields = {"to": "sendgrid@acme.test", "from": "customer@example.com", "email": raw,
-              "charsets": json.dumps({"to": "UTF-8", "email": "iso-8859-1"}), "spam_score": "0.1"}
+    fields = {
+        "to": "sendgrid@acme.test",
+        "from": "customer@example.com",
+        "email": raw,
+        "charsets": json.dumps({"to": "UTF-8", "email": "iso-8859-1"}),
+        "spam_score": "0.1",
+    }
     response = post_sendgrid(Client(), fields, **basic())
     assert response.status_code == 202, response.content
     event = InboxEvent.objects.get()
@@ -252,14 +296,19 @@ def test_the_raw_webhook_is_no_second_door_into_a_mailgun_mailbox(provider_mailb
     # Signed with the mailbox's own (Mailgun) key, a raw delivery is still refused: the raw webhook is only
     # for raw mailboxes, and a mailbox of another provider is unknown there (as on the provider webhook).
     for body in (raw, make_message(subject="A new message through the wrong door")):
-        response = Client().post(f"/webhooks/raw/{mailbox.slug}/", data=body, content_type="message/rfc822",
-                                 **webhook_headers(MAILGUN_KEY, body))
+        response = Client().post(
+            f"/webhooks/raw/{mailbox.slug}/",
+            data=body,
+            content_type="message/rfc822",
+            **webhook_headers(MAILGUN_KEY, body),
+        )
         assert response.status_code == 404 and response.json() == {"error": "unknown mailbox"}
     assert InboxEvent.objects.count() == 1
     assert WebhookRejectionCount.objects.get(provider="raw", reason="unknown_mailbox").count == 2
 
 
 # --- the generic view -----------------------------------------------------------------------------
+
 
 class FakeProvider(Provider):
     supports_webhook = True
@@ -324,8 +373,9 @@ def test_push_that_asks_for_a_poll_writes_a_durable_poll_request(fake_provider):
 
 
 def test_handshake_response_is_returned_as_is_and_nothing_is_stored(fake_provider):
-    fake_provider.result = WebhookResult(response=HttpResponse("token-123", content_type="text/plain"),
-                                         messages=[FetchedMessage("x", make_message())])
+    fake_provider.result = WebhookResult(
+        response=HttpResponse("token-123", content_type="text/plain"), messages=[FetchedMessage("x", make_message())]
+    )
     response = Client().post("/webhooks/gmail/pushed/", data=b"", content_type="text/plain")
     assert (response.status_code, response.content) == (200, b"token-123")
     assert stored() == (0, 0, 0)
@@ -333,8 +383,9 @@ def test_handshake_response_is_returned_as_is_and_nothing_is_stored(fake_provide
 
 def test_all_messages_of_a_webhook_are_stored_in_one_transaction(fake_provider, monkeypatch):
     messages = [make_message(subject=f"Part {n}") for n in range(3)]
-    fake_provider.result = WebhookResult(messages=[FetchedMessage(message_id_from_raw(m), m) for m in messages],
-                                         poll=True)
+    fake_provider.result = WebhookResult(
+        messages=[FetchedMessage(message_id_from_raw(m), m) for m in messages], poll=True
+    )
     real_ingest, calls = services.ingest, []
 
     def ingest_then_fail(*args, **kwargs):

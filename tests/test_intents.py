@@ -3,6 +3,7 @@
 The same windows with separate worker processes and SIGKILL are in
 test_failure_windows.py; these pin down each transition's rules.
 """
+
 from datetime import timedelta
 
 import pytest
@@ -207,5 +208,12 @@ def test_every_transition_leaves_an_audit_row(zendesk, mailbox, desk):
     process_inbox_event(event_id)
     kinds = list(AuditEvent.objects.filter(inbox_event_id=event_id).order_by("at", "pk").values_list("kind", flat=True))
     # The test mail carries no trusted authentication results: its acknowledgment is skipped, and says so.
-    assert kinds == ["received", "classified", "intent_retry_wait", "intent_unknown", "intent_pending",
-                     "ticket_created", "acknowledgment_skipped"]
+    assert kinds == [
+        "received",
+        "classified",
+        "intent_retry_wait",
+        "intent_unknown",
+        "intent_pending",
+        "ticket_created",
+        "acknowledgment_skipped",
+    ]

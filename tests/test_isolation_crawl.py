@@ -8,6 +8,7 @@ B user, A's id in an API list, a 200 on one of A's objects, or a change to A's r
 after a refused write. `crawl()` returns the leaks; the last test breaks one admin and one API view on
 purpose and shows the crawl reports them.
 """
+
 import re
 from urllib.parse import urlencode
 
@@ -45,13 +46,20 @@ SEARCHES = ("alpha", "printer", "support")
 
 def seed_tenant(marker: str) -> None:
     tenant = make_tenant(slug=marker, name=f"{marker} Inc")
-    RoutingPolicy.objects.update_or_create(tenant=tenant, defaults={"queues": [f"{marker}-queue"],
-                                                                    "request_types": [f"{marker}-type"]})
+    RoutingPolicy.objects.update_or_create(
+        tenant=tenant, defaults={"queues": [f"{marker}-queue"], "request_types": [f"{marker}-type"]}
+    )
     desk = make_destination(tenant, slug=f"{marker}-desk")
     spare = make_destination(tenant, slug=f"{marker}-spare", is_default=False)
     mailbox = make_mailbox(tenant, slug=f"{marker}-support", address=f"support@{marker}.test")
-    RoutingRule.objects.create(tenant=tenant, mailbox=mailbox, name=f"{marker}-rule", destination=spare,
-                               conditions={"subject_regex": f"^{marker} escalation"}, queue=f"{marker}-queue")
+    RoutingRule.objects.create(
+        tenant=tenant,
+        mailbox=mailbox,
+        name=f"{marker}-rule",
+        destination=spare,
+        conditions={"subject_regex": f"^{marker} escalation"},
+        queue=f"{marker}-queue",
+    )
     sender = f"customer@{marker}.test"
     done = new_event(mailbox, subject=f"{marker} printer on fire", sender=sender)
     process_inbox_event(done)
@@ -62,14 +70,34 @@ def seed_tenant(marker: str) -> None:
     quarantine(quarantined)
     failed_item(mailbox, desk, subject=f"{marker} printer rejected", sender=sender)
     now = timezone.now()
-    run = ReconciliationRun.objects.create(kind="unmapped", scope=mailbox.slug, started_at=now, finished_at=now,
-                                           scanned=4, findings=1)
-    Finding.objects.create(run=run, kind="unmapped", object=f"event:{review}", tenant=tenant, inbox_event_id=review,
-                           detail={"marker": marker}, first_seen=now, last_seen=now)
-    AcknowledgmentTemplate.objects.create(tenant=tenant, mailbox=mailbox, language="de",
-                                          subject=f"{marker} Ihre Anfrage {{{{ ticket_number }}}}", body=f"{marker}\n")
-    BusinessHours.objects.create(tenant=tenant, mailbox=mailbox, timezone="Europe/Berlin", response_hours=8,
-                                 weekly={"mon": [["09:00", "17:00"]]}, holidays_country="DE")
+    run = ReconciliationRun.objects.create(
+        kind="unmapped", scope=mailbox.slug, started_at=now, finished_at=now, scanned=4, findings=1
+    )
+    Finding.objects.create(
+        run=run,
+        kind="unmapped",
+        object=f"event:{review}",
+        tenant=tenant,
+        inbox_event_id=review,
+        detail={"marker": marker},
+        first_seen=now,
+        last_seen=now,
+    )
+    AcknowledgmentTemplate.objects.create(
+        tenant=tenant,
+        mailbox=mailbox,
+        language="de",
+        subject=f"{marker} Ihre Anfrage {{{{ ticket_number }}}}",
+        body=f"{marker}\n",
+    )
+    BusinessHours.objects.create(
+        tenant=tenant,
+        mailbox=mailbox,
+        timezone="Europe/Berlin",
+        response_hours=8,
+        weekly={"mon": [["09:00", "17:00"]]},
+        holidays_country="DE",
+    )
     make_user(f"{marker}-operator", groups=["operator"], tenants=[tenant])
 
 
@@ -92,8 +120,9 @@ def fingerprint(owned: dict) -> dict:
     for table, model in tables.items():
         pk = connection.ops.quote_name(model._meta.pk.column)
         selects.append(f'(SELECT count(*) FROM "{table}")')
-        selects.append(f'(SELECT md5(string_agg(t::text, \',\' ORDER BY t.{pk})) FROM "{table}" t '
-                       f'WHERE t.{pk} = ANY(%s))')
+        selects.append(
+            f"(SELECT md5(string_agg(t::text, ',' ORDER BY t.{pk})) FROM \"{table}\" t WHERE t.{pk} = ANY(%s))"
+        )
         params.append(sorted(owned.get(model, ())))
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {', '.join(selects)}", params)
@@ -123,13 +152,18 @@ def two_tenants(db, settings, monkeypatch):
         "mailroom-admin": make_user(f"{B}-adm", groups=["mailroom-admin"], tenants=[tenant_b]),
         "staff": make_user(f"{B}-staff", tenants=[tenant_b]),
         # Every role and every permission of the three apps, not a superuser: only tenant scoping stands in the way.
-        "everything": make_user(f"{B}-all", groups=["operator", "security", "mailroom-admin"], tenants=[tenant_b],
-                                perms=[f"{p.content_type.app_label}.{p.codename}" for p in every_perm]),
+        "everything": make_user(
+            f"{B}-all",
+            groups=["operator", "security", "mailroom-admin"],
+            tenants=[tenant_b],
+            perms=[f"{p.content_type.app_label}.{p.codename}" for p in every_perm],
+        ),
     }
     return owned, users
 
 
 # --- the crawl -------------------------------------------------------------------------------------------------
+
 
 class Crawl:
     def __init__(self, owned: dict, user):
@@ -204,13 +238,24 @@ class Crawl:
                         continue
                     self.check_page("GET", url, self.admin.get(url), refused_only=True)
         for pk in sorted(self.owned[InboxEvent]):
-            for url in (reverse("admin:reconciliation_recoveryitem_body", args=[pk]),
-                        reverse("admin:reconciliation_recoveryitem_attachment", args=[pk, 0])):
+            for url in (
+                reverse("admin:reconciliation_recoveryitem_body", args=[pk]),
+                reverse("admin:reconciliation_recoveryitem_attachment", args=[pk, 0]),
+            ):
                 self.check_page("GET", url, self.admin.get(url), refused_only=True)
 
     def admin_writes(self, own_destination) -> None:
-        own = {"assignee": self.user.pk, "escalate_at": "2031-01-01 10:00", "reason": "crawl", "note": "crawl",
-               "ticket_id": "T-1", "ticket_url": "", "queue": "", "priority": "", "request_type": ""}
+        own = {
+            "assignee": self.user.pk,
+            "escalate_at": "2031-01-01 10:00",
+            "reason": "crawl",
+            "note": "crawl",
+            "ticket_id": "T-1",
+            "ticket_url": "",
+            "queue": "",
+            "priority": "",
+            "request_type": "",
+        }
         a_destination = min(owned_by(apps.get_model("ticketing", "Destination"), self.owned))
         for pk in sorted(self.owned[InboxEvent]):
             for action in RecoveryItemAdmin.ACTIONS:
@@ -225,8 +270,11 @@ class Crawl:
         response = self.admin.post(url, {"target": "global", "id": "", "paused": "1"})
         self.check_page("POST", f"{url} global", response, refused_only=True)
         self.check_write("POST global pause", before)
-        for target, model in (("tenant", "intake.Tenant"), ("mailbox", "intake.Mailbox"),
-                              ("destination", "ticketing.Destination")):
+        for target, model in (
+            ("tenant", "intake.Tenant"),
+            ("mailbox", "intake.Mailbox"),
+            ("destination", "ticketing.Destination"),
+        ):
             for pk in sorted(owned_by(apps.get_model(model), self.owned)):
                 before = counts()
                 response = self.admin.post(url, {"target": target, "id": pk, "paused": "1"})
@@ -248,10 +296,23 @@ class Crawl:
     def api_body(self) -> dict:
         mailbox = min(owned_by(apps.get_model("intake", "Mailbox"), self.owned))
         destination = min(owned_by(apps.get_model("ticketing", "Destination"), self.owned))
-        return {"tenant": A, "slug": "crawl-x", "address": "x@crawl.test", "name": "crawl-x", "kind": "builtin",
-                "mailbox": mailbox, "destination": destination, "event_ids": sorted(self.owned[InboxEvent]),
-                "preview": False, "reason": "crawl", "ticket_id": "T-1", "assignee": self.user.get_username(),
-                "escalate_at": None, "paused": True, "enabled": False}
+        return {
+            "tenant": A,
+            "slug": "crawl-x",
+            "address": "x@crawl.test",
+            "name": "crawl-x",
+            "kind": "builtin",
+            "mailbox": mailbox,
+            "destination": destination,
+            "event_ids": sorted(self.owned[InboxEvent]),
+            "preview": False,
+            "reason": "crawl",
+            "ticket_id": "T-1",
+            "assignee": self.user.get_username(),
+            "escalate_at": None,
+            "paused": True,
+            "enabled": False,
+        }
 
     def api_all(self, own_destination) -> None:
         body = self.api_body()
@@ -262,8 +323,13 @@ class Crawl:
                 url = reverse(f"api:{name}")
                 for method in list(actions):
                     if method == "get":
-                        for query in ({}, {"event": min(self.owned[InboxEvent])}, {"state": "failed"},
-                                      {"mailbox": f"{A}-support"}, {"open": "true"}):
+                        for query in (
+                            {},
+                            {"event": min(self.owned[InboxEvent])},
+                            {"state": "failed"},
+                            {"mailbox": f"{A}-support"},
+                            {"open": "true"},
+                        ):
                             self.check_list(url, query, a_ids)
                     elif method not in ("head", "options"):
                         self.api_write(method, url, body)
@@ -300,8 +366,13 @@ def crawl(owned: dict, users) -> list[str]:
     """Every admin page and API route as each user; the leaks of A's rows found (an empty list: none)."""
     leaks = []
     for user in users:
-        own_destination = apps.get_model("ticketing", "Destination").objects.filter(
-            tenant__members=user).order_by("pk").values_list("pk", flat=True).first()
+        own_destination = (
+            apps.get_model("ticketing", "Destination")
+            .objects.filter(tenant__members=user)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+            .first()
+        )
         c = Crawl(owned, user)
         c.admin_lists()
         c.admin_objects()
@@ -313,11 +384,12 @@ def crawl(owned: dict, users) -> list[str]:
 
 # --- tests -----------------------------------------------------------------------------------------------------
 
+
 def test_tenant_b_never_sees_or_changes_tenant_a(two_tenants):
     owned, users = two_tenants
-    assert owned[InboxEvent] and set(InboxEvent.objects.filter(pk__in=owned[InboxEvent])
-                                     .values_list("state", flat=True)) >= {"completed", "awaiting_review",
-                                                                           "quarantined", "failed"}
+    assert owned[InboxEvent] and set(
+        InboxEvent.objects.filter(pk__in=owned[InboxEvent]).values_list("state", flat=True)
+    ) >= {"completed", "awaiting_review", "quarantined", "failed"}
     # The crawl can see: B's own rows show up for B (markers are found where they are allowed).
     client = Client()
     client.force_login(users["everything"])
@@ -340,8 +412,10 @@ def test_the_crawl_reports_a_leak(two_tenants, monkeypatch):
     leaks = crawl(owned, [user])
     assert any(re.search(r"GET /admin/intake/inboxevent/\?\S* -> 200 shows 'zqalpha'", leak) for leak in leaks), leaks
     assert any(re.search(r"GET /admin/intake/inboxevent/\d+/change/ -> 200", leak) for leak in leaks), leaks
-    assert any(leak.endswith("lists A's ids " + str(sorted(owned[TicketMapping])))
-               or "/api/v1/mappings/" in leak for leak in leaks), leaks
+    assert any(
+        leak.endswith("lists A's ids " + str(sorted(owned[TicketMapping]))) or "/api/v1/mappings/" in leak
+        for leak in leaks
+    ), leaks
 
 
 def test_the_crawl_reports_a_write_to_another_tenant(two_tenants, monkeypatch):
@@ -352,11 +426,13 @@ def test_the_crawl_reports_a_write_to_another_tenant(two_tenants, monkeypatch):
     monkeypatch.setattr(selectors, "visible_events", lambda user, model=InboxEvent: model._default_manager.all())
     leaks = crawl(owned, [users["operator"]])
     assert any("changed A's rows" in leak for leak in leaks), leaks
-    assert any(re.search(r"POST /admin/reconciliation/recoveryitem/\d+/act/assign_me/ -> 302", leak)
-               for leak in leaks), leaks
+    assert any(
+        re.search(r"POST /admin/reconciliation/recoveryitem/\d+/act/assign_me/ -> 302", leak) for leak in leaks
+    ), leaks
 
 
 # --- the rules of the tenant-boundary review (issue 20) --------------------------------------------------------
+
 
 def test_tenant_b_cannot_take_a_s_address_secret_or_pause(two_tenants, settings):
     """B's every-permission user and B's tenant admin try A's address (three spellings), a platform secret bound
@@ -378,13 +454,26 @@ def test_tenant_b_cannot_take_a_s_address_secret_or_pause(two_tenants, settings)
         tries = []
         for spelling in (f"support@{A}.test", f"Support@{A.upper()}.TEST", f"support+crawl@{A}.test"):
             tries += [
-                ("POST", "/api/v1/mailboxes/", {"tenant": B, "slug": "crawl-grab", "address": spelling,
-                                                "provider": "raw"}),
+                (
+                    "POST",
+                    "/api/v1/mailboxes/",
+                    {"tenant": B, "slug": "crawl-grab", "address": spelling, "provider": "raw"},
+                ),
                 ("PATCH", f"/api/v1/mailboxes/{b_mailbox.pk}/", {"address": spelling}),
             ]
         tries += [
-            ("POST", "/api/v1/destinations/", {"tenant": B, "slug": "crawl-steal", "name": "steal", "kind": "zendesk",
-                                               "base_url": "https://b.zendesk.example", "credentials_ref": bound_ref}),
+            (
+                "POST",
+                "/api/v1/destinations/",
+                {
+                    "tenant": B,
+                    "slug": "crawl-steal",
+                    "name": "steal",
+                    "kind": "zendesk",
+                    "base_url": "https://b.zendesk.example",
+                    "credentials_ref": bound_ref,
+                },
+            ),
             ("PATCH", f"/api/v1/destinations/{b_destination.pk}/", {"credentials_ref": bound_ref}),
         ]
         for method, url, body in tries:
@@ -398,9 +487,17 @@ def test_tenant_b_cannot_take_a_s_address_secret_or_pause(two_tenants, settings)
                 c.leak(f"{method} {url} -> {response.status_code} shows {A!r} beyond the address tried")
             c.check_write(f"{method} {url} {body}", before)
         before = counts()
-        response = c.admin.post(reverse("admin:intake_mailbox_add"), {
-            "tenant": b_mailbox.tenant_id, "slug": "crawl-grab-admin", "address": f"support@{A}.test",
-            "provider": "raw", "settings": "{}", "allowed_recipients": "[]"})
+        response = c.admin.post(
+            reverse("admin:intake_mailbox_add"),
+            {
+                "tenant": b_mailbox.tenant_id,
+                "slug": "crawl-grab-admin",
+                "address": f"support@{A}.test",
+                "provider": "raw",
+                "settings": "{}",
+                "allowed_recipients": "[]",
+            },
+        )
         if response.status_code == 302:
             c.leak("admin add of A's address was saved")
         c.check_write("admin add of A's address", before)

@@ -5,6 +5,7 @@ escalation, and mail without a usable sender asks for its requester before any r
 FakeDesk speaks Zendesk over real HTTP; "the ticket has that requester" is read from FakeDesk's own list.
 The browser test drives Debian's Chromium (Playwright) against the live server at 1400 and 800 px.
 """
+
 import re
 from datetime import timedelta
 
@@ -48,7 +49,7 @@ def followed(client, response) -> str:
 
 def element(html: str, element_id: str) -> str:
     start = html.index(f'id="{element_id}"')
-    return html[start:html.index("</form>" if element_id.startswith("form-") else "</dd>", start)]
+    return html[start : html.index("</form>" if element_id.startswith("form-") else "</dd>", start)]
 
 
 @pytest.fixture
@@ -65,6 +66,7 @@ def nameless(mailbox, destinations):
 
 # --- the requester of mail without a usable sender ------------------------------------------------
 
+
 def test_a_plain_replay_of_mail_without_a_sender_is_refused_until_a_requester_is_entered(operator, nameless, desk):
     with pytest.raises(services.ActionRefused, match="no usable sender address.*enter the requester"):
         services.do_replay(operator, nameless)
@@ -73,8 +75,9 @@ def test_a_plain_replay_of_mail_without_a_sender_is_refused_until_a_requester_is
     event = InboxEvent.objects.get(pk=nameless)
     assert event.state == "awaiting_review" and not audit(nameless, "replayed")
 
-    assert services.do_enter_requester(operator, nameless, address="Carol <carol@customer.test>") == \
-        "carol@customer.test"
+    assert (
+        services.do_enter_requester(operator, nameless, address="Carol <carol@customer.test>") == "carol@customer.test"
+    )
     assert services.do_replay(operator, nameless) == "rerouted"
     assert process_inbox_event(nameless) == "created"
     [ticket] = tickets_for(desk, intent_of(nameless))
@@ -92,13 +95,16 @@ def test_the_entered_requester_is_stored_on_the_event_with_a_masked_audit_row(op
     assert second.detail == {"requester": "d***@c***.test", "previous": "c***@c***.test"}
 
 
-@pytest.mark.parametrize(("typed", "why"), [
-    ("", "enter the requester's email address"),
-    ("carol", "not a valid email address"),
-    ("carol@", "not a valid email address"),
-    ("carol@customer.test, dave@customer.test", "one email address"),
-    ("Support <SUPPORT+x@acme.test>", "own mailbox addresses"),
-])
+@pytest.mark.parametrize(
+    ("typed", "why"),
+    [
+        ("", "enter the requester's email address"),
+        ("carol", "not a valid email address"),
+        ("carol@", "not a valid email address"),
+        ("carol@customer.test, dave@customer.test", "one email address"),
+        ("Support <SUPPORT+x@acme.test>", "own mailbox addresses"),
+    ],
+)
 def test_a_requester_address_is_checked_and_bad_input_changes_nothing(operator, nameless, typed, why):
     with pytest.raises(services.ActionRefused, match=why):
         services.do_enter_requester(operator, nameless, address=typed)
@@ -126,8 +132,9 @@ def test_the_item_page_asks_for_the_requester_and_saving_it_replays(operator_cli
     assert "errorlist" in element(html, "form-requester")
     assert InboxEvent.objects.get(pk=nameless).state == "awaiting_review"
 
-    html = followed(operator_client, act(operator_client, nameless, "enter_requester",
-                                         address="carol@customer.test", then="replay"))
+    html = followed(
+        operator_client, act(operator_client, nameless, "enter_requester", address="carol@customer.test", then="replay")
+    )
     assert "Requester set to carol@customer.test (was: none)." in html
     assert "Replayed: back to routing" in html
     assert "carol@customer.test" in element(html, "item-requester") and "oper" in element(html, "item-requester")
@@ -136,6 +143,7 @@ def test_the_item_page_asks_for_the_requester_and_saving_it_replays(operator_cli
 
 
 # --- correct and replay keeps the destination -------------------------------------------------------
+
 
 def test_correct_and_replay_without_a_destination_keeps_the_intents(operator, seeded, destinations):
     _, bad = destinations
@@ -149,30 +157,36 @@ def test_correct_and_replay_without_a_destination_keeps_the_intents(operator, se
     assert replayed.detail["corrected"] == {"priority": {"from": "normal", "to": "high"}}
 
 
-def test_a_correction_without_a_destination_keeps_the_one_an_earlier_correction_chose(operator, mailbox,
-                                                                                       destinations):
+def test_a_correction_without_a_destination_keeps_the_one_an_earlier_correction_chose(operator, mailbox, destinations):
     good, _ = destinations
     event_id = new_event(mailbox)
-    transition_event(event_id, InboxEvent.OPEN_STATES, "awaiting_review", actor="t", kind="r",
-                     reason_code="low_confidence")
+    transition_event(
+        event_id, InboxEvent.OPEN_STATES, "awaiting_review", actor="t", kind="r", reason_code="low_confidence"
+    )
     InboxEvent.objects.filter(pk=event_id).update(route_override={"destination_id": good.pk}, sender="a@b.test")
     services.do_correct_and_replay(operator, event_id, queue="billing")
     assert InboxEvent.objects.get(pk=event_id).route_override == {"destination_id": good.pk, "queue": "billing"}
 
 
-def test_the_page_says_what_a_correction_changed_and_shows_the_route_the_next_attempt_uses(operator_client,
-                                                                                          seeded, destinations):
+def test_the_page_says_what_a_correction_changed_and_shows_the_route_the_next_attempt_uses(
+    operator_client, seeded, destinations
+):
     _, bad = destinations
     failed = seeded[0]
     before = operator_client.get(item_url(failed)).content.decode()
-    assert "priority: <strong>normal</strong> <small>(the policy&#x27;s default)</small>" in \
-        element(before, "item-effective-route")
+    assert "priority: <strong>normal</strong> <small>(the policy&#x27;s default)</small>" in element(
+        before, "item-effective-route"
+    )
     assert f"(keep: {bad.slug})" in element(before, "form-correct")
 
-    html = followed(operator_client, act(operator_client, failed, "correct", destination="", priority="high",
-                                         queue="", request_type=""))
-    assert f"Route corrected: priority normal → high; destination kept ({bad.slug}). Replayed with its " \
-           "original idempotency key" in html
+    html = followed(
+        operator_client,
+        act(operator_client, failed, "correct", destination="", priority="high", queue="", request_type=""),
+    )
+    assert (
+        f"Route corrected: priority normal → high; destination kept ({bad.slug}). Replayed with its "
+        "original idempotency key" in html
+    )
     route = element(html, "item-effective-route")
     assert "priority: <strong>high</strong> <small>(corrected by oper)</small>" in route
     assert f"destination: <strong>{bad.slug}</strong>" in route
@@ -191,8 +205,8 @@ def test_an_invalid_correction_names_the_field_and_shows_the_error_at_the_form(o
 
 # --- messages naming the effect; overdue and nobody to escalate to --------------------------------------
 
-def test_assign_and_escalation_messages_name_the_new_and_the_previous_value(operator_client, operator, tenant,
-                                                                          seeded):
+
+def test_assign_and_escalation_messages_name_the_new_and_the_previous_value(operator_client, operator, tenant, seeded):
     failed = seeded[0]
     colleague = make_user("colleague", groups=["operator"], tenants=[tenant])
     html = followed(operator_client, act(operator_client, failed, "assign", assignee=colleague.pk))
@@ -223,14 +237,28 @@ def test_an_overdue_item_is_marked_and_one_nobody_can_be_told_about_is_flagged(o
 
 # --- the renderer -------------------------------------------------------------------------------------
 
+
 def test_the_effective_route_names_each_values_origin_in_words():
-    route = {"fields": {"queue": {"value": "billing", "origin": "rule:3"},
-                        "priority": {"value": "normal", "origin": "default"},
-                        "request_type": {"value": "", "origin": ""}, "assignee": {"value": "", "origin": ""}},
-             "destination_id": 7, "destination_origin": "rule:3", "sensitive_request_types": ["refund"]}
-    fields = effective_route(route, {"priority": "high", "request_type": "refund"}, intent_destination_id=7,
-                             default_destination_id=1, corrected_by_name="olga", rule_names={"3": "refunds"},
-                             destination_names={7: "zendesk-eu", 1: "builtin"})
+    route = {
+        "fields": {
+            "queue": {"value": "billing", "origin": "rule:3"},
+            "priority": {"value": "normal", "origin": "default"},
+            "request_type": {"value": "", "origin": ""},
+            "assignee": {"value": "", "origin": ""},
+        },
+        "destination_id": 7,
+        "destination_origin": "rule:3",
+        "sensitive_request_types": ["refund"],
+    }
+    fields = effective_route(
+        route,
+        {"priority": "high", "request_type": "refund"},
+        intent_destination_id=7,
+        default_destination_id=1,
+        corrected_by_name="olga",
+        rule_names={"3": "refunds"},
+        destination_names={7: "zendesk-eu", 1: "builtin"},
+    )
     assert [(f.label, f.value, f.origin) for f in fields] == [
         ("destination", "zendesk-eu", "set by rule 3 (refunds)"),
         ("queue", "billing", "set by rule 3 (refunds)"),
@@ -252,17 +280,27 @@ def test_route_changes_read_as_a_sentence():
 
 
 def test_a_replays_corrections_and_destinations_read_as_names_in_the_timeline():
-    detail = {"corrected": {"priority": {"from": "normal", "to": "high"}, "destination_id": {"from": 3, "to": 5}},
-              "destination": 5, "previous_destination": 3, "intent": 9}
+    detail = {
+        "corrected": {"priority": {"from": "normal", "to": "high"}, "destination_id": {"from": 3, "to": 5}},
+        "destination": 5,
+        "previous_destination": 3,
+        "intent": 9,
+    }
     assert detail_lines(detail, destination_names={3: "desk-bad", 5: "desk"}) == [
-        "corrected: priority normal → high; destination desk-bad → desk", "destination: desk",
-        "previous destination: desk-bad", "intent: 9"]
+        "corrected: priority normal → high; destination desk-bad → desk",
+        "destination: desk",
+        "previous destination: desk-bad",
+        "intent: 9",
+    ]
     assert detail_lines({"corrected": {"queue": {"from": None, "to": "billing"}}}) == ["corrected: queue — → billing"]
     assert detail_lines({"escalate_at": "2031-01-02T03:04:00+00:00", "previous": None}) == [
-        "escalate at: 2031-01-02 03:04 UTC", "previous: —"]
+        "escalate at: 2031-01-02 03:04 UTC",
+        "previous: —",
+    ]
 
 
 # --- in the browser, at 1400 and 800 px ---------------------------------------------------------------
+
 
 def log_in(page, base_url, username, next_url):
     page.goto(f"{base_url}/admin/login/?next={next_url}")
@@ -280,7 +318,8 @@ def no_overflow(page, width):
 
 @pytest.mark.live
 def test_an_operator_corrects_and_enters_a_requester_in_a_browser_at_1400_and_800_px(
-        live_server, browser, screenshot_dir, tenant, mailbox, destinations, desk):  # noqa: F811
+    live_server, browser, screenshot_dir, tenant, mailbox, destinations, desk
+):  # noqa: F811
     good, bad = destinations
     failed = new_event(mailbox, subject="Printer on fire " + "very " * 40 + "long", sender="alice@customer.test")
     set_default(tenant, bad)
@@ -293,8 +332,9 @@ def test_an_operator_corrects_and_enters_a_requester_in_a_browser_at_1400_and_80
     assert process_inbox_event(nameless) == "awaiting_review"
     oper = make_user("oper", groups=["operator"], tenants=[tenant])
     base = live_server.url
-    context = browser.new_context(viewport={"width": 1400, "height": 900},
-                                  permissions=["clipboard-read", "clipboard-write"])
+    context = browser.new_context(
+        viewport={"width": 1400, "height": 900}, permissions=["clipboard-read", "clipboard-write"]
+    )
     context.set_default_timeout(15_000)
     page = context.new_page()
     errors = []

@@ -1,6 +1,7 @@
 """A message above the spool threshold reaches PostgreSQL a piece at a time (a large object the ingest
 statement reads into the row, unlinked before the commit): stored byte-identical with its audit and outbox
 rows, a duplicate is still a duplicate, and neither a commit nor a rollback leaves a large object behind."""
+
 import pytest
 from django.db import IntegrityError, connection
 from django.test import Client

@@ -3,6 +3,7 @@ test module imports another (what test modules share lives in tests/support/).
 
 Pure: no database, no Django app code is imported (the checks read files with `ast`).
 """
+
 import ast
 import importlib.util
 import re
@@ -52,10 +53,13 @@ def test_the_real_tree_keeps_the_layers():
 
 
 def test_an_upward_import_is_reported_with_its_file_and_line(tmp_path):
-    tree(tmp_path, {
-        "ticketing/models.py": "class Intent: ...\n",
-        "intake/x.py": "import os\n\nfrom ticketing.models import Intent\n",
-    })
+    tree(
+        tmp_path,
+        {
+            "ticketing/models.py": "class Intent: ...\n",
+            "intake/x.py": "import os\n\nfrom ticketing.models import Intent\n",
+        },
+    )
     done = run(tmp_path)
     assert done.returncode == 1
     assert "intake/x.py:3: import of ticketing.models: intake must not import ticketing" in done.stdout
@@ -63,56 +67,72 @@ def test_an_upward_import_is_reported_with_its_file_and_line(tmp_path):
 
 
 def test_a_lazy_import_counts(tmp_path):
-    tree(tmp_path, {
-        "ticketing/services.py": """\
+    tree(
+        tmp_path,
+        {
+            "ticketing/services.py": """\
             def process():
                 from reconciliation.services import do_replay
                 return do_replay
             """,
-        "reconciliation/services.py": "def do_replay(): ...\n",
-    })
+            "reconciliation/services.py": "def do_replay(): ...\n",
+        },
+    )
     [violation], _ = check_layering.check(tmp_path)
     assert (violation.path, violation.line, violation.imported, violation.lazy) == (
-        "ticketing/services.py", 2, "reconciliation.services", True)
+        "ticketing/services.py",
+        2,
+        "reconciliation.services",
+        True,
+    )
     assert "function-level import" in str(violation)
 
 
-@pytest.mark.parametrize("source", [
-    "import ticketing.tasks\n",
-    "from ticketing import tasks\n",
-    "from importlib import import_module\nimport_module('ticketing.tasks')\n",
-    "if False:\n    from reconciliation.models import RecoveryItem\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import ticketing.tasks\n",
+        "from ticketing import tasks\n",
+        "from importlib import import_module\nimport_module('ticketing.tasks')\n",
+        "if False:\n    from reconciliation.models import RecoveryItem\n",
+    ],
+)
 def test_every_spelling_of_an_upward_import_is_caught(tmp_path, source):
     tree(tmp_path, {"intake/relay.py": source, "ticketing/tasks.py": "", "reconciliation/models.py": ""})
     assert [path for path, _, _ in violations(tmp_path)] == ["intake/relay.py"]
 
 
 def test_downward_and_relative_imports_are_allowed(tmp_path):
-    tree(tmp_path, {
-        "intake/models.py": "",
-        "intake/mime/parse.py": "from ..models import *\nfrom . import headers\n",
-        "intake/mime/headers.py": "",
-        "ticketing/services.py": "from intake.models import InboxEvent\nimport django.db\n",
-        "reconciliation/admin.py": "from ticketing import services\nfrom intake import models\n",
-        "ticketing/management/commands/fakedesk.py": "from fakedesk.cli import main\n",
-        "fakedesk/cli.py": "import argparse\nimport http.server\nfrom . import desk\n",
-        "fakedesk/desk.py": "",
-        "fakedesk/pytest_plugin.py": "import pytest\n",
-    })
+    tree(
+        tmp_path,
+        {
+            "intake/models.py": "",
+            "intake/mime/parse.py": "from ..models import *\nfrom . import headers\n",
+            "intake/mime/headers.py": "",
+            "ticketing/services.py": "from intake.models import InboxEvent\nimport django.db\n",
+            "reconciliation/admin.py": "from ticketing import services\nfrom intake import models\n",
+            "ticketing/management/commands/fakedesk.py": "from fakedesk.cli import main\n",
+            "fakedesk/cli.py": "import argparse\nimport http.server\nfrom . import desk\n",
+            "fakedesk/desk.py": "",
+            "fakedesk/pytest_plugin.py": "import pytest\n",
+        },
+    )
     assert violations(tmp_path) == []
 
 
 def test_config_may_wire_urls_and_views_but_not_import_logic(tmp_path):
-    tree(tmp_path, {
-        "intake/views.py": "",
-        "intake/urls.py": "",
-        "intake/services.py": "",
-        "intake/models.py": "",
-        "config/urls.py": "from django.urls import include\nfrom intake import views\nimport intake.urls\n",
-        "config/celery.py": "from intake.services import ingest\n",
-        "config/settings.py": "INSTALLED_APPS = ['intake']\nfrom intake import models\n",
-    })
+    tree(
+        tmp_path,
+        {
+            "intake/views.py": "",
+            "intake/urls.py": "",
+            "intake/services.py": "",
+            "intake/models.py": "",
+            "config/urls.py": "from django.urls import include\nfrom intake import views\nimport intake.urls\n",
+            "config/celery.py": "from intake.services import ingest\n",
+            "config/settings.py": "INSTALLED_APPS = ['intake']\nfrom intake import models\n",
+        },
+    )
     assert violations(tmp_path) == [
         ("config/celery.py", 1, "intake.services"),
         ("config/settings.py", 2, "intake.models"),
@@ -120,23 +140,29 @@ def test_config_may_wire_urls_and_views_but_not_import_logic(tmp_path):
 
 
 def test_apps_import_only_the_celery_app_from_config(tmp_path):
-    tree(tmp_path, {
-        "config/celery.py": "",
-        "config/settings.py": "",
-        "intake/selectors.py": "def ready():\n    from config.celery import app\n",
-        "intake/relay.py": "from config.settings import MAILROOM_RELAY_BATCH\n",
-    })
+    tree(
+        tmp_path,
+        {
+            "config/celery.py": "",
+            "config/settings.py": "",
+            "intake/selectors.py": "def ready():\n    from config.celery import app\n",
+            "intake/relay.py": "from config.settings import MAILROOM_RELAY_BATCH\n",
+        },
+    )
     assert violations(tmp_path) == [("intake/relay.py", 1, "config.settings")]
 
 
 def test_fakedesk_is_standard_library_only_and_only_one_command_imports_it(tmp_path):
-    tree(tmp_path, {
-        "fakedesk/store.py": "import sqlite3\nfrom django.db import models\n",
-        "fakedesk/client.py": "from intake.models import Tenant\n",
-        "fakedesk/server.py": "import pytest\n",
-        "intake/models.py": "",
-        "ticketing/services.py": "import fakedesk\n",
-    })
+    tree(
+        tmp_path,
+        {
+            "fakedesk/store.py": "import sqlite3\nfrom django.db import models\n",
+            "fakedesk/client.py": "from intake.models import Tenant\n",
+            "fakedesk/server.py": "import pytest\n",
+            "intake/models.py": "",
+            "ticketing/services.py": "import fakedesk\n",
+        },
+    )
     assert violations(tmp_path) == [
         ("fakedesk/client.py", 1, "intake.models"),
         ("fakedesk/server.py", 1, "pytest"),
@@ -154,43 +180,59 @@ def test_the_real_tree_has_no_import_cycle():
     graph = check_layering.import_graph(REPO_ROOT)
     assert len(graph) > 50
     assert check_layering.cycles(graph) == []
-    done = subprocess.run([sys.executable, str(SCRIPT), "--cycles", str(REPO_ROOT)], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cycles", str(REPO_ROOT)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no import cycle" in done.stdout
 
 
 def test_a_cycle_hidden_behind_a_function_level_import_is_refused(tmp_path):
-    tree(tmp_path, {
-        "ticketing/services.py": "from ticketing import bulkhead\n",
-        "ticketing/bulkhead.py": "def call():\n    from ticketing import services  # services imports this module\n",
-    })
+    tree(
+        tmp_path,
+        {
+            "ticketing/services.py": "from ticketing import bulkhead\n",
+            "ticketing/bulkhead.py": (
+                "def call():\n    from ticketing import services  # services imports this module\n"
+            ),
+        },
+    )
     done = run(tmp_path)
     assert done.returncode == 1
-    assert ("cycle: ticketing.bulkhead -> ticketing.services -> ticketing.bulkhead "
-            "(ticketing/bulkhead.py:2, ticketing/services.py:1)") in done.stdout
+    assert (
+        "cycle: ticketing.bulkhead -> ticketing.services -> ticketing.bulkhead "
+        "(ticketing/bulkhead.py:2, ticketing/services.py:1)"
+    ) in done.stdout
     assert "1 import cycle" in done.stderr
 
 
 def test_a_cycle_through_three_modules_is_one_component(tmp_path):
-    tree(tmp_path, {
-        "intake/mime/body.py": "from .parts import content_type\n",
-        "intake/mime/parts.py": "from .walk import walk\n",
-        "intake/mime/walk.py": "from intake.mime.body import text\n",
-        "intake/mime/sniff.py": "from .body import text\n",   # reaches the loop but is not on it
-    })
+    tree(
+        tmp_path,
+        {
+            "intake/mime/body.py": "from .parts import content_type\n",
+            "intake/mime/parts.py": "from .walk import walk\n",
+            "intake/mime/walk.py": "from intake.mime.body import text\n",
+            "intake/mime/sniff.py": "from .body import text\n",  # reaches the loop but is not on it
+        },
+    )
     assert check_layering.cycles(check_layering.import_graph(tmp_path)) == [
-        ["intake.mime.body", "intake.mime.parts", "intake.mime.walk"]]
+        ["intake.mime.body", "intake.mime.parts", "intake.mime.walk"]
+    ]
 
 
 def test_imports_for_type_checking_only_and_parent_packages_close_no_cycle(tmp_path):
-    tree(tmp_path, {
-        "intake/models.py": "from intake.domains import address_key\n",
-        "intake/domains.py": ("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-                              "    from intake.models import Mailbox\n"),
-        "intake/mime/__init__.py": "from .parse import parse_message\n",
-        "intake/mime/parse.py": "import os\n",   # its package re-exports it: loading parse loads the package first
-    })
+    tree(
+        tmp_path,
+        {
+            "intake/models.py": "from intake.domains import address_key\n",
+            "intake/domains.py": (
+                "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from intake.models import Mailbox\n"
+            ),
+            "intake/mime/__init__.py": "from .parse import parse_message\n",
+            "intake/mime/parse.py": "import os\n",  # its package re-exports it: loading parse loads the package first
+        },
+    )
     done = run(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no cycle" in done.stdout
@@ -199,7 +241,7 @@ def test_imports_for_type_checking_only_and_parent_packages_close_no_cycle(tmp_p
 # --- tests: a test module imports helpers (tests/support/, tests/*.py), never another test module --------
 
 TESTS = REPO_ROOT / "tests"
-DOTTED_TEST_MODULE = re.compile(r"tests\.test_\w+(\.\w+)*")   # a string naming one: import_module, setattr
+DOTTED_TEST_MODULE = re.compile(r"tests\.test_\w+(\.\w+)*")  # a string naming one: import_module, setattr
 
 
 def is_test_module(name: str) -> bool:
@@ -217,12 +259,15 @@ def imports_of_test_modules(source: str, package: str = "tests") -> list[tuple[i
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             if is_test_module(base):
                 found.append((node.lineno, base))
-            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names
-                      if base == "tests" and alias.name.startswith("test_")]
+            found += [
+                (node.lineno, f"{base}.{alias.name}")
+                for alias in node.names
+                if base == "tests" and alias.name.startswith("test_")
+            ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if DOTTED_TEST_MODULE.fullmatch(node.value.strip()):
                 found.append((node.lineno, node.value.strip()))

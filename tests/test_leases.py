@@ -1,5 +1,6 @@
 """Thread leases: token grows at every acquisition, expiry lets a second worker take over,
 and a stale holder neither passes the check nor removes the newer lease."""
+
 import threading
 from datetime import timedelta
 

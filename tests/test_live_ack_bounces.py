@@ -7,6 +7,7 @@ with our Message-ID, built from what the server received) is posted through the 
 event gets `acknowledgment_bounced`, the address is marked, and a second request from it is ticketed with
 no acknowledgment (`address_bounced`), nothing more reaching the server.
 """
+
 import time
 
 import pytest
@@ -34,14 +35,16 @@ JANE = "jane@example.com"
 
 
 def post(url: str, raw: bytes) -> int:
-    response = requests.post(url, data=raw, timeout=30,
-                             headers={**signed_headers(LIVE_SECRET, raw), "Content-Type": "message/rfc822"})
+    response = requests.post(
+        url, data=raw, timeout=30, headers={**signed_headers(LIVE_SECRET, raw), "Content-Type": "message/rfc822"}
+    )
     assert response.status_code == 202, response.text
     return response.json()["inbox_event_id"]
 
 
 def test_a_bounced_acknowledgment_is_tied_to_its_ticket_and_the_next_request_gets_no_email(
-        live_server, live_mailbox, live_broker, live_processes):
+    live_server, live_mailbox, live_broker, live_processes
+):
     from intake.models import AuditEvent, InboxEvent
     from ticketing.models import Intent, UndeliverableAddress
 
@@ -72,8 +75,9 @@ def test_a_bounced_acknowledgment_is_tied_to_its_ticket_and_the_next_request_get
         event = InboxEvent.objects.get(pk=bounce)
         assert (event.state, event.reason_code) == ("suppressed", "delivery_report")
         assert event.details["acknowledgment_bounce"]["event"] == original
-        assert UndeliverableAddress.objects.filter(tenant=live_mailbox.tenant, address=JANE,
-                                                   bounced_event_id=bounce).exists()
+        assert UndeliverableAddress.objects.filter(
+            tenant=live_mailbox.tenant, address=JANE, bounced_event_id=bounce
+        ).exists()
 
         second = post(url, stamped(make_email("Still on fire", sender=JANE)))
         skipped = AuditEvent.objects.filter(inbox_event_id=second, kind="acknowledgment_skipped")
@@ -81,7 +85,7 @@ def test_a_bounced_acknowledgment_is_tied_to_its_ticket_and_the_next_request_get
         assert InboxEvent.objects.get(pk=second).state == "completed"
         assert skipped.get().detail["reason"] == "address_bounced"
         assert not Intent.objects.filter(inbox_event_id=second, action="notify_requester").exists()
-        time.sleep(1)   # anything sent for the second request would have reached the server by now
+        time.sleep(1)  # anything sent for the second request would have reached the server by now
         assert len(relay.received) == 1
         assert tied.count() == 1
     finally:

@@ -4,6 +4,7 @@
 of times, concurrently: whatever the interleaving, one event yields exactly one
 ticket, one mapping and one `ticket_created` audit row.
 """
+
 import json
 import subprocess
 import time
@@ -126,12 +127,25 @@ def test_two_processes_racing_for_the_same_events_create_each_ticket_once(live_m
     racers = []
     try:
         for n in range(2):
-            racers.append(subprocess.Popen(
-                [PYTHON, "-c", RACE_SCRIPT, str(tmp_path / f"ready-{n}"), str(go), json.dumps(ids),
-                 str(RACE_SPACING)],
-                cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                start_new_session=True,
-            ))
+            racers.append(
+                subprocess.Popen(
+                    [
+                        PYTHON,
+                        "-c",
+                        RACE_SCRIPT,
+                        str(tmp_path / f"ready-{n}"),
+                        str(go),
+                        json.dumps(ids),
+                        str(RACE_SPACING),
+                    ],
+                    cwd=REPO_ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
         deadline = time.monotonic() + 60
         while not all((tmp_path / f"ready-{n}").exists() for n in range(2)):
             if any(r.poll() is not None for r in racers):

@@ -3,6 +3,7 @@
 Nothing is faked: the webhook is reached over HTTP, the relay and the worker are
 separate OS processes on the test database, and Redis carries the tasks.
 """
+
 import os
 import time
 import uuid
@@ -31,8 +32,9 @@ N_EMAILS = 50
 
 
 def post_email(url: str, body: bytes) -> requests.Response:
-    return requests.post(url, data=body, timeout=15,
-                        headers={**signed_headers(LIVE_SECRET, body), "Content-Type": "message/rfc822"})
+    return requests.post(
+        url, data=body, timeout=15, headers={**signed_headers(LIVE_SECRET, body), "Content-Type": "message/rfc822"}
+    )
 
 
 def webhook_url(live_server, mailbox) -> str:
@@ -56,8 +58,12 @@ def test_fifty_signed_emails_become_fifty_tickets(live_server, live_mailbox, liv
     ids = [r.json()["inbox_event_id"] for r in responses]
     assert len(set(ids)) == N_EMAILS
 
-    wait_for(lambda: event_states(ids).get("completed", 0) == N_EMAILS, timeout=60, interval=0.25,
-             describe=lambda: f"states {dict(event_states(ids))}\n{live_processes.logs()}")
+    wait_for(
+        lambda: event_states(ids).get("completed", 0) == N_EMAILS,
+        timeout=60,
+        interval=0.25,
+        describe=lambda: f"states {dict(event_states(ids))}\n{live_processes.logs()}",
+    )
 
     # Exactly one ticket, one mapping and one succeeded intent per event.
     assert InboxEvent.objects.filter(pk__in=ids).count() == N_EMAILS
@@ -76,8 +82,9 @@ def test_fifty_signed_emails_become_fifty_tickets(live_server, live_mailbox, liv
     for event_id in ids:
         kinds = audit_kinds(event_id)
         assert kinds["received"] == 1 and kinds["ticket_created"] == 1, (event_id, kinds)
-    creators = set(AuditEvent.objects.filter(inbox_event_id__in=ids, kind="ticket_created")
-                   .values_list("actor", flat=True))
+    creators = set(
+        AuditEvent.objects.filter(inbox_event_id__in=ids, kind="ticket_created").values_list("actor", flat=True)
+    )
     assert creators and all(not actor.endswith(f":{os.getpid()}") for actor in creators), creators
     # Every outbox row was published by the relay.
     assert not OutboxMessage.objects.filter(published_at__isnull=True).exists()
@@ -85,13 +92,15 @@ def test_fifty_signed_emails_become_fifty_tickets(live_server, live_mailbox, liv
     # The same messages again: recognised as duplicates, nothing new is stored or created.
     again = [post_email(url, bodies[n]) for n in range(5)]
     assert [(r.status_code, r.json()) for r in again] == [
-        (200, {"inbox_event_id": ids[n], "duplicate": True}) for n in range(5)]
+        (200, {"inbox_event_id": ids[n], "duplicate": True}) for n in range(5)
+    ]
     assert OutboxMessage.objects.count() == N_EMAILS
     assert tickets.count() == N_EMAILS
 
 
 def test_message_lost_after_publishing_is_recovered_by_the_stale_event_sweep(
-        live_server, live_mailbox, live_broker, live_processes):
+    live_server, live_mailbox, live_broker, live_processes
+):
     from intake.models import AuditEvent, InboxEvent, OutboxMessage
     from intake.services import requeue_stale_events
     from ticketing.models import Intent, Ticket, TicketMapping
@@ -104,11 +113,15 @@ def test_message_lost_after_publishing_is_recovered_by_the_stale_event_sweep(
     event_id = response.json()["inbox_event_id"]
 
     # The relay publishes it (no worker runs yet, so the message waits in Redis) ...
-    wait_for(lambda: OutboxMessage.objects.filter(payload__inbox_event_id=event_id, published_at__isnull=False)
-             .exists(), timeout=20, describe=live_processes.logs)
+    wait_for(
+        lambda: OutboxMessage.objects.filter(payload__inbox_event_id=event_id, published_at__isnull=False).exists(),
+        timeout=20,
+        describe=live_processes.logs,
+    )
     queued = live_broker.queued_messages()
-    assert any(m["headers"]["task"] == PROCESS_TASK and str(event_id) in m["headers"]["argsrepr"] for m in queued), \
+    assert any(m["headers"]["task"] == PROCESS_TASK and str(event_id) in m["headers"]["argsrepr"] for m in queued), (
         queued
+    )
     assert relay.stop() == 0, relay.tail()
 
     # ... and the broker loses it before any worker took it.
@@ -129,17 +142,23 @@ def test_message_lost_after_publishing_is_recovered_by_the_stale_event_sweep(
 
     # A relay (started after the sweep, so it finds the new row by its start-up sweep, not by NOTIFY) publishes it.
     live_processes.relay(env)
-    wait_for(lambda: InboxEvent.objects.get(pk=event_id).state == "completed", timeout=30, interval=0.2,
-             describe=lambda: f"state {InboxEvent.objects.get(pk=event_id).state}\n{live_processes.logs()}")
+    wait_for(
+        lambda: InboxEvent.objects.get(pk=event_id).state == "completed",
+        timeout=30,
+        interval=0.2,
+        describe=lambda: f"state {InboxEvent.objects.get(pk=event_id).state}\n{live_processes.logs()}",
+    )
 
     assert Ticket.objects.count() == 1
     assert TicketMapping.objects.filter(inbox_event_id=event_id).count() == 1
     assert list(Intent.objects.filter(inbox_event_id=event_id).values_list("state", "attempts")) == [("succeeded", 1)]
     kinds = audit_kinds(event_id)
     assert (kinds["received"], kinds["requeued"], kinds["ticket_created"]) == (1, 1, 1), kinds
-    order = list(AuditEvent.objects.filter(inbox_event_id=event_id, kind__in=["received", "requeued",
-                                                                             "ticket_created"])
-                 .order_by("at", "pk").values_list("kind", flat=True))
+    order = list(
+        AuditEvent.objects.filter(inbox_event_id=event_id, kind__in=["received", "requeued", "ticket_created"])
+        .order_by("at", "pk")
+        .values_list("kind", flat=True)
+    )
     assert order == ["received", "requeued", "ticket_created"]
     outbox = OutboxMessage.objects.filter(payload__inbox_event_id=event_id)
     assert outbox.count() == 2 and not outbox.filter(published_at__isnull=True).exists()

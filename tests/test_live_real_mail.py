@@ -7,6 +7,7 @@ state and reason its manifest line names, with exactly one event per distinct
 message and one ticket per completed event — the two ServiceNow updates that
 share a Message-ID included.
 """
+
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,12 +34,14 @@ FINAL = {"completed", "suppressed", "awaiting_review", "quarantined", "failed"}
 
 
 def post(url: str, raw: bytes) -> requests.Response:
-    return requests.post(url, data=raw, timeout=30,
-                         headers={**signed_headers(LIVE_SECRET, raw), "Content-Type": "message/rfc822"})
+    return requests.post(
+        url, data=raw, timeout=30, headers={**signed_headers(LIVE_SECRET, raw), "Content-Type": "message/rfc822"}
+    )
 
 
 def test_the_corpus_posted_twice_ends_as_its_manifest_says_with_one_ticket_each(
-        live_server, live_mailbox, live_broker, live_processes, settings):
+    live_server, live_mailbox, live_broker, live_processes, settings
+):
     from intake.models import InboxEvent
     from ticketing.models import Ticket, TicketMapping
 
@@ -57,11 +60,18 @@ def test_the_corpus_posted_twice_ends_as_its_manifest_says_with_one_ticket_each(
     # ... then every message again, eight at a time: each answer names its first event.
     with ThreadPoolExecutor(max_workers=8) as pool:
         again = dict(zip(raws, pool.map(lambda raw: post(url, raw), raws.values()), strict=True))
-    assert {name: (r.status_code, r.json()) for name, r in again.items()
-            if (r.status_code, r.json()) != (200, {"inbox_event_id": events[name], "duplicate": True})} == {}
+    assert {
+        name: (r.status_code, r.json())
+        for name, r in again.items()
+        if (r.status_code, r.json()) != (200, {"inbox_event_id": events[name], "duplicate": True})
+    } == {}
 
-    wait_for(lambda: set(event_states(events.values())) <= FINAL, timeout=120, interval=0.5,
-             describe=lambda: f"states {dict(event_states(events.values()))}\n{live_processes.logs()}")
+    wait_for(
+        lambda: set(event_states(events.values())) <= FINAL,
+        timeout=120,
+        interval=0.5,
+        describe=lambda: f"states {dict(event_states(events.values()))}\n{live_processes.logs()}",
+    )
 
     stored = {e.pk: e for e in InboxEvent.objects.filter(pk__in=events.values())}
     outcomes = {name: (stored[events[name]].state, stored[events[name]].reason_code) for name in events}

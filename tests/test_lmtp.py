@@ -11,6 +11,7 @@ idlest session makes room; idle ones time out), a slow-loris DATA is cut by the 
 that never ends by its deadline, and a unix socket (`--socket`) delivers end to end. Raw sockets play the
 attacker; the figures are printed (`-s`). The tenant boundary over LMTP: tests/test_address_boundary.py.
 """
+
 import datetime
 import os
 import select
@@ -39,8 +40,10 @@ def acme(transactional_db, monkeypatch):
     """Tenant acme with mailboxes support@ and billing@ (committed: the listener is another process)."""
     monkeypatch.setenv(WEBHOOK_SECRET_VAR, WEBHOOK_SECRET)
     tenant = make_tenant(slug="acme")
-    return {"support": make_mailbox(tenant, slug="support", address="Support@Acme.test"),
-            "billing": make_mailbox(tenant, slug="billing", address="billing@acme.test")}
+    return {
+        "support": make_mailbox(tenant, slug="support", address="Support@Acme.test"),
+        "billing": make_mailbox(tenant, slug="billing", address="billing@acme.test"),
+    }
 
 
 @pytest.fixture
@@ -51,10 +54,14 @@ def refuse_rows_of():
     def refuse(mailbox):
         name = f"mailroom_test_refuse_{mailbox.pk}"
         with connection.cursor() as cursor:
-            cursor.execute(f"CREATE FUNCTION {name}() RETURNS trigger AS $$ BEGIN "
-                           f"RAISE EXCEPTION 'storage refused'; END $$ LANGUAGE plpgsql")
-            cursor.execute(f"CREATE TRIGGER {name} BEFORE INSERT ON {InboxEvent._meta.db_table} FOR EACH ROW "
-                           f"WHEN (NEW.mailbox_id = {int(mailbox.pk)}) EXECUTE FUNCTION {name}()")
+            cursor.execute(
+                f"CREATE FUNCTION {name}() RETURNS trigger AS $$ BEGIN "
+                f"RAISE EXCEPTION 'storage refused'; END $$ LANGUAGE plpgsql"
+            )
+            cursor.execute(
+                f"CREATE TRIGGER {name} BEFORE INSERT ON {InboxEvent._meta.db_table} FOR EACH ROW "
+                f"WHEN (NEW.mailbox_id = {int(mailbox.pk)}) EXECUTE FUNCTION {name}()"
+            )
         created.append(name)
         return lambda: _drop_trigger(name, created)
 
@@ -75,6 +82,7 @@ def events(**filters):
 
 
 # --- one message, duplicates, unknown recipients -----------------------------------------------------
+
 
 def test_one_message_is_one_event_stored_as_delivered_with_its_envelope(acme, lmtp_listener):
     raw = email_message(to="support@acme.test")
@@ -145,8 +153,11 @@ def test_unknown_recipients_are_550_and_nothing_is_stored(acme, lmtp_listener, c
     make_mailbox(acme["support"].tenant, slug="gmail-box", address="gmail-box@acme.test", provider="gmail")
     before = count_rows()
     client = lmtp(lmtp_listener)
-    mail, rcpts, replies = send(client, ["nobody@acme.test", "gmail-box@acme.test", "support@elsewhere.test"],
-                                email_message(to="nobody@acme.test"))
+    mail, rcpts, replies = send(
+        client,
+        ["nobody@acme.test", "gmail-box@acme.test", "support@elsewhere.test"],
+        email_message(to="nobody@acme.test"),
+    )
     assert client.docmd("DATA")[0] == 503  # no recipient accepted: no DATA
     client.quit()
     # Not ours, for good: 550 5.1.1 (a Gmail mailbox's own message ids are not Message-IDs: never a target).
@@ -167,10 +178,14 @@ def test_mixed_recipients_get_per_recipient_answers_and_one_event_per_mailbox(ac
     assert sorted(e.mailbox_id for e in stored) == sorted([acme["support"].pk, acme["billing"].pk])
     assert {bytes(e.raw) for e in stored} == {on_the_wire(raw)}
     # Each event keeps its own mailbox's envelope recipients, never another mailbox's.
-    envelope_to = {a.inbox_event.mailbox_id: a.detail["envelope_to"]
-                   for a in AuditEvent.objects.filter(kind="provider_metadata").select_related("inbox_event")}
-    assert envelope_to == {acme["support"].pk: ["support@acme.test", "SUPPORT@acme.test"],
-                           acme["billing"].pk: ["BILLING+invoices@acme.test"]}
+    envelope_to = {
+        a.inbox_event.mailbox_id: a.detail["envelope_to"]
+        for a in AuditEvent.objects.filter(kind="provider_metadata").select_related("inbox_event")
+    }
+    assert envelope_to == {
+        acme["support"].pk: ["support@acme.test", "SUPPORT@acme.test"],
+        acme["billing"].pk: ["BILLING+invoices@acme.test"],
+    }
     # The listener's log names mailboxes and masked addresses: no full address, no body.
     log = lmtp_listener.log()
     assert "delivery to mailbox billing" in log and "n***@a***.test" in log
@@ -202,8 +217,10 @@ def test_smtp_answers_once_and_only_250_when_every_mailbox_stored_it(acme, start
     assert client.has_extn("size")
     with pytest.raises(smtplib.SMTPDataError) as refused:
         client.sendmail(SENDER, ["support@acme.test", "billing@acme.test"], raw)
-    assert (refused.value.smtp_code, refused.value.smtp_error) == (451, b"4.3.0 Temporary failure, please try "
-                                                                         b"again later")
+    assert (refused.value.smtp_code, refused.value.smtp_error) == (
+        451,
+        b"4.3.0 Temporary failure, please try again later",
+    )
     assert [e.mailbox_id for e in events()] == [acme["support"].pk]
 
     allow_billing()
@@ -216,14 +233,18 @@ def test_smtp_answers_once_and_only_250_when_every_mailbox_stored_it(acme, start
 
 def test_message_received_by_webhook_and_by_lmtp_is_one_event(acme, lmtp_listener):
     raw = email_message(to="support@acme.test")
-    response = Client().post("/webhooks/raw/support/", data=raw, content_type="message/rfc822",
-                             **{f"HTTP_{k.upper().replace('-', '_')}": v
-                                for k, v in signed_headers(WEBHOOK_SECRET, raw).items()})
+    response = Client().post(
+        "/webhooks/raw/support/",
+        data=raw,
+        content_type="message/rfc822",
+        **{f"HTTP_{k.upper().replace('-', '_')}": v for k, v in signed_headers(WEBHOOK_SECRET, raw).items()},
+    )
     assert response.status_code == 202
     # As the mail server delivers it: its own Received header on top, CRLF line endings.
-    delivered = (b"Received: from mx.example.test (mx.example.test [192.0.2.7])\r\n"
-                 b"\tby mta.acme.test (Postfix) with ESMTPS id 4XYZ; Mon, 04 Mar 2024 10:15:02 +0000\r\n"
-                 + on_the_wire(raw))
+    delivered = (
+        b"Received: from mx.example.test (mx.example.test [192.0.2.7])\r\n"
+        b"\tby mta.acme.test (Postfix) with ESMTPS id 4XYZ; Mon, 04 Mar 2024 10:15:02 +0000\r\n" + on_the_wire(raw)
+    )
     client = lmtp(lmtp_listener)
     replies = send(client, ["support@acme.test"], delivered)[2]
     client.quit()
@@ -232,6 +253,7 @@ def test_message_received_by_webhook_and_by_lmtp_is_one_event(acme, lmtp_listene
 
 
 # --- size --------------------------------------------------------------------------------------------
+
 
 def test_size_is_announced_and_enforced_at_mail_from_and_at_data(acme, start_listener, count_rows):
     listener = start_listener(env={"MAILROOM_MAX_MESSAGE_BYTES": "4000"})
@@ -247,12 +269,12 @@ def test_size_is_announced_and_enforced_at_mail_from_and_at_data(acme, start_lis
     assert replies == [too_big, too_big]
     assert count_rows() == before
     # The session is still in step: a message within the limit goes through.
-    assert send(client, ["support@acme.test"], email_message(to="support@acme.test"))[2] == [
-        (250, b"2.0.0 Delivered")]
+    assert send(client, ["support@acme.test"], email_message(to="support@acme.test"))[2] == [(250, b"2.0.0 Delivered")]
     client.quit()
 
 
 # --- the database fails -----------------------------------------------------------------------------
+
 
 def test_database_down_is_451_and_nothing_stored_then_250_when_it_is_back(acme, start_listener):
     listener = start_listener()
@@ -282,14 +304,18 @@ def test_database_down_is_451_and_nothing_stored_then_250_when_it_is_back(acme, 
 
 # --- limits per client ---------------------------------------------------------------------------------
 
-def test_at_the_connection_cap_the_idlest_session_makes_room_and_only_busy_ones_refuse(acme, start_listener,
-                                                                                        count_rows):
+
+def test_at_the_connection_cap_the_idlest_session_makes_room_and_only_busy_ones_refuse(
+    acme, start_listener, count_rows
+):
     listener = start_listener("--max-connections-per-client", "2", "--max-messages-per-minute", "3")
     first, second = lmtp(listener), lmtp(listener)
     assert second.noop()[0] == 250  # second is the more recently active
     third = lmtp(listener)  # the cap is reached: first, idle the longest, is closed to make room
-    assert first.getreply() == (421, b"4.4.2 Idle connection closed: another connection from your address "
-                                     b"needed its place")
+    assert first.getreply() == (
+        421,
+        b"4.4.2 Idle connection closed: another connection from your address needed its place",
+    )
     assert second.noop()[0] == 250 and third.noop()[0] == 250
 
     # Both sessions busy (their messages wait on the database): now a newcomer is refused, with a 4xx.
@@ -300,22 +326,24 @@ def test_at_the_connection_cap_the_idlest_session_makes_room_and_only_busy_ones_
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(f"LOCK TABLE {InboxEvent._meta.db_table} IN SHARE MODE")
-        senders = [threading.Thread(target=lambda c=c: answers.append(c.data(on_the_wire(raw))))
-                   for c in (second, third)]
+        senders = [
+            threading.Thread(target=lambda c=c: answers.append(c.data(on_the_wire(raw)))) for c in (second, third)
+        ]
         for sender in senders:
             sender.start()
         time.sleep(1.0)  # both are storing, behind the lock
         with pytest.raises(smtplib.SMTPConnectError) as refused:
             smtplib.LMTP(listener.host, listener.port, timeout=20)
         assert (refused.value.smtp_code, refused.value.smtp_error) == (
-            421, b"4.7.0 Too many connections from your address, please try again later")
+            421,
+            b"4.7.0 Too many connections from your address, please try again later",
+        )
     for sender in senders:
         sender.join(20)
     assert sorted(answers) == [(250, b"2.0.0 Already delivered"), (250, b"2.0.0 Delivered")]
 
     # The message rate: 2 messages so far, a third is fine, a fourth within the minute is deferred.
-    assert send(second, ["support@acme.test"], email_message(to="support@acme.test"))[2] == [
-        (250, b"2.0.0 Delivered")]
+    assert send(second, ["support@acme.test"], email_message(to="support@acme.test"))[2] == [(250, b"2.0.0 Delivered")]
     before = count_rows()
     assert third.mail(SENDER) == (451, b"4.7.1 Too many messages from your address, please try again later")
     assert count_rows() == before
@@ -365,8 +393,10 @@ def test_idle_connections_from_the_mail_servers_host_do_not_lock_it_out(acme, st
     assert delivered_in < 2.0, delivered_in
     # 25 idle + the delivery's session = 26 for a cap of 20: the 6 oldest idle ones made room, in order.
     assert closed_ones(idle, within=1.0) == list(range(6))
-    print(f"\n25 idle connections from 127.0.0.1: a delivery got 250 {delivered_in * 1000:.0f} ms after it "
-          f"connected; 6 idle sessions were closed to make room")
+    print(
+        f"\n25 idle connections from 127.0.0.1: a delivery got 250 {delivered_in * 1000:.0f} ms after it "
+        f"connected; 6 idle sessions were closed to make room"
+    )
     for sock in idle:
         sock.close()
 
@@ -436,6 +466,7 @@ def test_data_that_never_ends_is_cut_at_the_deadline(acme, start_listener, count
 
 # --- a unix socket ------------------------------------------------------------------------------------
 
+
 def test_delivery_over_a_unix_socket_end_to_end(acme, unix_listener):
     path, listener = unix_listener
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
@@ -444,7 +475,9 @@ def test_delivery_over_a_unix_socket_end_to_end(acme, unix_listener):
     client.ehlo("mta.example.test")
     raw = email_message(to="support@acme.test")
     assert send(client, ["support@acme.test", "nobody@acme.test"], raw)[1:] == (
-        [(250, b"2.1.5 Recipient OK"), (550, b"5.1.1 No such mailbox here")], [(250, b"2.0.0 Delivered")])
+        [(250, b"2.1.5 Recipient OK"), (550, b"5.1.1 No such mailbox here")],
+        [(250, b"2.0.0 Delivered")],
+    )
     client.quit()
     event = InboxEvent.objects.get()
     assert (event.mailbox_id, event.source, bytes(event.raw)) == (acme["support"].pk, "lmtp", on_the_wire(raw))
@@ -465,6 +498,7 @@ def test_delivery_over_a_unix_socket_end_to_end(acme, unix_listener):
 
 # --- STARTTLS -----------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def self_signed_certificate(tmp_path):
     """(certificate path, key path) for 127.0.0.1 / lmtp.mailroom.test, made with `cryptography`."""
@@ -479,24 +513,31 @@ def self_signed_certificate(tmp_path):
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lmtp.mailroom.test")])
     now = datetime.datetime.now(datetime.UTC)
     certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("lmtp.mailroom.test"),
-                                                    x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                       critical=False)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("lmtp.mailroom.test"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = tmp_path / "lmtp.crt", tmp_path / "lmtp.key"
     cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return str(cert_path), str(key_path)
 
 
-def test_starttls_with_a_configured_certificate_and_required_before_mail(acme, start_listener,
-                                                                           self_signed_certificate):
+def test_starttls_with_a_configured_certificate_and_required_before_mail(acme, start_listener, self_signed_certificate):
     cert, key = self_signed_certificate
     listener = start_listener("--tls-cert", cert, "--tls-key", key, "--require-starttls")
     client = lmtp(listener)
@@ -505,14 +546,14 @@ def test_starttls_with_a_configured_certificate_and_required_before_mail(acme, s
     client.starttls(context=ssl.create_default_context(cafile=cert))  # verifies the chain and 127.0.0.1
     assert client.sock.version().startswith("TLS")
     client.ehlo("mta.example.test")
-    assert send(client, ["support@acme.test"], email_message(to="support@acme.test"))[2] == [
-        (250, b"2.0.0 Delivered")]
+    assert send(client, ["support@acme.test"], email_message(to="support@acme.test"))[2] == [(250, b"2.0.0 Delivered")]
     client.quit()
     event = InboxEvent.objects.get()
     assert AuditEvent.objects.get(inbox_event=event, kind="provider_metadata").detail["tls"] is True
 
 
 # --- make run ---------------------------------------------------------------------------------------
+
 
 def test_make_run_starts_the_listener_only_when_its_port_is_set(monkeypatch):
     from reconciliation.management.commands.run_stack import Command

@@ -9,6 +9,7 @@ queue flush delivers them all. No message is lost and none is stored twice: one 
 Over a unix socket (`run_lmtp --socket`, mode 660, group postfix: the set-up README recommends for one host),
 Postfix delivers the same way, and nobody outside that group can open the socket.
 """
+
 import os
 import shutil
 import smtplib
@@ -30,18 +31,24 @@ def submit(postfix, message_ids: list[str], to: str = "support@acme.test") -> No
     """Hand the messages to Postfix's smtpd, as any sender would (one SMTP session)."""
     with smtplib.SMTP("127.0.0.1", postfix.smtpd_port, timeout=30) as client:
         for message_id in message_ids:
-            raw = email_message(to=to, subject=f"Request {message_id}", message_id=f"<{message_id}>",
-                                body=f"Please help with {message_id}.\n")
+            raw = email_message(
+                to=to,
+                subject=f"Request {message_id}",
+                message_id=f"<{message_id}>",
+                body=f"Please help with {message_id}.\n",
+            )
             assert client.sendmail("customer@example.com", [to], raw) == {}
 
 
 def events_per_message_id(message_ids: list[str]) -> Counter:
-    return Counter(InboxEvent.objects.filter(provider_message_id__in=message_ids)
-                   .values_list("provider_message_id", flat=True))
+    return Counter(
+        InboxEvent.objects.filter(provider_message_id__in=message_ids).values_list("provider_message_id", flat=True)
+    )
 
 
-def test_postfix_delivers_every_message_once_through_a_database_outage(transactional_db, start_listener,
-                                                                       private_postfix):
+def test_postfix_delivers_every_message_once_through_a_database_outage(
+    transactional_db, start_listener, private_postfix
+):
     tenant = make_tenant(slug="acme")
     mailbox = make_mailbox(tenant, slug="support", address="support@acme.test")
     listener = start_listener()  # the shipped defaults (130 messages stay under 600 a minute from one client)
@@ -51,8 +58,11 @@ def test_postfix_delivers_every_message_once_through_a_database_outage(transacti
     # 100 messages -> 100 events, one each.
     first = [f"first-{run}-{n}@sender.example" for n in range(FIRST_BATCH)]
     submit(postfix, first)
-    wait_for(lambda: sum(events_per_message_id(first).values()) >= FIRST_BATCH, timeout=30,
-             describe=lambda: f"{sum(events_per_message_id(first).values())} events\n{postfix.log()}")
+    wait_for(
+        lambda: sum(events_per_message_id(first).values()) >= FIRST_BATCH,
+        timeout=30,
+        describe=lambda: f"{sum(events_per_message_id(first).values())} events\n{postfix.log()}",
+    )
     assert events_per_message_id(first) == Counter({message_id: 1 for message_id in first})
     wait_for(lambda: postfix.queue() == [], timeout=10, describe=lambda: str(postfix.queue()))
 
@@ -63,8 +73,7 @@ def test_postfix_delivers_every_message_once_through_a_database_outage(transacti
 
         def all_deferred():
             queued = postfix.queue()
-            return (len(queued) == DURING_OUTAGE and all(m["queue_name"] == "deferred" for m in queued)
-                    and queued)
+            return len(queued) == DURING_OUTAGE and all(m["queue_name"] == "deferred" for m in queued) and queued
 
         queued = wait_for(all_deferred, timeout=30, describe=lambda: f"{postfix.queue()}\n{postfix.log()}")
         reasons = {r["delay_reason"] for m in queued for r in m["recipients"]}
@@ -73,8 +82,11 @@ def test_postfix_delivers_every_message_once_through_a_database_outage(transacti
 
     # Back: a queue flush delivers everything, once.
     postfix.flush()
-    wait_for(lambda: sum(events_per_message_id(during).values()) >= DURING_OUTAGE, timeout=30,
-             describe=lambda: f"{sum(events_per_message_id(during).values())} events\n{postfix.log()}")
+    wait_for(
+        lambda: sum(events_per_message_id(during).values()) >= DURING_OUTAGE,
+        timeout=30,
+        describe=lambda: f"{sum(events_per_message_id(during).values())} events\n{postfix.log()}",
+    )
     wait_for(lambda: postfix.queue() == [], timeout=10, describe=lambda: str(postfix.queue()))
     assert events_per_message_id(during) == Counter({message_id: 1 for message_id in during})
     assert events_per_message_id(first) == Counter({message_id: 1 for message_id in first})
@@ -93,8 +105,11 @@ def test_postfix_delivers_over_the_unix_socket(transactional_db, unix_listener, 
     run = uuid.uuid4().hex[:8]
     message_ids = [f"unix-{run}-{n}@sender.example" for n in range(20)]
     submit(postfix, message_ids)
-    wait_for(lambda: sum(events_per_message_id(message_ids).values()) >= len(message_ids), timeout=30,
-             describe=lambda: f"{sum(events_per_message_id(message_ids).values())} events\n{postfix.log()}")
+    wait_for(
+        lambda: sum(events_per_message_id(message_ids).values()) >= len(message_ids),
+        timeout=30,
+        describe=lambda: f"{sum(events_per_message_id(message_ids).values())} events\n{postfix.log()}",
+    )
     wait_for(lambda: postfix.queue() == [], timeout=10, describe=lambda: str(postfix.queue()))
     assert events_per_message_id(message_ids) == Counter({message_id: 1 for message_id in message_ids})
     assert InboxEvent.objects.filter(mailbox=mailbox).count() == len(message_ids)

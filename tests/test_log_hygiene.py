@@ -4,6 +4,7 @@ The pipeline test renders every record that was logged at DEBUG through the conf
 (its filters and formatter: what a process would print) and also checks the raw messages, which must
 never hold a body line or a secret even before the filters.
 """
+
 import io
 import json
 import logging
@@ -41,8 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def console_handler() -> logging.Handler:
     """The handler settings.LOGGING installs on the root logger (the one with the masking filter)."""
-    return next(h for h in logging.getLogger().handlers
-                if any(isinstance(f, MaskAddressesFilter) for f in getattr(h, "filters", ())))
+    return next(
+        h
+        for h in logging.getLogger().handlers
+        if any(isinstance(f, MaskAddressesFilter) for f in getattr(h, "filters", ()))
+    )
 
 
 def rendered(record: logging.LogRecord, handler: logging.Handler) -> str:
@@ -56,16 +60,24 @@ def test_the_whole_pipeline_logs_no_body_no_address_no_secret(mailbox, scanner_o
     sender = f"jane.doe.{marker}@example.com"
     body_lines = [f"My account number is 4711-{marker}.", f"The vault code is swordfish-{marker}."]
     trust_our_mta(mailbox)  # an authenticated sender: the acknowledgment goes out and is logged too
-    message = stamped(make_message(subject="Printer on fire", sender=sender, to="support@acme.test",
-                                   body="\n".join(body_lines) + "\n"))
+    message = stamped(
+        make_message(
+            subject="Printer on fire", sender=sender, to="support@acme.test", body="\n".join(body_lines) + "\n"
+        )
+    )
     bearer = f"bearer-{marker}"
     headers = webhook_headers(WEBHOOK_SECRET, message)
     signature_values = [v for v in headers.values() if len(v) >= 16]
 
     with caplog.at_level(logging.DEBUG):
-        response = Client().post(f"/webhooks/raw/support/?token=query-{marker}", data=message,
-                                 content_type="message/rfc822", HTTP_AUTHORIZATION=f"Bearer {bearer}",
-                                 HTTP_X_REQUEST_ID=f"req-{marker}", **headers)
+        response = Client().post(
+            f"/webhooks/raw/support/?token=query-{marker}",
+            data=message,
+            content_type="message/rfc822",
+            HTTP_AUTHORIZATION=f"Bearer {bearer}",
+            HTTP_X_REQUEST_ID=f"req-{marker}",
+            **headers,
+        )
         assert response.status_code == 202, response.content
         assert response["X-Request-ID"] == f"req-{marker}"
         event_id = response.json()["inbox_event_id"]
@@ -92,16 +104,19 @@ def test_the_whole_pipeline_logs_no_body_no_address_no_secret(mailbox, scanner_o
     assert "token=[redacted]" in careless and "Bearer [redacted]" in careless
 
 
-@pytest.mark.parametrize("text, kept, gone", [
-    ("Authorization: Bearer abc.def-ghi", "Authorization: Bearer [redacted]", "abc.def-ghi"),
-    ("headers={'Authorization': 'Basic dXNlcjpwYXNz'}", "'Authorization': 'Basic [redacted]", "dXNlcjpwYXNz"),
-    ("GET /hook?token=t0k3n&page=2", "token=[redacted]&page=2", "t0k3n"),
-    ("url=https://x.test/?key=AIzaSyABC&x=1", "key=[redacted]&x=1", "AIzaSyABC"),
-    ("access_token=zzz9 api_key=kkk9 client_secret=sss9", "access_token=[redacted] api_key=[redacted]", "kkk9"),
-    ("dedupe_key=abc123 idempotency_key=def456", "dedupe_key=abc123 idempotency_key=def456", "[redacted]"),
-    ("rejected: no bearer token", "no bearer token", "[redacted]"),
-    ("sent Bearer eyJhbGciOi.J9x", "Bearer [redacted]", "eyJhbGciOi"),
-])
+@pytest.mark.parametrize(
+    "text, kept, gone",
+    [
+        ("Authorization: Bearer abc.def-ghi", "Authorization: Bearer [redacted]", "abc.def-ghi"),
+        ("headers={'Authorization': 'Basic dXNlcjpwYXNz'}", "'Authorization': 'Basic [redacted]", "dXNlcjpwYXNz"),
+        ("GET /hook?token=t0k3n&page=2", "token=[redacted]&page=2", "t0k3n"),
+        ("url=https://x.test/?key=AIzaSyABC&x=1", "key=[redacted]&x=1", "AIzaSyABC"),
+        ("access_token=zzz9 api_key=kkk9 client_secret=sss9", "access_token=[redacted] api_key=[redacted]", "kkk9"),
+        ("dedupe_key=abc123 idempotency_key=def456", "dedupe_key=abc123 idempotency_key=def456", "[redacted]"),
+        ("rejected: no bearer token", "no bearer token", "[redacted]"),
+        ("sent Bearer eyJhbGciOi.J9x", "Bearer [redacted]", "eyJhbGciOi"),
+    ],
+)
 def test_secrets_are_redacted_and_our_own_keys_are_not(text, kept, gone):
     out = redact_secrets(text)
     assert kept in out and gone not in out, out
@@ -120,6 +135,7 @@ def test_json_format_carries_the_request_id_and_the_task_id():
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
+
         def view(request):
             logger.info("handled for jane.doe@example.com")
             return HttpResponse("ok")
@@ -143,10 +159,18 @@ def test_json_format_carries_the_request_id_and_the_task_id():
 
 
 def test_log_format_json_switches_the_console_handler():
-    code = ("import django, logging; django.setup(); "
-            "logging.getLogger('probe').warning('Authorization: Bearer s3cr3t for jane.doe@example.com')")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                            env=subprocess_env(LOG_FORMAT="json"))
+    code = (
+        "import django, logging; django.setup(); "
+        "logging.getLogger('probe').warning('Authorization: Bearer s3cr3t for jane.doe@example.com')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=subprocess_env(LOG_FORMAT="json"),
+    )
     assert result.returncode == 0, result.stderr
     [line] = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
     assert line["message"] == "Authorization: Bearer [redacted] for j***@e***.com"
@@ -166,19 +190,39 @@ def test_the_access_log_has_the_path_but_not_the_query_or_the_authorization(tmp_
     port = free_port()
     access_log = tmp_path / "access.log"
     process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("gunicorn")), "config.wsgi", "--bind", f"127.0.0.1:{port}",
-         "--workers", "1", "--no-control-socket", "--access-logfile", str(access_log),
-         "--access-logformat", ACCESS_LOG_FORMAT],
-        cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        [
+            str(Path(sys.executable).with_name("gunicorn")),
+            "config.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
+            "--no-control-socket",
+            "--access-logfile",
+            str(access_log),
+            "--access-logformat",
+            ACCESS_LOG_FORMAT,
+        ],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
         while True:
             try:
-                response = requests.get(f"{base}/healthz?token=q-s3cr3t&key=k-s3cr3t", timeout=2,
-                                        headers={"Authorization": "Bearer b-s3cr3t", "X-Request-ID": "req-log-1",
-                                                 "Referer": f"{base}/admin/?token=r-s3cr3t"})
+                response = requests.get(
+                    f"{base}/healthz?token=q-s3cr3t&key=k-s3cr3t",
+                    timeout=2,
+                    headers={
+                        "Authorization": "Bearer b-s3cr3t",
+                        "X-Request-ID": "req-log-1",
+                        "Referer": f"{base}/admin/?token=r-s3cr3t",
+                    },
+                )
                 break
             except requests.ConnectionError:
                 assert time.monotonic() < deadline, "gunicorn did not start"
@@ -190,4 +234,3 @@ def test_the_access_log_has_the_path_but_not_the_query_or_the_authorization(tmp_
     log = access_log.read_text()
     assert '"GET /healthz HTTP/1.1" 200' in log and "req-log-1" in log, log
     assert "s3cr3t" not in log and "token" not in log and "key=" not in log, log
-

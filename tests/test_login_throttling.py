@@ -1,4 +1,5 @@
 """Login throttling (django-axes): a user is locked out from an IP after MAILROOM_LOGIN_FAILURE_LIMIT failures."""
+
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model

@@ -1,5 +1,6 @@
 """A mailbox's link state (intake.mailbox_health), its emails (ticketing.mailbox_alerts), the quiet-mailbox alarm
 (intake.quiet) and the per-mailbox series of /metrics (reconciliation.mailbox_metrics)."""
+
 import threading
 from datetime import timedelta
 
@@ -38,8 +39,9 @@ def succeed(mailbox, at=None, messages=0):
 
 
 def link_rows(mailbox):
-    return list(MailboxAudit.objects.filter(mailbox=mailbox, kind__in=LINK_KINDS).order_by("pk")
-                .values_list("kind", flat=True))
+    return list(
+        MailboxAudit.objects.filter(mailbox=mailbox, kind__in=LINK_KINDS).order_by("pk").values_list("kind", flat=True)
+    )
 
 
 def fresh(mailbox):
@@ -47,6 +49,7 @@ def fresh(mailbox):
 
 
 # --- transitions ------------------------------------------------------------------------------------------
+
 
 def test_the_first_failure_makes_the_mailbox_failing_with_one_audit_row_and_counters_moved_in_sql(mailbox):
     audit = fail(mailbox)
@@ -139,6 +142,7 @@ def test_two_concurrent_failure_reports_make_one_transition(tenant, monkeypatch)
 
 # --- emails -----------------------------------------------------------------------------------------------
 
+
 def test_down_and_recovered_are_emailed_once_each_to_the_tenant_s_admins_and_failing_is_not(mailbox, admins):
     fail(mailbox)
     assert mailbox_alerts.send_pending() == 0 and mail.outbox == []  # failing: not by default
@@ -149,16 +153,22 @@ def test_down_and_recovered_are_emailed_once_each_to_the_tenant_s_admins_and_fai
     succeed(mailbox)
     assert tasks.check_mailbox_health()["emailed"] == 1
     assert mailbox_alerts.send_pending() == 0
-    assert [m.subject for m in mail.outbox] == ["[Mailroom] mailbox acme/support is down",
-                                                "[Mailroom] mailbox acme/support recovered"]
+    assert [m.subject for m in mail.outbox] == [
+        "[Mailroom] mailbox acme/support is down",
+        "[Mailroom] mailbox acme/support recovered",
+    ]
     assert all(m.to == ["ann@staff.test"] for m in mail.outbox)
     down = mail.outbox[0].body
     assert "Failed polls in a row: 3" in down and "Connection refused" in down
     assert f"/admin/intake/mailbox/{mailbox.pk}/change/" in down
     assert all(mailbox.address not in m.body and mailbox.address not in m.subject for m in mail.outbox)
     notes = Notification.objects.filter(kind=Notification.Kind.MAILBOX_HEALTH).order_by("pk")
-    assert [n.key for n in notes] == [f"mailbox-link:{pk}" for pk in MailboxAudit.objects.filter(
-        kind__in=(Kind.LINK_DOWN, Kind.LINK_RECOVERED)).order_by("pk").values_list("pk", flat=True)]
+    assert [n.key for n in notes] == [
+        f"mailbox-link:{pk}"
+        for pk in MailboxAudit.objects.filter(kind__in=(Kind.LINK_DOWN, Kind.LINK_RECOVERED))
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    ]
     assert all(n.mailbox_id == mailbox.pk for n in notes)
 
 
@@ -170,8 +180,10 @@ def test_failing_is_emailed_when_configured_and_a_recovery_from_failing_only_the
     fail(mailbox)
     succeed(mailbox)
     assert mailbox_alerts.send_pending() == 4  # the earlier pair is still within the day, then the new pair
-    assert [m.subject for m in mail.outbox] == ["[Mailroom] mailbox acme/support is failing",
-                                                "[Mailroom] mailbox acme/support recovered"] * 2
+    assert [m.subject for m in mail.outbox] == [
+        "[Mailroom] mailbox acme/support is failing",
+        "[Mailroom] mailbox acme/support recovered",
+    ] * 2
 
 
 def test_an_error_detail_with_an_address_is_masked_in_the_audit_and_the_email(mailbox, admins):
@@ -200,6 +212,7 @@ def test_a_drill_tenant_s_mailboxes_are_never_emailed_about(db, admins):
 
 # --- the quiet-mailbox alarm ------------------------------------------------------------------------------
 
+
 def synthetic_history(mailbox, *, every: timedelta, count: int, last_at):
     """`count` events `every` apart, the newest at `last_at` (stored through ingest, then dated)."""
     for n in range(count):
@@ -215,7 +228,8 @@ def test_the_time_weighted_percentile_sees_the_long_night_among_many_short_gaps(
 
 
 def test_a_quiet_alarm_is_raised_from_the_mailbox_s_own_rhythm_emailed_once_and_cleared_by_new_mail(
-        mailbox, admins, settings):
+    mailbox, admins, settings
+):
     settings.MAILROOM_QUIET_MIN_HOURS, settings.MAILROOM_QUIET_FACTOR = 1, 1.5
     now = timezone.now()
     synthetic_history(mailbox, every=timedelta(hours=2), count=168, last_at=now - timedelta(hours=2))
@@ -241,7 +255,9 @@ def test_a_quiet_alarm_is_raised_from_the_mailbox_s_own_rhythm_emailed_once_and_
     mailbox_alerts.send_pending()
     assert mail.outbox[-1].subject == "[Mailroom] mailbox acme/support receives mail again"
     assert list(MailboxAudit.objects.filter(mailbox=mailbox).order_by("pk").values_list("kind", flat=True)) == [
-        Kind.QUIET_ALARM, Kind.QUIET_CLEARED]
+        Kind.QUIET_ALARM,
+        Kind.QUIET_CLEARED,
+    ]
 
 
 def test_a_polled_message_clears_the_quiet_alarm_at_once(mailbox):
@@ -275,8 +291,8 @@ def test_the_quiet_alarm_settings_are_checked_like_every_mailbox_setting():
 
 # --- /metrics and the admin -------------------------------------------------------------------------------
 
-def test_metrics_show_each_mailbox_s_link_errors_messages_and_last_success_but_no_drill_mailbox(
-        mailbox, settings):
+
+def test_metrics_show_each_mailbox_s_link_errors_messages_and_last_success_but_no_drill_mailbox(mailbox, settings):
     settings.MAILROOM_METRICS_TOKEN = TOKEN
     drill = make_tenant(slug="drill-y", is_drill=True)
     make_mailbox(drill, slug="drill-box", address="box@drill-y.test")
@@ -289,8 +305,7 @@ def test_metrics_show_each_mailbox_s_link_errors_messages_and_last_success_but_n
     assert value(samples, "mailroom_mailbox_up", **labels) == 1
     assert value(samples, "mailroom_mailbox_messages_total", **labels) == 2
     assert value(samples, "mailroom_mailbox_poll_errors_total", **labels) == 0
-    assert value(samples, "mailroom_mailbox_last_success_timestamp_seconds", **labels) == pytest.approx(
-        at.timestamp())
+    assert value(samples, "mailroom_mailbox_last_success_timestamp_seconds", **labels) == pytest.approx(at.timestamp())
     fail(mailbox, permanent=True)
     samples = scrape()
     assert value(samples, "mailroom_mailbox_up", **labels) == 0

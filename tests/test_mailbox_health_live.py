@@ -1,5 +1,6 @@
 """The acceptance of issue 25 for mailbox health, against a real Dovecot: a mailbox polled from a stopped server goes
 failing -> down (one email) -> recovered (one email), and /metrics shows each step."""
+
 import pytest
 from celery import current_app
 from django.core import mail
@@ -23,12 +24,16 @@ def step(box) -> tuple:
     """(link state, up, poll errors) after a manual poll (manual: the backoff does not skip it)."""
     samples = scrape()
     state = Mailbox.objects.get(pk=box.mailbox.pk).link_state
-    return (state, value(samples, "mailroom_mailbox_up", **LABELS),
-            value(samples, "mailroom_mailbox_poll_errors_total", **LABELS))
+    return (
+        state,
+        value(samples, "mailroom_mailbox_up", **LABELS),
+        value(samples, "mailroom_mailbox_poll_errors_total", **LABELS),
+    )
 
 
 def test_a_mailbox_polled_from_a_stopped_dovecot_goes_failing_down_and_recovered_with_one_email_each(
-        private_dovecot, tenant, monkeypatch, settings):  # noqa: F811
+    private_dovecot, tenant, monkeypatch, settings
+):  # noqa: F811
     settings.MAILROOM_METRICS_TOKEN = TOKEN
     monkeypatch.setenv("MAILROOM_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)
     make_user("ann", groups=["mailroom-admin"], tenants=[tenant])
@@ -60,19 +65,26 @@ def test_a_mailbox_polled_from_a_stopped_dovecot_goes_failing_down_and_recovered
     assert (report.status, report.new) == ("ok", 1)
     assert step(box) == ("recovered", 1, 4)
     mailbox_alerts.send_pending()
-    assert [m.subject for m in mail.outbox] == ["[Mailroom] mailbox acme/imap-support is down",
-                                                "[Mailroom] mailbox acme/imap-support recovered"]
+    assert [m.subject for m in mail.outbox] == [
+        "[Mailroom] mailbox acme/imap-support is down",
+        "[Mailroom] mailbox acme/imap-support recovered",
+    ]
     samples = scrape()
     assert value(samples, "mailroom_mailbox_messages_total", **LABELS) == 2
     assert value(samples, "mailroom_mailbox_last_success_timestamp_seconds", **LABELS) == pytest.approx(
-        Mailbox.objects.get(pk=box.mailbox.pk).last_success_at.timestamp())
+        Mailbox.objects.get(pk=box.mailbox.pk).last_success_at.timestamp()
+    )
     assert list(MailboxAudit.objects.filter(mailbox=box.mailbox).order_by("pk").values_list("kind", flat=True)) == [
-        "link_failing", "link_down", "link_recovered"]
+        "link_failing",
+        "link_down",
+        "link_recovered",
+    ]
     assert Notification.objects.filter(kind=Notification.Kind.MAILBOX_HEALTH).count() == 2
 
 
 def test_refused_credentials_make_the_mailbox_down_at_once_and_its_outbox_row_emails_the_admins(
-        private_dovecot, tenant, monkeypatch, settings):  # noqa: F811
+    private_dovecot, tenant, monkeypatch, settings
+):  # noqa: F811
     """The email right after the transition: the outbox row `mailbox.alert` names the task (by name, as the relay
     publishes it) that sends, as a worker would run it, before any beat."""
     monkeypatch.setenv("MAILROOM_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)

@@ -5,6 +5,7 @@ runs `make run`; the test waits for the banner's "ready", takes the URL, user an
 does what a newcomer does: opens `/` (it leads to the console's login), logs in with the printed
 credentials, opens the dashboard and the recovery queue (both render on SQLite), at 1400 and 800 px.
 """
+
 import re
 
 import pytest
@@ -15,8 +16,7 @@ from tests.support.make_run import banner_value, running_stack  # noqa: F401  (f
 pytestmark = pytest.mark.live
 
 
-def test_the_banners_url_and_credentials_open_the_console_and_its_dashboard(running_stack, browser,
-                                                                             screenshot_dir):
+def test_the_banners_url_and_credentials_open_the_console_and_its_dashboard(running_stack, browser, screenshot_dir):
     port, output = running_stack
     console_url = banner_value(output, "admin")
     assert console_url == f"http://127.0.0.1:{port}/admin/", output.tail()

@@ -6,6 +6,7 @@ checkout's virtualenv through a `.venv` symlink, and make is told that the
 install stamp is up to date (`-o .venv/.installed`), so nothing is installed
 and nothing is written into the real venv or the source tree.
 """
+
 import os
 import re
 import signal
@@ -56,15 +57,26 @@ def test_make_run_serves_the_demo_and_stops_on_ctrl_c(tmp_path):
     assert dry.returncode == 0, dry.stderr
     assert "pip" not in dry.stdout and "venv" not in dry.stdout.replace(".venv/bin/", ""), dry.stdout
 
-    process = subprocess.Popen(make, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        make,
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     output = Output(process.stdout)
     watcher = TreeWatcher(process.pid)
     try:
         # The banner, with the command to paste.
         command = wait_until(
             lambda: next((line.strip() for line in output.lines if "manage.py send_test_email" in line), None),
-            timeout=90, what="the banner", output=output)
+            timeout=90,
+            what="the banner",
+            output=output,
+        )
         assert command.startswith(f"PORT={port} "), command
         banner = output.text()
         assert f"http://127.0.0.1:{port}/admin/" in banner
@@ -88,8 +100,13 @@ def test_make_run_serves_the_demo_and_stops_on_ctrl_c(tmp_path):
         assert sent.stdout.startswith("202 "), sent.stdout
         sent_at = time.monotonic()
 
-        state = wait_until(lambda: (s := shell_json(workdir, env, STATE_CODE))["mappings"] == 1 and s,
-                           timeout=20, what="the ticket", output=output, interval=0.5)
+        state = wait_until(
+            lambda: (s := shell_json(workdir, env, STATE_CODE))["mappings"] == 1 and s,
+            timeout=20,
+            what="the ticket",
+            output=output,
+            interval=0.5,
+        )
         assert state == {"tickets": ["Sample request from Mailroom"], "mappings": 1, "events": ["completed"]}
         ticket_seconds = time.monotonic() - sent_at
 
@@ -97,9 +114,12 @@ def test_make_run_serves_the_demo_and_stops_on_ctrl_c(tmp_path):
         with requests.Session() as session:
             login_page = session.get(f"{base}/admin/login/", timeout=10)
             token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text).group(1)
-            logged_in = session.post(f"{base}/admin/login/?next=/admin/", timeout=10, headers={"Referer": base},
-                                     data={"username": username, "password": password,
-                                           "csrfmiddlewaretoken": token, "next": "/admin/"})
+            logged_in = session.post(
+                f"{base}/admin/login/?next=/admin/",
+                timeout=10,
+                headers={"Referer": base},
+                data={"username": username, "password": password, "csrfmiddlewaretoken": token, "next": "/admin/"},
+            )
             assert logged_in.url.rstrip("/").endswith("/admin"), logged_in.url
             tickets_page = session.get(f"{base}/admin/ticketing/ticket/", timeout=10)
             assert tickets_page.status_code == 200 and "Sample request from Mailroom" in tickets_page.text
@@ -120,15 +140,21 @@ def test_make_run_serves_the_demo_and_stops_on_ctrl_c(tmp_path):
         # Ctrl-C: SIGINT to make's process group, as a terminal does.
         stopping_at = time.monotonic()
         os.killpg(process.pid, signal.SIGINT)
-        wait_until(lambda: not any(is_running(pid, start) for pid, (start, _) in stack.items())
-                   and process.poll() is not None,
-                   timeout=20, what="every process of the stack exiting after Ctrl-C", output=output, interval=0.1)
+        wait_until(
+            lambda: not any(is_running(pid, start) for pid, (start, _) in stack.items()) and process.poll() is not None,
+            timeout=20,
+            what="every process of the stack exiting after Ctrl-C",
+            output=output,
+            interval=0.1,
+        )
         stop_seconds = time.monotonic() - stopping_at
         assert any(line.strip() == "stopped" for line in output.text().splitlines()[-5:]), output.tail()
         # Stopped by run_stack's orderly shutdown, not by its SIGKILL fallback 15 s later.
         assert stop_seconds < 14, output.tail()
-        print(f"ticket after {ticket_seconds:.1f} s; stack stopped {stop_seconds:.1f} s after SIGINT; "
-              f"processes: { {role: len(pids) for role, pids in found.items()} }")
+        print(
+            f"ticket after {ticket_seconds:.1f} s; stack stopped {stop_seconds:.1f} s after SIGINT; "
+            f"processes: { {role: len(pids) for role, pids in found.items()} }"
+        )
     finally:
         watcher.kill_all()
         if process.poll() is None:

@@ -6,6 +6,7 @@ the second, different message and nothing else happened: zero tickets, no trace.
 Here: same id + same content (whatever the channel added) -> one event; same id
 + other content -> its own event, flagged `message_id_reused`, and its own ticket.
 """
+
 import threading
 
 import pytest
@@ -54,8 +55,9 @@ def servicenow_update(state: str, comment: str, sent="Mon, 30 Nov 2026 09:14:02 
 
 
 def post_raw(client, slug: str, raw: bytes):
-    return client.post(f"/webhooks/raw/{slug}/", data=raw, content_type="message/rfc822",
-                       **webhook_headers(WEBHOOK_SECRET, raw))
+    return client.post(
+        f"/webhooks/raw/{slug}/", data=raw, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, raw)
+    )
 
 
 def test_two_different_messages_with_one_message_id_are_two_events_and_two_tickets(mailbox):
@@ -109,10 +111,12 @@ def test_transport_headers_line_endings_and_trailing_space_do_not_change_the_fin
         b"Delivered-To: support@acme.test\r\n"
         b"Received: from mx1.acme.test (mx1.acme.test [192.0.2.10])\r\n\tby imap.acme.test with LMTP; "
         b"Mon, 30 Nov 2026 17:14:05 +0000\r\n"
-        + servicenow_update("New", "Printer on floor 3 jams.").replace(
+        + servicenow_update("New", "Printer on floor 3 jams.")
+        .replace(
             b"Subject: Incident INC0010042 has been updated - state New",
-            b"Subject: Incident INC0010042 has been\r\n updated - state New").replace(
-            b"Ref:MSG0934211", b"Ref:MSG0934211   ")
+            b"Subject: Incident INC0010042 has been\r\n updated - state New",
+        )
+        .replace(b"Ref:MSG0934211", b"Ref:MSG0934211   ")
     )
     assert content_fingerprint(pushed) == content_fingerprint(served)
     assert content_fingerprint(pushed) != content_fingerprint(servicenow_update("New", "Printer on floor 4 jams."))
@@ -122,8 +126,11 @@ def test_transport_headers_line_endings_and_trailing_space_do_not_change_the_fin
     assert provider_message_id_for_raw(no_id_pushed) == provider_message_id_for_raw(no_id_served)
 
 
-def test_same_message_by_lmtp_and_by_imap_with_other_transport_headers_is_one_event(dovecot, tenant,  # noqa: F811
-                                                                                     monkeypatch):
+def test_same_message_by_lmtp_and_by_imap_with_other_transport_headers_is_one_event(
+    dovecot,
+    tenant,  # noqa: F811
+    monkeypatch,
+):
     from intake.keys import raw_message_keys
 
     monkeypatch.setenv("MAILROOM_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)
@@ -136,9 +143,11 @@ def test_same_message_by_lmtp_and_by_imap_with_other_transport_headers_is_one_ev
     delivered_by_lmtp = services.ingest(box.mailbox, provider_message_id, pushed, source="lmtp", thread_key=thread_key)
     assert not delivered_by_lmtp.duplicate
     # ... and delivers a copy into the folder the mailbox polls: trace headers and CRLF.
-    delivered = (b"Return-Path: <acme@service-now.com>\r\nDelivered-To: " + box.username.encode() + b"\r\n"
-                 b"Received: from mx1.acme.test by imap.acme.test with LMTP; Mon, 30 Nov 2026 17:14:05 +0000\r\n"
-                 + pushed.replace(b"\n", b"\r\n"))
+    delivered = (
+        b"Return-Path: <acme@service-now.com>\r\nDelivered-To: " + box.username.encode() + b"\r\n"
+        b"Received: from mx1.acme.test by imap.acme.test with LMTP; Mon, 30 Nov 2026 17:14:05 +0000\r\n"
+        + pushed.replace(b"\n", b"\r\n")
+    )
     box.append([delivered])
     report = box.poll()
     assert (report.new, report.duplicates) == (0, 1)
@@ -159,8 +168,13 @@ def test_inbound_parse_channels_keep_reused_ids_apart(provider, tenant, monkeypa
     monkeypatch.setenv("MAILROOM_TEST_MAILGUN_KEY", MAILGUN_KEY)
     monkeypatch.setenv("MAILROOM_TEST_BASIC", f"{BASIC_USER}:{BASIC_PASSWORD}")
     secret = "MAILROOM_TEST_MAILGUN_KEY" if provider == "mailgun" else "MAILROOM_TEST_BASIC"
-    Mailbox.objects.create(tenant=tenant, slug=f"{provider}-box", address=f"{provider}@acme.test",
-                           provider=provider, webhook_secret_ref=f"env:{secret}")
+    Mailbox.objects.create(
+        tenant=tenant,
+        slug=f"{provider}-box",
+        address=f"{provider}@acme.test",
+        provider=provider,
+        webhook_secret_ref=f"env:{secret}",
+    )
     first = servicenow_update("In Progress", "Disk at 91 %.")
     second = servicenow_update("Resolved", "Disk cleaned up.", sent="Mon, 30 Nov 2026 12:00:00 -0800")
 
@@ -234,10 +248,12 @@ def test_a_reply_to_a_reused_id_goes_to_the_earliest_ticket_or_the_one_it_names_
     earliest, later = TicketMapping.objects.filter(action="create_ticket").order_by("created_at", "pk")
 
     def reply(subject, body):
-        raw = (f"From: Dana Smith <acme@service-now.com>\r\nTo: support@acme.test\r\nSubject: {subject}\r\n"
-               f"Message-ID: <reply-{subject.__hash__() & 0xffff}@acme.service-now.com>\r\n"
-               f"In-Reply-To: {SERVICENOW_ID}\r\nReferences: {SERVICENOW_ID}\r\n"
-               "Date: Tue, 01 Dec 2026 08:00:00 -0800\r\n\r\n" + body + "\r\n").encode()
+        raw = (
+            f"From: Dana Smith <acme@service-now.com>\r\nTo: support@acme.test\r\nSubject: {subject}\r\n"
+            f"Message-ID: <reply-{subject.__hash__() & 0xFFFF}@acme.service-now.com>\r\n"
+            f"In-Reply-To: {SERVICENOW_ID}\r\nReferences: {SERVICENOW_ID}\r\n"
+            "Date: Tue, 01 Dec 2026 08:00:00 -0800\r\n\r\n" + body + "\r\n"
+        ).encode()
         event_id = post_raw(client, mailbox.slug, raw).json()["inbox_event_id"]
         assert process_inbox_event(event_id) == "created"
         return InboxEvent.objects.get(pk=event_id)
@@ -251,12 +267,15 @@ def test_a_reply_to_a_reused_id_goes_to_the_earliest_ticket_or_the_one_it_names_
     assert Intent.objects.filter(action="add_comment", state="succeeded").count() == 2
 
 
-@pytest.mark.parametrize("one, other", [
-    (b"\x00", b"\x01"),
-    (b"not a message at all", b"not a message at all, either"),
-    (b"Subject: x\r\njunk line one\r\n\r\nbody", b"Subject: x\r\njunk line two\r\n\r\nbody"),
-    (b"From: a@example.com\r\n\r\nbody", b"From: b@example.com\r\n\r\nbody"),
-])
+@pytest.mark.parametrize(
+    "one, other",
+    [
+        (b"\x00", b"\x01"),
+        (b"not a message at all", b"not a message at all, either"),
+        (b"Subject: x\r\njunk line one\r\n\r\nbody", b"Subject: x\r\njunk line two\r\n\r\nbody"),
+        (b"From: a@example.com\r\n\r\nbody", b"From: b@example.com\r\n\r\nbody"),
+    ],
+)
 def test_content_that_is_not_a_header_of_the_author_still_tells_messages_apart(one, other):
     # Bytes outside the author's headers count: two different non-messages are never one event.
     assert content_fingerprint(one) != content_fingerprint(other)

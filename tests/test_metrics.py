@@ -1,4 +1,5 @@
 """GET /metrics (the documented contract, reconciliation.metrics): bearer token, Prometheus text from the database."""
+
 from datetime import timedelta
 
 import pytest
@@ -37,8 +38,14 @@ def test_every_metric_with_values_read_from_the_database(token, mailbox, scanner
     done = make_event(mailbox)
     process_inbox_event(done.pk)
     review = make_event(mailbox)
-    transition_event(review.pk, [InboxEvent.State.RECEIVED], InboxEvent.State.AWAITING_REVIEW, actor="test",
-                     kind=None, reason_code=ReasonCode.NO_DESTINATION)
+    transition_event(
+        review.pk,
+        [InboxEvent.State.RECEIVED],
+        InboxEvent.State.AWAITING_REVIEW,
+        actor="test",
+        kind=None,
+        reason_code=ReasonCode.NO_DESTINATION,
+    )
     InboxEvent.objects.filter(pk=review.pk).update(received_at=timezone.now() - timedelta(hours=2))
     stuck = make_event(mailbox)  # received, never processed
     InboxEvent.objects.filter(pk=stuck.pk).update(received_at=timezone.now() - timedelta(minutes=10))
@@ -75,15 +82,24 @@ def test_every_metric_with_values_read_from_the_database(token, mailbox, scanner
 def test_a_refused_webhook_is_counted_by_provider_and_reason(token, mailbox):
     client = Client()
     body = make_message()
-    response = client.post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                           HTTP_X_MAILROOM_TIMESTAMP=str(int(timezone.now().timestamp())),
-                           HTTP_X_MAILROOM_SIGNATURE="v1=" + "0" * 64)
+    response = client.post(
+        "/webhooks/raw/support/",
+        data=body,
+        content_type="message/rfc822",
+        HTTP_X_MAILROOM_TIMESTAMP=str(int(timezone.now().timestamp())),
+        HTTP_X_MAILROOM_SIGNATURE="v1=" + "0" * 64,
+    )
     assert response.status_code == 401
     assert client.post("/webhooks/raw/nope/", data=body, content_type="message/rfc822").status_code == 404
     # A provider name made up in the URL is folded, so labels stay a fixed set.
     assert client.post("/webhooks/made-up/support/", data=body, content_type="message/rfc822").status_code == 404
-    client.post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                HTTP_X_MAILROOM_TIMESTAMP="1", HTTP_X_MAILROOM_SIGNATURE="v1=00")
+    client.post(
+        "/webhooks/raw/support/",
+        data=body,
+        content_type="message/rfc822",
+        HTTP_X_MAILROOM_TIMESTAMP="1",
+        HTTP_X_MAILROOM_SIGNATURE="v1=00",
+    )
 
     samples = scrape()
     assert value(samples, "mailroom_webhook_rejections_total", provider="raw", reason="bad_signature") == 2
@@ -94,15 +110,19 @@ def test_a_refused_webhook_is_counted_by_provider_and_reason(token, mailbox):
 
 def test_last_reconciliation_per_kind_and_scope(token, db):
     from reconciliation.models import ReconciliationRun as run
+
     now = timezone.now()
-    run.objects.create(kind="unmapped", scope="(all)", started_at=now - timedelta(hours=1),
-                       finished_at=now - timedelta(minutes=59))
-    run.objects.create(kind="unmapped", scope="(all)", started_at=now - timedelta(minutes=2),
-                       finished_at=now - timedelta(minutes=1))
+    run.objects.create(
+        kind="unmapped", scope="(all)", started_at=now - timedelta(hours=1), finished_at=now - timedelta(minutes=59)
+    )
+    run.objects.create(
+        kind="unmapped", scope="(all)", started_at=now - timedelta(minutes=2), finished_at=now - timedelta(minutes=1)
+    )
     run.objects.create(kind="outbox", scope="(all)", started_at=now)  # still running: not a finished run
     samples = scrape()
-    assert value(samples, "mailroom_last_reconciliation_timestamp_seconds", kind="unmapped", scope="(all)") == \
-        pytest.approx((now - timedelta(minutes=1)).timestamp())
+    assert value(
+        samples, "mailroom_last_reconciliation_timestamp_seconds", kind="unmapped", scope="(all)"
+    ) == pytest.approx((now - timedelta(minutes=1)).timestamp())
     assert value(samples, "mailroom_last_reconciliation_timestamp_seconds", kind="outbox", scope="(all)") is None
 
 
@@ -117,7 +137,7 @@ def test_a_stuck_event_is_found_unmapped_the_gauge_rises_and_falls_once_it_is_re
     assert finding.resolved_at is None
     rising = value(scrape(), "mailroom_oldest_unmapped_seconds")
     assert rising > 2000
-    assert value(scrape(), "mailroom_recovery_queue_items") == 1   # the open finding puts it in the queue
+    assert value(scrape(), "mailroom_recovery_queue_items") == 1  # the open finding puts it in the queue
 
     assert process_inbox_event(stuck.pk) == "created"
     reconcile(mailbox=mailbox.slug)
@@ -126,5 +146,4 @@ def test_a_stuck_event_is_found_unmapped_the_gauge_rises_and_falls_once_it_is_re
     samples = scrape()
     assert value(samples, "mailroom_oldest_unmapped_seconds") == 0
     assert value(samples, "mailroom_recovery_queue_items") == 0
-    assert value(samples, "mailroom_last_reconciliation_timestamp_seconds", kind="unmapped",
-                 scope=mailbox.slug) > 0
+    assert value(samples, "mailroom_last_reconciliation_timestamp_seconds", kind="unmapped", scope=mailbox.slug) > 0

@@ -4,6 +4,7 @@ The corpus test runs every file of the interpreter's own email test data (when
 the folder exists) and at least 40 generated malformed messages through
 `parse_message` and `validate`, and prints a tally of the verdicts.
 """
+
 import hashlib
 import time
 from collections import Counter
@@ -34,11 +35,14 @@ from intake.validation import (
 from tests.support.mime import PDF, _multipart, generated_corpus, stdlib_corpus, typical_message
 
 STATES = {OK, AWAITING_REVIEW, SUPPRESSED, QUARANTINED}
-GIF = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\xff\xff\xff\x00\x00\x00!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00" \
-      b"\x01\x00\x01\x00\x00\x02\x02D\x01\x00;"
+GIF = (
+    b"GIF89a\x01\x00\x01\x00\x80\x00\x00\xff\xff\xff\x00\x00\x00!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00"
+    b"\x01\x00\x01\x00\x00\x02\x02D\x01\x00;"
+)
 
 
 # -- ordinary mail --------------------------------------------------------------------------------
+
 
 def test_headers_and_plain_body_of_an_ordinary_message():
     parsed = parse_message(typical_message())
@@ -61,31 +65,37 @@ def test_headers_and_plain_body_of_an_ordinary_message():
 
 
 def test_encoded_words_and_raw_8bit_headers_are_decoded():
-    raw = ("From: =?utf-8?q?J=C3=B6rg_M=C3=BCller?= <jm@example.com>\r\n"
-           "To: =?iso-8859-1?q?Caf=E9?= <cafe@example.com>, \"Bob, Jr.\" <bob@example.com>\r\n"
-           "Subject: =?utf-8?b?w5xiZXIg?= =?utf-8?b?ZGllIEJyw7xja2U=?= and =?bogus-cs?q?raw?=\r\n"
-           "X-Note: caf\xe9\r\n\r\nbody\r\n").encode("latin-1")
+    raw = (
+        "From: =?utf-8?q?J=C3=B6rg_M=C3=BCller?= <jm@example.com>\r\n"
+        'To: =?iso-8859-1?q?Caf=E9?= <cafe@example.com>, "Bob, Jr." <bob@example.com>\r\n'
+        "Subject: =?utf-8?b?w5xiZXIg?= =?utf-8?b?ZGllIEJyw7xja2U=?= and =?bogus-cs?q?raw?=\r\n"
+        "X-Note: caf\xe9\r\n\r\nbody\r\n"
+    ).encode("latin-1")
     raw = raw.replace(b"Subject:", "Comments: Gr\u00fc\u00dfe\r\nSubject:".encode("utf-8"))
     parsed = parse_message(raw)
     assert (parsed.sender_name, parsed.sender) == ("Jörg Müller", "jm@example.com")
     assert parsed.recipients == ["cafe@example.com", "bob@example.com"]
     assert parsed.subject == "Über die Brücke and raw"
-    assert decode_header_value("Gr\udcc3\udcbc\udcc3\udc9fe") == "Grüße"          # raw UTF-8 bytes
-    assert decode_header_value("caf\udce9") == "café"                            # raw cp1252 byte
-    assert decode_header_value("a\x00b\r\n c") == "a b c"                        # controls and folding
+    assert decode_header_value("Gr\udcc3\udcbc\udcc3\udc9fe") == "Grüße"  # raw UTF-8 bytes
+    assert decode_header_value("caf\udce9") == "café"  # raw cp1252 byte
+    assert decode_header_value("a\x00b\r\n c") == "a b c"  # controls and folding
 
 
 def test_html_only_mail_becomes_readable_text():
     msg = EmailMessage()
     msg["From"], msg["To"] = "a@example.com", "support@acme.test"
-    msg.set_content("<html><head><title>T</title><style>p{color:red}</style></head><body>"
-                    "<h1>Hello&nbsp;there</h1><p>First &amp; second<br>line two</p><script>alert(1)</script>"
-                    "<ul><li>one</li><li>two</li></ul><p>See <a href='https://example.com/x'>the page</a></p>"
-                    "</body></html>", subtype="html")
+    msg.set_content(
+        "<html><head><title>T</title><style>p{color:red}</style></head><body>"
+        "<h1>Hello&nbsp;there</h1><p>First &amp; second<br>line two</p><script>alert(1)</script>"
+        "<ul><li>one</li><li>two</li></ul><p>See <a href='https://example.com/x'>the page</a></p>"
+        "</body></html>",
+        subtype="html",
+    )
     parsed = parse_message(msg.as_bytes())
     assert parsed.body_source == "html"
-    assert parsed.text == ("Hello there\n\nFirst & second\nline two\n\n- one\n- two\n\n"
-                           "See the page <https://example.com/x>")
+    assert parsed.text == (
+        "Hello there\n\nFirst & second\nline two\n\n- one\n- two\n\nSee the page <https://example.com/x>"
+    )
 
 
 def test_alternative_prefers_plain_text_and_falls_back_to_html_when_plain_is_blank():
@@ -110,8 +120,7 @@ def test_attachments_inline_images_and_payloads_on_demand():
     html_part = msg.get_payload()[1]
     html_part.add_related(GIF, maintype="image", subtype="gif", cid="<logo@x>")
     msg.add_attachment(PDF, maintype="application", subtype="pdf", filename="C:\\Users\\x\\report.pdf")
-    msg.add_attachment("Ünïcode notes\n".encode(), maintype="text", subtype="plain",
-                       filename="notes \u00fc.txt")
+    msg.add_attachment("Ünïcode notes\n".encode(), maintype="text", subtype="plain", filename="notes \u00fc.txt")
     parsed = parse_message(msg.as_bytes())
     assert parsed.text == "see attached"
     assert [(a.filename, a.declared_type, a.sniffed_type, a.is_inline, a.content_id) for a in parsed.attachments] == [
@@ -136,31 +145,37 @@ def test_attached_message_is_one_attachment_and_its_files_are_listed_as_nested()
     outer.set_content("forwarding")
     outer.add_attachment(inner)
     parsed = parse_message(outer.as_bytes())
-    assert parsed.text == "forwarding"   # the forwarded body is in the attachment, not the description
+    assert parsed.text == "forwarding"  # the forwarded body is in the attachment, not the description
     (eml, nested) = parsed.attachments
-    assert (eml.declared_type, eml.nested, nested.filename, nested.nested) == ("message/rfc822", False,
-                                                                               "inner.pdf", True)
+    assert (eml.declared_type, eml.nested, nested.filename, nested.nested) == (
+        "message/rfc822",
+        False,
+        "inner.pdf",
+        True,
+    )
     eml_bytes = attachment_payload(parsed, 0)
     assert b"Subject: original" in eml_bytes and parse_message(eml_bytes).attachments[0].sha256 == nested.sha256
 
 
 def test_inline_text_with_a_filename_is_the_body_only_when_there_is_no_other():
-    part = ('--b\r\nContent-Type: text/plain\r\nContent-Disposition: inline; filename="msg.txt"\r\n\r\n'
-            "{}\r\n")
+    part = '--b\r\nContent-Type: text/plain\r\nContent-Disposition: inline; filename="msg.txt"\r\n\r\n{}\r\n'
     only = _multipart(part.format("the body, sent as a file") + "--b--\r\n")
     parsed = parse_message(only)
     assert parsed.text == "the body, sent as a file" and [a.filename for a in parsed.attachments] == ["msg.txt"]
-    with_body = _multipart("--b\r\nContent-Type: text/plain\r\n\r\nreal body\r\n"
-                           + part.format("notes in a file") + "--b--\r\n")
+    with_body = _multipart(
+        "--b\r\nContent-Type: text/plain\r\n\r\nreal body\r\n" + part.format("notes in a file") + "--b--\r\n"
+    )
     parsed = parse_message(with_body)
     assert parsed.text == "real body" and [a.filename for a in parsed.attachments] == ["msg.txt"]
 
 
 def test_loop_and_automation_headers():
-    raw = (b"From: a@example.com\r\nReturn-Path: <>\r\nAuto-Submitted: Auto-Replied (vacation)\r\n"
-           b"Precedence: Bulk\r\nX-Autoreply: yes\r\nX-Autorespond: \r\nX-Acme-Loop: one\r\nX-Acme-Loop: two\r\n"
-           b"Authentication-Results: a.example; spf=pass\r\nAuthentication-Results: b.example;\r\n dkim=fail\r\n"
-           b"\r\nbody\r\n")
+    raw = (
+        b"From: a@example.com\r\nReturn-Path: <>\r\nAuto-Submitted: Auto-Replied (vacation)\r\n"
+        b"Precedence: Bulk\r\nX-Autoreply: yes\r\nX-Autorespond: \r\nX-Acme-Loop: one\r\nX-Acme-Loop: two\r\n"
+        b"Authentication-Results: a.example; spf=pass\r\nAuthentication-Results: b.example;\r\n dkim=fail\r\n"
+        b"\r\nbody\r\n"
+    )
     parsed = parse_message(raw, loop_header="X-Acme-Loop")
     assert parsed.return_path == ""
     assert (parsed.auto_submitted, parsed.precedence) == ("auto-replied", "bulk")
@@ -171,16 +186,18 @@ def test_loop_and_automation_headers():
 
 
 def test_unknown_and_broken_charsets_degrade_to_readable_text():
-    raw = (b"From: a@example.com\r\nContent-Type: text/plain; charset=x-no-such-charset\r\n\r\n"
-           + "caf\u00e9 ok\r\n".encode("utf-8"))
+    raw = (
+        b"From: a@example.com\r\nContent-Type: text/plain; charset=x-no-such-charset\r\n\r\n"
+        + "caf\u00e9 ok\r\n".encode("utf-8")
+    )
     parsed = parse_message(raw)
     assert parsed.text == "café ok" and "UnknownCharset:x-no-such-charset" in parsed.defects
     latin = b"From: a@example.com\r\nContent-Type: text/plain; charset=iso-8859-1\r\n\r\ncaf\xe9\r\n"
     assert parse_message(latin).text == "café"
-    undeclared = b"From: a@example.com\r\n\r\ncaf\xe9 \x80\r\n"     # 8-bit, no charset: cp1252
+    undeclared = b"From: a@example.com\r\n\r\ncaf\xe9 \x80\r\n"  # 8-bit, no charset: cp1252
     assert parse_message(undeclared).text == "café €"
     refused = b"From: a@example.com\r\nContent-Type: text/plain; charset=punycode\r\n\r\nabc-\r\n"
-    assert parse_message(refused).text == "abc-"                 # not decoded with the punycode codec
+    assert parse_message(refused).text == "abc-"  # not decoded with the punycode codec
 
 
 def test_nul_bytes_never_reach_the_fields():
@@ -204,6 +221,7 @@ def test_html_converter_is_linear_on_hostile_markup():
 
 
 # -- the corpus ------------------------------------------------------------------------------------
+
 
 def test_generated_malformed_corpus_is_large_enough_and_named_uniquely():
     names = [name for name, _ in generated_corpus()]
@@ -235,15 +253,18 @@ def test_corpus_never_raises_and_every_message_gets_a_defined_verdict():
         results[name] = (parsed, verdict)
 
     stdlib = sum(1 for name, _ in corpus if name.startswith("stdlib:"))
-    print(f"\ncorpus: {len(corpus)} messages ({stdlib} from the stdlib email test data, "
-          f"{len(corpus) - stdlib} generated); {with_defects} with defects; slowest {slowest[1]} "
-          f"{slowest[0] * 1000:.0f} ms")
+    print(
+        f"\ncorpus: {len(corpus)} messages ({stdlib} from the stdlib email test data, "
+        f"{len(corpus) - stdlib} generated); {with_defects} with defects; slowest {slowest[1]} "
+        f"{slowest[0] * 1000:.0f} ms"
+    )
     for key, count in sorted(tally.items()):
         print(f"  {count:4d}  {key}")
 
     # A few of the generated ones, checked for what they should give.
     def reason(name):
         return results[name][1].state, results[name][1].reason_code
+
     assert reason("zero_bytes") == (AWAITING_REVIEW, "missing_sender")
     assert reason("headers_only_with_blank_line") == (AWAITING_REVIEW, "empty")
     assert reason("multipart_nested_60_deep") == (AWAITING_REVIEW, "too_complex")
@@ -255,7 +276,10 @@ def test_corpus_never_raises_and_every_message_gets_a_defined_verdict():
     assert [f.reason_code for f in results["delivery_status_garbage"][1].findings] == ["empty", "delivery_report"]
     assert reason("filename_traversal_and_bad_2231") == (QUARANTINED, "attachment_type")
     assert {a.filename for a in results["filename_traversal_and_bad_2231"][0].attachments} <= {
-        "passwd", "x .exe", "x.exe"}
+        "passwd",
+        "x .exe",
+        "x.exe",
+    }
     assert "HeaderTooLong:subject" in results["header_line_5mb"][0].defects
     assert results["header_line_5mb"][0].sender == "a@example.com"
     assert results["unknown_charset"][0].text == "hello"
@@ -276,13 +300,56 @@ def test_corpus_never_raises_and_every_message_gets_a_defined_verdict():
 
 # -- properties --------------------------------------------------------------------------------------
 
-HEADER_NAMES = ["From", "To", "Cc", "Subject", "Message-ID", "References", "In-Reply-To", "Content-Type",
-                "Content-Transfer-Encoding", "Content-Disposition", "Auto-Submitted", "Precedence", "Return-Path",
-                "Authentication-Results", "X-Mailroom-Loop", "X-Autoreply", "Delivered-To", "MIME-Version"]
-FRAGMENTS = ["multipart/mixed; boundary=b", "multipart/alternative; boundary=\"c\"", "text/html; charset=bogus",
-             "message/rfc822", "base64", "quoted-printable", "attachment; filename=\"a.exe\"", "<>", "no",
-             "=?utf-8?b?w7w=?=", "=?x?q?=FF?=", "a@example.com", "<id@x> <id2@x>", "(((", "\x00", "\xff\xfe",
-             "--b", "--b--", "--c", "MZ\x90\x00", "%PDF-1.4", "<p>hi</p>", "<a <a", "\r\n", "\r\n ", ";", "\"", "é"]
+HEADER_NAMES = [
+    "From",
+    "To",
+    "Cc",
+    "Subject",
+    "Message-ID",
+    "References",
+    "In-Reply-To",
+    "Content-Type",
+    "Content-Transfer-Encoding",
+    "Content-Disposition",
+    "Auto-Submitted",
+    "Precedence",
+    "Return-Path",
+    "Authentication-Results",
+    "X-Mailroom-Loop",
+    "X-Autoreply",
+    "Delivered-To",
+    "MIME-Version",
+]
+FRAGMENTS = [
+    "multipart/mixed; boundary=b",
+    'multipart/alternative; boundary="c"',
+    "text/html; charset=bogus",
+    "message/rfc822",
+    "base64",
+    "quoted-printable",
+    'attachment; filename="a.exe"',
+    "<>",
+    "no",
+    "=?utf-8?b?w7w=?=",
+    "=?x?q?=FF?=",
+    "a@example.com",
+    "<id@x> <id2@x>",
+    "(((",
+    "\x00",
+    "\xff\xfe",
+    "--b",
+    "--b--",
+    "--c",
+    "MZ\x90\x00",
+    "%PDF-1.4",
+    "<p>hi</p>",
+    "<a <a",
+    "\r\n",
+    "\r\n ",
+    ";",
+    '"',
+    "é",
+]
 
 
 @st.composite
@@ -308,15 +375,17 @@ def _exercise(raw: bytes) -> None:
         assert len(data) == attachment.size
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
-          database=None)
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, database=None
+)
 @given(st.binary(max_size=4096))
 def test_arbitrary_bytes_never_raise(raw):
     _exercise(raw)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
-          database=None)
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, database=None
+)
 @given(messages())
 def test_structured_junk_never_raises(raw):
     _exercise(raw)
@@ -326,7 +395,6 @@ def test_structured_junk_never_raises(raw):
 @given(st.text(max_size=2000))
 def test_html_to_text_never_raises(markup):
     assert isinstance(html_to_text(markup), str)
-
 
 
 def test_a_message_the_parser_gives_up_on_early_still_has_every_field():

@@ -5,6 +5,7 @@ Apple Mail, Foxmail, Japanese and Korean clients, bounces, broken gateways), and
 test asserts the exact sender, subject and text that a person reading the mail sees.
 No database is needed.
 """
+
 import base64
 import time
 
@@ -38,10 +39,11 @@ def assert_headers_not_in_body(parsed, *fragments):
 
 # -- what real clients send --------------------------------------------------------------------
 
+
 def test_outlook_exchange_message_with_a_character_split_across_encoded_words():
     subject = "Überweisung für Rechnung 4711 – dringend"
     data = subject.encode("utf-8")
-    cut = data.index("ü".encode()) + 1            # between the two bytes of "ü"
+    cut = data.index("ü".encode()) + 1  # between the two bytes of "ü"
     raw = mail(
         "Received: from AM6PR04MB5432.eurprd04.prod.outlook.com (2603:10a6:20b:f8::20) by"
         " AM6PR04MB5432.eurprd04.prod.outlook.com with HTTPS; Tue, 2 Apr 2024 09:15:03 +0000",
@@ -69,8 +71,7 @@ def test_outlook_exchange_message_with_a_character_split_across_encoded_words():
     parsed = parse_message(raw)
     assert (parsed.sender, parsed.sender_name, parsed.sender_source) == ("jane.doe@contoso.com", "Doe, Jane", "from")
     assert parsed.subject == subject
-    assert parsed.recipients == ["support@acme.test", "bob.smith@contoso.com", "carol@fabrikam.com",
-                                 "dave@contoso.com"]
+    assert parsed.recipients == ["support@acme.test", "bob.smith@contoso.com", "carol@fabrikam.com", "dave@contoso.com"]
     assert parsed.text == "Guten Tag,\n\nbitte prüfen Sie die Überweisung."
 
 
@@ -144,14 +145,19 @@ def test_foxmail_gbk_text_labelled_gb2312_keeps_characters_outside_gb2312():
 
 
 def test_raw_gbk_headers_and_filename_are_read_in_the_charset_the_body_declares():
-    head = ("From: 王小明 <wang@163.com>\r\nTo: support@acme.test\r\nSubject: 回复：打印机坏了\r\n"
-            "X-Mailer: Foxmail 7.2.25.228[cn]\r\nMIME-Version: 1.0\r\n"
-            'Content-Type: multipart/mixed; boundary="----=_NextPart_001"\r\n\r\n').encode("gbk")
-    parts = (b"------=_NextPart_001\r\nContent-Type: text/plain; charset=\"gb2312\"\r\n"
-             b"Content-Transfer-Encoding: 8bit\r\n\r\n" + "请看附件。\r\n".encode("gbk")
-             + b"------=_NextPart_001\r\nContent-Type: application/pdf\r\n"
-             b'Content-Disposition: attachment; filename="' + "报告.pdf".encode("gbk") + b'"\r\n'
-             b"Content-Transfer-Encoding: base64\r\n\r\n" + b64_body(PDF) + b"------=_NextPart_001--\r\n")
+    head = (
+        "From: 王小明 <wang@163.com>\r\nTo: support@acme.test\r\nSubject: 回复：打印机坏了\r\n"
+        "X-Mailer: Foxmail 7.2.25.228[cn]\r\nMIME-Version: 1.0\r\n"
+        'Content-Type: multipart/mixed; boundary="----=_NextPart_001"\r\n\r\n'
+    ).encode("gbk")
+    parts = (
+        b'------=_NextPart_001\r\nContent-Type: text/plain; charset="gb2312"\r\n'
+        b"Content-Transfer-Encoding: 8bit\r\n\r\n"
+        + "请看附件。\r\n".encode("gbk")
+        + b"------=_NextPart_001\r\nContent-Type: application/pdf\r\n"
+        b'Content-Disposition: attachment; filename="' + "报告.pdf".encode("gbk") + b'"\r\n'
+        b"Content-Transfer-Encoding: base64\r\n\r\n" + b64_body(PDF) + b"------=_NextPart_001--\r\n"
+    )
     parsed = parse_message(head + parts)
     assert (parsed.sender, parsed.sender_name) == ("wang@163.com", "王小明")
     assert parsed.subject == "回复：打印机坏了"
@@ -163,18 +169,20 @@ def test_rfc2047_and_raw_utf8_filenames():
     raw = mail(
         "From: a@example.com",
         'Content-Type: multipart/mixed; boundary="b"',
-        body=(b"--b\r\nContent-Type: text/plain\r\n\r\nfiles\r\n"
-              b"--b\r\nContent-Type: application/pdf\r\nContent-Disposition: attachment;\r\n"
-              b' filename="' + b_word("gb2312", "镕的报告.pdf".encode("gb18030")).encode() + b'"\r\n\r\n%PDF-1.4\r\n'
-              b"--b\r\nContent-Type: application/pdf\r\n"
-              b'Content-Disposition: attachment; filename="' + "Prüfbericht.pdf".encode() + b'"\r\n\r\n%PDF-1.4\r\n'
-              b"--b--\r\n"),
+        body=(
+            b"--b\r\nContent-Type: text/plain\r\n\r\nfiles\r\n"
+            b"--b\r\nContent-Type: application/pdf\r\nContent-Disposition: attachment;\r\n"
+            b' filename="' + b_word("gb2312", "镕的报告.pdf".encode("gb18030")).encode() + b'"\r\n\r\n%PDF-1.4\r\n'
+            b"--b\r\nContent-Type: application/pdf\r\n"
+            b'Content-Disposition: attachment; filename="' + "Prüfbericht.pdf".encode() + b'"\r\n\r\n%PDF-1.4\r\n'
+            b"--b--\r\n"
+        ),
     )
     assert [a.filename for a in parse_message(raw).attachments] == ["镕的报告.pdf", "Prüfbericht.pdf"]
 
 
 def test_japanese_iso_2022_jp_with_windows_extensions_and_half_width_katakana():
-    subject = b"\x1b$B-!\x1b(B" + "見積書の件".encode("iso2022_jp")     # ① as Outlook writes it (CP50220)
+    subject = b"\x1b$B-!\x1b(B" + "見積書の件".encode("iso2022_jp")  # ① as Outlook writes it (CP50220)
     raw = mail(
         f"From: {b_word('ISO-2022-JP', '山田太郎'.encode('iso2022_jp'))} <yamada@example.co.jp>",
         "To: support@acme.test",
@@ -219,22 +227,26 @@ def test_korean_outlook_label_ks_c_5601_1987_reads_cp949():
     assert (parsed.sender, parsed.sender_name) == ("kim@example.co.kr", "김똠순")
     assert parsed.subject == "똠방각하 문의"
     assert parsed.text == "안녕하세요. 똠방각하 건으로 문의드립니다."
-    euc_kr = mail("From: a@example.kr", "Content-Type: text/plain; charset=EUC-KR",
-                  body="똠 문의\r\n".encode("cp949"))
+    euc_kr = mail("From: a@example.kr", "Content-Type: text/plain; charset=EUC-KR", body="똠 문의\r\n".encode("cp949"))
     assert parse_message(euc_kr).text == "똠 문의"
 
 
 def test_cyrillic_raw_koi8_r_headers_and_undeclared_windows_1251_body():
-    raw = (b"From: " + "Иван Петров".encode("koi8_r") + b" <ivan@example.ru>\r\n"
-           b"Subject: " + "Заявка на ремонт".encode("koi8_r") + b"\r\n"
-           b"Content-Type: text/plain; charset=koi8-r\r\n\r\n" + "Принтер сломался.\r\n".encode("koi8_r"))
+    raw = (
+        b"From: " + "Иван Петров".encode("koi8_r") + b" <ivan@example.ru>\r\n"
+        b"Subject: " + "Заявка на ремонт".encode("koi8_r") + b"\r\n"
+        b"Content-Type: text/plain; charset=koi8-r\r\n\r\n" + "Принтер сломался.\r\n".encode("koi8_r")
+    )
     parsed = parse_message(raw)
     assert (parsed.sender, parsed.sender_name) == ("ivan@example.ru", "Иван Петров")
     assert parsed.subject == "Заявка на ремонт"
     assert parsed.text == "Принтер сломался."
     text = "Здравствуйте! Принтер снова не работает, просьба прислать мастера как можно скорее."
-    undeclared = mail("From: olga@example.ru", f"Subject: {b_word('windows-1251', 'Принтер'.encode('cp1251'))}",
-                      body=text.encode("cp1251") + CRLF)
+    undeclared = mail(
+        "From: olga@example.ru",
+        f"Subject: {b_word('windows-1251', 'Принтер'.encode('cp1251'))}",
+        body=text.encode("cp1251") + CRLF,
+    )
     parsed = parse_message(undeclared)
     assert parsed.subject == "Принтер"
     assert parsed.text == text
@@ -258,12 +270,12 @@ def test_encoded_words_with_spaces_and_split_multibyte_characters():
     assert decode_header_value("=?us-ascii?Q?ABC / 123?=") == "ABC / 123"
     assert decode_header_value("Order =?utf-8?Q?n=C2=BA 42?= shipped") == "Order nº 42 shipped"
     data = "你好世界".encode()
-    split = f"{b_word('utf-8', data[:4])} {b_word('UTF-8', data[4:])}"   # 好 is bytes 3-5
+    split = f"{b_word('utf-8', data[:4])} {b_word('UTF-8', data[4:])}"  # 好 is bytes 3-5
     assert decode_header_value(split) == "你好世界"
     # Different charsets are decoded separately; whitespace between encoded words is dropped.
     mixed = f"{b_word('iso-8859-1', 'café'.encode('latin-1'))} {b_word('utf-8', ' – ok'.encode())}"
     assert decode_encoded_words(mixed) == "café – ok"
-    assert decode_encoded_words("x =?utf-8?B?a?= y") == "x =?utf-8?B?a?= y"      # undecodable: as written
+    assert decode_encoded_words("x =?utf-8?B?a?= y") == "x =?utf-8?B?a?= y"  # undecodable: as written
 
 
 def test_one_invalid_byte_never_turns_utf8_into_mojibake():
@@ -275,11 +287,44 @@ def test_one_invalid_byte_never_turns_utf8_into_mojibake():
 
 
 def test_charset_labels_read_as_mail_clients_read_them():
-    assert [codec_for(label) for label in ("GB2312", "x-gbk", "EUC-CN", "GBK", "Shift_JIS", "x-sjis", "EUC-KR",
-                                           "ks_c_5601-1987", "Big5", "TIS-620", "ISO-8859-8-i", "latin1",
-                                           "windows-1252", '"utf8"', "x-no-such-charset", "punycode")] == [
-        "gb18030", "gb18030", "gb18030", "gb18030", "cp932", "cp932", "cp949", "cp949", "big5hkscs", "cp874",
-        "iso8859-8", "windows-1252", "windows-1252", "utf-8", None, None]
+    assert [
+        codec_for(label)
+        for label in (
+            "GB2312",
+            "x-gbk",
+            "EUC-CN",
+            "GBK",
+            "Shift_JIS",
+            "x-sjis",
+            "EUC-KR",
+            "ks_c_5601-1987",
+            "Big5",
+            "TIS-620",
+            "ISO-8859-8-i",
+            "latin1",
+            "windows-1252",
+            '"utf8"',
+            "x-no-such-charset",
+            "punycode",
+        )
+    ] == [
+        "gb18030",
+        "gb18030",
+        "gb18030",
+        "gb18030",
+        "cp932",
+        "cp932",
+        "cp949",
+        "cp949",
+        "big5hkscs",
+        "cp874",
+        "iso8859-8",
+        "windows-1252",
+        "windows-1252",
+        "utf-8",
+        None,
+        None,
+    ]
     # WHATWG windows-1252: 0x80-0x9F are cp1252's characters, its five holes the C1 controls.
     assert decode(b"\x80\x81\x93x\x94\x9d", "iso-8859-1") == "€\x81“x”\x9d"
     assert decode("เครื่องพิมพ์".encode("cp874"), "tis-620") == "เครื่องพิมพ์"
@@ -288,6 +333,7 @@ def test_charset_labels_read_as_mail_clients_read_them():
 
 
 # -- broken header blocks -------------------------------------------------------------------------
+
 
 def test_junk_and_an_mbox_from_line_before_the_first_header_are_dropped():
     raw = mail(
@@ -321,19 +367,29 @@ def test_address_lists_that_continue_on_unindented_lines():
     )
     parsed = parse_message(raw)
     assert parsed.sender == "jane@example.com" and parsed.subject == "Quarterly numbers"
-    assert parsed.recipients == ["support@acme.test", "alice@example.com", "bob@example.com", "carol@example.com",
-                                 "dave@example.com"]
+    assert parsed.recipients == [
+        "support@acme.test",
+        "alice@example.com",
+        "bob@example.com",
+        "carol@example.com",
+        "dave@example.com",
+    ]
     assert parsed.text == "Attached."
     assert_headers_not_in_body(parsed, "@example.com")
     # The last header too, when its line ends with "," (a list cannot end there).
-    last = mail("From: jane@example.com", "Subject: s", "To: support@acme.test,", "alice@example.com",
-                body=b"Hi\r\n")
+    last = mail("From: jane@example.com", "Subject: s", "To: support@acme.test,", "alice@example.com", body=b"Hi\r\n")
     parsed = parse_message(last)
     assert parsed.recipients == ["support@acme.test", "alice@example.com"] and parsed.text == "Hi"
     # A long distribution list, one address a line: more lines than a stray run may have.
     team = [f"member{i}@example.com" for i in range(40)]
-    long_list = mail("From: jane@example.com", "To: support@acme.test,", *[f"{a}," for a in team[:-1]], team[-1],
-                     "Subject: All hands", body=b"Agenda\r\n")
+    long_list = mail(
+        "From: jane@example.com",
+        "To: support@acme.test,",
+        *[f"{a}," for a in team[:-1]],
+        team[-1],
+        "Subject: All hands",
+        body=b"Agenda\r\n",
+    )
     parsed = parse_message(long_list)
     assert parsed.recipients == ["support@acme.test", *team]
     assert (parsed.subject, parsed.text) == ("All hands", "Agenda")
@@ -386,11 +442,9 @@ def test_stray_line_in_the_middle_is_skipped_and_later_headers_count():
 
 
 def test_whitespace_before_the_colon_is_accepted():
-    raw = mail("From  : Jane <jane@example.com>", "Subject : Printer", "To\t: support@acme.test",
-               body=b"It broke.\r\n")
+    raw = mail("From  : Jane <jane@example.com>", "Subject : Printer", "To\t: support@acme.test", body=b"It broke.\r\n")
     parsed = parse_message(raw)
-    assert (parsed.sender, parsed.subject, parsed.recipients) == ("jane@example.com", "Printer",
-                                                                  ["support@acme.test"])
+    assert (parsed.sender, parsed.subject, parsed.recipients) == ("jane@example.com", "Printer", ["support@acme.test"])
     assert parsed.text == "It broke."
     assert_headers_not_in_body(parsed)
 
@@ -406,7 +460,7 @@ def test_clean_header_block_is_returned_as_is_and_hostile_ones_are_bounded():
     raw = typical_message()
     assert repair_header_block(raw) is raw
     mbox = b"From jane@example.com Mon Apr  1 10:00:00 2024\r\n" + raw
-    assert repair_header_block(mbox) is mbox            # the parser itself handles a leading "From " line
+    assert repair_header_block(mbox) is mbox  # the parser itself handles a leading "From " line
     hostile = [
         b"From: a@example.com\r\n" + b"junk\r\nX-A: 1\r\n" * 60_000 + b"\r\nbody",
         b"From: a@example.com\r\n" + b"x\r\n" * 300_000 + b"Subject: s\r\n\r\nbody",
@@ -425,18 +479,30 @@ def test_clean_header_block_is_returned_as_is_and_hostile_ones_are_bounded():
 
 # -- addresses --------------------------------------------------------------------------------------
 
+
 def test_a_display_name_without_quotes_is_never_part_of_the_address():
     parsed = parse_message(mail("From: Test test@example.com"))
     assert (parsed.sender, parsed.sender_name) == ("test@example.com", "Test")
 
 
 def test_address_lists_separated_by_spaces_or_semicolons():
-    parsed = parse_message(mail("From: a@example.com", "To: support@acme.test other@example.org",
-                                "Cc: Bob Smith bob@example.com;'Carol' <carol@example.com>; dave@example.com"))
-    assert parsed.recipients == ["support@acme.test", "other@example.org", "bob@example.com", "carol@example.com",
-                                 "dave@example.com"]
+    parsed = parse_message(
+        mail(
+            "From: a@example.com",
+            "To: support@acme.test other@example.org",
+            "Cc: Bob Smith bob@example.com;'Carol' <carol@example.com>; dave@example.com",
+        )
+    )
+    assert parsed.recipients == [
+        "support@acme.test",
+        "other@example.org",
+        "bob@example.com",
+        "carol@example.com",
+        "dave@example.com",
+    ]
     assert parse_address_list("'Bob Smith' <bob@contoso.com>; undisclosed-recipients:;") == [
-        ("Bob Smith", "bob@contoso.com")]
+        ("Bob Smith", "bob@contoso.com")
+    ]
 
 
 def test_sender_is_the_first_valid_address_over_every_from_header():
@@ -463,10 +529,28 @@ def test_bounce_whose_from_holds_no_address_gives_a_hint():
 
 
 def test_is_valid_address():
-    valid = ["jane@example.com", "o'brien+tag@mail.example.ie", "jörg@exämple.de", "a@[192.0.2.1]",
-             "x@[IPv6:2001:db8::1]"]
-    invalid = ["", "jane", "jane@localhost", "@example.com", "jane@", "a b@example.com", "a@@example.com",
-               "a@example..com", "a@.example.com", "a@example.com.", "a\x00@example.com", "<a@example.com>",
-               "a" * 65 + "@example.com", "a@" + "b" * 250 + ".com"]
+    valid = [
+        "jane@example.com",
+        "o'brien+tag@mail.example.ie",
+        "jörg@exämple.de",
+        "a@[192.0.2.1]",
+        "x@[IPv6:2001:db8::1]",
+    ]
+    invalid = [
+        "",
+        "jane",
+        "jane@localhost",
+        "@example.com",
+        "jane@",
+        "a b@example.com",
+        "a@@example.com",
+        "a@example..com",
+        "a@.example.com",
+        "a@example.com.",
+        "a\x00@example.com",
+        "<a@example.com>",
+        "a" * 65 + "@example.com",
+        "a@" + "b" * 250 + ".com",
+    ]
     assert [a for a in valid if not is_valid_address(a)] == []
     assert [a for a in invalid if is_valid_address(a)] == []

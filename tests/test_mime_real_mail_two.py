@@ -1,6 +1,7 @@
 """Real-mail parsing, second round: message/news, message/partial and message/external-body parts,
 a BOM before the headers, other text body types, names and addresses as real clients write them,
 CJK raw headers under a misleading charset hint, S/MIME certificates-only and stray signatures."""
+
 from pathlib import Path
 
 from intake.mime import attachment_payload, charsets, cms, parse_message
@@ -22,7 +23,8 @@ def test_a_forwarded_news_article_that_is_the_only_content_is_the_body_and_an_at
     parsed = corpus("news_forward_thunderbird.eml")
     assert "ERROR 0x8007052E after 14 minutes" in parsed.text
     assert [(a.filename, a.declared_type) for a in parsed.attachments] == [
-        ("Nightly backup job fails with quota exceeded.eml", "message/news")]
+        ("Nightly backup job fails with quota exceeded.eml", "message/news")
+    ]
 
 
 def test_a_news_article_next_to_a_text_part_is_listed_but_not_read_as_the_body():
@@ -33,8 +35,10 @@ def test_a_news_article_next_to_a_text_part_is_listed_but_not_read_as_the_body()
 
 def test_an_external_body_pointer_becomes_one_line_of_text_and_no_attachment():
     parsed = corpus("external_body_pine.eml")
-    assert ("External file: ftp://ftp.example.edu/pub/incoming/lab7/vmcore-20240305.gz (application/gzip; "
-            "access-type anon-ftp; size 398458880 bytes; expires Wed, 20 Mar 2024 00:00:00 -0500)") in parsed.text
+    assert (
+        "External file: ftp://ftp.example.edu/pub/incoming/lab7/vmcore-20240305.gz (application/gzip; "
+        "access-type anon-ftp; size 398458880 bytes; expires Wed, 20 Mar 2024 00:00:00 -0500)"
+    ) in parsed.text
     assert parsed.attachments == []
     url = corpus("external_body_url_netscape.eml")
     assert "External file: https://files.example.com/share/it/client-update-7.4.2-install.log (" in url.text
@@ -43,8 +47,9 @@ def test_an_external_body_pointer_becomes_one_line_of_text_and_no_attachment():
 def test_message_partial_pieces_all_present_are_reassembled_into_one_attached_message():
     parsed = corpus("partial_two_pieces_digest.eml")
     assert "port 500\nrule 113: deny udp" in parsed.text
-    assert [(a.filename, a.declared_type) for a in parsed.attachments] == [("Firewall rule export.eml",
-                                                                              "message/rfc822")]
+    assert [(a.filename, a.declared_type) for a in parsed.attachments] == [
+        ("Firewall rule export.eml", "message/rfc822")
+    ]
     assert b"Please restore rules 112 and 113" in attachment_payload(parsed, 0)
 
 
@@ -62,8 +67,9 @@ def test_a_byte_order_mark_before_the_first_header_keeps_the_sender():
 
 
 def test_enriched_text_is_converted_as_rfc_1896_says():
-    source = ("one\r\nline\r\n\r\nnext <<para>\r\n<color><param>red</param>Red</color> "
-              "<nofill>kept\r\n  as is\r\n</nofill>")
+    source = (
+        "one\r\nline\r\n\r\nnext <<para>\r\n<color><param>red</param>Red</color> <nofill>kept\r\n  as is\r\n</nofill>"
+    )
     assert enriched_to_text(source) == "one line\nnext <para> Red kept\n  as is"
     parsed = corpus("enriched_nextmail.eml")
     assert "since the update on Thursday the mail server rejects my password, although" in parsed.text
@@ -83,9 +89,13 @@ def test_application_plain_signed_content_is_the_body_and_its_signature_recorded
 
 
 def test_another_text_type_without_a_filename_is_body_text_but_a_calendar_stays_a_file():
-    raw = mail("From: a@example.com", "MIME-Version: 1.0", 'Content-Type: multipart/mixed; boundary="b"',
-               body="--b\r\nContent-Type: text/x-log\r\n\r\nsegfault at 0x0\r\n--b\r\n"
-                    "Content-Type: text/calendar; method=REPLY\r\n\r\nBEGIN:VCALENDAR\r\nEND:VCALENDAR\r\n--b--\r\n")
+    raw = mail(
+        "From: a@example.com",
+        "MIME-Version: 1.0",
+        'Content-Type: multipart/mixed; boundary="b"',
+        body="--b\r\nContent-Type: text/x-log\r\n\r\nsegfault at 0x0\r\n--b\r\n"
+        "Content-Type: text/calendar; method=REPLY\r\n\r\nBEGIN:VCALENDAR\r\nEND:VCALENDAR\r\n--b--\r\n",
+    )
     parsed = parse_message(raw)
     assert parsed.text == "segfault at 0x0"
     assert [a.declared_type for a in parsed.attachments] == ["text/calendar"]
@@ -95,7 +105,9 @@ def test_a_raw_comma_inside_an_encoded_word_does_not_split_the_address_list():
     parsed = corpus("outlook_mueller_comma_name.eml")
     assert (parsed.sender, parsed.sender_name) == ("a.mueller@example.de", "Müller, Andreas")
     assert parse_address_list("=?utf-8?Q?Doe,_Jane?= <j@example.com>, b@example.org") == [
-        ("=?utf-8?Q?Doe,_Jane?=", "j@example.com"), ("", "b@example.org")]
+        ("=?utf-8?Q?Doe,_Jane?=", "j@example.com"),
+        ("", "b@example.org"),
+    ]
 
 
 def test_a_quoted_pair_does_not_end_a_comment():
@@ -105,15 +117,22 @@ def test_a_quoted_pair_does_not_end_a_comment():
 
 def test_filenames_keep_inner_whitespace_and_rfc_2231_names_survive_a_wrong_charset():
     assert [a.filename for a in corpus("filename_double_space.eml").attachments] == [
-        "Quote  2024-031  badge readers.pdf"]
+        "Quote  2024-031  badge readers.pdf"
+    ]
     assert [a.filename for a in corpus("rfc2231_name_charset_mismatch.eml").attachments] == [
-        "Prüfbericht Störung März.pdf", "Messprotokoll Größe Übersicht.pdf"]
+        "Prüfbericht Störung März.pdf",
+        "Messprotokoll Größe Übersicht.pdf",
+    ]
 
 
 def test_delimiter_lines_of_a_malformed_multipart_stay_out_of_the_body():
     assert corpus("broken_boundary_no_close.eml").text.endswith("with two different chargers.")
-    raw = mail("From: a@example.com", "MIME-Version: 1.0", 'Content-Type: multipart/mixed; boundary="declared"',
-               body="--used-instead\r\nContent-Type: text/plain\r\n\r\nthe real text\r\n--used-instead--\r\n")
+    raw = mail(
+        "From: a@example.com",
+        "MIME-Version: 1.0",
+        'Content-Type: multipart/mixed; boundary="declared"',
+        body="--used-instead\r\nContent-Type: text/plain\r\n\r\nthe real text\r\n--used-instead--\r\n",
+    )
     parsed = parse_message(raw)
     assert parsed.text == "the real text" and "BoundaryMismatch" in parsed.defects
 
@@ -166,11 +185,13 @@ def test_an_smime_signature_in_multipart_mixed_is_a_signature_not_an_attachment(
 
 def test_raw_cjk_names_and_an_undeclared_short_body_are_read_despite_a_latin_report_part():
     name = "服务器日志.txt".encode("gb2312")
-    raw = (b"From: li.ming@example.cn\r\nSubject: logs\r\nMIME-Version: 1.0\r\n"
-           b'Content-Type: multipart/mixed; boundary="b"\r\n\r\n'
-           b"--b\r\nContent-Type: text/plain; charset=iso-8859-1\r\n\r\nRapport \xe9t\xe9\r\n"
-           b"--b\r\nContent-Type: text/plain\r\n\r\n" + "无法登录服务器".encode("gb2312") + b"\r\n"
-           b'--b\r\nContent-Type: application/octet-stream; name="' + name + b'"\r\n\r\nx\r\n--b--\r\n')
+    raw = (
+        b"From: li.ming@example.cn\r\nSubject: logs\r\nMIME-Version: 1.0\r\n"
+        b'Content-Type: multipart/mixed; boundary="b"\r\n\r\n'
+        b"--b\r\nContent-Type: text/plain; charset=iso-8859-1\r\n\r\nRapport \xe9t\xe9\r\n"
+        b"--b\r\nContent-Type: text/plain\r\n\r\n" + "无法登录服务器".encode("gb2312") + b"\r\n"
+        b'--b\r\nContent-Type: application/octet-stream; name="' + name + b'"\r\n\r\nx\r\n--b--\r\n'
+    )
     parsed = parse_message(raw)
     assert [a.filename for a in parsed.attachments] == ["服务器日志.txt"]
     assert parsed.text == "Rapport été\n\n无法登录服务器"

@@ -4,6 +4,7 @@ Every message ends in a defined state with a reason; nothing raises, nothing is
 lost, malware is quarantined by a real clamd, loops are suppressed and never
 acknowledged, and logs carry neither bodies nor full addresses.
 """
+
 import logging
 import re
 from collections import Counter
@@ -91,8 +92,12 @@ def test_a_reused_message_id_with_another_body_is_its_own_event(mailbox, scanner
     assert ingest(mailbox, provider_message_id_for_raw(second), second, "raw").duplicate is True
 
 
-@hypothesis_settings(max_examples=60, deadline=None, derandomize=True,
-                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@hypothesis_settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(raw=st.binary(min_size=1, max_size=3000))
 def test_arbitrary_bytes_never_raise_and_are_never_lost(mailbox, scanner_off, raw):
     result = ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw")
@@ -171,8 +176,9 @@ def test_auto_submitted_no_is_a_person(mailbox, scanner_off):
 
 
 def test_mailer_daemon_sender_is_suppressed_when_the_mail_is_a_bounce(mailbox, scanner_off):
-    event = run(mailbox, make_message(sender="MAILER-DAEMON@mx.example.com",
-                                      subject="Undelivered Mail Returned to Sender"))
+    event = run(
+        mailbox, make_message(sender="MAILER-DAEMON@mx.example.com", subject="Undelivered Mail Returned to Sender")
+    )
     assert (event.state, event.reason_code) == ("suppressed", "mailer_daemon")
 
 
@@ -183,12 +189,14 @@ def test_an_empty_return_path_alone_is_for_a_person_to_decide(mailbox, scanner_o
 
 
 def test_delivery_status_notification_is_suppressed(mailbox, scanner_off):
-    raw = (b"From: postmaster@mx.example.com\r\nTo: support@acme.test\r\nSubject: Undelivered\r\n"
-           b"Message-ID: <dsn-1@mx.example.com>\r\nMIME-Version: 1.0\r\n"
-           b"Content-Type: multipart/report; report-type=delivery-status; boundary=b\r\n\r\n"
-           b"--b\r\nContent-Type: text/plain\r\n\r\nDelivery failed.\r\n"
-           b"--b\r\nContent-Type: message/delivery-status\r\n\r\nReporting-MTA: dns; mx.example.com\r\n\r\n"
-           b"Final-Recipient: rfc822; x@example.com\r\nAction: failed\r\nStatus: 5.1.1\r\n--b--\r\n")
+    raw = (
+        b"From: postmaster@mx.example.com\r\nTo: support@acme.test\r\nSubject: Undelivered\r\n"
+        b"Message-ID: <dsn-1@mx.example.com>\r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: multipart/report; report-type=delivery-status; boundary=b\r\n\r\n"
+        b"--b\r\nContent-Type: text/plain\r\n\r\nDelivery failed.\r\n"
+        b"--b\r\nContent-Type: message/delivery-status\r\n\r\nReporting-MTA: dns; mx.example.com\r\n\r\n"
+        b"Final-Recipient: rfc822; x@example.com\r\nAction: failed\r\nStatus: 5.1.1\r\n--b--\r\n"
+    )
     event = run(mailbox, raw)
     assert event.state == "suppressed" and event.reason_code in ("delivery_report", "mailer_daemon")
 
@@ -197,16 +205,18 @@ def test_a_flood_from_one_sender_goes_to_review_not_to_suppression(mailbox, scan
     mailbox.settings = {"sender_rate_limit": {"count": 3, "seconds": 600}}
     mailbox.save()
     events = [run(mailbox, make_message(sender="flood@example.com")) for _ in range(5)]
-    assert [(e.state, e.reason_code) for e in events] == [("completed", "")] * 3 + \
-        [("awaiting_review", "sender_rate_limited")] * 2
+    assert [(e.state, e.reason_code) for e in events] == [("completed", "")] * 3 + [
+        ("awaiting_review", "sender_rate_limited")
+    ] * 2
     assert run(mailbox, make_message(sender="calm@example.com")).state == "completed"
 
 
 def test_a_mailbox_may_opt_into_suppressing_a_flood(mailbox, scanner_off):
     mailbox.settings = {"sender_rate_limit": {"count": 1, "seconds": 600, "action": "suppress"}}
     mailbox.save()
-    states = [(e.state, e.reason_code) for e in (run(mailbox, make_message(sender="flood@example.com"))
-                                                 for _ in range(3))]
+    states = [
+        (e.state, e.reason_code) for e in (run(mailbox, make_message(sender="flood@example.com")) for _ in range(3))
+    ]
     assert states == [("completed", ""), ("suppressed", "sender_rate_limited"), ("suppressed", "sender_rate_limited")]
 
 
@@ -221,8 +231,10 @@ def test_suppressed_mail_is_listed_in_the_admin_and_a_replay_makes_its_ticket(ma
     assert listing.status_code == 200
     page = listing.content.decode()
     assert f"/admin/reconciliation/recoveryitem/{event.pk}/change/" in page and "Out of office: printer" in page
-    assert f"/admin/reconciliation/recoveryitem/{event.pk}/change/" not in \
-        admin_client.get("/admin/intake/inboxevent/?state=completed").content.decode()
+    assert (
+        f"/admin/reconciliation/recoveryitem/{event.pk}/change/"
+        not in admin_client.get("/admin/intake/inboxevent/?state=completed").content.decode()
+    )
 
     operator = make_user("oper", groups=["operator"], tenants=[mailbox.tenant])
     assert console.do_replay(operator, event.pk) == "rerouted"
@@ -246,9 +258,11 @@ def test_review_reasons_keep_the_message(mailbox, scanner_off):
 def test_authentication_results_only_from_the_trusted_authserv_id(mailbox, scanner_off):
     mailbox.settings = {"trusted_authserv_id": "mx.acme.test"}
     mailbox.save()
-    raw = make_message(extra_headers={
-        "Authentication-Results": "mx.acme.test; spf=fail smtp.mailfrom=example.com; dkim=none",
-    })
+    raw = make_message(
+        extra_headers={
+            "Authentication-Results": "mx.acme.test; spf=fail smtp.mailfrom=example.com; dkim=none",
+        }
+    )
     # A header the sender wrote themselves, claiming a pass, further down: ignored.
     forged = b"Authentication-Results: evil.example; spf=pass; dkim=pass; dmarc=pass\r\n"
     raw = raw.replace(b"Subject:", forged + b"Subject:", 1)

@@ -5,6 +5,7 @@ writes; resuming drains the backlog, each message exactly once. The in-process
 tests deliver the outbox the way the relay and a worker would; the live one runs
 the real relay and Celery worker processes against FakeDesk.
 """
+
 from collections import Counter
 
 import pytest
@@ -36,14 +37,19 @@ PAUSE_REDIS_DB = 11
 
 
 def post_email(client, mailbox, body):
-    return client.post(f"/webhooks/raw/{mailbox.slug}/", data=body, content_type="message/rfc822",
-                       **webhook_headers(WEBHOOK_SECRET, body))
+    return client.post(
+        f"/webhooks/raw/{mailbox.slug}/",
+        data=body,
+        content_type="message/rfc822",
+        **webhook_headers(WEBHOOK_SECRET, body),
+    )
 
 
 def assert_each_completed_once(desk, ids):
     assert Counter(InboxEvent.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"completed": len(ids)}
-    refs = set(Intent.objects.filter(inbox_event_id__in=ids, action="create_ticket")
-               .values_list("external_ref", flat=True))
+    refs = set(
+        Intent.objects.filter(inbox_event_id__in=ids, action="create_ticket").values_list("external_ref", flat=True)
+    )
     tickets = desk.tickets()
     assert len(refs) == len(ids)
     assert Counter(t["external_id"] for t in tickets if t["external_id"] in refs) == {ref: 1 for ref in refs}
@@ -81,7 +87,8 @@ def platform_client(db):
 
 
 def test_global_pause_stores_every_message_writes_nothing_and_resume_drains_each_once(
-        admin_client, platform_client, zendesk, mailbox, desk, desk_calls):
+    admin_client, platform_client, zendesk, mailbox, desk, desk_calls
+):
     assert toggle(platform_client, "global", True).status_code == 302
     switch = Switch.objects.get(name=Switch.GLOBAL_PAUSE)
     assert switch.on and switch.changed_by == "user:root"
@@ -110,15 +117,17 @@ def test_global_pause_stores_every_message_writes_nothing_and_resume_drains_each
 
 
 def test_a_paused_mailbox_waits_while_the_others_run(admin_client, zendesk, tenant, mailbox, desk):
-    other = Mailbox.objects.create(tenant=tenant, slug="sales", address="sales@acme.test",
-                                   webhook_secret_ref="env:MAILROOM_TEST_WEBHOOK_SECRET")
+    other = Mailbox.objects.create(
+        tenant=tenant, slug="sales", address="sales@acme.test", webhook_secret_ref="env:MAILROOM_TEST_WEBHOOK_SECRET"
+    )
     assert toggle(admin_client, "mailbox", True, mailbox.pk).status_code == 302
     assert Mailbox.objects.get(pk=mailbox.pk).paused
     assert "mailbox support (acme)" in admin_client.get(QUEUE_URL).content.decode()
     webhook = Client()
     held = [post_email(webhook, mailbox, make_message()).json()["inbox_event_id"] for _ in range(3)]
-    running = [post_email(webhook, other, make_message(to="sales@acme.test")).json()["inbox_event_id"]
-               for _ in range(2)]
+    running = [
+        post_email(webhook, other, make_message(to="sales@acme.test")).json()["inbox_event_id"] for _ in range(2)
+    ]
     assert drain_outbox() == {"paused": 3, "created": 2}
     assert_each_completed_once(desk, running)
 
@@ -141,8 +150,7 @@ def test_a_paused_destination_gets_no_calls_until_resumed(admin_client, zendesk,
     assert_each_completed_once(desk, ids)
 
 
-def test_global_pause_wins_over_a_resumed_mailbox(admin_client, platform_client, zendesk, mailbox, desk,
-                                                  desk_calls):
+def test_global_pause_wins_over_a_resumed_mailbox(admin_client, platform_client, zendesk, mailbox, desk, desk_calls):
     assert toggle(platform_client, "global", True).status_code == 302
     toggle(admin_client, "mailbox", True, mailbox.pk)
     ids = [post_email(Client(), mailbox, make_message()).json()["inbox_event_id"] for _ in range(2)]
@@ -174,8 +182,9 @@ def test_pauses_need_their_permissions_and_stay_within_the_users_tenants(client,
 
 
 @pytest.mark.live
-def test_global_pause_with_the_real_relay_and_worker(live_server, live_mailbox, pause_broker, live_processes, desk,
-                                                     desk_calls, monkeypatch):
+def test_global_pause_with_the_real_relay_and_worker(
+    live_server, live_mailbox, pause_broker, live_processes, desk, desk_calls, monkeypatch
+):
     """20 signed emails over HTTP while paused: all stored, FakeDesk hears nothing; resumed: 20 tickets, once each."""
     monkeypatch.setenv("CELERY_BROKER_URL", pause_broker.url)
     good, _ = zendesk_destinations(live_mailbox.tenant, desk, monkeypatch)
@@ -196,12 +205,20 @@ def test_global_pause_with_the_real_relay_and_worker(live_server, live_mailbox, 
         ids.append(response.json()["inbox_event_id"])
 
     # The worker saw each one and parked it: no intent, no call.
-    wait_for(lambda: InboxEvent.objects.filter(pk__in=ids, retry_at__isnull=False).count() == N, timeout=30,
-             interval=0.2, describe=lambda: f"{event_states(ids)}\n{live_processes.logs()}")
+    wait_for(
+        lambda: InboxEvent.objects.filter(pk__in=ids, retry_at__isnull=False).count() == N,
+        timeout=30,
+        interval=0.2,
+        describe=lambda: f"{event_states(ids)}\n{live_processes.logs()}",
+    )
     assert len(desk_calls) == 0 and desk.tickets() == []
     assert InboxEvent.objects.filter(pk__in=ids, raw__isnull=False).count() == N
 
     assert toggle(admin, "global", False).status_code == 302
-    wait_for(lambda: event_states(ids).get("completed", 0) == N, timeout=60, interval=0.25,
-             describe=lambda: f"{event_states(ids)}\n{live_processes.logs()}")
+    wait_for(
+        lambda: event_states(ids).get("completed", 0) == N,
+        timeout=60,
+        interval=0.25,
+        describe=lambda: f"{event_states(ids)}\n{live_processes.logs()}",
+    )
     assert_each_completed_once(desk, ids)

@@ -1,4 +1,5 @@
 """People: who a ticket is for, who is copied, and whether mail comes from one of the tenant's agents."""
+
 from email.message import EmailMessage
 
 import pytest
@@ -50,10 +51,10 @@ def received(mailbox, raw: bytes, *, authenticated: str = ""):
 
 def test_agents_by_address_and_by_domain(agents):
     assert is_agent(agents, "alice@acme.test")
-    assert is_agent(agents, "Alice+Desk@ACME.test")          # case and +tag do not matter
+    assert is_agent(agents, "Alice+Desk@ACME.test")  # case and +tag do not matter
     assert is_agent(agents, "carol@agents.acme.test")
     assert is_agent(agents, "carol@AGENTS.acme.test.")
-    assert not is_agent(agents, "bob@acme.test")              # same domain, not listed
+    assert not is_agent(agents, "bob@acme.test")  # same domain, not listed
     assert not is_agent(agents, "alice@acme.test.evil.example")
     assert not is_agent(agents, "carol@eu.agents.acme.test")  # a domain is that domain, not its subdomains
     assert not is_agent(agents, "")
@@ -112,12 +113,15 @@ def test_a_forward_without_agents_configured_keeps_its_sender(tenant, mailbox):
     assert requester(event, parsed).email == "alice@acme.test"
 
 
-@pytest.mark.parametrize("original", [
-    "Carol <carol@agents.acme.test>",   # another agent's mail
-    "Support <support@acme.test>",      # the tenant's own mailbox (an acknowledgment, say)
-    "Sales <Sales+eu@acme.test>",       # one of its allowed recipients, by key
-    "Alice <alice@acme.test>",          # the forwarder's own mail
-])
+@pytest.mark.parametrize(
+    "original",
+    [
+        "Carol <carol@agents.acme.test>",  # another agent's mail
+        "Support <support@acme.test>",  # the tenant's own mailbox (an acknowledgment, say)
+        "Sales <Sales+eu@acme.test>",  # one of its allowed recipients, by key
+        "Alice <alice@acme.test>",  # the forwarder's own mail
+    ],
+)
 def test_an_agents_forward_of_the_tenants_own_mail_keeps_the_agent(agents, mailbox, original):
     mailbox.allowed_recipients = ["sales@acme.test"]
     mailbox.save()
@@ -134,10 +138,15 @@ def test_an_agents_mail_that_is_no_forward_is_for_the_agent(agents, mailbox):
 
 def test_copied_people_leave_out_own_addresses_the_requester_and_agents(agents, mailbox):
     make_mailbox(agents, slug="billing", address="billing@acme.test", allowed_recipients=["invoices@acme.test"])
-    raw = email_message(sender="jane@example.com", to="Support <support@acme.test>, Tom <tom@example.com>",
-                        extra_headers={"Cc": "Jane@Example.com, billing+eu@acme.test, invoices@acme.test, "
-                                             "carol@agents.acme.test, Alice+x@acme.test, tom+copy@example.com, "
-                                             "Ann <ann@example.net>"})
+    raw = email_message(
+        sender="jane@example.com",
+        to="Support <support@acme.test>, Tom <tom@example.com>",
+        extra_headers={
+            "Cc": "Jane@Example.com, billing+eu@acme.test, invoices@acme.test, "
+            "carol@agents.acme.test, Alice+x@acme.test, tom+copy@example.com, "
+            "Ann <ann@example.net>"
+        },
+    )
     event, parsed = received(mailbox, raw)
     assert copied(event, parsed, "jane@example.com") == ("tom@example.com", "ann@example.net")
 
@@ -158,18 +167,28 @@ def test_an_agents_reply_is_an_internal_note_and_a_customers_is_public(agents, m
 
 # --- through the pipeline ----------------------------------------------------------------------------------
 
+
 @pytest.mark.usefixtures("scanner_off")
-def test_an_agents_reply_that_copies_support_is_an_internal_note_on_the_customers_ticket(agents, mailbox, desk,
-                                                                                         monkeypatch):
+def test_an_agents_reply_that_copies_support_is_an_internal_note_on_the_customers_ticket(
+    agents, mailbox, desk, monkeypatch
+):
     """An agent answers the customer and copies the support address: the copy joins the customer's ticket (agents
     take part in every ticket of their tenant), as a private note, never as a public customer comment."""
     make_desk_destination(agents, desk, monkeypatch)
     root = make_event(mailbox, sender="Jane Doe <jane@example.com>", message_id="<printer@example.com>")
     assert process_inbox_event(root.pk) == "created"
-    reply = make_event(mailbox, sender="Alice Agent <alice@acme.test>", to="jane@example.com",
-                       subject="Re: Printer on fire", body="We are sending a technician.\n",
-                       extra_headers={"Cc": "support@acme.test", "In-Reply-To": "<printer@example.com>",
-                                      "References": "<printer@example.com>"})
+    reply = make_event(
+        mailbox,
+        sender="Alice Agent <alice@acme.test>",
+        to="jane@example.com",
+        subject="Re: Printer on fire",
+        body="We are sending a technician.\n",
+        extra_headers={
+            "Cc": "support@acme.test",
+            "In-Reply-To": "<printer@example.com>",
+            "References": "<printer@example.com>",
+        },
+    )
     assert process_inbox_event(reply.pk) == "created"
     [record] = desk.tickets()
     [comment] = zendesk_kit.comment_records_of(record)

@@ -5,6 +5,7 @@ The stale-event sweep (intake.services.requeue_stale_events) requeues what made 
 poisons by is the workers' takes (intake.services.record_taken, at the start of every process task), not
 its own requeues.
 """
+
 from datetime import timedelta
 
 import pytest

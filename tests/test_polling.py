@@ -1,5 +1,6 @@
 """The polling service with providers defined here (no network): cursor, backoff, credentials, lock,
 beat schedules, the Celery task and the admin's "poll now" and health display."""
+
 import json
 import threading
 from datetime import timedelta
@@ -47,19 +48,27 @@ class ScriptedProvider(Provider):
 
 
 def batch(messages, position, more=False):
-    return PollBatch([FetchedMessage(message_id_from_raw(raw), raw) for raw in messages], {"position": position},
-                     more=more)
+    return PollBatch(
+        [FetchedMessage(message_id_from_raw(raw), raw) for raw in messages], {"position": position}, more=more
+    )
 
 
 @pytest.fixture
 def polled_mailbox(tenant):
-    return Mailbox.objects.create(tenant=tenant, slug="polled", address="help@acme.test", provider="imap",
-                                  poll_enabled=True, settings={"host": "imap.invalid"})
+    return Mailbox.objects.create(
+        tenant=tenant,
+        slug="polled",
+        address="help@acme.test",
+        provider="imap",
+        poll_enabled=True,
+        settings={"host": "imap.invalid"},
+    )
 
 
 @pytest.fixture
 def use_provider(monkeypatch):
     """Make the polling service use a ScriptedProvider with the given script; returns it."""
+
     def install(script):
         provider_holder = {}
 
@@ -70,6 +79,7 @@ def use_provider(monkeypatch):
 
         monkeypatch.setattr(polling, "provider_for", provider_for)
         return provider_holder
+
     return install
 
 
@@ -100,7 +110,8 @@ def test_503_three_times_then_200_backs_off_keeps_the_cursor_and_then_delivers(p
     assert [p.cursors_seen for p in providers["all"]] == [[{}], [{}], [{}], [{}]]
     assert cursor_of(polled_mailbox) == {"position": 4}
     assert sorted(InboxEvent.objects.values_list("provider_message_id", flat=True)) == sorted(
-        message_id_from_raw(m) for m in messages)
+        message_id_from_raw(m) for m in messages
+    )
     mailbox = Mailbox.objects.get(pk=polled_mailbox.pk)
     assert (mailbox.health, mailbox.health_detail, mailbox.poll_backoff_until) == ("ok", "", None)
     assert all(p.closed == 1 for p in providers["all"])
@@ -122,8 +133,9 @@ def test_scheduled_and_pushed_polls_wait_for_the_backoff_manual_ones_do_not(poll
 
 
 def test_refused_credentials_mark_the_mailbox_and_stop_polling_until_reset(polled_mailbox, use_provider):
-    providers = use_provider([PermanentError("credentials", "AUTHENTICATIONFAILED for help@acme.test"),
-                              batch([make_message()], 1)])
+    providers = use_provider(
+        [PermanentError("credentials", "AUTHENTICATIONFAILED for help@acme.test"), batch([make_message()], 1)]
+    )
     report = polling.poll_mailbox(polled_mailbox.pk)
     assert report.status == "credentials_invalid"
     mailbox = Mailbox.objects.get(pk=polled_mailbox.pk)
@@ -148,8 +160,9 @@ def test_other_permanent_failures_back_off_the_longest(polled_mailbox, use_provi
 
 def test_cursor_advances_batch_by_batch_and_never_past_a_failed_batch(polled_mailbox, use_provider):
     first, second = [make_message() for _ in range(3)], [make_message() for _ in range(3)]
-    providers = use_provider([batch(first, 3, more=True), batch(second, 6, more=True),
-                              TransientError("connection", "reset by peer")])
+    providers = use_provider(
+        [batch(first, 3, more=True), batch(second, 6, more=True), TransientError("connection", "reset by peer")]
+    )
     report = polling.poll_mailbox(polled_mailbox.pk)
     assert report.status == "backoff" and report.new == 6
     assert cursor_of(polled_mailbox) == {"position": 6}
@@ -203,10 +216,12 @@ def test_schedule_trigger_respects_poll_enabled(polled_mailbox, use_provider):
 @pytest.mark.django_db(transaction=True)
 def test_two_polls_of_one_mailbox_never_overlap(monkeypatch):
     tenant = Tenant.objects.create(slug="locks")
-    mailbox = Mailbox.objects.create(tenant=tenant, slug="locked", address="l@locks.test", provider="imap",
-                                     poll_enabled=True)
-    other = Mailbox.objects.create(tenant=tenant, slug="unlocked", address="u@locks.test", provider="imap",
-                                   poll_enabled=True)
+    mailbox = Mailbox.objects.create(
+        tenant=tenant, slug="locked", address="l@locks.test", provider="imap", poll_enabled=True
+    )
+    other = Mailbox.objects.create(
+        tenant=tenant, slug="unlocked", address="u@locks.test", provider="imap", poll_enabled=True
+    )
     entered, release = threading.Event(), threading.Event()
     active, peak = [], []
 
@@ -245,16 +260,19 @@ def test_two_polls_of_one_mailbox_never_overlap(monkeypatch):
     # Released with the poll: the next one runs.
     assert polling.poll_mailbox(mailbox.pk).status == "ok"
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
-                       [polling.LOCK_NAMESPACE])
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s", [polling.LOCK_NAMESPACE]
+        )
         assert cursor.fetchone()[0] == 0
 
 
 # --- beat -----------------------------------------------------------------------------------------
 
+
 def test_a_polling_mailbox_gets_one_periodic_poll_kept_in_step_with_it(tenant):
-    mailbox = Mailbox.objects.create(tenant=tenant, slug="beat", address="b@acme.test", provider="imap",
-                                     poll_enabled=True)
+    mailbox = Mailbox.objects.create(
+        tenant=tenant, slug="beat", address="b@acme.test", provider="imap", poll_enabled=True
+    )
     task = PeriodicTask.objects.get(name=schedules.task_name(mailbox.pk))
     assert task.task == "intake.tasks.poll_mailbox" and task.enabled
     assert json.loads(task.kwargs) == {"mailbox_id": mailbox.pk, "trigger": "schedule"}
@@ -280,11 +298,11 @@ def test_a_polling_mailbox_gets_one_periodic_poll_kept_in_step_with_it(tenant):
 
 
 def test_no_periodic_poll_for_mailboxes_that_do_not_poll(tenant):
-    raw = Mailbox.objects.create(tenant=tenant, slug="raw", address="r@acme.test", provider="raw",
-                                 poll_enabled=True)
+    raw = Mailbox.objects.create(tenant=tenant, slug="raw", address="r@acme.test", provider="raw", poll_enabled=True)
     quiet = Mailbox.objects.create(tenant=tenant, slug="quiet", address="q@acme.test", provider="imap")
-    assert not PeriodicTask.objects.filter(name__in=[schedules.task_name(raw.pk),
-                                                     schedules.task_name(quiet.pk)]).exists()
+    assert not PeriodicTask.objects.filter(
+        name__in=[schedules.task_name(raw.pk), schedules.task_name(quiet.pk)]
+    ).exists()
 
 
 def test_the_celery_task_runs_the_service_with_beat_and_outbox_payloads(polled_mailbox, use_provider):
@@ -301,6 +319,7 @@ def test_the_celery_task_runs_the_service_with_beat_and_outbox_payloads(polled_m
 
 # --- admin ----------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def admin_client(db):
     user = get_user_model().objects.create_superuser("root", "root@acme.test", "pw")
@@ -311,20 +330,23 @@ def admin_client(db):
 
 def test_admin_poll_now_queues_a_manual_poll_and_shows_health(admin_client, polled_mailbox, tenant):
     raw = Mailbox.objects.create(tenant=tenant, slug="raw-box", address="raw@acme.test", provider="raw")
-    response = admin_client.post("/admin/intake/mailbox/", {
-        "action": "poll_now", "_selected_action": [polled_mailbox.pk, raw.pk]}, follow=True)
+    response = admin_client.post(
+        "/admin/intake/mailbox/", {"action": "poll_now", "_selected_action": [polled_mailbox.pk, raw.pk]}, follow=True
+    )
     assert response.status_code == 200
     payloads = list(OutboxMessage.objects.filter(topic=services.POLL_TOPIC).values_list("payload", flat=True))
     assert payloads == [{"mailbox_id": polled_mailbox.pk, "trigger": "manual"}]
     text = response.content.decode()
     assert "Poll queued for polled" in text and "raw-box (provider raw does not poll)" in text
 
-    Mailbox.objects.filter(pk=polled_mailbox.pk).update(health="credentials_invalid",
-                                                        health_detail="permanent: credentials: refused")
+    Mailbox.objects.filter(pk=polled_mailbox.pk).update(
+        health="credentials_invalid", health_detail="permanent: credentials: refused"
+    )
     page = admin_client.get("/admin/intake/mailbox/").content.decode()
     assert "Credentials Invalid: polling stopped" in page and "permanent: credentials: refused" in page
-    response = admin_client.post("/admin/intake/mailbox/", {
-        "action": "poll_now", "_selected_action": [polled_mailbox.pk]}, follow=True)
+    response = admin_client.post(
+        "/admin/intake/mailbox/", {"action": "poll_now", "_selected_action": [polled_mailbox.pk]}, follow=True
+    )
     assert "credentials invalid" in response.content.decode()
     assert OutboxMessage.objects.filter(topic=services.POLL_TOPIC).count() == 1
 
@@ -337,9 +359,17 @@ def test_admin_poll_now_queues_a_manual_poll_and_shows_health(admin_client, poll
 
 def test_admin_saving_new_credentials_lifts_credentials_invalid(admin_client, polled_mailbox):
     Mailbox.objects.filter(pk=polled_mailbox.pk).update(health="credentials_invalid", health_detail="refused")
-    form = {"tenant": polled_mailbox.tenant_id, "slug": "polled", "address": "help@acme.test", "provider": "imap",
-            "webhook_secret_ref": "", "settings": json.dumps({"host": "imap.invalid"}), "allowed_recipients": "[]",
-            "poll_enabled": "on", "credentials_ref": "env:SOME_OTHER_PASSWORD"}
+    form = {
+        "tenant": polled_mailbox.tenant_id,
+        "slug": "polled",
+        "address": "help@acme.test",
+        "provider": "imap",
+        "webhook_secret_ref": "",
+        "settings": json.dumps({"host": "imap.invalid"}),
+        "allowed_recipients": "[]",
+        "poll_enabled": "on",
+        "credentials_ref": "env:SOME_OTHER_PASSWORD",
+    }
     response = admin_client.post(f"/admin/intake/mailbox/{polled_mailbox.pk}/change/", form)
     assert response.status_code == 302, response.content.decode()[-2000:]
     mailbox = Mailbox.objects.get(pk=polled_mailbox.pk)

@@ -3,17 +3,28 @@
 Each case starts a fresh `manage.py` process with a clean environment (nothing of the suite's own
 MAILROOM_ENV=development, no `.env`), as an operator's shell would.
 """
+
 import json
 
 from tests.support.production import PRODUCTION_ENV, REAL_KEY, clean_env, manage
 
-SWITCHES = ("SECURE_SSL_REDIRECT", "SECURE_HSTS_SECONDS", "SECURE_HSTS_INCLUDE_SUBDOMAINS", "SECURE_HSTS_PRELOAD",
-            "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_PROXY_SSL_HEADER", "CSRF_TRUSTED_ORIGINS")
+SWITCHES = (
+    "SECURE_SSL_REDIRECT",
+    "SECURE_HSTS_SECONDS",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS",
+    "SECURE_HSTS_PRELOAD",
+    "SESSION_COOKIE_SECURE",
+    "CSRF_COOKIE_SECURE",
+    "SECURE_PROXY_SSL_HEADER",
+    "CSRF_TRUSTED_ORIGINS",
+)
 
 
 def switches(env: dict) -> dict:
-    code = f"from django.conf import settings; import json; print(json.dumps({{n: getattr(settings, n, None) " \
-           f"for n in {SWITCHES!r}}}))"
+    code = (
+        f"from django.conf import settings; import json; print(json.dumps({{n: getattr(settings, n, None) "
+        f"for n in {SWITCHES!r}}}))"
+    )
     result = manage(env, "shell", "-c", code)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -49,8 +60,12 @@ def test_development_is_plain_http():
 
 
 def test_start_up_is_refused_without_a_real_secret_key():
-    for env in (clean_env(), clean_env(SECRET_KEY=""), clean_env(SECRET_KEY="django-insecure-abc" + "x" * 50),
-                clean_env(SECRET_KEY="insecure-development-key-set-SECRET_KEY-in-production")):
+    for env in (
+        clean_env(),
+        clean_env(SECRET_KEY=""),
+        clean_env(SECRET_KEY="django-insecure-abc" + "x" * 50),
+        clean_env(SECRET_KEY="insecure-development-key-set-SECRET_KEY-in-production"),
+    ):
         result = manage(env, "check")
         assert result.returncode != 0
         assert "ImproperlyConfigured: SECRET_KEY is missing or a development key" in result.stderr, result.stderr

@@ -30,6 +30,7 @@ Each message is ingested as intake/views.py does for source "raw"
 `process_inbox_event` runs (twice if the first run left the event waiting, e.g.
 on its thread). Every mismatch of a message is reported at once.
 """
+
 import pytest
 from django.conf import settings as django_settings
 
@@ -44,13 +45,28 @@ from ticketing.services import process_inbox_event
 MANIFEST = load_manifest()
 BY_FILE = {case["file"]: case for case in MANIFEST}
 FINAL_STATES = {"completed", "suppressed", "awaiting_review", "quarantined", "failed"}
-KEYS = {"file", "sender", "subject", "state", "reason", "body", "body_absent", "replacement_chars", "attachments",
-        "attachments_include", "ack", "ack_reason", "after", "message_id_reused", "allowed_recipients", "note"}
+KEYS = {
+    "file",
+    "sender",
+    "subject",
+    "state",
+    "reason",
+    "body",
+    "body_absent",
+    "replacement_chars",
+    "attachments",
+    "attachments_include",
+    "ack",
+    "ack_reason",
+    "after",
+    "message_id_reused",
+    "allowed_recipients",
+    "note",
+}
 # An acknowledgment in one of these states will be (or was) sent.
-SENDING_INTENT_STATES = (Intent.State.PENDING, Intent.State.IN_FLIGHT, Intent.State.RETRY_WAIT,
-                         Intent.State.SUCCEEDED)
+SENDING_INTENT_STATES = (Intent.State.PENDING, Intent.State.IN_FLIGHT, Intent.State.RETRY_WAIT, Intent.State.SUCCEEDED)
 MISSING = object()
-CORPUS_MTA = "mx1.acme.test"   # the authserv-id of the MTA the corpus messages came through
+CORPUS_MTA = "mx1.acme.test"  # the authserv-id of the MTA the corpus messages came through
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +102,7 @@ def body_text(event: InboxEvent, raw: bytes) -> str:
     if mapping is not None:
         description = Ticket.objects.get(pk=int(mapping.ticket_id)).description
         ends = [description.find(marker) for marker in MAILROOM_SECTIONS if marker in description]
-        return description[:min(ends)] if ends else description
+        return description[: min(ends)] if ends else description
     return parse_message(raw, loop_header=django_settings.MAILROOM_LOOP_HEADER).text
 
 
@@ -134,16 +150,18 @@ def mismatches(case: dict, raw: bytes, result, event: InboxEvent, earlier: Inbox
 
     if "ack" in case:
         skipped = AuditEvent.objects.filter(inbox_event=event, kind="acknowledgment_skipped").exists()
-        sending = Intent.objects.filter(inbox_event=event, action=Intent.Action.NOTIFY_REQUESTER,
-                                        state__in=SENDING_INTENT_STATES).exists()
+        sending = Intent.objects.filter(
+            inbox_event=event, action=Intent.Action.NOTIFY_REQUESTER, state__in=SENDING_INTENT_STATES
+        ).exists()
         if case["ack"]:
             expect("acknowledgment planned / skipped", (sending, skipped), (True, False))
         else:
-            expect("acknowledgment planned / skipped (audit acknowledgment_skipped)", (sending, skipped),
-                   (False, True))
+            expect("acknowledgment planned / skipped (audit acknowledgment_skipped)", (sending, skipped), (False, True))
             if "ack_reason" in case:
-                reasons = [row.detail.get("reason") for row in AuditEvent.objects.filter(
-                    inbox_event=event, kind="acknowledgment_skipped")]
+                reasons = [
+                    row.detail.get("reason")
+                    for row in AuditEvent.objects.filter(inbox_event=event, kind="acknowledgment_skipped")
+                ]
                 expect("acknowledgment skip reason", reasons, [case["ack_reason"]])
 
     if "message_id_reused" in case:

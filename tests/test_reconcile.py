@@ -6,6 +6,7 @@ adopted through the intents' door; a stuck open event becomes `unmapped`, shows 
 queue and is settled once it completes; a mapping whose ticket is gone is `ticket_missing`; a stuck
 outbox row; the command's output. Each second pass finds nothing new.
 """
+
 import io
 import json
 from datetime import timedelta
@@ -44,6 +45,7 @@ def counts(summary) -> tuple:
 
 # --- provider ↔ inbox events (IMAP, real Dovecot) -----------------------------------------------------
 
+
 def test_a_message_lost_behind_our_back_is_ingested_once_and_recorded(dovecot, tenant, monkeypatch):  # noqa: F811
     monkeypatch.setenv("MAILROOM_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)
     box = make_imap_box(dovecot, tenant, monkeypatch)
@@ -80,16 +82,27 @@ def test_a_bounded_pass_resumes_where_it_stopped(dovecot, tenant, monkeypatch, s
     box.append([make_message(subject=f"Request {n}") for n in range(5)], when=timezone.now() - timedelta(hours=1))
 
     passes = [by_kind(reconcile(mailbox=box.mailbox.slug))[("provider", box.mailbox.slug)] for _ in range(4)]
-    assert [(s.scanned, s.repaired, s.more) for s in passes] == [(2, 2, True), (2, 2, True), (1, 1, False),
-                                                                 (2, 0, True)]
+    assert [(s.scanned, s.repaired, s.more) for s in passes] == [
+        (2, 2, True),
+        (2, 2, True),
+        (1, 1, False),
+        (2, 0, True),
+    ]
     assert InboxEvent.objects.filter(mailbox=box.mailbox).count() == 5
 
 
 # --- destination ↔ mappings -------------------------------------------------------------------------
 
+
 def _desk_ticket(desk, external_id: str) -> str:
-    response = requests.post(f"{desk.url}/api/v2/tickets.json", auth=desk.auth, timeout=5, json={
-        "ticket": {"subject": "made, but never recorded", "comment": {"body": "hello"}, "external_id": external_id}})
+    response = requests.post(
+        f"{desk.url}/api/v2/tickets.json",
+        auth=desk.auth,
+        timeout=5,
+        json={
+            "ticket": {"subject": "made, but never recorded", "comment": {"body": "hello"}, "external_id": external_id}
+        },
+    )
     response.raise_for_status()
     return str(response.json()["ticket"]["id"])
 
@@ -98,17 +111,21 @@ def test_a_desk_ticket_with_our_reference_and_no_mapping_is_adopted(desk, mailbo
     destination = make_desk_destination(mailbox.tenant, desk, monkeypatch)
     event = make_event(mailbox)
     intent = intents.ensure_intent(event, Intent.Action.CREATE_TICKET, destination)
-    ticket_id = _desk_ticket(desk, intent.external_ref)       # the create happened; its answer was lost
-    stranger = _desk_ticket(desk, "mailroom-" + "f" * 40)      # our prefix, but no intent of ours
+    ticket_id = _desk_ticket(desk, intent.external_ref)  # the create happened; its answer was lost
+    stranger = _desk_ticket(desk, "mailroom-" + "f" * 40)  # our prefix, but no intent of ours
 
     scope = f"destination:{mailbox.tenant.slug}/desk"
     first = by_kind(reconcile(destination="desk"))[("destination", scope)]
-    assert counts(first) == (3, 2, 1, "")   # 2 records, then the adopted mapping checked
+    assert counts(first) == (3, 2, 1, "")  # 2 records, then the adopted mapping checked
     intent.refresh_from_db()
     event.refresh_from_db()
     mapping = TicketMapping.objects.get(inbox_event=event, action="create_ticket")
-    assert (intent.state, intent.result_ref, mapping.ticket_id, event.state) == \
-        ("succeeded", ticket_id, ticket_id, "completed")
+    assert (intent.state, intent.result_ref, mapping.ticket_id, event.state) == (
+        "succeeded",
+        ticket_id,
+        ticket_id,
+        "completed",
+    )
     assert event.audit_events.filter(kind="ticket_created", actor="system:reconcile").count() == 1
     adopted = Finding.objects.get(object=f"destination:{destination.pk}:ticket:{ticket_id}")
     assert (adopted.kind, adopted.resolution, adopted.inbox_event_id) == ("orphan_in_destination", "adopted", event.pk)
@@ -116,7 +133,7 @@ def test_a_desk_ticket_with_our_reference_and_no_mapping_is_adopted(desk, mailbo
     assert held.resolved_at is None and held.detail["held"] == "no_intent"
 
     second = by_kind(reconcile(destination=f"{mailbox.tenant.slug}/desk"))[("destination", scope)]
-    assert counts(second) == (3, 1, 0, "")   # 2 records + 1 mapping in the window; the stranger is still held
+    assert counts(second) == (3, 1, 0, "")  # 2 records + 1 mapping in the window; the stranger is still held
     assert Finding.objects.filter(kind="orphan_in_destination").count() == 2
     assert TicketMapping.objects.filter(inbox_event=event).count() == 1
     assert len(desk.tickets()) == 2, "reconciliation never writes to the destination"
@@ -139,6 +156,7 @@ def test_a_mapping_whose_ticket_is_gone_is_ticket_missing(mailbox):
 
 # --- inbox events ↔ mappings --------------------------------------------------------------------------
 
+
 def test_a_stuck_event_is_unmapped_in_the_queue_and_settles_when_it_completes(mailbox):
     mailbox.tenant.settings = {"unmapped_after_minutes": 20}
     mailbox.tenant.save()
@@ -149,8 +167,11 @@ def test_a_stuck_event_is_unmapped_in_the_queue_and_settles_when_it_completes(ma
     first = by_kind(reconcile(mailbox=mailbox.slug))[("unmapped", mailbox.slug)]
     assert (first.scanned, first.findings) == (1, 1)
     finding = Finding.objects.get(kind="unmapped")
-    assert (finding.object, finding.inbox_event_id, finding.detail["state"]) == (f"event:{stuck.pk}", stuck.pk,
-                                                                                 "received")
+    assert (finding.object, finding.inbox_event_id, finding.detail["state"]) == (
+        f"event:{stuck.pk}",
+        stuck.pk,
+        "received",
+    )
     assert list(recovery_queue().values_list("pk", flat=True)) == [stuck.pk]
     again = by_kind(reconcile(mailbox=mailbox.slug))[("unmapped", mailbox.slug)]
     assert again.findings == 1 and Finding.objects.filter(kind="unmapped").count() == 1
@@ -167,10 +188,12 @@ def test_a_stuck_event_is_unmapped_in_the_queue_and_settles_when_it_completes(ma
 
 # --- outbox -------------------------------------------------------------------------------------------
 
+
 def test_an_outbox_row_unpublished_too_long_is_stuck_until_published(db):
     OutboxMessage.objects.all().delete()
-    old = OutboxMessage.objects.create(topic="inbox_event.process", payload={"x": 1},
-                                       created_at=timezone.now() - timedelta(minutes=10))
+    old = OutboxMessage.objects.create(
+        topic="inbox_event.process", payload={"x": 1}, created_at=timezone.now() - timedelta(minutes=10)
+    )
     OutboxMessage.objects.create(topic="inbox_event.process", payload={"x": 2}, created_at=timezone.now())
 
     first = by_kind(reconcile())[("outbox", "(all)")]
@@ -186,6 +209,7 @@ def test_an_outbox_row_unpublished_too_long_is_stuck_until_published(db):
 
 
 # --- the command --------------------------------------------------------------------------------------
+
 
 def test_the_command_prints_one_line_per_reconciler(mailbox):
     out = io.StringIO()
@@ -203,16 +227,27 @@ def test_the_command_prints_one_line_per_reconciler(mailbox):
 
 # --- an API provider: Gmail (FakeGoogle) ---------------------------------------------------------------
 
+
 def test_gmail_listing_finds_and_ingests_a_lost_message(tenant, monkeypatch):
     google = FakeGoogle().start()
     try:
-        monkeypatch.setenv("GMAIL_TEST_CREDENTIALS", json.dumps(
-            {"refresh_token": google.refresh_token, "client_secret": google.client_secret}))
+        monkeypatch.setenv(
+            "GMAIL_TEST_CREDENTIALS",
+            json.dumps({"refresh_token": google.refresh_token, "client_secret": google.client_secret}),
+        )
         mailbox = Mailbox.objects.create(
-            tenant=tenant, slug="support-gmail", address="support@acme.test", provider="gmail",
-            credentials_ref="env:GMAIL_TEST_CREDENTIALS", settings={
-                "api_base": google.url, "token_url": f"{google.url}/token", "client_id": google.client_id,
-                "page_size": 2})
+            tenant=tenant,
+            slug="support-gmail",
+            address="support@acme.test",
+            provider="gmail",
+            credentials_ref="env:GMAIL_TEST_CREDENTIALS",
+            settings={
+                "api_base": google.url,
+                "token_url": f"{google.url}/token",
+                "client_id": google.client_id,
+                "page_size": 2,
+            },
+        )
         ids = [google.add_message(make_raw(n), age_days=0.5) for n in range(3)]
         assert poll_mailbox(mailbox.pk, trigger="manual").new == 3
         lost = InboxEvent.objects.get(mailbox=mailbox, provider_message_id=ids[1])

@@ -11,6 +11,7 @@ The operator sees no body and cannot release the quarantined one.
 Screenshots go to $MAILROOM_SCREENSHOT_DIR or test-artifacts/screenshots/<time>/
 (git-ignored); the run prints the folder.
 """
+
 import re
 
 import pytest
@@ -44,25 +45,30 @@ def log_in(page, base_url, username, next_url=QUEUE_URL):
 
 def queue_rows(page) -> list[int]:
     # "#12", or "#12 OVERDUE" when its escalation time has passed
-    return [int(re.match(r"#(\d+)", text).group(1))
-            for text in page.locator("#result_list tbody th.field-item a").all_inner_texts()]
+    return [
+        int(re.match(r"#(\d+)", text).group(1))
+        for text in page.locator("#result_list tbody th.field-item a").all_inner_texts()
+    ]
 
 
 def success_message(page) -> str:
     return " ".join(page.locator("ul.messagelist li").all_inner_texts())
 
 
-def test_an_operator_works_the_queue_in_a_browser(live_server, page, screenshot_dir, tenant, mailbox, desk,
-                                                  desk_calls, monkeypatch):
+def test_an_operator_works_the_queue_in_a_browser(
+    live_server, page, screenshot_dir, tenant, mailbox, desk, desk_calls, monkeypatch
+):
     good, bad = zendesk_destinations(tenant, desk, monkeypatch)
     failed, quarantined, unknown = seed_three(mailbox, good, bad, desk)
     # Another tenant's item: never shown, never counted.
     globex = Tenant.objects.create(slug="globex")
     Destination.objects.create(tenant=globex, slug="builtin", kind="builtin", is_default=True)
-    hidden = new_event(Mailbox.objects.create(tenant=globex, slug="globex-support", address="help@globex.test"),
-                       subject="Globex outage", to="help@globex.test")
-    transition_event(hidden, InboxEvent.OPEN_STATES, "failed", actor="system:test", kind="failed",
-                     reason_code="poison")
+    hidden = new_event(
+        Mailbox.objects.create(tenant=globex, slug="globex-support", address="help@globex.test"),
+        subject="Globex outage",
+        to="help@globex.test",
+    )
+    transition_event(hidden, InboxEvent.OPEN_STATES, "failed", actor="system:test", kind="failed", reason_code="poison")
     make_user("oper", groups=["operator"], tenants=[tenant])
     base = live_server.url
 
@@ -91,8 +97,10 @@ def test_an_operator_works_the_queue_in_a_browser(live_server, page, screenshot_
     page.select_option("#form-correct select[name=destination]", label=str(good))
     page.select_option("#form-correct select[name=priority]", "high")
     page.click("#correct-replay")
-    assert "Route corrected: priority normal → high; destination desk-bad → desk. Replayed with its original " \
-           "idempotency key" in success_message(page)
+    assert (
+        "Route corrected: priority normal → high; destination desk-bad → desk. Replayed with its original "
+        "idempotency key" in success_message(page)
+    )
     page.screenshot(path=screenshot_dir / "02-detail-after-replay.png", full_page=True)
 
     # A worker picks up the outbox row the replay wrote.
@@ -122,8 +130,9 @@ def test_an_operator_works_the_queue_in_a_browser(live_server, page, screenshot_
     assert page.evaluate("document.documentElement.scrollWidth") <= 800
     page.screenshot(path=screenshot_dir / "03-detail-completed-800.png", full_page=True)
     page.set_viewport_size({"width": 1400, "height": 900})
-    actors = dict(AuditEvent.objects.filter(inbox_event_id=failed, kind__in=["assigned", "replayed"])
-                  .values_list("kind", "actor"))
+    actors = dict(
+        AuditEvent.objects.filter(inbox_event_id=failed, kind__in=["assigned", "replayed"]).values_list("kind", "actor")
+    )
     assert actors == {"assigned": "user:oper", "replayed": "user:oper"}
 
     # The item left the queue.
@@ -148,8 +157,11 @@ def test_an_operator_works_the_queue_in_a_browser(live_server, page, screenshot_
     page.screenshot(path=screenshot_dir / "04-quarantined-as-operator.png", full_page=True)
     assert page.goto(f"{base}{QUEUE_URL}{quarantined}/body/").status == 403
     csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
-    release = page.request.post(f"{base}{QUEUE_URL}{quarantined}/act/release/", form={"note": "x"},
-                                headers={"X-CSRFToken": csrf, "Referer": f"{base}{QUEUE_URL}"})
+    release = page.request.post(
+        f"{base}{QUEUE_URL}{quarantined}/act/release/",
+        form={"note": "x"},
+        headers={"X-CSRFToken": csrf, "Referer": f"{base}{QUEUE_URL}"},
+    )
     assert release.status == 403
     assert InboxEvent.objects.get(pk=quarantined).state == "quarantined"
     assert page.goto(f"{base}{QUEUE_URL}{hidden}/change/").status == 404

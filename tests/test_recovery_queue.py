@@ -5,6 +5,7 @@ the worker is `process_inbox_event` called in-process (what a Celery worker woul
 run for the outbox row an action writes). "Exactly one ticket" is always checked
 against FakeDesk's own list.
 """
+
 import re
 from email.message import EmailMessage
 
@@ -43,11 +44,13 @@ from ticketing.services import process_inbox_event
 
 # --- helpers ---------------------------------------------------------------------------
 
+
 def queue_ids(response) -> list[int]:
     return [int(n) for n in re.findall(r'<th class="field-item"><a href="[^"]+">#(\d+)[ <]', response.content.decode())]
 
 
 # --- fixtures --------------------------------------------------------------------------
+
 
 @pytest.fixture
 def other_tenant(db):
@@ -56,44 +59,70 @@ def other_tenant(db):
     Destination.objects.create(tenant=tenant, slug="builtin", kind="builtin", is_default=True)
     mailbox = Mailbox.objects.create(tenant=tenant, slug="globex-support", address="help@globex.test")
     event_id = new_event(mailbox, subject="Globex secret outage", sender="ceo@globex.test", to="help@globex.test")
-    assert transition_event(event_id, InboxEvent.OPEN_STATES, InboxEvent.State.FAILED, actor="system:test",
-                            kind="failed", reason_code="poison", reason_detail="test")
+    assert transition_event(
+        event_id,
+        InboxEvent.OPEN_STATES,
+        InboxEvent.State.FAILED,
+        actor="system:test",
+        kind="failed",
+        reason_code="poison",
+        reason_detail="test",
+    )
     return tenant, mailbox, event_id
 
 
 # --- roles -----------------------------------------------------------------------------
 
+
 def test_the_data_migration_created_the_three_roles(db):
-    groups = {g.name: {f"{p.content_type.app_label}.{p.codename}" for p in g.permissions.all()}
-              for g in Group.objects.prefetch_related("permissions__content_type")}
+    groups = {
+        g.name: {f"{p.content_type.app_label}.{p.codename}" for p in g.permissions.all()}
+        for g in Group.objects.prefetch_related("permissions__content_type")
+    }
     assert {"operator", "security", "mailroom-admin"} <= set(groups)
-    assert groups["operator"] >= {"reconciliation.view_recoveryitem", "reconciliation.assign_recoveryitem",
-                                  "reconciliation.replay_recoveryitem"}
-    assert not groups["operator"] & {"intake.view_message_body", "intake.release_quarantine",
-                                     "reconciliation.replay_new_action"}
+    assert groups["operator"] >= {
+        "reconciliation.view_recoveryitem",
+        "reconciliation.assign_recoveryitem",
+        "reconciliation.replay_recoveryitem",
+    }
+    assert not groups["operator"] & {
+        "intake.view_message_body",
+        "intake.release_quarantine",
+        "reconciliation.replay_new_action",
+    }
     assert groups["security"] >= {"intake.view_message_body", "intake.release_quarantine"}
-    assert groups["mailroom-admin"] >= {"intake.change_mailbox", "ticketing.change_destination",
-                                        "reconciliation.change_pauseswitch"}
+    assert groups["mailroom-admin"] >= {
+        "intake.change_mailbox",
+        "ticketing.change_destination",
+        "reconciliation.change_pauseswitch",
+    }
     # The global pause stops every tenant: no role grants it (superusers only), and the permission is gone.
     assert not Permission.objects.filter(content_type__app_label="reconciliation", codename="set_global_pause")
-    evidence = {"intake.delete_inboxevent", "intake.delete_auditevent", "ticketing.delete_intent",
-                "ticketing.delete_ticketmapping"}
+    evidence = {
+        "intake.delete_inboxevent",
+        "intake.delete_auditevent",
+        "ticketing.delete_intent",
+        "ticketing.delete_ticketmapping",
+    }
     assert not any(perms & evidence for perms in groups.values())
     assert not Permission.objects.filter(content_type__app_label="reconciliation", codename__startswith="delete_")
 
 
 # --- the list ----------------------------------------------------------------------------
 
+
 def test_queue_lists_every_recovery_item_oldest_first_with_its_columns(operator_client, seeded, mailbox, desk):
     failed, quarantined, unknown = seeded
     done = new_event(mailbox, subject="Fine")
     assert process_inbox_event(done) == "created"
     suppressed = new_event(mailbox)
-    transition_event(suppressed, InboxEvent.OPEN_STATES, "suppressed", actor="t", kind="s",
-                     reason_code="auto_submitted")
+    transition_event(
+        suppressed, InboxEvent.OPEN_STATES, "suppressed", actor="t", kind="s", reason_code="auto_submitted"
+    )
     review = new_event(mailbox, subject="Who am I")
-    transition_event(review, InboxEvent.OPEN_STATES, "awaiting_review", actor="t", kind="r",
-                     reason_code="missing_sender")
+    transition_event(
+        review, InboxEvent.OPEN_STATES, "awaiting_review", actor="t", kind="r", reason_code="missing_sender"
+    )
     age(review, 4)
 
     response = operator_client.get(QUEUE_URL)
@@ -132,8 +161,11 @@ def test_queue_page_makes_the_same_number_of_queries_for_3_or_30_items(operator_
             event_id = new_event(mailbox, subject=f"item {i}")
             transition_event(event_id, InboxEvent.OPEN_STATES, "failed", actor="t", kind="f", reason_code="poison")
             InboxEvent.objects.filter(pk=event_id).update(owner=operator)
-            intents.ensure_intent(InboxEvent.objects.get(pk=event_id), "create_ticket",
-                                  Destination.objects.get(tenant=tenant, slug="builtin"))
+            intents.ensure_intent(
+                InboxEvent.objects.get(pk=event_id),
+                "create_ticket",
+                Destination.objects.get(tenant=tenant, slug="builtin"),
+            )
 
     add_items(3)
     few = page_queries()
@@ -161,8 +193,9 @@ def test_search_by_sender_subject_message_id_and_ticket_id(operator_client, seed
     message_id = InboxEvent.objects.get(pk=unknown).message_id_header
     assert search(f"<{message_id}>") == [unknown]
     [orphan] = desk.tickets()  # the unknown item's ticket, written before the connection dropped
-    services.do_confirm_existing_ticket(get_user_model().objects.get(username="oper"), unknown,
-                                        ticket_id=str(orphan["id"]))
+    services.do_confirm_existing_ticket(
+        get_user_model().objects.get(username="oper"), unknown, ticket_id=str(orphan["id"])
+    )
     # A mapped event is normally complete; put it back in the queue to search for its ticket id.
     InboxEvent.objects.filter(pk=unknown).update(state="unknown", reason_code="claim_expired")
     assert search(str(orphan["id"])) == [unknown]
@@ -170,6 +203,7 @@ def test_search_by_sender_subject_message_id_and_ticket_id(operator_client, seed
 
 
 # --- triage --------------------------------------------------------------------------------
+
 
 def test_assign_and_escalation_are_audited_with_the_user(operator_client, operator, seeded, tenant):
     failed = seeded[0]
@@ -191,22 +225,29 @@ def test_assign_and_escalation_are_audited_with_the_user(operator_client, operat
 
 # --- replays -------------------------------------------------------------------------------
 
-def test_correct_route_and_replay_keeps_the_key_and_makes_exactly_one_ticket(operator_client, seeded, destinations,
-                                                                              desk, desk_calls):
+
+def test_correct_route_and_replay_keeps_the_key_and_makes_exactly_one_ticket(
+    operator_client, seeded, destinations, desk, desk_calls
+):
     good, bad = destinations
     failed = seeded[0]
     before = intent_of(failed)
-    response = act(operator_client, failed, "correct", destination=good.pk, priority="high", request_type="incident",
-                   queue="")
+    response = act(
+        operator_client, failed, "correct", destination=good.pk, priority="high", request_type="incident", queue=""
+    )
     assert response.status_code == 302
     after = intent_of(failed)
     assert (after.pk, after.idempotency_key, after.action_version) == (before.pk, before.idempotency_key, 1)
     assert (after.state, after.destination_id) == ("pending", good.pk)
     event = InboxEvent.objects.get(pk=failed)
     assert event.state == "write_pending" and event.route_override == {
-        "destination_id": good.pk, "priority": "high", "request_type": "incident"}
-    assert OutboxMessage.objects.filter(topic=PROCESS_TOPIC, payload={"inbox_event_id": failed},
-                                        published_at__isnull=True).exists()
+        "destination_id": good.pk,
+        "priority": "high",
+        "request_type": "incident",
+    }
+    assert OutboxMessage.objects.filter(
+        topic=PROCESS_TOPIC, payload={"inbox_event_id": failed}, published_at__isnull=True
+    ).exists()
     [replayed] = audit(failed, "replayed")
     assert replayed.actor == "user:oper" and replayed.detail["previous_destination"] == bad.pk
 
@@ -253,8 +294,9 @@ def test_replay_without_an_intent_sends_the_event_back_to_routing(operator, mail
     assert len(tickets_for(desk, intent_of(event_id))) == 1
 
 
-def test_replay_as_new_action_needs_its_own_permission_and_records_the_approver(operator_client, operator, seeded,
-                                                                                destinations):
+def test_replay_as_new_action_needs_its_own_permission_and_records_the_approver(
+    operator_client, operator, seeded, destinations
+):
     failed = seeded[0]
     response = act(operator_client, failed, "replay_new", reason="the key was reused with another body")
     assert response.status_code == 403
@@ -263,8 +305,13 @@ def test_replay_as_new_action_needs_its_own_permission_and_records_the_approver(
     page = operator_client.get(f"{QUEUE_URL}{failed}/change/").content.decode()
     assert 'id="form-replay-new"' in page
     assert act(operator_client, failed, "replay_new", reason="").status_code == 400  # the reason is mandatory
-    act(operator_client, failed, "replay_new", reason="the key was reused with another body",
-        destination=destinations[0].pk)
+    act(
+        operator_client,
+        failed,
+        "replay_new",
+        reason="the key was reused with another body",
+        destination=destinations[0].pk,
+    )
     v1, v2 = intent_of(failed, 1), intent_of(failed, 2)
     assert v1.state == "failed" and v2.state == "pending"
     assert v2.idempotency_key != v1.idempotency_key and v2.external_ref != v1.external_ref
@@ -279,8 +326,9 @@ def test_replay_as_new_action_needs_its_own_permission_and_records_the_approver(
         services.do_replay_as_new_action(operator, failed, reason="again")
 
 
-def test_a_new_action_and_a_corrected_non_default_route_are_carried_out_by_the_worker(operator, seeded,
-                                                                                      destinations, desk):
+def test_a_new_action_and_a_corrected_non_default_route_are_carried_out_by_the_worker(
+    operator, seeded, destinations, desk
+):
     good, bad = destinations
     failed, _, unknown = seeded
     set_default(good.tenant, bad)  # the default stays the broken one: only the correction leads to `desk`
@@ -295,8 +343,10 @@ def test_a_new_action_and_a_corrected_non_default_route_are_carried_out_by_the_w
 
 # --- confirm, close, release -----------------------------------------------------------------
 
-def test_confirm_existing_ticket_completes_the_item_with_zero_destination_calls(operator_client, seeded, desk,
-                                                                                desk_calls):
+
+def test_confirm_existing_ticket_completes_the_item_with_zero_destination_calls(
+    operator_client, seeded, desk, desk_calls
+):
     unknown = seeded[2]
     [orphan] = desk.tickets()
     assert orphan["external_id"] == intent_of(unknown).external_ref
@@ -321,8 +371,9 @@ def test_confirm_into_the_builtin_store_needs_a_real_ticket(operator, mailbox, t
     transition_event(event_id, InboxEvent.OPEN_STATES, "awaiting_review", actor="t", kind="r", reason_code="empty")
     with pytest.raises(services.ActionRefused, match="has no ticket 999"):
         services.do_confirm_existing_ticket(operator, event_id, ticket_id="999", destination_id=builtin.pk)
-    ticket = Ticket.objects.create(destination=builtin, idempotency_key="k" * 64, external_ref="manual",
-                                   created_at=timezone.now())
+    ticket = Ticket.objects.create(
+        destination=builtin, idempotency_key="k" * 64, external_ref="manual", created_at=timezone.now()
+    )
     services.do_confirm_existing_ticket(operator, event_id, ticket_id=str(ticket.pk))
     assert InboxEvent.objects.get(pk=event_id).state == "completed"
     assert intent_of(event_id).state == "succeeded"
@@ -334,15 +385,19 @@ def test_close_as_not_a_request_needs_a_reason_and_deletes_nothing(operator_clie
     assert act(operator_client, unknown, "close", reason="  ").status_code == 400
     act(operator_client, unknown, "close", reason="a vendor newsletter")
     event = InboxEvent.objects.get(pk=unknown)
-    assert (event.state, event.reason_code, event.reason_detail) == ("suppressed", "not_a_request",
-                                                                    "a vendor newsletter")
+    assert (event.state, event.reason_code, event.reason_detail) == (
+        "suppressed",
+        "not_a_request",
+        "a vendor newsletter",
+    )
     assert intent_of(unknown).state == "held"  # reconciliation will not reopen it behind the reviewer's back
     assert intents.resolve_unknown(intent_of(unknown).pk) == ""
     assert unknown not in queue_ids(operator_client.get(QUEUE_URL))
     after = count_rows()
     assert after["AuditEvent"] == rows["AuditEvent"] + 1
     assert {k: v for k, v in after.items() if k not in ("AuditEvent",)} == {
-        k: v for k, v in rows.items() if k not in ("AuditEvent",)}
+        k: v for k, v in rows.items() if k not in ("AuditEvent",)
+    }
     [closed] = audit(unknown, "closed_not_a_request")
     assert closed.actor == "user:oper" and closed.detail["reason"] == "a vendor newsletter"
 
@@ -439,6 +494,7 @@ def test_a_held_acknowledgment_is_resent_or_marked_handled(operator_client, mail
 
 # --- no deletion ------------------------------------------------------------------------------
 
+
 def test_nobody_can_delete_events_intents_mappings_or_audit_rows(client, seeded, destinations):
     root = get_user_model().objects.create_superuser("root", "root@staff.test", PASSWORD)
     client.force_login(root)
@@ -447,25 +503,48 @@ def test_nobody_can_delete_events_intents_mappings_or_audit_rows(client, seeded,
     audit_row = AuditEvent.objects.filter(inbox_event_id=failed).first()
     services.do_confirm_existing_ticket(root, seeded[2], ticket_id="1")
     mapping = TicketMapping.objects.get(inbox_event_id=seeded[2])
-    for url in (f"/admin/intake/inboxevent/{failed}/delete/", f"/admin/ticketing/intent/{intent.pk}/delete/",
-                f"/admin/ticketing/ticketmapping/{mapping.pk}/delete/",
-                f"/admin/intake/auditevent/{audit_row.pk}/delete/", f"{QUEUE_URL}{failed}/delete/"):
+    for url in (
+        f"/admin/intake/inboxevent/{failed}/delete/",
+        f"/admin/ticketing/intent/{intent.pk}/delete/",
+        f"/admin/ticketing/ticketmapping/{mapping.pk}/delete/",
+        f"/admin/intake/auditevent/{audit_row.pk}/delete/",
+        f"{QUEUE_URL}{failed}/delete/",
+    ):
         assert client.post(url, {"post": "yes"}).status_code == 403, url
-    for url in ("/admin/intake/inboxevent/", "/admin/ticketing/intent/", "/admin/ticketing/ticketmapping/",
-                "/admin/intake/auditevent/", QUEUE_URL):
+    for url in (
+        "/admin/intake/inboxevent/",
+        "/admin/ticketing/intent/",
+        "/admin/ticketing/ticketmapping/",
+        "/admin/intake/auditevent/",
+        QUEUE_URL,
+    ):
         assert 'value="delete_selected"' not in client.get(url).content.decode(), url
     assert InboxEvent.objects.filter(pk=failed).exists() and Intent.objects.filter(pk=intent.pk).exists()
 
 
 # --- tenant isolation ----------------------------------------------------------------------------
 
+
 def test_a_user_never_sees_another_tenants_items(operator_client, operator, seeded, other_tenant):
     _, b_mailbox, b_event = other_tenant
-    b_intent = intents.ensure_intent(InboxEvent.objects.get(pk=b_event), "create_ticket",
-                                     Destination.objects.get(tenant=other_tenant[0]))
-    operator.user_permissions.add(*Permission.objects.filter(codename__in=[
-        "view_message_body", "release_quarantine", "replay_new_action", "view_inboxevent", "view_intent",
-        "view_auditevent", "view_ticketmapping", "view_mailbox", "view_destination"]))
+    b_intent = intents.ensure_intent(
+        InboxEvent.objects.get(pk=b_event), "create_ticket", Destination.objects.get(tenant=other_tenant[0])
+    )
+    operator.user_permissions.add(
+        *Permission.objects.filter(
+            codename__in=[
+                "view_message_body",
+                "release_quarantine",
+                "replay_new_action",
+                "view_inboxevent",
+                "view_intent",
+                "view_auditevent",
+                "view_ticketmapping",
+                "view_mailbox",
+                "view_destination",
+            ]
+        )
+    )
 
     # Lists, counts, filters and search.
     response = operator_client.get(QUEUE_URL)
@@ -480,20 +559,36 @@ def test_a_user_never_sees_another_tenants_items(operator_client, operator, seed
 
     # Detail pages, bodies and every action: 404, nothing written.
     audit_rows = AuditEvent.objects.filter(inbox_event_id=b_event).count()
-    for url in (f"{QUEUE_URL}{b_event}/change/", f"{QUEUE_URL}{b_event}/body/", f"{QUEUE_URL}{b_event}/attachment/0/",
-                f"/admin/intake/inboxevent/{b_event}/change/", f"/admin/ticketing/intent/{b_intent.pk}/change/"):
+    for url in (
+        f"{QUEUE_URL}{b_event}/change/",
+        f"{QUEUE_URL}{b_event}/body/",
+        f"{QUEUE_URL}{b_event}/attachment/0/",
+        f"/admin/intake/inboxevent/{b_event}/change/",
+        f"/admin/ticketing/intent/{b_intent.pk}/change/",
+    ):
         assert operator_client.get(url).status_code == 404, url
-    for action, data in (("assign_me", {}), ("replay", {}), ("close", {"reason": "x"}), ("release", {}),
-                         ("confirm", {"ticket_id": "1"}), ("escalate", {"escalate_at": ""}),
-                         ("replay_new", {"reason": "x"})):
+    for action, data in (
+        ("assign_me", {}),
+        ("replay", {}),
+        ("close", {"reason": "x"}),
+        ("release", {}),
+        ("confirm", {"ticket_id": "1"}),
+        ("escalate", {"escalate_at": ""}),
+        ("replay_new", {"reason": "x"}),
+    ):
         assert act(operator_client, b_event, action, **data).status_code == 404, action
     assert AuditEvent.objects.filter(inbox_event_id=b_event).count() == audit_rows
     with pytest.raises(InboxEvent.DoesNotExist):
         services.do_assign_to_me(operator, b_event)
 
     # The other admins are scoped too.
-    for url in ("/admin/intake/inboxevent/", "/admin/ticketing/intent/", "/admin/intake/auditevent/",
-                "/admin/intake/mailbox/", "/admin/ticketing/destination/"):
+    for url in (
+        "/admin/intake/inboxevent/",
+        "/admin/ticketing/intent/",
+        "/admin/intake/auditevent/",
+        "/admin/intake/mailbox/",
+        "/admin/ticketing/destination/",
+    ):
         page = operator_client.get(url)
         assert page.status_code == 200, url
         assert "globex" not in page.content.decode().lower(), url
@@ -511,8 +606,10 @@ def test_bulk_actions_cannot_reach_another_tenant(operator_client, seeded, other
 
 # --- bulk replay -----------------------------------------------------------------------------------
 
-def test_bulk_replay_looks_each_item_up_first_and_shows_what_it_found(operator_client, seeded, destinations, desk,
-                                                                      settings):
+
+def test_bulk_replay_looks_each_item_up_first_and_shows_what_it_found(
+    operator_client, seeded, destinations, desk, settings
+):
     failed, quarantined, unknown = seeded
     [orphan] = desk.tickets()
     selection = {"action": "bulk_replay", "_selected_action": [failed, quarantined, unknown]}
@@ -524,8 +621,9 @@ def test_bulk_replay_looks_each_item_up_first_and_shows_what_it_found(operator_c
     preview = operator_client.post(QUEUE_URL, selection)
     assert preview.status_code == 200
     html = preview.content.decode()
-    plans = dict(re.findall(r'<tr class="bulk-item"><td>#(\d+)</td>.*?<td class="bulk-plan"><strong>(\w+)</strong>',
-                            html, re.S))
+    plans = dict(
+        re.findall(r'<tr class="bulk-item"><td>#(\d+)</td>.*?<td class="bulk-plan"><strong>(\w+)</strong>', html, re.S)
+    )
     assert plans == {str(failed): "replay", str(quarantined): "skip", str(unknown): "confirm"}
     assert f"ticket #{orphan['id']}" in html
     assert intent_of(failed).state == "failed" and intent_of(unknown).state == "unknown"  # a preview writes nothing
@@ -546,8 +644,10 @@ def test_the_body_page_shows_every_alternative_as_sent(client, security, mailbox
     message["From"], message["To"], message["Subject"] = "news@vendor.test", "support@acme.test", "Maintenance"
     message["Message-ID"] = "<news-1@vendor.test>"
     message.set_content("View this email in your browser: https://vendor.test/v/1\n")
-    message.add_alternative("<html><body><p>" + "Scheduled maintenance of the EU storage cluster. " * 12
-                            + "</p></body></html>", subtype="html")
+    message.add_alternative(
+        "<html><body><p>" + "Scheduled maintenance of the EU storage cluster. " * 12 + "</p></body></html>",
+        subtype="html",
+    )
     raw = message.as_bytes()
     event_id = ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
     transition_event(event_id, InboxEvent.OPEN_STATES, "awaiting_review", actor="t", kind="r", reason_code="empty")

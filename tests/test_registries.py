@@ -6,6 +6,7 @@ against `Mailbox.Provider` and the settings schemas.
 
 Pure: no database; the adapter classes and the kits are imported, nothing is called.
 """
+
 import importlib
 import inspect
 from pathlib import Path
@@ -71,7 +72,10 @@ def test_the_intent_states_the_event_sweep_leaves_to_the_intent_are_intent_state
     from ticketing.models import Intent
 
     assert set(INTENT_STATES_WATCHED_BY_THE_INTENT) == {
-        Intent.State.PENDING, Intent.State.IN_FLIGHT, Intent.State.RETRY_WAIT}
+        Intent.State.PENDING,
+        Intent.State.IN_FLIGHT,
+        Intent.State.RETRY_WAIT,
+    }
 
 
 def test_the_outcomes_that_name_a_state_are_that_states_stored_word():
@@ -83,5 +87,6 @@ def test_the_outcomes_that_name_a_state_are_that_states_stored_word():
     assert {Outcome.SUPPRESSED, Outcome.AWAITING_REVIEW, Outcome.QUARANTINED} <= set(InboxEvent.State.values)
     assert {Outcome.RETRY_WAIT, Outcome.FAILED, Outcome.UNKNOWN} <= set(Intent.State.values)
     # What normalize can leave an event in, other than ready, is an outcome word (or finished: DONE).
-    assert {s for s in InboxEvent.State.values if s not in InboxEvent.OPEN_STATES} - {Outcome(o) for o in Outcome} \
-        == {InboxEvent.State.COMPLETED}
+    assert {s for s in InboxEvent.State.values if s not in InboxEvent.OPEN_STATES} - {Outcome(o) for o in Outcome} == {
+        InboxEvent.State.COMPLETED
+    }

@@ -5,6 +5,7 @@ group has arrived, and the hold is bounded.
 The real relay loop runs in a thread (its own PostgreSQL connection, LISTEN/NOTIFY) against the real Redis
 broker of this test process; no worker runs, so what the relay published stays in the broker to be read.
 """
+
 import base64
 import json
 import threading

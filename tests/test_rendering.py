@@ -1,5 +1,6 @@
 """The console's one renderer of stored details: every audit kind's detail and every route origin in words,
 never a Python dict or list repr, never None/True/False as text."""
+
 import re
 from datetime import UTC, datetime
 
@@ -15,8 +16,10 @@ ORIGINS = ["rule:3", "ai", "default", "operator:olga", "", "something-new"]
 
 def a_route(origin: str) -> dict:
     route = Route()
-    route.fields = {name: FieldChoice(value, origin) for name, value in
-                    (("queue", "billing"), ("priority", "high"), ("request_type", "refund"), ("assignee", ""))}
+    route.fields = {
+        name: FieldChoice(value, origin)
+        for name, value in (("queue", "billing"), ("priority", "high"), ("request_type", "refund"), ("assignee", ""))
+    }
     route.destination_id, route.destination_origin = 7, origin or "default"
     route.sensitive, route.sensitive_reason = True, "rule:3"
     route.rules, route.ai = [3, 5], {"status": "proposed", "confidence": 0.42, "rationale": "secret words"}
@@ -50,8 +53,12 @@ def test_the_origins_name_who_set_a_value():
 # Shapes the stored details take: nested objects, lists of objects, nulls, flags, numbers, a route inside.
 SHAPES = [
     {"intent": 12, "attempt": 2, "error_kind": "transient", "reason": ReasonCode.RATE_LIMITED, "retry_at": None},
-    {"outcome": "rerouted", "route": a_route("operator:olga"), "corrected": {"queue": ["tech", "billing"]},
-     "quarantine_unreleased": False},
+    {
+        "outcome": "rerouted",
+        "route": a_route("operator:olga"),
+        "corrected": {"queue": ["tech", "billing"]},
+        "quarantine_unreleased": False,
+    },
     {"findings": [{"state": "quarantined", "reason": "malware", "detail": "x.exe: Eicar"}], "flags": ["a", "b"]},
     {"attached": 2, "refused": [], "held": 1, "ticket_id": "41"},
     {"from": {"state": "unknown", "claimed": True}, "nested": {"deeper": {"list": [1, None, {"k": "v"}]}}},
@@ -82,16 +89,20 @@ def test_a_long_value_is_cut_and_a_huge_detail_is_bounded():
     assert len(lines) <= 41
 
 
-@pytest.mark.parametrize(("stored", "words"), [
-    ("user:olga", "olga"),
-    ("worker:vm:24553", "worker on vm, process 24553"),
-    ("worker:mail-1.example.internal:7", "worker on mail-1.example.internal, process 7"),
-    ("system:sweep", "Mailroom (sweep)"),
-    ("provider:raw", "mail provider (raw)"),
-    ("operator", "operator"),
-])
+@pytest.mark.parametrize(
+    ("stored", "words"),
+    [
+        ("user:olga", "olga"),
+        ("worker:vm:24553", "worker on vm, process 24553"),
+        ("worker:mail-1.example.internal:7", "worker on mail-1.example.internal, process 7"),
+        ("system:sweep", "Mailroom (sweep)"),
+        ("provider:raw", "mail provider (raw)"),
+        ("operator", "operator"),
+    ],
+)
 def test_who_did_it_reads_as_words_on_the_timeline(stored, words):
-    audit = type("Audit", (), {"at": datetime(2026, 12, 1, tzinfo=UTC), "kind": "replayed", "actor": stored,
-                               "detail": {}})()
+    audit = type(
+        "Audit", (), {"at": datetime(2026, 12, 1, tzinfo=UTC), "kind": "replayed", "actor": stored, "detail": {}}
+    )()
     row = timeline_rows([audit], kind_labels=dict(AuditKind.choices))[0]
     assert (row.actor, row.actor_words) == (stored, words)

@@ -4,6 +4,7 @@
 from MIME, as the pipeline does), a reply through the pipeline onto an
 existing built-in ticket, and `Work.perform` trimming for Zendesk's limit.
 """
+
 import time
 from email.message import EmailMessage
 from types import SimpleNamespace
@@ -64,7 +65,8 @@ padding-left:1ex">Hello,<br><br>we have received your request and opened ticket 
 
 def test_gmail_plain_text_reply():
     assert reply_text(mime(GMAIL_PLAIN, GMAIL_HTML)) == (
-        "Thanks, the new driver fixed it. Tray 2 still squeaks, though.")
+        "Thanks, the new driver fixed it. Tray 2 still squeaks, though."
+    )
 
 
 def test_gmail_html_only_reply_is_cut_at_gmail_quote():
@@ -75,17 +77,21 @@ def test_gmail_html_only_reply_is_cut_at_gmail_quote():
 
 
 def test_gmail_html_forward_keeps_the_forwarded_message():
-    html = ('<div dir="ltr">FYI, from our vendor.<br><br><div class="gmail_quote"><div dir="ltr" '
-            'class="gmail_attr">---------- Forwarded message ---------<br>From: <strong>Parts Inc</strong> '
-            '&lt;orders@parts.example&gt;<br>Date: Mon, Mar 4, 2024 at 9:00 AM<br>Subject: Toner<br>'
-            'To: &lt;jane@example.com&gt;<br></div><br><br>The toner ships on Friday.</div></div>')
+    html = (
+        '<div dir="ltr">FYI, from our vendor.<br><br><div class="gmail_quote"><div dir="ltr" '
+        'class="gmail_attr">---------- Forwarded message ---------<br>From: <strong>Parts Inc</strong> '
+        "&lt;orders@parts.example&gt;<br>Date: Mon, Mar 4, 2024 at 9:00 AM<br>Subject: Toner<br>"
+        "To: &lt;jane@example.com&gt;<br></div><br><br>The toner ships on Friday.</div></div>"
+    )
     text = reply_text(mime(html=html))
     assert text.startswith("FYI, from our vendor.") and "The toner ships on Friday." in text
 
 
 def test_a_plain_text_forward_keeps_the_forwarded_message():
-    body = ("FYI, from our vendor.\n\n---------- Forwarded message ---------\nFrom: Parts Inc <orders@parts.example>\n"
-            "Date: Mon, Mar 4, 2024 at 9:00 AM\nSubject: Toner\nTo: <jane@example.com>\n\nThe toner ships on Friday.\n")
+    body = (
+        "FYI, from our vendor.\n\n---------- Forwarded message ---------\nFrom: Parts Inc <orders@parts.example>\n"
+        "Date: Mon, Mar 4, 2024 at 9:00 AM\nSubject: Toner\nTo: <jane@example.com>\n\nThe toner ships on Friday.\n"
+    )
     assert reply_text(mime(body)) == body.strip()
 
 
@@ -105,7 +111,8 @@ Subject: RE: [#MR-7] Printer on fire
 Please install the new driver.
 """
     assert reply_text(mime(body)) == (
-        "The printer still jams on tray 2 after the update.\n\nBob Smith\nFacilities, Example Corp")
+        "The printer still jams on tray 2 after the update.\n\nBob Smith\nFacilities, Example Corp"
+    )
 
 
 def test_outlook_header_block():
@@ -214,23 +221,41 @@ def test_chinese_foxmail():
 def test_chinese_gmail_and_full_width_header_block():
     gmail = "打印机还是不工作。\n\n2024年3月4日周一 10:15，Acme Support <support@acme.test> 写道：\n> 请重新启动。\n"
     assert reply_text(mime(gmail)) == "打印机还是不工作。"
-    outlook = ("打印机还是不工作。\n\n发件人：Acme Support <support@acme.test>\n发送时间：2024年3月4日 10:15\n"
-               "收件人：张三 <zhang@example.cn>\n主题：回复：打印机\n\n请重新启动。\n")
+    outlook = (
+        "打印机还是不工作。\n\n发件人：Acme Support <support@acme.test>\n发送时间：2024年3月4日 10:15\n"
+        "收件人：张三 <zhang@example.cn>\n主题：回复：打印机\n\n请重新启动。\n"
+    )
     assert reply_text(mime(outlook)) == "打印机还是不工作。"
 
 
-@pytest.mark.parametrize("body, expected", [
-    ("Ça marche maintenant.\n\nLe lun. 4 mars 2024 à 10:15, Acme Support <support@acme.test> a écrit :\n"
-     "> Redémarrez.\n", "Ça marche maintenant."),
-    ("Ya funciona.\n\nEl lun, 4 mar 2024 a las 10:15, Acme Support (<support@acme.test>) escribió:\n"
-     "> Reinicie.\n", "Ya funciona."),
-    ("Het werkt weer.\n\nOp ma 4 mrt 2024 om 10:15 schreef Acme Support <support@acme.test>:\n> Herstart.\n",
-     "Het werkt weer."),
-    ("Het werkt weer.\n\nOp 4 mrt. 2024 om 10:15 heeft Acme Support <support@acme.test> het volgende "
-     "geschreven:\n\n> Herstart.\n", "Het werkt weer."),
-    ("まだ動きません。\n\n2024年3月4日(月) 10:15 Acme Support <support@acme.test>:\n> 再起動してください。\n",
-     "まだ動きません。"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (
+            "Ça marche maintenant.\n\nLe lun. 4 mars 2024 à 10:15, Acme Support <support@acme.test> a écrit :\n"
+            "> Redémarrez.\n",
+            "Ça marche maintenant.",
+        ),
+        (
+            "Ya funciona.\n\nEl lun, 4 mar 2024 a las 10:15, Acme Support (<support@acme.test>) escribió:\n"
+            "> Reinicie.\n",
+            "Ya funciona.",
+        ),
+        (
+            "Het werkt weer.\n\nOp ma 4 mrt 2024 om 10:15 schreef Acme Support <support@acme.test>:\n> Herstart.\n",
+            "Het werkt weer.",
+        ),
+        (
+            "Het werkt weer.\n\nOp 4 mrt. 2024 om 10:15 heeft Acme Support <support@acme.test> het volgende "
+            "geschreven:\n\n> Herstart.\n",
+            "Het werkt weer.",
+        ),
+        (
+            "まだ動きません。\n\n2024年3月4日(月) 10:15 Acme Support <support@acme.test>:\n> 再起動してください。\n",
+            "まだ動きません。",
+        ),
+    ],
+)
 def test_other_languages(body, expected):
     assert reply_text(mime(body)) == expected
 
@@ -260,7 +285,8 @@ On Mon, Mar 4, 2024 at 10:15 AM Acme Support <support@acme.test> wrote:
 """
     assert reply_text(mime(body)) == (
         "Hi team,\n\nthe printer on floor 3 is smoking again. Can someone come by today?\n\n"
-        "- it started at 9:00\n- the display shows E-502\n\nThanks, but please hurry,\nJane")
+        "- it started at 9:00\n- the display shows E-502\n\nThanks, but please hurry,\nJane"
+    )
 
 
 def test_inline_answers_below_the_quote_keep_the_answers():
@@ -288,14 +314,17 @@ def test_never_empty_when_the_message_had_text():
     assert reply_text(ParsedMessage()) == ""
 
 
-@pytest.mark.parametrize("hostile", [
-    "On " * 21000 + "\n",
-    "\n" * 65000 + "x",
-    "a" + " " * 65000 + "b",
-    "Am " * 21000 + "schrieb",
-    ("From: a\nSent: b\n" * 4000),
-    "> " * 30000,
-])
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "On " * 21000 + "\n",
+        "\n" * 65000 + "x",
+        "a" + " " * 65000 + "b",
+        "Am " * 21000 + "schrieb",
+        ("From: a\nSent: b\n" * 4000),
+        "> " * 30000,
+    ],
+)
 def test_hostile_text_is_handled_in_linear_time(hostile):
     started = time.perf_counter()
     assert strip_reply(hostile[:65536]).strip()
@@ -303,6 +332,7 @@ def test_hostile_text_is_handled_in_linear_time(hostile):
 
 
 # --- through the pipeline ------------------------------------------------------------------------
+
 
 def receive(mailbox, **message_fields) -> int:
     return ingest_message(mailbox, **message_fields).inbox_event_id
@@ -321,12 +351,22 @@ On Mon, Mar 4, 2024 at 10:15 AM Acme Support <support@acme.test> wrote:
 
 
 def test_a_reply_in_a_thread_adds_only_its_new_text_to_the_ticket(mailbox, scanner_off):
-    root = receive(mailbox, sender="jane@example.com", message_id="<root@example.com>", subject="Printer",
-                   body="Printer on fire.\n")
+    root = receive(
+        mailbox,
+        sender="jane@example.com",
+        message_id="<root@example.com>",
+        subject="Printer",
+        body="Printer on fire.\n",
+    )
     assert process_inbox_event(root) == "created"
     mapping = TicketMapping.objects.get(inbox_event_id=root)
-    reply = receive(mailbox, sender="jane@example.com", subject="Re: Printer", body=REPLY,
-                    extra_headers={"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"})
+    reply = receive(
+        mailbox,
+        sender="jane@example.com",
+        subject="Re: Printer",
+        body=REPLY,
+        extra_headers={"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"},
+    )
     assert process_inbox_event(reply) == "created"
     assert process_inbox_event(reply) == "done"
 
@@ -342,8 +382,13 @@ def test_a_reply_in_a_thread_adds_only_its_new_text_to_the_ticket(mailbox, scann
 def test_an_event_normalized_before_reply_text_was_stored_gets_it_computed(mailbox, scanner_off):
     root = receive(mailbox, sender="jane@example.com", message_id="<root@example.com>", subject="Printer")
     assert process_inbox_event(root) == "created"
-    reply = receive(mailbox, sender="jane@example.com", subject="Re: Printer", body=REPLY,
-                    extra_headers={"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"})
+    reply = receive(
+        mailbox,
+        sender="jane@example.com",
+        subject="Re: Printer",
+        body=REPLY,
+        extra_headers={"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"},
+    )
     # As an older normalization left it: judged ready, details without reply_text.
     InboxEvent.objects.filter(pk=reply).update(state="ready", sender="jane@example.com", details={})
     assert process_inbox_event(reply) == "created"
@@ -353,15 +398,22 @@ def test_an_event_normalized_before_reply_text_was_stored_gets_it_computed(mailb
 def test_the_stored_reply_text_is_what_every_attempt_sends(mailbox, scanner_off):
     root = receive(mailbox, sender="jane@example.com", message_id="<root@example.com>", subject="Printer")
     assert process_inbox_event(root) == "created"
-    reply = receive(mailbox, sender="jane@example.com", subject="Re: Printer", body=REPLY,
-                    extra_headers={"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"})
-    InboxEvent.objects.filter(pk=reply).update(state="ready", sender="jane@example.com",
-                                               details={"reply_text": "As stored at normalization."})
+    reply = receive(
+        mailbox,
+        sender="jane@example.com",
+        subject="Re: Printer",
+        body=REPLY,
+        extra_headers={"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"},
+    )
+    InboxEvent.objects.filter(pk=reply).update(
+        state="ready", sender="jane@example.com", details={"reply_text": "As stored at normalization."}
+    )
     assert process_inbox_event(reply) == "created"
     assert TicketComment.objects.get().body == "As stored at normalization."
 
 
 # --- destination size limits ---------------------------------------------------------------------
+
 
 def long_text(paragraphs=300, chars=250) -> str:
     return "\n\n".join(f"Paragraph {n}: " + "x" * chars for n in range(paragraphs))
@@ -376,8 +428,15 @@ def test_a_description_over_zendesks_limit_is_trimmed_at_a_paragraph_with_a_noti
 
     settings.MAILROOM_PUBLIC_URL = "https://mailroom.acme.test"
     monkeypatch.setenv("ZD_CREDENTIALS", f"agent@example.com/token:{desk.token}")
-    adapter = adapter_for(Destination(kind="zendesk", slug="zd", base_url=desk.url,
-                                      credentials_ref="env:ZD_CREDENTIALS", settings={"read_timeout": 5}))
+    adapter = adapter_for(
+        Destination(
+            kind="zendesk",
+            slug="zd",
+            base_url=desk.url,
+            credentials_ref="env:ZD_CREDENTIALS",
+            settings={"read_timeout": 5},
+        )
+    )
     assert adapter.max_description_chars == 64_000
     text = long_text()
     assert len(text) > 70_000
@@ -392,7 +451,7 @@ def test_a_description_over_zendesks_limit_is_trimmed_at_a_paragraph_with_a_noti
     description = ticket["description"]
     assert len(description) <= 64_000
     kept, notice = description.split("\n\n[Mailroom: ", 1)
-    assert text.startswith(kept) and text[len(kept):].startswith("\n\nParagraph ")  # a whole paragraph
+    assert text.startswith(kept) and text[len(kept) :].startswith("\n\nParagraph ")  # a whole paragraph
     assert len(kept) > 60_000
     assert "shortened" in notice
     assert "https://mailroom.acme.test/admin/intake/inboxevent/4242/change/" in notice
@@ -401,8 +460,9 @@ def test_a_description_over_zendesks_limit_is_trimmed_at_a_paragraph_with_a_noti
 
 def stored_event(*, pk: int, details: dict):
     """An event as `Work` reads it, without a database: its tenant (no agents) and mailbox (default policy)."""
-    return SimpleNamespace(pk=pk, details=details, tenant=Tenant(settings={}), tenant_id=None,
-                           mailbox=Mailbox(settings={}), history=False)
+    return SimpleNamespace(
+        pk=pk, details=details, tenant=Tenant(settings={}), tenant_id=None, mailbox=Mailbox(settings={}), history=False
+    )
 
 
 class RecordingAdapter(DestinationAdapter):
@@ -426,8 +486,12 @@ def test_a_comment_over_the_limit_is_trimmed_the_same_way_every_time(settings):
     adapter = RecordingAdapter()
     body = long_text(paragraphs=20, chars=90)
     target = SimpleNamespace(ticket_id="1", ticket_url="")
-    work = Work(stored_event(pk=7, details={"reply_text": body}), Intent.Action.ADD_COMMENT,
-                ParsedMessage(sender="jane@example.com", text="ignored: the stored reply text is sent"), target=target)
+    work = Work(
+        stored_event(pk=7, details={"reply_text": body}),
+        Intent.Action.ADD_COMMENT,
+        ParsedMessage(sender="jane@example.com", text="ignored: the stored reply text is sent"),
+        target=target,
+    )
     work.perform(adapter, intent())
     work.perform(adapter, intent())
     first, second = adapter.sent
@@ -440,7 +504,8 @@ def test_no_limit_no_trim():
     adapter = RecordingAdapter()
     adapter.max_description_chars = None
     text = long_text()
-    Work(stored_event(pk=1, details={}), Intent.Action.CREATE_TICKET,
-         ParsedMessage(text=text)).perform(adapter, intent())
+    Work(stored_event(pk=1, details={}), Intent.Action.CREATE_TICKET, ParsedMessage(text=text)).perform(
+        adapter, intent()
+    )
     assert adapter.sent == [text]
     assert DestinationAdapter.max_description_chars is None

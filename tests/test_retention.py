@@ -1,4 +1,5 @@
 """Retention (intake.retention): raw bodies go after their age, the evidence stays, holds and open work are kept."""
+
 from datetime import timedelta
 
 import pytest
@@ -30,8 +31,7 @@ def completed(mailbox, days, **fields):
 
 def in_state(mailbox, days, state, reason):
     event = make_event(mailbox)
-    assert transition_event(event.pk, [InboxEvent.State.RECEIVED], state, actor="test", kind=None,
-                            reason_code=reason)
+    assert transition_event(event.pk, [InboxEvent.State.RECEIVED], state, actor="test", kind=None, reason_code=reason)
     aged(event.pk, days)
     return event.pk
 
@@ -52,9 +52,10 @@ def test_purges_bodies_past_their_age_and_keeps_the_evidence(mailbox, scanner_of
     assert event.raw is None and event.purged_at is not None
     assert event.state == InboxEvent.State.COMPLETED and event.subject and event.sender and event.size
     assert TicketMapping.objects.get(inbox_event_id=old) == mapping
-    kinds_after = list(AuditEvent.objects.filter(inbox_event_id=old).order_by("at", "pk")
-                       .values_list("kind", flat=True))
-    assert kinds_after[:len(kinds_before)] == kinds_before and kinds_after[-1] == AuditKind.PURGED
+    kinds_after = list(
+        AuditEvent.objects.filter(inbox_event_id=old).order_by("at", "pk").values_list("kind", flat=True)
+    )
+    assert kinds_after[: len(kinds_before)] == kinds_before and kinds_after[-1] == AuditKind.PURGED
     assert body(young) is not None
     # The run audits itself: one `purged` row per purged event, all naming the run.
     purged = AuditEvent.objects.get(inbox_event_id=old, kind=AuditKind.PURGED)

@@ -1,5 +1,6 @@
 """Existing installations get the permissions of models added after their role groups were made: the migration
 grants them (tests elsewhere call ensure_role_groups() themselves, so only this test shows the migration does)."""
+
 import pytest
 from django.contrib.auth.models import Group
 from django.db import connection
@@ -9,9 +10,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 BEFORE = ("reconciliation", "0009_readable_labels")
 AFTER = ("reconciliation", "0010_connected_mailbox_role_permissions")
-GRANTED = {"view_senderlistentry", "add_senderlistentry", "delete_senderlistentry", "view_mailboxaudit",
-           "view_acknowledgmenttemplate", "change_acknowledgmenttemplate", "view_businesshours",
-           "change_businesshours"}
+GRANTED = {
+    "view_senderlistentry",
+    "add_senderlistentry",
+    "delete_senderlistentry",
+    "view_mailboxaudit",
+    "view_acknowledgmenttemplate",
+    "change_acknowledgmenttemplate",
+    "view_businesshours",
+    "change_businesshours",
+}
 
 
 def codenames() -> set[str]:

@@ -1,5 +1,6 @@
 """The routing console in the admin: the policy, the rule list and form, enable/disable, order, the
 dry run (which writes nothing) and tenant isolation. Django's test client, real PostgreSQL."""
+
 from datetime import timedelta
 
 import pytest
@@ -32,17 +33,34 @@ def admin_user(client, tenant, policy):
 
 
 def rule_form(tenant, **fields):
-    data = {"tenant": tenant.pk, "mailbox": "", "name": "Urgent billing", "position": 10, "enabled": "",
-            "conditions": '{"recipient": "support@acme.test", "subject_regex": "^urgent"}', "destination": "",
-            "queue": "billing", "priority": "high", "request_type": "", "assignee": "", "sensitive": "",
-            "stop_processing": "on"}
+    data = {
+        "tenant": tenant.pk,
+        "mailbox": "",
+        "name": "Urgent billing",
+        "position": 10,
+        "enabled": "",
+        "conditions": '{"recipient": "support@acme.test", "subject_regex": "^urgent"}',
+        "destination": "",
+        "queue": "billing",
+        "priority": "high",
+        "request_type": "",
+        "assignee": "",
+        "sensitive": "",
+        "stop_processing": "on",
+    }
     data.update(fields)
     return {k: v for k, v in data.items() if v != ""}
 
 
 def make_rule(tenant, **fields):
-    values = {"name": "Urgent billing", "position": 10, "enabled": False, "queue": "billing", "priority": "high",
-              "conditions": {"recipient": "support@acme.test", "subject_regex": "^urgent"}}
+    values = {
+        "name": "Urgent billing",
+        "position": 10,
+        "enabled": False,
+        "queue": "billing",
+        "priority": "high",
+        "conditions": {"recipient": "support@acme.test", "subject_regex": "^urgent"},
+    }
     values.update(fields)
     return RoutingRule.objects.create(tenant=tenant, **values)
 
@@ -50,8 +68,14 @@ def make_rule(tenant, **fields):
 def test_mailroom_admin_role_manages_rules_and_policies(db):
     ensure_role_groups()
     codenames = set(Group.objects.get(name="mailroom-admin").permissions.values_list("codename", flat=True))
-    assert {"view_routingrule", "add_routingrule", "change_routingrule", "delete_routingrule",
-            "view_routingpolicy", "change_routingpolicy"} <= codenames
+    assert {
+        "view_routingrule",
+        "add_routingrule",
+        "change_routingrule",
+        "delete_routingrule",
+        "view_routingpolicy",
+        "change_routingpolicy",
+    } <= codenames
     assert "add_routingpolicy" not in codenames and "delete_routingpolicy" not in codenames
 
 
@@ -64,8 +88,10 @@ def test_the_form_refuses_an_invalid_regex_naming_the_key_and_the_error(client, 
 
 
 def test_the_form_checks_keys_and_the_policy_vocabulary(client, tenant, admin_user):
-    response = client.post(f"{RULES}add/", rule_form(tenant, conditions='{"colour": "red"}', queue="sales",
-                                                     request_type="nope", priority="asap"))
+    response = client.post(
+        f"{RULES}add/",
+        rule_form(tenant, conditions='{"colour": "red"}', queue="sales", request_type="nope", priority="asap"),
+    )
     text = response.content.decode()
     assert "unknown condition &#x27;colour&#x27;" in text
     assert "&#x27;sales&#x27; is not a queue of acme" in text
@@ -82,12 +108,17 @@ def test_the_form_checks_keys_and_the_policy_vocabulary(client, tenant, admin_us
 
 def test_the_list_shows_readable_conditions_hits_and_order(client, tenant, admin_user):
     make_rule(tenant, hits=3, last_hit_at=timezone.now())
-    make_rule(tenant, name="Refunds", position=20, conditions={"sender": ["@bank.test", "a@b.test"],
-                                                                "keywords": ["refund"], "is_reply": False})
+    make_rule(
+        tenant,
+        name="Refunds",
+        position=20,
+        conditions={"sender": ["@bank.test", "a@b.test"], "keywords": ["refund"], "is_reply": False},
+    )
     text = client.get(RULES).content.decode()
     assert "recipient is support@acme.test AND subject matches /^urgent/" in text
-    assert ("sender is one of domain bank.test, a@b.test AND subject or body contains “refund” AND "
-            "is not a reply") in text
+    assert (
+        "sender is one of domain bank.test, a@b.test AND subject or body contains “refund” AND is not a reply"
+    ) in text
     assert text.index("Urgent billing") < text.index("Refunds")
     assert 'name="form-0-position"' in text  # position is editable in the list
 
@@ -101,12 +132,15 @@ def test_enable_disable_and_move(client, tenant, admin_user):
     assert RoutingRule.objects.get(pk=second.pk).enabled is False
     assert RoutingRule.objects.get(pk=first.pk).enabled is True
     client.post(RULES, {"action": "move_up", "_selected_action": [second.pk]})
-    assert list(RoutingRule.objects.filter(tenant=tenant).values_list("name", flat=True)) == ["Second",
-                                                                                            "Urgent billing"]
+    assert list(RoutingRule.objects.filter(tenant=tenant).values_list("name", flat=True)) == [
+        "Second",
+        "Urgent billing",
+    ]
 
 
-def test_a_dry_run_lists_what_would_match_and_change_and_writes_nothing(client, tenant, mailbox, admin_user,
-                                                                         count_rows):
+def test_a_dry_run_lists_what_would_match_and_change_and_writes_nothing(
+    client, tenant, mailbox, admin_user, count_rows
+):
     hit = make_event(mailbox, subject="Urgent: invoice wrong")
     make_event(mailbox, subject="Hello there")  # no match
     old = make_event(mailbox, subject="Urgent: from last month")
@@ -178,13 +212,23 @@ def test_the_policy_is_edited_never_added_or_deleted(client, tenant, policy, adm
     assert client.get(f"{POLICIES}add/").status_code == 403
     assert client.get(f"{POLICIES}{policy.pk}/delete/").status_code == 403
     url = f"{POLICIES}{policy.pk}/change/"
-    data = {"queues": "billing, it, sales", "request_types": "refund", "sensitive_request_types": "refund",
-            "default_queue": "support", "default_priority": "normal", "default_request_type": "",
-            "ai_min_confidence": "0.8", "one_ticket_per_message": "on"}
+    data = {
+        "queues": "billing, it, sales",
+        "request_types": "refund",
+        "sensitive_request_types": "refund",
+        "default_queue": "support",
+        "default_priority": "normal",
+        "default_request_type": "",
+        "ai_min_confidence": "0.8",
+        "one_ticket_per_message": "on",
+    }
     assert "&#x27;support&#x27; is not one of the queues." in client.post(url, data).content.decode()
     response = client.post(url, {**data, "default_queue": "sales", "ai_enabled": "on"})
     assert response.status_code == 302
     policy = RoutingPolicy.objects.get(pk=policy.pk)
-    assert (policy.queues, policy.request_types, policy.default_queue) == (["billing", "it", "sales"], ["refund"],
-                                                                          "sales")
+    assert (policy.queues, policy.request_types, policy.default_queue) == (
+        ["billing", "it", "sales"],
+        ["refund"],
+        "sales",
+    )
     assert (policy.ai_enabled, policy.ai_min_confidence, policy.sensitive_request_types) == (True, 0.8, ["refund"])

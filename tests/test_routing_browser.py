@@ -23,8 +23,9 @@ def messages_text(page) -> str:
     return " ".join(page.locator("ul.messagelist li").all_inner_texts())
 
 
-def test_an_admin_tests_a_rule_then_enables_it_and_the_next_mail_is_routed(live_server, page, screenshot_dir,
-                                                                          tenant, mailbox, scanner_off):
+def test_an_admin_tests_a_rule_then_enables_it_and_the_next_mail_is_routed(
+    live_server, page, screenshot_dir, tenant, mailbox, scanner_off
+):
     policy = tenant.routing_policy
     policy.queues, policy.request_types = ["billing", "it"], ["invoice"]
     policy.save()

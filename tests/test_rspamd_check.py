@@ -4,6 +4,7 @@ and an rspamd that is down, slow or talking nonsense never holds a message back.
 The stand-in is a real HTTP server on 127.0.0.1 that answers POST /checkv2 as rspamd's protocol documents
 (the raw message as the body; a JSON object with score, required_score, action, is_skipped, symbols).
 """
+
 import json
 import socket
 import threading
@@ -25,9 +26,19 @@ class FakeRspamd:
     def __init__(self):
         self.bodies: list[bytes] = []
         self.paths: list[str] = []
-        self.reply = (200, {"is_skipped": False, "score": 9.3, "required_score": 15.0, "action": "add header",
-                            "symbols": {"BAYES_SPAM": {"name": "BAYES_SPAM", "score": 5.1, "metric_score": 5.1}},
-                            "messages": {}, "message-id": "a1@example.com", "time_real": 0.012})
+        self.reply = (
+            200,
+            {
+                "is_skipped": False,
+                "score": 9.3,
+                "required_score": 15.0,
+                "action": "add header",
+                "symbols": {"BAYES_SPAM": {"name": "BAYES_SPAM", "score": 5.1, "metric_score": 5.1}},
+                "messages": {},
+                "message-id": "a1@example.com",
+                "time_real": 0.012,
+            },
+        )
         self.delay = 0.0
         owner = self
 
@@ -97,8 +108,7 @@ def run(mailbox, raw: bytes) -> InboxEvent:
 
 
 def skip_reasons(event) -> list:
-    return [row.detail["reason"] for row in AuditEvent.objects.filter(inbox_event=event,
-                                                                      kind="acknowledgment_skipped")]
+    return [row.detail["reason"] for row in AuditEvent.objects.filter(inbox_event=event, kind="acknowledgment_skipped")]
 
 
 def closed_port() -> int:
@@ -112,8 +122,13 @@ def test_rspamds_score_is_stored_and_skips_the_acknowledgment(box, rspamd):
     event = run(box, raw)
     assert rspamd.paths == ["/checkv2"] and rspamd.bodies == [raw]
     assert event.state == "completed"
-    assert event.details["spam_score"] == {"score": 9.3, "source": "rspamd", "threshold": 5.0,
-                                           "action": "add header", "required_score": 15.0}
+    assert event.details["spam_score"] == {
+        "score": 9.3,
+        "source": "rspamd",
+        "threshold": 5.0,
+        "action": "add header",
+        "required_score": 15.0,
+    }
     assert skip_reasons(event) == ["spam_score"]
 
 
@@ -135,9 +150,16 @@ def test_suppressed_mail_is_not_sent_to_rspamd(box, rspamd):
     assert event.state == "suppressed" and rspamd.bodies == []
 
 
-@pytest.mark.parametrize("reply", [(500, {"error": "overloaded"}), (200, b"<html>proxy error</html>"),
-                                   (200, {"action": "no action"}), (200, {"score": "high"}),
-                                   (200, {"is_skipped": True, "score": 0, "action": "no action"})])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        (500, {"error": "overloaded"}),
+        (200, b"<html>proxy error</html>"),
+        (200, {"action": "no action"}),
+        (200, {"score": "high"}),
+        (200, {"is_skipped": True, "score": 0, "action": "no action"}),
+    ],
+)
 def test_an_erroring_or_skipping_rspamd_means_no_remote_score_and_the_message_goes_on(box, rspamd, reply):
     rspamd.reply = reply
     event = run(box, message())

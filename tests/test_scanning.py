@@ -1,4 +1,5 @@
 """The clamd client against a real clamd (tests/clamd.py) and against sockets that misbehave."""
+
 import io
 import socket
 import threading
@@ -87,7 +88,7 @@ def test_chunked_streaming_finds_a_signature_split_across_chunks(clamd):
     client = ClamdClient(clamd.tcp_address, chunk_size=7)
     data = b"A" * 100_003 + EICAR + b"B" * 10
     assert client.scan(data) == FOUND
-    pieces = [data[i:i + 1000] for i in range(0, len(data), 1000)]
+    pieces = [data[i : i + 1000] for i in range(0, len(data), 1000)]
     assert ClamdClient(clamd.tcp_address).scan(iter([b"", *pieces, b""])) == FOUND  # empty chunks are skipped
     assert ClamdClient(clamd.tcp_address).scan(memoryview(bytearray(data))) == FOUND
 
@@ -99,16 +100,16 @@ def test_a_stream_over_clamds_limit_is_scan_limit_exceeded_not_a_verdict(clamd):
     assert isinstance(raised.value, ScannerUnavailable)  # callers that only know the base class never pass it
     # The same data in many chunks: clamd stops reading part-way.
     with pytest.raises(ScanLimitExceeded):
-        ClamdClient(clamd.unix_address).scan(too_big[i:i + 65536] for i in range(0, len(too_big), 65536))
+        ClamdClient(clamd.unix_address).scan(too_big[i : i + 65536] for i in range(0, len(too_big), 65536))
     # Right at the limit it still scans.
     assert ClamdClient(clamd.tcp_address).scan(b"\0" * (STREAM_MAX_LENGTH - 16)) == CLEAN
 
 
 def test_client_side_limit_refuses_without_connecting():
-    client = ClamdClient("tcp://127.0.0.1:1", max_stream_bytes=10)   # nothing listens on port 1
+    client = ClamdClient("tcp://127.0.0.1:1", max_stream_bytes=10)  # nothing listens on port 1
     with pytest.raises(ScanLimitExceeded):
         client.scan(b"x" * 11)
-    with pytest.raises(ScannerUnavailable) as raised:   # under the limit it does try, and cannot connect
+    with pytest.raises(ScannerUnavailable) as raised:  # under the limit it does try, and cannot connect
         client.scan(b"x" * 10)
     assert type(raised.value) is ScannerUnavailable
 
@@ -131,7 +132,7 @@ def test_stopped_clamd_is_unavailable_on_both_addresses():
 def test_unreachable_addresses_are_unavailable(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]   # bound, not listening: connection refused
+        port = sock.getsockname()[1]  # bound, not listening: connection refused
         with pytest.raises(ScannerUnavailable, match="cannot connect"):
             scan(b"data", f"tcp://127.0.0.1:{port}", timeout=2)
     with pytest.raises(ScannerUnavailable, match="cannot connect"):
@@ -189,6 +190,7 @@ def fake_clamd():
     def make(handler):
         servers.append(FakeClamd(handler))
         return servers[-1]
+
     yield make
     for server in servers:
         server.close()
@@ -202,13 +204,16 @@ def test_a_silent_scanner_times_out_as_unavailable(fake_clamd):
     assert time.monotonic() - started < 3
 
 
-@pytest.mark.parametrize("reply", [
-    b"HELLO\0",                                  # not a verdict
-    b"stream: FOUND\0",                          # FOUND without a signature
-    b"stream: Eicar-Test-Sig",                   # cut short: no NUL terminator, then close
-    b"",                                         # closed without a word
-    b"Can't allocate memory ERROR\0",            # a clamd error
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HELLO\0",  # not a verdict
+        b"stream: FOUND\0",  # FOUND without a signature
+        b"stream: Eicar-Test-Sig",  # cut short: no NUL terminator, then close
+        b"",  # closed without a word
+        b"Can't allocate memory ERROR\0",  # a clamd error
+    ],
+)
 def test_unexpected_answers_are_unavailable(fake_clamd, reply):
     def handler(conn):
         _read_stream(conn)

@@ -6,6 +6,7 @@ row that holds one (intake.secret_policy); and a platform reference resolves onl
 The platform list here binds each reference to single rows (no `*`); a real HTTP server on 127.0.0.1 counts
 every request it gets, so "sends nothing" is counted, and one control shows it does receive what is bound.
 """
+
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,8 +31,12 @@ AI_KEY_REF = "env:MAILROOM_BOUNDARY_AI_KEY"
 GLOBEX_HOOK_REF = "env:MAILROOM_BOUNDARY_GLOBEX_HOOK"  # globex's webhook secret, listed as a platform reference
 ACME_DESK_REF = "env:MAILROOM_BOUNDARY_ACME_DESK"  # a platform credential lent to acme's desk only
 OWN_DESK_REF = "env:MAILROOM_T_ACME_DESK"  # in acme's own scope
-SECRETS = {AI_KEY_REF: "sk-the-ai-key", GLOBEX_HOOK_REF: "globex-webhook-secret",
-           ACME_DESK_REF: "agent@acme.test/token:platform-desk-token", OWN_DESK_REF: "agent@acme.test/token:own"}
+SECRETS = {
+    AI_KEY_REF: "sk-the-ai-key",
+    GLOBEX_HOOK_REF: "globex-webhook-secret",
+    ACME_DESK_REF: "agent@acme.test/token:platform-desk-token",
+    OWN_DESK_REF: "agent@acme.test/token:own",
+}
 PLATFORM_ONLY = "only a platform operator (superuser) may use a platform secret reference"
 ATTACKER_URL = "https://collector.attacker.example"  # where the attacker wants the secret sent
 
@@ -81,8 +86,11 @@ def rig(tenant, settings, monkeypatch):
     """acme and globex with a mailbox each, acme's desk holding its bound platform credential, the tenant admin
     ann (mailroom-admin of acme) and the platform list binding each reference to single rows."""
     settings.MAILROOM_AI_API_KEY_REF = AI_KEY_REF
-    settings.MAILROOM_PLATFORM_SECRET_REFS = [AI_KEY_REF, f"{GLOBEX_HOOK_REF}=mailbox:globex-support",
-                                              f"{ACME_DESK_REF}=destination:acme/desk"]
+    settings.MAILROOM_PLATFORM_SECRET_REFS = [
+        AI_KEY_REF,
+        f"{GLOBEX_HOOK_REF}=mailbox:globex-support",
+        f"{ACME_DESK_REF}=destination:acme/desk",
+    ]
     for ref, value in SECRETS.items():
         monkeypatch.setenv(ref.removeprefix("env:"), value)
     globex = make_tenant(slug="globex")
@@ -90,14 +98,28 @@ def rig(tenant, settings, monkeypatch):
         verify_domain(tenant=owner, domain=domain, verified_by="tests")
     rows = {
         "globex": globex,
-        "globex_mailbox": make_mailbox(globex, slug="globex-support", address="support@globex.test",
-                                       webhook_secret_ref=GLOBEX_HOOK_REF),
-        "mailbox": make_mailbox(tenant, slug="acme-support", address="support@acme.test",
-                                webhook_secret_ref="env:MAILROOM_T_ACME_HOOK"),
-        "desk": make_destination(tenant, slug="desk", kind="zendesk", is_default=False,
-                                 base_url="https://acme.zendesk.example", credentials_ref=ACME_DESK_REF),
-        "own_desk": make_destination(tenant, slug="own-desk", kind="zendesk", is_default=False,
-                                     base_url="https://acme.zendesk.example", credentials_ref=OWN_DESK_REF),
+        "globex_mailbox": make_mailbox(
+            globex, slug="globex-support", address="support@globex.test", webhook_secret_ref=GLOBEX_HOOK_REF
+        ),
+        "mailbox": make_mailbox(
+            tenant, slug="acme-support", address="support@acme.test", webhook_secret_ref="env:MAILROOM_T_ACME_HOOK"
+        ),
+        "desk": make_destination(
+            tenant,
+            slug="desk",
+            kind="zendesk",
+            is_default=False,
+            base_url="https://acme.zendesk.example",
+            credentials_ref=ACME_DESK_REF,
+        ),
+        "own_desk": make_destination(
+            tenant,
+            slug="own-desk",
+            kind="zendesk",
+            is_default=False,
+            base_url="https://acme.zendesk.example",
+            credentials_ref=OWN_DESK_REF,
+        ),
         "ann": make_user("ann", groups=["mailroom-admin"], tenants=[tenant]),
         "root": get_user_model().objects.create_superuser("root", "root@example.com", "pw-for-tests-only"),
     }
@@ -110,13 +132,16 @@ def snapshot(row) -> dict:
 
 # --- the REST API ------------------------------------------------------------------------------------------
 
+
 def test_api_a_tenant_admin_cannot_point_a_destination_at_a_platform_secret(rig):
     client = api(rig.ann)
     before = snapshot(rig.own_desk)
     for ref in (AI_KEY_REF, GLOBEX_HOOK_REF, ACME_DESK_REF):
-        created = client.post(f"{API}/destinations/", {"tenant": "acme", "slug": "exfil", "kind": "zendesk",
-                                                       "base_url": ATTACKER_URL, "credentials_ref": ref},
-                              format="json")
+        created = client.post(
+            f"{API}/destinations/",
+            {"tenant": "acme", "slug": "exfil", "kind": "zendesk", "base_url": ATTACKER_URL, "credentials_ref": ref},
+            format="json",
+        )
         body = assert_problem(created, 400)
         assert body["detail"].startswith(f"credentials_ref: {PLATFORM_ONLY}"), (ref, body)
         for change in ({"credentials_ref": ref}, {"credentials_ref": ref, "base_url": ATTACKER_URL}):
@@ -131,8 +156,11 @@ def test_api_a_tenant_admin_cannot_point_a_mailbox_at_a_platform_secret(rig):
     before = snapshot(rig.mailbox)
     for field in ("webhook_secret_ref", "credentials_ref"):
         for ref in (AI_KEY_REF, GLOBEX_HOOK_REF):
-            created = client.post(f"{API}/mailboxes/", {"tenant": "acme", "slug": "sales", "address": "sales@acme.test",
-                                                        field: ref}, format="json")
+            created = client.post(
+                f"{API}/mailboxes/",
+                {"tenant": "acme", "slug": "sales", "address": "sales@acme.test", field: ref},
+                format="json",
+            )
             body = assert_problem(created, 400)
             assert body["detail"].startswith(f"{field}: {PLATFORM_ONLY}"), (field, ref, body)
             body = assert_problem(client.patch(f"{API}/mailboxes/{rig.mailbox.pk}/", {field: ref}, format="json"), 400)
@@ -145,18 +173,23 @@ def test_api_a_row_holding_a_platform_secret_cannot_be_redirected_by_a_tenant_ad
     client = api(rig.ann)
     before = snapshot(rig.desk)
     url = f"{API}/destinations/{rig.desk.pk}/"
-    for change in ({"base_url": ATTACKER_URL}, {"base_url": ATTACKER_URL, "credentials_ref": ACME_DESK_REF},
-                   {"kind": "rest"}, {"settings": {"agent_email": "x@attacker.example"}}, {"slug": "renamed"}):
+    for change in (
+        {"base_url": ATTACKER_URL},
+        {"base_url": ATTACKER_URL, "credentials_ref": ACME_DESK_REF},
+        {"kind": "rest"},
+        {"settings": {"agent_email": "x@attacker.example"}},
+        {"slug": "renamed"},
+    ):
         body = assert_problem(client.patch(url, change, format="json"), 400)
         field = next(iter(set(change) - {"credentials_ref"}))
         assert body["errors"][field] == [
             f"only a platform operator (superuser) may change {field} of a destination that uses a platform secret "
-            "reference (credentials_ref). Replace that reference with one of the tenant's own first."], change
+            "reference (credentials_ref). Replace that reference with one of the tenant's own first."
+        ], change
     assert snapshot(rig.desk) == before
     # What does not decide where the secret goes stays the tenant admin's; so does replacing the reference.
     assert client.patch(url, {"paused": True, "pause_reason": "rotation"}, format="json").status_code == 200
-    moved = client.patch(url, {"credentials_ref": OWN_DESK_REF, "base_url": "https://desk.acme.example"},
-                         format="json")
+    moved = client.patch(url, {"credentials_ref": OWN_DESK_REF, "base_url": "https://desk.acme.example"}, format="json")
     assert moved.status_code == 200, moved.content
     assert Destination.objects.get(pk=rig.desk.pk).credentials_ref == OWN_DESK_REF
 
@@ -177,20 +210,40 @@ def test_api_a_tenant_admin_cannot_name_a_platform_secret_as_an_oauth_client_sec
     client, url = api(rig.ann), f"{API}/mailboxes/{rig.mailbox.pk}/"
     before = snapshot(rig.mailbox)
     for ref in (AI_KEY_REF, GLOBEX_HOOK_REF, bound):
-        body = assert_problem(client.patch(url, {"provider": "graph", "settings": {
-            "client_id": "app", "token_url": ATTACKER_URL, "client_secret_ref": ref}}, format="json"), 400)
+        body = assert_problem(
+            client.patch(
+                url,
+                {
+                    "provider": "graph",
+                    "settings": {"client_id": "app", "token_url": ATTACKER_URL, "client_secret_ref": ref},
+                },
+                format="json",
+            ),
+            400,
+        )
         assert body["errors"]["settings"][0].startswith(f"client_secret_ref: {PLATFORM_ONLY}"), (ref, body)
     assert snapshot(rig.mailbox) == before
 
     # Set by a platform operator, it locks the settings (the token URL) against the tenant admin.
     root = api(rig.root)
-    assert root.patch(url, {"provider": "graph", "settings": {"client_id": "app", "client_secret_ref": bound}},
-                      format="json").status_code == 200
-    body = assert_problem(client.patch(url, {"settings": {"client_id": "app", "client_secret_ref": bound,
-                                                          "token_url": ATTACKER_URL}}, format="json"), 400)
+    assert (
+        root.patch(
+            url, {"provider": "graph", "settings": {"client_id": "app", "client_secret_ref": bound}}, format="json"
+        ).status_code
+        == 200
+    )
+    body = assert_problem(
+        client.patch(
+            url,
+            {"settings": {"client_id": "app", "client_secret_ref": bound, "token_url": ATTACKER_URL}},
+            format="json",
+        ),
+        400,
+    )
     assert "uses a platform secret reference (settings.client_secret_ref)" in body["errors"]["settings"][0]
-    replaced = client.patch(url, {"settings": {"client_id": "app", "token_url": "https://login.acme.example/t"}},
-                            format="json")
+    replaced = client.patch(
+        url, {"settings": {"client_id": "app", "token_url": "https://login.acme.example/t"}}, format="json"
+    )
     assert replaced.status_code == 200, replaced.content  # dropping the platform secret frees the settings
 
 
@@ -199,12 +252,12 @@ def test_api_moving_base_url_to_another_host_needs_credentials_ref_in_the_same_r
     url = f"{API}/destinations/{rig.own_desk.pk}/"
     body = assert_problem(client.patch(url, {"base_url": "https://collector.example"}, format="json"), 400)
     assert body["errors"]["credentials_ref"][0].startswith(
-        "base_url moves to another host (acme.zendesk.example -> collector.example): enter credentials_ref again")
+        "base_url moves to another host (acme.zendesk.example -> collector.example): enter credentials_ref again"
+    )
     assert Destination.objects.get(pk=rig.own_desk.pk).base_url == "https://acme.zendesk.example"
     # The same host, another path: the credentials go where they went.
     assert client.patch(url, {"base_url": "https://acme.zendesk.example/v2"}, format="json").status_code == 200
-    moved = client.patch(url, {"base_url": "https://collector.example", "credentials_ref": OWN_DESK_REF},
-                         format="json")
+    moved = client.patch(url, {"base_url": "https://collector.example", "credentials_ref": OWN_DESK_REF}, format="json")
     assert moved.status_code == 200, moved.content
     [entry] = LogEntry.objects.filter(object_id=str(rig.own_desk.pk), change_message__contains="collector.example")
     assert entry.user == rig.ann  # audited as the admin's change is
@@ -218,28 +271,48 @@ def test_api_a_superuser_may_do_all_but_only_for_rows_a_reference_is_bound_to(ri
     client = api(rig.root)
     url = f"{API}/destinations/{rig.desk.pk}/"
     assert client.patch(url, {"base_url": "https://desk2.acme.example"}, format="json").status_code == 200
-    settings.MAILROOM_PLATFORM_SECRET_REFS = [*settings.MAILROOM_PLATFORM_SECRET_REFS,
-                                              f"{ACME_DESK_REF}=destination:acme/second"]
-    created = client.post(f"{API}/destinations/", {"tenant": "acme", "slug": "second", "kind": "zendesk",
-                                                   "base_url": "https://acme.zendesk.example",
-                                                   "credentials_ref": ACME_DESK_REF}, format="json")
+    settings.MAILROOM_PLATFORM_SECRET_REFS = [
+        *settings.MAILROOM_PLATFORM_SECRET_REFS,
+        f"{ACME_DESK_REF}=destination:acme/second",
+    ]
+    created = client.post(
+        f"{API}/destinations/",
+        {
+            "tenant": "acme",
+            "slug": "second",
+            "kind": "zendesk",
+            "base_url": "https://acme.zendesk.example",
+            "credentials_ref": ACME_DESK_REF,
+        },
+        format="json",
+    )
     assert created.status_code == 201, created.content
     # Not bound to the row: refused even for a superuser (it would never resolve), the binding named.
-    for ref, problem in ((AI_KEY_REF, "the AI key (MAILROOM_AI_API_KEY_REF) resolves only for the platform"),
-                         (GLOBEX_HOOK_REF, "this platform secret reference is not bound to destination:acme/own-desk")):
-        body = assert_problem(client.patch(f"{API}/destinations/{rig.own_desk.pk}/", {"credentials_ref": ref},
-                                           format="json"), 400)
+    for ref, problem in (
+        (AI_KEY_REF, "the AI key (MAILROOM_AI_API_KEY_REF) resolves only for the platform"),
+        (GLOBEX_HOOK_REF, "this platform secret reference is not bound to destination:acme/own-desk"),
+    ):
+        body = assert_problem(
+            client.patch(f"{API}/destinations/{rig.own_desk.pk}/", {"credentials_ref": ref}, format="json"), 400
+        )
         assert body["errors"]["credentials_ref"][0].startswith(problem), body
         assert f"({ref}=destination:acme/own-desk), set by a platform operator" in body["errors"]["credentials_ref"][0]
 
 
 # --- "Test connection" ---------------------------------------------------------------------------------------
 
+
 def test_test_connection_on_a_row_forced_to_a_platform_secret_sends_nothing(rig, collector):
     forced = []
     for slug, ref in (("forced-ai", AI_KEY_REF), ("forced-hook", GLOBEX_HOOK_REF), ("forced-desk", ACME_DESK_REF)):
-        row = make_destination(rig.desk.tenant, slug=slug, kind="zendesk", is_default=False, base_url=collector.url,
-                               credentials_ref=OWN_DESK_REF)
+        row = make_destination(
+            rig.desk.tenant,
+            slug=slug,
+            kind="zendesk",
+            is_default=False,
+            base_url=collector.url,
+            credentials_ref=OWN_DESK_REF,
+        )
         Destination.objects.filter(pk=row.pk).update(credentials_ref=ref)  # past clean() and the rule
         forced.append(row.pk)
     changelist = "/admin/ticketing/destination/"
@@ -268,17 +341,32 @@ def test_test_connection_on_a_row_forced_to_a_platform_secret_sends_nothing(rig,
 
 # --- the admin ----------------------------------------------------------------------------------------------
 
+
 def destination_form(destination, **changes) -> dict:
-    return {"tenant": destination.tenant_id, "slug": destination.slug, "kind": destination.kind,
-            "base_url": destination.base_url, "credentials_ref": destination.credentials_ref,
-            "settings": json.dumps(destination.settings), "paused_reason": "", **changes}
+    return {
+        "tenant": destination.tenant_id,
+        "slug": destination.slug,
+        "kind": destination.kind,
+        "base_url": destination.base_url,
+        "credentials_ref": destination.credentials_ref,
+        "settings": json.dumps(destination.settings),
+        "paused_reason": "",
+        **changes,
+    }
 
 
 def mailbox_form(mailbox, **changes) -> dict:
-    return {"tenant": mailbox.tenant_id, "slug": mailbox.slug, "address": mailbox.address,
-            "provider": mailbox.provider, "webhook_secret_ref": mailbox.webhook_secret_ref,
-            "credentials_ref": mailbox.credentials_ref, "settings": json.dumps(mailbox.settings),
-            "allowed_recipients": json.dumps(mailbox.allowed_recipients), **changes}
+    return {
+        "tenant": mailbox.tenant_id,
+        "slug": mailbox.slug,
+        "address": mailbox.address,
+        "provider": mailbox.provider,
+        "webhook_secret_ref": mailbox.webhook_secret_ref,
+        "credentials_ref": mailbox.credentials_ref,
+        "settings": json.dumps(mailbox.settings),
+        "allowed_recipients": json.dumps(mailbox.allowed_recipients),
+        **changes,
+    }
 
 
 def test_admin_a_tenant_admin_who_keeps_a_platform_reference_cannot_change_base_url(rig):
@@ -287,11 +375,14 @@ def test_admin_a_tenant_admin_who_keeps_a_platform_reference_cannot_change_base_
     url = f"/admin/ticketing/destination/{rig.desk.pk}/change/"
     before = snapshot(rig.desk)
     for confirmation in ("", ACME_DESK_REF):  # confirming the reference does not make it the tenant's
-        response = client.post(url, destination_form(rig.desk, base_url=ATTACKER_URL,
-                                                     confirm_credentials_ref=confirmation))
+        response = client.post(
+            url, destination_form(rig.desk, base_url=ATTACKER_URL, confirm_credentials_ref=confirmation)
+        )
         assert response.status_code == 200, confirmation  # the form again, with the error
-        assert ("only a platform operator (superuser) may change base_url of a destination that uses a platform "
-                "secret reference (credentials_ref)") in response.content.decode()
+        assert (
+            "only a platform operator (superuser) may change base_url of a destination that uses a platform "
+            "secret reference (credentials_ref)"
+        ) in response.content.decode()
     assert snapshot(rig.desk) == before
 
     client.force_login(rig.root)
@@ -304,36 +395,54 @@ def test_admin_a_tenant_admin_cannot_set_a_platform_reference(rig):
     client.force_login(rig.ann)
     before = snapshot(rig.own_desk)
     for ref in (AI_KEY_REF, GLOBEX_HOOK_REF, ACME_DESK_REF):
-        response = client.post(f"/admin/ticketing/destination/{rig.own_desk.pk}/change/",
-                               destination_form(rig.own_desk, credentials_ref=ref))
+        response = client.post(
+            f"/admin/ticketing/destination/{rig.own_desk.pk}/change/",
+            destination_form(rig.own_desk, credentials_ref=ref),
+        )
         assert response.status_code == 200 and PLATFORM_ONLY in response.content.decode(), ref
     assert snapshot(rig.own_desk) == before
     mailbox_before = snapshot(rig.mailbox)
     for field in ("webhook_secret_ref", "credentials_ref"):
-        response = client.post(f"/admin/intake/mailbox/{rig.mailbox.pk}/change/",
-                               mailbox_form(rig.mailbox, **{field: GLOBEX_HOOK_REF}))
+        response = client.post(
+            f"/admin/intake/mailbox/{rig.mailbox.pk}/change/", mailbox_form(rig.mailbox, **{field: GLOBEX_HOOK_REF})
+        )
         assert response.status_code == 200 and PLATFORM_ONLY in response.content.decode(), field
     assert snapshot(rig.mailbox) == mailbox_before
-    response = client.post("/admin/intake/mailbox/add/", mailbox_form(
-        Mailbox(tenant=rig.mailbox.tenant, slug="sales", address="sales@acme.test", provider="raw",
-                webhook_secret_ref=AI_KEY_REF)))
+    response = client.post(
+        "/admin/intake/mailbox/add/",
+        mailbox_form(
+            Mailbox(
+                tenant=rig.mailbox.tenant,
+                slug="sales",
+                address="sales@acme.test",
+                provider="raw",
+                webhook_secret_ref=AI_KEY_REF,
+            )
+        ),
+    )
     assert response.status_code == 200 and PLATFORM_ONLY in response.content.decode()
     assert not Mailbox.objects.filter(slug="sales").exists()
 
 
 # --- the binding, at resolve time ------------------------------------------------------------------------------
 
+
 def test_a_reference_bound_to_one_mailbox_is_refused_for_any_other(rig, settings, monkeypatch):
     acme = rig.mailbox.tenant
     other_acme = make_mailbox(acme, slug="acme-sales", address="sales@acme.test")
     globex_other = make_mailbox(rig.globex, slug="globex-sales", address="sales@globex.test")
     assert resolve_secret(GLOBEX_HOOK_REF, tenant=rig.globex, owner=rig.globex_mailbox) == SECRETS[GLOBEX_HOOK_REF]
-    for tenant, owner in ((rig.globex, globex_other), (acme, rig.mailbox), (acme, other_acme),
-                          (acme, rig.globex_mailbox)):  # the last: a row passed with a tenant not its own
+    for tenant, owner in (
+        (rig.globex, globex_other),
+        (acme, rig.mailbox),
+        (acme, other_acme),
+        (acme, rig.globex_mailbox),
+    ):  # the last: a row passed with a tenant not its own
         with pytest.raises(SecretRefused):
             resolve_secret(GLOBEX_HOOK_REF, tenant=tenant, owner=owner)
-    refused = set(SecretResolution.objects.filter(ref=GLOBEX_HOOK_REF, outcome="refused")
-                  .values_list("owner", flat=True))
+    refused = set(
+        SecretResolution.objects.filter(ref=GLOBEX_HOOK_REF, outcome="refused").values_list("owner", flat=True)
+    )
     assert refused == {f"mailbox:{row.pk}" for row in (globex_other, rig.mailbox, other_acme, rig.globex_mailbox)}
 
     # A destination binding names the tenant: the same slug in another tenant is another row.
@@ -358,18 +467,20 @@ def test_the_ai_key_resolves_only_for_the_platform(rig, settings):
 
 
 def test_platform_entries_parse_unambiguously_and_bad_ones_bind_nothing(db, settings):
-    parsed = parse_platform_refs([
-        " vault:secret/platform/hooks#globex=mailbox:globex-support|tenant:acme ",
-        "file:/run/secrets/a=b=",  # a reference with "=": its entry ends with "=" (here: unbound)
-        "file:/run/secrets/c=d",  # ... else what follows its last "=" must be owners: "d" is not
-        "env:UNBOUND",
-        "env:EVERY_ROW=*",
-        "vault:secret/x#key|part=destination:acme/desk",
-        "vault:secret/x#k=v",  # "v" is not an owner
-        "env:NO_OWNER=mailbox:",
-        "plain=*",  # not a reference
-        "",
-    ])
+    parsed = parse_platform_refs(
+        [
+            " vault:secret/platform/hooks#globex=mailbox:globex-support|tenant:acme ",
+            "file:/run/secrets/a=b=",  # a reference with "=": its entry ends with "=" (here: unbound)
+            "file:/run/secrets/c=d",  # ... else what follows its last "=" must be owners: "d" is not
+            "env:UNBOUND",
+            "env:EVERY_ROW=*",
+            "vault:secret/x#key|part=destination:acme/desk",
+            "vault:secret/x#k=v",  # "v" is not an owner
+            "env:NO_OWNER=mailbox:",
+            "plain=*",  # not a reference
+            "",
+        ]
+    )
     assert parsed.bindings == {
         "vault:secret/platform/hooks#globex": frozenset({"mailbox:globex-support", "tenant:acme"}),
         "file:/run/secrets/a=b": frozenset({"*"}),
@@ -381,17 +492,29 @@ def test_platform_entries_parse_unambiguously_and_bad_ones_bind_nothing(db, sett
 
     assert parsed.unbound == frozenset({"file:/run/secrets/a=b", "env:UNBOUND"})
 
-    settings.MAILROOM_PLATFORM_SECRET_REFS = ["env:EVERY_ROW=*", "env:UNBOUND", "env:ONE=mailbox:one",
-                                              "vault:secret/x#k=v"]
+    settings.MAILROOM_PLATFORM_SECRET_REFS = [
+        "env:EVERY_ROW=*",
+        "env:UNBOUND",
+        "env:ONE=mailbox:one",
+        "vault:secret/x#k=v",
+    ]
     settings.MAILROOM_ENV = "production"
     found = {(w.id, w.msg) for w in checks.run_checks() if w.id in ("intake.W003", "intake.W004")}
     assert found == {
-        ("intake.W003", "MAILROOM_PLATFORM_SECRET_REFS lets 'env:EVERY_ROW' serve every row (unbound or '*') "
-                        "in production"),
-        ("intake.W003", "MAILROOM_PLATFORM_SECRET_REFS lets 'env:UNBOUND' serve every row (unbound or '*') "
-                        "in production"),
-        ("intake.W004", "MAILROOM_PLATFORM_SECRET_REFS entry 'vault:secret/x#k=v' does not parse: it binds nothing "
-                        "and resolves for nobody")}
+        (
+            "intake.W003",
+            "MAILROOM_PLATFORM_SECRET_REFS lets 'env:EVERY_ROW' serve every row (unbound or '*') in production",
+        ),
+        (
+            "intake.W003",
+            "MAILROOM_PLATFORM_SECRET_REFS lets 'env:UNBOUND' serve every row (unbound or '*') in production",
+        ),
+        (
+            "intake.W004",
+            "MAILROOM_PLATFORM_SECRET_REFS entry 'vault:secret/x#k=v' does not parse: it binds nothing "
+            "and resolves for nobody",
+        ),
+    }
     settings.MAILROOM_ENV = "development"
     assert not {w.id for w in checks.run_checks()} & {"intake.W003"}
 
@@ -399,7 +522,9 @@ def test_platform_entries_parse_unambiguously_and_bad_ones_bind_nothing(db, sett
 def test_the_rule_itself_for_commands_and_new_rows(rig):
     desk = Destination.objects.get(pk=rig.desk.pk)
     with pytest.raises(SecretChangeRefused) as refused:
-        check_secret_change(actor=rig.ann, row=desk, before=stored_values(desk), changes={"base_url": "https://x.example"})
+        check_secret_change(
+            actor=rig.ann, row=desk, before=stored_values(desk), changes={"base_url": "https://x.example"}
+        )
     assert set(refused.value.message_dict) == {"base_url", "credentials_ref"}  # held; and not entered again
     with pytest.raises(SecretChangeRefused):
         check_secret_change(actor=None, row=desk, before=stored_values(desk), changes={"kind": "rest"})  # no actor

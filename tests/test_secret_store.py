@@ -2,6 +2,7 @@
 0600, a `vault:` KV v2 key set beside the others (a real OpenBao dev server, tests/openbao.py), an `env:` refused,
 another tenant's reference refused without a write; the consent flow's `store_oauth_tokens`; the system check
 that warns about OAuth mailboxes whose credentials are an environment variable."""
+
 import json
 import os
 import stat
@@ -45,8 +46,9 @@ def graph_box(tenant, secrets_dir):
     path = secrets_dir / "acme" / "graph.json"
     path.write_text(json.dumps({"client_id": "c", "client_secret": "s", "refresh_token": "old"}))
     path.chmod(0o600)
-    return make_mailbox(tenant, slug="graph-box", provider="graph", credentials_ref=f"file:{path}",
-                        settings={"client_id": "c"})
+    return make_mailbox(
+        tenant, slug="graph-box", provider="graph", credentials_ref=f"file:{path}", settings={"client_id": "c"}
+    )
 
 
 def test_a_file_secret_is_replaced_atomically_and_stays_0600_with_no_temporary_file_left(tenant, secrets_dir):
@@ -94,9 +96,14 @@ def test_another_tenants_references_are_refused_and_nothing_is_written(tenant, s
     theirs = secrets_dir / "globex" / "desk"
     theirs.write_text("globex-token")
     (secrets_dir / "acme" / "escape").symlink_to(theirs)
-    for ref in (f"file:{theirs}", f"file:{secrets_dir / 'acme' / 'escape'}",
-                f"file:{secrets_dir / 'acme' / '..' / 'globex' / 'desk'}", "file:/tmp/anywhere",
-                "vault:secret/mailroom/globex/desk#token", "env:MAILROOM_T_GLOBEX_DESK"):
+    for ref in (
+        f"file:{theirs}",
+        f"file:{secrets_dir / 'acme' / 'escape'}",
+        f"file:{secrets_dir / 'acme' / '..' / 'globex' / 'desk'}",
+        "file:/tmp/anywhere",
+        "vault:secret/mailroom/globex/desk#token",
+        "env:MAILROOM_T_GLOBEX_DESK",
+    ):
         with pytest.raises(SecretRefused):
             store_secret(ref, "stolen", tenant=tenant, owner=None, actor="test")
     assert theirs.read_text() == "globex-token"
@@ -118,8 +125,9 @@ def test_a_vault_key_is_written_beside_the_others_and_the_cache_is_dropped(tenan
     store_secret(ref, "new", tenant=tenant, owner=None, actor="test")
 
     assert resolve_secret(ref, tenant=tenant) == "new"
-    data = vault_env.client().secrets.kv.v2.read_secret_version(path="mailroom/acme/imap", mount_point="secret",
-                                                                 raise_on_deleted_version=True)["data"]
+    data = vault_env.client().secrets.kv.v2.read_secret_version(
+        path="mailroom/acme/imap", mount_point="secret", raise_on_deleted_version=True
+    )["data"]
     assert data["data"] == {"credentials": "new", "other": "kept"}
     assert data["metadata"]["version"] == 2
 
@@ -135,14 +143,23 @@ def test_store_oauth_tokens_writes_the_blob_records_the_grant_audits_it_and_lets
     graph_box.refresh_from_db()
     expires = timezone.now() + timezone.timedelta(days=90)
 
-    store_oauth_tokens(graph_box, blob={"client_id": "c", "client_secret": "s", "refresh_token": "connected"},
-                       actor="ann", scopes="Mail.Read offline_access", expires_at=expires)
+    store_oauth_tokens(
+        graph_box,
+        blob={"client_id": "c", "client_secret": "s", "refresh_token": "connected"},
+        actor="ann",
+        scopes="Mail.Read offline_access",
+        expires_at=expires,
+    )
 
-    assert json.loads(resolve_secret(graph_box.credentials_ref, tenant=graph_box.tenant))["refresh_token"] == \
-        "connected"
+    assert (
+        json.loads(resolve_secret(graph_box.credentials_ref, tenant=graph_box.tenant))["refresh_token"] == "connected"
+    )
     row = Mailbox.objects.get(pk=graph_box.pk)
-    assert (row.oauth_scopes, row.oauth_expires_at, row.oauth_connected_by) == ("Mail.Read offline_access",
-                                                                                  expires, "ann")
+    assert (row.oauth_scopes, row.oauth_expires_at, row.oauth_connected_by) == (
+        "Mail.Read offline_access",
+        expires,
+        "ann",
+    )
     assert row.oauth_connected_at is not None and row.health == "ok"
     [audit] = MailboxAudit.objects.filter(mailbox=graph_box)
     assert (audit.kind, audit.actor, audit.detail["refresh_token"]) == ("tokens_connected", "ann", True)
@@ -151,13 +168,20 @@ def test_store_oauth_tokens_writes_the_blob_records_the_grant_audits_it_and_lets
 
 def test_a_kept_rotation_moves_the_expiry_on_by_the_grants_lifetime(graph_box):
     connected = timezone.now() - timezone.timedelta(days=80)
-    Mailbox.objects.filter(pk=graph_box.pk).update(oauth_connected_at=connected, oauth_warned_at=timezone.now(),
-                                                   oauth_expires_at=connected + timezone.timedelta(days=90))
+    Mailbox.objects.filter(pk=graph_box.pk).update(
+        oauth_connected_at=connected,
+        oauth_warned_at=timezone.now(),
+        oauth_expires_at=connected + timezone.timedelta(days=90),
+    )
     graph_box.refresh_from_db()
 
-    assert keep_rotated_refresh_token(mailbox=graph_box, blob={"client_id": "c", "client_secret": "s",
-                                                               "refresh_token": "old"},
-                                      new_refresh_token="rotated", actor="system:poll", provider="graph")
+    assert keep_rotated_refresh_token(
+        mailbox=graph_box,
+        blob={"client_id": "c", "client_secret": "s", "refresh_token": "old"},
+        new_refresh_token="rotated",
+        actor="system:poll",
+        provider="graph",
+    )
 
     row = Mailbox.objects.get(pk=graph_box.pk)
     left = row.oauth_expires_at - timezone.now()
@@ -177,10 +201,20 @@ def test_store_oauth_tokens_to_an_env_reference_changes_nothing(tenant, monkeypa
 def test_the_system_check_warns_about_every_oauth_mailbox_whose_credentials_are_an_env_reference(tenant):
     make_mailbox(tenant, slug="graph-env", provider="graph", credentials_ref="env:MAILROOM_T_ACME_GRAPH")
     make_mailbox(tenant, slug="gmail-env", provider="gmail", credentials_ref="env:MAILROOM_T_ACME_GMAIL")
-    make_mailbox(tenant, slug="imap-oauth-env", provider="imap", credentials_ref="env:MAILROOM_T_ACME_IMAP",
-                 settings={"host": "127.0.0.1", "auth": "xoauth2", "token_url": "http://127.0.0.1/token"})
-    make_mailbox(tenant, slug="imap-password-env", provider="imap", credentials_ref="env:MAILROOM_T_ACME_PW",
-                 settings={"host": "127.0.0.1"})
+    make_mailbox(
+        tenant,
+        slug="imap-oauth-env",
+        provider="imap",
+        credentials_ref="env:MAILROOM_T_ACME_IMAP",
+        settings={"host": "127.0.0.1", "auth": "xoauth2", "token_url": "http://127.0.0.1/token"},
+    )
+    make_mailbox(
+        tenant,
+        slug="imap-password-env",
+        provider="imap",
+        credentials_ref="env:MAILROOM_T_ACME_PW",
+        settings={"host": "127.0.0.1"},
+    )
     make_mailbox(tenant, slug="graph-file", provider="graph", credentials_ref="file:/srv/secrets/acme/graph")
 
     warnings = [w for w in checks.run_checks(tags=[checks.Tags.security]) if w.id == "intake.W006"]

@@ -2,6 +2,7 @@
 named, refused again at resolve time for a row forced past the save, and platform references only from
 MAILROOM_PLATFORM_SECRET_REFS, for the rows they are bound to (the attacks of issue 20 finding 2:
 tests/test_secret_boundary.py)."""
+
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
@@ -49,11 +50,15 @@ def refused_refs(secrets_dir):
 
 def test_refused_at_save_with_the_allowed_forms_named(tenant, globex, secrets_dir):
     mailbox = make_mailbox(tenant, webhook_secret_ref="env:MAILROOM_T_ACME_WEBHOOK")
-    destination = make_destination(tenant, slug="desk", kind="zendesk", is_default=False,
-                                   base_url="https://acme.zendesk.example")
+    destination = make_destination(
+        tenant, slug="desk", kind="zendesk", is_default=False, base_url="https://acme.zendesk.example"
+    )
     for what, ref in refused_refs(secrets_dir).items():
-        for row, field in ((mailbox, "webhook_secret_ref"), (mailbox, "credentials_ref"),
-                           (destination, "credentials_ref")):
+        for row, field in (
+            (mailbox, "webhook_secret_ref"),
+            (mailbox, "credentials_ref"),
+            (destination, "credentials_ref"),
+        ):
             setattr(row, field, ref)
             with pytest.raises(ValidationError) as refused:
                 row.full_clean()
@@ -67,10 +72,14 @@ def test_allowed_references_save_and_resolve(tenant, secrets_dir, monkeypatch):
     monkeypatch.setenv("MAILROOM_T_ACME_WEBHOOK", "from-env")
     (secrets_dir / "acme" / "nested").mkdir()
     (secrets_dir / "acme" / "nested" / "desk").write_text("from-file\n")
-    mailbox = make_mailbox(tenant, webhook_secret_ref="env:MAILROOM_T_ACME_WEBHOOK",
-                           credentials_ref=f"file:{secrets_dir / 'acme' / 'nested' / 'desk'}")
-    destination = make_destination(tenant, slug="desk", kind="zendesk", is_default=False,
-                                   credentials_ref="vault:secret/mailroom/acme/desk#token")
+    mailbox = make_mailbox(
+        tenant,
+        webhook_secret_ref="env:MAILROOM_T_ACME_WEBHOOK",
+        credentials_ref=f"file:{secrets_dir / 'acme' / 'nested' / 'desk'}",
+    )
+    destination = make_destination(
+        tenant, slug="desk", kind="zendesk", is_default=False, credentials_ref="vault:secret/mailroom/acme/desk#token"
+    )
     mailbox.full_clean()
     destination.full_clean()
     assert resolve_secret(mailbox.webhook_secret_ref, tenant=tenant, owner=mailbox) == "from-env"
@@ -85,8 +94,7 @@ def test_a_variable_in_a_longer_tenant_namespace_is_not_the_shorter_tenants(tena
     assert resolve_secret("env:MAILROOM_T_ACME_EU_TOKEN", tenant=acme_eu) == "acme-eu's"
 
 
-def test_platform_references_only_from_the_allow_list_and_for_the_rows_they_are_bound_to(tenant, settings,
-                                                                                          monkeypatch):
+def test_platform_references_only_from_the_allow_list_and_for_the_rows_they_are_bound_to(tenant, settings, monkeypatch):
     monkeypatch.setenv("MAILROOM_DEMO_WEBHOOK_SECRET", "demo")
     demo = make_mailbox(tenant, slug="demo", webhook_secret_ref="env:MAILROOM_T_ACME_WEBHOOK")
     other = make_mailbox(tenant, slug="other", webhook_secret_ref="env:MAILROOM_T_ACME_WEBHOOK")
@@ -112,8 +120,14 @@ def test_platform_references_only_from_the_allow_list_and_for_the_rows_they_are_
 def test_a_destination_forced_to_another_tenants_secret_sends_nothing(tenant, globex, desk, monkeypatch):
     monkeypatch.setenv("MAILROOM_T_GLOBEX_DESK", desk.credentials)
     monkeypatch.setenv("SECRET_KEY", "the-django-secret-key")
-    destination = make_destination(tenant, slug="desk", kind="zendesk", is_default=False, base_url=desk.url,
-                                   credentials_ref="env:MAILROOM_T_ACME_DESK")
+    destination = make_destination(
+        tenant,
+        slug="desk",
+        kind="zendesk",
+        is_default=False,
+        base_url=desk.url,
+        credentials_ref="env:MAILROOM_T_ACME_DESK",
+    )
     for forced in ("env:MAILROOM_T_GLOBEX_DESK", "env:SECRET_KEY", "vault:secret/mailroom/globex/desk#token"):
         Destination.objects.filter(pk=destination.pk).update(credentials_ref=forced)  # past clean()
         adapter = adapter_for(Destination.objects.get(pk=destination.pk))
@@ -122,8 +136,11 @@ def test_a_destination_forced_to_another_tenants_secret_sends_nothing(tenant, gl
         assert failed.value.reason == "credentials" and "refused" in str(failed.value)
     assert desk.requests_log() == []
     refused = SecretResolution.objects.filter(owner=f"destination:{destination.pk}", outcome="refused")
-    assert {r.ref for r in refused} == {"env:MAILROOM_T_GLOBEX_DESK", "env:SECRET_KEY",
-                                        "vault:secret/mailroom/globex/desk#token"}
+    assert {r.ref for r in refused} == {
+        "env:MAILROOM_T_GLOBEX_DESK",
+        "env:SECRET_KEY",
+        "vault:secret/mailroom/globex/desk#token",
+    }
 
 
 def test_a_mailbox_forced_to_another_tenants_secret_stores_nothing(tenant, globex, monkeypatch):
@@ -131,8 +148,9 @@ def test_a_mailbox_forced_to_another_tenants_secret_stores_nothing(tenant, globe
     mailbox = make_mailbox(tenant, slug="forced", webhook_secret_ref="env:MAILROOM_T_ACME_WEBHOOK")
     Mailbox.objects.filter(pk=mailbox.pk).update(webhook_secret_ref="env:MAILROOM_T_GLOBEX_WEBHOOK")
     raw = make_message()
-    response = Client().post(f"/webhooks/raw/{mailbox.slug}/", raw, content_type="message/rfc822",
-                             **webhook_headers("globex-secret", raw))
+    response = Client().post(
+        f"/webhooks/raw/{mailbox.slug}/", raw, content_type="message/rfc822", **webhook_headers("globex-secret", raw)
+    )
     assert response.status_code == 401
     assert not InboxEvent.objects.filter(mailbox=mailbox).exists()
 
@@ -154,8 +172,10 @@ def test_resolutions_are_recorded_once_per_ttl(tenant, monkeypatch):
     with pytest.raises(SecretUnavailable):
         resolve_secret("env:MAILROOM_T_ACME_UNSET", tenant=tenant, owner=mailbox)
     rows = list(SecretResolution.objects.values_list("ref", "owner", "outcome", "tenant_id"))
-    assert rows == [("env:MAILROOM_T_ACME_WEBHOOK", f"mailbox:{mailbox.pk}", "ok", tenant.pk),
-                    ("env:MAILROOM_T_ACME_UNSET", f"mailbox:{mailbox.pk}", "unavailable", tenant.pk)]
+    assert rows == [
+        ("env:MAILROOM_T_ACME_WEBHOOK", f"mailbox:{mailbox.pk}", "ok", tenant.pk),
+        ("env:MAILROOM_T_ACME_UNSET", f"mailbox:{mailbox.pk}", "unavailable", tenant.pk),
+    ]
     assert "s3cret" not in str(list(SecretResolution.objects.values()))
 
 
@@ -167,16 +187,29 @@ def _staff(tenant):
 
 
 def _destination_form(destination, **changes):
-    data = {"tenant": destination.tenant_id, "slug": destination.slug, "kind": destination.kind,
-            "base_url": destination.base_url, "credentials_ref": destination.credentials_ref, "settings": "{}",
-            "paused_reason": "", **changes}
+    data = {
+        "tenant": destination.tenant_id,
+        "slug": destination.slug,
+        "kind": destination.kind,
+        "base_url": destination.base_url,
+        "credentials_ref": destination.credentials_ref,
+        "settings": "{}",
+        "paused_reason": "",
+        **changes,
+    }
     return data
 
 
 def test_the_admin_form_names_the_allowed_forms_and_keeps_platform_refs_for_superusers(tenant, settings):
     settings.MAILROOM_PLATFORM_SECRET_REFS = ["env:MAILROOM_DEMO_WEBHOOK_SECRET=destination:acme/desk"]
-    destination = make_destination(tenant, slug="desk", kind="zendesk", is_default=False,
-                                   base_url="https://acme.zendesk.example", credentials_ref="env:MAILROOM_T_ACME_DESK")
+    destination = make_destination(
+        tenant,
+        slug="desk",
+        kind="zendesk",
+        is_default=False,
+        base_url="https://acme.zendesk.example",
+        credentials_ref="env:MAILROOM_T_ACME_DESK",
+    )
     url = f"/admin/ticketing/destination/{destination.pk}/change/"
     client = Client()
     client.force_login(_staff(tenant))
@@ -198,25 +231,38 @@ def test_the_admin_form_names_the_allowed_forms_and_keeps_platform_refs_for_supe
 
 
 def test_a_base_url_change_by_a_non_superuser_needs_the_credentials_again_and_is_audited(tenant, caplog):
-    destination = make_destination(tenant, slug="desk", kind="zendesk", is_default=False,
-                                   base_url="https://acme.zendesk.example", credentials_ref="env:MAILROOM_T_ACME_DESK")
+    destination = make_destination(
+        tenant,
+        slug="desk",
+        kind="zendesk",
+        is_default=False,
+        base_url="https://acme.zendesk.example",
+        credentials_ref="env:MAILROOM_T_ACME_DESK",
+    )
     client = Client()
     user = _staff(tenant)
     client.force_login(user)
     url = f"/admin/ticketing/destination/{destination.pk}/change/"
     for confirmation in ("", "env:MAILROOM_T_ACME_OTHER"):  # not entered again; entered wrong
-        response = client.post(url, _destination_form(destination, base_url="https://collector.example/",
-                                                      confirm_credentials_ref=confirmation))
+        response = client.post(
+            url,
+            _destination_form(destination, base_url="https://collector.example/", confirm_credentials_ref=confirmation),
+        )
         assert response.status_code == 200, confirmation
     assert "base_url moves to another host (acme.zendesk.example -&gt; collector.example)" in response.content.decode()
     assert Destination.objects.get(pk=destination.pk).base_url == "https://acme.zendesk.example"
     assert not LogEntry.objects.filter(object_id=str(destination.pk)).exists()
 
-    response = client.post(url, _destination_form(destination, base_url="https://collector.example/",
-                                                  confirm_credentials_ref="env:MAILROOM_T_ACME_DESK"))
+    response = client.post(
+        url,
+        _destination_form(
+            destination, base_url="https://collector.example/", confirm_credentials_ref="env:MAILROOM_T_ACME_DESK"
+        ),
+    )
     assert response.status_code == 302
     [entry] = LogEntry.objects.filter(object_id=str(destination.pk), change_message__startswith="base_url")
     assert entry.user == user
     assert entry.change_message.startswith(
-        "base_url changed by non-superuser alice: host acme.zendesk.example -> collector.example")
+        "base_url changed by non-superuser alice: host acme.zendesk.example -> collector.example"
+    )
     assert "collector.example" in caplog.text and "mailroom.audit" in [r.name for r in caplog.records]

@@ -5,6 +5,7 @@ logs, every posted message accounted for (here: completed, as the demo's sample 
 and the dashboard answered 200 to the logged-in admin, a drill on the live stack passed, and Ctrl-C stopped
 it all.
 """
+
 import json
 import subprocess
 
@@ -17,9 +18,25 @@ pytestmark = [pytest.mark.live, pytest.mark.timeout(600)]
 
 def test_a_short_soak_of_the_embedded_default_accounts_for_everything():
     result = subprocess.run(
-        [PYTHON, str(REPO_ROOT / "bench" / "soak_embedded.py"), "--seconds", "45", "--post-every", "2",
-         "--pages-every", "15", "--drill-every", "15", "--settle", "60"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=540)
+        [
+            PYTHON,
+            str(REPO_ROOT / "bench" / "soak_embedded.py"),
+            "--seconds",
+            "45",
+            "--post-every",
+            "2",
+            "--pages-every",
+            "15",
+            "--drill-every",
+            "15",
+            "--settle",
+            "60",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     report = result.stdout + result.stderr
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert result.returncode == 0, report

@@ -2,6 +2,7 @@
 mark_spam" make 1,000 tickets in the spam queue, one per event, and not one acknowledgment; the people
 writing in the same minutes are acknowledged as usual. Processed as the worker does (the task's groups: the
 set-based path, `ticketing.batch`)."""
+
 import time
 
 import pytest
@@ -17,15 +18,18 @@ pytestmark = pytest.mark.usefixtures("scanner_off")
 
 WAVE = 1_000
 PEOPLE = 10
-GROUP = 50   # the relay publishes groups of events to the task
+GROUP = 50  # the relay publishes groups of events to the task
 
 
 def spam(n: int) -> bytes:
     """What a bulk mailer sends (HTML with a text part), as our MTA hands it on: scored and authenticated."""
-    raw = email_message(subject=f"You won! Claim prize #{n}", sender=f"Winner Desk <claims{n}@prizes.example.com>",
-                        body="Click the link to claim your prize.\n",
-                        html="<p>Click <a href='https://prizes.example.com/'>here</a> to claim.</p>",
-                        extra_headers={"X-Spam-Score": "12", "X-Spam-Status": "Yes, score=12.0 required=5.0"})
+    raw = email_message(
+        subject=f"You won! Claim prize #{n}",
+        sender=f"Winner Desk <claims{n}@prizes.example.com>",
+        body="Click the link to claim your prize.\n",
+        html="<p>Click <a href='https://prizes.example.com/'>here</a> to claim.</p>",
+        extra_headers={"X-Spam-Score": "12", "X-Spam-Status": "Yes, score=12.0 required=5.0"},
+    )
     return stamped(raw, domain="prizes.example.com")
 
 
@@ -38,8 +42,13 @@ def test_a_thousand_spam_messages_make_a_thousand_spam_tickets_and_no_acknowledg
     policy = mailbox.tenant.routing_policy
     policy.queues, policy.default_queue = ["support"], "support"
     policy.save()
-    rule = RoutingRule.objects.create(tenant=mailbox.tenant, name="spam wave", position=1, action="mark_spam",
-                                      conditions={"spam_score": {"op": "gt", "value": 8}})
+    rule = RoutingRule.objects.create(
+        tenant=mailbox.tenant,
+        name="spam wave",
+        position=1,
+        action="mark_spam",
+        conditions={"spam_score": {"op": "gt", "value": 8}},
+    )
     ids, people = [], []
     for n in range(WAVE):
         ids.append(ingest_message(mailbox, spam(n)).inbox_event_id)
@@ -51,12 +60,14 @@ def test_a_thousand_spam_messages_make_a_thousand_spam_tickets_and_no_acknowledg
     started = time.monotonic()
     outcomes: dict = {}
     for start in range(0, len(ids), GROUP):
-        for outcome, count in tasks.process_inbox_events(ids[start:start + GROUP]).items():
+        for outcome, count in tasks.process_inbox_events(ids[start : start + GROUP]).items():
             outcomes[outcome] = outcomes.get(outcome, 0) + count
     seconds = time.monotonic() - started
     with capsys.disabled():
-        print(f"\nspam wave: {WAVE} spam + {PEOPLE} people processed in {seconds:.1f} s "
-              f"({(WAVE + PEOPLE) / seconds:.0f} messages/s), outcomes {outcomes}")
+        print(
+            f"\nspam wave: {WAVE} spam + {PEOPLE} people processed in {seconds:.1f} s "
+            f"({(WAVE + PEOPLE) / seconds:.0f} messages/s), outcomes {outcomes}"
+        )
 
     assert outcomes == {"created": WAVE + PEOPLE}
     assert InboxEvent.objects.filter(pk__in=spam_ids, state="completed").count() == WAVE
@@ -82,6 +93,8 @@ def test_a_thousand_spam_messages_make_a_thousand_spam_tickets_and_no_acknowledg
     assert OutboxMessage.objects.filter(topic=intents.NOTIFY_TOPIC).count() == PEOPLE
     # The people's tickets are in their own queue.
     people_keys = Intent.objects.filter(inbox_event_id__in=people, action="create_ticket").values_list(
-        "idempotency_key", flat=True)
+        "idempotency_key", flat=True
+    )
     assert set(Ticket.objects.filter(idempotency_key__in=list(people_keys)).values_list("queue", flat=True)) == {
-        "support"}
+        "support"
+    }

@@ -11,6 +11,7 @@ logged-in session. The demo's secrets come from the environment, so nothing is w
 The tests of this module share one instance, built once, and run in file order; the drill goes last because its
 scratch tenant is in the queue and the dashboard while it runs.
 """
+
 import json
 import re
 
@@ -102,17 +103,24 @@ def instance(tmp_path_factory):
         site.token = site.manage_ok("api_token", "admin").strip()
         api = site.api()
         mailbox = api.get(f"{site.url}/api/v1/mailboxes/", timeout=10).json()["results"][0]
-        changed = api.patch(f"{site.url}/api/v1/mailboxes/{mailbox['id']}/", timeout=10, json={
-            "settings": {**mailbox["settings"], "trusted_authserv_id": TRUSTED_AUTHSERV_ID}})
+        changed = api.patch(
+            f"{site.url}/api/v1/mailboxes/{mailbox['id']}/",
+            timeout=10,
+            json={"settings": {**mailbox["settings"], "trusted_authserv_id": TRUSTED_AUTHSERV_ID}},
+        )
         assert changed.status_code == 200, changed.text
-        rule = api.post(f"{site.url}/api/v1/routing-rules/", timeout=10, json={
-            "tenant": "demo", "name": "invoices", "priority": "high", "conditions": {"subject_regex": "invoice"}})
+        rule = api.post(
+            f"{site.url}/api/v1/routing-rules/",
+            timeout=10,
+            json={"tenant": "demo", "name": "invoices", "priority": "high", "conditions": {"subject_regex": "invoice"}},
+        )
         assert rule.status_code == 201, rule.text
         site.ids["rule"] = rule.json()["id"]
 
         sent = site.manage_ok("send_test_email", "demo", "--url", site.url, "--count", "2")
-        samples = [json.loads(line.split(" ", 1)[1])["inbox_event_id"] for line in sent.splitlines()
-                   if line.startswith("202 ")]
+        samples = [
+            json.loads(line.split(" ", 1)[1])["inbox_event_id"] for line in sent.splitlines() if line.startswith("202 ")
+        ]
         assert len(samples) == 2, sent
         first = email_message(subject="Printer on fire", sender="ann@example.com", to=DEMO)
         message_id = first.split(b"Message-ID: <", 1)[1].split(b">", 1)[0].decode()
@@ -120,13 +128,22 @@ def instance(tmp_path_factory):
             "first": stamped(first),
             "second": stamped(email_message(subject="Scanner jammed", sender="ben@example.com", to=DEMO)),
             "invoice": stamped(email_message(subject="Where is my invoice?", sender="cat@example.com", to=DEMO)),
-            "reply": stamped(email_message(subject="Re: Printer on fire", sender="ann@example.com", to=DEMO,
-                                           extra_headers={"In-Reply-To": f"<{message_id}>",
-                                                          "References": f"<{message_id}>"})),
+            "reply": stamped(
+                email_message(
+                    subject="Re: Printer on fire",
+                    sender="ann@example.com",
+                    to=DEMO,
+                    extra_headers={"In-Reply-To": f"<{message_id}>", "References": f"<{message_id}>"},
+                )
+            ),
             "review": email_message(subject="Not for us", sender="dan@example.com", to="someone@elsewhere.test"),
             "api_review": email_message(subject="Nor this", sender="fay@example.com", to="other@elsewhere.test"),
-            "quarantine": email_message(subject="Run this", sender="eve@example.com", to=DEMO, attachments=[
-                ("run.exe", "application/octet-stream", b"MZ\x90\x00" + b"\x00" * 200)]),
+            "quarantine": email_message(
+                subject="Run this",
+                sender="eve@example.com",
+                to=DEMO,
+                attachments=[("run.exe", "application/octet-stream", b"MZ\x90\x00" + b"\x00" * 200)],
+            ),
         }
         for name, raw in mail.items():
             response = site.post_mail(raw)
@@ -224,8 +241,12 @@ def test_recovery_queue_changelist_and_its_actions(instance):
         assert console.get(f"{url}{pk}/change/", timeout=10).status_code == 200
     assert console.get(f"{url}{ids['quarantine']}/body/", timeout=10).status_code == 200
     for pk, action in ((ids["review"], "close"), (ids["quarantine"], "release")):
-        done = console.post(f"{url}{pk}/act/{action}/", data={"reason": "parity test", "csrfmiddlewaretoken":
-                                                               csrf(console)}, timeout=10, allow_redirects=False)
+        done = console.post(
+            f"{url}{pk}/act/{action}/",
+            data={"reason": "parity test", "csrfmiddlewaretoken": csrf(console)},
+            timeout=10,
+            allow_redirects=False,
+        )
         assert done.status_code == 302 and done.headers["Location"] == f"{QUEUE}{pk}/change/", action
     events = {e["id"]: e for e in instance.api().get(f"{instance.url}/api/v1/events/", timeout=10).json()["results"]}
     assert (events[ids["review"]]["state"], events[ids["review"]]["owner"]) == ("suppressed", "admin")
@@ -273,8 +294,8 @@ def test_drill_prints_its_table_passes_and_leaves_reconciliation_clean(instance)
     lines = out.splitlines()
     header = next(n for n, line in enumerate(lines) if line.split()[:2] == ["scenario", "expected"])
     assert set(lines[header + 1]) <= {"-", " "}
-    body = lines[header + 2:]
-    rows = body[:body.index("")] if "" in body else body  # the table ends at the first blank line
+    body = lines[header + 2 :]
+    rows = body[: body.index("")] if "" in body else body  # the table ends at the first blank line
     assert rows and all(row.split()[-1] == "pass" for row in rows), "\n".join(lines)
     assert "drill passed" in out
     assert "error" not in instance.manage_ok("reconcile")  # nothing of the drill left for reconciliation to trip on

@@ -20,17 +20,32 @@ The only other model with a `state` field is `BulkJob` (its door: `reconciliatio
 so every hit is one of the three.
 Pure: no database.
 """
+
 import ast
 import re
 from dataclasses import dataclass
 
 from tests.support.source import ROOT, app_modules
 
-OWNERS = ("intake/services/events.py", "intake/services/ingestion.py", "ticketing/intents.py", "ticketing/intents/",
-          "reconciliation/services/bulk_jobs.py")
+OWNERS = (
+    "intake/services/events.py",
+    "intake/services/ingestion.py",
+    "ticketing/intents.py",
+    "ticketing/intents/",
+    "reconciliation/services/bulk_jobs.py",
+)
 STATE_MODELS = {"Intent", "InboxEvent", "BulkJob"}
-WRITE_METHODS = {"update", "create", "get_or_create", "update_or_create", "bulk_create", "acreate", "aupdate",
-                 "aget_or_create", "aupdate_or_create"}
+WRITE_METHODS = {
+    "update",
+    "create",
+    "get_or_create",
+    "update_or_create",
+    "bulk_create",
+    "acreate",
+    "aupdate",
+    "aget_or_create",
+    "aupdate_or_create",
+}
 DEFAULTS_KWARGS = {"defaults", "create_defaults"}
 RAW_STATE_UPDATE = re.compile(r"\bUPDATE\b.*\bSET\b.*\bstate\s*=", re.IGNORECASE | re.DOTALL)
 
@@ -40,7 +55,7 @@ class Write:
     path: str
     line: int
     what: str
-    model: str = ""   # "Intent" or "InboxEvent" when the statement names it (`InboxEvent.objects...update(...)`)
+    model: str = ""  # "Intent" or "InboxEvent" when the statement names it (`InboxEvent.objects...update(...)`)
 
     def __str__(self):
         return f"{self.path}:{self.line}: {self.what}"
@@ -56,22 +71,34 @@ def _dict_has_state(node) -> bool:
 
 def _state_dict(node) -> bool:
     """{"state": ...} or dict(state=...)."""
-    return _dict_has_state(node) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                                     and node.func.id == "dict" and any(k.arg == "state" for k in node.keywords))
+    return _dict_has_state(node) or (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "dict"
+        and any(k.arg == "state" for k in node.keywords)
+    )
 
 
 def _state_dict_names(tree) -> set[str]:
     """Names bound to a dict that sets state somewhere in the module (`changes = {"state": ...}`)."""
-    return {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and _state_dict(node.value)
-            for target in node.targets if isinstance(target, ast.Name)}
+    return {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and _state_dict(node.value)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
 
 
 def _sets_state(call: ast.Call, state_dicts: frozenset = frozenset()) -> bool:
     for keyword in call.keywords:
         if keyword.arg == "state":
             return True
-        if keyword.arg is None and (_state_dict(keyword.value)  # **{"state": ...}
-                                    or isinstance(keyword.value, ast.Name) and keyword.value.id in state_dicts):
+        if keyword.arg is None and (
+            _state_dict(keyword.value)  # **{"state": ...}
+            or isinstance(keyword.value, ast.Name)
+            and keyword.value.id in state_dicts
+        ):
             return True
         if keyword.arg in DEFAULTS_KWARGS and _dict_has_state(keyword.value):
             return True
@@ -141,8 +168,9 @@ def state_writes(source: str, path: str = "<snippet>") -> list[Write]:
             elif name in STATE_MODELS and _sets_state(node):
                 found.append(Write(path, node.lineno, f"{name}(state=...) constructed", name))
             elif name in ("bulk_update", "abulk_update") and any(
-                    isinstance(arg, (ast.List, ast.Tuple, ast.Set)) and any(_is_state_key(e) for e in arg.elts)
-                    for arg in [*node.args, *(k.value for k in node.keywords)]):
+                isinstance(arg, (ast.List, ast.Tuple, ast.Set)) and any(_is_state_key(e) for e in arg.elts)
+                for arg in [*node.args, *(k.value for k in node.keywords)]
+            ):
                 found.append(Write(path, node.lineno, "bulk_update of state"))
             elif name == "setattr" and len(node.args) >= 2 and _is_state_key(node.args[1]):
                 found.append(Write(path, node.lineno, "setattr(..., 'state', ...)"))
@@ -173,6 +201,7 @@ def owned_model(relative: str) -> str:
 
 # --- the rule ------------------------------------------------------------------------
 
+
 def test_only_the_owners_write_intent_or_event_state():
     scanned, writes = 0, []
     for relative, path in app_modules():
@@ -183,21 +212,27 @@ def test_only_the_owners_write_intent_or_event_state():
             found = [w for w in found if w.model and w.model != owned_model(relative)]
         writes.extend(found)
     assert scanned > 20, "the apps were not found: the check would prove nothing"
-    assert not writes, ("state written outside ticketing.intents / intake.services; call a transition "
-                        "function instead:\n" + "\n".join(map(str, writes)))
+    assert not writes, (
+        "state written outside ticketing.intents / intake.services; call a transition "
+        "function instead:\n" + "\n".join(map(str, writes))
+    )
 
 
 def test_the_owners_are_where_the_writes_are():
     """The checker sees the owners' own writes: it is looking at the right code, and the owners exist."""
-    owner_writes = [w for relative, path in app_modules() if is_owner(relative)
-                    for w in state_writes(path.read_text(encoding="utf-8"), relative)]
+    owner_writes = [
+        w
+        for relative, path in app_modules()
+        if is_owner(relative)
+        for w in state_writes(path.read_text(encoding="utf-8"), relative)
+    ]
     assert any(w.path.startswith("ticketing/intents") for w in owner_writes)
     assert any(w.path.startswith("intake/services/") for w in owner_writes)
 
 
 # --- the checker catches what it should, and only that --------------------------------
 
-BAD_SNIPPET = '''
+BAD_SNIPPET = """
 from django.db import connection
 from intake.models import InboxEvent
 from ticketing.models import Intent
@@ -222,9 +257,9 @@ def by_save(event_id):
 
 def by_setattr(intent):
     setattr(intent, "state", "failed")
-'''
+"""
 
-GOOD_SNIPPET = '''
+GOOD_SNIPPET = """
 from intake.models import InboxEvent
 from ticketing.models import Intent
 
@@ -239,7 +274,7 @@ def reads_and_copies(event, event_id):
     details = {}
     details.update(flags=["a"])
     return open_ones, "SELECT state FROM intake_inboxevent"
-'''
+"""
 
 
 def test_the_checker_catches_each_kind_of_write():
@@ -278,31 +313,51 @@ def link_state_writes(source: str, path: str) -> list[Write]:
     """Keyword writes (`.update(link_state=...)`, `Mailbox(link_state=...)`), `x.link_state = ...` and raw SQL."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Call) and any(k.arg in LINK_FIELDS for k in node.keywords)
-                and (isinstance(node.func, ast.Name)  # a model constructed with it
-                     or isinstance(node.func, ast.Attribute) and node.func.attr in WRITE_METHODS)):
+        if (
+            isinstance(node, ast.Call)
+            and any(k.arg in LINK_FIELDS for k in node.keywords)
+            and (
+                isinstance(node.func, ast.Name)  # a model constructed with it
+                or isinstance(node.func, ast.Attribute)
+                and node.func.attr in WRITE_METHODS
+            )
+        ):
             found.append(Write(path, node.lineno, "a call that sets link_state"))
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, (ast.AugAssign, ast.AnnAssign)) else []
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+            else []
+        )
         if any(isinstance(t, ast.Attribute) and t.attr in LINK_FIELDS for t in targets):
             found.append(Write(path, node.lineno, "an assignment to link_state"))
-        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and re.search(r"\bUPDATE\b.*\bSET\b.*\blink_state\s*=", node.value, re.IGNORECASE | re.DOTALL)):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and re.search(r"\bUPDATE\b.*\bSET\b.*\blink_state\s*=", node.value, re.IGNORECASE | re.DOTALL)
+        ):
             found.append(Write(path, node.lineno, "raw SQL setting link_state"))
     return found
 
 
 def test_only_mailbox_health_moves_a_mailboxs_link_state():
-    writes = [w for relative, path in app_modules() if relative != LINK_OWNER
-              for w in link_state_writes(path.read_text(), relative)]
+    writes = [
+        w
+        for relative, path in app_modules()
+        if relative != LINK_OWNER
+        for w in link_state_writes(path.read_text(), relative)
+    ]
     assert writes == [], "\n".join(map(str, writes))
     owner = (ROOT / LINK_OWNER).read_text()
     assert link_state_writes(owner, LINK_OWNER), "the owner is where the writes are"
 
 
 def test_the_link_state_checker_catches_each_kind_of_write():
-    bad = ("Mailbox.objects.filter(pk=1).update(link_state='up')\n"
-           "mailbox.link_state = 'down'\n"
-           "cursor.execute('UPDATE intake_mailbox SET link_state = %s', ['up'])\n")
+    bad = (
+        "Mailbox.objects.filter(pk=1).update(link_state='up')\n"
+        "mailbox.link_state = 'down'\n"
+        "cursor.execute('UPDATE intake_mailbox SET link_state = %s', ['up'])\n"
+    )
     assert len(link_state_writes(bad, "x.py")) == 3
     assert link_state_writes("Mailbox.objects.filter(link_state='up').count()\nx = m.link_state\n", "x.py") == []

@@ -1,4 +1,5 @@
 """Threads: a reply becomes one comment on its ticket, in arrival order, under the thread's lease."""
+
 import subprocess
 import threading
 import time
@@ -40,8 +41,13 @@ def original(mailbox, sender="jane@example.com") -> tuple[int, TicketMapping]:
 
 def test_a_reply_becomes_one_comment_on_the_same_ticket(mailbox):
     _, mapping = original(mailbox)
-    reply = receive(mailbox, sender="jane@example.com", subject="Re: Printer", body="Still on fire.",
-                    extra_headers={"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"})
+    reply = receive(
+        mailbox,
+        sender="jane@example.com",
+        subject="Re: Printer",
+        body="Still on fire.",
+        extra_headers={"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"},
+    )
     assert process_inbox_event(reply) == "created"
     assert process_inbox_event(reply) == "done"
     [comment] = TicketComment.objects.all()
@@ -114,8 +120,9 @@ def test_a_strangers_reply_by_headers_to_someone_elses_thread_gets_a_new_flagged
     """In-Reply-To/References are as easy to copy as a ticket token: the same participant check applies."""
     _, mapping = original(mailbox, sender="jane@example.com")
     headers = {"In-Reply-To": "<root@example.com>", "References": "<root@example.com>"}
-    stranger = receive(mailbox, sender="mallory@evil.example", subject="Re: Printer", body="add me",
-                       extra_headers=headers)
+    stranger = receive(
+        mailbox, sender="mallory@evil.example", subject="Re: Printer", body="add me", extra_headers=headers
+    )
     assert process_inbox_event(stranger) == "created"
     assert TicketComment.objects.count() == 0 and Ticket.objects.count() == 2
     event = InboxEvent.objects.get(pk=stranger)
@@ -127,15 +134,15 @@ def test_a_strangers_reply_by_headers_to_someone_elses_thread_gets_a_new_flagged
     assert "mailroom-untrusted-thread-reply" in Ticket.objects.get(pk=int(new_ticket.ticket_id)).tags
 
     # The requester's own reply in the same thread still comments on her ticket, and only there.
-    follow_up = receive(mailbox, sender="Jane@Example.com", subject="Re: Printer", body="Still broken.",
-                        extra_headers=headers)
+    follow_up = receive(
+        mailbox, sender="Jane@Example.com", subject="Re: Printer", body="Still broken.", extra_headers=headers
+    )
     assert process_inbox_event(follow_up) == "created"
     [comment] = TicketComment.objects.all()
     assert comment.ticket_id == int(mapping.ticket_id)
     assert "flags" not in InboxEvent.objects.get(pk=follow_up).details  # not even "ambiguous_thread"
     # And the stranger's next reply joins the stranger's own ticket, not Jane's.
-    again = receive(mailbox, sender="mallory@evil.example", subject="Re: Printer", body="hello?",
-                    extra_headers=headers)
+    again = receive(mailbox, sender="mallory@evil.example", subject="Re: Printer", body="hello?", extra_headers=headers)
     assert process_inbox_event(again) == "created"
     assert TicketComment.objects.get(body__startswith="hello?").ticket_id == int(new_ticket.ticket_id)
 
@@ -155,19 +162,32 @@ def test_a_worker_whose_lease_expired_mid_analysis_makes_no_call(live_mailbox, t
 
     monkeypatch.setenv("DESK_CREDENTIALS", f"agent@acme.test/token:{desk.token}")
     Destination.objects.filter(tenant=live_mailbox.tenant).update(is_default=False)
-    Destination.objects.create(tenant=live_mailbox.tenant, slug="desk", kind="zendesk", base_url=desk.url,
-                               is_default=True, credentials_ref="env:DESK_CREDENTIALS",
-                               settings={"read_timeout": 2})
+    Destination.objects.create(
+        tenant=live_mailbox.tenant,
+        slug="desk",
+        kind="zendesk",
+        base_url=desk.url,
+        is_default=True,
+        credentials_ref="env:DESK_CREDENTIALS",
+        settings={"read_timeout": 2},
+    )
     root = receive(live_mailbox, message_id="<root@example.com>", to="support@live.mailroom.test")
     assert process_inbox_event(root) == "created"
     reply = receive(live_mailbox, to="support@live.mailroom.test", extra_headers={"In-Reply-To": "<root@example.com>"})
     connection.close()
 
     def start(point, pause, lease_seconds):
-        env = subprocess_env(MAILROOM_PAUSE_AT=f"{point}:{pause}", MAILROOM_THREAD_LEASE_SECONDS=lease_seconds,
-                             MAILROOM_CLAMD="off")
-        return subprocess.Popen([PYTHON, "-c", PROCESS_SCRIPT, str(reply)], cwd=REPO_ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = subprocess_env(
+            MAILROOM_PAUSE_AT=f"{point}:{pause}", MAILROOM_THREAD_LEASE_SECONDS=lease_seconds, MAILROOM_CLAMD="off"
+        )
+        return subprocess.Popen(
+            [PYTHON, "-c", PROCESS_SCRIPT, str(reply)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     stale_pause, fresh_pause = tmp_path / "stale", tmp_path / "fresh"
     stale = start("thread_analysis", stale_pause, 1)

@@ -3,6 +3,7 @@
 The ids of tickets and of mappings are shifted apart first, as a real database shifts them (comments take
 mapping ids, failed and deleted rows leave gaps), so a number taken from the wrong table would show.
 """
+
 import re
 
 import pytest
@@ -34,16 +35,23 @@ def operator_client(tenant):
     client = Client()
     # An operator who may also read the built-in desk's tickets and mappings (no role grants that by default:
     # a ticket holds the customer's text).
-    client.force_login(make_user("oper", groups=["operator"], tenants=[tenant],
-                                 perms=["ticketing.view_ticket", "ticketing.view_ticketmapping"]))
+    client.force_login(
+        make_user(
+            "oper",
+            groups=["operator"],
+            tenants=[tenant],
+            perms=["ticketing.view_ticket", "ticketing.view_ticketmapping"],
+        )
+    )
     return client
 
 
 def post(subject: str, sender: str, message_id: str, in_reply_to: str = "") -> int:
     extra = {"In-Reply-To": in_reply_to, "References": in_reply_to} if in_reply_to else None
     body = stamped(make_message(subject=subject, sender=sender, message_id=message_id, extra_headers=extra))
-    response = Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                             **webhook_headers(WEBHOOK_SECRET, body))
+    response = Client().post(
+        "/webhooks/raw/support/", data=body, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, body)
+    )
     assert response.status_code == 202, response.content
     return response.json()["inbox_event_id"]
 
@@ -59,20 +67,27 @@ def shift_the_ids(mailbox) -> None:
     root = post("Printer on fire", "jane@example.com", "<shift-root@example.com>")
     assert process_inbox_event(root) == "created"
     for n in range(3):  # each comment takes a mapping id and no ticket id
-        reply = post("Re: Printer on fire", "jane@example.com", f"<shift-reply-{n}@example.com>",
-                     in_reply_to="<shift-root@example.com>")
+        reply = post(
+            "Re: Printer on fire",
+            "jane@example.com",
+            f"<shift-reply-{n}@example.com>",
+            in_reply_to="<shift-root@example.com>",
+        )
         assert process_inbox_event(reply) == "created"  # the comment
     doomed = ingest_message(mailbox, subject="restored from backup").inbox_event_id
     assert process_inbox_event(doomed) == "created"
     TicketMapping.objects.filter(inbox_event_id=doomed).delete()  # a mapping lost to a restore
-    orphan = Ticket.objects.create(destination=Ticket.objects.first().destination, idempotency_key="shift-gap",
-                                   external_ref="shift-gap", created_at=Ticket.objects.first().created_at)
+    orphan = Ticket.objects.create(
+        destination=Ticket.objects.first().destination,
+        idempotency_key="shift-gap",
+        external_ref="shift-gap",
+        created_at=Ticket.objects.first().created_at,
+    )
     TicketComment.objects.filter(ticket=orphan).delete()
     Ticket.objects.filter(pk=orphan.pk).delete()
 
 
-def test_twenty_acknowledgments_name_the_numbers_the_console_shows_and_finds(mailbox, smtp_server,
-                                                                               operator_client):
+def test_twenty_acknowledgments_name_the_numbers_the_console_shows_and_finds(mailbox, smtp_server, operator_client):
     shift_the_ids(mailbox)
     assert TicketMapping.objects.order_by("-pk").first().pk != Ticket.objects.order_by("-pk").first().pk
     before = len(smtp_server.messages)
@@ -121,29 +136,41 @@ def test_a_reply_with_the_number_threads_onto_that_ticket(mailbox, smtp_server):
 def test_comments_and_the_api_carry_their_tickets_number(mailbox, tenant):
     root = post("Printer on fire", "jane@example.com", "<api-root@example.com>")
     assert process_inbox_event(root) == "created"
-    reply = post("Re: Printer on fire", "jane@example.com", "<api-reply@example.com>",
-                 in_reply_to="<api-root@example.com>")
+    reply = post(
+        "Re: Printer on fire", "jane@example.com", "<api-reply@example.com>", in_reply_to="<api-root@example.com>"
+    )
     assert process_inbox_event(reply) == "created"  # the comment
     created = TicketMapping.objects.get(inbox_event_id=root)
     comment = TicketMapping.objects.get(inbox_event_id=reply)
     assert comment.pk != created.pk and numbers.number_of(comment) == created.pk
     user = make_user("reader", groups=["operator"], tenants=[tenant], perms=["ticketing.view_ticketmapping"])
     rows = api(user).get("/api/v1/mappings/").json()["results"]
-    assert {r["inbox_event"]: r["ticket_number"] for r in rows} == {
-        root: f"MR-{created.pk}", reply: f"MR-{created.pk}"}
+    assert {r["inbox_event"]: r["ticket_number"] for r in rows} == {root: f"MR-{created.pk}", reply: f"MR-{created.pk}"}
     assert InboxEvent.objects.get(pk=reply).state == "completed"
 
 
-@pytest.mark.parametrize("typed,number", [
-    ("MR-12", 12), ("mr-12", 12), (" #MR-12 ", 12), ("[#MR-12]", 12), ("[# mr - 12 ]", 12),
-    ("MR-", None), ("12", None), ("MR-12 printer", None), ("JIRA-12", None), ("", None),
-])
+@pytest.mark.parametrize(
+    "typed,number",
+    [
+        ("MR-12", 12),
+        ("mr-12", 12),
+        (" #MR-12 ", 12),
+        ("[#MR-12]", 12),
+        ("[# mr - 12 ]", 12),
+        ("MR-", None),
+        ("12", None),
+        ("MR-12 printer", None),
+        ("JIRA-12", None),
+        ("", None),
+    ],
+)
 def test_what_a_person_types_as_a_number(typed, number):
     assert numbers.parse_number(typed) == number
 
 
-def test_a_ticket_linked_to_a_second_event_keeps_one_number_and_both_tokens_find_it(mailbox, smtp_server,
-                                                                                     operator_client, tenant):
+def test_a_ticket_linked_to_a_second_event_keeps_one_number_and_both_tokens_find_it(
+    mailbox, smtp_server, operator_client, tenant
+):
     """An operator confirms a customer's second email onto the ticket of the first: the ticket keeps its
     number, the second event names that number, and a token for either create mapping finds the ticket."""
     from reconciliation import services as console

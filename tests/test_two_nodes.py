@@ -10,6 +10,7 @@ that node (each its own process group: the workers' children too) is SIGKILLed a
 from a sweeper thread on a short period (tests.support.windows.sweeper). Every email must end with one
 ticket at the desk, one mapping and one succeeded intent, on Redis and on RabbitMQ with quorum queues.
 """
+
 import os
 import signal
 import socket
@@ -80,19 +81,36 @@ class Node:
     """One host's processes: its workers, its relay and its web server."""
 
     def __init__(self, name: str, live_processes, env: dict, ready_dir: Path):
-        celery = [PYTHON, "-m", "celery", "-A", "config", "worker", "--loglevel", "WARNING", "--without-mingle",
-                  "--without-gossip"]
+        celery = [
+            PYTHON,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--loglevel",
+            "WARNING",
+            "--without-mingle",
+            "--without-gossip",
+        ]
         self.name, self.ready_files = name, [ready_dir / f"{name}.ready", ready_dir / f"{name}-calls.ready"]
-        self.worker = live_processes.start(f"{name}-worker", celery + [
-            "--concurrency", "1", "-Q", "celery", "-n", f"{name}@%h"],
-            {**env, READY_FILE_VAR: str(self.ready_files[0])})
-        self.calls = live_processes.start(f"{name}-calls", celery + [
-            "--pool", "threads", "--concurrency", "4", "-Q", DESTINATION_QUEUE, "-n", f"{name}-calls@%h"],
-            {**env, READY_FILE_VAR: str(self.ready_files[1])})
+        self.worker = live_processes.start(
+            f"{name}-worker",
+            celery + ["--concurrency", "1", "-Q", "celery", "-n", f"{name}@%h"],
+            {**env, READY_FILE_VAR: str(self.ready_files[0])},
+        )
+        self.calls = live_processes.start(
+            f"{name}-calls",
+            celery + ["--pool", "threads", "--concurrency", "4", "-Q", DESTINATION_QUEUE, "-n", f"{name}-calls@%h"],
+            {**env, READY_FILE_VAR: str(self.ready_files[1])},
+        )
         self.relay = live_processes.relay(env)
         self.port = free_port()
-        self.web = live_processes.start(f"{name}-web", [GUNICORN, "config.wsgi", "--bind", f"127.0.0.1:{self.port}",
-                                                        "--workers", "2", "--no-control-socket"], env)
+        self.web = live_processes.start(
+            f"{name}-web",
+            [GUNICORN, "config.wsgi", "--bind", f"127.0.0.1:{self.port}", "--workers", "2", "--no-control-socket"],
+            env,
+        )
         self.processes = [self.worker, self.calls, self.relay, self.web]
 
     @property
@@ -111,8 +129,9 @@ class Node:
         """Intents whose live claim is this node's thread-pool worker's (claimed_by is host:pid/thread)."""
         from ticketing.models import Intent
 
-        return Intent.objects.filter(state="in_flight", claimed_by__startswith=f"{socket.gethostname()}:"
-                                                                                f"{self.calls.pid}/")
+        return Intent.objects.filter(
+            state="in_flight", claimed_by__startswith=f"{socket.gethostname()}:{self.calls.pid}/"
+        )
 
     def kill(self) -> None:
         """SIGKILL every process of the node at once, each with its process group (the workers' children)."""
@@ -127,8 +146,9 @@ def post(nodes: list[Node], first: int, slug: str, body: bytes) -> tuple[int, in
     for k in range(len(nodes)):
         node = nodes[(first + k) % len(nodes)]
         try:
-            response = requests.post(f"{node.url}/webhooks/raw/{slug}/", data=body, timeout=15,
-                                     headers=signed_headers(LIVE_SECRET, body))
+            response = requests.post(
+                f"{node.url}/webhooks/raw/{slug}/", data=body, timeout=15, headers=signed_headers(LIVE_SECRET, body)
+            )
         except requests.ConnectionError:
             continue  # that web server is gone: the other one takes the email
         assert response.status_code in (200, 202), (response.status_code, response.text[:200])
@@ -136,8 +156,9 @@ def post(nodes: list[Node], first: int, slug: str, body: bytes) -> tuple[int, in
     pytest.fail("no web server answered")
 
 
-def test_two_nodes_one_killed_every_email_has_exactly_one_ticket(broker, live_mailbox, live_processes, desk,
-                                                                 monkeypatch, tmp_path):
+def test_two_nodes_one_killed_every_email_has_exactly_one_ticket(
+    broker, live_mailbox, live_processes, desk, monkeypatch, tmp_path
+):
     from intake.models import InboxEvent
     from ticketing.models import Intent, TicketMapping
 
@@ -145,8 +166,9 @@ def test_two_nodes_one_killed_every_email_has_exactly_one_ticket(broker, live_ma
     desk.set_plan(random_spec={"seed": 26, "weights": {"stall_before_commit:0.3": 0.25}})
     env = worker_env(broker, MAILROOM_DESTINATION_QUEUE=DESTINATION_QUEUE, MAILROOM_DESTINATION_THREADS=4)
     nodes = [Node(f"node{n}", live_processes, env, tmp_path) for n in (1, 2)]
-    wait_for(lambda: all(node.ready() for node in nodes), timeout=90, interval=0.3,
-             describe=lambda: live_processes.logs(15))
+    wait_for(
+        lambda: all(node.ready() for node in nodes), timeout=90, interval=0.3, describe=lambda: live_processes.logs(15)
+    )
     started = time.monotonic()
 
     ids, statuses, victim = [], Counter(), nodes[0]
@@ -155,14 +177,22 @@ def test_two_nodes_one_killed_every_email_has_exactly_one_ticket(broker, live_ma
         for n in range(N_EMAILS):
             if n == N_EMAILS // 2:
                 # Kill while the node holds work: a live claim of its pool (a call at the desk, or about to be).
-                claims_at_kill = wait_for(lambda: victim.claimed_by_its_pool().count(), timeout=20, interval=0.02,
-                                          describe=lambda: live_processes.logs(10))
+                claims_at_kill = wait_for(
+                    lambda: victim.claimed_by_its_pool().count(),
+                    timeout=20,
+                    interval=0.02,
+                    describe=lambda: live_processes.logs(10),
+                )
                 victim.kill()
             event_id, status = post(nodes, n % 2, live_mailbox.slug, make_email(f"Two nodes #{n}"))
             ids.append(event_id)
             statuses[status] += 1
-        wait_for(lambda: all(settled(i) for i in ids), timeout=120, interval=0.5,
-                 describe=lambda: f"{Counter(state_of(i) for i in ids)}\n{live_processes.logs(10)}")
+        wait_for(
+            lambda: all(settled(i) for i in ids),
+            timeout=120,
+            interval=0.5,
+            describe=lambda: f"{Counter(state_of(i) for i in ids)}\n{live_processes.logs(10)}",
+        )
     wall = time.monotonic() - started
 
     assert statuses == {202: N_EMAILS} and len(set(ids)) == N_EMAILS  # every post stored once, by either server
@@ -171,9 +201,11 @@ def test_two_nodes_one_killed_every_email_has_exactly_one_ticket(broker, live_ma
     assert states == {"completed": N_EMAILS}, states
     records = desk.tickets()
     by_reference = Counter(r["external_id"] for r in records)
-    print(f"\ntwo nodes on {broker.url.split(':')[0]}: {N_EMAILS} emails in {wall:.1f} s, node1 SIGKILLed "
-          f"holding {claims_at_kill} claim(s); desk records {len(records)}, "
-          f"writes {len(desk.requests_log())}")
+    print(
+        f"\ntwo nodes on {broker.url.split(':')[0]}: {N_EMAILS} emails in {wall:.1f} s, node1 SIGKILLed "
+        f"holding {claims_at_kill} claim(s); desk records {len(records)}, "
+        f"writes {len(desk.requests_log())}"
+    )
     assert len(records) == N_EMAILS and max(by_reference.values()) == 1, "a duplicate at the desk"
     mappings = TicketMapping.objects.filter(inbox_event_id__in=ids)
     assert Counter(mappings.values_list("inbox_event_id", flat=True)) == {i: 1 for i in ids}

@@ -7,6 +7,7 @@ or no lookup -> held, the event `unknown` (the recovery queue), never `failed`. 
 its FakeDesk dialect on 127.0.0.1 (tests/destination_kits), driven through the pipeline and the sweep
 functions, never by calling an adapter alone.
 """
+
 import importlib
 import socket
 import threading
@@ -62,8 +63,9 @@ class Desk:
 def start(kind, tenant, desk_factory, monkeypatch, desk_options: dict | None = None, **settings) -> Desk:
     kit = importlib.import_module(f"tests.destination_kits.{kind}")
     desk = desk_factory(dialect=kit.DIALECT, **{**kit.DESK_OPTIONS, **(desk_options or {})})
-    destination = kit.configure(tenant, desk, monkeypatch, **{"max_attempts": CAP, **KIND_SETTINGS.get(kind, {}),
-                                                             **settings})
+    destination = kit.configure(
+        tenant, desk, monkeypatch, **{"max_attempts": CAP, **KIND_SETTINGS.get(kind, {}), **settings}
+    )
     return Desk(kit, desk, destination)
 
 
@@ -73,8 +75,9 @@ def operator(tenant):
 
 
 def new_event(mailbox) -> int:
-    return ingest_message(mailbox, sender="Alice Example <alice@customer.test>",
-                          subject="Invoice 4471 charged twice").inbox_event_id
+    return ingest_message(
+        mailbox, sender="Alice Example <alice@customer.test>", subject="Invoice 4471 charged twice"
+    ).inbox_event_id
 
 
 def intent_of(event_id, action="create_ticket") -> Intent:
@@ -86,8 +89,11 @@ def event_of(event_id) -> InboxEvent:
 
 
 def audit(event_id, kind) -> list[dict]:
-    return list(AuditEvent.objects.filter(inbox_event_id=event_id, kind=kind).order_by("at", "pk")
-                .values_list("detail", flat=True))
+    return list(
+        AuditEvent.objects.filter(inbox_event_id=event_id, kind=kind)
+        .order_by("at", "pk")
+        .values_list("detail", flat=True)
+    )
 
 
 def drive(event_id, seconds: float = 20.0) -> str:
@@ -122,9 +128,11 @@ def held_after_unknown(d: Desk, mailbox, first_fault: str) -> int:
 
 # --- the failure window ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", KINDS_WITH_LOOKUP)
-def test_lost_answer_after_the_commit_then_500s_until_the_cap_ends_completed(kind, tenant, mailbox, desk_factory,
-                                                                             monkeypatch):
+def test_lost_answer_after_the_commit_then_500s_until_the_cap_ends_completed(
+    kind, tenant, mailbox, desk_factory, monkeypatch
+):
     d = start(kind, tenant, desk_factory, monkeypatch)
     d.desk.set_plan(["drop_after_commit"] + ["error_500"] * CAP)
     event_id = new_event(mailbox)
@@ -148,8 +156,9 @@ def test_lost_answer_after_the_commit_then_500s_until_the_cap_ends_completed(kin
 
 
 @pytest.mark.parametrize("kind", CONSISTENT)
-def test_a_consistent_lookup_finding_nothing_at_the_cap_is_a_known_failure(kind, tenant, mailbox, desk_factory,
-                                                                           monkeypatch):
+def test_a_consistent_lookup_finding_nothing_at_the_cap_is_a_known_failure(
+    kind, tenant, mailbox, desk_factory, monkeypatch
+):
     d = start(kind, tenant, desk_factory, monkeypatch)
     d.desk.set_plan(["drop_before_commit"] + ["error_500"] * CAP)
     event_id = new_event(mailbox)
@@ -164,8 +173,9 @@ def test_a_consistent_lookup_finding_nothing_at_the_cap_is_a_known_failure(kind,
 
 @pytest.mark.parametrize("first_fault,final", [("drop_after_commit", "succeeded"), ("drop_before_commit", "failed")])
 @pytest.mark.parametrize("kind", CONSISTENT)
-def test_a_422_after_an_unknown_outcome_asks_the_destination_first(kind, first_fault, final, tenant, mailbox,
-                                                                   desk_factory, monkeypatch):
+def test_a_422_after_an_unknown_outcome_asks_the_destination_first(
+    kind, first_fault, final, tenant, mailbox, desk_factory, monkeypatch
+):
     d = start(kind, tenant, desk_factory, monkeypatch)
     d.desk.set_plan([first_fault, "reject_422"])
     event_id = new_event(mailbox)
@@ -205,8 +215,9 @@ def test_no_lookup_at_the_cap_holds_the_item_as_unknown_not_failed(tenant, mailb
 
 @pytest.mark.parametrize("first_fault,final", [("drop_after_commit", "succeeded"), ("drop_before_commit", "held")])
 @pytest.mark.parametrize("kind", LAGGING)
-def test_a_lagging_search_at_the_cap_is_asked_after_its_settle_delay(kind, first_fault, final, tenant, mailbox,
-                                                                     desk_factory, monkeypatch):
+def test_a_lagging_search_at_the_cap_is_asked_after_its_settle_delay(
+    kind, first_fault, final, tenant, mailbox, desk_factory, monkeypatch
+):
     d = start(kind, tenant, desk_factory, monkeypatch, max_attempts=2)
     d.desk.set_plan([first_fault, "rate_limit:0"])
     event_id = new_event(mailbox)
@@ -231,11 +242,17 @@ def test_a_lagging_search_at_the_cap_is_asked_after_its_settle_delay(kind, first
         assert event in recovery_queue()
 
 
-def test_the_settle_delay_counts_from_the_unknown_outcome_not_from_the_park(tenant, mailbox, desk_factory,
-                                                                         monkeypatch):
+def test_the_settle_delay_counts_from_the_unknown_outcome_not_from_the_park(tenant, mailbox, desk_factory, monkeypatch):
     # A search that lags 60 s (the fake's own index sees writes at once: what is asked is when).
-    d = start("jira_sm", tenant, desk_factory, monkeypatch, desk_options={"search_lag_seconds": 0},
-              max_attempts=2, search_settle_seconds=60)
+    d = start(
+        "jira_sm",
+        tenant,
+        desk_factory,
+        monkeypatch,
+        desk_options={"search_lag_seconds": 0},
+        max_attempts=2,
+        search_settle_seconds=60,
+    )
     d.desk.set_plan(["drop_after_commit", "rate_limit:0"])
     event_id = new_event(mailbox)
     assert process_inbox_event(event_id) == "unknown"
@@ -256,6 +273,7 @@ def test_the_settle_delay_counts_from_the_unknown_outcome_not_from_the_park(tena
 
 
 # --- the claim runs out while the destination is asked ------------------------------------------------
+
 
 def claim_runs_out_during_the_lookup(d: Desk, event_id: int, *, then_another_worker: bool) -> dict:
     """Worker A's attempt at the cap, after an unknown outcome, asks the desk; while the lookup is on the
@@ -317,8 +335,9 @@ def reopened_after_a_lost_answer(tenant, mailbox, desk_factory, monkeypatch) -> 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_found_ticket_is_left_to_the_worker_that_claimed_the_intent_meanwhile(transactional_db, tenant, mailbox,
-                                                                                desk_factory, monkeypatch):
+def test_a_found_ticket_is_left_to_the_worker_that_claimed_the_intent_meanwhile(
+    transactional_db, tenant, mailbox, desk_factory, monkeypatch
+):
     d, event_id = reopened_after_a_lost_answer(tenant, mailbox, desk_factory, monkeypatch)
 
     outcomes = claim_runs_out_during_the_lookup(d, event_id, then_another_worker=True)
@@ -334,8 +353,9 @@ def test_a_found_ticket_is_left_to_the_worker_that_claimed_the_intent_meanwhile(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_found_ticket_settles_the_attempt_whose_claim_ran_out_while_it_asked(transactional_db, tenant, mailbox,
-                                                                               desk_factory, monkeypatch):
+def test_a_found_ticket_settles_the_attempt_whose_claim_ran_out_while_it_asked(
+    transactional_db, tenant, mailbox, desk_factory, monkeypatch
+):
     d, event_id = reopened_after_a_lost_answer(tenant, mailbox, desk_factory, monkeypatch)
 
     outcomes = claim_runs_out_during_the_lookup(d, event_id, then_another_worker=False)
@@ -349,8 +369,10 @@ def test_a_found_ticket_settles_the_attempt_whose_claim_ran_out_while_it_asked(t
 
 # --- operator replay --------------------------------------------------------------------------------
 
-def test_replay_links_the_ticket_the_lookup_finds_and_writes_nothing(tenant, mailbox, desk_factory, monkeypatch,
-                                                                    operator):
+
+def test_replay_links_the_ticket_the_lookup_finds_and_writes_nothing(
+    tenant, mailbox, desk_factory, monkeypatch, operator
+):
     d = start("zendesk", tenant, desk_factory, monkeypatch)
     event_id = held_after_unknown(d, mailbox, "drop_after_commit")
     writes = len(d.faults())
@@ -377,8 +399,7 @@ def test_replay_goes_on_when_a_consistent_lookup_finds_nothing(tenant, mailbox, 
     assert TicketMapping.objects.get(inbox_event_id=event_id).ticket_id == str(record["id"])
 
 
-def test_replay_without_a_lookup_is_refused_and_the_item_stays(tenant, mailbox, desk_factory, monkeypatch,
-                                                              operator):
+def test_replay_without_a_lookup_is_refused_and_the_item_stays(tenant, mailbox, desk_factory, monkeypatch, operator):
     d = start("zendesk", tenant, desk_factory, monkeypatch)
     event_id = held_after_unknown(d, mailbox, "drop_after_commit")
     writes = len(d.faults())
@@ -409,8 +430,9 @@ def test_replay_is_refused_while_the_lookup_fails(tenant, mailbox, desk_factory,
 
 
 @pytest.mark.parametrize("kind", LAGGING)
-def test_replay_after_a_lagging_search_found_nothing_is_refused(kind, tenant, mailbox, desk_factory, monkeypatch,
-                                                               operator):
+def test_replay_after_a_lagging_search_found_nothing_is_refused(
+    kind, tenant, mailbox, desk_factory, monkeypatch, operator
+):
     d = start(kind, tenant, desk_factory, monkeypatch)
     d.desk.set_plan(["drop_before_commit"])
     event_id = new_event(mailbox)
@@ -425,6 +447,7 @@ def test_replay_after_a_lagging_search_found_nothing_is_refused(kind, tenant, ma
 
 
 # --- an acknowledgment (no lookup: SMTP) ----------------------------------------------------------------
+
 
 def test_an_acknowledgment_refused_at_the_cap_after_a_timeout_is_held_not_failed(mailbox, settings):
     trust_our_mta(mailbox)
@@ -444,8 +467,10 @@ def test_an_acknowledgment_refused_at_the_cap_after_a_timeout_is_held_not_failed
     finally:
         silent.close()
     assert intents.resolve_unknown(ack.pk) == "held"  # SMTP keeps no key: a person decides
-    assert console.do_replay(make_user("oper", groups=["operator"], tenants=[mailbox.tenant]),
-                             event_id) == "acknowledgment_reopened"
+    assert (
+        console.do_replay(make_user("oper", groups=["operator"], tenants=[mailbox.tenant]), event_id)
+        == "acknowledgment_reopened"
+    )
 
     settings.EMAIL_PORT = free_port()  # nothing listens: refused, a transient failure each time
     assert acknowledgments.send(ack.pk, "w") == "retry_wait"
@@ -455,8 +480,9 @@ def test_an_acknowledgment_refused_at_the_cap_after_a_timeout_is_held_not_failed
     assert audit(event_id, "intent_held")[-1]["lookup"] == "cannot"
 
 
-def test_the_console_says_a_replay_linked_the_ticket_it_found(tenant, mailbox, desk_factory, monkeypatch, operator,
-                                                             client):
+def test_the_console_says_a_replay_linked_the_ticket_it_found(
+    tenant, mailbox, desk_factory, monkeypatch, operator, client
+):
     from django.contrib.messages import get_messages
 
     from reconciliation.admin.item import LINKED_MESSAGE

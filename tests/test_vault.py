@@ -1,5 +1,6 @@
 """`vault:` references against a real OpenBao dev server (tests/openbao.py): KV v2 reads, token and AppRole
 auth, the per-process cache, the tenant scope, and a rotated desk token re-read once after a 401."""
+
 import pytest
 
 from intake.models import SecretResolution
@@ -40,8 +41,11 @@ def test_a_vault_reference_resolves_and_is_cached_for_the_ttl(tenant, vault_env,
 def test_another_tenants_vault_path_is_refused_without_a_read(tenant, vault_env):
     make_tenant(slug="globex")
     vault_env.write("mailroom/globex/desk", credentials="globex's")
-    for ref in ("vault:secret/mailroom/globex/desk#credentials",
-                "vault:secret/mailroom/acme/../globex/desk#credentials", "vault:secret/other/acme/desk#credentials"):
+    for ref in (
+        "vault:secret/mailroom/globex/desk#credentials",
+        "vault:secret/mailroom/acme/../globex/desk#credentials",
+        "vault:secret/other/acme/desk#credentials",
+    ):
         with pytest.raises(SecretRefused):
             resolve_secret(ref, tenant=tenant)
 
@@ -86,8 +90,9 @@ def test_a_rotated_desk_token_is_re_read_once_after_a_401(tenant, mailbox, desk,
     assert records == [(f"destination:{destination.pk}", "ok", False), (f"destination:{destination.pk}", "ok", True)]
 
 
-def test_a_401_with_an_unchanged_secret_fails_after_one_re_read(tenant, mailbox, desk, vault_env, monkeypatch,
-                                                                 settings):
+def test_a_401_with_an_unchanged_secret_fails_after_one_re_read(
+    tenant, mailbox, desk, vault_env, monkeypatch, settings
+):
     settings.MAILROOM_CLAMD = "off"
     vault_env.write("mailroom/acme/desk", credentials="agent@acme.test/token:wrong")
     destination = make_desk_destination(tenant, desk, monkeypatch)

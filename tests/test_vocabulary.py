@@ -2,6 +2,7 @@
 
 Pure: no database.
 """
+
 import ast
 
 from intake import validation
@@ -12,27 +13,103 @@ from tests.support.source import app_modules
 
 # The words as stored today: tests, the console and outside checks compare them. Never rename one.
 STORED_AUDIT_KINDS = {
-    "received", "provider_metadata", "requeued", "poison", "awaiting_review", "suppressed", "quarantined",
-    "classified", "flagged", "intent_retry_wait", "intent_failed", "intent_unknown", "intent_pending", "intent_held",
-    "ticket_created", "comment_added", "linked_copy", "acknowledged", "acknowledgment_skipped", "replayed",
-    "replayed_as_new_action", "ticket_confirmed", "acknowledgment_handled", "closed_not_a_request",
-    "quarantine_released", "assigned", "escalation_set", "body_viewed", "attachment_downloaded", "bulk_lookup",
-    "purged", "legal_hold_set", "legal_hold_released", "body_searched", "files_attached", "follow_up_planned",
-    "requester_from_forward", "requester_entered", "bulk_job_applied", "acknowledgment_bounced",
+    "received",
+    "provider_metadata",
+    "requeued",
+    "poison",
+    "awaiting_review",
+    "suppressed",
+    "quarantined",
+    "classified",
+    "flagged",
+    "intent_retry_wait",
+    "intent_failed",
+    "intent_unknown",
+    "intent_pending",
+    "intent_held",
+    "ticket_created",
+    "comment_added",
+    "linked_copy",
+    "acknowledged",
+    "acknowledgment_skipped",
+    "replayed",
+    "replayed_as_new_action",
+    "ticket_confirmed",
+    "acknowledgment_handled",
+    "closed_not_a_request",
+    "quarantine_released",
+    "assigned",
+    "escalation_set",
+    "body_viewed",
+    "attachment_downloaded",
+    "bulk_lookup",
+    "purged",
+    "legal_hold_set",
+    "legal_hold_released",
+    "body_searched",
+    "files_attached",
+    "follow_up_planned",
+    "requester_from_forward",
+    "requester_entered",
+    "bulk_job_applied",
+    "acknowledgment_bounced",
 }
 EVENT_REASON_CODES = {
-    "credentials", "invalid_fields", "retries_exhausted", "configuration", "not_found", "rejected", "claim_expired",
-    "timeout", "connection_lost", "server_error", "unreadable_response", "idempotent_request_error",
-    "outcome_unknown", "no_destination", "low_confidence", "poison", "malware", "attachment_type", "too_large",
-    "too_many_attachments", "too_complex", "missing_sender", "recipient_not_allowed", "empty",
-    "scanner_unavailable", "encrypted", "sender_rate_limited", "unparseable", "mailbox_misconfigured",
-    "own_mail_loop", "delivery_report", "mailer_daemon", "empty_return_path", "auto_submitted", "autoreply_header",
-    "precedence_bulk", "not_a_request", "ticket_closed", "calendar_reply", "encrypted_archive",
-    "sender_blocked", "rule_suppressed", "archived",
+    "credentials",
+    "invalid_fields",
+    "retries_exhausted",
+    "configuration",
+    "not_found",
+    "rejected",
+    "claim_expired",
+    "timeout",
+    "connection_lost",
+    "server_error",
+    "unreadable_response",
+    "idempotent_request_error",
+    "outcome_unknown",
+    "no_destination",
+    "low_confidence",
+    "poison",
+    "malware",
+    "attachment_type",
+    "too_large",
+    "too_many_attachments",
+    "too_complex",
+    "missing_sender",
+    "recipient_not_allowed",
+    "empty",
+    "scanner_unavailable",
+    "encrypted",
+    "sender_rate_limited",
+    "unparseable",
+    "mailbox_misconfigured",
+    "own_mail_loop",
+    "delivery_report",
+    "mailer_daemon",
+    "empty_return_path",
+    "auto_submitted",
+    "autoreply_header",
+    "precedence_bulk",
+    "not_a_request",
+    "ticket_closed",
+    "calendar_reply",
+    "encrypted_archive",
+    "sender_blocked",
+    "rule_suppressed",
+    "archived",
 }
 STORED_MAILBOX_AUDIT_KINDS = {
-    "tokens_connected", "refresh_token_rotated", "credentials_expiring", "credentials_revoked", "link_failing",
-    "link_down", "link_recovered", "quiet_alarm", "quiet_cleared", "archive_import_started",
+    "tokens_connected",
+    "refresh_token_rotated",
+    "credentials_expiring",
+    "credentials_revoked",
+    "link_failing",
+    "link_down",
+    "link_recovered",
+    "quiet_alarm",
+    "quiet_cleared",
+    "archive_import_started",
     "archive_import_finished",
 }
 # Functions whose `kind` (second positional argument, or keyword) is an audit kind.
@@ -91,7 +168,8 @@ def test_no_audit_kind_is_a_literal_or_built_by_formatting():
             if isinstance(node, ast.Call):
                 kind = _kind_argument(node)
                 if isinstance(kind, (ast.Constant, ast.JoinedStr, ast.BinOp)) and not (
-                        isinstance(kind, ast.Constant) and kind.value is None):
+                    isinstance(kind, ast.Constant) and kind.value is None
+                ):
                     bad.append(f"{relative}:{node.lineno}: {ast.unparse(kind)}")
                 elif isinstance(kind, ast.Call):  # "...".format(...), str(...)
                     bad.append(f"{relative}:{node.lineno}: {ast.unparse(kind)}")
@@ -99,9 +177,18 @@ def test_no_audit_kind_is_a_literal_or_built_by_formatting():
 
 
 # The modules whose calls return an `Outcome` (ticketing.outcomes): what the tasks, drills and tests read.
-OUTCOME_MODULES = ("ticketing/services.py", "ticketing/copies.py", "ticketing/execution.py", "ticketing/bulkhead.py",
-                   "ticketing/batch.py", "ticketing/attachments.py", "ticketing/acknowledgments.py",
-                   "ticketing/tasks.py", "ticketing/intents/core.py", "reconciliation/drills/scenarios.py")
+OUTCOME_MODULES = (
+    "ticketing/services.py",
+    "ticketing/copies.py",
+    "ticketing/execution.py",
+    "ticketing/bulkhead.py",
+    "ticketing/batch.py",
+    "ticketing/attachments.py",
+    "ticketing/acknowledgments.py",
+    "ticketing/tasks.py",
+    "ticketing/intents/core.py",
+    "reconciliation/drills/scenarios.py",
+)
 
 
 def _outcome_literals(tree: ast.AST) -> list[ast.Constant]:
@@ -138,8 +225,9 @@ def test_no_outcome_is_a_bare_string():
 
 
 def test_the_outcome_check_sees_a_planted_literal():
-    planted = ast.parse('def f(x):\n    if x:\n        return "done"\n    outcome = "busy"\n'
-                        '    return wait(x, 1, "paused")\n')
+    planted = ast.parse(
+        'def f(x):\n    if x:\n        return "done"\n    outcome = "busy"\n    return wait(x, 1, "paused")\n'
+    )
     assert sorted(c.value for c in _outcome_literals(planted)) == ["busy", "done", "paused"]
 
 

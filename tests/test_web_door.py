@@ -4,6 +4,7 @@ The mailbox is cached per process for a few seconds; these tests stand in for an
 cache still holds a mailbox that changed (no signal reaches it): a deleted mailbox stores nothing and
 answers 404, a rotated secret is honoured in this process at once, a new mailbox answers at once.
 """
+
 import pytest
 from django.db import connection
 from django.test import Client
@@ -16,8 +17,9 @@ from tests.mail import make_message, webhook_headers
 
 
 def post(slug: str, body: bytes, secret: str = WEBHOOK_SECRET):
-    return Client().post(f"/webhooks/raw/{slug}/", data=body, content_type="message/rfc822",
-                         **webhook_headers(secret, body))
+    return Client().post(
+        f"/webhooks/raw/{slug}/", data=body, content_type="message/rfc822", **webhook_headers(secret, body)
+    )
 
 
 @pytest.mark.django_db(transaction=True)  # the foreign key is checked at commit: commit for real
@@ -50,11 +52,14 @@ def test_a_rotated_secret_is_used_at_once_and_the_old_one_refused(mailbox, monke
 def test_a_new_mailbox_answers_at_once_after_its_slug_was_asked_for(mailbox):
     assert post("later", make_message()).status_code == 404  # an unknown slug is not cached
     with connection.cursor() as cursor:  # created by another process: no signal here either
-        cursor.execute("INSERT INTO intake_mailbox (tenant_id, slug, address, address_key, provider, "
-                       "webhook_secret_ref, credentials_ref, settings, allowed_recipients, poll_enabled, paused, "
-                       "created_at, health, health_detail) SELECT tenant_id, 'later', 'later@acme.test', "
-                       "'later@acme.test', 'raw', webhook_secret_ref, '', '{}', '[]', false, false, now(), 'ok', '' "
-                       "FROM intake_mailbox WHERE id = %s", [mailbox.pk])
+        cursor.execute(
+            "INSERT INTO intake_mailbox (tenant_id, slug, address, address_key, provider, "
+            "webhook_secret_ref, credentials_ref, settings, allowed_recipients, poll_enabled, paused, "
+            "created_at, health, health_detail) SELECT tenant_id, 'later', 'later@acme.test', "
+            "'later@acme.test', 'raw', webhook_secret_ref, '', '{}', '[]', false, false, now(), 'ok', '' "
+            "FROM intake_mailbox WHERE id = %s",
+            [mailbox.pk],
+        )
     response = post("later", make_message())
     assert response.status_code == 202
     assert InboxEvent.objects.get(pk=response.json()["inbox_event_id"]).mailbox.slug == "later"
@@ -65,8 +70,13 @@ def test_every_answer_carries_a_request_id_and_webhooks_skip_the_browser_middlew
     client = Client()
     body = make_message()
     if path.startswith("/webhooks/"):
-        response = client.post(path, data=body, content_type="message/rfc822", HTTP_X_REQUEST_ID="abc-123",
-                               **webhook_headers(WEBHOOK_SECRET, body))
+        response = client.post(
+            path,
+            data=body,
+            content_type="message/rfc822",
+            HTTP_X_REQUEST_ID="abc-123",
+            **webhook_headers(WEBHOOK_SECRET, body),
+        )
         assert response.status_code == 202
         assert "X-Frame-Options" not in response and "Set-Cookie" not in response  # no browser middleware
     else:

@@ -1,4 +1,5 @@
 """The raw webhook contract (docs/design.md §2, step 1): one event per message, 401 stores nothing."""
+
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -146,8 +147,9 @@ def test_mailbox_whose_secret_is_missing_fails_closed(mailbox, count_rows, monke
 def test_unknown_mailbox_is_404(mailbox, count_rows):
     before = count_rows()
     body = make_message()
-    response = Client().post("/webhooks/raw/nope/", data=body, content_type="message/rfc822",
-                             **webhook_headers(WEBHOOK_SECRET, body))
+    response = Client().post(
+        "/webhooks/raw/nope/", data=body, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, body)
+    )
     assert response.status_code == 404
     assert count_rows() == before
 
@@ -210,6 +212,7 @@ def test_the_database_refuses_an_unknown_state_and_a_success_without_a_result(ma
 
 
 # --- the v2 signature: the message id is signed too -------------------------------------------------------
+
 
 def v1_headers(body, timestamp=None, **extra) -> dict:
     ts = int(time.time()) if timestamp is None else timestamp
@@ -303,8 +306,11 @@ def test_v1_and_v2_sent_together_verify_as_v2(mailbox):
     body = make_message()
     ts = int(time.time())
     both = f"{sign(WEBHOOK_SECRET, ts, body)}, {sign_v2(WEBHOOK_SECRET, ts, 'crm-9', body)}"
-    headers = {"HTTP_X_MAILROOM_TIMESTAMP": str(ts), "HTTP_X_MAILROOM_SIGNATURE": both,
-               "HTTP_X_MAILROOM_MESSAGE_ID": "crm-9"}
+    headers = {
+        "HTTP_X_MAILROOM_TIMESTAMP": str(ts),
+        "HTTP_X_MAILROOM_SIGNATURE": both,
+        "HTTP_X_MAILROOM_MESSAGE_ID": "crm-9",
+    }
     assert post(Client(), body, **headers).status_code == 202
     assert post(Client(), body, **{**headers, "HTTP_X_MAILROOM_MESSAGE_ID": "crm-10"}).status_code == 401
 
@@ -313,14 +319,19 @@ def test_a_forged_v2_signature_is_refused(mailbox, count_rows):
     body = make_message()
     ts = int(time.time())
     before = count_rows()
-    for forged in (sign_v2("not-the-secret", ts, "", body), sign_v2(WEBHOOK_SECRET, ts, "", body + b"x"),
-                   "v2=" + "0" * 64, "v3=" + sign_v2(WEBHOOK_SECRET, ts, "", body)[3:]):
+    for forged in (
+        sign_v2("not-the-secret", ts, "", body),
+        sign_v2(WEBHOOK_SECRET, ts, "", body + b"x"),
+        "v2=" + "0" * 64,
+        "v3=" + sign_v2(WEBHOOK_SECRET, ts, "", body)[3:],
+    ):
         response = post(Client(), body, HTTP_X_MAILROOM_TIMESTAMP=str(ts), HTTP_X_MAILROOM_SIGNATURE=forged)
         assert response.status_code == 401 and response.json() == {"error": "invalid signature"}
     assert count_rows() == before
 
 
 # --- only raw mailboxes take the raw webhook -------------------------------------------------------------
+
 
 def test_the_raw_webhook_of_an_imap_mailbox_is_404_and_counted(mailbox, count_rows):
     from intake.models import Mailbox, WebhookRejectionCount
@@ -339,6 +350,7 @@ def test_the_raw_webhook_of_an_imap_mailbox_is_404_and_counted(mailbox, count_ro
 
 # --- what every webhook answer says about itself -----------------------------------------------------------
 
+
 def assert_plain_answer(response, media_type="application/json"):
     assert response["Content-Type"] == f"{media_type}; charset=utf-8", response["Content-Type"]
     assert response["X-Content-Type-Options"] == "nosniff"
@@ -350,7 +362,8 @@ def test_webhook_answers_name_their_charset_and_are_never_sniffed(mailbox, setti
     client = Client()
     body = make_message()
     answers = {
-        202: post_signed(client, body), 200: post_signed(client, body),
+        202: post_signed(client, body),
+        200: post_signed(client, body),
         401: post(client, body, HTTP_X_MAILROOM_TIMESTAMP="1", HTTP_X_MAILROOM_SIGNATURE="v2=00"),
         404: client.post("/webhooks/raw/nope/", data=body, content_type="message/rfc822"),
         400: post(client, b"", **webhook_headers(WEBHOOK_SECRET, b"")),
@@ -363,8 +376,9 @@ def test_webhook_answers_name_their_charset_and_are_never_sniffed(mailbox, setti
     # The provider webhook and what an adapter answers itself (Graph's handshake is text/plain).
     assert_plain_answer(client.post("/webhooks/mailgun/nope/mime", data=b"x", content_type="text/plain"))
     Mailbox.objects.create(tenant=tenant, slug="graph-box", address="graph-box@acme.test", provider="graph")
-    handshake = client.post("/webhooks/graph/graph-box/?validationToken=token%3C1%3E", data=b"",
-                            content_type="text/plain")
+    handshake = client.post(
+        "/webhooks/graph/graph-box/?validationToken=token%3C1%3E", data=b"", content_type="text/plain"
+    )
     assert handshake.status_code == 200 and handshake.content == b"token<1>"
     assert_plain_answer(handshake, "text/plain")
 

@@ -1,4 +1,5 @@
 """The Zendesk adapter against FakeDesk over real HTTP: every outcome maps to exactly one failure kind."""
+
 import json
 import logging
 import socket
@@ -36,8 +37,13 @@ def zendesk(desk, monkeypatch):
     monkeypatch.setenv("ZD_CREDENTIALS", f"agent@example.com/token:{desk.token}")
 
     def build(base_url=None, credentials_ref="env:ZD_CREDENTIALS", **settings):
-        destination = Destination(kind="zendesk", slug="zd", base_url=base_url or desk.url,
-                                  credentials_ref=credentials_ref, settings={"read_timeout": 2, **settings})
+        destination = Destination(
+            kind="zendesk",
+            slug="zd",
+            base_url=base_url or desk.url,
+            credentials_ref=credentials_ref,
+            settings={"read_timeout": 2, **settings},
+        )
         return adapter_for(destination)
 
     return build
@@ -56,22 +62,30 @@ def only_ticket(desk):
 
 # --- Capabilities -------------------------------------------------------------
 
+
 def test_capabilities_follow_the_destination_settings(zendesk):
     default = zendesk()
     assert isinstance(default, ZendeskDestination)
     assert (default.honours_idempotency_key, default.idempotency_window_seconds, default.consistent_lookup) == (
-        True, 7200, True)
+        True,
+        7200,
+        True,
+    )
     assert default.timeout == (3.05, 2.0)
     assert not default.transactional
 
     plain = zendesk(idempotency_supported=False, lookup_supported=False, connect_timeout=1, read_timeout=4)
     assert (plain.honours_idempotency_key, plain.idempotency_window_seconds, plain.consistent_lookup) == (
-        False, None, False)
+        False,
+        None,
+        False,
+    )
     assert plain.timeout == (1.0, 4.0)
     assert zendesk(idempotency_window_seconds=600).idempotency_window_seconds == 600
 
 
 # --- Creating tickets -----------------------------------------------------------
+
 
 def test_create_ticket_sends_key_and_external_id_and_returns_the_ticket(desk, zendesk):
     result = zendesk().create_ticket(REQUEST, "key-1", "evt-1")
@@ -118,6 +132,7 @@ def test_the_key_reused_with_another_body_is_ambiguous_and_the_lookup_resolves_i
 
 
 # --- Error mapping ------------------------------------------------------------------
+
 
 def test_429_is_transient_with_retry_after_in_seconds(desk, zendesk):
     desk.set_plan(["rate_limit:2"])
@@ -297,6 +312,7 @@ def test_retry_after_parsing():
 
 # --- Looking up by external_id ----------------------------------------------------------
 
+
 def test_find_by_external_ref_returns_none_or_the_lowest_id(desk, zendesk):
     adapter = zendesk()
     assert adapter.find_by_external_ref("evt-1") is None
@@ -338,9 +354,13 @@ def test_with_idempotency_off_on_the_desk_a_replay_duplicates(desk, zendesk):
 
 # --- Archive history: the Ticket Import API ----------------------------------------------
 
-HISTORY = TicketRequest(subject="Order 7: the printer jams again", description="Order 7 jams on page two.",
-                        requester="Jane Doe <jane.doe@example.com>", status="closed",
-                        created_at=datetime(2026, 3, 4, 10, 15, 30, tzinfo=timezone(timedelta(hours=1))))
+HISTORY = TicketRequest(
+    subject="Order 7: the printer jams again",
+    description="Order 7 jams on page two.",
+    requester="Jane Doe <jane.doe@example.com>",
+    status="closed",
+    created_at=datetime(2026, 3, 4, 10, 15, 30, tzinfo=timezone(timedelta(hours=1))),
+)
 
 
 def test_archive_history_is_imported_closed_with_the_date_it_was_written(desk, zendesk):
@@ -349,7 +369,9 @@ def test_archive_history_is_imported_closed_with_the_date_it_was_written(desk, z
     ticket = only_ticket(desk)
     assert (result.ticket_id, ticket["status"], ticket["external_id"]) == (str(ticket["id"]), "closed", "evt-1")
     assert (ticket["fields"]["created_at"], ticket["fields"]["solved_at"]) == (
-        "2026-03-04T09:15:30Z", "2026-03-04T09:15:30Z")
+        "2026-03-04T09:15:30Z",
+        "2026-03-04T09:15:30Z",
+    )
     [entry] = desk.requests_log()
     assert (entry["method"], entry["path"], entry["idempotency_key"]) == ("POST", "/api/v2/imports/tickets", "key-1")
     # The comment is dated too, and the same request always makes the same body (a retry under its key).
@@ -394,6 +416,7 @@ def test_an_import_refused_before_it_was_written_is_sent_again_after_the_lookup_
 
 # --- Comments ---------------------------------------------------------------------------
 
+
 def test_add_comment_returns_the_comment_id_and_is_idempotent(desk, zendesk):
     adapter = zendesk()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
@@ -420,8 +443,7 @@ def test_add_comment_errors(desk, zendesk):
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
 
     with pytest.raises(PermanentError) as missing:
-        adapter.add_comment("999", CommentRequest(body="hello", author_email="jane.doe@example.com"), "key-c1",
-                            "evt-2")
+        adapter.add_comment("999", CommentRequest(body="hello", author_email="jane.doe@example.com"), "key-c1", "evt-2")
     assert missing.value.reason == "not_found"
 
     hello = CommentRequest(body="hello", author_email="jane.doe@example.com")
@@ -437,12 +459,17 @@ def test_add_comment_errors(desk, zendesk):
 
 # --- Privacy ------------------------------------------------------------------------------
 
+
 def test_nothing_logged_contains_bodies_or_addresses(desk, zendesk, caplog):
     caplog.set_level(logging.DEBUG)
     adapter = zendesk()
     ticket = adapter.create_ticket(REQUEST, "key-1", "evt-1")
-    adapter.add_comment(ticket.ticket_id, CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
-                        "key-c", "evt-2")
+    adapter.add_comment(
+        ticket.ticket_id,
+        CommentRequest(body="Secret reply text", author_email="jane.doe@example.com"),
+        "key-c",
+        "evt-2",
+    )
     adapter.find_by_external_ref("evt-1")
     desk.set_plan(["reject_422"])
     with pytest.raises(PermanentError):

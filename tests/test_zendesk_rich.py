@@ -2,6 +2,7 @@
 token (exactly once whatever answer is lost), the HTML body with its inline image, the requester and the
 CC'd people, comments written as their author, closed tickets and their follow-ups, and Zendesk's own
 ticket references."""
+
 import hashlib
 
 import pytest
@@ -32,15 +33,24 @@ CONTENTS = {
 
 def outgoing(index: int, filename: str, *, content_id: str = "") -> OutgoingFile:
     data, content_type = CONTENTS[filename]
-    return OutgoingFile(index=index, filename=filename, content_type=content_type, size=len(data),
-                        sha256=hashlib.sha256(data).hexdigest(), content_id=content_id, inline=bool(content_id),
-                        payload=lambda: data)
+    return OutgoingFile(
+        index=index,
+        filename=filename,
+        content_type=content_type,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        content_id=content_id,
+        inline=bool(content_id),
+        payload=lambda: data,
+    )
 
 
 FILES = (outgoing(0, "report.pdf"), outgoing(1, "crash.log"), outgoing(2, "screenshot.png", content_id="shot@mail"))
-LISTING = ("\n\nAttachments:\n- report.pdf (25 bytes)\n- crash.log (27 bytes)\n"
-           "- screenshot.png (22 bytes, shown inline)\n- setup.exe (1 KB) not attached here, blocked type; "
-           "kept in Mailroom: https://mailroom.example/console/events/7/files/3")
+LISTING = (
+    "\n\nAttachments:\n- report.pdf (25 bytes)\n- crash.log (27 bytes)\n"
+    "- screenshot.png (22 bytes, shown inline)\n- setup.exe (1 KB) not attached here, blocked type; "
+    "kept in Mailroom: https://mailroom.example/console/events/7/files/3"
+)
 RICH = TicketRequest(
     subject="Printer on fire",
     description="The printer on floor 3 is on fire. See the screenshot." + LISTING,
@@ -57,8 +67,15 @@ def zendesk(desk, monkeypatch):
     monkeypatch.setenv("ZD_CREDENTIALS", f"agent@example.com/token:{desk.token}")
 
     def build(**settings):
-        return adapter_for(Destination(kind="zendesk", slug="zd", base_url=desk.url,
-                                       credentials_ref="env:ZD_CREDENTIALS", settings={"read_timeout": 2, **settings}))
+        return adapter_for(
+            Destination(
+                kind="zendesk",
+                slug="zd",
+                base_url=desk.url,
+                credentials_ref="env:ZD_CREDENTIALS",
+                settings={"read_timeout": 2, **settings},
+            )
+        )
 
     return build
 
@@ -83,13 +100,18 @@ EACH_FILE_ONCE = {file.sha256: 1 for file in FILES}
 
 
 def add_agent(desk, address: str) -> int:
-    answer = requests.post(f"{desk.url}/api/v2/users/create_or_update.json", auth=desk.auth, timeout=5,
-                           json={"user": {"email": address, "name": "Agent Smith", "role": "agent"}})
+    answer = requests.post(
+        f"{desk.url}/api/v2/users/create_or_update.json",
+        auth=desk.auth,
+        timeout=5,
+        json={"user": {"email": address, "name": "Agent Smith", "role": "agent"}},
+    )
     assert answer.status_code == 201
     return answer.json()["user"]["id"]
 
 
 # --- What the kind declares ----------------------------------------------------------
+
 
 def test_the_capabilities_are_zendesks(zendesk):
     capabilities = zendesk().capabilities
@@ -105,6 +127,7 @@ def test_the_capabilities_are_zendesks(zendesk):
 
 # --- Files and the rich body ------------------------------------------------------------
 
+
 def test_two_files_and_an_inline_image_end_on_the_record_once_each(desk, zendesk):
     result = zendesk().create_ticket(RICH, "key-1", "evt-1")
 
@@ -113,7 +136,10 @@ def test_two_files_and_an_inline_image_end_on_the_record_once_each(desk, zendesk
     assert sha_counts(record) == EACH_FILE_ONCE
     by_name = {a["filename"]: a for a in record["attachments"]}
     assert {name: a["inline"] for name, a in by_name.items()} == {
-        "report.pdf": False, "crash.log": False, "screenshot.png": True}
+        "report.pdf": False,
+        "crash.log": False,
+        "screenshot.png": True,
+    }
     assert by_name["screenshot.png"]["content_type"] == "image/png"
     assert {a["comment_id"] for a in record["attachments"]} == {record["comments"][0]["id"]}
     # The HTML body: the image points at its upload, and the list of files is there, escaped.
@@ -126,8 +152,9 @@ def test_two_files_and_an_inline_image_end_on_the_record_once_each(desk, zendesk
 
 
 def test_a_plain_message_goes_as_body_with_its_files(desk, zendesk):
-    plain = TicketRequest(subject="Logs", description="Logs attached." + LISTING, requester="alice@customer.test",
-                          files=FILES[:2])
+    plain = TicketRequest(
+        subject="Logs", description="Logs attached." + LISTING, requester="alice@customer.test", files=FILES[:2]
+    )
     zendesk().create_ticket(plain, "key-1", "evt-1")
 
     record = only_ticket(desk)
@@ -176,8 +203,9 @@ def test_an_upload_older_than_its_validity_is_made_again(desk, zendesk):
     desk.set_plan(["ok", "ok", "ok", "error_500"])
     with pytest.raises(TransientError):
         first.create_ticket(RICH, "key-1", "evt-1")
-    aged = MemoryJournal({step: {**noted, "at": noted["at"] - UPLOAD_VALID_SECONDS - 1}
-                          for step, noted in first.journal.data.items()})
+    aged = MemoryJournal(
+        {step: {**noted, "at": noted["at"] - UPLOAD_VALID_SECONDS - 1} for step, noted in first.journal.data.items()}
+    )
     retry = zendesk()
     retry.journal = aged
 
@@ -205,16 +233,26 @@ def test_refused_credentials_on_an_upload_stop_the_write(desk, zendesk):
 
 
 def test_html_too_long_for_a_comment_goes_as_the_plain_text(desk, zendesk):
-    huge = TicketRequest(subject="Long", description="Short text.", requester="alice@customer.test",
-                         html="<p>" + "x" * 70_000 + "</p>")
+    huge = TicketRequest(
+        subject="Long", description="Short text.", requester="alice@customer.test", html="<p>" + "x" * 70_000 + "</p>"
+    )
     zendesk().create_ticket(huge, "key-1", "evt-1")
     assert only_ticket(desk)["comments"][0]["body"] == "Short text."
 
 
 def test_the_desk_refuses_an_unknown_upload_token_and_writes_nothing(desk):
-    answer = requests.post(f"{desk.url}/api/v2/tickets.json", auth=desk.auth, timeout=5, json={"ticket": {
-        "subject": "s", "comment": {"body": "b", "uploads": ["no-such-token"]},
-        "requester": {"email": "alice@customer.test", "name": "Alice"}}})
+    answer = requests.post(
+        f"{desk.url}/api/v2/tickets.json",
+        auth=desk.auth,
+        timeout=5,
+        json={
+            "ticket": {
+                "subject": "s",
+                "comment": {"body": "b", "uploads": ["no-such-token"]},
+                "requester": {"email": "alice@customer.test", "name": "Alice"},
+            }
+        },
+    )
     assert answer.status_code == 422
     assert answer.json()["error"] == "RecordInvalid" and "uploads" in answer.json()["details"]
     assert desk.tickets() == []
@@ -222,12 +260,12 @@ def test_the_desk_refuses_an_unknown_upload_token_and_writes_nothing(desk):
 
 # --- People ------------------------------------------------------------------------------
 
+
 def test_the_requester_and_two_ccs_are_on_the_record(desk, zendesk):
     zendesk().create_ticket(RICH, "key-1", "evt-1")
 
     record = only_ticket(desk)
-    assert record["people"] == {"requester": "alice@customer.test",
-                                "cc": ["bob@customer.test", "carol@customer.test"]}
+    assert record["people"] == {"requester": "alice@customer.test", "cc": ["bob@customer.test", "carol@customer.test"]}
     assert {p["email"]: (p["name"], p["role"]) for p in desk.people()} == {
         "alice@customer.test": ("Alice Example", "end-user"),
         "bob@customer.test": ("bob", "end-user"),
@@ -238,8 +276,9 @@ def test_the_requester_and_two_ccs_are_on_the_record(desk, zendesk):
 def test_a_customers_reply_is_a_public_comment_by_that_customer(desk, zendesk):
     ticket = zendesk().create_ticket(RICH, "key-1", "evt-1")
 
-    zendesk().add_comment(ticket.ticket_id, CommentRequest(body="Still burning.", author_email="alice@customer.test"),
-                          "key-c1", "evt-2")
+    zendesk().add_comment(
+        ticket.ticket_id, CommentRequest(body="Still burning.", author_email="alice@customer.test"), "key-c1", "evt-2"
+    )
     # Someone Zendesk does not know yet: made an end user, then the author.
     newcomer = CommentRequest(body="Me too.", author_email="Dave <dave@customer.test>", author_name="Dave Doe")
     adapter = zendesk()
@@ -251,18 +290,22 @@ def test_a_customers_reply_is_a_public_comment_by_that_customer(desk, zendesk):
         {"body": "Still burning.", "public": True, "author": "alice@customer.test"},
         {"body": "Me too.", "public": True, "author": "dave@customer.test"},
     ]
-    assert ("dave@customer.test", "Dave Doe", "end-user") in [(p["email"], p["name"], p["role"])
-                                                               for p in desk.people()]
+    assert ("dave@customer.test", "Dave Doe", "end-user") in [(p["email"], p["name"], p["role"]) for p in desk.people()]
     assert len(writes(desk, "/users/")) == 1
     assert [e["idempotency_lookup"] for e in writes(desk, "/tickets/")] == ["miss", "miss", "hit"]
 
 
 def test_a_reply_with_files_and_html_carries_them_on_its_comment(desk, zendesk):
-    ticket = zendesk().create_ticket(TicketRequest(subject="s", description="d", requester="alice@customer.test"),
-                                     "key-1", "evt-1")
-    reply = CommentRequest(body="Here is the screenshot." + LISTING, author_email="alice@customer.test",
-                           html='<p>Here: <img src="cid:shot@mail"></p>', files=FILES[2:],
-                           cc=("erin@customer.test",))
+    ticket = zendesk().create_ticket(
+        TicketRequest(subject="s", description="d", requester="alice@customer.test"), "key-1", "evt-1"
+    )
+    reply = CommentRequest(
+        body="Here is the screenshot." + LISTING,
+        author_email="alice@customer.test",
+        html='<p>Here: <img src="cid:shot@mail"></p>',
+        files=FILES[2:],
+        cc=("erin@customer.test",),
+    )
     zendesk().add_comment(ticket.ticket_id, reply, "key-c1", "evt-2")
 
     record = only_ticket(desk)
@@ -277,12 +320,18 @@ def test_an_agents_mail_is_a_private_note_by_that_agent(desk, zendesk):
     ticket = zendesk().create_ticket(RICH, "key-1", "evt-1")
     add_agent(desk, "smith@tenant.test")
 
-    note = CommentRequest(body="Called the customer.", author_email="smith@tenant.test", public=False,
-                          from_agent=True, cc=("bob@customer.test",))
+    note = CommentRequest(
+        body="Called the customer.",
+        author_email="smith@tenant.test",
+        public=False,
+        from_agent=True,
+        cc=("bob@customer.test",),
+    )
     zendesk().add_comment(ticket.ticket_id, note, "key-c1", "evt-2")
     # An agent Zendesk does not know: still private, written as the API user, and nobody is made.
-    stranger = CommentRequest(body="Forwarded to billing.", author_email="jones@tenant.test", public=False,
-                              from_agent=True)
+    stranger = CommentRequest(
+        body="Forwarded to billing.", author_email="jones@tenant.test", public=False, from_agent=True
+    )
     zendesk().add_comment(ticket.ticket_id, stranger, "key-c2", "evt-3")
 
     assert kit.comment_records_of(only_ticket(desk)) == [
@@ -308,25 +357,37 @@ def test_a_lost_answer_to_the_user_upsert_is_retried(desk, zendesk):
 
 def test_a_role_that_may_not_make_users_leaves_the_reply_to_the_api_user_with_a_from_line(desk, zendesk):
     ticket = zendesk().create_ticket(RICH, "key-1", "evt-1")
-    desk.on_request(lambda request: (403, {"error": "Forbidden", "description": "You do not have access"})
-                    if "create_or_update" in request.path else None)
+    desk.on_request(
+        lambda request: (
+            (403, {"error": "Forbidden", "description": "You do not have access"})
+            if "create_or_update" in request.path
+            else None
+        )
+    )
 
-    zendesk().add_comment(ticket.ticket_id, CommentRequest(body="Hello.", author_email="dave@customer.test",
-                                                           author_name="Dave Doe"), "key-c1", "evt-2")
+    zendesk().add_comment(
+        ticket.ticket_id,
+        CommentRequest(body="Hello.", author_email="dave@customer.test", author_name="Dave Doe"),
+        "key-c1",
+        "evt-2",
+    )
 
     assert kit.comment_records_of(only_ticket(desk)) == [
-        {"body": "From: Dave Doe <dave@customer.test>\n\nHello.", "public": True, "author": ""}]
+        {"body": "From: Dave Doe <dave@customer.test>\n\nHello.", "public": True, "author": ""}
+    ]
 
 
 # --- Closed tickets and follow-ups -------------------------------------------------------
+
 
 def test_an_update_to_a_closed_ticket_is_ticket_closed(desk, zendesk):
     ticket = zendesk().create_ticket(RICH, "key-1", "evt-1")
     desk.close(int(ticket.ticket_id))
 
     with pytest.raises(TicketClosed) as caught:
-        zendesk().add_comment(ticket.ticket_id, CommentRequest(body="Hello?", author_email="alice@customer.test"),
-                              "key-c1", "evt-2")
+        zendesk().add_comment(
+            ticket.ticket_id, CommentRequest(body="Hello?", author_email="alice@customer.test"), "key-c1", "evt-2"
+        )
 
     assert caught.value.reason == "ticket_closed"
     assert kit.comment_records_of(only_ticket(desk)) == []
@@ -335,18 +396,29 @@ def test_an_update_to_a_closed_ticket_is_ticket_closed(desk, zendesk):
 def test_the_desk_answers_a_closed_ticket_as_zendesk_does(desk, zendesk):
     ticket = zendesk().create_ticket(RICH, "key-1", "evt-1")
     desk.close(int(ticket.ticket_id))
-    answer = requests.put(f"{desk.url}/api/v2/tickets/{ticket.ticket_id}.json", auth=desk.auth, timeout=5,
-                          json={"ticket": {"comment": {"body": "x"}}})
+    answer = requests.put(
+        f"{desk.url}/api/v2/tickets/{ticket.ticket_id}.json",
+        auth=desk.auth,
+        timeout=5,
+        json={"ticket": {"comment": {"body": "x"}}},
+    )
     assert answer.status_code == 422
-    assert answer.json() == {"error": "RecordInvalid", "description": "Record validation errors",
-                             "details": {"status": [{"description": "Status: closed prevents ticket update"}]}}
+    assert answer.json() == {
+        "error": "RecordInvalid",
+        "description": "Record validation errors",
+        "details": {"status": [{"description": "Status: closed prevents ticket update"}]},
+    }
 
 
 def test_a_follow_up_names_the_closed_ticket(desk, zendesk):
     closed = zendesk().create_ticket(RICH, "key-1", "evt-1")
     desk.close(int(closed.ticket_id))
-    follow_up = TicketRequest(subject="Re: Printer on fire", description="It is back.",
-                              requester="alice@customer.test", follow_up_of=closed.ticket_id)
+    follow_up = TicketRequest(
+        subject="Re: Printer on fire",
+        description="It is back.",
+        requester="alice@customer.test",
+        follow_up_of=closed.ticket_id,
+    )
 
     result = zendesk().create_ticket(follow_up, "key-2", "evt-2")
 
@@ -357,6 +429,7 @@ def test_a_follow_up_names_the_closed_ticket(desk, zendesk):
 
 
 # --- Zendesk's own references --------------------------------------------------------------
+
 
 def find_reference(adapter, *, subject: str = "", body: str = "") -> str | None:
     texts = {"subject": subject, "body": body}

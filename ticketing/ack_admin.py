@@ -5,6 +5,7 @@ Tenant isolation is `TenantScopedAdminMixin`'s in lists, choices and URLs; savin
 change page of a template shows a preview (sample values, the "answer by" of a request received now) and
 whether its mailboxes acknowledge at all (the mailbox setting `acknowledge`, on the mailbox's page).
 """
+
 import json
 
 from django import forms
@@ -18,9 +19,12 @@ from intake.models import Mailbox
 from . import ack_policy, ack_services, ack_templates, business_hours
 from .ack_models import AcknowledgmentTemplate, BusinessHours
 
-PLACEHOLDER_HELP = ("Placeholders: " + ", ".join("{{ " + name + " }}" for name in ack_templates.PLACEHOLDERS)
-                    + f". Filters: {', '.join(ack_templates.ALLOWED_FILTERS)}; tags: if, comment. "
-                    "No loops, no attribute access.")
+PLACEHOLDER_HELP = (
+    "Placeholders: "
+    + ", ".join("{{ " + name + " }}" for name in ack_templates.PLACEHOLDERS)
+    + f". Filters: {', '.join(ack_templates.ALLOWED_FILTERS)}; tags: if, comment. "
+    "No loops, no attribute access."
+)
 
 
 def _switch(mailbox: Mailbox) -> str:
@@ -33,8 +37,17 @@ class AcknowledgmentTemplateAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     list_display = ("__str__", "tenant", "mailbox", "language_shown", "subject", "updated_by", "updated_at")
     list_filter = ("language", ("tenant", admin.RelatedOnlyFieldListFilter))
     search_fields = ("subject", "mailbox__address")
-    fields = ("tenant", "mailbox", "language", "subject", "body", "acknowledgments", "preview", "updated_by",
-              "updated_at")
+    fields = (
+        "tenant",
+        "mailbox",
+        "language",
+        "subject",
+        "body",
+        "acknowledgments",
+        "preview",
+        "updated_by",
+        "updated_at",
+    )
     readonly_fields = ("acknowledgments", "preview", "updated_by", "updated_at")
 
     class Media:
@@ -57,8 +70,10 @@ class AcknowledgmentTemplateAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
         if template.pk is None:
             return "-"
         mailboxes = [template.mailbox] if template.mailbox_id else list(template.tenant.mailboxes.all()[:50])
-        rows = ((mailbox.address, "ack-off" if _switch(mailbox) == "off" else "ack-on", _switch(mailbox))
-                for mailbox in mailboxes)
+        rows = (
+            (mailbox.address, "ack-off" if _switch(mailbox) == "off" else "ack-on", _switch(mailbox))
+            for mailbox in mailboxes
+        )
         return format_html_join(", ", '{}: <span class="{}">{}</span>', rows) or "no mailboxes"
 
     @admin.display(description="preview")
@@ -69,9 +84,13 @@ class AcknowledgmentTemplateAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
         if shown["problem"]:
             return format_html('<span class="ack-preview-problem">Nothing would be sent: {}</span>', shown["problem"])
         answer = shown["answer_by"] or "no response time set (business hours)"
-        return format_html('<pre class="ack-preview"><span class="ack-preview-subject">Subject: {}</span>\n\n{}</pre>'
-                           '<p>For a request received now: answer by {}.</p>', shown["subject"], shown["body"],
-                           answer)
+        return format_html(
+            '<pre class="ack-preview"><span class="ack-preview-subject">Subject: {}</span>\n\n{}</pre>'
+            "<p>For a request received now: answer by {}.</p>",
+            shown["subject"],
+            shown["body"],
+            answer,
+        )
 
     def save_model(self, request, obj, form, change):
         ack_services.save_template(actor=request.user, template=obj)
@@ -91,8 +110,11 @@ class WeeklyHoursField(forms.CharField):
                 return value
         if not isinstance(value, dict):
             return value
-        return "\n".join(f"{day} " + ", ".join(f"{start}-{end}" for start, end in value[day])
-                         for day in business_hours.DAYS if value.get(day))
+        return "\n".join(
+            f"{day} " + ", ".join(f"{start}-{end}" for start, end in value[day])
+            for day in business_hours.DAYS
+            if value.get(day)
+        )
 
     def to_python(self, value):
         weekly = {}
@@ -108,9 +130,14 @@ class WeeklyHoursField(forms.CharField):
 
 
 class BusinessHoursForm(forms.ModelForm):
-    weekly = WeeklyHoursField(required=False, label="weekly hours", help_text=(
-        'One day a line: "mon 09:00-17:00", "tue 09:00-12:00, 13:00-17:00" (mon ... sun); a day not written is '
-        "closed."))
+    weekly = WeeklyHoursField(
+        required=False,
+        label="weekly hours",
+        help_text=(
+            'One day a line: "mon 09:00-17:00", "tue 09:00-12:00, 13:00-17:00" (mon ... sun); a day not written is '
+            "closed."
+        ),
+    )
 
     class Meta:
         model = BusinessHours
@@ -120,11 +147,29 @@ class BusinessHoursForm(forms.ModelForm):
 @admin.register(BusinessHours)
 class BusinessHoursAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     form = BusinessHoursForm
-    list_display = ("__str__", "tenant", "mailbox", "timezone", "hours_shown", "holidays_country",
-                    "holidays_subdivision", "response_hours")
+    list_display = (
+        "__str__",
+        "tenant",
+        "mailbox",
+        "timezone",
+        "hours_shown",
+        "holidays_country",
+        "holidays_subdivision",
+        "response_hours",
+    )
     list_filter = (("tenant", admin.RelatedOnlyFieldListFilter),)
-    fields = ("tenant", "mailbox", "timezone", "weekly", "holidays_country", "holidays_subdivision",
-              "response_hours", "next_answer", "updated_by", "updated_at")
+    fields = (
+        "tenant",
+        "mailbox",
+        "timezone",
+        "weekly",
+        "holidays_country",
+        "holidays_subdivision",
+        "response_hours",
+        "next_answer",
+        "updated_by",
+        "updated_at",
+    )
     readonly_fields = ("next_answer", "updated_by", "updated_at")
 
     @admin.display(description="hours")

@@ -6,6 +6,7 @@ its models for those languages only are loaded on first use (about 10 MB for thr
 takes well under a millisecond after that. Only the start of the text is read (`MAX_DETECT_CHARS`): a
 customer's first paragraphs say which language they write in; quoted history and signatures come later.
 """
+
 from __future__ import annotations
 
 import re
@@ -43,15 +44,16 @@ def from_header(value: str) -> str:
 def detector(languages: frozenset[str]):
     """The detector for `languages` (ISO 639-1 codes; English is always one of them): built once per process."""
     codes = sorted({FALLBACK, *(code for code in languages if is_known(code))})
-    return LanguageDetectorBuilder.from_iso_codes_639_1(*(_iso(code) for code in codes)) \
-        .with_low_accuracy_mode().build()
+    return (
+        LanguageDetectorBuilder.from_iso_codes_639_1(*(_iso(code) for code in codes)).with_low_accuracy_mode().build()
+    )
 
 
 def from_text(text: str, *, languages: frozenset[str]) -> str:
     """The language of `text` among `languages` (and English), or "" when the detector cannot tell."""
     text = (text or "")[:MAX_DETECT_CHARS]
     if not text.strip() or not languages - {FALLBACK}:
-        return ""   # nothing to tell apart: only the English (or fallback) text exists
+        return ""  # nothing to tell apart: only the English (or fallback) text exists
     language = detector(frozenset(languages)).detect_language_of(text)
     return language.iso_code_639_1.name.lower() if language is not None else ""
 

@@ -31,6 +31,7 @@ address is provably theirs (`acknowledgment_skip_reason`):
 A skipped acknowledgment is audited (`acknowledgment_skipped`, with the reason)
 in the transaction that stores the mapping, so it is written exactly once.
 """
+
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -60,21 +61,46 @@ from .models import Intent
 # Local parts that no person reads: automated senders and bounce addresses. Postmaster stays here although a
 # person may write from it (validation makes a ticket of such mail): an acknowledgment to a mail system's
 # address is the backscatter this module exists to prevent, and a postmaster knows the ticket exists anyway.
-NOREPLY_LOCAL_PARTS = frozenset({
-    "noreply", "no-reply", "no_reply", "no.reply", "donotreply", "do-not-reply", "do_not_reply", "do.not.reply",
-    "dontreply", "dont-reply", "mailer-daemon", "mailerdaemon", "postmaster", "bounce", "bounces",
-})
-NOREPLY_PREFIXES = ("noreply", "no-reply", "no_reply", "donotreply", "do-not-reply", "do_not_reply",
-                    "bounce-", "bounces-", "bounce.", "bounces.")   # bounce-mc.us5_1234.5678-jane=acme.test@...
+NOREPLY_LOCAL_PARTS = frozenset(
+    {
+        "noreply",
+        "no-reply",
+        "no_reply",
+        "no.reply",
+        "donotreply",
+        "do-not-reply",
+        "do_not_reply",
+        "do.not.reply",
+        "dontreply",
+        "dont-reply",
+        "mailer-daemon",
+        "mailerdaemon",
+        "postmaster",
+        "bounce",
+        "bounces",
+    }
+)
+NOREPLY_PREFIXES = (
+    "noreply",
+    "no-reply",
+    "no_reply",
+    "donotreply",
+    "do-not-reply",
+    "do_not_reply",
+    "bounce-",
+    "bounces-",
+    "bounce.",
+    "bounces.",
+)  # bounce-mc.us5_1234.5678-jane=acme.test@...
 # The no-reply word as one `-`/`_`-separated segment anywhere: gmail-noreply@, jira-noreply@,
 # notifications-noreply@, alerts_donotreply@. A dot before it is a person's name ("jane.noreply@").
 NOREPLY_SEGMENT = re.compile(r"(?:^|[-_])(?:no[-_.]?reply|do[-_.]?not[-_.]?reply|dont[-_.]?reply)(?:$|[-_.])")
 SKIP_AUDIT_KIND = AuditKind.ACKNOWLEDGMENT_SKIPPED
 
 # `Mailbox.settings["ack_policy"]`: who is acknowledged. Anything else reads as the default.
-ACK_AUTHENTICATED = "authenticated"   # only senders whose From domain is authenticated (the default)
-ACK_ALWAYS = "always"                 # every sender (only where MAILROOM_ACK_ALLOW_UNAUTHENTICATED is on)
-ACK_NEVER = "never"                   # nobody (as `"acknowledge": false`)
+ACK_AUTHENTICATED = "authenticated"  # only senders whose From domain is authenticated (the default)
+ACK_ALWAYS = "always"  # every sender (only where MAILROOM_ACK_ALLOW_UNAUTHENTICATED is on)
+ACK_NEVER = "never"  # nobody (as `"acknowledge": false`)
 ACK_POLICIES = (ACK_AUTHENTICATED, ACK_ALWAYS, ACK_NEVER)
 # SES's receipt verdict (the SNS notification, kept in the provider_metadata audit row) as a DMARC result.
 SES_DMARC_VERDICTS = {"PASS": "pass", "FAIL": "fail"}
@@ -84,8 +110,12 @@ ONE_HOUR = timedelta(hours=1)
 def is_noreply(address: str) -> bool:
     local = address.rpartition("@")[0].strip().strip('"').lower()
     base = local.split("+", 1)[0]  # bounces+1234=x@..., noreply+tag@...
-    return (local in NOREPLY_LOCAL_PARTS or base in NOREPLY_LOCAL_PARTS or local.startswith(NOREPLY_PREFIXES)
-            or NOREPLY_SEGMENT.search(base) is not None)
+    return (
+        local in NOREPLY_LOCAL_PARTS
+        or base in NOREPLY_LOCAL_PARTS
+        or local.startswith(NOREPLY_PREFIXES)
+        or NOREPLY_SEGMENT.search(base) is not None
+    )
 
 
 def ack_policy(mailbox) -> str:
@@ -103,9 +133,9 @@ def ack_policy(mailbox) -> str:
 class SenderAuthentication:
     """Whether the From address of an event is believed to be the sender's own."""
 
-    method: str = ""      # "dmarc", "dkim" or "spf": what authenticated the From domain; "" when nothing did
-    source: str = ""      # whose results: "mailbox" (its trusted authserv-id) or "provider:<name>"
-    dmarc_failed: bool = False   # a trusted source said DMARC fail
+    method: str = ""  # "dmarc", "dkim" or "spf": what authenticated the From domain; "" when nothing did
+    source: str = ""  # whose results: "mailbox" (its trusted authserv-id) or "provider:<name>"
+    dmarc_failed: bool = False  # a trusted source said DMARC fail
 
     @property
     def authenticated(self) -> bool:
@@ -116,8 +146,12 @@ def _message_head(event: InboxEvent) -> bytes:
     """The start of the stored message (its header block): read from the database only as far as needed."""
     if event.pk is None or "raw" not in event.get_deferred_fields():
         return bytes(event.raw or b"")[:MAX_FIELDS_BLOCK]
-    head = InboxEvent.objects.filter(pk=event.pk).annotate(
-        head=Substr("raw", 1, MAX_FIELDS_BLOCK, output_field=BinaryField())).values_list("head", flat=True).first()
+    head = (
+        InboxEvent.objects.filter(pk=event.pk)
+        .annotate(head=Substr("raw", 1, MAX_FIELDS_BLOCK, output_field=BinaryField()))
+        .values_list("head", flat=True)
+        .first()
+    )
     return bytes(head or b"")
 
 
@@ -125,8 +159,12 @@ def _ses_receipt_results(event: InboxEvent) -> dict[str, str]:
     """SES's DMARC verdict from the SNS receipt (kept by the webhook as provider metadata)."""
     if event.pk is None:
         return {}
-    metadata = AuditEvent.objects.filter(inbox_event_id=event.pk, kind=AuditKind.PROVIDER_METADATA).values_list(
-        "detail", flat=True).first() or {}
+    metadata = (
+        AuditEvent.objects.filter(inbox_event_id=event.pk, kind=AuditKind.PROVIDER_METADATA)
+        .values_list("detail", flat=True)
+        .first()
+        or {}
+    )
     verdict = SES_DMARC_VERDICTS.get(str(metadata.get("dmarcVerdict", "")).upper())
     return {"dmarc": verdict} if verdict else {}
 
@@ -145,8 +183,9 @@ def sender_authentication(event: InboxEvent) -> SenderAuthentication:
     provider = event.mailbox.provider
     if provider in PROVIDERS_WITH_VERDICTS:
         fields = header_fields(_message_head(event))
-        sources.append((f"provider:{provider}",
-                        provider_authentication_results(provider, fields, from_domain=from_domain)))
+        sources.append(
+            (f"provider:{provider}", provider_authentication_results(provider, fields, from_domain=from_domain))
+        )
     if provider == "ses":
         sources.append(("provider:ses", _ses_receipt_results(event)))
     dmarc_failed = any(results.get("dmarc") == "fail" for _, results in sources)
@@ -189,8 +228,10 @@ def acknowledgment_skip_reason(event: InboxEvent) -> str | None:
     if is_noreply(sender):
         return ReasonCode.NOREPLY_SENDER
     automated = details.get("automated")
-    if isinstance(automated, dict) and automated.get("reason") in (ReasonCode.LIST_MAIL,
-                                                                   ReasonCode.AUTOMATED_NOTIFICATION):
+    if isinstance(automated, dict) and automated.get("reason") in (
+        ReasonCode.LIST_MAIL,
+        ReasonCode.AUTOMATED_NOTIFICATION,
+    ):
         return ReasonCode(automated["reason"])
     authentication = sender_authentication(event)
     if authentication.dmarc_failed:
@@ -217,25 +258,31 @@ class AcknowledgmentBudget:
     """
 
     now: datetime = field(default_factory=timezone.now)
-    _tenants: dict = field(default_factory=dict)      # tenant id -> Tenant (its settings)
-    _planned: dict = field(default_factory=dict)      # tenant id -> count this hour
-    _by_domain: dict = field(default_factory=dict)    # (tenant id, domain) -> count this hour
+    _tenants: dict = field(default_factory=dict)  # tenant id -> Tenant (its settings)
+    _planned: dict = field(default_factory=dict)  # tenant id -> count this hour
+    _by_domain: dict = field(default_factory=dict)  # (tenant id, domain) -> count this hour
 
     def _recent(self, tenant_id: int):
         since = self.now - ONE_HOUR
         # Intents are numbered as they are made: the newest one older than the hour bounds the scan to the
         # last hour's intents (walked back along the primary key), however large the table has grown.
         older = Intent.objects.filter(created_at__lt=since).order_by("-pk").values("pk")[:1]
-        return Intent.objects.filter(pk__gt=Coalesce(Subquery(older), Value(0)), created_at__gte=since,
-                                     action=Intent.Action.NOTIFY_REQUESTER, inbox_event__tenant_id=tenant_id)
+        return Intent.objects.filter(
+            pk__gt=Coalesce(Subquery(older), Value(0)),
+            created_at__gte=since,
+            action=Intent.Action.NOTIFY_REQUESTER,
+            inbox_event__tenant_id=tenant_id,
+        )
 
     def limits(self, tenant_id: int) -> tuple[int, int]:
         """(per tenant, per recipient domain) in any hour, for `tenant_id`."""
         if tenant_id not in self._tenants:
             self._tenants[tenant_id] = Tenant.objects.only("settings").filter(pk=tenant_id).first() or Tenant()
         tenant = self._tenants[tenant_id]
-        return (tenant.int_setting("ack_per_hour", settings.MAILROOM_ACK_PER_HOUR),
-                tenant.int_setting("ack_per_domain_per_hour", settings.MAILROOM_ACK_PER_DOMAIN_PER_HOUR))
+        return (
+            tenant.int_setting("ack_per_hour", settings.MAILROOM_ACK_PER_HOUR),
+            tenant.int_setting("ack_per_domain_per_hour", settings.MAILROOM_ACK_PER_DOMAIN_PER_HOUR),
+        )
 
     def refusal(self, event: InboxEvent) -> tuple[str, int] | None:
         """(reason, limit) when acknowledging `event` would pass a cap; else None, and the event is counted."""

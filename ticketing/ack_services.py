@@ -4,6 +4,7 @@ The permission lives here, not only in the admin's form: an actor saves a row on
 member of (a superuser for any), and only with a mailbox of that same tenant. Every save runs the model's
 checks (`full_clean`: the template sandbox's rules, the hours' settings).
 """
+
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
@@ -47,8 +48,9 @@ def preview(*, template: AcknowledgmentTemplate, now=None) -> dict:
     {"subject", "body", "answer_by", "problem"} (problem: why nothing would be sent)."""
     now = now or timezone.now()
     mailbox = template.mailbox
-    kept = ack_templates.promise(ack_selectors.hours_for(tenant_id=template.tenant_id,
-                                                         mailbox_id=mailbox.pk if mailbox else None), start=now)
+    kept = ack_templates.promise(
+        ack_selectors.hours_for(tenant_id=template.tenant_id, mailbox_id=mailbox.pk if mailbox else None), start=now
+    )
     sample = {**ack_templates.SAMPLE_VALUES, "business_hours": kept.business_hours, "answer_by": kept.answer_by}
     if mailbox is not None:
         sample["mailbox"] = mailbox.address
@@ -56,6 +58,9 @@ def preview(*, template: AcknowledgmentTemplate, now=None) -> dict:
         subject, body = ack_templates.render(subject=template.subject, body=template.body, values=sample)
     except ack_templates.TemplateProblem as exc:
         return {"subject": "", "body": "", "answer_by": kept.answer_by, "problem": str(exc)}
-    return {"subject": f"[#{sample['ticket_number']}] {subject}", "body": body, "answer_by": kept.answer_by,
-            "problem": ""}
-
+    return {
+        "subject": f"[#{sample['ticket_number']}] {subject}",
+        "body": body,
+        "answer_by": kept.answer_by,
+        "problem": "",
+    }

@@ -16,6 +16,7 @@ Which template (`ticketing.ack_selectors.template_for`): the message's language 
 the mailbox's template for it, else the tenant's for it, else the mailbox's any-language one, else the
 tenant's; with none, the built-in English text (`ticketing.acknowledgments`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,11 +38,22 @@ ALLOWED_FILTERS = ("default", "upper", "lower", "title", "capfirst")
 MAX_SOURCE_CHARS = 10_000
 SUBJECT_MAX_CHARS = 250
 # The longest each value can be when sent (what `values` cuts them to): the save check renders with these.
-VALUE_MAX_CHARS = {"requester_name": 100, "ticket_number": 20, "subject": 200, "mailbox": 320,
-                   "business_hours": 300, "answer_by": 60}
-SAMPLE_VALUES = {"requester_name": "Jane Doe", "ticket_number": "MR-1042", "subject": "Printer on fire",
-                 "mailbox": "support@acme.test", "business_hours": "Mon-Fri 09:00-17:00 (Europe/Berlin)",
-                 "answer_by": "2026-12-07 17:00 (Europe/Berlin)"}
+VALUE_MAX_CHARS = {
+    "requester_name": 100,
+    "ticket_number": 20,
+    "subject": 200,
+    "mailbox": 320,
+    "business_hours": 300,
+    "answer_by": 60,
+}
+SAMPLE_VALUES = {
+    "requester_name": "Jane Doe",
+    "ticket_number": "MR-1042",
+    "subject": "Printer on fire",
+    "mailbox": "support@acme.test",
+    "business_hours": "Mon-Fri 09:00-17:00 (Europe/Berlin)",
+    "answer_by": "2026-12-07 17:00 (Europe/Berlin)",
+}
 _FILTER_NAMES = {id(function): name for name, function in ENGINE.template_builtins[0].filters.items()}
 
 
@@ -51,10 +63,12 @@ def body_max_chars() -> int:
 
 def _lookup_problem(variable) -> str | None:
     if not isinstance(variable, Variable) or variable.lookups is None:
-        return None   # a literal ("text", 3)
+        return None  # a literal ("text", 3)
     if len(variable.lookups) > 1:
-        return (f"{{{{ {variable.var} }}}}: attribute access is not allowed; "
-                f"use the placeholders as they are ({', '.join(PLACEHOLDERS)})")
+        return (
+            f"{{{{ {variable.var} }}}}: attribute access is not allowed; "
+            f"use the placeholders as they are ({', '.join(PLACEHOLDERS)})"
+        )
     if variable.lookups[0] not in PLACEHOLDERS:
         return f"unknown placeholder {variable.lookups[0]!r} (known: {', '.join(PLACEHOLDERS)})"
     return None
@@ -70,8 +84,9 @@ def _variable_problem(expression) -> str | None:
         name = _FILTER_NAMES.get(id(function), getattr(function, "__name__", "?"))
         if name not in ALLOWED_FILTERS:
             return f"the filter {name} is not allowed (allowed: {', '.join(ALLOWED_FILTERS)})"
-        problem = next((p for is_variable, argument in arguments if is_variable
-                        and (p := _lookup_problem(argument))), None)
+        problem = next(
+            (p for is_variable, argument in arguments if is_variable and (p := _lookup_problem(argument))), None
+        )
     return problem
 
 
@@ -103,8 +118,10 @@ def _node_problems(nodelist) -> str | None:
             tag = getattr(node, "token", None)
             name = tag.split_contents()[0] if tag is not None else type(node).__name__
             if name == "for":
-                return ("loops ({% for %}) are not allowed: an acknowledgment repeats nothing, and a loop over "
-                        "a text grows with it")
+                return (
+                    "loops ({% for %}) are not allowed: an acknowledgment repeats nothing, and a loop over "
+                    "a text grows with it"
+                )
             return f"the tag {{% {name} %}} is not allowed (only {{% if %}} and {{% comment %}})"
         if problem:
             return problem
@@ -162,8 +179,8 @@ def render(*, subject: str, body: str, values: dict) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Promise:
-    business_hours: str = ""   # "Mon-Fri 09:00-17:00 (Europe/Berlin)"
-    answer_by: str = ""        # "2026-12-07 17:00 (Europe/Berlin)"; "" without a response time
+    business_hours: str = ""  # "Mon-Fri 09:00-17:00 (Europe/Berlin)"
+    answer_by: str = ""  # "2026-12-07 17:00 (Europe/Berlin)"; "" without a response time
     at: datetime | None = None
 
 
@@ -174,14 +191,24 @@ def promise(row: BusinessHours | None, *, start: datetime) -> Promise:
     described = hours.describe(row.weekly, row.timezone)
     if row.response_hours is None:
         return Promise(business_hours=described)
-    plan = hours.schedule(timezone_name=row.timezone, weekly=row.weekly, country=row.holidays_country,
-                          subdivision=row.holidays_subdivision)
+    plan = hours.schedule(
+        timezone_name=row.timezone,
+        weekly=row.weekly,
+        country=row.holidays_country,
+        subdivision=row.holidays_subdivision,
+    )
     at = hours.answer_by(plan, start, row.response_hours)
     return Promise(business_hours=described, answer_by=hours.local_text(at, row.timezone) if at else "", at=at)
 
 
 def values(*, requester_name: str, ticket_number: str, subject: str, mailbox: str, kept: Promise) -> dict:
     """The placeholder values, each one line and cut to VALUE_MAX_CHARS."""
-    raw = {"requester_name": requester_name, "ticket_number": ticket_number, "subject": subject,
-           "mailbox": mailbox, "business_hours": kept.business_hours, "answer_by": kept.answer_by}
+    raw = {
+        "requester_name": requester_name,
+        "ticket_number": ticket_number,
+        "subject": subject,
+        "mailbox": mailbox,
+        "business_hours": kept.business_hours,
+        "answer_by": kept.answer_by,
+    }
     return {name: one_line(value, VALUE_MAX_CHARS[name]) for name, value in raw.items()}

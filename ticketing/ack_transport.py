@@ -14,6 +14,7 @@ EHLO offers:
 
 A backend that is not SMTP (file, console, memory) counts as a relay without SMTPUTF8.
 """
+
 import smtplib
 from email import policy
 from email.message import EmailMessage as MIMEMessage
@@ -25,7 +26,7 @@ from django.core.mail import EmailMessage
 
 SENT = "sent"
 NOT_DELIVERABLE = "not_deliverable"
-UTF8_MAIL_OPTIONS = ["SMTPUTF8", "BODY=8BITMIME"]   # RFC 6531 requires 8BITMIME of an SMTPUTF8 server
+UTF8_MAIL_OPTIONS = ["SMTPUTF8", "BODY=8BITMIME"]  # RFC 6531 requires 8BITMIME of an SMTPUTF8 server
 # Lines as Django writes these headers: unfolded (a folded Message-ID reads back with a leading space).
 UTF8_POLICY = policy.SMTPUTF8.clone(max_line_length=998)
 # The headers written from the message's own fields; everything else comes from `extra_headers`.
@@ -87,9 +88,12 @@ def deliver(*, connection, message: EmailMessage) -> str:
         message.send()
         return SENT
     if relay_takes_smtputf8(connection):
-        connection.connection.sendmail(bare_address(message.from_email),
-                                       [bare_address(a) for a in message.recipients()], utf8_bytes(message),
-                                       mail_options=UTF8_MAIL_OPTIONS)
+        connection.connection.sendmail(
+            bare_address(message.from_email),
+            [bare_address(a) for a in message.recipients()],
+            utf8_bytes(message),
+            mail_options=UTF8_MAIL_OPTIONS,
+        )
         return SENT
     if any(has_international_local_part(address) for address in addresses):
         return NOT_DELIVERABLE
@@ -98,6 +102,6 @@ def deliver(*, connection, message: EmailMessage) -> str:
         message.to = [ascii_address(address) for address in message.to]
         message.cc = [ascii_address(address) for address in message.cc]
     except idna.IDNAError:
-        return NOT_DELIVERABLE   # no ASCII form of the domain exists
+        return NOT_DELIVERABLE  # no ASCII form of the domain exists
     message.send()
     return SENT

@@ -7,6 +7,7 @@ our loop header, so our own mail coming back is recognised and suppressed.
 Who is acknowledged (no backscatter, no relay) is `ticketing.ack_policy`; the intent is planned in the
 transaction that stores the mapping (`ticketing.intents.followups`); this module sends it.
 """
+
 import logging
 import smtplib
 import time
@@ -29,7 +30,6 @@ from .outcomes import Outcome
 logger = logging.getLogger(__name__)
 
 
-
 def message_id(intent: Intent) -> str:
     """The acknowledgment's Message-ID, the same on every attempt (a resend is the same message, which the
     recipient's mail system can tell): its local part ends with `.<key[:16]>`, as `bounces` reads it."""
@@ -41,9 +41,13 @@ def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent, token: s
     # Only an authenticated sender's own subject is echoed: for anyone else (`ack_policy` "always") it could be
     # text a stranger chose, sent on from the tenant's address. The words: the tenant's template for the
     # requester's language, or the built-in text (ticketing.ack_wording); raises TemplateProblem.
-    words = ack_wording.wording(event=event, token=token, echo_subject=sender_authentication(event).authenticated,
-                                sla_hours=(mapping.destination.settings or {}).get("sla_hours"),
-                                planned_at=intent.created_at)
+    words = ack_wording.wording(
+        event=event,
+        token=token,
+        echo_subject=sender_authentication(event).authenticated,
+        sla_hours=(mapping.destination.settings or {}).get("sla_hours"),
+        planned_at=intent.created_at,
+    )
     subject, body = words.subject, words.body
     headers = {
         "Auto-Submitted": "auto-replied",
@@ -53,9 +57,10 @@ def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent, token: s
     if event.message_id_header:
         headers["In-Reply-To"] = f"<{event.message_id_header}>"
         headers["References"] = f"<{event.message_id_header}>"
-    message = EmailMessage(subject=f"[#{token}] {subject}", body=body, from_email=event.mailbox.address,
-                           to=[event.sender], headers=headers)
-    message.wording = words.detail   # which template and language, for the audit row
+    message = EmailMessage(
+        subject=f"[#{token}] {subject}", body=body, from_email=event.mailbox.address, to=[event.sender], headers=headers
+    )
+    message.wording = words.detail  # which template and language, for the audit row
     return message
 
 
@@ -77,7 +82,7 @@ def send_group(intent_ids: list[int], *, worker: str) -> dict[str, int]:
     tally: dict[str, int] = {}
     seen: set[int] = set()
     for intent_id in intent_ids:
-        outcome = Outcome.BUSY if intent_id in seen else outcomes[intent_id]   # listed twice: the first attempt has it
+        outcome = Outcome.BUSY if intent_id in seen else outcomes[intent_id]  # listed twice: the first attempt has it
         seen.add(intent_id)
         tally[outcome] = tally.get(outcome, 0) + 1
     return tally
@@ -94,12 +99,25 @@ class _Attempt:
 def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
     """The attempts of `intent_ids` (each once), {intent id: outcome}."""
     ids = list(dict.fromkeys(intent_ids))
-    found = {intent.pk: intent for intent in Intent.objects.select_related("destination", "inbox_event__mailbox")
-             .defer("inbox_event__raw").filter(pk__in=ids, action=Intent.Action.NOTIFY_REQUESTER)}
-    mappings = {mapping.inbox_event_id: mapping for mapping in numbers.with_numbers(
-        TicketMapping.objects.select_related("destination").filter(
-            inbox_event_id__in={intent.inbox_event_id for intent in found.values()},
-            action=Intent.Action.CREATE_TICKET))} if found else {}
+    found = {
+        intent.pk: intent
+        for intent in Intent.objects.select_related("destination", "inbox_event__mailbox")
+        .defer("inbox_event__raw")
+        .filter(pk__in=ids, action=Intent.Action.NOTIFY_REQUESTER)
+    }
+    mappings = (
+        {
+            mapping.inbox_event_id: mapping
+            for mapping in numbers.with_numbers(
+                TicketMapping.objects.select_related("destination").filter(
+                    inbox_event_id__in={intent.inbox_event_id for intent in found.values()},
+                    action=Intent.Action.CREATE_TICKET,
+                )
+            )
+        }
+        if found
+        else {}
+    )
     outcomes: dict[int, str] = {}
     ready: dict[int, _Attempt] = {}
     for intent_id in ids:
@@ -122,18 +140,28 @@ def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
             attempt.message = _compose(attempt.intent.inbox_event, attempt.mapping, attempt.intent, attempt.token)
         except ack_templates.TemplateProblem as exc:
             # A template past its limits (stored before the save check, or limits lowered since): nothing is sent.
-            outcomes[intent_id] = _not_sent(attempt.intent, worker, ReasonCode.ACK_TEMPLATE_FAILED,
-                                            detail={"problem": str(exc)[:300]}) or Outcome.TEMPLATE_FAILED
+            outcomes[intent_id] = (
+                _not_sent(attempt.intent, worker, ReasonCode.ACK_TEMPLATE_FAILED, detail={"problem": str(exc)[:300]})
+                or Outcome.TEMPLATE_FAILED
+            )
             continue
         composed.append(attempt)
     results = _deliver_all([attempt.message for attempt in composed], deadline=_delivery_deadline(claimed_at))
     # The sent ones first, in one transaction: the window in which an accepted message is not yet recorded
     # (the worker killed here: its intents expire to unknown, then held for a person) is kept short.
-    recorded = intents_batch.record_acknowledgments_sent([intents_batch.SentAcknowledgment(
-        intent_id=attempt.intent.pk, inbox_event_id=attempt.intent.inbox_event_id,
-        message_id=attempt.message.extra_headers["Message-ID"],
-        detail={"token": attempt.token, **attempt.message.wording})
-        for attempt, result in zip(composed, results, strict=True) if result == ack_transport.SENT], worker=worker)
+    recorded = intents_batch.record_acknowledgments_sent(
+        [
+            intents_batch.SentAcknowledgment(
+                intent_id=attempt.intent.pk,
+                inbox_event_id=attempt.intent.inbox_event_id,
+                message_id=attempt.message.extra_headers["Message-ID"],
+                detail={"token": attempt.token, **attempt.message.wording},
+            )
+            for attempt, result in zip(composed, results, strict=True)
+            if result == ack_transport.SENT
+        ],
+        worker=worker,
+    )
     for attempt, result in zip(composed, results, strict=True):
         intent = attempt.intent
         if result == ack_transport.SENT:
@@ -143,10 +171,11 @@ def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
         elif result == ack_transport.NOT_DELIVERABLE:
             # An internationalised local part and a relay without SMTPUTF8: no form of the address exists to
             # send to (never an encoded-word one), now or on a retry on this relay.
-            outcomes[intent.pk] = (_not_sent(intent, worker, ReasonCode.ADDRESS_NOT_DELIVERABLE)
-                                   or Outcome.NOT_DELIVERABLE)
+            outcomes[intent.pk] = (
+                _not_sent(intent, worker, ReasonCode.ADDRESS_NOT_DELIVERABLE) or Outcome.NOT_DELIVERABLE
+            )
         elif result is None:
-            outcomes[intent.pk] = Outcome.ERROR   # left in_flight: its claim expires to unknown, as a crash would
+            outcomes[intent.pk] = Outcome.ERROR  # left in_flight: its claim expires to unknown, as a crash would
         else:
             outcomes[intent.pk] = intents.record_failure(intent, exc=result, worker=worker) or Outcome.CLAIM_LOST
     return outcomes
@@ -193,7 +222,7 @@ def _deliver_all(messages: list[EmailMessage], *, deadline: float) -> list:
     try:
         connection = get_connection(timeout=settings.MAILROOM_SMTP_TIMEOUT)
         connection.open()
-    except OSError as exc:   # refused or unreachable before anything was sent
+    except OSError as exc:  # refused or unreachable before anything was sent
         return [_failure(exc)] * len(messages)
     results: list = []
     stopped = ""
@@ -218,6 +247,6 @@ def _deliver_all(messages: list[EmailMessage], *, deadline: float) -> list:
     finally:
         try:
             connection.close()
-        except OSError:   # every message was accepted or refused already; QUIT changes nothing
+        except OSError:  # every message was accepted or refused already; QUIT changes nothing
             logger.info("closing the SMTP connection failed", exc_info=True)
     return results

@@ -23,6 +23,7 @@ from .models import (
 @admin.register(DestinationAttempt)
 class DestinationAttemptAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """What the circuit breaker counts (ticketing.breaker)."""
+
     tenant_path = "destination__tenant"
     list_display = ("at", "destination", "ok", "reason")
     list_filter = ("ok", "reason")
@@ -31,6 +32,7 @@ class DestinationAttemptAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.
 @admin.register(Notification)
 class NotificationAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """Emails sent to staff (escalations, digests, the breaker), once each."""
+
     list_display = ("sent_at", "kind", "tenant", "inbox_event", "destination", "subject")
     list_filter = ("kind",)
     search_fields = ("=inbox_event__id", "key")
@@ -39,8 +41,19 @@ class NotificationAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelA
 @admin.register(Intent)
 class IntentAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     tenant_path = "inbox_event__tenant"
-    list_display = ("id", "inbox_event", "action", "action_version", "destination", "state", "attempts",
-                    "next_attempt_at", "last_error_kind", "result_ref", "created_at")
+    list_display = (
+        "id",
+        "inbox_event",
+        "action",
+        "action_version",
+        "destination",
+        "state",
+        "attempts",
+        "next_attempt_at",
+        "last_error_kind",
+        "result_ref",
+        "created_at",
+    )
     list_filter = ("state", "action", "last_error_kind", ("destination", admin.RelatedOnlyFieldListFilter))
     search_fields = ("=inbox_event__id", "idempotency_key", "external_ref", "result_ref")
     ordering = ("-created_at",)
@@ -71,6 +84,7 @@ class TicketMappingAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.Model
 @admin.register(CopiedMessage)
 class CopiedMessageAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """One message delivered to several mailboxes: which event makes its ticket (`ticketing.copies`)."""
+
     list_display = ("primary", "tenant", "fingerprint", "created_at")
     search_fields = ("=primary__id", "fingerprint")
 
@@ -157,6 +171,7 @@ class TicketCommentAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.Model
 class UndeliverableAddressAdmin(TenantScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """Addresses that bounced an acknowledgment for good (ticketing.bounces): none is sent to them until the
     mark expires. Written by the bounce only; it expires by itself."""
+
     list_display = ("address", "tenant", "status", "reason", "bounced_event", "expires_at", "created_at")
     list_filter = ("status",)
     search_fields = ("address", "=bounced_event__id")

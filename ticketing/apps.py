@@ -19,5 +19,6 @@ class TicketingConfig(AppConfig):
 
         from . import checks  # noqa: F401  (registers the system checks)
 
-        post_save.connect(_give_new_tenants_a_routing_policy, sender=Tenant,
-                          dispatch_uid="ticketing.routing_policy_for_new_tenants")
+        post_save.connect(
+            _give_new_tenants_a_routing_policy, sender=Tenant, dispatch_uid="ticketing.routing_policy_for_new_tenants"
+        )

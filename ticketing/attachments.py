@@ -13,6 +13,7 @@ files of an attached message, of an archive, of an Outlook .msg) is never sent o
 whole, and its files were judged and scanned as part of it. `attachment_count` counts them all, so a
 message whose only file is an archive still plans the intent for that archive.
 """
+
 import logging
 
 from intake.mime import parse_message
@@ -35,12 +36,16 @@ TICKET_MAKING = (Intent.Action.CREATE_TICKET, Intent.Action.ADD_COMMENT)
 
 def deliver(intent_id: int, worker: str) -> str:
     """One attempt at an `attach_files` intent; safe to run twice, concurrently."""
-    intent = Intent.objects.select_related("destination").filter(
-        pk=intent_id, action=Intent.Action.ATTACH_FILES).first()
+    intent = (
+        Intent.objects.select_related("destination").filter(pk=intent_id, action=Intent.Action.ATTACH_FILES).first()
+    )
     if intent is None:
         return Outcome.MISSING
-    mapping = TicketMapping.objects.filter(inbox_event_id=intent.inbox_event_id, action__in=TICKET_MAKING) \
-        .order_by("-pk").first()
+    mapping = (
+        TicketMapping.objects.filter(inbox_event_id=intent.inbox_event_id, action__in=TICKET_MAKING)
+        .order_by("-pk")
+        .first()
+    )
     if mapping is None:
         return Outcome.NO_TICKET
     if not intents.claim(intent.pk, worker=worker):
@@ -60,10 +65,20 @@ def deliver(intent_id: int, worker: str) -> str:
         return intents.record_failure(intent, exc=exc, worker=worker) or Outcome.CLAIM_LOST
     except ClaimLost:
         return Outcome.CLAIM_LOST
-    detail = {"attached": len(result["done"]), "refused": result["refused"][:20], "held": len(held),
-              "ticket_id": mapping.ticket_id}
+    detail = {
+        "attached": len(result["done"]),
+        "refused": result["refused"][:20],
+        "held": len(held),
+        "ticket_id": mapping.ticket_id,
+    }
     if not intents.record_files_attached(intent, worker, detail):
         return Outcome.CLAIM_LOST
-    logger.info("event %s: %d files attached to ticket %s (%d refused, %d held)", event.pk, len(result["done"]),
-                mapping.ticket_id, len(result["refused"]), len(held))
+    logger.info(
+        "event %s: %d files attached to ticket %s (%d refused, %d held)",
+        event.pk,
+        len(result["done"]),
+        mapping.ticket_id,
+        len(result["refused"]),
+        len(held),
+    )
     return Outcome.ATTACHED

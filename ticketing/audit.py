@@ -6,6 +6,7 @@ reference entered again). When someone other than a superuser changes it, throug
 admin `LogEntry` (the destination's history: who, when, old and new host) and a WARNING on the
 `mailroom.audit` logger are written. `AuditEvent` is not used: it belongs to an inbox event.
 """
+
 import logging
 from urllib.parse import urlsplit
 
@@ -23,8 +24,10 @@ def base_url_changed(user, destination, old_url: str) -> bool:
     unchanged, or changed by a superuser."""
     if (old_url or "") == (destination.base_url or "") or getattr(user, "is_superuser", False):
         return False
-    message = (f"base_url changed by non-superuser {user.get_username()}: host {_host(old_url)} -> "
-               f"{_host(destination.base_url)} ({old_url or '-'} -> {destination.base_url or '-'})")
+    message = (
+        f"base_url changed by non-superuser {user.get_username()}: host {_host(old_url)} -> "
+        f"{_host(destination.base_url)} ({old_url or '-'} -> {destination.base_url or '-'})"
+    )
     LogEntry.objects.log_actions(user.pk, [destination], CHANGE, change_message=message, single_object=True)
     audit_log.warning("destination %s (tenant %s): %s", destination.pk, destination.tenant_id, message)
     return True

@@ -13,6 +13,7 @@ What ends up stored is what the per-event path would have stored (tests/test_bat
 PostgreSQL, tests/test_sqlite_parity.py on SQLite). The embedded default (SQLite) runs this same path: its
 statements read the group's rows from a JSON array instead of arrays (`ticketing.intents.batch`, which says why).
 """
+
 import json
 import logging
 from collections import Counter
@@ -52,8 +53,10 @@ class _Plain:
 def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[int, str], list[int]]:
     """({event id: outcome word} for the events handled here, [ids left for the per-event path, in order])."""
     actor = f"worker:{worker}"
-    events = {e.pk: e for e in with_small_raw(InboxEvent.objects.select_related("mailbox", "tenant")
-                                               .filter(pk__in=list(event_ids)))}
+    events = {
+        e.pk: e
+        for e in with_small_raw(InboxEvent.objects.select_related("mailbox", "tenant").filter(pk__in=list(event_ids)))
+    }
     if "global_pause" not in cache:
         cache["global_pause"] = global_pause_on()
     outcomes: dict[int, str] = {}
@@ -127,10 +130,19 @@ def _primaries(candidates, cache: dict, rest: list[int]):
     if not asking:
         return candidates
     now = timezone.now()
-    CopiedMessage.objects.bulk_create([CopiedMessage(tenant_id=e.tenant_id, fingerprint=e.fingerprint, primary_id=e.pk,
-                                                     created_at=now) for e, _ in asking], ignore_conflicts=True)
-    primary = {(t, f): pk for t, f, pk in CopiedMessage.objects.filter(
-        fingerprint__in={e.fingerprint for e, _ in asking}).values_list("tenant_id", "fingerprint", "primary_id")}
+    CopiedMessage.objects.bulk_create(
+        [
+            CopiedMessage(tenant_id=e.tenant_id, fingerprint=e.fingerprint, primary_id=e.pk, created_at=now)
+            for e, _ in asking
+        ],
+        ignore_conflicts=True,
+    )
+    primary = {
+        (t, f): pk
+        for t, f, pk in CopiedMessage.objects.filter(fingerprint__in={e.fingerprint for e, _ in asking}).values_list(
+            "tenant_id", "fingerprint", "primary_id"
+        )
+    }
     keep = []
     for event, parsed in candidates:
         if event.fingerprint and primary.get((event.tenant_id, event.fingerprint), event.pk) != event.pk:
@@ -170,21 +182,34 @@ def _write(plain: list[_Plain], worker: str, actor: str) -> set[int]:
     now = timezone.now()
     try:
         with transaction.atomic():
-            mine = intents_batch.create_missing([(p.event, p.destination) for p in plain],
-                                                Intent.Action.CREATE_TICKET, now)
+            mine = intents_batch.create_missing(
+                [(p.event, p.destination) for p in plain], Intent.Action.CREATE_TICKET, now
+            )
             plain = [p for p in plain if p.event.pk in mine]  # the others: someone else's intent
             if not plain:
                 return set()
             leading = _store_routes(plain, actor, now)
             tickets = _insert_tickets(plain, mine, now)
             stored = _stored(plain)
-            intents_batch.record_successes_builtin([
-                intents_batch.BuiltinSuccess(stored[p.event.pk], mine[p.event.pk][0], p.destination, str(ticket.pk),
-                                             p.adapter.ticket_url(ticket.pk))
-                for p, ticket in zip(plain, tickets, strict=True)], worker, now, leading)
+            intents_batch.record_successes_builtin(
+                [
+                    intents_batch.BuiltinSuccess(
+                        stored[p.event.pk],
+                        mine[p.event.pk][0],
+                        p.destination,
+                        str(ticket.pk),
+                        p.adapter.ticket_url(ticket.pk),
+                    )
+                    for p, ticket in zip(plain, tickets, strict=True)
+                ],
+                worker,
+                now,
+                leading,
+            )
     except (intents_batch.Conflict, IntegrityError) as exc:
-        logger.info("set-based write of %d events rolled back (%s): each goes its own way", len(plain),
-                    type(exc).__name__)
+        logger.info(
+            "set-based write of %d events rolled back (%s): each goes its own way", len(plain), type(exc).__name__
+        )
         return set()
     return {p.event.pk for p in plain}
 
@@ -206,8 +231,11 @@ WHERE e.id = json_extract(v.value, '$[0]') AND json(e.route) = '{{}}'
 def _store_routes(plain: list[_Plain], actor: str, now) -> dict[int, list[AuditEvent]]:
     """`services._store_route` for the group: the routes, the rules' hits, and the `classified` rows to write."""
     sql, params = intents_batch.group_statement(
-        _STORE_ROUTES, _STORE_ROUTES_SQLITE,
-        {"ids": [p.event.pk for p in plain], "routes": [json.dumps(p.route) for p in plain]}, {})
+        _STORE_ROUTES,
+        _STORE_ROUTES_SQLITE,
+        {"ids": [p.event.pk for p in plain], "routes": [json.dumps(p.route) for p in plain]},
+        {},
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql.format(table=InboxEvent._meta.db_table), params)
         if cursor.rowcount != len(plain):
@@ -215,8 +243,18 @@ def _store_routes(plain: list[_Plain], actor: str, now) -> dict[int, list[AuditE
     hits = Counter(rule_id for p in plain for rule_id in p.route["rules"])
     for rule_id, count in sorted(hits.items()):
         RoutingRule.objects.filter(pk=rule_id).update(hits=F("hits") + count, last_hit_at=now)
-    return {p.event.pk: [AuditEvent(inbox_event_id=p.event.pk, kind=AuditKind.CLASSIFIED, actor=actor, at=now,
-                                    detail=services.classified_detail(p.route))] for p in plain}
+    return {
+        p.event.pk: [
+            AuditEvent(
+                inbox_event_id=p.event.pk,
+                kind=AuditKind.CLASSIFIED,
+                actor=actor,
+                at=now,
+                detail=services.classified_detail(p.route),
+            )
+        ]
+        for p in plain
+    }
 
 
 def _insert_tickets(plain: list[_Plain], mine: dict, now) -> list[Ticket]:
@@ -226,19 +264,41 @@ def _insert_tickets(plain: list[_Plain], mine: dict, now) -> list[Ticket]:
         flags = [execution.REUSED_MESSAGE_ID] if p.event.message_id_reused else []
         request = execution.Work(p.event, Intent.Action.CREATE_TICKET, p.parsed, flags=flags).ticket_request(p.adapter)
         key = mine[p.event.pk][1]
-        rows.append(Ticket(destination=p.destination, idempotency_key=key, external_ref=intents.external_ref(key),
-                           subject=request.subject[:998], requester=request.requester[:320],
-                           description=request.description, tags=list(request.tags), queue=request.queue[:100],
-                           priority=request.priority[:10], request_type=request.request_type[:100],
-                           assignee=request.assignee[:200], created_at=now))
+        rows.append(
+            Ticket(
+                destination=p.destination,
+                idempotency_key=key,
+                external_ref=intents.external_ref(key),
+                subject=request.subject[:998],
+                requester=request.requester[:320],
+                description=request.description,
+                tags=list(request.tags),
+                queue=request.queue[:100],
+                priority=request.priority[:10],
+                request_type=request.request_type[:100],
+                assignee=request.assignee[:200],
+                created_at=now,
+            )
+        )
     return Ticket.objects.bulk_create(rows)
 
 
 def _stored(plain: list[_Plain]) -> dict[int, InboxEvent]:
     """The events as normalization stored them (sender, details, auth results): what the acknowledgment reads."""
-    stored = {e.pk: e for e in InboxEvent.objects.filter(pk__in=[p.event.pk for p in plain])
-              .only("pk", "tenant_id", "mailbox_id", "provider_message_id", "sender", "details", "auth_results",
-                    "route", "history")}
+    stored = {
+        e.pk: e
+        for e in InboxEvent.objects.filter(pk__in=[p.event.pk for p in plain]).only(
+            "pk",
+            "tenant_id",
+            "mailbox_id",
+            "provider_message_id",
+            "sender",
+            "details",
+            "auth_results",
+            "route",
+            "history",
+        )
+    }
     for p in plain:
         stored[p.event.pk].mailbox = p.event.mailbox
     return stored

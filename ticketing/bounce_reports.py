@@ -15,44 +15,49 @@ A `multipart/report` of another report-type (a read receipt's disposition-notifi
 names nothing. Only Message-IDs under our acknowledgments' domain (`ACK_MESSAGE_ID_DOMAIN`) are candidates; the caller
 checks each against the intents that sent them. Diagnostics keep no address: each is cut to its domain.
 """
+
 import email
 import re
 from dataclasses import dataclass
 from email import policy
 from email.message import Message
 
-ACK_MESSAGE_ID_DOMAIN = "mailroom.invalid"   # `acknowledgments._compose`: the Message-ID's domain
-DSN_REPORT_TYPES = ("delivery-status", "global-delivery-status")   # RFC 3464; RFC 6533 (an SMTPUTF8 message's)
+ACK_MESSAGE_ID_DOMAIN = "mailroom.invalid"  # `acknowledgments._compose`: the Message-ID's domain
+DSN_REPORT_TYPES = ("delivery-status", "global-delivery-status")  # RFC 3464; RFC 6533 (an SMTPUTF8 message's)
 STATUS_PART_TYPES = ("message/delivery-status", "message/global-delivery-status")
 # The returned message or its headers, as the parser reads them: one embedded message (RFC 6533's in UTF-8).
 RETURNED_MESSAGE_TYPES = ("message/rfc822", "message/global", "message/global-headers", "message/rfc822-headers")
-MAX_BOUNCE_BYTES = 512 * 1024    # read this far: the report and returned headers come before any returned body
+MAX_BOUNCE_BYTES = 512 * 1024  # read this far: the report and returned headers come before any returned body
 MAX_MESSAGE_IDS = 5
 MAX_DIAGNOSTIC_CHARS = 200
 
 _OUR_ID = rf"[^<>\s@]{{1,200}}@{re.escape(ACK_MESSAGE_ID_DOMAIN)}"
 _ANY_OUR_ID = re.compile(rf"<({_OUR_ID})>", re.IGNORECASE)
 # A quoted header line, folded or not (Django folds a long Message-ID onto the next line).
-_MESSAGE_ID_LINE = re.compile(rf"^[ \t>]*Message-ID:[ \t]*(?:\r?\n[ \t>]+)?<({_OUR_ID})>",
-                              re.IGNORECASE | re.MULTILINE)
+_MESSAGE_ID_LINE = re.compile(rf"^[ \t>]*Message-ID:[ \t]*(?:\r?\n[ \t>]+)?<({_OUR_ID})>", re.IGNORECASE | re.MULTILINE)
 _ADDRESS = re.compile(r"[^\s<>@\"',;:()\[\]]+@([A-Za-z0-9\u0080-\uffff.-]+)")
 # "550 5.1.1", "5.1.1", qmail's "(#5.1.1)": a permanent (5) or transient (4) enhanced status code.
 _STATUS_CODE = re.compile(r"(?<![\d.])#?([45])\.(\d{1,3})\.(\d{1,3})(?![\d.]*\d)")
 _SMTP_REPLY = re.compile(r"^\s*(?:.*?\s)?([45]\d\d)[ -]", re.MULTILINE)
-_PERMANENT_WORDS = re.compile(r"permanent(?:ly)? (?:error|failure|fatal)|failed permanently|could not be delivered"
-                              r"|delivery has failed|undeliverable|address not found|user unknown|does not exist",
-                              re.IGNORECASE)
-_DELAY_WORDS = re.compile(r"\bdelay(?:ed)?\b|will (?:continue|retry|be retried)|still trying|temporar(?:y|ily)"
-                          r"|not yet been delivered", re.IGNORECASE)
+_PERMANENT_WORDS = re.compile(
+    r"permanent(?:ly)? (?:error|failure|fatal)|failed permanently|could not be delivered"
+    r"|delivery has failed|undeliverable|address not found|user unknown|does not exist",
+    re.IGNORECASE,
+)
+_DELAY_WORDS = re.compile(
+    r"\bdelay(?:ed)?\b|will (?:continue|retry|be retried)|still trying|temporar(?:y|ily)"
+    r"|not yet been delivered",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
 class BounceReport:
-    message_ids: tuple[str, ...] = ()   # our acknowledgments' Message-IDs it names, bracketed, in order
-    action: str = ""                    # the DSN Action ("failed", "delayed", ...), or read from a plain bounce
-    status: str = ""                    # the enhanced status code ("5.1.1"), "" when none was given
-    diagnostic: str = ""                # the diagnostic's first line, addresses cut to their domain
-    recipient_domain: str = ""          # the domain of the Final-Recipient, when the report names one
+    message_ids: tuple[str, ...] = ()  # our acknowledgments' Message-IDs it names, bracketed, in order
+    action: str = ""  # the DSN Action ("failed", "delayed", ...), or read from a plain bounce
+    status: str = ""  # the enhanced status code ("5.1.1"), "" when none was given
+    diagnostic: str = ""  # the diagnostic's first line, addresses cut to their domain
+    recipient_domain: str = ""  # the domain of the Final-Recipient, when the report names one
 
     @property
     def permanent(self) -> bool:
@@ -98,8 +103,10 @@ def _status_fields(part: Message) -> dict[str, str]:
     for chunk in re.split(r"\n[ \t]*\n", text.replace("\r\n", "\n")):
         block = email.message_from_string(chunk.strip() + "\n", policy=policy.compat32)
         if block.get("Action") or block.get("Status"):
-            return {name: " ".join(str(block.get(name, "")).split()) for name in   # unfolded
-                    ("Action", "Status", "Diagnostic-Code", "Final-Recipient")}
+            return {
+                name: " ".join(str(block.get(name, "")).split())
+                for name in ("Action", "Status", "Diagnostic-Code", "Final-Recipient")  # unfolded
+            }
     return {}
 
 
@@ -127,7 +134,7 @@ def _parts(message: Message, depth: int = 0):
     yield message
     if message.is_multipart() and depth < 10:
         for part in message.get_payload():
-            if part.get_content_maintype() == "message":   # rfc822, delivery-status: read whole, not walked
+            if part.get_content_maintype() == "message":  # rfc822, delivery-status: read whole, not walked
                 yield part
             else:
                 yield from _parts(part, depth + 1)
@@ -136,9 +143,11 @@ def _parts(message: Message, depth: int = 0):
 def read_report(raw: bytes, *, in_reply_to: str = "", references: str = "") -> BounceReport:
     """What the stored bounce `raw` says about our acknowledgments (`message_ids` empty: none of ours)."""
     message = email.message_from_bytes(bytes(raw or b"")[:MAX_BOUNCE_BYTES], policy=policy.compat32)
-    if message.get_content_type() == "multipart/report" and \
-            str(message.get_param("report-type", "")).lower() not in DSN_REPORT_TYPES:
-        return BounceReport()   # a read receipt (disposition-notification) or another report: not a bounce
+    if (
+        message.get_content_type() == "multipart/report"
+        and str(message.get_param("report-type", "")).lower() not in DSN_REPORT_TYPES
+    ):
+        return BounceReport()  # a read receipt (disposition-notification) or another report: not a bounce
     ids: list[str] = []
     fields: dict[str, str] = {}
     texts: list[str] = []
@@ -164,12 +173,21 @@ def read_report(raw: bytes, *, in_reply_to: str = "", references: str = "") -> B
         diagnostic = _after_type(fields.get("Diagnostic-Code", ""))
         recipient = _after_type(fields.get("Final-Recipient", ""))
         status = _status_of(fields.get("Status", "")) or _status_of(diagnostic)
-        return BounceReport(message_ids=unique, action=fields.get("Action", "").lower(), status=status,
-                            diagnostic=first_line(diagnostic),
-                            recipient_domain=recipient.rpartition("@")[2].lower() if "@" in recipient else "")
+        return BounceReport(
+            message_ids=unique,
+            action=fields.get("Action", "").lower(),
+            status=status,
+            diagnostic=first_line(diagnostic),
+            recipient_domain=recipient.rpartition("@")[2].lower() if "@" in recipient else "",
+        )
     text = "\n".join(texts)
     line = _diagnostic_line(text)
     status = _status_of(line)
-    action = ("delayed" if _DELAY_WORDS.search(text) and not _PERMANENT_WORDS.search(text)
-              else "failed" if (_PERMANENT_WORDS.search(text) or status.startswith("5.")) else "")
+    action = (
+        "delayed"
+        if _DELAY_WORDS.search(text) and not _PERMANENT_WORDS.search(text)
+        else "failed"
+        if (_PERMANENT_WORDS.search(text) or status.startswith("5."))
+        else ""
+    )
     return BounceReport(message_ids=unique, action=action, status=status, diagnostic=first_line(line))

@@ -22,6 +22,7 @@ did (`failed/credentials`, to be replayed). Only a person resumes (the console's
 `reconciliation.services.pauses`), which calls `resumed`: the reason is cleared, the attempt
 history forgotten and the intents that waited on the destination made due at once.
 """
+
 import logging
 from datetime import timedelta
 
@@ -40,8 +41,7 @@ logger = logging.getLogger(__name__)
 
 ACTOR = SystemActor.BREAKER
 ADMIN_GROUP = "mailroom-admin"
-DEFAULTS = {"enabled": True, "credential_failures": 3, "failure_rate": 0.5, "min_attempts": 10,
-            "window_seconds": 600}
+DEFAULTS = {"enabled": True, "credential_failures": 3, "failure_rate": 0.5, "min_attempts": 10, "window_seconds": 600}
 
 
 def config(destination: Destination) -> dict:
@@ -84,8 +84,9 @@ def observe_failure(destination: Destination, exc, now=None) -> bool:
     if not conf["enabled"] or not says_destination_is_broken(exc):
         return Destination.objects.filter(pk=destination.pk, paused=True).exists()
     now = now or timezone.now()
-    DestinationAttempt.objects.create(destination_id=destination.pk, at=now, ok=False,
-                                      reason=(getattr(exc, "reason", "") or "")[:50])
+    DestinationAttempt.objects.create(
+        destination_id=destination.pk, at=now, ok=False, reason=(getattr(exc, "reason", "") or "")[:50]
+    )
     if Destination.objects.filter(pk=destination.pk, paused=True).exists():
         return True
     reason = _trip_reason(destination, conf, now)
@@ -98,13 +99,17 @@ def observe_failure(destination: Destination, exc, now=None) -> bool:
 def _trip_reason(destination: Destination, conf: dict, now) -> str | None:
     streak = int(conf["credential_failures"] or 0)
     if streak > 0:
-        last = list(DestinationAttempt.objects.filter(destination_id=destination.pk).order_by("-at", "-pk")
-                    .values_list("ok", "reason")[:streak])
+        last = list(
+            DestinationAttempt.objects.filter(destination_id=destination.pk)
+            .order_by("-at", "-pk")
+            .values_list("ok", "reason")[:streak]
+        )
         if len(last) == streak and all(not ok and reason == ReasonCode.CREDENTIALS for ok, reason in last):
             return f"{streak} consecutive credentials failures (HTTP 401/403): check the destination's credentials"
     window = float(conf["window_seconds"])
-    counts = DestinationAttempt.objects.filter(destination_id=destination.pk, at__gt=now - timedelta(seconds=window)) \
-        .aggregate(total=Count("pk"), failed=Count("pk", filter=Q(ok=False)))
+    counts = DestinationAttempt.objects.filter(
+        destination_id=destination.pk, at__gt=now - timedelta(seconds=window)
+    ).aggregate(total=Count("pk"), failed=Count("pk", filter=Q(ok=False)))
     total, failed = counts["total"], counts["failed"]
     if total >= int(conf["min_attempts"]) and total and failed / total >= float(conf["failure_rate"]):
         return f"{failed} of the last {total} attempts failed within {int(window)} s"
@@ -115,7 +120,8 @@ def trip(destination: Destination, reason: str, now=None) -> bool:
     """Pause the destination as the breaker (once: only an unpaused destination trips) and tell its admins."""
     now = now or timezone.now()
     if not Destination.objects.filter(pk=destination.pk, paused=False).update(
-            paused=True, paused_reason=reason[:500], paused_by=ACTOR, paused_at=now):
+        paused=True, paused_reason=reason[:500], paused_by=ACTOR, paused_at=now
+    ):
         return False
     logger.warning("circuit breaker paused destination %s: %s", destination, reason)
     try:
@@ -131,36 +137,49 @@ def _notify_admins(destination: Destination, reason: str, now) -> None:
     if destination.tenant.is_drill:  # a drill (reconciliation.drills) trips its own breaker on purpose
         return
 
-    admins = list(get_user_model().objects.filter(
-        mailroom_tenants=destination.tenant_id, is_active=True, groups__name=ADMIN_GROUP).exclude(email="")
-        .distinct().order_by("pk"))
+    admins = list(
+        get_user_model()
+        .objects.filter(mailroom_tenants=destination.tenant_id, is_active=True, groups__name=ADMIN_GROUP)
+        .exclude(email="")
+        .distinct()
+        .order_by("pk")
+    )
     tenant_slug = destination.tenant.slug
     subject = f"[Mailroom] destination {tenant_slug}/{destination.slug} paused by the circuit breaker"
-    body = "\n".join([
-        f"Mailroom stopped writing to destination {destination.slug} of tenant {tenant_slug}.",
-        f"Why: {mask_address(reason)}",
-        f"When: {now:%Y-%m-%d %H:%M} UTC",
-        "",
-        "Messages keep arriving and wait; none is lost. Fix the destination (for example its credentials),",
-        "then resume it in the console (only a person can):",
-        f"{settings.MAILROOM_PUBLIC_URL}/admin/reconciliation/pauseswitch/",
-        "",
-        "Items that failed before the pause are in the recovery queue: replay them after the fix.",
-    ])
-    notifications.send_once(f"breaker:{destination.pk}:{now.isoformat()}", Notification.Kind.BREAKER,
-                            destination.tenant_id, admins, subject, body, destination_id=destination.pk)
+    body = "\n".join(
+        [
+            f"Mailroom stopped writing to destination {destination.slug} of tenant {tenant_slug}.",
+            f"Why: {mask_address(reason)}",
+            f"When: {now:%Y-%m-%d %H:%M} UTC",
+            "",
+            "Messages keep arriving and wait; none is lost. Fix the destination (for example its credentials),",
+            "then resume it in the console (only a person can):",
+            f"{settings.MAILROOM_PUBLIC_URL}/admin/reconciliation/pauseswitch/",
+            "",
+            "Items that failed before the pause are in the recovery queue: replay them after the fix.",
+        ]
+    )
+    notifications.send_once(
+        f"breaker:{destination.pk}:{now.isoformat()}",
+        Notification.Kind.BREAKER,
+        destination.tenant_id,
+        admins,
+        subject,
+        body,
+        destination_id=destination.pk,
+    )
 
 
 def resumed(destination_id: int) -> int:
     """A person resumed the destination: clear the breaker's reason and history, make its waiting intents
     due now. Returns how many intents were made due."""
     now = timezone.now()
-    Destination.objects.filter(pk=destination_id, paused=False).update(paused_reason="", paused_by="",
-                                                                       paused_at=None)
+    Destination.objects.filter(pk=destination_id, paused=False).update(paused_reason="", paused_by="", paused_at=None)
     DestinationAttempt.objects.filter(destination_id=destination_id).delete()
     # Not a state change (the intents stay retry_wait): only when they are due.
-    return Intent.objects.filter(destination_id=destination_id, state=Intent.State.RETRY_WAIT,
-                                 next_attempt_at__gt=now).update(next_attempt_at=now)
+    return Intent.objects.filter(
+        destination_id=destination_id, state=Intent.State.RETRY_WAIT, next_attempt_at__gt=now
+    ).update(next_attempt_at=now)
 
 
 def prune(older_than_seconds: float | None = None) -> int:

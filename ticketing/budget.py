@@ -24,6 +24,7 @@ comes before it, and the pace resumes from there without a burst.
 Call these outside a transaction (the pipeline does: an HTTP destination's call is never inside one); inside
 one, the row would stay locked until it ends.
 """
+
 import math
 from dataclasses import dataclass
 
@@ -36,8 +37,8 @@ BURST_SECONDS = 2.0  # how much of the rate a quiet destination may send at once
 @dataclass(frozen=True)
 class Quota:
     per_minute: int
-    burst: int         # requests that may go at once after a quiet spell
-    interval: float    # seconds between two requests at the sustained pace
+    burst: int  # requests that may go at once after a quiet spell
+    interval: float  # seconds between two requests at the sustained pace
 
     @property
     def tolerance(self) -> float:
@@ -115,21 +116,36 @@ def take(destination, *, quota: Quota | None = None, max_wait: float = math.inf,
     # Reserve only when the slot (the later of the budget's end and now, less the burst) is close enough;
     # RETURNING gives the wait for the reserved slot, on the same clock.
     slot_start = f"{greatest}(b.spent_until, {clock}) - %s"
-    sql = (f"INSERT INTO {TABLE} AS b (destination_id, spent_until) VALUES (%s, {clock} + %s) "
-           f"ON CONFLICT (destination_id) DO UPDATE SET spent_until = {greatest}(b.spent_until, {clock}) + %s "
-           f"WHERE {slot_start} - {clock} <= %s "
-           f"RETURNING {greatest}(spent_until - %s - %s - {clock}, 0)")
-    params = [destination.pk, *clock_params, interval, *clock_params, interval,
-              *clock_params, tolerance, *clock_params, _finite(max_wait),
-              interval, tolerance, *clock_params]
+    sql = (
+        f"INSERT INTO {TABLE} AS b (destination_id, spent_until) VALUES (%s, {clock} + %s) "
+        f"ON CONFLICT (destination_id) DO UPDATE SET spent_until = {greatest}(b.spent_until, {clock}) + %s "
+        f"WHERE {slot_start} - {clock} <= %s "
+        f"RETURNING {greatest}(spent_until - %s - %s - {clock}, 0)"
+    )
+    params = [
+        destination.pk,
+        *clock_params,
+        interval,
+        *clock_params,
+        interval,
+        *clock_params,
+        tolerance,
+        *clock_params,
+        _finite(max_wait),
+        interval,
+        tolerance,
+        *clock_params,
+    ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
         if row is not None:
             return float(row[0])
         # Over `max_wait`: how far the slot is (nothing reserved).
-        cursor.execute(f"SELECT {greatest}(spent_until - %s - {clock}, 0) FROM {TABLE} WHERE destination_id = %s",
-                       [tolerance, *clock_params, destination.pk])
+        cursor.execute(
+            f"SELECT {greatest}(spent_until - %s - {clock}, 0) FROM {TABLE} WHERE destination_id = %s",
+            [tolerance, *clock_params, destination.pk],
+        )
         row = cursor.fetchone()
     raise OverBudget(float(row[0]) if row else 0.0)
 
@@ -143,8 +159,10 @@ def note_retry_after(destination, seconds: float, *, quota: Quota | None = None,
     clock, clock_params = _clock(now)
     greatest = _greatest()
     # The end of the quiet plus the burst tolerance: the first slot is the quiet's end, then the pace.
-    sql = (f"INSERT INTO {TABLE} AS b (destination_id, spent_until) VALUES (%s, {clock} + %s) "
-           f"ON CONFLICT (destination_id) DO UPDATE SET spent_until = {greatest}(b.spent_until, {clock} + %s)")
+    sql = (
+        f"INSERT INTO {TABLE} AS b (destination_id, spent_until) VALUES (%s, {clock} + %s) "
+        f"ON CONFLICT (destination_id) DO UPDATE SET spent_until = {greatest}(b.spent_until, {clock} + %s)"
+    )
     until = float(seconds) + quota.tolerance
     with connection.cursor() as cursor:
         cursor.execute(sql, [destination.pk, *clock_params, until, *clock_params, until])

@@ -22,6 +22,7 @@ What stays on the per-event path, inline: thread work (a reply, a ticket token),
 the plan, the claim and the call; anything run outside a Celery worker (tests, commands), eagerly, or
 with `MAILROOM_DESTINATION_QUEUE=""` (the embedded SQLite default). The cap holds there too.
 """
+
 import logging
 import random
 import threading
@@ -52,9 +53,13 @@ def max_concurrency(destination: Destination) -> int:
 
 def in_flight(destination_id: int, now=None) -> int:
     """Calls to the destination in flight now: live claims (an expired one is the sweep's, not a call)."""
-    return (Intent.objects.filter(destination_id=destination_id, state=Intent.State.IN_FLIGHT,
-                                  claimed_until__gt=now or timezone.now())
-            .exclude(action=Intent.Action.NOTIFY_REQUESTER).count())
+    return (
+        Intent.objects.filter(
+            destination_id=destination_id, state=Intent.State.IN_FLIGHT, claimed_until__gt=now or timezone.now()
+        )
+        .exclude(action=Intent.Action.NOTIFY_REQUESTER)
+        .count()
+    )
 
 
 def claim(intent: Intent, worker: str, lease=None) -> str:
@@ -88,12 +93,12 @@ def pooled(lease=None) -> bool:
 def hand_over(intent_id: int, countdown: float | None = None) -> None:
     """Publish the call task after the commit. A failed publish is only logged: the intent stays
     pending and its event `ready`; the intent's sweep (`intents.enqueue_due`) hands it over again."""
+
     def publish():
         try:
             current_app.send_task(CALL_TASK, args=[intent_id], countdown=countdown)
         except Exception:
-            logger.exception("intent %s: hand-over to the destination pool failed; the sweep brings it back",
-                             intent_id)
+            logger.exception("intent %s: hand-over to the destination pool failed; the sweep brings it back", intent_id)
 
     transaction.on_commit(publish)
 
@@ -102,5 +107,3 @@ def worker_identity() -> str:
     """host:pid/thread: threads of one pool process must not pass for each other's claims
     (`still_claimed` and the outcomes match on `claimed_by`)."""
     return f"{process_identity()}/{threading.get_native_id()}"
-
-

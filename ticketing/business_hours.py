@@ -5,6 +5,7 @@ ends a day) and the public holidays of a country (and subdivision) from the `hol
 closed all day. Arithmetic is done in UTC: local times only say where intervals begin and end, so a DST
 change shortens or lengthens that day's hours as a clock on the wall does.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,7 +25,7 @@ MAX_INTERVALS_PER_DAY = 6
 
 
 def _clock(value: str) -> time | None:
-    """"09:30" -> 09:30; "24:00" -> None (the end of the day)."""
+    """ "09:30" -> 09:30; "24:00" -> None (the end of the day)."""
     return None if value == "24:00" else time(int(value[:2]), int(value[3:]))
 
 
@@ -41,8 +42,11 @@ def weekly_errors(weekly) -> list[str]:
             continue
         previous_end = ""
         for interval in intervals:
-            if (not isinstance(interval, list) or len(interval) != 2
-                    or not all(isinstance(v, str) and CLOCK.match(v) for v in interval)):
+            if (
+                not isinstance(interval, list)
+                or len(interval) != 2
+                or not all(isinstance(v, str) and CLOCK.match(v) for v in interval)
+            ):
                 messages.append(f'{day}: {interval!r} is not a ["HH:MM", "HH:MM"] pair')
             elif interval[0] == "24:00" or interval[1] <= interval[0]:
                 messages.append(f"{day}: {interval[0]}-{interval[1]} must end after it starts (same day)")
@@ -69,8 +73,9 @@ def settings_errors(*, timezone_name: str, weekly, country: str, subdivision: st
     elif subdivision and not country:
         errors["holidays_subdivision"] = "A subdivision needs its country."
     elif subdivision and subdivision not in supported[country]:
-        errors["holidays_subdivision"] = (f"{subdivision!r} is not a subdivision of {country} "
-                                          f"(one of {', '.join(supported[country][:12])}, ...).")
+        errors["holidays_subdivision"] = (
+            f"{subdivision!r} is not a subdivision of {country} (one of {', '.join(supported[country][:12])}, ...)."
+        )
     return errors
 
 
@@ -83,7 +88,7 @@ def _holidays(country: str, subdivision: str):
 @dataclass(frozen=True)
 class Schedule:
     zone: ZoneInfo
-    weekly: dict = field(default_factory=dict)     # weekday index (Monday 0) -> ((start, end | None), ...)
+    weekly: dict = field(default_factory=dict)  # weekday index (Monday 0) -> ((start, end | None), ...)
     country: str = ""
     subdivision: str = ""
 
@@ -96,8 +101,11 @@ class Schedule:
             return
         for start, end in self.weekly.get(day.weekday(), ()):
             begin = datetime.combine(day, start, tzinfo=self.zone)
-            close = (datetime.combine(day + timedelta(days=1), time(0), tzinfo=self.zone) if end is None
-                     else datetime.combine(day, end, tzinfo=self.zone))
+            close = (
+                datetime.combine(day + timedelta(days=1), time(0), tzinfo=self.zone)
+                if end is None
+                else datetime.combine(day, end, tzinfo=self.zone)
+            )
             begin, close = begin.astimezone(UTC), close.astimezone(UTC)
             if close > begin:
                 yield begin, close
@@ -155,7 +163,7 @@ def open_time_between(plan: Schedule, start: datetime, end: datetime) -> timedel
 
 def describe(weekly: dict, timezone_name: str) -> str:
     """{"mon": [["09:00","17:00"]], ... "fri": ...} -> "Mon-Fri 09:00-17:00 (Europe/Berlin)"."""
-    groups: list[list] = []   # [first day, last day, hours text]
+    groups: list[list] = []  # [first day, last day, hours text]
     for name in DAYS:
         hours = ", ".join(f"{start}-{end}" for start, end in (weekly or {}).get(name, ()))
         if groups and hours and groups[-1][2] == hours and DAYS.index(groups[-1][1]) == DAYS.index(name) - 1:
@@ -164,8 +172,9 @@ def describe(weekly: dict, timezone_name: str) -> str:
             groups.append([name, name, hours])
     if not groups:
         return "closed"
-    text = "; ".join((DAY_WORDS[a] if a == b else f"{DAY_WORDS[a]}-{DAY_WORDS[b]}") + f" {hours}"
-                     for a, b, hours in groups)
+    text = "; ".join(
+        (DAY_WORDS[a] if a == b else f"{DAY_WORDS[a]}-{DAY_WORDS[b]}") + f" {hours}" for a, b, hours in groups
+    )
     return f"{text} ({timezone_name})"
 
 

@@ -1,4 +1,5 @@
 """System checks (`manage.py check`): destination credentials outside their tenant's scope (intake.secrets)."""
+
 from django.core import checks
 
 

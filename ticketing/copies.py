@@ -18,6 +18,7 @@ Who is primary is decided once, by the database: the first copy that reaches thi
 copy finds it taken. Two workers racing on two copies cannot both be primary, and a copy whose ingest
 committed late finds the row as well. With the setting off, every mailbox's event makes its own ticket.
 """
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -40,8 +41,9 @@ LINKABLE_ACTIONS = (*WORK_ACTIONS, LINK_COPY)
 def one_ticket_per_message(tenant_id: int, cache: dict) -> bool:
     key = ("one_ticket_per_message", tenant_id)
     if key not in cache:
-        value = (RoutingPolicy.objects.filter(tenant_id=tenant_id)
-                 .values_list("one_ticket_per_message", flat=True).first())
+        value = (
+            RoutingPolicy.objects.filter(tenant_id=tenant_id).values_list("one_ticket_per_message", flat=True).first()
+        )
         cache[key] = True if value is None else bool(value)
     return cache[key]
 
@@ -49,9 +51,14 @@ def one_ticket_per_message(tenant_id: int, cache: dict) -> bool:
 def claim(event: InboxEvent) -> int:
     """The primary event of this message: this one if it is the first copy to ask."""
     rows = CopiedMessage.objects.filter(tenant_id=event.tenant_id, fingerprint=event.fingerprint)
-    CopiedMessage.objects.bulk_create([CopiedMessage(tenant_id=event.tenant_id, fingerprint=event.fingerprint,
-                                                     primary_id=event.pk, created_at=timezone.now())],
-                                      ignore_conflicts=True)
+    CopiedMessage.objects.bulk_create(
+        [
+            CopiedMessage(
+                tenant_id=event.tenant_id, fingerprint=event.fingerprint, primary_id=event.pk, created_at=timezone.now()
+            )
+        ],
+        ignore_conflicts=True,
+    )
     return rows.values_list("primary_id", flat=True).get()
 
 
@@ -71,13 +78,15 @@ def follow_primary(event: InboxEvent, worker: str, cache: dict) -> str | None:
         return Outcome.WAITING_FOR_COPY
     if primary == State.SUPPRESSED:
         # A reviewer closed the primary; this delivery is sent on: it becomes the primary.
-        CopiedMessage.objects.filter(tenant_id=event.tenant_id, fingerprint=event.fingerprint,
-                                     primary_id=primary_id).update(primary_id=event.pk)
+        CopiedMessage.objects.filter(
+            tenant_id=event.tenant_id, fingerprint=event.fingerprint, primary_id=primary_id
+        ).update(primary_id=event.pk)
         return follow_primary(event, worker, cache)
     mapping = None
     if primary == State.COMPLETED:
-        mapping = (TicketMapping.objects.filter(inbox_event_id=primary_id, action__in=LINKABLE_ACTIONS)
-                   .order_by("pk").first())
+        mapping = (
+            TicketMapping.objects.filter(inbox_event_id=primary_id, action__in=LINKABLE_ACTIONS).order_by("pk").first()
+        )
     if mapping is not None:
         return _link(event, primary_id, mapping, worker)
     return _to_review(event, primary_id, primary, worker)
@@ -86,21 +95,43 @@ def follow_primary(event: InboxEvent, worker: str, cache: dict) -> str | None:
 def _link(event: InboxEvent, primary_id: int, mapping: TicketMapping, worker: str) -> str:
     now = timezone.now()
     with transaction.atomic():
-        if not transition_event(event.pk, InboxEvent.OPEN_STATES, State.COMPLETED, actor=f"worker:{worker}",
-                                kind=AuditKind.LINKED_COPY, now=now, extra={"copy_of_id": primary_id, "retry_at": None},
-                                audit_detail={"primary_event": primary_id, "destination": mapping.destination_id,
-                                              "ticket_id": mapping.ticket_id}):
+        if not transition_event(
+            event.pk,
+            InboxEvent.OPEN_STATES,
+            State.COMPLETED,
+            actor=f"worker:{worker}",
+            kind=AuditKind.LINKED_COPY,
+            now=now,
+            extra={"copy_of_id": primary_id, "retry_at": None},
+            audit_detail={
+                "primary_event": primary_id,
+                "destination": mapping.destination_id,
+                "ticket_id": mapping.ticket_id,
+            },
+        ):
             return Outcome.DONE
-        TicketMapping.objects.create(inbox_event_id=event.pk, action=LINK_COPY, destination_id=mapping.destination_id,
-                                     ticket_id=mapping.ticket_id, ticket_url=mapping.ticket_url, created_at=now)
+        TicketMapping.objects.create(
+            inbox_event_id=event.pk,
+            action=LINK_COPY,
+            destination_id=mapping.destination_id,
+            ticket_id=mapping.ticket_id,
+            ticket_url=mapping.ticket_url,
+            created_at=now,
+        )
     return Outcome.LINKED
 
 
 def _to_review(event: InboxEvent, primary_id: int, primary_state: str, worker: str) -> str:
-    transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=f"worker:{worker}",
-                     kind=AuditKind.AWAITING_REVIEW, reason_code=ReasonCode.COPY_OF_UNRESOLVED,
-                     reason_detail=f"a copy of event {primary_id}, which is {primary_state}: settle that one, "
-                                   "then replay this one to link it to its ticket",
-                     detail={"primary_event": primary_id, "primary_state": primary_state},
-                     extra={"copy_of_id": primary_id, "retry_at": None})
+    transition_event(
+        event.pk,
+        InboxEvent.OPEN_STATES,
+        State.AWAITING_REVIEW,
+        actor=f"worker:{worker}",
+        kind=AuditKind.AWAITING_REVIEW,
+        reason_code=ReasonCode.COPY_OF_UNRESOLVED,
+        reason_detail=f"a copy of event {primary_id}, which is {primary_state}: settle that one, "
+        "then replay this one to link it to its ticket",
+        detail={"primary_event": primary_id, "primary_state": primary_state},
+        extra={"copy_of_id": primary_id, "retry_at": None},
+    )
     return Outcome.AWAITING_REVIEW

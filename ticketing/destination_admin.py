@@ -6,6 +6,7 @@ the credentials and settings without writing anything (a platform reference not 
 Each kind declares what it reads (`DestinationAdapter.SETTINGS`, `ticketing.destinations.settings`);
 an unknown name is refused, so a typo is caught when it is typed, not when the first email fails.
 """
+
 from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html_join
@@ -22,9 +23,12 @@ class DestinationForm(forms.ModelForm):
     # The secret rule (intake.secret_policy): someone who is not a superuser and moves base_url to another host
     # types the credentials reference again, so that credentials go there on purpose.
     confirm_credentials_ref = forms.CharField(
-        required=False, max_length=300, label="Confirm credentials reference",
+        required=False,
+        max_length=300,
+        label="Confirm credentials reference",
         help_text="Needed when base_url moves to another host (superusers excepted): the credentials reference "
-                  "again, as above.")
+        "again, as above.",
+    )
 
     class Meta:
         model = Destination
@@ -37,8 +41,9 @@ class DestinationForm(forms.ModelForm):
             self.add_error("confirm_credentials_ref", "This does not match the credentials reference.")
         if not data.get("kind"):
             return data
-        problems = configuration_errors(data["kind"], data.get("base_url"), data.get("credentials_ref"),
-                                        data.get("settings"))
+        problems = configuration_errors(
+            data["kind"], data.get("base_url"), data.get("credentials_ref"), data.get("settings")
+        )
         for field, problem_list in problems.items():
             if field not in self.errors:  # a field the form already refused keeps its own message
                 for message in problem_list:

@@ -20,6 +20,7 @@ messages contain what: `run_dry_run` lets only users with the message-body permi
 writes one `body_searched` audit row per message it searched (after the scan, outside its rollback),
 as a body view does.
 """
+
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -46,8 +47,10 @@ ROUTE_FIELDS = ("queue", "priority", "request_type", "assignee")
 BODY_KEYS = ("body_regex", "keywords")
 # The security role's permission (intake.InboxEvent's Meta), as reconciliation.services.roles names it too.
 VIEW_BODY_PERMISSION = "intake.view_message_body"
-BODY_DRY_RUN_DENIED = (f"this rule searches message bodies ({{keys}}): its dry run needs the message-body "
-                       f"permission ({VIEW_BODY_PERMISSION}), and every message it searches is audited")
+BODY_DRY_RUN_DENIED = (
+    f"this rule searches message bodies ({{keys}}): its dry run needs the message-body "
+    f"permission ({VIEW_BODY_PERMISSION}), and every message it searches is audited"
+)
 
 
 @dataclass
@@ -72,7 +75,7 @@ class DryRun:
     skipped_purged: int = 0
     errors: int = 0
     truncated: bool = False
-    total: int = 0                  # events in the window, at most MAX_EVENTS: what a full run would scan
+    total: int = 0  # events in the window, at most MAX_EVENTS: what a full run would scan
     stopped_for_time: bool = False  # the total time budget ran out after `scanned` of `total`
     matches: list[Match] = field(default_factory=list)
     searched_ids: list[int] = field(default_factory=list)  # events whose message was tested (for the audit)
@@ -102,8 +105,10 @@ def clamp_days(value, default: int = DEFAULT_DAYS) -> int:
 def _current(event: InboxEvent) -> dict:
     """The route the event has now: classification's choice, with an operator's override on top."""
     route = event.route or {}
-    fields = {name: (spec or {}).get("value", "") if isinstance(spec, dict) else spec
-              for name, spec in (route.get("fields") or {}).items()}
+    fields = {
+        name: (spec or {}).get("value", "") if isinstance(spec, dict) else spec
+        for name, spec in (route.get("fields") or {}).items()
+    }
     current = {name: str(fields.get(name) or "") for name in ROUTE_FIELDS}
     current["destination_id"] = route.get("destination_id")
     current["sensitive"] = bool(route.get("sensitive"))
@@ -122,8 +127,13 @@ def _action_changes(rule: RoutingRule, current: dict) -> list[Change]:
     """What a filter action (suppress, tag, mark_spam) would do on top of the fields (`rules.py`)."""
     tags = ", ".join(current["tags"]) or "—"
     if rule.action == RoutingRule.Action.SUPPRESS:
-        return [Change("outcome", "ticket" if current["action"] != "suppress" else "suppressed",
-                       f"suppressed: {rule.suppress_reason or 'no reason given'} (replayable)")]
+        return [
+            Change(
+                "outcome",
+                "ticket" if current["action"] != "suppress" else "suppressed",
+                f"suppressed: {rule.suppress_reason or 'no reason given'} (replayable)",
+            )
+        ]
     if rule.action == RoutingRule.Action.TAG:
         added = [t for t in rule.tags or [] if t not in current["tags"]]
         return [Change("tags", tags, "+ " + ", ".join(added))] if added else []
@@ -147,8 +157,13 @@ def _changes(rule: RoutingRule, event: InboxEvent, destinations: dict) -> list[C
         return _action_changes(rule, current)  # these set no field and no destination
     changes = []
     if rule.destination_id and rule.destination_id != current["destination_id"]:
-        changes.append(Change("destination", destinations.get(current["destination_id"], "default"),
-                              destinations.get(rule.destination_id, str(rule.destination_id))))
+        changes.append(
+            Change(
+                "destination",
+                destinations.get(current["destination_id"], "default"),
+                destinations.get(rule.destination_id, str(rule.destination_id)),
+            )
+        )
     for name in ROUTE_FIELDS:
         new = getattr(rule, name)
         if new and new != current[name]:
@@ -158,8 +173,7 @@ def _changes(rule: RoutingRule, event: InboxEvent, destinations: dict) -> list[C
     return [*changes, *_action_changes(rule, current)]
 
 
-def dry_run(rule: RoutingRule, days=DEFAULT_DAYS, *, limit: int = MAX_EVENTS,
-            seconds: float | None = None) -> DryRun:
+def dry_run(rule: RoutingRule, days=DEFAULT_DAYS, *, limit: int = MAX_EVENTS, seconds: float | None = None) -> DryRun:
     """What `rule` would have done to the tenant's stored events of the last `days` days (writes nothing).
 
     Stops when `seconds` (default `budget_seconds()`) have passed, with `stopped_for_time` set. No permission
@@ -177,7 +191,7 @@ def dry_run(rule: RoutingRule, days=DEFAULT_DAYS, *, limit: int = MAX_EVENTS,
     other_conditions = {k: v for k, v in conditions.items() if k not in BODY_KEYS} if reads_body else conditions
     with transaction.atomic():  # belt and braces: whatever a dry run might write is rolled back
         try:
-            result.total = events[: limit].count()
+            result.total = events[:limit].count()
             # Streamed (a server-side cursor, a few raws in memory at a time), newest first.
             newest = events.select_related("mailbox").order_by("-received_at", "-pk")[: limit + 1]
             for event in newest.iterator(chunk_size=20):
@@ -223,8 +237,16 @@ def run_dry_run(*, user, rule: RoutingRule, days=DEFAULT_DAYS, limit: int = MAX_
     if keys and result.searched_ids:
         matched = {m.event.pk for m in result.matches}
         now, actor = timezone.now(), f"user:{user.get_username()}"
-        AuditEvent.objects.bulk_create([
-            AuditEvent(inbox_event_id=event_id, kind=AuditKind.BODY_SEARCHED, actor=actor, at=now, detail={
-                "rule": rule.pk, "conditions": keys, "matched": event_id in matched})
-            for event_id in result.searched_ids])
+        AuditEvent.objects.bulk_create(
+            [
+                AuditEvent(
+                    inbox_event_id=event_id,
+                    kind=AuditKind.BODY_SEARCHED,
+                    actor=actor,
+                    at=now,
+                    detail={"rule": rule.pk, "conditions": keys, "matched": event_id in matched},
+                )
+                for event_id in result.searched_ids
+            ]
+        )
     return result

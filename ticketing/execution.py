@@ -4,6 +4,7 @@
 Apart from ticketing.services (which decides what an event needs and creates the intent) and from
 ticketing.bulkhead (the per-destination cap and the hand-over), so that each imports this one way.
 """
+
 import email.utils
 import logging
 
@@ -36,7 +37,7 @@ from .outcomes import Outcome
 logger = logging.getLogger(__name__)
 
 State = InboxEvent.State
-REUSED_MESSAGE_ID = "message_id_reused"   # the flag (and tag) of a message whose Message-ID another one had
+REUSED_MESSAGE_ID = "message_id_reused"  # the flag (and tag) of a message whose Message-ID another one had
 
 
 def written_at(event: InboxEvent, parsed):
@@ -54,8 +55,15 @@ def written_at(event: InboxEvent, parsed):
 class Work:
     """One attempt's payload: what to send for the intent's action."""
 
-    def __init__(self, event: InboxEvent, action: str, parsed, target: TicketMapping | None = None, flags=(),
-                 follow_up_of: str = ""):
+    def __init__(
+        self,
+        event: InboxEvent,
+        action: str,
+        parsed,
+        target: TicketMapping | None = None,
+        flags=(),
+        follow_up_of: str = "",
+    ):
         # A create_ticket takes its fields from `event.route` (stored by classification) and the
         # operator's `event.route_override`, which wins (`classification.ticket_fields`).
         self.event, self.action, self.parsed, self.target, self.flags = event, action, parsed, target, list(flags)
@@ -65,8 +73,9 @@ class Work:
         # Built only from the stored message, so every attempt sends the same body
         # (a destination that keeps our key rejects the same key with another body).
         if self.action == Intent.Action.ADD_COMMENT:
-            adapter.add_comment(self.target.ticket_id, self.comment_request(adapter), intent.idempotency_key,
-                                intent.external_ref)
+            adapter.add_comment(
+                self.target.ticket_id, self.comment_request(adapter), intent.idempotency_key, intent.external_ref
+            )
             return TicketResult(ticket_id=self.target.ticket_id, url=self.target.ticket_url)
         return adapter.create_ticket(self.ticket_request(adapter), intent.idempotency_key, intent.external_ref)
 
@@ -82,8 +91,9 @@ class Work:
     def ticket_request(self, adapter) -> TicketRequest:
         """The new ticket's fields; the set-based path (`ticketing.batch`) builds its rows from this too."""
         parsed = self.parsed
-        chosen = classification.ticket_fields(getattr(self.event, "route", None),
-                                              getattr(self.event, "route_override", None))
+        chosen = classification.ticket_fields(
+            getattr(self.event, "route", None), getattr(self.event, "route_override", None)
+        )
         tags = ("mailroom",) + tuple(f"mailroom-{flag.replace('_', '-')}" for flag in self.flags)
         if chosen["sensitive"]:
             tags += (classification.NEEDS_APPROVAL,)
@@ -95,14 +105,24 @@ class Work:
             listing += "\n\nCopied: " + ", ".join(cc)
         if person.forwarded_by:
             listing += f"\n\nForwarded by {person.forwarded_by} (an agent); the requester is the original sender."
-        return TicketRequest(subject=parsed.subject or "(no subject)",
-                             description=self._fit(adapter, parsed.text, reserve=len(listing)) + listing,
-                             requester=person.email, tags=tags,
-                             queue=chosen["queue"], priority=chosen["priority"],
-                             request_type=chosen["request_type"], assignee=chosen["assignee"],
-                             requester_name=person.name, cc=cc, html=html, files=files, held_files=held,
-                             follow_up_of=self.follow_up_of, status="closed" if self.event.history else "",
-                             created_at=written_at(self.event, parsed) if self.event.history else None)
+        return TicketRequest(
+            subject=parsed.subject or "(no subject)",
+            description=self._fit(adapter, parsed.text, reserve=len(listing)) + listing,
+            requester=person.email,
+            tags=tags,
+            queue=chosen["queue"],
+            priority=chosen["priority"],
+            request_type=chosen["request_type"],
+            assignee=chosen["assignee"],
+            requester_name=person.name,
+            cc=cc,
+            html=html,
+            files=files,
+            held_files=held,
+            follow_up_of=self.follow_up_of,
+            status="closed" if self.event.history else "",
+            created_at=written_at(self.event, parsed) if self.event.history else None,
+        )
 
     def comment_request(self, adapter) -> CommentRequest:
         """What a reply adds: the new text, written as the customer (public) or, from one of the tenant's
@@ -113,10 +133,17 @@ class Work:
             public = True
         html, files, (_, held, listing) = self._rich(adapter)
         text = self.comment_text()
-        return CommentRequest(body=self._fit(adapter, text, reserve=len(listing)) + listing,
-                              author_email=parsed.sender, author_name=parsed.sender_name, public=public,
-                              from_agent=from_agent, html=html if html else "", files=files, held_files=held,
-                              cc=people.copied(self.event, parsed, parsed.sender))
+        return CommentRequest(
+            body=self._fit(adapter, text, reserve=len(listing)) + listing,
+            author_email=parsed.sender,
+            author_name=parsed.sender_name,
+            public=public,
+            from_agent=from_agent,
+            html=html if html else "",
+            files=files,
+            held_files=held,
+            cc=people.copied(self.event, parsed, parsed.sender),
+        )
 
     def comment_text(self) -> str:
         """What a reply adds to its ticket: the new text only, as normalization stored it.
@@ -135,8 +162,10 @@ class Work:
     def truncation_notice(self, limit: int) -> str:
         """Says where the whole message is. No timestamps: every attempt must send the same body."""
         url = f"{settings.MAILROOM_PUBLIC_URL.rstrip('/')}/admin/intake/inboxevent/{self.event.pk}/change/"
-        return (f"\n\n[Mailroom: this message was shortened to fit the {limit:,}-character limit of this help desk."
-                f" The full original is Mailroom inbox event {self.event.pk}: {url} ]")
+        return (
+            f"\n\n[Mailroom: this message was shortened to fit the {limit:,}-character limit of this help desk."
+            f" The full original is Mailroom inbox event {self.event.pk}: {url} ]"
+        )
 
     def _fit(self, adapter, text: str, reserve: int = 0) -> str:
         """`text` cut at a paragraph boundary, with the notice, when the destination takes less (`reserve`:
@@ -173,8 +202,9 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
     if claimed != Outcome.CLAIMED:
         return claimed  # BUSY, or OVER_CAP: nothing was written, the caller tries again shortly
     # A plain step of the happy path: not audited (the attempt's outcome is).
-    transition_event(intent.inbox_event_id, [State.RECEIVED, State.READY], State.WRITE_PENDING,
-                     actor=f"worker:{worker}", kind=None)
+    transition_event(
+        intent.inbox_event_id, [State.RECEIVED, State.READY], State.WRITE_PENDING, actor=f"worker:{worker}", kind=None
+    )
     pause_point("before_destination_call")
     # The claim must still be ours, with room for a whole request, right before the side effect.
     read_timeout = getattr(adapter, "timeout", (0, 0))[1]
@@ -195,11 +225,17 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
     breaker.record_success(intent.destination)
     pause_point("after_destination_success")
     # A claim that expired meanwhile was moved to `unknown`; the success we hold settles it.
-    if intents.record_success(intent, result=result, actor=f"worker:{worker}",
-                              from_states=(Intent.State.IN_FLIGHT, Intent.State.UNKNOWN), event=work.event):
+    if intents.record_success(
+        intent,
+        result=result,
+        actor=f"worker:{worker}",
+        from_states=(Intent.State.IN_FLIGHT, Intent.State.UNKNOWN),
+        event=work.event,
+    ):
         return Outcome.CREATED
-    logger.error("intent %s: success for ticket %s could not be recorded; reconciliation will look",
-                 intent.pk, result.ticket_id)
+    logger.error(
+        "intent %s: success for ticket %s could not be recorded; reconciliation will look", intent.pk, result.ticket_id
+    )
     return Outcome.LATE_SUCCESS
 
 
@@ -218,8 +254,10 @@ def _ticket_closed(intent: Intent, work: Work, worker: str, adapter, exc: Ticket
     reason ticket_closed, shown in the recovery queue). `reopen` is the adapter's own (it reopens and writes)."""
     breaker.record_success(intent.destination)  # the desk answered: it is up
     if work.action == Intent.Action.ADD_COMMENT and closed_policy(intent.destination, adapter) == FOLLOW_UP:
-        return (intents.follow_up_instead(intent, worker=worker, closed_ticket_id=work.target.ticket_id)
-                or Outcome.CLAIM_LOST)
+        return (
+            intents.follow_up_instead(intent, worker=worker, closed_ticket_id=work.target.ticket_id)
+            or Outcome.CLAIM_LOST
+        )
     return intents.record_failure(intent, exc=exc, worker=worker) or Outcome.CLAIM_LOST
 
 
@@ -228,7 +266,7 @@ def call(intent_id: int, worker: str) -> str:
 
     Returns a short word (as `services.process_inbox_event` does); Outcome.OVER_CAP asks the task to come back.
     """
-    intent = (Intent.objects.select_related("destination", "inbox_event__mailbox").filter(pk=intent_id).first())
+    intent = Intent.objects.select_related("destination", "inbox_event__mailbox").filter(pk=intent_id).first()
     if intent is None:
         return Outcome.MISSING
     if intent.state not in (Intent.State.PENDING, Intent.State.RETRY_WAIT):

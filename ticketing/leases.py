@@ -6,6 +6,7 @@ intent, immediately before the external call; a worker that was paused past
 its expiry and overtaken finds a newer token and stops. Release only removes a
 lease whose token is still ours.
 """
+
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -46,7 +47,10 @@ def holds(lease: Lease, lock: bool = False) -> bool:
     with `lock`, the row stays locked until that transaction ends, so no takeover
     can slip between this check and the claim."""
     current = ThreadLease.objects.filter(
-        mailbox_id=lease.mailbox_id, thread_key=lease.thread_key, token=lease.token, owner=lease.owner,
+        mailbox_id=lease.mailbox_id,
+        thread_key=lease.thread_key,
+        token=lease.token,
+        owner=lease.owner,
         expires_at__gt=timezone.now(),
     )
     if lock:

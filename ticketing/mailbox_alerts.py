@@ -12,6 +12,7 @@ failing, only with `MAILROOM_MAILBOX_ALERT_FAILING` on (a single failed poll is 
 and their clearing are emailed (kind `quiet_mailbox`). A drill tenant's mailboxes are never emailed about.
 The text names the tenant and mailbox by slug, never the mailbox's address, a body or a secret.
 """
+
 import logging
 from datetime import timedelta
 
@@ -55,15 +56,24 @@ def is_emailed(audit: MailboxAudit) -> bool:
 
 
 def tenant_admins(tenant_id: int) -> list:
-    return list(get_user_model().objects.filter(mailroom_tenants=tenant_id, is_active=True,
-                                                groups__name=ADMIN_GROUP).exclude(email="").distinct().order_by("pk"))
+    return list(
+        get_user_model()
+        .objects.filter(mailroom_tenants=tenant_id, is_active=True, groups__name=ADMIN_GROUP)
+        .exclude(email="")
+        .distinct()
+        .order_by("pk")
+    )
 
 
 def send_pending(*, audit_ids=None, now=None) -> int:
     """Email every transition row not yet emailed (only `audit_ids`, if given). Returns how many were sent."""
     now = now or timezone.now()
-    rows = (MailboxAudit.objects.filter(kind__in=(*LINK_KINDS, *QUIET_KINDS), at__gte=now - WINDOW)
-            .exclude(mailbox__tenant__is_drill=True).select_related("mailbox", "tenant").order_by("pk"))
+    rows = (
+        MailboxAudit.objects.filter(kind__in=(*LINK_KINDS, *QUIET_KINDS), at__gte=now - WINDOW)
+        .exclude(mailbox__tenant__is_drill=True)
+        .select_related("mailbox", "tenant")
+        .order_by("pk")
+    )
     if audit_ids is not None:
         rows = rows.filter(pk__in=list(audit_ids))
     rows = [audit for audit in rows if is_emailed(audit)]
@@ -77,19 +87,29 @@ def send_pending(*, audit_ids=None, now=None) -> int:
         subject, body = compose(audit)
         kind = Notification.Kind.QUIET_MAILBOX if audit.kind in QUIET_KINDS else Notification.Kind.MAILBOX_HEALTH
         try:
-            sent += notifications.send_once(key_for(audit), kind, audit.tenant_id, admins[audit.tenant_id], subject,
-                                            body, mailbox_id=audit.mailbox_id)
+            sent += notifications.send_once(
+                key_for(audit),
+                kind,
+                audit.tenant_id,
+                admins[audit.tenant_id],
+                subject,
+                body,
+                mailbox_id=audit.mailbox_id,
+            )
         except Exception:  # the row stays unanswered: the beat's next run tries again
-            logger.exception("could not email the admins of tenant %s about mailbox %s", audit.tenant_id,
-                             audit.mailbox_id)
+            logger.exception(
+                "could not email the admins of tenant %s about mailbox %s", audit.tenant_id, audit.mailbox_id
+            )
     return sent
 
 
 def compose(audit: MailboxAudit) -> tuple[str, str]:
     mailbox, tenant, detail = audit.mailbox, audit.tenant, audit.detail or {}
     name = f"{tenant.slug}/{mailbox.slug}"
-    lines = [f"Mailbox {mailbox.slug} of tenant {tenant.slug} {HEADLINES[audit.kind]}.",
-             f"When: {audit.at:%Y-%m-%d %H:%M} UTC"]
+    lines = [
+        f"Mailbox {mailbox.slug} of tenant {tenant.slug} {HEADLINES[audit.kind]}.",
+        f"When: {audit.at:%Y-%m-%d %H:%M} UTC",
+    ]
     if audit.kind in LINK_KINDS:
         lines.append(f"Failed polls in a row: {detail.get('failures', 0)}")
         if detail.get("error"):
@@ -97,10 +117,15 @@ def compose(audit: MailboxAudit) -> tuple[str, str]:
         if mailbox.last_success_at:
             lines.append(f"Last successful poll: {mailbox.last_success_at:%Y-%m-%d %H:%M} UTC")
     if audit.kind == Kind.LINK_DOWN:
-        lines += ["", "Mail waits at the provider and is fetched once the mailbox works again; none is lost.",
-                  "If the credentials were refused, fix them, then reset the mailbox's health."]
+        lines += [
+            "",
+            "Mail waits at the provider and is fetched once the mailbox works again; none is lost.",
+            "If the credentials were refused, fix them, then reset the mailbox's health.",
+        ]
     if audit.kind == Kind.QUIET_ALARM:
-        lines.append(f"No message for more than {detail.get('threshold_hours')} hours, longer than its traffic "
-                     "of the last days suggests. The mail may be going elsewhere (a changed MX, a forwarding rule).")
+        lines.append(
+            f"No message for more than {detail.get('threshold_hours')} hours, longer than its traffic "
+            "of the last days suggests. The mail may be going elsewhere (a changed MX, a forwarding rule)."
+        )
     lines += ["", f"{settings.MAILROOM_PUBLIC_URL}/admin/intake/mailbox/{mailbox.pk}/change/"]
     return f"[Mailroom] mailbox {name} {HEADLINES[audit.kind]}", "\n".join(lines)

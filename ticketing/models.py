@@ -1,4 +1,5 @@
 """Where tickets are made: destinations, durable intents, mappings and the built-in ticket store."""
+
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Cast
@@ -8,6 +9,7 @@ from intake.models import InboxEvent, Mailbox, Tenant, check_secret_refs
 
 class DestinationKind(models.TextChoices):
     """One per adapter (ticketing.destinations); `Destination.Kind`."""
+
     BUILTIN = "builtin", "Built-in ticket store"
     ZENDESK = "zendesk", "Zendesk"
     JIRA_SM = "jira_sm", "Jira Service Management"
@@ -25,9 +27,15 @@ class Destination(models.Model):
     slug = models.SlugField()
     kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.BUILTIN)
     base_url = models.URLField("base URL", blank=True)
-    credentials_ref = models.CharField("credentials reference", max_length=300, blank=True, help_text=(
-        "env:MAILROOM_T_<TENANT>_<NAME>, a file under MAILROOM_SECRETS_DIR/<tenant>/ "
-        "or vault:<mount>/mailroom/<tenant>/<path>#<key>"))
+    credentials_ref = models.CharField(
+        "credentials reference",
+        max_length=300,
+        blank=True,
+        help_text=(
+            "env:MAILROOM_T_<TENANT>_<NAME>, a file under MAILROOM_SECRETS_DIR/<tenant>/ "
+            "or vault:<mount>/mailroom/<tenant>/<path>#<key>"
+        ),
+    )
     settings = models.JSONField(default=dict, blank=True)
     is_default = models.BooleanField("default destination", default=False)
     paused = models.BooleanField(default=False, help_text="Workers make no writes to a paused destination.")
@@ -44,8 +52,10 @@ class Destination(models.Model):
                 fields=["tenant"], condition=Q(is_default=True), name="destination_one_default_per_tenant"
             ),
             models.CheckConstraint(
-                condition=Q(credentials_ref="") | Q(credentials_ref__startswith="env:")
-                | Q(credentials_ref__startswith="file:") | Q(credentials_ref__startswith="vault:"),
+                condition=Q(credentials_ref="")
+                | Q(credentials_ref__startswith="env:")
+                | Q(credentials_ref__startswith="file:")
+                | Q(credentials_ref__startswith="vault:"),
                 name="destination_credentials_is_a_reference",
             ),
             # A kind without an adapter could take intents that no worker can carry out.
@@ -183,15 +193,22 @@ def first_create_mapping(destination_id, ticket_id) -> models.Subquery:
     """The id of the first create mapping of ticket (`destination_id`, `ticket_id`): its number (ticketing.numbers).
     The arguments are expressions (OuterRef) of the queryset it annotates."""
     return models.Subquery(
-        TicketMapping.objects.filter(destination_id=destination_id, ticket_id=ticket_id,
-                                     action=Intent.Action.CREATE_TICKET).order_by("pk").values("pk")[:1])
+        TicketMapping.objects.filter(
+            destination_id=destination_id, ticket_id=ticket_id, action=Intent.Action.CREATE_TICKET
+        )
+        .order_by("pk")
+        .values("pk")[:1]
+    )
 
 
 class TicketQuerySet(models.QuerySet):
     def with_numbers(self):
         """Each ticket annotated with `mapping_number`: the id of the mapping that created it (None before)."""
-        return self.annotate(mapping_number=first_create_mapping(
-            models.OuterRef("destination_id"), Cast(models.OuterRef("pk"), models.CharField())))
+        return self.annotate(
+            mapping_number=first_create_mapping(
+                models.OuterRef("destination_id"), Cast(models.OuterRef("pk"), models.CharField())
+            )
+        )
 
 
 class Ticket(models.Model):
@@ -251,7 +268,6 @@ class TicketComment(models.Model):
         return f"comment {self.pk} on {self.ticket}"
 
 
-
 PRIORITIES = ("low", "normal", "high", "urgent")
 
 
@@ -269,8 +285,9 @@ class RoutingPolicy(models.Model):
     default_queue = models.CharField(max_length=100, blank=True)
     default_priority = models.CharField(max_length=10, default="normal")
     default_request_type = models.CharField(max_length=100, blank=True)
-    ai_enabled = models.BooleanField("AI proposals enabled", default=False,
-                                     help_text="Let the AI proposer suggest fields no rule set.")
+    ai_enabled = models.BooleanField(
+        "AI proposals enabled", default=False, help_text="Let the AI proposer suggest fields no rule set."
+    )
     ai_min_confidence = models.FloatField("AI minimum confidence", default=0.7)
     # One message delivered to several mailboxes of the tenant (To support@, Cc sales@): one ticket
     # (the other deliveries link to it), or one ticket per mailbox.
@@ -280,10 +297,13 @@ class RoutingPolicy(models.Model):
         verbose_name = "routing policy"
         verbose_name_plural = "routing policies"
         constraints = [
-            models.CheckConstraint(condition=Q(ai_min_confidence__gte=0) & Q(ai_min_confidence__lte=1),
-                                   name="routing_policy_confidence_is_a_probability"),
-            models.CheckConstraint(condition=Q(default_priority__in=PRIORITIES),
-                                   name="routing_policy_default_priority_known"),
+            models.CheckConstraint(
+                condition=Q(ai_min_confidence__gte=0) & Q(ai_min_confidence__lte=1),
+                name="routing_policy_confidence_is_a_probability",
+            ),
+            models.CheckConstraint(
+                condition=Q(default_priority__in=PRIORITIES), name="routing_policy_default_priority_known"
+            ),
         ]
 
     def __str__(self):
@@ -294,8 +314,14 @@ class RoutingRule(models.Model):
     """An admin's rule: when every condition holds, set these fields (see ticketing.classification)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="routing_rules")
-    mailbox = models.ForeignKey(Mailbox, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
-                                help_text="only mail of this mailbox (empty: every mailbox of the tenant)")
+    mailbox = models.ForeignKey(
+        Mailbox,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="only mail of this mailbox (empty: every mailbox of the tenant)",
+    )
     position = models.PositiveIntegerField(default=100, help_text="rules are tried in ascending position")
     name = models.CharField(max_length=200)
     enabled = models.BooleanField(default=True)
@@ -316,18 +342,24 @@ class RoutingRule(models.Model):
 
     action = models.CharField(max_length=20, choices=Action.choices, default=Action.ROUTE, db_default=Action.ROUTE)
     tags = models.JSONField(default=list, blank=True, help_text="tags the ticket gets (action tag)")
-    suppress_reason = models.CharField("suppression reason", max_length=200, blank=True,
-                                       help_text="what the console shows for mail this rule suppresses")
+    suppress_reason = models.CharField(
+        "suppression reason",
+        max_length=200,
+        blank=True,
+        help_text="what the console shows for mail this rule suppresses",
+    )
     hits = models.PositiveIntegerField(default=0)
     last_hit_at = models.DateTimeField("last hit", null=True, blank=True)
 
     class Meta:
         ordering = ("tenant", "position", "pk")
         constraints = [
-            models.CheckConstraint(condition=Q(priority="") | Q(priority__in=PRIORITIES),
-                                   name="routing_rule_priority_known"),
-            models.CheckConstraint(condition=Q(action__in=["route", "suppress", "tag", "mark_spam"]),
-                                   name="routing_rule_known_action"),
+            models.CheckConstraint(
+                condition=Q(priority="") | Q(priority__in=PRIORITIES), name="routing_rule_priority_known"
+            ),
+            models.CheckConstraint(
+                condition=Q(action__in=["route", "suppress", "tag", "mark_spam"]), name="routing_rule_known_action"
+            ),
         ]
         indexes = [models.Index(fields=["tenant", "enabled", "position"], name="routing_rule_order")]
 
@@ -419,9 +451,10 @@ class UndeliverableAddress(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="undeliverable_addresses")
     address = models.CharField(max_length=320)
     status = models.CharField("DSN status", max_length=20, blank=True)
-    reason = models.CharField(max_length=200, blank=True)   # the diagnostic's first line, addresses masked
-    bounced_event = models.ForeignKey(InboxEvent, on_delete=models.CASCADE, related_name="+",
-                                      verbose_name="bounce (inbox event)")
+    reason = models.CharField(max_length=200, blank=True)  # the diagnostic's first line, addresses masked
+    bounced_event = models.ForeignKey(
+        InboxEvent, on_delete=models.CASCADE, related_name="+", verbose_name="bounce (inbox event)"
+    )
     expires_at = models.DateTimeField("expires")
     created_at = models.DateTimeField("marked")
 

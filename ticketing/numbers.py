@@ -9,6 +9,7 @@ tokens already sent keep their meaning. Comments, linked copies and events an op
 existing ticket have mappings of their own; their ticket's number is still its first create mapping's
 (`number_of`), and a number that names any create mapping of a ticket finds that ticket.
 """
+
 import re
 
 from django.db.models import OuterRef, QuerySet
@@ -47,8 +48,11 @@ def with_numbers(mappings: QuerySet) -> QuerySet:
 def ticket_of_number(number: int) -> tuple[int, str] | None:
     """(destination id, desk ticket id) of the ticket numbered `number`, or of the ticket any other create
     mapping `number` points at (a token sent before a later link still finds its ticket); None: no such."""
-    found = TicketMapping.objects.filter(pk=number, action=Intent.Action.CREATE_TICKET).values_list(
-        "destination_id", "ticket_id").first()
+    found = (
+        TicketMapping.objects.filter(pk=number, action=Intent.Action.CREATE_TICKET)
+        .values_list("destination_id", "ticket_id")
+        .first()
+    )
     return tuple(found) if found else None
 
 

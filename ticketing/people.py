@@ -14,6 +14,7 @@
 Agent status is read from From as written: it decides only where a comment is shown (an internal note is
 the cautious side) and whom a forward is for (flagged for a person to see).
 """
+
 from dataclasses import dataclass
 
 from intake import groupcache
@@ -41,7 +42,7 @@ REQUESTER_ENTERED = "requester_entered"
 class Requester:
     email: str
     name: str = ""
-    forwarded_by: str = ""   # the agent who forwarded the customer's message; "" when not a forward
+    forwarded_by: str = ""  # the agent who forwarded the customer's message; "" when not a forward
 
 
 def agent_patterns(tenant) -> tuple[tuple[str, str], ...]:
@@ -60,7 +61,7 @@ def agent_patterns(tenant) -> tuple[tuple[str, str], ...]:
             key = address_key(value)
             if key:
                 patterns.append(("address", key))
-        else:   # "@example.com", or a bare "example.com"
+        else:  # "@example.com", or a bare "example.com"
             patterns.append(("domain", normalize_domain(value.lstrip("@"))))
     return tuple(patterns)
 
@@ -71,8 +72,10 @@ def is_agent(tenant, address: str) -> bool:
     if not local:
         return False
     key = address_key(address)
-    return any((kind == "address" and value == key) or (kind == "domain" and value == domain)
-               for kind, value in agent_patterns(tenant))
+    return any(
+        (kind == "address" and value == key) or (kind == "domain" and value == domain)
+        for kind, value in agent_patterns(tenant)
+    )
 
 
 def own_addresses(tenant_id: int) -> frozenset[str]:
@@ -126,7 +129,7 @@ def requester(event, parsed) -> Requester:
     if not key or key == address_key(parsed.sender) or is_agent(event.tenant, email):
         return sender
     if key in own_addresses(event.tenant_id):
-        return sender   # a forward of our own mail (an acknowledgment, a notification)
+        return sender  # a forward of our own mail (an acknowledgment, a notification)
     if not agent_authenticated(event):
         # Anyone can write an agent's From: only an authenticated one may say whom a ticket is for (the desk
         # mails its requester).

@@ -38,6 +38,7 @@ again, outcome "rejudged"), is never confirmed or replayed as a new action, and
 only a caller allowed to decide on quarantine closes a quarantined event
 (`close_not_a_request(may_close_quarantined=True)`).
 """
+
 import logging
 
 from django.db import transaction
@@ -75,13 +76,19 @@ ROUTE_KEYS = ("destination_id", "queue", "priority", "request_type")
 MAX_TICKET_ID_CHARS = 200
 
 
-QUARANTINE_UNRELEASED = ("it was quarantined and no security user released it: it cannot be {what}; a replay "
-                         "sends it back to validation and the malware scan")
+QUARANTINE_UNRELEASED = (
+    "it was quarantined and no security user released it: it cannot be {what}; a replay "
+    "sends it back to validation and the malware scan"
+)
 CLOSE_QUARANTINED_REFUSED = "a quarantined item is closed or released by the security role only"
-NO_REQUESTER_REFUSED = ("it has no usable sender address, so its ticket would be for nobody: enter the requester's "
-                        "address on the item first")
-UNSETTLED_REFUSED = ("an earlier attempt's outcome is unknown and {why}: a replay could make a second ticket. "
-                     "Check the desk, then confirm the ticket you find, or replay it as a new action (approved)")
+NO_REQUESTER_REFUSED = (
+    "it has no usable sender address, so its ticket would be for nobody: enter the requester's "
+    "address on the item first"
+)
+UNSETTLED_REFUSED = (
+    "an earlier attempt's outcome is unknown and {why}: a replay could make a second ticket. "
+    "Check the desk, then confirm the ticket you find, or replay it as a new action (approved)"
+)
 
 
 class ReplayRefused(Exception):
@@ -90,12 +97,16 @@ class ReplayRefused(Exception):
 
 # --- the route an operator corrects -------------------------------------------
 
+
 def _effective_route(event: InboxEvent, intent: Intent | None) -> dict:
     """What the event would be sent with now: its destination and the fields `Work` sends
     (`classification.ticket_fields`: the operator's override wins over the stored route)."""
     chosen = classification.ticket_fields(event.route, event.route_override)
-    destination_id = intent.destination_id if intent is not None else (
-        (event.route_override or {}).get("destination_id") or (event.route or {}).get("destination_id"))
+    destination_id = (
+        intent.destination_id
+        if intent is not None
+        else ((event.route_override or {}).get("destination_id") or (event.route or {}).get("destination_id"))
+    )
     return {"destination_id": destination_id, **{key: chosen.get(key, "") for key in ROUTE_KEYS[1:]}}
 
 
@@ -104,16 +115,33 @@ def _corrections(event: InboxEvent, intent: Intent | None, route: dict | None) -
     if not route:
         return {}
     before = _effective_route(event, intent)
-    return {key: {"from": before.get(key) or None, "to": value} for key, value in route.items()
-            if str(before.get(key) or "") != str(value)}
+    return {
+        key: {"from": before.get(key) or None, "to": value}
+        for key, value in route.items()
+        if str(before.get(key) or "") != str(value)
+    }
 
 
 # --- helpers -------------------------------------------------------------------
 
+
 def _event(event_id: int) -> InboxEvent:
-    event = InboxEvent.objects.filter(pk=event_id).only(
-        "pk", "tenant_id", "mailbox_id", "provider_message_id", "state", "route_override", "route", "details",
-        "reason_code", "sender").first()
+    event = (
+        InboxEvent.objects.filter(pk=event_id)
+        .only(
+            "pk",
+            "tenant_id",
+            "mailbox_id",
+            "provider_message_id",
+            "state",
+            "route_override",
+            "route",
+            "details",
+            "reason_code",
+            "sender",
+        )
+        .first()
+    )
     if event is None:
         raise ReplayRefused("no such event")
     return event
@@ -139,18 +167,28 @@ def _clean_route(route: dict | None, tenant_id: int) -> tuple[dict | None, Desti
     return clean, destination
 
 
-def _send_on(event: InboxEvent, to_state: str, now, route: dict | None, *, actor: str, kind: AuditKind,
-             audit_detail: dict) -> None:
+def _send_on(
+    event: InboxEvent, to_state: str, now, route: dict | None, *, actor: str, kind: AuditKind, audit_detail: dict
+) -> None:
     """The event back on the worker path with the action's audit row, announced by an outbox row,
     in the caller's transaction."""
     extra = {"route_override": route} if route is not None else {}
-    if not transition_event(event.pk, [event.state], to_state, actor=actor, kind=kind, audit_detail=audit_detail,
-                            now=now, extra={"retry_at": None, "dispatch_count": 1, **extra}):
+    if not transition_event(
+        event.pk,
+        [event.state],
+        to_state,
+        actor=actor,
+        kind=kind,
+        audit_detail=audit_detail,
+        now=now,
+        extra={"retry_at": None, "dispatch_count": 1, **extra},
+    ):
         raise ReplayRefused("the event changed meanwhile")
     enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=now)
 
 
 # --- writes --------------------------------------------------------------------
+
 
 def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> str:
     """Send the event's current action again under its original idempotency key.
@@ -198,18 +236,26 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
             return _rejudge(event, intent, route, actor=actor, now=now)
         if people.lacks_requester(event):
             raise ReplayRefused(NO_REQUESTER_REFUSED)
-        if intent is not None and intent.action == Intent.Action.ADD_COMMENT and destination is not None \
-                and destination.pk != intent.destination_id:
+        if (
+            intent is not None
+            and intent.action == Intent.Action.ADD_COMMENT
+            and destination is not None
+            and destination.pk != intent.destination_id
+        ):
             raise ReplayRefused("a comment goes to its thread's ticket: its destination cannot be changed")
         detail = {"event_state": event.state, "route": route, "corrected": _corrections(event, intent, route)}
         if intent is None:
             outcome, to_state = "rerouted", EventState.READY
         else:
             if intent.state not in REPLAYABLE_INTENT_STATES:
-                raise ReplayRefused(f"its intent is {intent.state}; only a failed or held intent is replayed "
-                                    "with its key")
-            if asked is None and intents.last_unknown_at(intent) is not None or (
-                    asked is not None and asked[0] != intent.pk):
+                raise ReplayRefused(
+                    f"its intent is {intent.state}; only a failed or held intent is replayed with its key"
+                )
+            if (
+                asked is None
+                and intents.last_unknown_at(intent) is not None
+                or (asked is not None and asked[0] != intent.pk)
+            ):
                 raise ReplayRefused("its intent changed meanwhile; try again")
             if asked is not None and asked[1].says == intents.FOUND:
                 return _link_found(event, intent, asked[1], route, actor=actor, now=now)
@@ -218,14 +264,26 @@ def replay_same_key(event_id: int, *, actor: str, route: dict | None = None) -> 
             if not intents.replay(intent, now, destination_id=destination.pk if destination is not None else None):
                 raise ReplayRefused("someone else moved its intent meanwhile")
             outcome, to_state = "reopened", EventState.WRITE_PENDING
-            detail.update({
-                "intent": intent.pk, "action_version": intent.action_version, "intent_state": intent.state,
-                "previous_attempts": intent.attempts, "idempotency_key": intent.idempotency_key[:12],
-                "destination": destination.pk if destination is not None else intent.destination_id,
-                "previous_destination": intent.destination_id,
-            })
-        _send_on(event, to_state, now, route, actor=actor, kind=AuditKind.REPLAYED,
-                 audit_detail={"outcome": outcome, **detail})
+            detail.update(
+                {
+                    "intent": intent.pk,
+                    "action_version": intent.action_version,
+                    "intent_state": intent.state,
+                    "previous_attempts": intent.attempts,
+                    "idempotency_key": intent.idempotency_key[:12],
+                    "destination": destination.pk if destination is not None else intent.destination_id,
+                    "previous_destination": intent.destination_id,
+                }
+            )
+        _send_on(
+            event,
+            to_state,
+            now,
+            route,
+            actor=actor,
+            kind=AuditKind.REPLAYED,
+            audit_detail={"outcome": outcome, **detail},
+        )
     return outcome
 
 
@@ -245,17 +303,35 @@ def _ask_first(event_id: int) -> tuple[int, intents.Answer] | None:
     return intent.pk, answer
 
 
-def _link_found(event: InboxEvent, intent: Intent, answer: intents.Answer, route: dict | None, *, actor: str,
-                now) -> str:
+def _link_found(
+    event: InboxEvent, intent: Intent, answer: intents.Answer, route: dict | None, *, actor: str, now
+) -> str:
     """failed/held -> succeeded with the ticket the lookup found (its mapping, the event completed), and
     the replay's audit row; nothing is sent. In the caller's transaction."""
-    if not intents.record_success(intent, result=answer.ticket, actor=actor, from_states=REPLAYABLE_INTENT_STATES,
-                                  audit_detail={"settled_by": "lookup"}):
+    if not intents.record_success(
+        intent,
+        result=answer.ticket,
+        actor=actor,
+        from_states=REPLAYABLE_INTENT_STATES,
+        audit_detail={"settled_by": "lookup"},
+    ):
         raise ReplayRefused("someone else moved its intent meanwhile")
-    record_audit(event.pk, AuditKind.REPLAYED, actor=actor, at=now, detail={
-        "outcome": "linked", "event_state": event.state, "route": route, "intent": intent.pk,
-        "intent_state": intent.state, "ticket_id": answer.ticket.ticket_id, "lookup": answer.says,
-        "destination_calls": 1})
+    record_audit(
+        event.pk,
+        AuditKind.REPLAYED,
+        actor=actor,
+        at=now,
+        detail={
+            "outcome": "linked",
+            "event_state": event.state,
+            "route": route,
+            "intent": intent.pk,
+            "intent_state": intent.state,
+            "ticket_id": answer.ticket.ticket_id,
+            "lookup": answer.says,
+            "destination_calls": 1,
+        },
+    )
     return "linked"
 
 
@@ -269,10 +345,22 @@ def _rejudge(event: InboxEvent, intent: Intent | None, route: dict | None, *, ac
     extra = {"retry_at": None, "dispatch_count": 1, "details": details}
     if route is not None:
         extra["route_override"] = route
-    if not transition_event(event.pk, [event.state], EventState.RECEIVED, actor=actor, kind=AuditKind.REPLAYED,
-                            now=now, extra=extra, audit_detail={
-                                "outcome": "rejudged", "event_state": event.state, "route": route,
-                                "corrected": _corrections(event, None, route), "quarantine_unreleased": True}):
+    if not transition_event(
+        event.pk,
+        [event.state],
+        EventState.RECEIVED,
+        actor=actor,
+        kind=AuditKind.REPLAYED,
+        now=now,
+        extra=extra,
+        audit_detail={
+            "outcome": "rejudged",
+            "event_state": event.state,
+            "route": route,
+            "corrected": _corrections(event, None, route),
+            "quarantine_unreleased": True,
+        },
+    ):
         raise ReplayRefused("the event changed meanwhile")
     enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=now)
     return "rejudged"
@@ -285,9 +373,19 @@ def _reopen_acknowledgment(event_id: int, actor: str, now) -> str:
         raise ReplayRefused("someone else moved the acknowledgment meanwhile")
     enqueue_outbox(intents.NOTIFY_TOPIC, {"intent_id": ack.pk}, now=now)
     # The event stays completed: the action's row is written here, beside the intent's move.
-    record_audit(event_id, AuditKind.REPLAYED, actor=actor, at=now, detail={
-        "outcome": "acknowledgment_reopened", "intent": ack.pk, "intent_state": ack.state,
-        "previous_attempts": ack.attempts, "idempotency_key": ack.idempotency_key[:12]})
+    record_audit(
+        event_id,
+        AuditKind.REPLAYED,
+        actor=actor,
+        at=now,
+        detail={
+            "outcome": "acknowledgment_reopened",
+            "intent": ack.pk,
+            "intent_state": ack.state,
+            "previous_attempts": ack.attempts,
+            "idempotency_key": ack.idempotency_key[:12],
+        },
+    )
     return "acknowledgment_reopened"
 
 
@@ -300,12 +398,18 @@ def settle_acknowledgment(event_id: int, *, actor: str, note: str = "") -> None:
             raise ReplayRefused("no held or failed acknowledgment")
         if not intents.settle(ack, now):
             raise ReplayRefused("someone else moved the acknowledgment meanwhile")
-        record_audit(event_id, AuditKind.ACKNOWLEDGMENT_HANDLED, actor=actor, at=now, detail={
-            "intent": ack.pk, "previous_state": ack.state, "note": note[:500]})
+        record_audit(
+            event_id,
+            AuditKind.ACKNOWLEDGMENT_HANDLED,
+            actor=actor,
+            at=now,
+            detail={"intent": ack.pk, "previous_state": ack.state, "note": note[:500]},
+        )
 
 
-def replay_as_new_action(event_id: int, *, actor: str, approved_by: str, route: dict | None = None,
-                         reason: str = "") -> Intent:
+def replay_as_new_action(
+    event_id: int, *, actor: str, approved_by: str, route: dict | None = None, reason: str = ""
+) -> Intent:
     """A new action_version of the current action, with its own key and external reference.
 
     For when the original write must not be answered from the destination's
@@ -327,21 +431,30 @@ def replay_as_new_action(event_id: int, *, actor: str, approved_by: str, route: 
         if current is None:
             raise ReplayRefused("nothing was attempted yet: use a plain replay")
         action = current.action
-        locked = list(Intent.objects.select_for_update().select_related("destination")
-                      .filter(inbox_event_id=event_id, action=action).order_by("-action_version"))
+        locked = list(
+            Intent.objects.select_for_update()
+            .select_related("destination")
+            .filter(inbox_event_id=event_id, action=action)
+            .order_by("-action_version")
+        )
         previous = locked[0]
         # A fresh statement sees a version another approver committed while we waited for the lock.
-        if Intent.objects.filter(inbox_event_id=event_id, action=action,
-                                 action_version__gt=previous.action_version).exists():
+        if Intent.objects.filter(
+            inbox_event_id=event_id, action=action, action_version__gt=previous.action_version
+        ).exists():
             raise ReplayRefused("another new action was approved meanwhile")
         if previous.state not in SUPERSEDABLE_INTENT_STATES:
-            raise ReplayRefused(f"its intent is {previous.state}; only a failed, held or unknown intent can be "
-                                "superseded")
+            raise ReplayRefused(
+                f"its intent is {previous.state}; only a failed, held or unknown intent can be superseded"
+            )
         if previous.state == IntentState.UNKNOWN:
             intents.supersede(previous, now)
         new_version = previous.action_version + 1
-        if action == Intent.Action.ADD_COMMENT and destination is not None \
-                and destination.pk != previous.destination_id:
+        if (
+            action == Intent.Action.ADD_COMMENT
+            and destination is not None
+            and destination.pk != previous.destination_id
+        ):
             raise ReplayRefused("a comment goes to its thread's ticket: its destination cannot be changed")
         target = destination or previous.destination
         event_row = InboxEvent.objects.get(pk=event_id)
@@ -349,21 +462,35 @@ def replay_as_new_action(event_id: int, *, actor: str, approved_by: str, route: 
         if new.state != IntentState.PENDING or new.attempts:
             raise ReplayRefused("the new action already exists")
         Intent.objects.filter(pk=new.pk).update(next_attempt_at=now)
-        _send_on(event, EventState.WRITE_PENDING, now, route, actor=actor, kind=AuditKind.REPLAYED_AS_NEW_ACTION,
-                 audit_detail={
-                     "approved_by": approved_by, "reason": reason[:500], "route": route,
-                     "corrected": _corrections(event, previous, route),
-                     "previous_intent": previous.pk, "previous_version": previous.action_version,
-                     "previous_state": previous.state, "previous_key": previous.idempotency_key[:12],
-                     "intent": new.pk, "action_version": new_version, "idempotency_key": new.idempotency_key[:12],
-                     "destination": target.pk,
-                 })
+        _send_on(
+            event,
+            EventState.WRITE_PENDING,
+            now,
+            route,
+            actor=actor,
+            kind=AuditKind.REPLAYED_AS_NEW_ACTION,
+            audit_detail={
+                "approved_by": approved_by,
+                "reason": reason[:500],
+                "route": route,
+                "corrected": _corrections(event, previous, route),
+                "previous_intent": previous.pk,
+                "previous_version": previous.action_version,
+                "previous_state": previous.state,
+                "previous_key": previous.idempotency_key[:12],
+                "intent": new.pk,
+                "action_version": new_version,
+                "idempotency_key": new.idempotency_key[:12],
+                "destination": target.pk,
+            },
+        )
     new.refresh_from_db()
     return new
 
 
-def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket_url: str = "",
-                            destination_id: int | None = None) -> Intent:
+def confirm_existing_ticket(
+    event_id: int, *, actor: str, ticket_id: str, ticket_url: str = "", destination_id: int | None = None
+) -> Intent:
     """Complete the event with a ticket the reviewer found: mapping + success, and no destination call."""
     ticket_id = (ticket_id or "").strip()
     if not ticket_id or len(ticket_id) > MAX_TICKET_ID_CHARS:
@@ -372,8 +499,9 @@ def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket
     with transaction.atomic():
         event = _event(event_id)
         if event.state not in REPLAYABLE_EVENT_STATES:
-            raise ReplayRefused(f"the event is {event.state}; a ticket can be confirmed only for "
-                                f"{', '.join(REPLAYABLE_EVENT_STATES)}")
+            raise ReplayRefused(
+                f"the event is {event.state}; a ticket can be confirmed only for {', '.join(REPLAYABLE_EVENT_STATES)}"
+            )
         if quarantine_unreleased(event_id):
             raise ReplayRefused(QUARANTINE_UNRELEASED.format(what="completed with a ticket"))
         intent = current_intent(event_id)
@@ -396,19 +524,30 @@ def confirm_existing_ticket(event_id: int, *, actor: str, ticket_id: str, ticket
             event_row = InboxEvent.objects.get(pk=event_id)
             intent = intents.create_held(event_row, Intent.Action.CREATE_TICKET, destination, now)
         if intent.state not in CONFIRMABLE_INTENT_STATES:
-            raise ReplayRefused(f"its intent is {intent.state}; only a failed, unknown or held intent can be "
-                                "confirmed")
+            raise ReplayRefused(f"its intent is {intent.state}; only a failed, unknown or held intent can be confirmed")
         if intent.destination_id != destination.pk:
             if not Intent.objects.filter(pk=intent.pk, state__in=CONFIRMABLE_INTENT_STATES).update(
-                    destination_id=destination.pk):
+                destination_id=destination.pk
+            ):
                 raise ReplayRefused("someone else moved its intent meanwhile")
             intent.destination_id, intent.destination = destination.pk, destination
         result = TicketResult(ticket_id=ticket_id, url=(ticket_url or ticket_url_for(destination, ticket_id))[:500])
         if not intents.record_success(intent, result=result, actor=actor, from_states=CONFIRMABLE_INTENT_STATES):
             raise ReplayRefused("someone else moved its intent meanwhile")
-        record_audit(event_id, AuditKind.TICKET_CONFIRMED, actor=actor, at=now, detail={
-            "intent": intent.pk, "ticket_id": ticket_id, "destination": destination.pk,
-            "previous_event_state": event.state, "previous_intent_state": intent.state, "destination_calls": 0})
+        record_audit(
+            event_id,
+            AuditKind.TICKET_CONFIRMED,
+            actor=actor,
+            at=now,
+            detail={
+                "intent": intent.pk,
+                "ticket_id": ticket_id,
+                "destination": destination.pk,
+                "previous_event_state": event.state,
+                "previous_intent_state": intent.state,
+                "destination_calls": 0,
+            },
+        )
     intent.refresh_from_db()
     return intent
 
@@ -430,17 +569,26 @@ def close_not_a_request(event_id: int, *, actor: str, reason: str, may_close_qua
         current = current_intent(event_id)
         held_current = current is not None and current.state == IntentState.HELD
         if event.state not in CLOSABLE_EVENT_STATES and not (
-                held_current and event.state not in (EventState.SUPPRESSED, EventState.COMPLETED)):
+            held_current and event.state not in (EventState.SUPPRESSED, EventState.COMPLETED)
+        ):
             raise ReplayRefused(f"the event is {event.state}; only items of the recovery queue can be closed")
         if event.state == EventState.QUARANTINED and not may_close_quarantined:
             raise ReplayRefused(CLOSE_QUARANTINED_REFUSED)
         held = intents.hold_open(event_id, now)
         if Intent.objects.filter(inbox_event_id=event_id, state=IntentState.IN_FLIGHT).exists():
             raise ReplayRefused("a worker is writing for this event right now; try again in a moment")
-        if not transition_event(event_id, [event.state], EventState.SUPPRESSED, actor=actor,
-                                kind=AuditKind.CLOSED_NOT_A_REQUEST, reason_code=ReasonCode.NOT_A_REQUEST,
-                                reason_detail=reason, extra={"retry_at": None}, now=now, audit_detail={
-                                    "reason": reason[:500], "previous_state": event.state, "intents_held": held}):
+        if not transition_event(
+            event_id,
+            [event.state],
+            EventState.SUPPRESSED,
+            actor=actor,
+            kind=AuditKind.CLOSED_NOT_A_REQUEST,
+            reason_code=ReasonCode.NOT_A_REQUEST,
+            reason_detail=reason,
+            extra={"retry_at": None},
+            now=now,
+            audit_detail={"reason": reason[:500], "previous_state": event.state, "intents_held": held},
+        ):
             raise ReplayRefused("the event changed meanwhile")
     return held
 
@@ -457,12 +605,16 @@ def builtin_ticket_named(destination: Destination, typed: str) -> str:
             raise ReplayRefused(f"{destination.slug} has no ticket {numbers.format_number(number)}")
         return str(ticket.pk)
     if not typed.isdigit():
-        raise ReplayRefused(f"name a {destination.slug} ticket by its number as the ticket list shows it, "
-                            f"e.g. {numbers.format_number(12)}")
+        raise ReplayRefused(
+            f"name a {destination.slug} ticket by its number as the ticket list shows it, "
+            f"e.g. {numbers.format_number(12)}"
+        )
     ticket = tickets.with_numbers().filter(pk=int(typed)).first()
     if ticket is None:
         raise ReplayRefused(f"{destination.slug} has no ticket {typed}")
     if ticket.number not in (None, ticket.pk):
-        raise ReplayRefused(f"{destination.slug}'s ticket {typed} is numbered {ticket}: type {ticket} to confirm "
-                            f"that one, or {numbers.format_number(int(typed))} for the ticket with that number")
+        raise ReplayRefused(
+            f"{destination.slug}'s ticket {typed} is numbered {ticket}: type {ticket} to confirm "
+            f"that one, or {numbers.format_number(int(typed))} for the ticket with that number"
+        )
     return typed

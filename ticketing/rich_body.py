@@ -5,15 +5,59 @@ allow-list of tags and attributes, scripts, styles, event handlers and foreign s
 nh3 was chosen over bleach (deprecated in 2023 in its favour) and hand-written filtering: it parses
 HTML as browsers do, so a malformed tag cannot smuggle a script past it.
 """
+
 import re
 
 import nh3
 
 MAX_HTML_CHARS = 500_000
 ALLOWED_TAGS = {
-    "a", "abbr", "b", "blockquote", "br", "caption", "code", "col", "colgroup", "dd", "del", "div", "dl", "dt",
-    "em", "font", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "img", "ins", "li", "ol", "p", "pre", "q", "s",
-    "small", "span", "strike", "strong", "sub", "sup", "table", "tbody", "td", "tfoot", "th", "thead", "tr", "u",
+    "a",
+    "abbr",
+    "b",
+    "blockquote",
+    "br",
+    "caption",
+    "code",
+    "col",
+    "colgroup",
+    "dd",
+    "del",
+    "div",
+    "dl",
+    "dt",
+    "em",
+    "font",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "hr",
+    "i",
+    "img",
+    "ins",
+    "li",
+    "ol",
+    "p",
+    "pre",
+    "q",
+    "s",
+    "small",
+    "span",
+    "strike",
+    "strong",
+    "sub",
+    "sup",
+    "table",
+    "tbody",
+    "td",
+    "tfoot",
+    "th",
+    "thead",
+    "tr",
+    "u",
     "ul",
 }
 ALLOWED_ATTRIBUTES = {
@@ -39,9 +83,15 @@ def sanitized_html(html: str) -> str:
     """Safe HTML for a desk's ticket body; "" when nothing readable is left."""
     if not html or not html.strip():
         return ""
-    clean = nh3.clean(html[:MAX_HTML_CHARS], tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES,
-                      url_schemes=URL_SCHEMES, link_rel="noopener noreferrer nofollow",
-                      attribute_filter=_keep_attribute, strip_comments=True)
+    clean = nh3.clean(
+        html[:MAX_HTML_CHARS],
+        tags=ALLOWED_TAGS,
+        attributes=ALLOWED_ATTRIBUTES,
+        url_schemes=URL_SCHEMES,
+        link_rel="noopener noreferrer nofollow",
+        attribute_filter=_keep_attribute,
+        strip_comments=True,
+    )
     return clean.strip()
 
 
@@ -53,7 +103,9 @@ def content_ids(html: str) -> set[str]:
 def resolve_cid(html: str, urls: dict[str, str]) -> str:
     """`html` with each `cid:<id>` image pointing at `urls[id]` (the desk's URL of the uploaded file); an image
     whose file is not on the desk is dropped rather than left broken."""
+
     def replace(match):
         url = urls.get(match.group(1).strip("<>"))
         return f'src="{url}"' if url else 'src=""'
+
     return CID_SRC.sub(replace, html or "")

@@ -5,6 +5,7 @@ Registered from `ticketing.admin`. Tenant isolation is `TenantScopedAdminMixin`'
 (`ticketing.dry_run.run_dry_run`) writes nothing but, for a rule that reads bodies, its audit rows (and
 needs the body permission).
 """
+
 import json
 
 from django import forms
@@ -29,6 +30,7 @@ PRIORITY_CHOICES = [("", "—")] + [(p, p) for p in PRIORITIES]
 
 # --- conditions, readably ------------------------------------------------------------------------
 
+
 def _addresses(value) -> str:
     values = value if isinstance(value, list) else [value]
     shown = [f"domain {v[1:]}" if isinstance(v, str) and v.startswith("@") else str(v) for v in values]
@@ -41,8 +43,9 @@ def _condition(key: str, value) -> str:
     if key in ("subject_regex", "body_regex"):
         return f"{key.split('_')[0]} matches /{value}/"
     if key == "keywords" and isinstance(value, list):
-        return "subject or body contains " + (f"“{value[0]}”" if len(value) == 1 else
-                                              "any of " + ", ".join(f"“{v}”" for v in value))
+        return "subject or body contains " + (
+            f"“{value[0]}”" if len(value) == 1 else "any of " + ", ".join(f"“{v}”" for v in value)
+        )
     if key == "has_attachment_type":
         return f"has an attachment of type {value}"
     if key == "auth" and isinstance(value, dict):
@@ -86,6 +89,7 @@ def describe_conditions(conditions) -> str:
 
 
 # --- forms ---------------------------------------------------------------------------------------
+
 
 class SlugListField(forms.CharField):
     """A list of slugs typed as 'billing, it-support'."""
@@ -137,8 +141,17 @@ class RoutingPolicyForm(forms.ModelForm):
 
     class Meta:
         model = RoutingPolicy
-        fields = ("queues", "request_types", "sensitive_request_types", "default_queue", "default_priority",
-                  "default_request_type", "ai_enabled", "ai_min_confidence", "one_ticket_per_message")
+        fields = (
+            "queues",
+            "request_types",
+            "sensitive_request_types",
+            "default_queue",
+            "default_priority",
+            "default_request_type",
+            "ai_enabled",
+            "ai_min_confidence",
+            "one_ticket_per_message",
+        )
 
     def clean(self):
         data = super().clean()
@@ -160,17 +173,33 @@ class RoutingRuleForm(forms.ModelForm):
 
     class Meta:
         model = RoutingRule
-        fields = ("tenant", "mailbox", "name", "position", "enabled", "conditions", "action", "destination", "queue",
-                  "priority", "request_type", "assignee", "sensitive", "tags", "suppress_reason", "stop_processing")
+        fields = (
+            "tenant",
+            "mailbox",
+            "name",
+            "position",
+            "enabled",
+            "conditions",
+            "action",
+            "destination",
+            "queue",
+            "priority",
+            "request_type",
+            "assignee",
+            "sensitive",
+            "tags",
+            "suppress_reason",
+            "stop_processing",
+        )
         help_texts = {
             "conditions": 'JSON, every key must hold, for example {"recipient": "support@acme.test", '
-                          '"subject_regex": "^urgent"}. Keys: recipient, sender (address, @domain or a list), '
-                          'subject_regex, body_regex, keywords (list), has_attachment_type, '
-                          'auth ({"dmarc": "pass"}), is_reply (true/false), header (a test '
-                          '{"name": "X-Spam-Score", "op": "gt", "value": 8}, or a list of them; ops exists, equals, '
-                          'regex, gt (>), ge (>=), lt (<), le (<=)), spam_score '
-                          '({"op": "gt", "value": 8}), spam_flagged, attachment_verdict (clean, infected, '
-                          'unscanned, none). {} matches every message.',
+            '"subject_regex": "^urgent"}. Keys: recipient, sender (address, @domain or a list), '
+            "subject_regex, body_regex, keywords (list), has_attachment_type, "
+            'auth ({"dmarc": "pass"}), is_reply (true/false), header (a test '
+            '{"name": "X-Spam-Score", "op": "gt", "value": 8}, or a list of them; ops exists, equals, '
+            "regex, gt (>), ge (>=), lt (<), le (<=)), spam_score "
+            '({"op": "gt", "value": 8}), spam_flagged, attachment_verdict (clean, infected, '
+            "unscanned, none). {} matches every message.",
         }
 
     def clean_conditions(self):
@@ -200,8 +229,12 @@ class RoutingRuleForm(forms.ModelForm):
         data = super().clean()
         # Filter actions (ticketing.classification.rules): tag needs tags, suppress a reason, and so on.
         fields = {name: data.get(name) for name in ("destination", "queue", "priority", "request_type", "assignee")}
-        for name, message in action_errors(action=data.get("action"), tags=data.get("tags"),
-                                           suppress_reason=data.get("suppress_reason", ""), fields=fields).items():
+        for name, message in action_errors(
+            action=data.get("action"),
+            tags=data.get("tags"),
+            suppress_reason=data.get("suppress_reason", ""),
+            fields=fields,
+        ).items():
             self.add_error(name, message)
         tenant = data.get("tenant") or (self.instance.tenant if self.instance.tenant_id else None)
         if tenant is None:
@@ -214,11 +247,17 @@ class RoutingRuleForm(forms.ModelForm):
         queues = policy.queues if policy else []
         types = policy.request_types if policy else []
         if data.get("queue") and data["queue"] not in queues:
-            self.add_error("queue", f"'{data['queue']}' is not a queue of {tenant.slug}'s routing policy "
-                                    f"({', '.join(queues) or 'none defined'}).")
+            self.add_error(
+                "queue",
+                f"'{data['queue']}' is not a queue of {tenant.slug}'s routing policy "
+                f"({', '.join(queues) or 'none defined'}).",
+            )
         if data.get("request_type") and data["request_type"] not in types:
-            self.add_error("request_type", f"'{data['request_type']}' is not a request type of {tenant.slug}'s "
-                                           f"routing policy ({', '.join(types) or 'none defined'}).")
+            self.add_error(
+                "request_type",
+                f"'{data['request_type']}' is not a request type of {tenant.slug}'s "
+                f"routing policy ({', '.join(types) or 'none defined'}).",
+            )
         if data.get("priority") and data["priority"] not in PRIORITIES:
             self.add_error("priority", f"Priority must be one of {', '.join(PRIORITIES)}.")
         return data
@@ -226,11 +265,21 @@ class RoutingRuleForm(forms.ModelForm):
 
 # --- admins --------------------------------------------------------------------------------------
 
+
 @admin.register(RoutingPolicy)
 class RoutingPolicyAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     form = RoutingPolicyForm
-    list_display = ("tenant", "queue_list", "request_type_list", "default_queue", "default_priority",
-                    "default_request_type", "ai_enabled", "ai_min_confidence", "one_ticket_per_message")
+    list_display = (
+        "tenant",
+        "queue_list",
+        "request_type_list",
+        "default_queue",
+        "default_priority",
+        "default_request_type",
+        "ai_enabled",
+        "ai_min_confidence",
+        "one_ticket_per_message",
+    )
     list_filter = ("ai_enabled", "one_ticket_per_message")
     search_fields = ("tenant__slug", "tenant__name")
     readonly_fields = ("tenant",)
@@ -254,12 +303,26 @@ class RoutingPolicyAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
 @admin.register(RoutingRule)
 class RoutingRuleAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
     form = RoutingRuleForm
-    list_display = ("position", "name", "tenant", "mailbox", "enabled", "readable_conditions", "sets",
-                    "stop_processing", "hits", "last_hit_at", "dry_run_link")
+    list_display = (
+        "position",
+        "name",
+        "tenant",
+        "mailbox",
+        "enabled",
+        "readable_conditions",
+        "sets",
+        "stop_processing",
+        "hits",
+        "last_hit_at",
+        "dry_run_link",
+    )
     list_display_links = ("name",)
     list_editable = ("position",)
-    list_filter = ("enabled", ("tenant", admin.RelatedOnlyFieldListFilter),
-                   ("mailbox", admin.RelatedOnlyFieldListFilter))
+    list_filter = (
+        "enabled",
+        ("tenant", admin.RelatedOnlyFieldListFilter),
+        ("mailbox", admin.RelatedOnlyFieldListFilter),
+    )
     search_fields = ("name", "queue", "request_type", "assignee")
     ordering = ("tenant", "position", "pk")
     readonly_fields = ("readable_conditions", "hits", "last_hit_at", "dry_run_link")
@@ -278,8 +341,11 @@ class RoutingRuleAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="sets")
     def sets(self, obj):
-        parts = [f"{name}={getattr(obj, name)}" for name in ("queue", "priority", "request_type", "assignee")
-                 if getattr(obj, name)]
+        parts = [
+            f"{name}={getattr(obj, name)}"
+            for name in ("queue", "priority", "request_type", "assignee")
+            if getattr(obj, name)
+        ]
         if obj.destination_id:
             parts.insert(0, f"destination={obj.destination.slug}")
         if obj.sensitive:
@@ -295,8 +361,12 @@ class RoutingRuleAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
         if not obj or not obj.pk:
             return "—"
         url = reverse("admin:ticketing_routingrule_dry_run", args=[obj.pk])
-        return format_html('<a class="dry-run-link" href="{}?days={}">test against the last {} days</a>', url,
-                           dry_runs.DEFAULT_DAYS, dry_runs.DEFAULT_DAYS)
+        return format_html(
+            '<a class="dry-run-link" href="{}?days={}">test against the last {} days</a>',
+            url,
+            dry_runs.DEFAULT_DAYS,
+            dry_runs.DEFAULT_DAYS,
+        )
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("tenant", "mailbox", "destination")
@@ -361,12 +431,18 @@ class RoutingRuleAdmin(TenantScopedAdminMixin, admin.ModelAdmin):
         requested = request.GET.get("days", dry_runs.DEFAULT_DAYS)
         days = dry_runs.clamp_days(requested)
         if str(requested) != str(days):
-            self.message_user(request, f"Days must be a whole number from 1 to {dry_runs.MAX_DAYS}: "
-                                       f"using {days}.", messages.WARNING)
+            self.message_user(
+                request, f"Days must be a whole number from 1 to {dry_runs.MAX_DAYS}: using {days}.", messages.WARNING
+            )
         context = {
-            **self.admin_site.each_context(request), "opts": self.opts, "title": f"Dry run of “{rule.name}”",
-            "rule": rule, "conditions": describe_conditions(rule.conditions), "max_days": dry_runs.MAX_DAYS,
-            "max_events": dry_runs.MAX_EVENTS, "days": days,
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Dry run of “{rule.name}”",
+            "rule": rule,
+            "conditions": describe_conditions(rule.conditions),
+            "max_days": dry_runs.MAX_DAYS,
+            "max_events": dry_runs.MAX_EVENTS,
+            "days": days,
             "rule_url": reverse("admin:ticketing_routingrule_change", args=[rule.pk]),
         }
         try:

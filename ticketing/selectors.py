@@ -13,6 +13,7 @@ console (`reconciliation`).
     tenant_destinations(tenant_id)        every destination of a tenant, by slug
     lookup_existing(intent) -> Lookup     ask the destination for the record carrying the intent's external_ref
 """
+
 from dataclasses import dataclass
 
 from django.db.models import QuerySet
@@ -30,6 +31,7 @@ WORK_ACTIONS = (Intent.Action.CREATE_TICKET, Intent.Action.ADD_COMMENT)
 
 # --- intents ---------------------------------------------------------------------
 
+
 def current_intent(event_id: int, actions: str | tuple | list = WORK_ACTIONS) -> Intent | None:
     """The intent to carry out for this event: the highest action_version of `actions`.
 
@@ -38,17 +40,27 @@ def current_intent(event_id: int, actions: str | tuple | list = WORK_ACTIONS) ->
     highest version wins because a reviewer may have added one.
     """
     actions = [actions] if isinstance(actions, str) else list(actions)
-    return (Intent.objects.select_related("destination").filter(inbox_event_id=event_id, action__in=actions)
-            .order_by("-action_version", "-pk").first())
+    return (
+        Intent.objects.select_related("destination")
+        .filter(inbox_event_id=event_id, action__in=actions)
+        .order_by("-action_version", "-pk")
+        .first()
+    )
 
 
 def stuck_acknowledgment(event_id: int) -> Intent | None:
     """A completed event's acknowledgment that a person must decide on (held or failed)."""
-    return (Intent.objects.filter(inbox_event_id=event_id, action=Intent.Action.NOTIFY_REQUESTER,
-                                  state__in=REPLAYABLE_STATES).order_by("-action_version", "-pk").first())
+    return (
+        Intent.objects.filter(
+            inbox_event_id=event_id, action=Intent.Action.NOTIFY_REQUESTER, state__in=REPLAYABLE_STATES
+        )
+        .order_by("-action_version", "-pk")
+        .first()
+    )
 
 
 # --- destinations ----------------------------------------------------------------
+
 
 def default_destination(tenant_id: int) -> Destination | None:
     """The tenant's default destination (`destination_one_default_per_tenant`), or None."""
@@ -75,9 +87,10 @@ def tenant_destinations(tenant_id: int) -> QuerySet:
 
 # --- what a destination already holds ------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Lookup:
-    status: str                 # "found", "not_found", "unsupported", "no_intent", "error"
+    status: str  # "found", "not_found", "unsupported", "no_intent", "error"
     ticket: TicketResult | None = None
     detail: str = ""
 
@@ -103,6 +116,10 @@ def lookup_existing(intent: Intent | None) -> Lookup:
 def follow_up_intent(event_id: int) -> Intent | None:
     """The create_ticket intent that follows up a closed ticket for this event (`intents.follow_up_instead`),
     while it is not done; None otherwise."""
-    return (Intent.objects.select_related("destination")
-            .filter(inbox_event_id=event_id, action=Intent.Action.CREATE_TICKET, progress__has_key="follow_up_of")
-            .exclude(state=Intent.State.SUCCEEDED).order_by("-action_version").first())
+    return (
+        Intent.objects.select_related("destination")
+        .filter(inbox_event_id=event_id, action=Intent.Action.CREATE_TICKET, progress__has_key="follow_up_of")
+        .exclude(state=Intent.State.SUCCEEDED)
+        .order_by("-action_version")
+        .first()
+    )

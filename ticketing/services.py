@@ -5,6 +5,7 @@ thread's ticket, under the thread's lease) or classify (`ticketing.classificatio
 once, stored in `InboxEvent.route`) and route -> one attempt of the intent. The
 state machine itself lives in `ticketing.intents`.
 """
+
 import logging
 
 from django.conf import settings
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 State = InboxEvent.State
 THREAD_RETRY_SECONDS = 2
-ARCHIVED_FLAG = "archived"   # the ticket's tag `mailroom-archived`
+ARCHIVED_FLAG = "archived"  # the ticket's tag `mailroom-archived`
 
 
 def route(event: InboxEvent, cache: dict) -> Destination | None:
@@ -111,8 +112,13 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
         ticket_flags.append(ARCHIVED_FLAG)
     follow_up = selectors.follow_up_intent(event.pk)
     if follow_up is not None:  # a reply its desk refused because the ticket is closed: a follow-up ticket
-        work = Work(event, Intent.Action.CREATE_TICKET, parsed, flags=ticket_flags,
-                    follow_up_of=str(follow_up.progress.get("follow_up_of", "")))
+        work = Work(
+            event,
+            Intent.Action.CREATE_TICKET,
+            parsed,
+            flags=ticket_flags,
+            follow_up_of=str(follow_up.progress.get("follow_up_of", "")),
+        )
         return _act(event, follow_up.destination, work, worker)
     _note_forward(event, parsed, worker)
     if event.history or not threads.is_thread_work(parsed):  # history never reopens a thread's ticket
@@ -155,22 +161,43 @@ def _classify_and_route(event: InboxEvent, parsed, worker: str, cache: dict) -> 
         _store_route(event, classification.classify(event, parsed), actor)
     if event.route.get("action") == classification.SUPPRESS and not _rule_suppression_settled(event):
         suppressed = event.route.get("suppressed") or {}
-        transition_event(event.pk, InboxEvent.OPEN_STATES, State.SUPPRESSED, actor=actor,
-                         kind=AuditKind.SUPPRESSED, reason_code=ReasonCode.RULE_SUPPRESSED,
-                         reason_detail=classification.suppression_text(event.route),
-                         detail={"rule": suppressed.get("rule"), "rule_name": suppressed.get("name", ""),
-                                 "suppress_reason": suppressed.get("reason", "")})
+        transition_event(
+            event.pk,
+            InboxEvent.OPEN_STATES,
+            State.SUPPRESSED,
+            actor=actor,
+            kind=AuditKind.SUPPRESSED,
+            reason_code=ReasonCode.RULE_SUPPRESSED,
+            reason_detail=classification.suppression_text(event.route),
+            detail={
+                "rule": suppressed.get("rule"),
+                "rule_name": suppressed.get("name", ""),
+                "suppress_reason": suppressed.get("reason", ""),
+            },
+        )
         return State.SUPPRESSED
     if event.route.get("review_reason") == classification.LOW_CONFIDENCE and not _low_confidence_settled(event):
-        transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=actor,
-                         kind=AuditKind.AWAITING_REVIEW, reason_code=ReasonCode.LOW_CONFIDENCE,
-                         reason_detail="the AI's proposal for the route was below the policy's minimum confidence")
+        transition_event(
+            event.pk,
+            InboxEvent.OPEN_STATES,
+            State.AWAITING_REVIEW,
+            actor=actor,
+            kind=AuditKind.AWAITING_REVIEW,
+            reason_code=ReasonCode.LOW_CONFIDENCE,
+            reason_detail="the AI's proposal for the route was below the policy's minimum confidence",
+        )
         return Outcome.AWAITING_REVIEW
     destination = route(event, cache)
     if destination is None:
-        transition_event(event.pk, InboxEvent.OPEN_STATES, State.AWAITING_REVIEW, actor=actor,
-                         kind=AuditKind.AWAITING_REVIEW, reason_code=ReasonCode.NO_DESTINATION,
-                         reason_detail="the tenant has no default destination and no rule matched")
+        transition_event(
+            event.pk,
+            InboxEvent.OPEN_STATES,
+            State.AWAITING_REVIEW,
+            actor=actor,
+            kind=AuditKind.AWAITING_REVIEW,
+            reason_code=ReasonCode.NO_DESTINATION,
+            reason_detail="the tenant has no default destination and no rule matched",
+        )
         return Outcome.AWAITING_REVIEW
     return destination
 
@@ -196,15 +223,17 @@ def classified_detail(route_json: dict) -> dict:
 
 def _rule_suppression_settled(event: InboxEvent) -> bool:
     """A rule suppressed this event before: only an operator's replay brings it back here, and that wins."""
-    return AuditEvent.objects.filter(inbox_event_id=event.pk, kind=AuditKind.SUPPRESSED,
-                                     detail__reason=ReasonCode.RULE_SUPPRESSED).exists()
+    return AuditEvent.objects.filter(
+        inbox_event_id=event.pk, kind=AuditKind.SUPPRESSED, detail__reason=ReasonCode.RULE_SUPPRESSED
+    ).exists()
 
 
 def _low_confidence_settled(event: InboxEvent) -> bool:
     if event.route_override:
         return True
-    return AuditEvent.objects.filter(inbox_event_id=event.pk, kind=AuditKind.AWAITING_REVIEW,
-                                     detail__reason=ReasonCode.LOW_CONFIDENCE).exists()
+    return AuditEvent.objects.filter(
+        inbox_event_id=event.pk, kind=AuditKind.AWAITING_REVIEW, detail__reason=ReasonCode.LOW_CONFIDENCE
+    ).exists()
 
 
 def _note_forward(event: InboxEvent, parsed, worker: str) -> None:
@@ -219,9 +248,12 @@ def _note_forward(event: InboxEvent, parsed, worker: str) -> None:
     details[people.FORWARDED_REQUESTER] = person.email  # a participant of the ticket (ticketing.threads)
     with transaction.atomic():
         InboxEvent.objects.filter(pk=event.pk).update(details=details)
-        record_audit(event.pk, AuditKind.REQUESTER_FROM_FORWARD, actor=f"worker:{worker}",
-                     detail={"forwarded_by": mask_address(person.forwarded_by),
-                             "requester": mask_address(person.email)})
+        record_audit(
+            event.pk,
+            AuditKind.REQUESTER_FROM_FORWARD,
+            actor=f"worker:{worker}",
+            detail={"forwarded_by": mask_address(person.forwarded_by), "requester": mask_address(person.email)},
+        )
     event.details = details
 
 
@@ -265,5 +297,3 @@ def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, l
     if outcome == Outcome.OVER_CAP:  # the destination's cap is full: the event waits a moment, parked
         return _wait(event, bulkhead.cap_wait_seconds(), outcome)
     return outcome
-
-

@@ -1,4 +1,5 @@
 """Celery tasks of the ticketing app: thin, take ids, safe to run twice."""
+
 import logging
 
 from celery import shared_task
@@ -35,8 +36,11 @@ def _process_group(inbox_event_ids: list[int], worker: str, group_cache: dict) -
     outcomes: dict = {}
     try:
         # Plain mail to the built-in store, set-based; everything else (and any conflict) per event.
-        handled, rest = batch.process_plain(inbox_event_ids, worker, group_cache) if settings.MAILROOM_SET_BASED \
+        handled, rest = (
+            batch.process_plain(inbox_event_ids, worker, group_cache)
+            if settings.MAILROOM_SET_BASED
             else ({}, list(inbox_event_ids))
+        )
     except Exception:
         logger.exception("set-based processing of %d events failed; each goes its own way", len(inbox_event_ids))
         handled, rest = {}, list(inbox_event_ids)

@@ -20,6 +20,7 @@ reference by asking a desk (an adapter that keeps the default `resolve_reference
 threads the reply to the tenant's ticket of that destination, with the same participant check. Used only
 when our own headers and token found no ticket.
 """
+
 import logging
 import re
 from dataclasses import dataclass, field
@@ -56,15 +57,19 @@ MAX_REFERENCE_CANDIDATES = 10
 
 @dataclass
 class ThreadPlan:
-    target: TicketMapping | None = None     # the ticket to comment on; None: a new ticket
-    wait_for_earlier: bool = False          # an earlier message of this thread is still open
-    needs_lease: bool = False               # thread work: serialize it under the thread's lease
+    target: TicketMapping | None = None  # the ticket to comment on; None: a new ticket
+    wait_for_earlier: bool = False  # an earlier message of this thread is still open
+    needs_lease: bool = False  # thread work: serialize it under the thread's lease
     flags: list[str] = field(default_factory=list)
 
 
 def is_thread_work(parsed: ParsedMessage) -> bool:
-    return bool(parsed.in_reply_to or parsed.references or subject_ticket_token(parsed.subject, TOKEN_PREFIX)
-                or may_carry_desk_reference(parsed))
+    return bool(
+        parsed.in_reply_to
+        or parsed.references
+        or subject_ticket_token(parsed.subject, TOKEN_PREFIX)
+        or may_carry_desk_reference(parsed)
+    )
 
 
 def participants(mapping: TicketMapping) -> set[str]:
@@ -72,13 +77,17 @@ def participants(mapping: TicketMapping) -> set[str]:
     sender, and the customer an agent's forward made its requester)."""
     rows = InboxEvent.objects.filter(
         Q(pk=mapping.inbox_event_id)
-        | Q(mappings__destination_id=mapping.destination_id, mappings__ticket_id=mapping.ticket_id,
-            mappings__action=Intent.Action.ADD_COMMENT)
+        | Q(
+            mappings__destination_id=mapping.destination_id,
+            mappings__ticket_id=mapping.ticket_id,
+            mappings__action=Intent.Action.ADD_COMMENT,
+        )
     ).values_list("sender", KT(f"details__{FORWARDED_REQUESTER}"))
     return {address.lower() for row in rows for address in row if isinstance(address, str) and address}
 
 
 # --- the desk's own references ---------------------------------------------------------------------------
+
 
 def _reference_texts(parsed: ParsedMessage) -> dict[str, str]:
     """What each reference field holds, bounded."""
@@ -93,13 +102,16 @@ def _reference_texts(parsed: ParsedMessage) -> dict[str, str]:
 def _declared_patterns(adapter: DestinationAdapter | type[DestinationAdapter]) -> dict[str, tuple[re.Pattern, ...]]:
     """{field: the compiled patterns an adapter (its class: the kind's; an instance: the destination's) looks
     for there}."""
-    patterns = tuple(p for p in (getattr(adapter, "reference_patterns", ()) or ())
-                     if isinstance(p, re.Pattern) and isinstance(p.pattern, str) and "ref" in p.groupindex)
+    patterns = tuple(
+        p
+        for p in (getattr(adapter, "reference_patterns", ()) or ())
+        if isinstance(p, re.Pattern) and isinstance(p.pattern, str) and "ref" in p.groupindex
+    )
     fields = getattr(adapter, "reference_fields", ()) or ()
     return {name: patterns for name in REFERENCE_FIELDS if name in fields and patterns}
 
 
-_kind_classes: list = []   # every kind's adapter class, looked up once
+_kind_classes: list = []  # every kind's adapter class, looked up once
 _kind_patterns: dict = {}  # the classes' declared patterns and fields -> {field: patterns}, rebuilt when they change
 
 
@@ -113,8 +125,9 @@ def _all_kinds_patterns() -> dict[str, tuple[re.Pattern, ...]]:
             except LookupError:
                 continue
         _kind_classes[:] = found
-    declared = tuple((tuple(adapter.reference_patterns or ()), tuple(adapter.reference_fields or ()))
-                     for adapter in _kind_classes)
+    declared = tuple(
+        (tuple(adapter.reference_patterns or ()), tuple(adapter.reference_fields or ())) for adapter in _kind_classes
+    )
     patterns = _kind_patterns.get(declared)
     if patterns is None:
         by_field: dict[str, dict[re.Pattern, None]] = {}
@@ -152,8 +165,9 @@ def _reference_candidates(event: InboxEvent, parsed: ParsedMessage) -> list[tupl
         try:
             adapter = adapter_for(destination)
         except Exception as exc:  # no adapter, or settings it cannot read: that destination names nothing
-            logger.info("event %s: destination %s has no usable adapter (%s)", event.pk, destination.pk,
-                        type(exc).__name__)
+            logger.info(
+                "event %s: destination %s has no usable adapter (%s)", event.pk, destination.pk, type(exc).__name__
+            )
             continue
         declared = _declared_patterns(adapter)
         for name in REFERENCE_FIELDS:
@@ -186,15 +200,26 @@ def desk_reference_ticket(event: InboxEvent, parsed: ParsedMessage) -> TicketMap
         try:
             ticket_id = adapter.resolve_reference(ref)
         except Exception as exc:
-            logger.info("event %s: destination %s could not resolve a desk reference (%s)", event.pk,
-                        destination.pk, type(exc).__name__)
+            logger.info(
+                "event %s: destination %s could not resolve a desk reference (%s)",
+                event.pk,
+                destination.pk,
+                type(exc).__name__,
+            )
             continue
         if not ticket_id:
             continue
-        mapping = (TicketMapping.objects.select_related("destination")
-                   .filter(destination=destination, ticket_id=str(ticket_id)[:200],
-                           action=Intent.Action.CREATE_TICKET, inbox_event__tenant_id=event.tenant_id)
-                   .order_by("created_at", "pk").first())
+        mapping = (
+            TicketMapping.objects.select_related("destination")
+            .filter(
+                destination=destination,
+                ticket_id=str(ticket_id)[:200],
+                action=Intent.Action.CREATE_TICKET,
+                inbox_event__tenant_id=event.tenant_id,
+            )
+            .order_by("created_at", "pk")
+            .first()
+        )
         if mapping is not None:
             return mapping
     return None
@@ -209,7 +234,8 @@ def _is_participant(event: InboxEvent, parsed: ParsedMessage, mapping: TicketMap
 
 def _earlier_in_thread(event: InboxEvent):
     return InboxEvent.objects.filter(mailbox_id=event.mailbox_id, thread_key=event.thread_key).filter(
-        Q(received_at__lt=event.received_at) | Q(received_at=event.received_at, pk__lt=event.pk))
+        Q(received_at__lt=event.received_at) | Q(received_at=event.received_at, pk__lt=event.pk)
+    )
 
 
 def _choose_ticket(tickets: list[TicketMapping], parsed: ParsedMessage, flags: list[str]) -> TicketMapping:
@@ -257,9 +283,11 @@ def plan(event: InboxEvent, parsed: ParsedMessage) -> ThreadPlan:
     token = subject_ticket_token(parsed.subject, TOKEN_PREFIX)
     if token:
         number = token.rsplit("-", 1)[1]
-        mapping = (TicketMapping.objects.select_related("destination")
-                   .filter(pk=int(number), action=Intent.Action.CREATE_TICKET, inbox_event__tenant_id=event.tenant_id)
-                   .first())
+        mapping = (
+            TicketMapping.objects.select_related("destination")
+            .filter(pk=int(number), action=Intent.Action.CREATE_TICKET, inbox_event__tenant_id=event.tenant_id)
+            .first()
+        )
         if mapping is not None and _is_participant(event, parsed, mapping):
             result.target = mapping
         elif mapping is not None:

@@ -7,6 +7,7 @@ inside an attached message (the attached message goes whole), and fits the kind'
 a link to it in the console. Inline images the HTML shows travel as inline files where the desk takes
 HTML. Everything here is computed from the stored message alone: every attempt sends the same thing.
 """
+
 import hashlib
 import mimetypes
 from dataclasses import replace
@@ -63,8 +64,9 @@ def effective_capabilities(adapter) -> Capabilities:
     return capabilities
 
 
-def select_files(event, parsed, capabilities: Capabilities, *, html: str = ""
-                 ) -> tuple[tuple[OutgoingFile, ...], tuple[HeldFile, ...]]:
+def select_files(
+    event, parsed, capabilities: Capabilities, *, html: str = ""
+) -> tuple[tuple[OutgoingFile, ...], tuple[HeldFile, ...]]:
     """(the files to send, the files held back) for `event`'s ticket on a desk with `capabilities`."""
     try:
         limits = policy_for(event.mailbox).attachments
@@ -94,10 +96,18 @@ def select_files(event, parsed, capabilities: Capabilities, *, html: str = ""
             held.append(HeldFile(filename=name, size=attachment.size, reason=reason, index=index))
             continue
         inline = bool(attachment.content_id) and attachment.content_id in shown_inline
-        sending.append(OutgoingFile(
-            index=index, filename=name, content_type=attachment.sniffed_type or attachment.declared_type,
-            size=attachment.size, sha256=attachment.sha256, content_id=attachment.content_id, inline=inline,
-            payload=partial(_payload, parsed, index, attachment.sha256)))
+        sending.append(
+            OutgoingFile(
+                index=index,
+                filename=name,
+                content_type=attachment.sniffed_type or attachment.declared_type,
+                size=attachment.size,
+                sha256=attachment.sha256,
+                content_id=attachment.content_id,
+                inline=inline,
+                payload=partial(_payload, parsed, index, attachment.sha256),
+            )
+        )
     return tuple(sending), tuple(held)
 
 
@@ -117,7 +127,8 @@ def file_list(event, files, held) -> str:
     for file in files:
         lines.append(f"- {file.filename} ({_size_words(file.size)}{', shown inline' if file.inline else ''})")
     for file in held:
-        lines.append(f"- {file.filename} ({_size_words(file.size)}) not attached here, {file.reason}; "
-                     f"kept in Mailroom: {console_url(event, file.index)}")
+        lines.append(
+            f"- {file.filename} ({_size_words(file.size)}) not attached here, {file.reason}; "
+            f"kept in Mailroom: {console_url(event, file.index)}"
+        )
     return "\n".join(lines)
-

@@ -1,4 +1,5 @@
 """Who a worker is, as claims and audit rows name it."""
+
 import os
 import socket
 

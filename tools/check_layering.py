@@ -35,6 +35,7 @@ edge (every submodule would otherwise close a loop with a package that re-export
 Exit status: 0 when every import keeps the rules, 1 with one line per violation or cycle otherwise
 (`path:line: ...`, `cycle: a -> b -> a`), 2 when ROOT has none of the packages.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -144,15 +145,22 @@ def imports_of(root: Path, relpath: Path) -> list[Import]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _is_dynamic_import(node: ast.Call) -> bool:
     func = node.func
     named = (isinstance(func, ast.Name) and func.id in {"import_module", "__import__"}) or (
-        isinstance(func, ast.Attribute) and func.attr == "import_module")
-    return (named and len(node.args) >= 1 and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str) and not node.args[0].value.startswith("."))
+        isinstance(func, ast.Attribute) and func.attr == "import_module"
+    )
+    return (
+        named
+        and len(node.args) >= 1
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+        and not node.args[0].value.startswith(".")
+    )
 
 
 def _top(dotted: str) -> str:
@@ -169,19 +177,26 @@ def rule_broken(relpath: str, importer: str, imported: str) -> str | None:
             allowed = ", ".join(sorted(APP_MAY_IMPORT[importer])) or "no other app"
             return f"{importer} must not import {target} (layers point downward; {importer} may import {allowed})"
         if target == "fakedesk" and relpath not in FAKEDESK_IMPORTERS:
-            return ("only the fakedesk and drill management commands import fakedesk "
-                    "(the test stand-in is not product logic)")
-        if target == "config" and not any(imported == m or imported.startswith(m + ".")
-                                          for m in APPS_MAY_IMPORT_FROM_CONFIG):
-            return (f"{importer} may import only {', '.join(sorted(APPS_MAY_IMPORT_FROM_CONFIG))} from config "
-                    "(settings through django.conf.settings)")
+            return (
+                "only the fakedesk and drill management commands import fakedesk "
+                "(the test stand-in is not product logic)"
+            )
+        if target == "config" and not any(
+            imported == m or imported.startswith(m + ".") for m in APPS_MAY_IMPORT_FROM_CONFIG
+        ):
+            return (
+                f"{importer} may import only {', '.join(sorted(APPS_MAY_IMPORT_FROM_CONFIG))} from config "
+                "(settings through django.conf.settings)"
+            )
         return None
     if importer == "config":
         if target in APPS:
             parts = imported.split(".")
             if len(parts) < 2 or parts[-1] not in CONFIG_MAY_IMPORT_FROM_APPS:
-                return ("config holds no app logic: from an app it may import only "
-                        f"{'/'.join(sorted(CONFIG_MAY_IMPORT_FROM_APPS))} modules (wiring)")
+                return (
+                    "config holds no app logic: from an app it may import only "
+                    f"{'/'.join(sorted(CONFIG_MAY_IMPORT_FROM_APPS))} modules (wiring)"
+                )
         if target == "fakedesk":
             return "config holds no app logic and does not import fakedesk"
         return None
@@ -238,8 +253,12 @@ def import_graph(root: Path | str) -> dict[str, dict[str, tuple[str, int]]]:
             except SyntaxError:
                 continue  # check() reports it
             for imp in found:
-                if (not imp.typing_only and _top(imp.module) in PACKAGES and imp.module != name
-                        and _is_submodule(root, imp.module)):
+                if (
+                    not imp.typing_only
+                    and _top(imp.module) in PACKAGES
+                    and imp.module != name
+                    and _is_submodule(root, imp.module)
+                ):
                     edges.setdefault(imp.module, (relpath.as_posix(), imp.line))
     return graph
 
@@ -302,20 +321,25 @@ def describe_cycle(component: list[str], graph: dict[str, dict[str, tuple[str, i
     while True:  # follow edges inside the component until one returns to a module on the path
         nxt = next(m for m in sorted(graph[path[-1]]) if m in members)
         if nxt in seen:
-            loop = path[path.index(nxt):] + [nxt]
+            loop = path[path.index(nxt) :] + [nxt]
             break
         path.append(nxt)
         seen.add(nxt)
     where = ", ".join(f"{graph[a][b][0]}:{graph[a][b][1]}" for a, b in itertools.pairwise(loop))
-    extra = (f"; {len(component)} modules in the component: {', '.join(component)}"
-             if len(component) > len(loop) - 1 else "")
+    extra = (
+        f"; {len(component)} modules in the component: {', '.join(component)}" if len(component) > len(loop) - 1 else ""
+    )
     return f"cycle: {' -> '.join(loop)} ({where}){extra}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parent.parent),
-                        help="repository root holding config/, intake/, ticketing/, reconciliation/, fakedesk/")
+    parser.add_argument(
+        "root",
+        nargs="?",
+        default=str(Path(__file__).resolve().parent.parent),
+        help="repository root holding config/, intake/, ticketing/, reconciliation/, fakedesk/",
+    )
     parser.add_argument("--cycles", action="store_true", help="only the cycle check")
     args = parser.parse_args(argv)
     root = Path(args.root)
@@ -336,12 +360,17 @@ def main(argv: list[str] | None = None) -> int:
     for violation in violations:
         print(violation)
     if loops:
-        print(f"check_layering: {len(loops)} import cycle(s) (a module must not reach itself through its imports)",
-              file=sys.stderr)
+        print(
+            f"check_layering: {len(loops)} import cycle(s) (a module must not reach itself through its imports)",
+            file=sys.stderr,
+        )
         return 1
     if violations:
-        print(f"check_layering: {len(violations)} layering violation(s) in {checked} files "
-              "(rules: tools/check_layering.py, docs/design.md §3)", file=sys.stderr)
+        print(
+            f"check_layering: {len(violations)} layering violation(s) in {checked} files "
+            "(rules: tools/check_layering.py, docs/design.md §3)",
+            file=sys.stderr,
+        )
         return 1
     print(f"check_layering: {checked} files, imports point downward only, no cycle")
     return 0

@@ -1,4 +1,5 @@
 """Minimal settings: no apps, no middleware, no logging config, one database (DATABASE_URL)."""
+
 import os
 from urllib.parse import urlsplit
 

@@ -4,6 +4,7 @@ pointing at it; and the clean-up at the end of a run, which drops it.
 `app_env` and `clean_up` live here rather than in `stack`, which this module imports (`manage`),
 so that the two modules do not import each other.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,8 +77,10 @@ def prepare_database(db_name: str, env: dict, preload: int) -> dict:
     out = manage(setup_env, "shell", "-c", PRELOAD_SCRIPT.read_text())
     line = next(text for text in out.splitlines() if text.startswith("BENCH_SETUP "))
     info = json.loads(line.split(" ", 1)[1])
-    log(f"database {db_name}: migrated, tenant + raw mailbox + default built-in destination, "
-        f"{preload} completed events of history preloaded, ANALYZEd ({time.monotonic() - t0:.1f} s)")
+    log(
+        f"database {db_name}: migrated, tenant + raw mailbox + default built-in destination, "
+        f"{preload} completed events of history preloaded, ANALYZEd ({time.monotonic() - t0:.1f} s)"
+    )
     return info
 
 

@@ -1,5 +1,6 @@
 """HTTP load on the webhook: forked Python client processes (`post_with_python_clients`), or wrk
 (`post_with_wrk`, its script `wrk_post.lua`) when it is installed."""
+
 from __future__ import annotations
 
 import http.client
@@ -66,8 +67,9 @@ def _client_proc(port, messages, deadline_at, start_evt, out_q, pace=None):
     out_q.put(results)
 
 
-def post_with_python_clients(port: int, messages: list, clients: int, duration: float | None = None,
-                             rate: float | None = None) -> dict:
+def post_with_python_clients(
+    port: int, messages: list, clients: int, duration: float | None = None, rate: float | None = None
+) -> dict:
     """Post `messages` from `clients` processes (forked, so the client's CPU is not our GIL).
 
     With `rate` (posts/s in all), the posts are paced: client i sends its k-th post at
@@ -79,8 +81,10 @@ def post_with_python_clients(port: int, messages: list, clients: int, duration: 
     # The processes are forked before the start signal; a duration becomes an absolute deadline.
     deadline_at = time.time() + 0.3 + duration if duration else 0
     paces = [(i / rate, clients / rate) if rate else None for i in range(clients)]
-    procs = [ctx.Process(target=_client_proc, args=(port, share, deadline_at, start_evt, out_q, pace), daemon=True)
-             for share, pace in zip(shares, paces, strict=True)]
+    procs = [
+        ctx.Process(target=_client_proc, args=(port, share, deadline_at, start_evt, out_q, pace), daemon=True)
+        for share, pace in zip(shares, paces, strict=True)
+    ]
     results = []
     wall0 = wall1 = time.time()
     try:
@@ -102,9 +106,15 @@ def post_with_python_clients(port: int, messages: list, clients: int, duration: 
     statuses: dict = {}
     for r in results:
         statuses[r[2]] = statuses.get(r[2], 0) + 1
-    return {"results": results, "wall": max(1e-9, wall1 - wall0), "requests": len(results),
-            "statuses": statuses, "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
-            "max": latencies[-1] if latencies else float("nan")}
+    return {
+        "results": results,
+        "wall": max(1e-9, wall1 - wall0),
+        "requests": len(results),
+        "statuses": statuses,
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+        "max": latencies[-1] if latencies else float("nan"),
+    }
 
 
 # --------------------------------------------------------------------------- wrk client
@@ -114,8 +124,9 @@ def find_wrk() -> str | None:
     return shutil.which("wrk")
 
 
-def post_with_wrk(wrk: str, port: int, messages: list, clients: int, duration: float | None, workdir: Path,
-                  on_start=None, on_end=None) -> dict:
+def post_with_wrk(
+    wrk: str, port: int, messages: list, clients: int, duration: float | None, workdir: Path, on_start=None, on_end=None
+) -> dict:
     """Run wrk with one thread per connection; each sends its share of `messages` once.
 
     Every thread stops after a whole answer, never with a request in flight: when it has sent its
@@ -136,12 +147,27 @@ def post_with_wrk(wrk: str, port: int, messages: list, clients: int, duration: f
                 f.write(req)
     script = workdir / "post.lua"
     script.write_text(WRK_SCRIPT.read_text())
-    argv = [wrk, "-t", str(clients), "-c", str(clients), "-d", "600s", "--timeout", "10s",
-            "-s", str(script), f"http://127.0.0.1:{port}{WEBHOOK_PATH}", "--", str(workdir)]
+    argv = [
+        wrk,
+        "-t",
+        str(clients),
+        "-c",
+        str(clients),
+        "-d",
+        "600s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(script),
+        f"http://127.0.0.1:{port}{WEBHOOK_PATH}",
+        "--",
+        str(workdir),
+    ]
     out_path = workdir / "wrk.out"
     with open(out_path, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     try:
         t_start = time.monotonic()
         if on_start:
@@ -173,7 +199,16 @@ def post_with_wrk(wrk: str, port: int, messages: list, clients: int, duration: f
     r = json.loads(line.split(" ", 1)[1])
     wall = r["duration_us"] / 1e6
     errors = r["connect"] + r["read"] + r["write"] + r["timeout"] + r["sother"]
-    return {"wall": wall, "requests": r["s202"] + r["s200"] + r["sother"], "statuses": {202: r["s202"], 200: r["s200"],
-            "other": r["sother"]}, "socket_errors": {k: r[k] for k in ("connect", "read", "write", "timeout")},
-            "errors": errors, "p50": r["p50_us"] / 1e6, "p90": r["p90_us"] / 1e6, "p99": r["p99_us"] / 1e6,
-            "max": r["max_us"] / 1e6, "exhausted_threads": r["exhausted"], "raw": r}
+    return {
+        "wall": wall,
+        "requests": r["s202"] + r["s200"] + r["sother"],
+        "statuses": {202: r["s202"], 200: r["s200"], "other": r["sother"]},
+        "socket_errors": {k: r[k] for k in ("connect", "read", "write", "timeout")},
+        "errors": errors,
+        "p50": r["p50_us"] / 1e6,
+        "p90": r["p90_us"] / 1e6,
+        "p99": r["p99_us"] / 1e6,
+        "max": r["max_us"] / 1e6,
+        "exhausted_threads": r["exhausted"],
+        "raw": r,
+    }

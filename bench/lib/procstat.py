@@ -1,5 +1,6 @@
 """Readings from /proc (Linux): CPU seconds per process group and per PostgreSQL backend, how busy
 the whole machine is, children and memory of a process."""
+
 from __future__ import annotations
 
 import os
@@ -46,15 +47,17 @@ def pg_backend_labels(db_name: str) -> dict[int, str]:
     """pid -> application_name of the PostgreSQL backends serving `db_name` (see with_app_name)."""
     try:
         with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-            rows = conn.execute("SELECT pid, application_name FROM pg_stat_activity WHERE datname = %s",
-                                (db_name,)).fetchall()
+            rows = conn.execute(
+                "SELECT pid, application_name FROM pg_stat_activity WHERE datname = %s", (db_name,)
+            ).fetchall()
     except psycopg.Error:
         return {}
     return {int(pid): (app or "unnamed") for pid, app in rows}
 
 
-def cpu_by_group(groups: dict[str, int], db_name: str | None = None, leaders: tuple[str, ...] = (),
-                 backends: bool = False) -> dict[str, float]:
+def cpu_by_group(
+    groups: dict[str, int], db_name: str | None = None, leaders: tuple[str, ...] = (), backends: bool = False
+) -> dict[str, float]:
     """CPU seconds used so far by each process group in `groups` (name -> pgid), by the PostgreSQL
     backends of `db_name` ("postgres"), by the rest of PostgreSQL (WAL writer, checkpointer, other
     databases: "postgres-other"), and by everything else on the machine ("other").
@@ -147,8 +150,10 @@ def wait_for_quiet(max_wait: float, threshold: float = 0.3) -> float:
         busy = machine_busy() - b0
         if busy <= threshold or time.monotonic() >= deadline:
             if busy > threshold:
-                log(f"WARNING: the machine is busy with other work ({busy * 100:.0f}% of one core); "
-                    f"figures will be lower than on an idle machine")
+                log(
+                    f"WARNING: the machine is busy with other work ({busy * 100:.0f}% of one core); "
+                    f"figures will be lower than on an idle machine"
+                )
             return busy
         log(f"machine busy with other work ({busy * 100:.0f}% of one core): waiting")
 
@@ -169,8 +174,9 @@ def cpu_delta(before: dict, after: dict) -> dict:
 
 
 def format_cpu(delta: dict, wall: float, count: int, what: str = "request") -> str:
-    parts = [f"{name} {sec / wall * 100:.0f}% ({sec / max(1, count) * 1000:.2f} ms/{what})"
-             for name, sec in delta.items()]
+    parts = [
+        f"{name} {sec / wall * 100:.0f}% ({sec / max(1, count) * 1000:.2f} ms/{what})" for name, sec in delta.items()
+    ]
     return "CPU over the timed phase (100% = one core): " + ", ".join(parts)
 
 

@@ -1,4 +1,5 @@
 """Optional profiling of chosen processes with py-spy (`--profile`), summarised after the run."""
+
 from __future__ import annotations
 
 import shutil
@@ -31,12 +32,25 @@ class Profiler:
         # --gil: only samples that hold the GIL, i.e. Python code running on a CPU. Without it,
         # py-spy here also counts threads blocked in socket waits (psycopg's wait, gunicorn's
         # graceful close) as active, which reads as CPU time that is not.
-        argv = [self.exe, "record", "-p", str(pid), "-f", "raw", "-o", str(out), "-r", str(self.rate),
-                "--nonblocking", "--gil"]
+        argv = [
+            self.exe,
+            "record",
+            "-p",
+            str(pid),
+            "-f",
+            "raw",
+            "-o",
+            str(out),
+            "-r",
+            str(self.rate),
+            "--nonblocking",
+            "--gil",
+        ]
         if subprocesses:
             argv.append("--subprocesses")
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         self.procs.append((name, proc, out))
 
     def stop(self) -> None:
@@ -83,10 +97,26 @@ def summarise_profile(name: str, path: Path, top: int = 22) -> str:
     out = [f"[{name}] {total} samples holding the GIL: where the Python CPU time goes (self %)"]
     out += [f"  {n / total * 100:5.1f}%  {f[:140]}" for f, n in own.most_common(top)]
     out.append(f"[{name}] inclusive %, application and library entry points")
-    interesting = [(f, n) for f, n in inclusive.most_common(400)
-                   if any(k in f for k in ("intake/", "ticketing/", "config/", "celery/app/trace", "kombu/",
-                                           "django/db/models/query.py", "django/db/transaction",
-                                           "django/db/backends/utils.py", "django/core/handlers",
-                                           "logging/__init__", "psycopg/", "redis/"))]
+    interesting = [
+        (f, n)
+        for f, n in inclusive.most_common(400)
+        if any(
+            k in f
+            for k in (
+                "intake/",
+                "ticketing/",
+                "config/",
+                "celery/app/trace",
+                "kombu/",
+                "django/db/models/query.py",
+                "django/db/transaction",
+                "django/db/backends/utils.py",
+                "django/core/handlers",
+                "logging/__init__",
+                "psycopg/",
+                "redis/",
+            )
+        )
+    ]
     out += [f"  {n / total * 100:5.1f}%  {f[:140]}" for f, n in interesting[:top]]
     return "\n".join(out)

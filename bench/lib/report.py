@@ -1,4 +1,5 @@
 """What the benchmarks print: the log line, percentiles, milliseconds."""
+
 from __future__ import annotations
 
 import time

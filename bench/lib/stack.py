@@ -1,5 +1,6 @@
 """The processes of the stack a benchmark starts (gunicorn, `manage.py`), and what a run needs
 around them: the broker, free ports, temporary folders, signals, the options every script takes."""
+
 from __future__ import annotations
 
 import http.client
@@ -36,8 +37,9 @@ def with_app_name(env: dict, name: str) -> dict:
 
 
 def manage(env: dict, *args: str, timeout: float = 120) -> str:
-    proc = subprocess.run([str(PYTHON), "manage.py", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [str(PYTHON), "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"manage.py {' '.join(args)[:60]} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
@@ -59,8 +61,15 @@ class Stack:
 
     def start(self, name: str, argv: list[str], env: dict) -> subprocess.Popen:
         logfile = open(self.tmp / f"{name}.log", "ab")
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=logfile,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         logfile.close()
         self.procs.append((name, proc))
         return proc
@@ -72,8 +81,9 @@ class Stack:
     def check_alive(self) -> None:
         for name, proc in self.procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.tmp / (name + '.log')}:\n"
-                                   + self.tail(name))
+                raise RuntimeError(
+                    f"{name} exited with {proc.returncode}; see {self.tmp / (name + '.log')}:\n" + self.tail(name)
+                )
 
     def tail(self, name: str, lines: int = 30) -> str:
         try:
@@ -102,12 +112,33 @@ class Stack:
         self.procs = [(n, p) for n, p in self.procs if (n, p) not in chosen]
 
 
-def start_gunicorn(stack: Stack, env: dict, workers: int, port: int, app: str = "config.wsgi", name: str = "gunicorn",
-                   worker_class: str = "sync", threads: int = 1, extra: tuple[str, ...] = ()) -> None:
+def start_gunicorn(
+    stack: Stack,
+    env: dict,
+    workers: int,
+    port: int,
+    app: str = "config.wsgi",
+    name: str = "gunicorn",
+    worker_class: str = "sync",
+    threads: int = 1,
+    extra: tuple[str, ...] = (),
+) -> None:
     """gunicorn on 127.0.0.1:`port`; the framework floor (bench/floor_app) passes its own `app` and
     `extra` (its --pythonpath) and otherwise gets exactly the same settings as the app."""
-    argv = [str(BIN / "gunicorn"), app, "--workers", str(workers), "--worker-class", worker_class,
-            "--bind", f"127.0.0.1:{port}", "--no-control-socket", "--log-level", "warning", *extra]
+    argv = [
+        str(BIN / "gunicorn"),
+        app,
+        "--workers",
+        str(workers),
+        "--worker-class",
+        worker_class,
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--no-control-socket",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     if threads > 1:
         argv += ["--threads", str(threads)]
     stack.start(name, argv, env)
@@ -134,8 +165,10 @@ def start_gunicorn(stack: Stack, env: dict, workers: int, port: int, app: str = 
 
 def install_signal_handlers() -> None:
     """SIGTERM behaves like Ctrl-C, so the `finally` blocks stop what we started."""
+
     def handler(signum, frame):
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, handler)
 
 
@@ -172,7 +205,11 @@ def add_common_arguments(parser, profile_help: str) -> None:
     """The options both benchmarks take."""
     parser.add_argument("--preload", type=int, default=10000, help="completed events of history loaded first")
     parser.add_argument("--log-level", default="INFO", help="the app's LOG_LEVEL (default INFO, the app default)")
-    parser.add_argument("--quiet-wait", type=float, default=15,
-                        help="wait up to this long for other work on the machine to stop before timing (default 15)")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=15,
+        help="wait up to this long for other work on the machine to stop before timing (default 15)",
+    )
     parser.add_argument("--profile", action="store_true", help=profile_help)
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")

@@ -4,6 +4,7 @@ Each dialect is a `fakedesk.handler.Handler` subclass: its own routes, authentic
 bodies over the shared store, fault plan, idempotency memory, search lag and request hooks.
 `handler_for(name)` imports only the one asked for.
 """
+
 from importlib import import_module
 
 DIALECTS = {

@@ -41,6 +41,7 @@ through the fault plan and the request log; contacts, associations and reads do 
 properties: PROPERTIES (`mailroom_ref` is the one with unique values); pipelines: PIPELINES.
 HubSpot's search lags; the contact search here does not.
 """
+
 import base64
 import email.parser
 import email.policy
@@ -57,10 +58,15 @@ from ..store import ValidationFailed
 
 # Ticket properties this portal has: name -> (type, unique values).
 PROPERTIES = {
-    "subject": ("string", False), "content": ("string", False), "source_type": ("enumeration", False),
-    "hs_pipeline": ("enumeration", False), "hs_pipeline_stage": ("enumeration", False),
-    "hs_ticket_priority": ("enumeration", False), "hubspot_owner_id": ("enumeration", False),
-    "hs_ticket_category": ("enumeration", False), "mailroom_ref": ("string", True),
+    "subject": ("string", False),
+    "content": ("string", False),
+    "source_type": ("enumeration", False),
+    "hs_pipeline": ("enumeration", False),
+    "hs_pipeline_stage": ("enumeration", False),
+    "hs_ticket_priority": ("enumeration", False),
+    "hubspot_owner_id": ("enumeration", False),
+    "hs_ticket_category": ("enumeration", False),
+    "mailroom_ref": ("string", True),
     "mailroom_requester": ("string", False),
 }
 PRIORITIES = ("LOW", "MEDIUM", "HIGH", "URGENT")
@@ -71,8 +77,16 @@ PIPELINES = {
     "billing-pipeline": [("billing-new", "OPEN"), ("billing-closed", "CLOSED")],
     "tech-pipeline": [("tech-new", "OPEN"), ("tech-closed", "CLOSED")],
 }
-FILE_ACCESS = ("PUBLIC_INDEXABLE", "PUBLIC_NOT_INDEXABLE", "HIDDEN_INDEXABLE", "HIDDEN_NOT_INDEXABLE", "HIDDEN_PRIVATE",
-               "PRIVATE", "HIDDEN_SENSITIVE", "SENSITIVE")
+FILE_ACCESS = (
+    "PUBLIC_INDEXABLE",
+    "PUBLIC_NOT_INDEXABLE",
+    "HIDDEN_INDEXABLE",
+    "HIDDEN_NOT_INDEXABLE",
+    "HIDDEN_PRIVATE",
+    "PRIVATE",
+    "HIDDEN_SENSITIVE",
+    "SENSITIVE",
+)
 
 
 def contact_id_of(person_id: int) -> str:
@@ -108,10 +122,18 @@ class HubSpotHandler(Handler):
         ("GET", re.compile(r"/crm/v3/objects/contacts/([^/]+)"), "hs_get_contact", True),
         ("POST", re.compile(r"/crm/v3/objects/contacts/search"), "hs_search_contacts", True),
         ("POST", re.compile(r"/crm/v3/objects/contacts/batch/upsert"), "hs_upsert_contacts", True),
-        ("PUT", re.compile(r"/crm/v4/objects/tickets/(\d+)/associations/default/contacts/(\d+)"),
-         "hs_associate_contact", True),
-        ("PUT", re.compile(r"/crm/v4/objects/tickets/(\d+)/associations/default/tickets/(\d+)"),
-         "hs_associate_ticket", True),
+        (
+            "PUT",
+            re.compile(r"/crm/v4/objects/tickets/(\d+)/associations/default/contacts/(\d+)"),
+            "hs_associate_contact",
+            True,
+        ),
+        (
+            "PUT",
+            re.compile(r"/crm/v4/objects/tickets/(\d+)/associations/default/tickets/(\d+)"),
+            "hs_associate_ticket",
+            True,
+        ),
         ("GET", re.compile(r"/crm/v4/objects/tickets/(\d+)/associations/notes"), "hs_ticket_notes", True),
         ("POST", re.compile(r"/crm/v3/objects/notes/batch/read"), "hs_read_notes", True),
         ("POST", re.compile(r"/files/v3/files"), "hs_upload_file", True),
@@ -122,9 +144,15 @@ class HubSpotHandler(Handler):
     ]
     IDEMPOTENCY_HEADER = None
     PAYLOAD_KEY = None
-    UNAUTHENTICATED = (401, hubspot_error("INVALID_AUTHENTICATION", "Authentication credentials not found. "
-                                          "This API supports OAuth 2.0 authentication and you can find more details "
-                                          "at https://developers.hubspot.com/docs/methods/auth/oauth-overview"))
+    UNAUTHENTICATED = (
+        401,
+        hubspot_error(
+            "INVALID_AUTHENTICATION",
+            "Authentication credentials not found. "
+            "This API supports OAuth 2.0 authentication and you can find more details "
+            "at https://developers.hubspot.com/docs/methods/auth/oauth-overview",
+        ),
+    )
 
     def _authenticated(self) -> bool:
         token = self.desk.token
@@ -139,14 +167,26 @@ class HubSpotHandler(Handler):
             return None
         status, headers, _ = answer
         if status == 429:
-            return 429, headers, {**hubspot_error("RATE_LIMITS", "You have reached your ten_secondly_rolling "
-                                                  "limit."), "errorType": "RATE_LIMIT",
-                                  "policyName": "TEN_SECONDLY_ROLLING"}
+            return (
+                429,
+                headers,
+                {
+                    **hubspot_error("RATE_LIMITS", "You have reached your ten_secondly_rolling limit."),
+                    "errorType": "RATE_LIMIT",
+                    "policyName": "TEN_SECONDLY_ROLLING",
+                },
+            )
         if status == 401:
             return 401, headers, self.UNAUTHENTICATED[1]
         if status == 422:
-            return 400, headers, hubspot_error("VALIDATION_ERROR", "Property values were not valid: "
-                                               '[{"isValid":false,"message":"not a valid email","name":"email"}]')
+            return (
+                400,
+                headers,
+                hubspot_error(
+                    "VALIDATION_ERROR",
+                    'Property values were not valid: [{"isValid":false,"message":"not a valid email","name":"email"}]',
+                ),
+            )
         return status, headers, hubspot_error("INTERNAL_ERROR", "internal error")
 
     def invalid_body(self) -> tuple[int, dict]:
@@ -159,7 +199,8 @@ class HubSpotHandler(Handler):
         if not content_type.lower().startswith("multipart/form-data"):
             return super()._parse_json()
         message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-            f"Content-Type: {content_type}\r\n\r\n".encode() + (self.raw_body or b""))
+            f"Content-Type: {content_type}\r\n\r\n".encode() + (self.raw_body or b"")
+        )
         if not message.is_multipart():
             return None
         fields, upload = {}, None
@@ -167,8 +208,12 @@ class HubSpotHandler(Handler):
             name = part.get_param("name", header="content-disposition")
             data = part.get_payload(decode=True) or b""
             if part.get_filename() is not None:
-                upload = {"name": name, "filename": part.get_filename(),
-                          "content_type": part.get_content_type(), "data": base64.b64encode(data).decode()}
+                upload = {
+                    "name": name,
+                    "filename": part.get_filename(),
+                    "content_type": part.get_content_type(),
+                    "data": base64.b64encode(data).decode(),
+                }
             elif name:
                 fields[str(name)] = data.decode("utf-8", errors="replace")
         return {"fields": fields, "file": upload}
@@ -177,31 +222,56 @@ class HubSpotHandler(Handler):
 
     def _ticket_json(self, ticket: dict, new: bool | None = None) -> dict:
         properties = {k: v for k, v in ticket["fields"].items() if k != "associations"}
-        properties.update({"hs_object_id": str(ticket["id"]), "createdate": ticket["created_at"],
-                           "hs_lastmodifieddate": ticket["updated_at"]})
+        properties.update(
+            {
+                "hs_object_id": str(ticket["id"]),
+                "createdate": ticket["created_at"],
+                "hs_lastmodifieddate": ticket["updated_at"],
+            }
+        )
         if ticket["status"] == "closed":
             # Closed by an agent (the control API): the ticket sits in its pipeline's closed stage.
             pipeline = str(properties.get("hs_pipeline") or "0")
             properties["hs_pipeline_stage"] = closed_stage(pipeline) or properties.get("hs_pipeline_stage")
-        body = {"id": str(ticket["id"]), "properties": properties, "createdAt": ticket["created_at"],
-                "updatedAt": ticket["updated_at"], "archived": False}
+        body = {
+            "id": str(ticket["id"]),
+            "properties": properties,
+            "createdAt": ticket["created_at"],
+            "updatedAt": ticket["updated_at"],
+            "archived": False,
+        }
         if new is not None:
             body["new"] = new
         return body
 
     def _property_errors(self, properties: dict) -> list[dict]:
-        errors = [{"isValid": False, "message": f'Property "{name}" does not exist', "error": "PROPERTY_DOESNT_EXIST",
-                   "name": name} for name in properties if name not in PROPERTIES]
+        errors = [
+            {
+                "isValid": False,
+                "message": f'Property "{name}" does not exist',
+                "error": "PROPERTY_DOESNT_EXIST",
+                "name": name,
+            }
+            for name in properties
+            if name not in PROPERTIES
+        ]
         priority = properties.get("hs_ticket_priority")
         if priority is not None and priority not in PRIORITIES:
-            errors.append({"isValid": False, "message": f"{priority} was not one of the allowed options",
-                           "error": "INVALID_OPTION", "name": "hs_ticket_priority"})
+            errors.append(
+                {
+                    "isValid": False,
+                    "message": f"{priority} was not one of the allowed options",
+                    "error": "INVALID_OPTION",
+                    "name": "hs_ticket_priority",
+                }
+            )
         return errors
 
     def hs_upsert_tickets(self):
         def first_ref(body):
             inputs = body.get("inputs") if isinstance(body.get("inputs"), list) else []
             return inputs[0].get("id") if inputs and isinstance(inputs[0], dict) else None
+
         self._ticket_write("POST", "/crm/v3/objects/tickets/batch/upsert", self._do_upsert, external_id_of=first_ref)
 
     def _do_upsert(self, body: dict) -> WriteOutcome:
@@ -211,19 +281,28 @@ class HubSpotHandler(Handler):
         for item in inputs:
             id_property, properties = item.get("idProperty"), item.get("properties")
             if not PROPERTIES.get(id_property, (None, False))[1]:
-                return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", f"{id_property} is not a property "
-                                                       "with unique values; it cannot be an idProperty"))
+                return WriteOutcome(
+                    400,
+                    hubspot_error(
+                        "VALIDATION_ERROR",
+                        f"{id_property} is not a property with unique values; it cannot be an idProperty",
+                    ),
+                )
             if not isinstance(properties, dict) or not item.get("id"):
                 return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", "each input needs id and properties"))
             errors = self._property_errors(properties)
             if errors:
-                return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", f"Property values were not valid: "
-                                                       f"{errors}", errors=errors))
+                return WriteOutcome(
+                    400, hubspot_error("VALIDATION_ERROR", f"Property values were not valid: {errors}", errors=errors)
+                )
         results, base = [], self._base_url()
         for item in inputs:
             ref, properties = str(item["id"]), {**item["properties"], item["idProperty"]: str(item["id"])}
-            ticket = {"subject": properties.get("subject"), "description": properties.get("content"),
-                      "external_id": ref}
+            ticket = {
+                "subject": properties.get("subject"),
+                "description": properties.get("content"),
+                "external_id": ref,
+            }
             existing = self.desk.store.tickets(base, ref)
             try:
                 if existing:
@@ -232,43 +311,74 @@ class HubSpotHandler(Handler):
                 else:
                     store_id = self.desk.store.create_ticket(ticket, fields=properties)
             except ValidationFailed as exc:
-                return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", "Property values were not valid",
-                                                       errors=[{"name": "content" if k == "description" else k,
-                                                                "error": "INVALID_VALUE"} for k in exc.details]))
+                return WriteOutcome(
+                    400,
+                    hubspot_error(
+                        "VALIDATION_ERROR",
+                        "Property values were not valid",
+                        errors=[
+                            {"name": "content" if k == "description" else k, "error": "INVALID_VALUE"}
+                            for k in exc.details
+                        ],
+                    ),
+                )
             results.append(self._ticket_json(self.desk.store.ticket(store_id, base), new=not existing))
-        return WriteOutcome(200, {"status": "COMPLETE", "results": results, "startedAt": _now(),
-                                  "completedAt": _now()}, committed=True, ticket_id=int(results[0]["id"]))
+        return WriteOutcome(
+            200,
+            {"status": "COMPLETE", "results": results, "startedAt": _now(), "completedAt": _now()},
+            committed=True,
+            ticket_id=int(results[0]["id"]),
+        )
 
     def hs_get_ticket(self, ticket_id):
         id_property = (self.query.get("idProperty") or [None])[0]
         with self.desk.store.transaction():
             if id_property:
-                found = self.desk.store.tickets(self._base_url(), ticket_id) if PROPERTIES.get(
-                    id_property, (None, False))[1] else []
+                found = (
+                    self.desk.store.tickets(self._base_url(), ticket_id)
+                    if PROPERTIES.get(id_property, (None, False))[1]
+                    else []
+                )
                 ticket = found[0] if found else None
             else:
                 ticket = self.desk.store.ticket(int(ticket_id), self._base_url()) if ticket_id.isdigit() else None
         if ticket is None:
-            self._send(404, hubspot_error("OBJECT_NOT_FOUND", "Object not found.  objectId are usually numeric.",
-                                          context={"id": [ticket_id]}))
+            self._send(
+                404,
+                hubspot_error(
+                    "OBJECT_NOT_FOUND", "Object not found.  objectId are usually numeric.", context={"id": [ticket_id]}
+                ),
+            )
         else:
             self._send(200, self._ticket_json(ticket))
 
     def hs_ticket_property(self, name):
         if name not in PROPERTIES:
-            self._send(404, hubspot_error("OBJECT_NOT_FOUND", f"Unable to find property {name} for object "
-                                          "type ticket"))
+            self._send(404, hubspot_error("OBJECT_NOT_FOUND", f"Unable to find property {name} for object type ticket"))
             return
         kind, unique = PROPERTIES[name]
-        self._send(200, {"name": name, "label": name.replace("_", " ").title(), "type": kind,
-                         "fieldType": "text" if kind == "string" else "select", "groupName": "ticketinformation",
-                         "hasUniqueValue": unique, "hidden": False, "formField": False,
-                         "modificationMetadata": {"archivable": True, "readOnlyDefinition": False,
-                                                  "readOnlyValue": False}})
+        self._send(
+            200,
+            {
+                "name": name,
+                "label": name.replace("_", " ").title(),
+                "type": kind,
+                "fieldType": "text" if kind == "string" else "select",
+                "groupName": "ticketinformation",
+                "hasUniqueValue": unique,
+                "hidden": False,
+                "formField": False,
+                "modificationMetadata": {"archivable": True, "readOnlyDefinition": False, "readOnlyValue": False},
+            },
+        )
 
     def hs_update_ticket(self, ticket_id):
-        self._ticket_write("PATCH", f"/crm/v3/objects/tickets/{ticket_id}",
-                           lambda body: self._do_update_ticket(int(ticket_id), body), external_id_of=lambda b: None)
+        self._ticket_write(
+            "PATCH",
+            f"/crm/v3/objects/tickets/{ticket_id}",
+            lambda body: self._do_update_ticket(int(ticket_id), body),
+            external_id_of=lambda b: None,
+        )
 
     def _do_update_ticket(self, ticket_id: int, body: dict) -> WriteOutcome:
         base, properties = self._base_url(), body.get("properties")
@@ -281,28 +391,53 @@ class HubSpotHandler(Handler):
         pipeline = str(properties.get("hs_pipeline") or ticket["fields"].get("hs_pipeline") or "0")
         stage = properties.get("hs_pipeline_stage")
         if stage is not None and stage_state(pipeline, str(stage)) is None:
-            errors.append({"isValid": False, "message": f"{stage} is not a stage of pipeline {pipeline}",
-                           "error": "INVALID_OPTION", "name": "hs_pipeline_stage"})
+            errors.append(
+                {
+                    "isValid": False,
+                    "message": f"{stage} is not a stage of pipeline {pipeline}",
+                    "error": "INVALID_OPTION",
+                    "name": "hs_pipeline_stage",
+                }
+            )
         if errors:
-            return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", f"Property values were not valid: {errors}",
-                                                   errors=errors))
+            return WriteOutcome(
+                400, hubspot_error("VALIDATION_ERROR", f"Property values were not valid: {errors}", errors=errors)
+            )
         self.desk.store.update_fields(ticket_id, {}, properties)
         if stage is not None:
-            self.desk.store.set_status(ticket_id, "closed" if stage_state(pipeline, str(stage)) == "CLOSED"
-                                       else "open")
-        return WriteOutcome(200, self._ticket_json(self.desk.store.ticket(ticket_id, base)), committed=True,
-                            ticket_id=ticket_id)
+            self.desk.store.set_status(ticket_id, "closed" if stage_state(pipeline, str(stage)) == "CLOSED" else "open")
+        return WriteOutcome(
+            200, self._ticket_json(self.desk.store.ticket(ticket_id, base)), committed=True, ticket_id=ticket_id
+        )
 
     def hs_pipeline(self, pipeline_id):
         stages = PIPELINES.get(pipeline_id)
         if stages is None:
             self._send(404, hubspot_error("OBJECT_NOT_FOUND", f"Unable to find pipeline {pipeline_id}"))
             return
-        self._send(200, {"id": pipeline_id, "label": pipeline_id, "displayOrder": 0, "archived": False,
-                         "createdAt": _now(), "updatedAt": _now(),
-                         "stages": [{"id": stage_id, "label": stage_id, "displayOrder": order, "archived": False,
-                                     "metadata": {"ticketState": state}, "createdAt": _now(), "updatedAt": _now()}
-                                    for order, (stage_id, state) in enumerate(stages)]})
+        self._send(
+            200,
+            {
+                "id": pipeline_id,
+                "label": pipeline_id,
+                "displayOrder": 0,
+                "archived": False,
+                "createdAt": _now(),
+                "updatedAt": _now(),
+                "stages": [
+                    {
+                        "id": stage_id,
+                        "label": stage_id,
+                        "displayOrder": order,
+                        "archived": False,
+                        "metadata": {"ticketState": state},
+                        "createdAt": _now(),
+                        "updatedAt": _now(),
+                    }
+                    for order, (stage_id, state) in enumerate(stages)
+                ],
+            },
+        )
 
     # Notes.
 
@@ -313,14 +448,22 @@ class HubSpotHandler(Handler):
         properties = note.get("properties") if isinstance(note.get("properties"), dict) else {}
         if not properties.get("hs_timestamp"):
             return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", "hs_timestamp is required"))
-        ticket_ids = [str((a.get("to") or {}).get("id")) for a in note.get("associations") or []
-                      if isinstance(a, dict) and any(t.get("associationTypeId") == 228 for t in a.get("types") or [])]
+        ticket_ids = [
+            str((a.get("to") or {}).get("id"))
+            for a in note.get("associations") or []
+            if isinstance(a, dict) and any(t.get("associationTypeId") == 228 for t in a.get("types") or [])
+        ]
         base = self._base_url()
         missing = [i for i in ticket_ids if not i.isdigit() or self.desk.store.ticket(int(i), base) is None]
         if not ticket_ids or missing:
-            return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", f"One or more of the following object "
-                                                   f"IDs was invalid: {missing}",
-                                                   subCategory="crm.associations.INVALID_OBJECT_IDS"))
+            return WriteOutcome(
+                400,
+                hubspot_error(
+                    "VALIDATION_ERROR",
+                    f"One or more of the following object IDs was invalid: {missing}",
+                    subCategory="crm.associations.INVALID_OBJECT_IDS",
+                ),
+            )
         attachment_ids = [a for a in str(properties.get("hs_attachment_ids") or "").split(";") if a]
         uploads = [self.desk.store.upload(a) for a in attachment_ids]
         if any(upload is None for upload in uploads):
@@ -328,21 +471,39 @@ class HubSpotHandler(Handler):
         body = properties.get("hs_note_body")
         if not uploads and (not isinstance(body, str) or not body.strip()):
             return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", "hs_note_body must not be empty"))
-        metadata = {"note": True, "hs_timestamp": properties["hs_timestamp"],
-                    "hs_attachment_ids": ";".join(attachment_ids)}
+        metadata = {
+            "note": True,
+            "hs_timestamp": properties["hs_timestamp"],
+            "hs_attachment_ids": ";".join(attachment_ids),
+        }
         note_ids = []
         for ticket_id in ticket_ids:
-            note_ids.append(self.desk.store.insert_comment(int(ticket_id), str(body or ""), public=False,
-                                                           metadata=metadata))
+            note_ids.append(
+                self.desk.store.insert_comment(int(ticket_id), str(body or ""), public=False, metadata=metadata)
+            )
             for upload in uploads:
                 self.desk.store.add_attachment(
-                    int(ticket_id), filename=upload["filename"], content_type=upload["content_type"],
-                    size=upload["size"], sha256=upload["sha256"], comment_id=note_ids[-1],
-                    marker=self._files().get(upload["token"], {}).get("folder", "").rsplit("/", 1)[-1])
+                    int(ticket_id),
+                    filename=upload["filename"],
+                    content_type=upload["content_type"],
+                    size=upload["size"],
+                    sha256=upload["sha256"],
+                    comment_id=note_ids[-1],
+                    marker=self._files().get(upload["token"], {}).get("folder", "").rsplit("/", 1)[-1],
+                )
         note_id = str(note_ids[0])
-        return WriteOutcome(201, {"id": note_id, "properties": {**properties, "hs_object_id": note_id},
-                                  "createdAt": _now(), "updatedAt": _now(), "archived": False},
-                            committed=True, ticket_id=int(ticket_ids[0]))
+        return WriteOutcome(
+            201,
+            {
+                "id": note_id,
+                "properties": {**properties, "hs_object_id": note_id},
+                "createdAt": _now(),
+                "updatedAt": _now(),
+                "archived": False,
+            },
+            committed=True,
+            ticket_id=int(ticket_ids[0]),
+        )
 
     def hs_create_email(self):
         self._ticket_write("POST", "/crm/v3/objects/emails", self._do_email, external_id_of=lambda email: None)
@@ -353,31 +514,59 @@ class HubSpotHandler(Handler):
             return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", "hs_timestamp is required"))
         direction = properties.get("hs_email_direction")
         if direction not in ("EMAIL", "INCOMING_EMAIL", "FORWARDED_EMAIL"):
-            return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", f"{direction} was not one of the allowed "
-                                                   "options for hs_email_direction"))
+            return WriteOutcome(
+                400,
+                hubspot_error(
+                    "VALIDATION_ERROR", f"{direction} was not one of the allowed options for hs_email_direction"
+                ),
+            )
         try:
             headers = json.loads(properties.get("hs_email_headers") or "{}")
         except ValueError:
             headers = None
         if not isinstance(headers, dict):
             return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", "hs_email_headers must be a JSON object"))
-        ticket_ids = [str((a.get("to") or {}).get("id")) for a in email.get("associations") or []
-                      if isinstance(a, dict) and any(t.get("associationTypeId") == 224 for t in a.get("types") or [])]
+        ticket_ids = [
+            str((a.get("to") or {}).get("id"))
+            for a in email.get("associations") or []
+            if isinstance(a, dict) and any(t.get("associationTypeId") == 224 for t in a.get("types") or [])
+        ]
         base = self._base_url()
         missing = [i for i in ticket_ids if not i.isdigit() or self.desk.store.ticket(int(i), base) is None]
         if not ticket_ids or missing:
-            return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", f"One or more of the following object "
-                                                   f"IDs was invalid: {missing}",
-                                                   subCategory="crm.associations.INVALID_OBJECT_IDS"))
+            return WriteOutcome(
+                400,
+                hubspot_error(
+                    "VALIDATION_ERROR",
+                    f"One or more of the following object IDs was invalid: {missing}",
+                    subCategory="crm.associations.INVALID_OBJECT_IDS",
+                ),
+            )
         sender = str((headers.get("from") or {}).get("email") or "")
         metadata = {"email": True, "hs_timestamp": properties["hs_timestamp"], "hs_email_direction": direction}
-        email_ids = [self.desk.store.insert_comment(int(i), str(properties.get("hs_email_text") or ""), public=True,
-                                                    author=sender.lower(), metadata=metadata) for i in ticket_ids]
+        email_ids = [
+            self.desk.store.insert_comment(
+                int(i),
+                str(properties.get("hs_email_text") or ""),
+                public=True,
+                author=sender.lower(),
+                metadata=metadata,
+            )
+            for i in ticket_ids
+        ]
         email_id = str(email_ids[0])
-        return WriteOutcome(201, {"id": email_id, "properties": {**properties, "hs_object_id": email_id,
-                                                                 "hs_email_from_email": sender},
-                                  "createdAt": _now(), "updatedAt": _now(), "archived": False},
-                            committed=True, ticket_id=int(ticket_ids[0]))
+        return WriteOutcome(
+            201,
+            {
+                "id": email_id,
+                "properties": {**properties, "hs_object_id": email_id, "hs_email_from_email": sender},
+                "createdAt": _now(),
+                "updatedAt": _now(),
+                "archived": False,
+            },
+            committed=True,
+            ticket_id=int(ticket_ids[0]),
+        )
 
     def hs_ticket_notes(self, ticket_id):
         with self.desk.store.transaction():
@@ -403,11 +592,21 @@ class HubSpotHandler(Handler):
                 for note in self.desk.store.comments(ticket["id"]):
                     custom = note["metadata"]["custom"]
                     if custom.get("note") and str(note["id"]) in wanted:
-                        properties = {"hs_object_id": str(note["id"]), "hs_note_body": note["body"],
-                                      "hs_timestamp": custom.get("hs_timestamp"),
-                                      "hs_attachment_ids": custom.get("hs_attachment_ids") or None}
-                        results.append({"id": str(note["id"]), "properties": properties, "archived": False,
-                                        "createdAt": note["created_at"], "updatedAt": note["created_at"]})
+                        properties = {
+                            "hs_object_id": str(note["id"]),
+                            "hs_note_body": note["body"],
+                            "hs_timestamp": custom.get("hs_timestamp"),
+                            "hs_attachment_ids": custom.get("hs_attachment_ids") or None,
+                        }
+                        results.append(
+                            {
+                                "id": str(note["id"]),
+                                "properties": properties,
+                                "archived": False,
+                                "createdAt": note["created_at"],
+                                "updatedAt": note["created_at"],
+                            }
+                        )
         self._send(200, {"status": "COMPLETE", "results": results, "startedAt": _now(), "completedAt": _now()})
 
     # Files.
@@ -422,8 +621,7 @@ class HubSpotHandler(Handler):
     def _do_upload(self, body: dict) -> WriteOutcome:
         fields, upload = body.get("fields"), body.get("file")
         if not isinstance(fields, dict) or not isinstance(upload, dict) or upload.get("name") != "file":
-            return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", "a multipart body with a file part is "
-                                                   "required"))
+            return WriteOutcome(400, hubspot_error("VALIDATION_ERROR", "a multipart body with a file part is required"))
         try:
             options = json.loads(fields.get("options") or "null")
         except ValueError:
@@ -441,26 +639,50 @@ class HubSpotHandler(Handler):
         self.desk.store.add_upload(file_id, filename, upload["content_type"], data)
         name, _, extension = filename.rpartition(".") if "." in filename else (filename, "", "")
         files[file_id] = {"folder": str(folder or ""), "name": name, "access": options["access"]}
-        return WriteOutcome(201, {"id": file_id, "name": name, "extension": extension, "size": len(data),
-                                  "path": f"{folder}/{filename}", "access": options["access"],
-                                  "parentFolderId": folder_id, "archived": False,
-                                  "isUsableInContent": True, "type": "OTHER", "createdAt": _now(),
-                                  "updatedAt": _now()}, committed=True)
+        return WriteOutcome(
+            201,
+            {
+                "id": file_id,
+                "name": name,
+                "extension": extension,
+                "size": len(data),
+                "path": f"{folder}/{filename}",
+                "access": options["access"],
+                "parentFolderId": folder_id,
+                "archived": False,
+                "isUsableInContent": True,
+                "type": "OTHER",
+                "createdAt": _now(),
+                "updatedAt": _now(),
+            },
+            committed=True,
+        )
 
     def hs_search_files(self):
         with self.desk.store.transaction():
-            results = [{"id": file_id, "name": meta["name"], "path": meta["folder"], "access": meta["access"]}
-                       for file_id, meta in self._files().items()]
+            results = [
+                {"id": file_id, "name": meta["name"], "path": meta["folder"], "access": meta["access"]}
+                for file_id, meta in self._files().items()
+            ]
         limit = (self.query.get("limit") or ["10"])[0]
-        self._send(200, {"results": results[:int(limit) if limit.isdigit() else 10]})
+        self._send(200, {"results": results[: int(limit) if limit.isdigit() else 10]})
 
     # Contacts and associations (not ticket writes: no faults, not in the request log). A contact is a person.
 
     def _contact_json(self, person: dict) -> dict:
         contact_id = contact_id_of(person["id"])
-        return {"id": contact_id, "properties": {"email": person["email"], "firstname": person["name"],
-                                                 "hs_object_id": contact_id, "createdate": person["created_at"]},
-                "createdAt": person["created_at"], "updatedAt": person["created_at"], "archived": False}
+        return {
+            "id": contact_id,
+            "properties": {
+                "email": person["email"],
+                "firstname": person["name"],
+                "hs_object_id": contact_id,
+                "createdate": person["created_at"],
+            },
+            "createdAt": person["created_at"],
+            "updatedAt": person["created_at"],
+            "archived": False,
+        }
 
     def _add_contact(self, email: str, firstname: str | None) -> dict:
         person_id, _ = self.desk.store.find_or_create_person(email.strip().lower(), firstname or "")
@@ -475,13 +697,14 @@ class HubSpotHandler(Handler):
         limit = (self.query.get("limit") or ["10"])[0]
         with self.desk.store.transaction():
             results = [self._contact_json(p) for p in self.desk.store.people()]
-        self._send(200, {"results": results[:int(limit) if limit.isdigit() else 10]})
+        self._send(200, {"results": results[: int(limit) if limit.isdigit() else 10]})
 
     def hs_get_contact(self, contact):
         id_property = (self.query.get("idProperty") or [None])[0]
         with self.desk.store.transaction():
-            person = (self.desk.store.person(email=unquote(contact)) if id_property == "email"
-                      else self._contact(contact))
+            person = (
+                self.desk.store.person(email=unquote(contact)) if id_property == "email" else self._contact(contact)
+            )
         if person is None:
             self._send(404, hubspot_error("OBJECT_NOT_FOUND", "Object not found.  objectId are usually numeric."))
         else:
@@ -491,12 +714,16 @@ class HubSpotHandler(Handler):
         body = self._json_body()
         if body is None:
             return
-        wanted = [f.get("value") for g in body.get("filterGroups") or [] for f in g.get("filters") or []
-                  if f.get("propertyName") == "email" and f.get("operator") == "EQ"]
+        wanted = [
+            f.get("value")
+            for g in body.get("filterGroups") or []
+            for f in g.get("filters") or []
+            if f.get("propertyName") == "email" and f.get("operator") == "EQ"
+        ]
         with self.desk.store.transaction():
             people = [self.desk.store.person(email=str(v)) for v in wanted]
             results = [self._contact_json(p) for p in people if p is not None]
-        self._send(200, {"total": len(results), "results": results[:int(body.get("limit") or 10)]})
+        self._send(200, {"total": len(results), "results": results[: int(body.get("limit") or 10)]})
 
     def hs_upsert_contacts(self):
         body = self._json_body()
@@ -527,15 +754,22 @@ class HubSpotHandler(Handler):
                 # HubSpot keeps no roles: the first contact is the requester here, the later ones are CCs.
                 requester = self.desk.store.ticket_people(int(ticket_id))["requester"]
                 if person["email"].lower() != requester:
-                    self.desk.store.add_ticket_person(int(ticket_id), person["email"], "cc" if requester else
-                                                      "requester")
+                    self.desk.store.add_ticket_person(
+                        int(ticket_id), person["email"], "cc" if requester else "requester"
+                    )
         if ticket is None or person is None:
             self._send(404, hubspot_error("OBJECT_NOT_FOUND", "one of the objects does not exist"))
             return
         spec = {"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 16}
-        self._send(200, {"status": "COMPLETE", "results": [
-            {"from": {"id": ticket_id}, "to": {"id": contact_id}, "associationSpec": spec}],
-            "startedAt": _now(), "completedAt": _now()})
+        self._send(
+            200,
+            {
+                "status": "COMPLETE",
+                "results": [{"from": {"id": ticket_id}, "to": {"id": contact_id}, "associationSpec": spec}],
+                "startedAt": _now(),
+                "completedAt": _now(),
+            },
+        )
 
     def hs_associate_ticket(self, ticket_id, other_id):
         base = self._base_url()
@@ -546,13 +780,28 @@ class HubSpotHandler(Handler):
                 self._associated(int(ticket_id), "tickets", {"id": other_id})
                 self._associated(int(other_id), "tickets", {"id": ticket_id})
         if not found or ticket_id == other_id:
-            self._send(404 if not found else 400, hubspot_error(
-                "OBJECT_NOT_FOUND" if not found else "VALIDATION_ERROR", "cannot associate these tickets"))
+            self._send(
+                404 if not found else 400,
+                hubspot_error(
+                    "OBJECT_NOT_FOUND" if not found else "VALIDATION_ERROR", "cannot associate these tickets"
+                ),
+            )
             return
-        self._send(200, {"status": "COMPLETE", "results": [
-            {"from": {"id": ticket_id}, "to": {"id": other_id},
-             "associationSpec": {"associationCategory": "HUBSPOT_DEFINED"}}],
-            "startedAt": _now(), "completedAt": _now()})
+        self._send(
+            200,
+            {
+                "status": "COMPLETE",
+                "results": [
+                    {
+                        "from": {"id": ticket_id},
+                        "to": {"id": other_id},
+                        "associationSpec": {"associationCategory": "HUBSPOT_DEFINED"},
+                    }
+                ],
+                "startedAt": _now(),
+                "completedAt": _now(),
+            },
+        )
 
     # Control.
 

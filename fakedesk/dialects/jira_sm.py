@@ -43,6 +43,7 @@ Mailroom reference (customfield_10050, else the label starting "mailroom-") and 
 Auth: basic `email:<token>` or `Bearer <token>` (`Desk.token`); errors in the servicedeskapi shape
 ({"errorMessage", "i18nErrorMessage"}), the platform API's as {"errorMessages", "errors"}.
 """
+
 import base64
 import binascii
 import email.parser
@@ -58,18 +59,35 @@ from ..handler import Handler
 from ..store import ValidationFailed
 
 KEY = r"([A-Z][A-Z0-9_]*-\d+|\d+)"
-ACCOUNT_PREFIX = "qm:fakedesk:"   # customer accounts' ids ("qm:" as JSM's portal-only customers)
+ACCOUNT_PREFIX = "qm:fakedesk:"  # customer accounts' ids ("qm:" as JSM's portal-only customers)
 CLOSED_STATUS = {"status": "Closed", "statusCategory": "DONE"}
 OPEN_STATUS = {"status": "Waiting for support", "statusCategory": "NEW"}
 SERVICE_DESKS = {"1": {"id": "1", "projectId": "10000", "projectKey": "SUP", "projectName": "Customer Support"}}
-FULL_FORM = ("summary", "description", "labels", "priority", "customfield_10050", "customfield_10060",
-             "customfield_10070")
-REQUEST_TYPES = {"10": ("Get help", FULL_FORM), "11": ("Billing question", FULL_FORM),
-                 "12": ("Technical problem", FULL_FORM), "21": ("Refund", FULL_FORM),
-                 "30": ("Report a bug", ("summary", "description"))}
-FIELD_NAMES = {"summary": "Summary", "description": "Description", "labels": "Labels", "priority": "Priority",
-               "customfield_10050": "Mailroom reference", "customfield_10060": "Queue",
-               "customfield_10070": "Assigned agent"}
+FULL_FORM = (
+    "summary",
+    "description",
+    "labels",
+    "priority",
+    "customfield_10050",
+    "customfield_10060",
+    "customfield_10070",
+)
+REQUEST_TYPES = {
+    "10": ("Get help", FULL_FORM),
+    "11": ("Billing question", FULL_FORM),
+    "12": ("Technical problem", FULL_FORM),
+    "21": ("Refund", FULL_FORM),
+    "30": ("Report a bug", ("summary", "description")),
+}
+FIELD_NAMES = {
+    "summary": "Summary",
+    "description": "Description",
+    "labels": "Labels",
+    "priority": "Priority",
+    "customfield_10050": "Mailroom reference",
+    "customfield_10060": "Queue",
+    "customfield_10070": "Assigned agent",
+}
 REFERENCE_FIELD = "customfield_10050"
 PRIORITIES = ("Highest", "High", "Medium", "Low", "Lowest")
 QUEUE_OPTIONS = ("Billing", "Technical")
@@ -100,11 +118,15 @@ def person_id(account: str) -> int | None:
 def multipart_files(content_type: str, body: bytes) -> list[tuple[str, str, bytes]]:
     """(filename, content type, bytes) of each "file" part of a multipart/form-data body."""
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+    )
     if not message.is_multipart():
         return []
-    return [(part.get_filename() or "", part.get_content_type(), part.get_payload(decode=True) or b"")
-            for part in message.iter_parts() if part.get_param("name", header="content-disposition") == "file"]
+    return [
+        (part.get_filename() or "", part.get_content_type(), part.get_payload(decode=True) or b"")
+        for part in message.iter_parts()
+        if part.get_param("name", header="content-disposition") == "file"
+    ]
 
 
 class JiraServiceManagementHandler(Handler):
@@ -123,8 +145,12 @@ class JiraServiceManagementHandler(Handler):
         ("GET", re.compile(r"/rest/api/[23]/user/search"), "user_search", True),
         ("GET", re.compile(rf"/rest/api/[23]/issue/{KEY}"), "show_issue", True),
         ("GET", re.compile(r"/rest/servicedeskapi/servicedesk/(\w+)"), "show_service_desk", True),
-        ("GET", re.compile(r"/rest/servicedeskapi/servicedesk/(\w+)/requesttype/(\w+)/field"),
-         "request_type_fields", True),
+        (
+            "GET",
+            re.compile(r"/rest/servicedeskapi/servicedesk/(\w+)/requesttype/(\w+)/field"),
+            "request_type_fields",
+            True,
+        ),
         ("GET", re.compile(r"/rest/api/3/search/jql"), "search_jql", True),
     ]
     IDEMPOTENCY_HEADER = None  # Jira has no idempotency key
@@ -152,8 +178,15 @@ class JiraServiceManagementHandler(Handler):
             return None
         status, headers, _ = refusal
         if status == 422:  # Jira answers invalid fields with 400
-            return 400, headers, sd_error("Your request could not be created. Please check the fields have been "
-                                          "correctly filled in. The customer is not valid.", "sd.request.invalid")
+            return (
+                400,
+                headers,
+                sd_error(
+                    "Your request could not be created. Please check the fields have been "
+                    "correctly filled in. The customer is not valid.",
+                    "sd.request.invalid",
+                ),
+            )
         if status == 401:
             return self.UNAUTHENTICATED[0], headers, self.UNAUTHENTICATED[1]
         if status == 429:
@@ -166,8 +199,12 @@ class JiraServiceManagementHandler(Handler):
     # --- Writes ---------------------------------------------------------------
 
     def create_request(self):
-        self._ticket_write("POST", "/rest/servicedeskapi/request", self._do_create,
-                           external_id_of=lambda record: reference_of(record.get("requestFieldValues")))
+        self._ticket_write(
+            "POST",
+            "/rest/servicedeskapi/request",
+            self._do_create,
+            external_id_of=lambda record: reference_of(record.get("requestFieldValues")),
+        )
 
     def _do_create(self, record: dict) -> WriteOutcome:
         desk = SERVICE_DESKS.get(str(record.get("serviceDeskId")))
@@ -181,18 +218,33 @@ class JiraServiceManagementHandler(Handler):
         if None in participants or not isinstance(record.get("requestParticipants", []), list):
             problems.append("requestParticipants: an account does not exist.")
         if problems:
-            return WriteOutcome(400, sd_error("Your request could not be created. Please check the fields have "
-                                              "been correctly filled in. " + " ".join(problems), "sd.request.invalid"))
+            return WriteOutcome(
+                400,
+                sd_error(
+                    "Your request could not be created. Please check the fields have "
+                    "been correctly filled in. " + " ".join(problems),
+                    "sd.request.invalid",
+                ),
+            )
         values = record["requestFieldValues"]
-        ticket = {"subject": values.get("summary"), "description": values.get("description") or "",
-                  "external_id": reference_of(values), "tags": values.get("labels") or []}
+        ticket = {
+            "subject": values.get("summary"),
+            "description": values.get("description") or "",
+            "external_id": reference_of(values),
+            "tags": values.get("labels") or [],
+        }
         if requester is not None:
             ticket["requester"] = {"email": requester["email"], "name": requester["name"]}
         try:
             number = self.desk.store.create_ticket(ticket, fields={**record})
         except ValidationFailed as exc:
-            return WriteOutcome(400, sd_error("Your request could not be created. " + "; ".join(
-                sorted(exc.details)) + " is invalid.", "sd.request.invalid"))
+            return WriteOutcome(
+                400,
+                sd_error(
+                    "Your request could not be created. " + "; ".join(sorted(exc.details)) + " is invalid.",
+                    "sd.request.invalid",
+                ),
+            )
         key, issue_id = f"{desk['projectKey']}-{number}", str(ISSUE_ID_OFFSET + number)
         self.desk.store.update_fields(number, {}, {"issueKey": key, "issueId": issue_id})
         if requester is not None:
@@ -202,27 +254,37 @@ class JiraServiceManagementHandler(Handler):
         return WriteOutcome(201, self._request_view(number), committed=True, ticket_id=number)
 
     def add_request_comment(self, key):
-        self._ticket_write("POST", f"/rest/servicedeskapi/request/{key}/comment",
-                           lambda record: self._do_comment(key, record), external_id_of=lambda record: None)
+        self._ticket_write(
+            "POST",
+            f"/rest/servicedeskapi/request/{key}/comment",
+            lambda record: self._do_comment(key, record),
+            external_id_of=lambda record: None,
+        )
 
     def _do_comment(self, key: str, record: dict) -> WriteOutcome:
         number = self._number(key)
         if number is None:
-            return WriteOutcome(404, sd_error("Request does not exist or you do not have permission to see it.",
-                                              "sd.request.missing"))
+            return WriteOutcome(
+                404, sd_error("Request does not exist or you do not have permission to see it.", "sd.request.missing")
+            )
         if self._closed(number):
-            return WriteOutcome(403, sd_error("You do not have permission to comment on this request.",
-                                              "sd.request.comment.forbidden"))
+            return WriteOutcome(
+                403, sd_error("You do not have permission to comment on this request.", "sd.request.comment.forbidden")
+            )
         body = record.get("body")
         if not isinstance(body, str) or not body.strip():
             return WriteOutcome(400, sd_error("The comment body is required.", "sd.comment.body.required"))
         public = record.get("public", True) is not False
         author = self._agent()
         comment_id = self.desk.store.insert_comment(number, body, public=public, author=author)
-        comment = {"id": str(comment_id), "body": body, "public": public,
-                   "author": {"accountId": "fakedesk-agent", "emailAddress": author, "displayName": "Mailroom"},
-                   "created": epoch_date(time.time()),
-                   "_links": {"self": f"{self._base_url()}/rest/servicedeskapi/request/{key}/comment/{comment_id}"}}
+        comment = {
+            "id": str(comment_id),
+            "body": body,
+            "public": public,
+            "author": {"accountId": "fakedesk-agent", "emailAddress": author, "displayName": "Mailroom"},
+            "created": epoch_date(time.time()),
+            "_links": {"self": f"{self._base_url()}/rest/servicedeskapi/request/{key}/comment/{comment_id}"},
+        }
         return WriteOutcome(201, comment, committed=True, ticket_id=number)
 
     def temporary_file(self, desk_id):
@@ -249,17 +311,26 @@ class JiraServiceManagementHandler(Handler):
         self._answer_write(fault, outcome)
 
     def attach_to_request(self, key):
-        self._ticket_write("POST", f"/rest/servicedeskapi/request/{key}/attachment",
-                           lambda record: self._do_attach(key, record), external_id_of=lambda record: None)
+        self._ticket_write(
+            "POST",
+            f"/rest/servicedeskapi/request/{key}/attachment",
+            lambda record: self._do_attach(key, record),
+            external_id_of=lambda record: None,
+        )
 
     def _do_attach(self, key: str, record: dict) -> WriteOutcome:
         number = self._number(key)
         if number is None:
-            return WriteOutcome(404, sd_error("Request does not exist or you do not have permission to see it.",
-                                              "sd.request.missing"))
+            return WriteOutcome(
+                404, sd_error("Request does not exist or you do not have permission to see it.", "sd.request.missing")
+            )
         if self._closed(number):
-            return WriteOutcome(403, sd_error("You do not have permission to add attachments to this request.",
-                                              "sd.request.attachment.forbidden"))
+            return WriteOutcome(
+                403,
+                sd_error(
+                    "You do not have permission to add attachments to this request.", "sd.request.attachment.forbidden"
+                ),
+            )
         ids = record.get("temporaryAttachmentIds")
         if not isinstance(ids, list) or not ids:
             return WriteOutcome(400, sd_error("temporaryAttachmentIds is required.", "sd.attachment.ids"))
@@ -268,16 +339,27 @@ class JiraServiceManagementHandler(Handler):
         used = {a["marker"] for t in store.tickets(self._base_url()) for a in store.attachments(t["id"])}
         uploads = [store.upload(str(token)) for token in ids]
         if any(upload is None for upload in uploads) or used & {str(token) for token in ids}:
-            return WriteOutcome(400, sd_error("The temporary attachment does not exist or has expired.",
-                                              "sd.attachment.temporary.missing"))
+            return WriteOutcome(
+                400,
+                sd_error("The temporary attachment does not exist or has expired.", "sd.attachment.temporary.missing"),
+            )
         values = []
         for upload in uploads:
-            attachment = store.add_attachment(number, filename=upload["filename"], content_type=upload["content_type"],
-                                              size=upload["size"], sha256=upload["sha256"], marker=upload["token"])
-            values.append(self._attachment_view(attachment, upload["filename"], upload["size"],
-                                                upload["content_type"]))
-        return WriteOutcome(201, {"attachments": {"size": len(values), "start": 0, "limit": 50, "isLastPage": True,
-                                                  "values": values}}, committed=True, ticket_id=number)
+            attachment = store.add_attachment(
+                number,
+                filename=upload["filename"],
+                content_type=upload["content_type"],
+                size=upload["size"],
+                sha256=upload["sha256"],
+                marker=upload["token"],
+            )
+            values.append(self._attachment_view(attachment, upload["filename"], upload["size"], upload["content_type"]))
+        return WriteOutcome(
+            201,
+            {"attachments": {"size": len(values), "start": 0, "limit": 50, "isLastPage": True, "values": values}},
+            committed=True,
+            ticket_id=number,
+        )
 
     # --- People (outside the fault plan) --------------------------------------------------------------
 
@@ -292,8 +374,9 @@ class JiraServiceManagementHandler(Handler):
             person_number, created = self.desk.store.find_or_create_person(address, name, role="customer")
             person = self.desk.store.person(person_number)
         if not created:
-            self._send(400, sd_error("An account already exists for this email address.",
-                                     "sd.customer.create.account.exists"))
+            self._send(
+                400, sd_error("An account already exists for this email address.", "sd.customer.create.account.exists")
+            )
             return
         self._send(201, self._user_view(person))
 
@@ -355,9 +438,15 @@ class JiraServiceManagementHandler(Handler):
         return None
 
     def _user_view(self, person: dict) -> dict:
-        return {"accountId": account_id(person), "accountType": "customer", "emailAddress": person["email"],
-                "displayName": person["name"], "active": True, "timeZone": "UTC",
-                "self": f"{self._base_url()}/rest/api/3/user?accountId={account_id(person)}"}
+        return {
+            "accountId": account_id(person),
+            "accountType": "customer",
+            "emailAddress": person["email"],
+            "displayName": person["name"],
+            "active": True,
+            "timeZone": "UTC",
+            "self": f"{self._base_url()}/rest/api/3/user?accountId={account_id(person)}",
+        }
 
     # --- Reads ----------------------------------------------------------------
 
@@ -393,29 +482,43 @@ class JiraServiceManagementHandler(Handler):
         desk = SERVICE_DESKS.get(str(record.get("serviceDeskId")), {"id": str(record.get("serviceDeskId"))})
         requester = (ticket.get("requester") or {}).get("email") or "agent@fakedesk.test"
         return {
-            "issueId": issue_id, "issueKey": key, "requestTypeId": str(record.get("requestTypeId")),
-            "serviceDeskId": desk["id"], "createdDate": epoch_date(time.time()),
+            "issueId": issue_id,
+            "issueKey": key,
+            "requestTypeId": str(record.get("requestTypeId")),
+            "serviceDeskId": desk["id"],
+            "createdDate": epoch_date(time.time()),
             "reporter": {"emailAddress": requester},
-            "requestFieldValues": [{"fieldId": f, "label": FIELD_NAMES.get(f, f), "value": v}
-                                   for f, v in values.items()],
+            "requestFieldValues": [
+                {"fieldId": f, "label": FIELD_NAMES.get(f, f), "value": v} for f, v in values.items()
+            ],
             "currentStatus": CLOSED_STATUS if ticket["status"] == "closed" else OPEN_STATUS,
-            "_links": {"web": f"{base}/servicedesk/customer/portal/{desk['id']}/{key}",
-                       "self": f"{base}/rest/servicedeskapi/request/{issue_id}",
-                       "jiraRest": f"{base}/rest/api/2/issue/{issue_id}"},
+            "_links": {
+                "web": f"{base}/servicedesk/customer/portal/{desk['id']}/{key}",
+                "self": f"{base}/rest/servicedeskapi/request/{issue_id}",
+                "jiraRest": f"{base}/rest/api/2/issue/{issue_id}",
+            },
         }
 
     def _attachment_view(self, attachment_id: int, filename: str, size: int, content_type: str) -> dict:
         base = self._base_url()
-        return {"filename": filename, "size": size, "mimeType": content_type, "created": epoch_date(time.time()),
-                "author": {"emailAddress": self._agent()},
-                "_links": {"jiraRest": f"{base}/rest/api/2/attachment/{attachment_id}",
-                           "content": f"{base}/secure/attachment/{attachment_id}/{filename}"}}
+        return {
+            "filename": filename,
+            "size": size,
+            "mimeType": content_type,
+            "created": epoch_date(time.time()),
+            "author": {"emailAddress": self._agent()},
+            "_links": {
+                "jiraRest": f"{base}/rest/api/2/attachment/{attachment_id}",
+                "content": f"{base}/secure/attachment/{attachment_id}/{filename}",
+            },
+        }
 
     def show_request(self, key):
         number = self._number(key)
         if number is None:
-            self._send(404, sd_error("Request does not exist or you do not have permission to see it.",
-                                     "sd.request.missing"))
+            self._send(
+                404, sd_error("Request does not exist or you do not have permission to see it.", "sd.request.missing")
+            )
             return
         with self.desk.store.transaction():
             view = self._request_view(number)
@@ -424,24 +527,43 @@ class JiraServiceManagementHandler(Handler):
     def show_issue(self, key):
         number = self._number(key)
         if number is None:
-            self._send(404, {"errorMessages": ["Issue does not exist or you do not have permission to see it."],
-                             "errors": {}})
+            self._send(
+                404, {"errorMessages": ["Issue does not exist or you do not have permission to see it."], "errors": {}}
+            )
             return
         with self.desk.store.transaction():
             ticket = self.desk.store.ticket(number, self._base_url())
             files = self.desk.store.attachments(number)
         base, record = self._base_url(), ticket["fields"]
-        attachments = [{"id": str(a["id"]), "self": f"{base}/rest/api/3/attachment/{a['id']}",
-                        "filename": a["filename"], "size": a["size"], "mimeType": a["content_type"],
-                        "created": a["created_at"], "content": f"{base}/secure/attachment/{a['id']}/{a['filename']}"}
-                       for a in files]
-        fields = {"attachment": attachments, "summary": ticket["subject"],
-                  "status": {"name": (CLOSED_STATUS if ticket["status"] == "closed" else OPEN_STATUS)["status"]}}
+        attachments = [
+            {
+                "id": str(a["id"]),
+                "self": f"{base}/rest/api/3/attachment/{a['id']}",
+                "filename": a["filename"],
+                "size": a["size"],
+                "mimeType": a["content_type"],
+                "created": a["created_at"],
+                "content": f"{base}/secure/attachment/{a['id']}/{a['filename']}",
+            }
+            for a in files
+        ]
+        fields = {
+            "attachment": attachments,
+            "summary": ticket["subject"],
+            "status": {"name": (CLOSED_STATUS if ticket["status"] == "closed" else OPEN_STATUS)["status"]},
+        }
         wanted = [f for f in ",".join(self.query.get("fields") or []).split(",") if f]
         if wanted:
             fields = {name: fields.get(name) for name in wanted}
-        self._send(200, {"id": record["issueId"], "key": record["issueKey"],
-                         "self": f"{base}/rest/api/3/issue/{record['issueId']}", "fields": fields})
+        self._send(
+            200,
+            {
+                "id": record["issueId"],
+                "key": record["issueKey"],
+                "self": f"{base}/rest/api/3/issue/{record['issueId']}",
+                "fields": fields,
+            },
+        )
 
     def list_request_attachments(self, key):
         number = self._number(key)
@@ -460,8 +582,10 @@ class JiraServiceManagementHandler(Handler):
             return
         with self.desk.store.transaction():
             comments = self.desk.store.comments(number)[1:]  # the first is the description
-        values = [{"id": str(c["id"]), "body": c["body"], "public": c["public"],
-                   "author": {"emailAddress": c["author"]}} for c in comments]
+        values = [
+            {"id": str(c["id"]), "body": c["body"], "public": c["public"], "author": {"emailAddress": c["author"]}}
+            for c in comments
+        ]
         self._send(200, {"size": len(values), "start": 0, "limit": 50, "isLastPage": True, "values": values})
 
     def _send_empty(self, status: int):
@@ -481,23 +605,39 @@ class JiraServiceManagementHandler(Handler):
         if desk_id not in SERVICE_DESKS or request_type_id not in REQUEST_TYPES:
             self._send(404, sd_error("The request type does not exist or you do not have permission to see it."))
             return
-        fields = [{"fieldId": f, "name": FIELD_NAMES[f], "required": f == "summary", "validValues": []}
-                  for f in REQUEST_TYPES[request_type_id][1]]
+        fields = [
+            {"fieldId": f, "name": FIELD_NAMES[f], "required": f == "summary", "validValues": []}
+            for f in REQUEST_TYPES[request_type_id][1]
+        ]
         self._send(200, {"requestTypeFields": fields, "canRaiseOnBehalfOf": True, "canAddRequestParticipants": True})
 
     def search_jql(self):
         jql = (self.query.get("jql") or [""])[0]
         match = CLAUSE.search(jql)
         if match is None:
-            self._send(400, {"errorMessages": ["Unbounded JQL queries are not allowed here. Please add a search "
-                                               "restriction to your query."], "errors": {}})
+            self._send(
+                400,
+                {
+                    "errorMessages": [
+                        "Unbounded JQL queries are not allowed here. Please add a search restriction to your query."
+                    ],
+                    "errors": {},
+                },
+            )
             return
         field = "labels" if match.group(1).lower() == "labels" else f"customfield_{match.group(2) or match.group(3)}"
         if field not in FIELD_NAMES:
-            self._send(400, {"errorMessages": [f"Field '{match.group(1)}' does not exist or you do not have "
-                                               "permission to view it."], "errors": {}})
+            self._send(
+                400,
+                {
+                    "errorMessages": [
+                        f"Field '{match.group(1)}' does not exist or you do not have permission to view it."
+                    ],
+                    "errors": {},
+                },
+            )
             return
-        wanted = re.sub(r'\\(.)', r"\1", match.group(5)).strip('"')
+        wanted = re.sub(r"\\(.)", r"\1", match.group(5)).strip('"')
         requested = [f for f in ",".join(self.query.get("fields") or []).split(",") if f and f != "key"]
         with self.desk.store.transaction():
             found = self.desk.store.search(self._base_url(), wanted, self.desk.search_lag_seconds)
@@ -506,8 +646,13 @@ class JiraServiceManagementHandler(Handler):
             values = ticket["fields"].get("requestFieldValues") or {}
             held = values.get(field)
             if held == wanted or (isinstance(held, list) and wanted in held):
-                issues.append({"id": ticket["fields"]["issueId"], "key": ticket["fields"]["issueKey"],
-                               "fields": {f: values.get(f) for f in requested}})
+                issues.append(
+                    {
+                        "id": ticket["fields"]["issueId"],
+                        "key": ticket["fields"]["issueKey"],
+                        "fields": {f: values.get(f) for f in requested},
+                    }
+                )
         self._send(200, {"issues": issues, "isLast": True})
 
 
@@ -529,8 +674,11 @@ def form_problems(record: dict) -> list[str]:
     values = record.get("requestFieldValues")
     if not isinstance(values, dict):
         return ["requestFieldValues must be an object."]
-    problems = [f"Field '{f}' cannot be set. It is not on the appropriate screen, or unknown."
-                for f in values if f not in request_type[1]]
+    problems = [
+        f"Field '{f}' cannot be set. It is not on the appropriate screen, or unknown."
+        for f in values
+        if f not in request_type[1]
+    ]
     summary = values.get("summary")
     if not isinstance(summary, str) or not summary.strip():
         problems.append("Summary is required.")
@@ -540,8 +688,11 @@ def form_problems(record: dict) -> list[str]:
     if not isinstance(labels, list) or any(not isinstance(x, str) or not x or re.search(r"\s", x) for x in labels):
         problems.append("Labels must be a list of words without spaces.")
     priority = values.get("priority")
-    if priority is not None and (not isinstance(priority, dict) or priority.get("name") not in PRIORITIES
-                                 and str(priority.get("id")) not in {"1", "2", "3", "4", "5"}):
+    if priority is not None and (
+        not isinstance(priority, dict)
+        or priority.get("name") not in PRIORITIES
+        and str(priority.get("id")) not in {"1", "2", "3", "4", "5"}
+    ):
         problems.append("Priority: specify a valid priority.")
     queue = values.get("customfield_10060")
     if queue is not None and (not isinstance(queue, dict) or queue.get("value") not in QUEUE_OPTIONS):

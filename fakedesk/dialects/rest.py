@@ -27,6 +27,7 @@ with 409 {"error": {"code": "record_closed"}}.
 Errors are {"error": {"code", "message", "details"?}}: 401 unauthorized, 404 not_found, 409 record_closed,
 422 validation_failed, 429 rate_limited (Retry-After), 5xx.
 """
+
 import base64
 import binascii
 import hashlib
@@ -39,8 +40,16 @@ from fakedesk.faults import rejection_for
 from fakedesk.handler import Handler
 from fakedesk.store import ValidationFailed
 
-ERROR_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 409: "record_closed",
-               422: "validation_failed", 429: "rate_limited", 500: "internal_error", 503: "unavailable"}
+ERROR_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    409: "record_closed",
+    422: "validation_failed",
+    429: "rate_limited",
+    500: "internal_error",
+    503: "unavailable",
+}
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 
@@ -53,8 +62,11 @@ def failure(status: int, message: str, details: dict | None = None) -> dict:
 
 def store_ticket(record: dict) -> dict:
     requester = record.get("requester") if isinstance(record.get("requester"), dict) else {}
-    ticket = {"subject": str(record.get("subject") or ""), "description": record.get("description") or "",
-              "external_id": record.get("external_ref")}
+    ticket = {
+        "subject": str(record.get("subject") or ""),
+        "description": record.get("description") or "",
+        "external_id": record.get("external_ref"),
+    }
     if requester.get("email"):
         ticket["requester"] = {"email": str(requester["email"])}
     return ticket
@@ -65,8 +77,10 @@ def record_json(ticket: dict) -> dict:
 
 
 def invalid(exc: ValidationFailed) -> WriteOutcome:
-    details = {name: [problem.get("description", "is invalid") for problem in problems]
-               for name, problems in exc.details.items()}
+    details = {
+        name: [problem.get("description", "is invalid") for problem in problems]
+        for name, problems in exc.details.items()
+    }
     return WriteOutcome(422, failure(422, "The record is invalid", details))
 
 
@@ -81,8 +95,12 @@ def decoded_file(item, where: str) -> dict:
     declared = item.get("sha256")
     if declared is not None and str(declared).lower() != hashlib.sha256(data).hexdigest():
         raise ValidationFailed({where: [{"description": "sha256 does not match the content"}]})
-    return {"filename": item["filename"], "content_type": str(item.get("content_type") or "application/octet-stream"),
-            "bytes": data, "key": str(item.get("key") or "")}
+    return {
+        "filename": item["filename"],
+        "content_type": str(item.get("content_type") or "application/octet-stream"),
+        "bytes": data,
+        "key": str(item.get("key") or ""),
+    }
 
 
 def sent_files(payload: dict) -> list[dict]:
@@ -98,8 +116,10 @@ def without_content(payload: dict) -> dict:
     """What the record keeps of a payload: its files described, not their content."""
     if not isinstance(payload.get("attachments"), list):
         return payload
-    described = [{k: v for k, v in item.items() if k != "content_base64"} if isinstance(item, dict) else item
-                 for item in payload["attachments"]]
+    described = [
+        {k: v for k, v in item.items() if k != "content_base64"} if isinstance(item, dict) else item
+        for item in payload["attachments"]
+    ]
     return {**payload, "attachments": described}
 
 
@@ -107,8 +127,11 @@ def addresses(value) -> list[str]:
     """The CC'd addresses of a record: strings or {"email"} objects."""
     if value is None:
         return []
-    items = [item.get("email") if isinstance(item, dict) else item for item in value] \
-        if isinstance(value, list) else [value]
+    items = (
+        [item.get("email") if isinstance(item, dict) else item for item in value]
+        if isinstance(value, list)
+        else [value]
+    )
     if any(not isinstance(a, str) or not _EMAIL.fullmatch(a) for a in items):
         raise ValidationFailed({"cc": [{"description": "must be a list of email addresses"}]})
     return items
@@ -122,8 +145,14 @@ def author_of(payload: dict) -> tuple[str, str]:
 
 
 def file_json(attachment: dict) -> dict:
-    return {"id": attachment["id"], "filename": attachment["filename"], "content_type": attachment["content_type"],
-            "size": attachment["size"], "sha256": attachment["sha256"], "key": attachment["marker"]}
+    return {
+        "id": attachment["id"],
+        "filename": attachment["filename"],
+        "content_type": attachment["content_type"],
+        "size": attachment["size"],
+        "sha256": attachment["sha256"],
+        "key": attachment["marker"],
+    }
 
 
 class RestHandler(Handler):
@@ -225,8 +254,9 @@ class RestHandler(Handler):
                 store.find_or_create_person(author, name)
             comment_id = store.insert_comment(int(record_id), body, public=public, author=author)
             for file in files:
-                store.attach_data(int(record_id), file["filename"], file["content_type"], file["bytes"],
-                                  comment_id=comment_id)
+                store.attach_data(
+                    int(record_id), file["filename"], file["content_type"], file["bytes"], comment_id=comment_id
+                )
             data = {"id": comment_id, "record_id": int(record_id), "body": body, "public": public, "author": author}
             return WriteOutcome(201, {"data": data}, committed=True, ticket_id=int(record_id))
 
@@ -242,8 +272,9 @@ class RestHandler(Handler):
                 file = decoded_file(payload, "file")
             except ValidationFailed as exc:
                 return invalid(exc)
-            attachment_id = store.attach_data(int(record_id), file["filename"], file["content_type"], file["bytes"],
-                                              marker=file["key"])
+            attachment_id = store.attach_data(
+                int(record_id), file["filename"], file["content_type"], file["bytes"], marker=file["key"]
+            )
             [stored] = [a for a in store.attachments(int(record_id)) if a["id"] == attachment_id]
             return WriteOutcome(201, {"data": file_json(stored)}, committed=True, ticket_id=int(record_id))
 
@@ -280,8 +311,9 @@ class RestHandler(Handler):
         key = (self.query.get("key") or [None])[0]
         with self.desk.store.transaction():
             exists = self.desk.store.ticket(int(record_id), self._base_url()) is not None
-            files = [file_json(a) for a in self.desk.store.attachments(int(record_id))
-                     if key is None or a["marker"] == key]
+            files = [
+                file_json(a) for a in self.desk.store.attachments(int(record_id)) if key is None or a["marker"] == key
+            ]
         if not exists:
             self._send(404, failure(404, f"No record {record_id}"))
         else:

@@ -38,6 +38,7 @@ limit; the fault's Retry-After is kept, which real Salesforce does not send); `u
 integration user lost access: 401 INVALID_SESSION_ID and the next token request refused (400 invalid_grant),
 so the adapter's one refresh fails as well. `revoke_sessions` only expires tokens: a refresh heals it.
 """
+
 import base64
 import binascii
 import json
@@ -53,25 +54,60 @@ from ..store import ValidationFailed
 
 VERSION = r"/services/data/v(\d{2,3}\.\d)"
 EXTERNAL_ID_FIELDS = ("Mailroom_Ref__c",)
-STANDARD_FIELDS = ("Subject", "Description", "SuppliedEmail", "SuppliedName", "SuppliedPhone", "Origin",
-                   "Priority", "Status", "Type", "Reason", "RecordTypeId", "OwnerId", "ContactId", "AccountId",
-                   "ParentId")
+STANDARD_FIELDS = (
+    "Subject",
+    "Description",
+    "SuppliedEmail",
+    "SuppliedName",
+    "SuppliedPhone",
+    "Origin",
+    "Priority",
+    "Status",
+    "Type",
+    "Reason",
+    "RecordTypeId",
+    "OwnerId",
+    "ContactId",
+    "AccountId",
+    "ParentId",
+)
 RECORD_ID = r"[a-zA-Z0-9]{15}(?:[a-zA-Z0-9]{3})?"
-CONTENT_VERSION_FIELDS = ("Title", "PathOnClient", "VersionData", "FirstPublishLocationId", "ReasonForChange",
-                          "Description")
+CONTENT_VERSION_FIELDS = (
+    "Title",
+    "PathOnClient",
+    "VersionData",
+    "FirstPublishLocationId",
+    "ReasonForChange",
+    "Description",
+)
 # What SOQL can read here, per object.
 QUERYABLE = {
     "Contact": ("Id", "Email", "Name", "FirstName", "LastName", "CreatedDate"),
     "Case": ("Id", "CaseNumber", "Subject", "Status", "IsClosed", "ParentId", "ContactId", "CreatedDate"),
-    "ContentVersion": ("Id", "ContentDocumentId", "Title", "PathOnClient", "FirstPublishLocationId", "ContentSize",
-                       "IsLatest", "ReasonForChange", "Description", "CreatedDate"),
+    "ContentVersion": (
+        "Id",
+        "ContentDocumentId",
+        "Title",
+        "PathOnClient",
+        "FirstPublishLocationId",
+        "ContentSize",
+        "IsLatest",
+        "ReasonForChange",
+        "Description",
+        "CreatedDate",
+    ),
 }
-SOQL = re.compile(r"\s*SELECT\s+(?P<fields>[\w\s,]+?)\s+FROM\s+(?P<object>\w+)(?:\s+WHERE\s+(?P<where>.+?))?"
-                  r"(?:\s+ORDER\s+BY\s+(?P<order>\w+)(?:\s+(?:ASC|DESC))?)?(?:\s+LIMIT\s+(?P<limit>\d+))?\s*",
-                  re.IGNORECASE | re.DOTALL)
+SOQL = re.compile(
+    r"\s*SELECT\s+(?P<fields>[\w\s,]+?)\s+FROM\s+(?P<object>\w+)(?:\s+WHERE\s+(?P<where>.+?))?"
+    r"(?:\s+ORDER\s+BY\s+(?P<order>\w+)(?:\s+(?:ASC|DESC))?)?(?:\s+LIMIT\s+(?P<limit>\d+))?\s*",
+    re.IGNORECASE | re.DOTALL,
+)
 LITERAL = r"'(?:[^'\\]|\\.)*'"
-CONDITION = re.compile(rf"\s*(?P<field>\w+)\s*(?:=\s*(?P<value>{LITERAL}|true|false)|IN\s*\((?P<values>\s*{LITERAL}"
-                       rf"(?:\s*,\s*{LITERAL})*)\s*\))\s*", re.IGNORECASE)
+CONDITION = re.compile(
+    rf"\s*(?P<field>\w+)\s*(?:=\s*(?P<value>{LITERAL}|true|false)|IN\s*\((?P<values>\s*{LITERAL}"
+    rf"(?:\s*,\s*{LITERAL})*)\s*\))\s*",
+    re.IGNORECASE,
+)
 READ_ONLY_FIELDS = ("Id", "CaseNumber", "CreatedDate")
 STORE_FIELD_NAMES = {"description": "Description", "requester": "SuppliedEmail", "subject": "Subject"}
 
@@ -119,11 +155,22 @@ def soql_matches(record: dict, field: str, wanted) -> bool:
 
 def describe_fields() -> list[dict]:
     def field(name, kind="string", external=False, unique=False, updateable=True):
-        return {"name": name, "type": kind, "externalId": external, "unique": unique, "idLookup": external,
-                "updateable": updateable, "createable": updateable, "nillable": name != "Id"}
-    return ([field("Id", "id", updateable=False), field("CaseNumber", updateable=False)]
-            + [field(name, "textarea" if name == "Description" else "string") for name in STANDARD_FIELDS]
-            + [field(name, external=True, unique=True) for name in EXTERNAL_ID_FIELDS])
+        return {
+            "name": name,
+            "type": kind,
+            "externalId": external,
+            "unique": unique,
+            "idLookup": external,
+            "updateable": updateable,
+            "createable": updateable,
+            "nillable": name != "Id",
+        }
+
+    return (
+        [field("Id", "id", updateable=False), field("CaseNumber", updateable=False)]
+        + [field(name, "textarea" if name == "Description" else "string") for name in STANDARD_FIELDS]
+        + [field(name, external=True, unique=True) for name in EXTERNAL_ID_FIELDS]
+    )
 
 
 class SalesforceHandler(Handler):
@@ -179,12 +226,30 @@ class SalesforceHandler(Handler):
                 self.desk.__dict__["salesforce_refuse_next_token"] = True
             return 401, headers, self.UNAUTHENTICATED[1]
         if status == 422:
-            return 400, headers, [{"message": "Supplied email is not allowed by a validation rule",
-                                   "errorCode": "FIELD_CUSTOM_VALIDATION_EXCEPTION", "fields": ["SuppliedEmail"]}]
+            return (
+                400,
+                headers,
+                [
+                    {
+                        "message": "Supplied email is not allowed by a validation rule",
+                        "errorCode": "FIELD_CUSTOM_VALIDATION_EXCEPTION",
+                        "fields": ["SuppliedEmail"],
+                    }
+                ],
+            )
         if status == 503:
             return 503, headers, [{"message": "Server unavailable", "errorCode": "SERVER_UNAVAILABLE"}]
-        return status, headers, [{"message": "An unexpected error occurred. Please include this ErrorId if you "
-                                  "contact support: 1234567-89 (-1)", "errorCode": "UNKNOWN_EXCEPTION"}]
+        return (
+            status,
+            headers,
+            [
+                {
+                    "message": "An unexpected error occurred. Please include this ErrorId if you "
+                    "contact support: 1234567-89 (-1)",
+                    "errorCode": "UNKNOWN_EXCEPTION",
+                }
+            ],
+        )
 
     def invalid_body(self) -> tuple[int, list]:
         return 400, [{"message": "The request body is not a JSON object", "errorCode": "JSON_PARSER_ERROR"}]
@@ -211,10 +276,18 @@ class SalesforceHandler(Handler):
             self._send(400, {"error": error[0], "error_description": error[1]})
             return
         base = self._base_url()
-        self._send(200, {"access_token": self.desk.issue_session(), "instance_url": base,
-                         "id": f"{base}/id/00D000000000001AAA/005000000000001AAA", "token_type": "Bearer",
-                         "issued_at": str(int(time.time() * 1000)), "signature": "fakedesk",
-                         "scope": "api"})
+        self._send(
+            200,
+            {
+                "access_token": self.desk.issue_session(),
+                "instance_url": base,
+                "id": f"{base}/id/00D000000000001AAA/005000000000001AAA",
+                "token_type": "Bearer",
+                "issued_at": str(int(time.time() * 1000)),
+                "signature": "fakedesk",
+                "scope": "api",
+            },
+        )
 
     def _assertion_accepted(self, assertion: str) -> bool:
         parts = assertion.split(".")
@@ -234,15 +307,29 @@ class SalesforceHandler(Handler):
     # Cases.
 
     def sf_describe(self, version):
-        self._send(200, {"name": "Case", "label": "Case", "keyPrefix": "500", "createable": True,
-                         "updateable": True, "fields": describe_fields()})
+        self._send(
+            200,
+            {
+                "name": "Case",
+                "label": "Case",
+                "keyPrefix": "500",
+                "createable": True,
+                "updateable": True,
+                "fields": describe_fields(),
+            },
+        )
 
     def _case_json(self, ticket: dict, version: str) -> dict:
         fields = ticket["fields"]
         closed = ticket["status"] == "closed"
-        return {"attributes": {"type": "Case", "url": f"/services/data/v{version}/sobjects/Case/{fields['Id']}"},
-                "CaseNumber": f"{ticket['id']:08d}", **fields, "IsClosed": closed,
-                "Status": "Closed" if closed else fields.get("Status") or "New", "CreatedDate": ticket["created_at"]}
+        return {
+            "attributes": {"type": "Case", "url": f"/services/data/v{version}/sobjects/Case/{fields['Id']}"},
+            "CaseNumber": f"{ticket['id']:08d}",
+            **fields,
+            "IsClosed": closed,
+            "Status": "Closed" if closed else fields.get("Status") or "New",
+            "CreatedDate": ticket["created_at"],
+        }
 
     def _references_missing(self, case: dict) -> list[str]:
         """The lookup fields of a Case write that name no record here (ContactId, ParentId)."""
@@ -274,20 +361,42 @@ class SalesforceHandler(Handler):
         if self._unknown_external_id_field(field):
             return
         value = unquote(value)
-        self._ticket_write("PATCH", f"/services/data/v{version}/sobjects/Case/{field}/{value}",
-                           lambda case: self._do_upsert(version, field, value, case),
-                           external_id_of=lambda case: value)
+        self._ticket_write(
+            "PATCH",
+            f"/services/data/v{version}/sobjects/Case/{field}/{value}",
+            lambda case: self._do_upsert(version, field, value, case),
+            external_id_of=lambda case: value,
+        )
 
     def _do_upsert(self, version: str, field: str, value: str, case: dict) -> WriteOutcome:
-        refused = [name for name in case if name in (field, *READ_ONLY_FIELDS)
-                   or (name not in STANDARD_FIELDS and not name.endswith("__c"))]
+        refused = [
+            name
+            for name in case
+            if name in (field, *READ_ONLY_FIELDS) or (name not in STANDARD_FIELDS and not name.endswith("__c"))
+        ]
         if refused:
-            return WriteOutcome(400, [{"message": f"No such column or not writable here: {refused[0]}",
-                                       "errorCode": "INVALID_FIELD", "fields": refused}])
+            return WriteOutcome(
+                400,
+                [
+                    {
+                        "message": f"No such column or not writable here: {refused[0]}",
+                        "errorCode": "INVALID_FIELD",
+                        "fields": refused,
+                    }
+                ],
+            )
         missing = self._references_missing(case)
         if missing:
-            return WriteOutcome(400, [{"message": "invalid cross reference id", "errorCode":
-                                       "INVALID_CROSS_REFERENCE_KEY", "fields": missing}])
+            return WriteOutcome(
+                400,
+                [
+                    {
+                        "message": "invalid cross reference id",
+                        "errorCode": "INVALID_CROSS_REFERENCE_KEY",
+                        "fields": missing,
+                    }
+                ],
+            )
         ticket = {"subject": case.get("Subject"), "description": case.get("Description"), "external_id": value}
         if case.get("SuppliedEmail") is not None:
             ticket["requester"] = {"email": case["SuppliedEmail"]}
@@ -305,9 +414,16 @@ class SalesforceHandler(Handler):
                 self.desk.store.update_fields(store_id, {}, {"Id": case_id(store_id)})
                 created = True
         except ValidationFailed as exc:
-            return WriteOutcome(400, [{"message": "Required fields are missing or invalid",
-                                       "errorCode": "REQUIRED_FIELD_MISSING",
-                                       "fields": [STORE_FIELD_NAMES.get(k, k) for k in exc.details]}])
+            return WriteOutcome(
+                400,
+                [
+                    {
+                        "message": "Required fields are missing or invalid",
+                        "errorCode": "REQUIRED_FIELD_MISSING",
+                        "fields": [STORE_FIELD_NAMES.get(k, k) for k in exc.details],
+                    }
+                ],
+            )
         self._link_contact(store_id, case)
         body = {"id": case_id(store_id), "success": True, "errors": [], "created": created}
         return WriteOutcome(201 if created else 200, body, committed=True, ticket_id=store_id)
@@ -325,26 +441,50 @@ class SalesforceHandler(Handler):
             self._send(200, self._case_json(found[0], version))
 
     def sf_case_comment(self, version):
-        self._ticket_write("POST", f"/services/data/v{version}/sobjects/CaseComment", self._do_case_comment,
-                           external_id_of=lambda comment: None)
+        self._ticket_write(
+            "POST",
+            f"/services/data/v{version}/sobjects/CaseComment",
+            self._do_case_comment,
+            external_id_of=lambda comment: None,
+        )
 
     def _do_case_comment(self, comment: dict) -> WriteOutcome:
         parent = str(comment.get("ParentId") or "")
         if not re.fullmatch(r"[a-zA-Z0-9]{15}(?:[a-zA-Z0-9]{3})?", parent):
-            return WriteOutcome(400, [{"message": f"invalid ID field: {parent}", "errorCode": "MALFORMED_ID",
-                                       "fields": ["ParentId"]}])
+            return WriteOutcome(
+                400, [{"message": f"invalid ID field: {parent}", "errorCode": "MALFORMED_ID", "fields": ["ParentId"]}]
+            )
         store_id = store_id_of(parent)
         if store_id is None or self.desk.store.ticket(store_id, self._base_url()) is None:
-            return WriteOutcome(400, [{"message": "invalid cross reference id",
-                                       "errorCode": "INVALID_CROSS_REFERENCE_KEY", "fields": ["ParentId"]}])
+            return WriteOutcome(
+                400,
+                [
+                    {
+                        "message": "invalid cross reference id",
+                        "errorCode": "INVALID_CROSS_REFERENCE_KEY",
+                        "fields": ["ParentId"],
+                    }
+                ],
+            )
         try:
-            audit = self.desk.store.add_comment(store_id, {"comment": {
-                "body": comment.get("CommentBody"), "public": bool(comment.get("IsPublished", False))}})
+            audit = self.desk.store.add_comment(
+                store_id,
+                {"comment": {"body": comment.get("CommentBody"), "public": bool(comment.get("IsPublished", False))}},
+            )
         except ValidationFailed:
-            return WriteOutcome(400, [{"message": "Required fields are missing: [CommentBody]",
-                                       "errorCode": "REQUIRED_FIELD_MISSING", "fields": ["CommentBody"]}])
-        return WriteOutcome(201, {"id": comment_id(audit["id"]), "success": True, "errors": []},
-                            committed=True, ticket_id=store_id)
+            return WriteOutcome(
+                400,
+                [
+                    {
+                        "message": "Required fields are missing: [CommentBody]",
+                        "errorCode": "REQUIRED_FIELD_MISSING",
+                        "fields": ["CommentBody"],
+                    }
+                ],
+            )
+        return WriteOutcome(
+            201, {"id": comment_id(audit["id"]), "success": True, "errors": []}, committed=True, ticket_id=store_id
+        )
 
     def _case_by_id(self, record_id: str) -> dict | None:
         store_id = store_id_of(record_id[:15])
@@ -367,8 +507,12 @@ class SalesforceHandler(Handler):
         self._send(200, case)
 
     def sf_update_case(self, version, record_id):
-        self._ticket_write("PATCH", f"/services/data/v{version}/sobjects/Case/{record_id}",
-                           lambda case: self._do_update_case(record_id, case), external_id_of=lambda case: None)
+        self._ticket_write(
+            "PATCH",
+            f"/services/data/v{version}/sobjects/Case/{record_id}",
+            lambda case: self._do_update_case(record_id, case),
+            external_id_of=lambda case: None,
+        )
 
     def _do_update_case(self, record_id: str, case: dict) -> WriteOutcome:
         ticket = self._case_by_id(record_id)
@@ -376,12 +520,28 @@ class SalesforceHandler(Handler):
             return WriteOutcome(404, [{"message": "The requested resource does not exist", "errorCode": "NOT_FOUND"}])
         refused = [name for name in case if name not in STANDARD_FIELDS and not name.endswith("__c")]
         if refused:
-            return WriteOutcome(400, [{"message": f"No such column or not writable here: {refused[0]}",
-                                       "errorCode": "INVALID_FIELD", "fields": refused}])
+            return WriteOutcome(
+                400,
+                [
+                    {
+                        "message": f"No such column or not writable here: {refused[0]}",
+                        "errorCode": "INVALID_FIELD",
+                        "fields": refused,
+                    }
+                ],
+            )
         missing = self._references_missing(case)
         if missing:
-            return WriteOutcome(400, [{"message": "invalid cross reference id", "errorCode":
-                                       "INVALID_CROSS_REFERENCE_KEY", "fields": missing}])
+            return WriteOutcome(
+                400,
+                [
+                    {
+                        "message": "invalid cross reference id",
+                        "errorCode": "INVALID_CROSS_REFERENCE_KEY",
+                        "fields": missing,
+                    }
+                ],
+            )
         self.desk.store.update_fields(ticket["id"], {}, case)
         if "Status" in case:
             self.desk.store.set_status(ticket["id"], "closed" if case["Status"] == "Closed" else "open")
@@ -391,8 +551,12 @@ class SalesforceHandler(Handler):
     # Files.
 
     def sf_content_version(self, version):
-        self._ticket_write("POST", f"/services/data/v{version}/sobjects/ContentVersion", self._do_content_version,
-                           external_id_of=lambda content: None)
+        self._ticket_write(
+            "POST",
+            f"/services/data/v{version}/sobjects/ContentVersion",
+            self._do_content_version,
+            external_id_of=lambda content: None,
+        )
 
     def _versions(self) -> dict:
         """attachment id -> the ContentVersion's text fields as received (the store keeps the file itself)."""
@@ -401,29 +565,63 @@ class SalesforceHandler(Handler):
     def _do_content_version(self, content: dict) -> WriteOutcome:
         refused = [name for name in content if name not in CONTENT_VERSION_FIELDS and not name.endswith("__c")]
         if refused:
-            return WriteOutcome(400, [{"message": f"No such column '{refused[0]}' on sobject of type ContentVersion",
-                                       "errorCode": "INVALID_FIELD", "fields": refused}])
+            return WriteOutcome(
+                400,
+                [
+                    {
+                        "message": f"No such column '{refused[0]}' on sobject of type ContentVersion",
+                        "errorCode": "INVALID_FIELD",
+                        "fields": refused,
+                    }
+                ],
+            )
         missing = [name for name in ("PathOnClient", "VersionData") if not content.get(name)]
         if missing:
-            return WriteOutcome(400, [{"message": f"Required fields are missing: {missing}",
-                                       "errorCode": "REQUIRED_FIELD_MISSING", "fields": missing}])
+            return WriteOutcome(
+                400,
+                [
+                    {
+                        "message": f"Required fields are missing: {missing}",
+                        "errorCode": "REQUIRED_FIELD_MISSING",
+                        "fields": missing,
+                    }
+                ],
+            )
         try:
             data = base64.b64decode(str(content["VersionData"]), validate=True)
         except (binascii.Error, ValueError):
-            return WriteOutcome(400, [{"message": "VersionData: not valid base64", "errorCode": "INVALID_FIELD",
-                                       "fields": ["VersionData"]}])
+            return WriteOutcome(
+                400,
+                [{"message": "VersionData: not valid base64", "errorCode": "INVALID_FIELD", "fields": ["VersionData"]}],
+            )
         ticket = self._case_by_id(str(content.get("FirstPublishLocationId") or ""))
         if ticket is None:
             # This fake keeps files on Cases only; Salesforce would also take a library or another record.
-            return WriteOutcome(400, [{"message": "invalid cross reference id", "errorCode":
-                                       "INVALID_CROSS_REFERENCE_KEY", "fields": ["FirstPublishLocationId"]}])
+            return WriteOutcome(
+                400,
+                [
+                    {
+                        "message": "invalid cross reference id",
+                        "errorCode": "INVALID_CROSS_REFERENCE_KEY",
+                        "fields": ["FirstPublishLocationId"],
+                    }
+                ],
+            )
         path = str(content["PathOnClient"])
         attachment_id = self.desk.store.attach_data(
-            ticket["id"], path, mimetypes.guess_type(path)[0] or "application/octet-stream", data,
-            marker=str(content.get("ReasonForChange") or ""))
+            ticket["id"],
+            path,
+            mimetypes.guess_type(path)[0] or "application/octet-stream",
+            data,
+            marker=str(content.get("ReasonForChange") or ""),
+        )
         self._versions()[attachment_id] = {k: v for k, v in content.items() if k != "VersionData"}
-        return WriteOutcome(201, {"id": version_id(attachment_id), "success": True, "errors": []},
-                            committed=True, ticket_id=ticket["id"])
+        return WriteOutcome(
+            201,
+            {"id": version_id(attachment_id), "success": True, "errors": []},
+            committed=True,
+            ticket_id=ticket["id"],
+        )
 
     # Contacts (not ticket writes: no faults, not in the request log).
 
@@ -474,10 +672,13 @@ class SalesforceHandler(Handler):
             self._send_errors(400, "INVALID_FIELD", f"No such column '{unknown[0]}' on entity '{entity}'")
             return
         with self.desk.store.transaction():
-            rows = [r for r in self._records(entity, version)
-                    if all(any(soql_matches(r, f, w) for w in wanted) for f, wanted in conditions)]
+            rows = [
+                r
+                for r in self._records(entity, version)
+                if all(any(soql_matches(r, f, w) for w in wanted) for f, wanted in conditions)
+            ]
         if match["limit"]:
-            rows = rows[:int(match["limit"])]
+            rows = rows[: int(match["limit"])]
         records = [{"attributes": r["attributes"], **{f: r.get(f) for f in fields}} for r in rows]
         self._send(200, {"totalSize": len(records), "done": True, "records": records})
 
@@ -505,8 +706,16 @@ class SalesforceHandler(Handler):
             rows = []
             for person in store.people():
                 first, _, last = person["name"].rpartition(" ")
-                rows.append({"Id": contact_id(person["id"]), "Email": person["email"], "Name": person["name"],
-                             "FirstName": first or None, "LastName": last, "CreatedDate": person["created_at"]})
+                rows.append(
+                    {
+                        "Id": contact_id(person["id"]),
+                        "Email": person["email"],
+                        "Name": person["name"],
+                        "FirstName": first or None,
+                        "LastName": last,
+                        "CreatedDate": person["created_at"],
+                    }
+                )
         elif entity == "Case":
             rows = [self._case_json(t, version) for t in store.tickets(base) if t["fields"].get("Id")]
         else:
@@ -514,13 +723,19 @@ class SalesforceHandler(Handler):
             for ticket in store.tickets(base):
                 for attachment in store.attachments(ticket["id"]):
                     extra = self._versions().get(attachment["id"], {})
-                    rows.append({**extra, "Id": version_id(attachment["id"]),
-                                 "ContentDocumentId": document_id(attachment["id"]),
-                                 "Title": extra.get("Title") or attachment["filename"],
-                                 "PathOnClient": attachment["filename"],
-                                 "FirstPublishLocationId": case_id(ticket["id"]),
-                                 "ContentSize": attachment["size"], "IsLatest": True,
-                                 "CreatedDate": attachment["created_at"]})
+                    rows.append(
+                        {
+                            **extra,
+                            "Id": version_id(attachment["id"]),
+                            "ContentDocumentId": document_id(attachment["id"]),
+                            "Title": extra.get("Title") or attachment["filename"],
+                            "PathOnClient": attachment["filename"],
+                            "FirstPublishLocationId": case_id(ticket["id"]),
+                            "ContentSize": attachment["size"],
+                            "IsLatest": True,
+                            "CreatedDate": attachment["created_at"],
+                        }
+                    )
         return [{"attributes": {"type": entity, "url": url + row["Id"]}, **row} for row in rows]
 
     # Control: Cases stored as they are, without the upsert's uniqueness (two with one reference -> 300).
@@ -531,8 +746,13 @@ class SalesforceHandler(Handler):
             return
         with self.desk.store.transaction():
             store_id = self.desk.store.create_ticket(
-                {"subject": case.get("Subject"), "description": case.get("Description") or "seeded",
-                 "external_id": case.get(EXTERNAL_ID_FIELDS[0])}, fields=case)
+                {
+                    "subject": case.get("Subject"),
+                    "description": case.get("Description") or "seeded",
+                    "external_id": case.get(EXTERNAL_ID_FIELDS[0]),
+                },
+                fields=case,
+            )
             self.desk.store.update_fields(store_id, {}, {"Id": case_id(store_id)})
         self._send(201, {"id": case_id(store_id), "success": True, "errors": []})
 

@@ -31,6 +31,7 @@ about records and their files). ServiceNow has no idempotency key. Reads are con
 A record's `caller_id` and `watch_list` (sys_ids of users, or addresses) are its people in the store's
 view: requester and CCs. POST /_control/close makes a record Closed (state 7, inactive).
 """
+
 import base64
 import binascii
 import hmac
@@ -88,10 +89,12 @@ class ServiceNowHandler(Handler):
         status, headers, _ = refused
         if status == 422:
             return 400, headers, records.failure("Invalid input", "caller_id: Invalid reference")
-        messages = {429: ("Rate limit exceeded", "Too many requests: the rate limit rule for this user is exhausted"),
-                    503: ("Service Unavailable", "The instance is unavailable"),
-                    500: ("Internal Server Error", "An unexpected error occurred"),
-                    401: ("User Not Authenticated", "Required to provide Auth information")}
+        messages = {
+            429: ("Rate limit exceeded", "Too many requests: the rate limit rule for this user is exhausted"),
+            503: ("Service Unavailable", "The instance is unavailable"),
+            500: ("Internal Server Error", "An unexpected error occurred"),
+            401: ("User Not Authenticated", "Required to provide Auth information"),
+        }
         message, detail = messages[status]
         return status, headers, records.failure(message, detail)
 
@@ -128,8 +131,9 @@ class ServiceNowHandler(Handler):
                 return WriteOutcome(*records.invalid_table(table))
             return self._insert(table, record)
 
-        self._ticket_write("POST", f"/api/now/table/{table}", create,
-                           external_id_of=lambda record: record.get("correlation_id"))
+        self._ticket_write(
+            "POST", f"/api/now/table/{table}", create, external_id_of=lambda record: record.get("correlation_id")
+        )
 
     def _insert(self, table: str, record: dict) -> WriteOutcome:
         store = self.desk.store
@@ -156,8 +160,12 @@ class ServiceNowHandler(Handler):
                 person_id, _ = self.desk.store.find_or_create_person(address, name or str(user.get("name") or ""))
                 person = self.desk.store.person(person_id)
         if taken is not None:
-            self._send(403, records.failure("Operation Failed", "Error during insert of sys_user "
-                                                                "(a user with this user_name exists)"))
+            self._send(
+                403,
+                records.failure(
+                    "Operation Failed", "Error during insert of sys_user (a user with this user_name exists)"
+                ),
+            )
             return
         self._send(201, {"result": records.user_row(person)})
 
@@ -172,8 +180,13 @@ class ServiceNowHandler(Handler):
                 rows = records.watermark_rows(self.desk.store, self._base_url())
             else:
                 rows = [fields for _, fields in records.records(self.desk.store, self._base_url(), table)]
-        result = records.query(rows, self._first("sysparm_query"), self._first("sysparm_fields"),
-                               self._first("sysparm_limit"), self._first("sysparm_offset"))
+        result = records.query(
+            rows,
+            self._first("sysparm_query"),
+            self._first("sysparm_fields"),
+            self._first("sysparm_limit"),
+            self._first("sysparm_offset"),
+        )
         self._send(200, {"result": result}, {"X-Total-Count": str(len(result))})
 
     def table_get(self, table, sys_id):
@@ -183,8 +196,9 @@ class ServiceNowHandler(Handler):
         with self.desk.store.transaction():
             found = records.find(self.desk.store, self._base_url(), table, sys_id)
         if found is None:
-            self._send(404, records.failure("No Record found",
-                                            "Record doesn't exist or ACL restricts the record retrieval"))
+            self._send(
+                404, records.failure("No Record found", "Record doesn't exist or ACL restricts the record retrieval")
+            )
         else:
             self._send(200, {"result": found[1]})
 
@@ -194,18 +208,22 @@ class ServiceNowHandler(Handler):
                 return WriteOutcome(*records.invalid_table(table))
             found = records.find(self.desk.store, self._base_url(), table, sys_id)
             if found is None:
-                return WriteOutcome(404, records.failure(
-                    "No Record found", "Record doesn't exist or ACL restricts the record retrieval"))
+                return WriteOutcome(
+                    404,
+                    records.failure("No Record found", "Record doesn't exist or ACL restricts the record retrieval"),
+                )
             ticket_id, fields = found
             if fields.get("active") == "false":
                 # The baseline write ACL on closed incidents (the integration user is no admin).
-                return WriteOutcome(403, records.failure("Operation Failed",
-                                                         "ACL Exception Update Failed due to security constraints"))
+                return WriteOutcome(
+                    403, records.failure("Operation Failed", "ACL Exception Update Failed due to security constraints")
+                )
             store = self.desk.store
             for name in JOURNAL_FIELDS:
                 if str(changes.get(name) or "").strip():
-                    store.insert_comment(ticket_id, str(changes[name]), public=name == "comments",
-                                         author=self._user_name())
+                    store.insert_comment(
+                        ticket_id, str(changes[name]), public=name == "comments", author=self._user_name()
+                    )
             plain = {k: v for k, v in changes.items() if k not in JOURNAL_FIELDS}
             merged = {**fields, **plain, "sys_updated_on": records.now()}
             merged["active"] = records.active_for(merged)
@@ -213,8 +231,9 @@ class ServiceNowHandler(Handler):
             records.record_people(store, ticket_id, merged)
             return WriteOutcome(200, {"result": merged}, committed=True, ticket_id=ticket_id)
 
-        self._ticket_write(self.command, f"/api/now/table/{table}/{sys_id}", update,
-                           external_id_of=lambda changes: None)
+        self._ticket_write(
+            self.command, f"/api/now/table/{table}/{sys_id}", update, external_id_of=lambda changes: None
+        )
 
     # Import Set API.
 
@@ -224,8 +243,12 @@ class ServiceNowHandler(Handler):
                 return WriteOutcome(*records.invalid_table(staging_table))
             return self._transform(staging_table, row)
 
-        self._ticket_write("POST", f"/api/now/import/{staging_table}", transform,
-                           external_id_of=lambda row: row.get(self.COALESCE_FIELD))
+        self._ticket_write(
+            "POST",
+            f"/api/now/import/{staging_table}",
+            transform,
+            external_id_of=lambda row: row.get(self.COALESCE_FIELD),
+        )
 
     def _transform(self, staging_table: str, row: dict) -> WriteOutcome:
         store, base, table = self.desk.store, self._base_url(), self.IMPORT_TARGET
@@ -234,17 +257,25 @@ class ServiceNowHandler(Handler):
         key = str(row.get(self.COALESCE_FIELD) or "")
         if not key:
             error = f"Unable to resolve target record, coalesce values not present: {self.COALESCE_FIELD}"
-            return WriteOutcome(201, {**answer, "result": [{**outcome, "status": "error", "error_message": error,
-                                                             "status_message": error}]})
+            return WriteOutcome(
+                201,
+                {**answer, "result": [{**outcome, "status": "error", "error_message": error, "status_message": error}]},
+            )
         target = {name[2:]: value for name, value in row.items() if name.startswith("u_")}
-        existing = next(((i, f) for i, f in records.records(store, base, table)
-                         if str(f.get("correlation_id") or "") == key), None)
+        existing = next(
+            ((i, f) for i, f in records.records(store, base, table) if str(f.get("correlation_id") or "") == key), None
+        )
         if existing is None:
             written = self._insert(table, target)
             if not written.committed:
                 error = written.body["error"]["detail"]
-                return WriteOutcome(201, {**answer, "result": [{**outcome, "status": "error", "error_message": error,
-                                                                 "status_message": error}]})
+                return WriteOutcome(
+                    201,
+                    {
+                        **answer,
+                        "result": [{**outcome, "status": "error", "error_message": error, "status_message": error}],
+                    },
+                )
             ticket_id, fields, status = written.ticket_id, written.body["result"], "inserted"
         else:
             ticket_id, fields = existing
@@ -254,8 +285,14 @@ class ServiceNowHandler(Handler):
                 fields = {**fields, **changed, "sys_updated_on": records.now()}
                 store.update_fields(ticket_id, records.store_ticket(fields, store), fields)
                 records.record_people(store, ticket_id, fields)
-        result = {**outcome, "display_name": "number", "display_value": fields["number"], "status": status,
-                  "record_link": f"{base}/api/now/table/{table}/{fields['sys_id']}", "sys_id": fields["sys_id"]}
+        result = {
+            **outcome,
+            "display_name": "number",
+            "display_value": fields["number"],
+            "status": status,
+            "record_link": f"{base}/api/now/table/{table}/{fields['sys_id']}",
+            "sys_id": fields["sys_id"],
+        }
         return WriteOutcome(201, {**answer, "result": [result]}, committed=True, ticket_id=ticket_id)
 
     # Attachment API.
@@ -268,23 +305,38 @@ class ServiceNowHandler(Handler):
             return
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
         with self.desk.store.transaction():
-            found = records.find(self.desk.store, self._base_url(), table, sys_id) \
-                if records.table_exists(table) and table not in records.DERIVED_TABLES else None
+            found = (
+                records.find(self.desk.store, self._base_url(), table, sys_id)
+                if records.table_exists(table) and table not in records.DERIVED_TABLES
+                else None
+            )
             if not (table and sys_id and filename and content_type):
-                outcome = WriteOutcome(400, records.failure(
-                    "Missing parameters", "table_name, table_sys_id, file_name and a Content-Type are required"))
+                outcome = WriteOutcome(
+                    400,
+                    records.failure(
+                        "Missing parameters", "table_name, table_sys_id, file_name and a Content-Type are required"
+                    ),
+                )
             elif found is None:
-                outcome = WriteOutcome(404, records.failure(
-                    "Invalid table_sys_id", f"{table} record {sys_id} does not exist or cannot be read"))
+                outcome = WriteOutcome(
+                    404,
+                    records.failure(
+                        "Invalid table_sys_id", f"{table} record {sys_id} does not exist or cannot be read"
+                    ),
+                )
             elif found[1].get("active") == "false":
-                outcome = WriteOutcome(403, records.failure(
-                    "Operation Failed", "ACL Exception Insert Failed due to security constraints"))
+                outcome = WriteOutcome(
+                    403, records.failure("Operation Failed", "ACL Exception Insert Failed due to security constraints")
+                )
             else:
                 attachment_id = self.desk.store.attach_data(found[0], filename, content_type, self.raw_body)
                 attachment = next(a for a in self.desk.store.attachments(found[0]) if a["id"] == attachment_id)
-                outcome = WriteOutcome(201, {"result": records.attachment_row(self._base_url(), attachment, table,
-                                                                              sys_id)},
-                                       committed=True, ticket_id=found[0])
+                outcome = WriteOutcome(
+                    201,
+                    {"result": records.attachment_row(self._base_url(), attachment, table, sys_id)},
+                    committed=True,
+                    ticket_id=found[0],
+                )
         self._log_write("POST", "/api/now/attachment/file", fault, outcome)
         self._answer_write(fault, outcome)
 
@@ -295,8 +347,16 @@ class ServiceNowHandler(Handler):
             for ticket in self.desk.store.tickets(base):
                 fields = ticket["fields"]
                 for attachment in self.desk.store.attachments(ticket["id"]):
-                    rows.append(records.attachment_row(base, attachment, fields.get("sys_class_name", ""),
-                                                       fields.get("sys_id", "")))
-        result = records.query(rows, self._first("sysparm_query"), self._first("sysparm_fields"),
-                               self._first("sysparm_limit"), self._first("sysparm_offset"))
+                    rows.append(
+                        records.attachment_row(
+                            base, attachment, fields.get("sys_class_name", ""), fields.get("sys_id", "")
+                        )
+                    )
+        result = records.query(
+            rows,
+            self._first("sysparm_query"),
+            self._first("sysparm_fields"),
+            self._first("sysparm_limit"),
+            self._first("sysparm_offset"),
+        )
         self._send(200, {"result": result}, {"X-Total-Count": str(len(result))})

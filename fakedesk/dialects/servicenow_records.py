@@ -7,19 +7,38 @@ and `active` "false". Users (`sys_user`) are the store's people; watermarks (`sy
 attachments (`sys_attachment`) are derived from the records and the store's attachments, their sys_ids
 from the store's ids, so that they are the same on every read.
 """
+
 import hashlib
 import re
 import time
 import uuid
 
 # Tables every instance has; names starting "u_" (custom) or "x_" (scoped apps) exist too.
-STANDARD_TABLES = {"incident", "problem", "change_request", "sc_request", "sc_req_item", "sc_task", "task",
-                   "sn_customerservice_case", "sys_user", "sys_user_group", "sys_watermark"}
+STANDARD_TABLES = {
+    "incident",
+    "problem",
+    "change_request",
+    "sc_request",
+    "sc_req_item",
+    "sc_task",
+    "task",
+    "sn_customerservice_case",
+    "sys_user",
+    "sys_user_group",
+    "sys_watermark",
+}
 # Tables whose rows are not store tickets (their reads are answered from the store's other tables).
 DERIVED_TABLES = {"sys_user", "sys_watermark"}
-CLOSED, CANCELED = "7", "8"     # incident states that make a record inactive
-NUMBER_PREFIXES = {"incident": "INC", "problem": "PRB", "change_request": "CHG", "sc_request": "REQ",
-                   "sc_req_item": "RITM", "sc_task": "SCTASK", "sn_customerservice_case": "CS"}
+CLOSED, CANCELED = "7", "8"  # incident states that make a record inactive
+NUMBER_PREFIXES = {
+    "incident": "INC",
+    "problem": "PRB",
+    "change_request": "CHG",
+    "sc_request": "REQ",
+    "sc_req_item": "RITM",
+    "sc_task": "SCTASK",
+    "sn_customerservice_case": "CS",
+}
 CONDITION = re.compile(r"([a-z0-9_.]+?)(STARTSWITH|>=|<=|!=|=|IN)(.*)", re.S)
 DEFAULT_LIMIT = 10000
 
@@ -45,9 +64,15 @@ def new_record(store, base_url: str, table: str, record: dict) -> dict:
     """The Table API fields of a new record of `table` (its number counts the table's records)."""
     count = sum(1 for t in store.tickets(base_url) if t["fields"].get("sys_class_name") == table)
     stamp = now()
-    fields = {"state": "1", **record, "sys_id": uuid.uuid4().hex,
-              "number": f"{NUMBER_PREFIXES.get(table, 'TASK')}{10001 + count:07d}",
-              "sys_class_name": table, "sys_created_on": stamp, "sys_updated_on": stamp}
+    fields = {
+        "state": "1",
+        **record,
+        "sys_id": uuid.uuid4().hex,
+        "number": f"{NUMBER_PREFIXES.get(table, 'TASK')}{10001 + count:07d}",
+        "sys_class_name": table,
+        "sys_created_on": stamp,
+        "sys_updated_on": stamp,
+    }
     fields["active"] = active_for(fields)
     return fields
 
@@ -59,8 +84,11 @@ def active_for(fields: dict) -> str:
 
 def store_ticket(record: dict, store=None) -> dict:
     """The store's own view of a record: subject, description, requester, our reference."""
-    ticket = {"subject": str(record.get("short_description") or ""), "description": record.get("description") or "",
-              "external_id": record.get("correlation_id") or None}
+    ticket = {
+        "subject": str(record.get("short_description") or ""),
+        "description": record.get("description") or "",
+        "external_id": record.get("correlation_id") or None,
+    }
     caller = person_address(store, str(record.get("caller_id") or ""))
     if caller:
         ticket["requester"] = {"email": caller}
@@ -108,9 +136,16 @@ def user_sys_id(person: dict) -> str:
 def user_row(person: dict) -> dict:
     """A store person as a sys_user record."""
     first, _, last = person["name"].rpartition(" ")
-    return {"sys_id": user_sys_id(person), "user_name": person["email"], "email": person["email"],
-            "name": person["name"], "first_name": first, "last_name": last or person["name"], "active": "true",
-            "sys_created_on": person["created_at"].replace("T", " ").rstrip("Z")}
+    return {
+        "sys_id": user_sys_id(person),
+        "user_name": person["email"],
+        "email": person["email"],
+        "name": person["name"],
+        "first_name": first,
+        "last_name": last or person["name"],
+        "active": "true",
+        "sys_created_on": person["created_at"].replace("T", " ").rstrip("Z"),
+    }
 
 
 def watermark(store_id: int, sys_id: str) -> str:
@@ -124,8 +159,14 @@ def watermark_rows(store, base_url: str) -> list[dict]:
         fields = ticket["fields"]
         if fields.get("sys_id"):
             mark = watermark(ticket["id"], fields["sys_id"])
-            rows.append({"sys_id": hashlib.md5(mark.encode()).hexdigest(), "number": mark.split("_")[0],
-                         "source_table": fields.get("sys_class_name", ""), "source_id": fields["sys_id"]})
+            rows.append(
+                {
+                    "sys_id": hashlib.md5(mark.encode()).hexdigest(),
+                    "number": mark.split("_")[0],
+                    "source_table": fields.get("sys_class_name", ""),
+                    "source_id": fields["sys_id"],
+                }
+            )
     return rows
 
 
@@ -137,11 +178,22 @@ def attachment_row(base_url: str, attachment: dict, table: str, table_sys_id: st
     """A store attachment as the Attachment API shows its metadata (sizes as strings, the SHA-256 hash)."""
     sys_id = attachment_sys_id(attachment)
     stamp = attachment["created_at"].replace("T", " ").rstrip("Z")
-    return {"sys_id": sys_id, "file_name": attachment["filename"], "content_type": attachment["content_type"],
-            "size_bytes": str(attachment["size"]), "size_compressed": str(attachment["size"]),
-            "hash": attachment["sha256"], "table_name": table, "table_sys_id": table_sys_id, "state": "available",
-            "download_link": f"{base_url}/api/now/attachment/{sys_id}/file", "sys_created_on": stamp,
-            "sys_updated_on": stamp, "sys_created_by": "mailroom.integration", "compressed": "false"}
+    return {
+        "sys_id": sys_id,
+        "file_name": attachment["filename"],
+        "content_type": attachment["content_type"],
+        "size_bytes": str(attachment["size"]),
+        "size_compressed": str(attachment["size"]),
+        "hash": attachment["sha256"],
+        "table_name": table,
+        "table_sys_id": table_sys_id,
+        "state": "available",
+        "download_link": f"{base_url}/api/now/attachment/{sys_id}/file",
+        "sys_created_on": stamp,
+        "sys_updated_on": stamp,
+        "sys_created_by": "mailroom.integration",
+        "compressed": "false",
+    }
 
 
 def find(store, base_url: str, table: str, sys_id: str):
@@ -156,9 +208,9 @@ def parse_query(query: str):
     for part in query.replace("^^", "\0").split("^"):
         part = part.replace("\0", "^")
         if part.startswith("ORDERBYDESC"):
-            order.append((part[len("ORDERBYDESC"):], True))
+            order.append((part[len("ORDERBYDESC") :], True))
         elif part.startswith("ORDERBY"):
-            order.append((part[len("ORDERBY"):], False))
+            order.append((part[len("ORDERBY") :], False))
         elif (match := CONDITION.fullmatch(part)) is not None:
             conditions.append(match.groups())
     return conditions, order
@@ -187,6 +239,6 @@ def query(rows: list[dict], encoded: str, fields: str, limit: str, offset: str) 
         found.sort(key=lambda row, name=field: str(row.get(name) or ""), reverse=descending)
     start = int(offset) if offset.isdigit() else 0
     count = int(limit) if limit.isdigit() else DEFAULT_LIMIT
-    found = found[start:start + count]
+    found = found[start : start + count]
     names = [name.strip() for name in fields.split(",") if name.strip()]
     return [{name: row.get(name, "") for name in names} if names else row for row in found]

@@ -19,6 +19,7 @@ polled only and skipped here, as are mailboxes whose credentials were refused
 (`health = credentials_invalid`); a refusal found here sets that health too.
 Two runs never work on the same mailbox at once (a transaction-level advisory lock).
 """
+
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -51,8 +52,9 @@ def graph_renew_margin(mailbox: Mailbox) -> timedelta:
     return timedelta(minutes=min(24 * 60, subscription_minutes(mailbox) // 2))
 
 
-def ensure_graph_subscription(mailbox: Mailbox, now: datetime | None = None, *,
-                              force: bool = False) -> tuple[str, ProviderSubscription | None]:
+def ensure_graph_subscription(
+    mailbox: Mailbox, now: datetime | None = None, *, force: bool = False
+) -> tuple[str, ProviderSubscription | None]:
     """Create or renew the mailbox's Graph subscription when missing or due.
 
     Returns (what happened: "created" | "renewed" | "current" | "busy", the row).
@@ -80,8 +82,11 @@ def ensure_graph_subscription(mailbox: Mailbox, now: datetime | None = None, *,
             return "current", current
         if current and current.external_id:
             response = provider.client.request(
-                "PATCH", f"/subscriptions/{current.external_id}", json_body={"expirationDateTime": expiration},
-                handle=(404,))
+                "PATCH",
+                f"/subscriptions/{current.external_id}",
+                json_body={"expirationDateTime": expiration},
+                handle=(404,),
+            )
             if response.status_code != 404:
                 current.expires_at = _expiry(response, expires_at)
                 current.renewed_at = now
@@ -89,29 +94,40 @@ def ensure_graph_subscription(mailbox: Mailbox, now: datetime | None = None, *,
                 log.info("graph: renewed the subscription of mailbox %s until %s", mailbox.slug, current.expires_at)
                 return "renewed", current
             log.warning("graph: the subscription of mailbox %s is gone at Graph; creating another", mailbox.slug)
-        response = provider.client.request("POST", "/subscriptions", json_body={
-            "changeType": "created",
-            "notificationUrl": notification_url,
-            "lifecycleNotificationUrl": notification_url,
-            "resource": provider.resource,
-            "expirationDateTime": expiration,
-            "clientState": client_state,
-            "latestSupportedTlsVersion": "v1_2",
-        })
+        response = provider.client.request(
+            "POST",
+            "/subscriptions",
+            json_body={
+                "changeType": "created",
+                "notificationUrl": notification_url,
+                "lifecycleNotificationUrl": notification_url,
+                "resource": provider.resource,
+                "expirationDateTime": expiration,
+                "clientState": client_state,
+                "latestSupportedTlsVersion": "v1_2",
+            },
+        )
         body = json_or_empty(response)
         if not body.get("id"):
             raise TransientError("unreadable_response", "graph subscription without an id")
         row, _ = ProviderSubscription.objects.update_or_create(
-            mailbox=mailbox, provider="graph",
-            defaults={"external_id": str(body["id"]), "resource": str(body.get("resource") or provider.resource)[:500],
-                      "expires_at": _expiry(response, expires_at), "created_at": now, "renewed_at": None},
+            mailbox=mailbox,
+            provider="graph",
+            defaults={
+                "external_id": str(body["id"]),
+                "resource": str(body.get("resource") or provider.resource)[:500],
+                "expires_at": _expiry(response, expires_at),
+                "created_at": now,
+                "renewed_at": None,
+            },
         )
         log.info("graph: created a subscription for mailbox %s until %s", mailbox.slug, row.expires_at)
         return "created", row
 
 
-def ensure_gmail_watch(mailbox: Mailbox, now: datetime | None = None, *,
-                       force: bool = False) -> tuple[str, ProviderSubscription | None]:
+def ensure_gmail_watch(
+    mailbox: Mailbox, now: datetime | None = None, *, force: bool = False
+) -> tuple[str, ProviderSubscription | None]:
     """Call `users.watch` when the mailbox's watch is missing or older than a day."""
     from ..providers.gmail import GmailProvider
 
@@ -125,10 +141,14 @@ def ensure_gmail_watch(mailbox: Mailbox, now: datetime | None = None, *,
         provider = GmailProvider(mailbox)
         _history_id, expires_at = provider.watch()
         row, created = ProviderSubscription.objects.update_or_create(
-            mailbox=mailbox, provider="gmail",
-            defaults={"external_id": str(mailbox.settings.get("push_topic"))[:300],
-                      "resource": provider.label_id, "expires_at": expires_at,
-                      **({"created_at": now} if current is None else {"renewed_at": now})},
+            mailbox=mailbox,
+            provider="gmail",
+            defaults={
+                "external_id": str(mailbox.settings.get("push_topic"))[:300],
+                "resource": provider.label_id,
+                "expires_at": expires_at,
+                **({"created_at": now} if current is None else {"renewed_at": now}),
+            },
         )
         log.info("gmail: watch of mailbox %s runs until %s", mailbox.slug, expires_at)
         return ("created" if created else "renewed"), row
@@ -138,8 +158,11 @@ def renew_due_subscriptions(now: datetime | None = None) -> dict:
     """Beat entry: create missing and renew expiring subscriptions of every push mailbox."""
     now = now or timezone.now()
     counts = {"created": 0, "renewed": 0, "current": 0, "busy": 0, "failed": 0}
-    mailboxes = (Mailbox.objects.filter(provider__in=["graph", "gmail"])
-                 .exclude(health=Mailbox.Health.CREDENTIALS_INVALID).order_by("pk"))
+    mailboxes = (
+        Mailbox.objects.filter(provider__in=["graph", "gmail"])
+        .exclude(health=Mailbox.Health.CREDENTIALS_INVALID)
+        .order_by("pk")
+    )
     for mailbox in mailboxes:
         settings = mailbox.settings or {}
         if mailbox.provider == "graph" and not settings.get("notification_url"):
@@ -151,11 +174,17 @@ def renew_due_subscriptions(now: datetime | None = None) -> dict:
             outcome, _ = ensure(mailbox, now)
         except ExternalCallError as exc:
             counts["failed"] += 1
-            log.warning("%s: subscription of mailbox %s not renewed: %s (%s)",
-                        mailbox.provider, mailbox.slug, exc.reason, exc.detail)
+            log.warning(
+                "%s: subscription of mailbox %s not renewed: %s (%s)",
+                mailbox.provider,
+                mailbox.slug,
+                exc.reason,
+                exc.detail,
+            )
             if isinstance(exc, PermanentError) and exc.reason == "credentials":
                 Mailbox.objects.filter(pk=mailbox.pk).exclude(health=Mailbox.Health.CREDENTIALS_INVALID).update(
-                    health=Mailbox.Health.CREDENTIALS_INVALID, health_detail=str(exc)[:500])
+                    health=Mailbox.Health.CREDENTIALS_INVALID, health_detail=str(exc)[:500]
+                )
             continue
         counts[outcome] += 1
     if counts["created"] or counts["renewed"] or counts["failed"]:

@@ -25,6 +25,7 @@ Message-ID and the content fingerprint, which ignore transport headers, so the s
 came by a webhook or IMAP is one event. The envelope (sender, recipients, client) is kept as a
 `provider_metadata` audit row of a new event, in the ingest's transaction.
 """
+
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -86,6 +87,7 @@ class MessageEnvelope:
 
 # --- reads and writes (run in a worker thread: the ORM is synchronous) ------------------------------
 
+
 class RecipientInTwoTenants(Exception):
     """An envelope recipient matches mailboxes of more than one tenant: delivering would cross the boundary."""
 
@@ -104,9 +106,12 @@ def mailboxes_for_recipient(address: str) -> list[Mailbox]:
         return []
     address = address.strip()
     # The key is what the unique constraint holds; the stored address catches a row whose key is stale.
-    found = list(Mailbox.objects.filter(Q(address_key=key) | Q(address__iexact=address) | Q(address__iexact=key))
-                 .exclude(provider__in=NOT_DELIVERY_TARGETS)
-                 .select_related("tenant").order_by("pk"))
+    found = list(
+        Mailbox.objects.filter(Q(address_key=key) | Q(address__iexact=address) | Q(address__iexact=key))
+        .exclude(provider__in=NOT_DELIVERY_TARGETS)
+        .select_related("tenant")
+        .order_by("pk")
+    )
     if len({mailbox.tenant_id for mailbox in found}) > 1:
         raise RecipientInTwoTenants(found)
     return found
@@ -120,19 +125,23 @@ def deliver_to_mailbox(mailbox: Mailbox, raw: bytes, source: str, envelope_detai
         with transaction.atomic():
             result = services.ingest(mailbox, provider_message_id, raw, source=source, thread_key=thread_key)
             if not result.duplicate:
-                services.record_audit(result.inbox_event_id, AuditKind.PROVIDER_METADATA,
-                                      actor=f"provider:{source}", detail=envelope_detail)
+                services.record_audit(
+                    result.inbox_event_id,
+                    AuditKind.PROVIDER_METADATA,
+                    actor=f"provider:{source}",
+                    detail=envelope_detail,
+                )
     except DatabaseLayerError as exc:
         _forget_connection()
-        logger.warning("%s delivery to mailbox %s not stored: database error %s", source, mailbox.slug,
-                       type(exc).__name__)
+        logger.warning(
+            "%s delivery to mailbox %s not stored: database error %s", source, mailbox.slug, type(exc).__name__
+        )
         return MailboxDelivery(mailbox.slug, stored=False)
     except Exception as exc:  # anything else of ours is still a temporary failure: the mail server keeps it
         _forget_connection()
         logger.error("%s delivery to mailbox %s not stored: %s", source, mailbox.slug, type(exc).__name__)
         return MailboxDelivery(mailbox.slug, stored=False)
-    return MailboxDelivery(mailbox.slug, stored=True, inbox_event_id=result.inbox_event_id,
-                           duplicate=result.duplicate)
+    return MailboxDelivery(mailbox.slug, stored=True, inbox_event_id=result.inbox_event_id, duplicate=result.duplicate)
 
 
 def _forget_connection() -> None:
@@ -150,9 +159,14 @@ def lookup_recipient(address: str, source: str = "lmtp") -> list[Mailbox] | None
     try:
         return mailboxes_for_recipient(address)
     except RecipientInTwoTenants as exc:
-        security_log.warning("%s recipient %s matches %s of %d tenants: deferred (451), delivered to none; "
-                             "give the address to one tenant", source, mask_address(address), exc,
-                             len({m.tenant_id for m in exc.mailboxes}))
+        security_log.warning(
+            "%s recipient %s matches %s of %d tenants: deferred (451), delivered to none; "
+            "give the address to one tenant",
+            source,
+            mask_address(address),
+            exc,
+            len({m.tenant_id for m in exc.mailboxes}),
+        )
         return None
     except DatabaseLayerError as exc:
         _forget_connection()
@@ -162,6 +176,7 @@ def lookup_recipient(address: str, source: str = "lmtp") -> list[Mailbox] | None
 
 # --- the aiosmtpd handler ---------------------------------------------------------------------------
 
+
 class DeliveryHandler:
     """aiosmtpd hooks: RCPT maps to mailboxes, DATA stores once per mailbox and answers.
 
@@ -170,8 +185,14 @@ class DeliveryHandler:
     mailbox stored it (a retry of the others' is a duplicate there).
     """
 
-    def __init__(self, source: str, per_recipient_answers: bool, executor: ThreadPoolExecutor,
-                 limits=None, require_tls: bool = False):
+    def __init__(
+        self,
+        source: str,
+        per_recipient_answers: bool,
+        executor: ThreadPoolExecutor,
+        limits=None,
+        require_tls: bool = False,
+    ):
         self.source = source
         self.per_recipient_answers = per_recipient_answers
         self.executor = executor
@@ -215,20 +236,30 @@ class DeliveryHandler:
         def envelope_detail(mailbox: Mailbox) -> dict:
             # Only this mailbox's own recipients: another tenant's addresses are none of its business.
             own = [r for r in envelope.rcpt_tos if mailbox in message.mailboxes_by_recipient[r]]
-            return {"envelope_from": message.mail_from, "envelope_to": own, "client": message.client,
-                    "helo": session.host_name or "", "transport": self.source, "tls": session.ssl is not None}
+            return {
+                "envelope_from": message.mail_from,
+                "envelope_to": own,
+                "client": message.client,
+                "helo": session.host_name or "",
+                "transport": self.source,
+                "tls": session.ssl is not None,
+            }
 
         # Each mailbox in its own transaction (and thread): one mailbox's failure is its recipients' 451 only.
-        results = await asyncio.gather(*(
-            self._in_thread(deliver_to_mailbox, mailbox, raw, self.source, envelope_detail(mailbox))
-            for mailbox in mailboxes))
+        results = await asyncio.gather(
+            *(
+                self._in_thread(deliver_to_mailbox, mailbox, raw, self.source, envelope_detail(mailbox))
+                for mailbox in mailboxes
+            )
+        )
         outcomes = dict(zip((mailbox.pk for mailbox in mailboxes), results, strict=True))
         for outcome in results:
             _log_outcome(self.source, outcome, len(raw))
         if self.per_recipient_answers:
             return "\r\n".join(
                 _answer([outcomes[m.pk] for m in message.mailboxes_by_recipient[recipient]])
-                for recipient in envelope.rcpt_tos)
+                for recipient in envelope.rcpt_tos
+            )
         return _answer(results)
 
     async def handle_exception(self, error):
@@ -261,5 +292,6 @@ def _log_outcome(source: str, outcome: MailboxDelivery, size: int) -> None:
     if not outcome.stored:
         return  # deliver_to_mailbox logged why
     what = "duplicate of event" if outcome.duplicate else "stored as event"
-    logger.info("%s delivery to mailbox %s: %s %s (%d bytes)", source, outcome.mailbox_slug, what,
-                outcome.inbox_event_id, size)
+    logger.info(
+        "%s delivery to mailbox %s: %s %s (%d bytes)", source, outcome.mailbox_slug, what, outcome.inbox_event_id, size
+    )

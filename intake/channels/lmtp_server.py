@@ -21,6 +21,7 @@ permanent lie:
   permissions, not the client address, decide who may deliver.
 What happens to a message is `intake.channels.lmtp`.
 """
+
 import asyncio
 import logging
 import os
@@ -108,8 +109,9 @@ class ClientLimits:
             return False
         recent.append(now)
         if len(self.recent_messages) > 10_000:  # forget clients that went quiet
-            self.recent_messages = {h: d for h, d in self.recent_messages.items()
-                                    if d and d[-1] > now - self.WINDOW_SECONDS}
+            self.recent_messages = {
+                h: d for h, d in self.recent_messages.items() if d and d[-1] > now - self.WINDOW_SECONDS
+            }
         return True
 
 
@@ -211,8 +213,7 @@ class _MailroomProtocol:
         self._reset_timeout(limits.timeout_seconds + 5)
         self._data_timers = [self.loop.call_later(limits.timeout_seconds, self._cut_data, DATA_TOO_LONG)]
         if limits.min_rate:
-            self._data_timers.append(self.loop.call_later(limits.grace_seconds, self._check_rate,
-                                                          self._bytes_received))
+            self._data_timers.append(self.loop.call_later(limits.grace_seconds, self._check_rate, self._bytes_received))
 
     def _check_rate(self, bytes_at_window_start: int) -> None:
         limits = self.data_limits
@@ -322,17 +323,29 @@ async def serve(config: ListenerConfig, stop: asyncio.Event, ready=None) -> None
         claim_socket_path(config.socket_path)
     executor = ThreadPoolExecutor(max_workers=config.database_threads, thread_name_prefix=config.source)
     limits = ClientLimits(config.max_connections_per_client, config.max_messages_per_minute)
-    handler = DeliveryHandler(config.source, per_recipient_answers=not config.smtp, executor=executor,
-                              limits=limits, require_tls=config.require_starttls)
+    handler = DeliveryHandler(
+        config.source,
+        per_recipient_answers=not config.smtp,
+        executor=executor,
+        limits=limits,
+        require_tls=config.require_starttls,
+    )
     protocol_class = MailroomSMTP if config.smtp else MailroomLMTP
     context = tls_context(config.tls_cert, config.tls_key)
 
     def make_protocol():
         # SMTPUTF8 announced: a mail server holding internationalized mail must not bounce it for our sake.
-        return protocol_class(handler, limits=limits, data_limits=config.data_limits,
-                              data_size_limit=config.max_message_bytes, enable_SMTPUTF8=True,
-                              hostname=config.hostname, tls_context=context,
-                              timeout=config.idle_timeout_seconds, loop=loop)
+        return protocol_class(
+            handler,
+            limits=limits,
+            data_limits=config.data_limits,
+            data_size_limit=config.max_message_bytes,
+            enable_SMTPUTF8=True,
+            hostname=config.hostname,
+            tls_context=context,
+            timeout=config.idle_timeout_seconds,
+            loop=loop,
+        )
 
     if config.socket_path:
         server = await loop.create_unix_server(make_protocol, path=config.socket_path)
@@ -343,10 +356,16 @@ async def serve(config: ListenerConfig, stop: asyncio.Event, ready=None) -> None
         bound = server.sockets[0].getsockname()
         where = f"{bound[0]}:{bound[1]}"
     data = config.data_limits
-    logger.info("%s listener on %s (SIZE %d, STARTTLS %s, idle %gs, DATA %gs at %d B/s or more)",
-                config.source.upper(), where, config.max_message_bytes,
-                "required" if config.require_starttls else ("on" if context else "off"),
-                config.idle_timeout_seconds, data.timeout_seconds, data.min_rate)
+    logger.info(
+        "%s listener on %s (SIZE %d, STARTTLS %s, idle %gs, DATA %gs at %d B/s or more)",
+        config.source.upper(),
+        where,
+        config.max_message_bytes,
+        "required" if config.require_starttls else ("on" if context else "off"),
+        config.idle_timeout_seconds,
+        data.timeout_seconds,
+        data.min_rate,
+    )
     if ready is not None:
         ready(where)
     try:

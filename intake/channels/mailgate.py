@@ -28,6 +28,7 @@ Runs on the MTA host, where Mailroom's settings and database are not: it imports
 `requests` and `intake.signing`, which is standard library). One line on stderr says what happened
 (the MTA logs it); never the message, an address or the secret.
 """
+
 import argparse
 import os
 import re
@@ -71,14 +72,20 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog=PROGRAM, description="Deliver one message from stdin to a Mailroom mailbox.")
-    parser.add_argument("--url", required=True,
-                        help="Mailroom's base URL (https://mailroom.example.com), or the full raw webhook URL")
+    parser.add_argument(
+        "--url", required=True, help="Mailroom's base URL (https://mailroom.example.com), or the full raw webhook URL"
+    )
     parser.add_argument("--mailbox", required=True, help="the mailbox slug")
     parser.add_argument("--secret-file", help=f"file holding the mailbox's webhook secret (else ${SECRET_ENV_VAR})")
-    parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
-                        help="refuse larger messages without posting (default 25 MiB, the server's default)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
-                        help="seconds for the whole request (default 60)")
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        help="refuse larger messages without posting (default 25 MiB, the server's default)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, help="seconds for the whole request (default 60)"
+    )
     return parser
 
 
@@ -110,8 +117,9 @@ def read_secret(secret_file: str | None) -> str:
             with open(secret_file, encoding="utf-8") as handle:
                 secret = handle.readline().strip()
         except (OSError, UnicodeDecodeError) as exc:
-            raise MailgateExit(EX_TEMPFAIL, f"cannot read the secret file ({type(exc).__name__}): "
-                                            "message deferred") from None
+            raise MailgateExit(
+                EX_TEMPFAIL, f"cannot read the secret file ({type(exc).__name__}): message deferred"
+            ) from None
         if not secret:
             raise MailgateExit(EX_TEMPFAIL, "the secret file is empty: message deferred")
         return secret
@@ -161,8 +169,7 @@ def post_message(url: str, secret: str, body: bytes, timeout: float) -> tuple[in
     headers = {"Content-Type": "message/rfc822", "User-Agent": PROGRAM, **signed_headers(secret, body)}
     try:
         with _overall_deadline(timeout + 1.0):
-            response = requests.post(url, data=body, headers=headers, timeout=(timeout, timeout),
-                                     allow_redirects=False)
+            response = requests.post(url, data=body, headers=headers, timeout=(timeout, timeout), allow_redirects=False)
             try:
                 answer = response.json()
             except ValueError:

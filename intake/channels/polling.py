@@ -34,6 +34,7 @@ Settings read from `Mailbox.settings` (every provider may honour them):
 `batch_size` (messages per batch), `max_batches` (per poll; when reached with
 more waiting, a follow-up poll is queued in the outbox).
 """
+
 import logging
 import random
 import zlib
@@ -97,12 +98,12 @@ class PollReport:
         data = asdict(self)
         data["backoff_until"] = self.backoff_until.isoformat() if self.backoff_until else None
         data["new"], data["duplicates"] = self.new, self.duplicates
-        data["messages"] = [{"inbox_event_id": m.inbox_event_id, "duplicate": m.duplicate}
-                            for m in self.messages]
+        data["messages"] = [{"inbox_event_id": m.inbox_event_id, "duplicate": m.duplicate} for m in self.messages]
         return data
 
 
 # --- the lock -------------------------------------------------------------------------------------
+
 
 def _lock_key(mailbox_id: int) -> int:
     # The second key is an int4: fold larger ids (collisions only make two polls wait for each other).
@@ -115,6 +116,7 @@ def mailbox_poll_lock(mailbox_id: int):
 
 
 # --- health ---------------------------------------------------------------------------------------
+
 
 def _detail(exc: Exception) -> str:
     return mask_address(f"{getattr(exc, 'kind', type(exc).__name__)}: {exc}")[:500]
@@ -141,7 +143,8 @@ def _record_backoff(mailbox: Mailbox, report: PollReport, exc: Exception, starte
     until = timezone.now() + timedelta(seconds=delay)
     detail = _detail(exc)
     Mailbox.objects.filter(pk=mailbox.pk).update(
-        health=Mailbox.Health.BACKOFF, health_detail=detail, poll_backoff_until=until, last_polled_at=started)
+        health=Mailbox.Health.BACKOFF, health_detail=detail, poll_backoff_until=until, last_polled_at=started
+    )
     # A permanent error (the longest backoff: a missing folder, unusable settings) waits for a person: down at once.
     mailbox_health.record_poll_failure(mailbox, at=started, detail=detail, permanent=longest)
     report.status, report.detail, report.backoff_until = "backoff", detail, until
@@ -151,18 +154,20 @@ def _record_backoff(mailbox: Mailbox, report: PollReport, exc: Exception, starte
 def _record_credentials_invalid(mailbox: Mailbox, report: PollReport, exc: Exception, started) -> None:
     detail = _detail(exc)
     Mailbox.objects.filter(pk=mailbox.pk).update(
-        health=Mailbox.Health.CREDENTIALS_INVALID, health_detail=detail, poll_backoff_until=None,
-        last_polled_at=started)
+        health=Mailbox.Health.CREDENTIALS_INVALID, health_detail=detail, poll_backoff_until=None, last_polled_at=started
+    )
     mailbox_health.record_poll_failure(mailbox, at=started, detail=detail, permanent=True)
     report.status, report.detail = "credentials_invalid", detail
-    logger.error("credentials of mailbox %s refused (%s): polling stops until an admin resets its health",
-                 mailbox.slug, detail)
+    logger.error(
+        "credentials of mailbox %s refused (%s): polling stops until an admin resets its health", mailbox.slug, detail
+    )
 
 
 def reset_health(mailbox_ids) -> int:
     """What an admin does once credentials or settings are fixed: the mailbox is polled again."""
     return Mailbox.objects.filter(pk__in=list(mailbox_ids)).update(
-        health=Mailbox.Health.OK, health_detail="", poll_backoff_until=None)
+        health=Mailbox.Health.OK, health_detail="", poll_backoff_until=None
+    )
 
 
 def request_poll(mailbox_id: int, trigger: str = PUSH) -> None:
@@ -176,8 +181,10 @@ def request_poll(mailbox_id: int, trigger: str = PUSH) -> None:
 
 # --- the poll -------------------------------------------------------------------------------------
 
-def poll_mailbox(mailbox_id: int, *, trigger: str = PUSH, batch_size: int | None = None,
-                 max_batches: int | None = None) -> PollReport:
+
+def poll_mailbox(
+    mailbox_id: int, *, trigger: str = PUSH, batch_size: int | None = None, max_batches: int | None = None
+) -> PollReport:
     if trigger not in TRIGGERS:
         raise ValueError(f"unknown poll trigger {trigger!r}")
     with mailbox_poll_lock(mailbox_id) as acquired:
@@ -254,8 +261,9 @@ def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batc
                     raise
                 # The provider refused the credentials: the secret may have been rotated. Re-read it, once,
                 # and poll again only with a new value.
-                logger.info("mailbox %s: credentials refused; re-reading %s once", mailbox.slug,
-                            mailbox.credentials_ref)
+                logger.info(
+                    "mailbox %s: credentials refused; re-reading %s once", mailbox.slug, mailbox.credentials_ref
+                )
                 reread = True
                 if not secrets.reread(mailbox.credentials_ref, tenant=mailbox.tenant, owner=mailbox):
                     raise
@@ -263,23 +271,35 @@ def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batc
                 adapter = provider_for(mailbox)
                 continue
             report.batches += 1
-            if (pool is not None and batch.more and not batch.archive_done and report.batches < limit
-                    and adapter.fetches_ahead):
+            if (
+                pool is not None
+                and batch.more
+                and not batch.archive_done
+                and report.batches < limit
+                and adapter.fetches_ahead
+            ):
                 ahead = pool.submit(adapter.poll, batch.cursor)  # what the next turn would ask for
             # One transaction per batch: its events and the cursor that moves past them commit together
             # (one commit instead of one per message; a crash mid-batch stores none of it, and the
             # unmoved cursor fetches it all again).
             with transaction.atomic():
-                outcomes = services.ingest_batch(mailbox=mailbox, source=mailbox.provider, items=[
-                    services.IngestItem(m.provider_message_id, m.raw, m.thread_key, m.history)
-                    for m in batch.messages])
+                outcomes = services.ingest_batch(
+                    mailbox=mailbox,
+                    source=mailbox.provider,
+                    items=[
+                        services.IngestItem(m.provider_message_id, m.raw, m.thread_key, m.history)
+                        for m in batch.messages
+                    ],
+                )
                 for message, outcome in zip(batch.messages, outcomes, strict=True):
-                    report.messages.append(PolledMessage(outcome.inbox_event_id, outcome.duplicate,
-                                                         message.provider_message_id, len(message.raw)))
+                    report.messages.append(
+                        PolledMessage(
+                            outcome.inbox_event_id, outcome.duplicate, message.provider_message_id, len(message.raw)
+                        )
+                    )
                     pause_point(f"poll.ingested.{len(report.messages)}")
                 if batch.cursor != cursor:
-                    PollCursor.objects.filter(pk=cursor_row.pk).update(value=batch.cursor,
-                                                                       updated_at=timezone.now())
+                    PollCursor.objects.filter(pk=cursor_row.pk).update(value=batch.cursor, updated_at=timezone.now())
                 archive.note_batch(mailbox, archive_done=batch.archive_done)  # an archive import's end
             cursor = report.cursor = batch.cursor
             pause_point(f"poll.batch_committed.{report.batches}")
@@ -306,12 +326,19 @@ def _poll_locked(mailbox_id: int, trigger: str, batch_size: int | None, max_batc
         _close(adapter, mailbox)
 
     Mailbox.objects.filter(pk=mailbox.pk).update(
-        health=Mailbox.Health.OK, health_detail="", poll_backoff_until=None, last_polled_at=started)
+        health=Mailbox.Health.OK, health_detail="", poll_backoff_until=None, last_polled_at=started
+    )
     mailbox_health.record_poll_success(mailbox, at=started, messages=report.new)
     if report.more:
         # Bounded polls: the rest of a large backlog is fetched by a follow-up poll, not in this one.
         request_poll(mailbox.pk)
     # A poll that found nothing is the common case: not worth a line at INFO every few seconds.
-    logger.log(logging.INFO if report.new else logging.DEBUG, "polled mailbox %s: %d batches, %d new, %d duplicate",
-               mailbox.slug, report.batches, report.new, report.duplicates)
+    logger.log(
+        logging.INFO if report.new else logging.DEBUG,
+        "polled mailbox %s: %d batches, %d new, %d duplicate",
+        mailbox.slug,
+        report.batches,
+        report.new,
+        report.duplicates,
+    )
     return report

@@ -12,6 +12,7 @@ run that comes while the previous one still holds the mailbox's poll lock
 returns at once, and a run the workers could not start within one interval
 expires instead of piling up.
 """
+
 import json
 import logging
 
@@ -57,8 +58,9 @@ def sync_mailbox_schedule(mailbox):
             return None
         seconds = poll_seconds(mailbox)
         every = {"every": seconds, "period": IntervalSchedule.SECONDS}
-        interval = (IntervalSchedule.objects.filter(**every).order_by("pk").first()
-                    or IntervalSchedule.objects.create(**every))
+        interval = IntervalSchedule.objects.filter(**every).order_by("pk").first() or IntervalSchedule.objects.create(
+            **every
+        )
         desired = {
             "task": POLL_TASK,
             "interval": interval,
@@ -71,8 +73,11 @@ def sync_mailbox_schedule(mailbox):
             task = PeriodicTask.objects.create(name=name, **desired)
             logger.info("created periodic poll for mailbox %s every %d s", mailbox.slug, seconds)
             return task
-        changed = [key for key, value in desired.items()
-                   if (task.interval_id != interval.pk if key == "interval" else getattr(task, key) != value)]
+        changed = [
+            key
+            for key, value in desired.items()
+            if (task.interval_id != interval.pk if key == "interval" else getattr(task, key) != value)
+        ]
         if task.crontab_id or task.solar_id or task.clocked_id:
             task.crontab = task.solar = task.clocked = None
             changed.append("schedule")
@@ -103,6 +108,7 @@ def sync_all_schedules() -> int:
 
 
 # --- signal receivers (connected in IntakeConfig.ready) -------------------------------------------
+
 
 def on_mailbox_saved(sender, instance, raw=False, **kwargs):
     if raw:  # loaddata: schedules are not fixtures' business

@@ -17,6 +17,7 @@ store. Adapters should make no slow network calls while holding database rows
 they wrote (reads before writes are fine: PostgreSQL opens the transaction at
 the first query).
 """
+
 import logging
 
 from django.conf import settings
@@ -59,8 +60,12 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
         return reject_request(provider, WebhookRejection.NO_WEBHOOK, 404, "no webhook for this provider")
     body = read_body(request, settings.MAILROOM_MAX_MESSAGE_BYTES)
     if body is None:
-        return reject_request(provider, WebhookRejection.TOO_LARGE, 413,
-                       f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
+        return reject_request(
+            provider,
+            WebhookRejection.TOO_LARGE,
+            413,
+            f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes",
+        )
 
     stored = []
     try:
@@ -81,8 +86,12 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
                 outcome = services.ingest(mailbox, message.provider_message_id, message.raw, source=provider)
                 if message.metadata and not outcome.duplicate:
                     # What the provider said about the message (its own id, envelope…): kept as evidence.
-                    services.record_audit(outcome.inbox_event_id, AuditKind.PROVIDER_METADATA,
-                                          actor=f"provider:{provider}", detail=message.metadata)
+                    services.record_audit(
+                        outcome.inbox_event_id,
+                        AuditKind.PROVIDER_METADATA,
+                        actor=f"provider:{provider}",
+                        detail=message.metadata,
+                    )
                 stored.append(outcome)
             if result.poll:
                 services.enqueue_outbox(services.POLL_TOPIC, {"mailbox_id": mailbox.pk})

@@ -154,6 +154,7 @@ The modules of this package, one concern each:
     tnef         unpacking a winmail.dat
     spool        large base64 parts left in the raw bytes, decoded to spooled files
 """
+
 from .body import MAX_DESCRIPTION_CHARS, MAX_HTML_BYTES, MAX_TEXT_BYTES
 from .headers import (
     MAX_HEADER_BLOCK_FOR_IDS,
@@ -179,11 +180,36 @@ from .policy import MAX_PARAMETER_HEADER_CHARS, MAX_PARAMETERS
 from .sniff import MACRO_OFFICE_TYPE, OOXML_TYPES, SNIFF_BYTES, sniff_type
 
 __all__ = [
-    "parse_message", "ParsedMessage", "Attachment", "iter_attachment_payloads", "attachment_payload", "thread_ids",
-    "iter_attachment_files", "attachment_file",
-    "decode_header_value", "decode_bytes", "sniff_type", "MACRO_OFFICE_TYPE", "OOXML_TYPES", "DEFAULT_LOOP_HEADER",
-    "SNIFF_BYTES", "MAX_DESCRIPTION_CHARS", "MAX_HTML_BYTES", "MAX_TEXT_BYTES", "MAX_HEADER_BLOCK_FOR_IDS",
-    "MAX_HEADER_CHARS", "MAX_HEADER_INSTANCES", "MAX_HINT_PARTS", "MAX_REFERENCES", "MAX_DEFECTS",
-    "MAX_EML_NAME_CHARS", "MAX_PARAMETER_HEADER_CHARS", "MAX_PARAMETERS", "MAX_ALTERNATIVES", "MAX_BOUNDARY_LINES",
-    "MAX_DEPTH", "MAX_PARTS", "MAX_SIGNATURES",
+    "parse_message",
+    "ParsedMessage",
+    "Attachment",
+    "iter_attachment_payloads",
+    "attachment_payload",
+    "thread_ids",
+    "iter_attachment_files",
+    "attachment_file",
+    "decode_header_value",
+    "decode_bytes",
+    "sniff_type",
+    "MACRO_OFFICE_TYPE",
+    "OOXML_TYPES",
+    "DEFAULT_LOOP_HEADER",
+    "SNIFF_BYTES",
+    "MAX_DESCRIPTION_CHARS",
+    "MAX_HTML_BYTES",
+    "MAX_TEXT_BYTES",
+    "MAX_HEADER_BLOCK_FOR_IDS",
+    "MAX_HEADER_CHARS",
+    "MAX_HEADER_INSTANCES",
+    "MAX_HINT_PARTS",
+    "MAX_REFERENCES",
+    "MAX_DEFECTS",
+    "MAX_EML_NAME_CHARS",
+    "MAX_PARAMETER_HEADER_CHARS",
+    "MAX_PARAMETERS",
+    "MAX_ALTERNATIVES",
+    "MAX_BOUNDARY_LINES",
+    "MAX_DEPTH",
+    "MAX_PARTS",
+    "MAX_SIGNATURES",
 ]

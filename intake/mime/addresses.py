@@ -30,6 +30,7 @@ Names are returned as written (quotes removed, RFC 2047 words not decoded):
 decoding is the caller's (it knows the message's charsets). The work is one
 regex tokenizer pass, linear in the input; callers cap the input length.
 """
+
 from __future__ import annotations
 
 import re
@@ -39,12 +40,13 @@ MAX_ADDRESS_CHARS = 254
 
 
 class Mailbox(NamedTuple):
-    name: str       # display name as written, quotes removed; "" if none
-    address: str    # as written (not validated); "" when the entry held no address
+    name: str  # display name as written, quotes removed; "" if none
+    address: str  # as written (not validated); "" when the entry held no address
 
 
 _SPECIALS = r'\s"(),;:<>\[\]\\'
-_TOKEN = re.compile(rf"""
+_TOKEN = re.compile(
+    rf"""
     (?P<space>\s+)
   | (?P<encoded>=\?[^?\s"<>]+\?[qQbB]\?[^?"<>]*\?=)
   | (?P<quoted>"(?:[^"\\]|\\.)*"?)
@@ -52,12 +54,14 @@ _TOKEN = re.compile(rf"""
   | (?P<literal>\[[^\[\]]*\]?)
   | (?P<atom>[^{_SPECIALS}]+)
   | (?P<special>.)
-""", re.X | re.S)
+""",
+    re.X | re.S,
+)
 _QUOTED_PAIR = re.compile(r"\\(.)", re.S)
 # The two shapes nearly all headers have, read without the tokenizer.
 _BARE_ADDRESS = re.compile(rf"\s*([^{_SPECIALS}@]+@[^{_SPECIALS}@]+)\s*")
 _PLAIN_ADDRESS = re.compile(rf"[^{_SPECIALS}@]+@[^{_SPECIALS}@]+")
-_PLAIN_NAME = re.compile(r'"[^"\\]*"|[^"(),;:<>\[\]\\@]*')   # one quantifier: no backtracking
+_PLAIN_NAME = re.compile(r'"[^"\\]*"|[^"(),;:<>\[\]\\@]*')  # one quantifier: no backtracking
 _ADDRESS_CHAR = r"[^\x00-\x20\x7f<>()\[\],;:\\\"@]"
 _LABEL = r"[^\x00-\x20\x7f<>()\[\],;:\\\"@.'`]+"
 _LOCAL_PART = rf"""(?: {_ADDRESS_CHAR}{{1,64}} | "(?:[^"\\\x00-\x1f\x7f]|\\[^\x00-\x1f\x7f]){{1,62}}" )"""
@@ -81,8 +85,11 @@ def is_valid_address(address: str, *, allow_dotless: bool = False) -> bool:
 
 def is_dotless_address(address: str) -> bool:
     """An address whose domain is a bare host name (root@localhost): valid only inside a network."""
-    return (isinstance(address, str) and 3 <= len(address) <= MAX_ADDRESS_CHARS
-            and _DOTLESS_ADDRESS.fullmatch(address) is not None)
+    return (
+        isinstance(address, str)
+        and 3 <= len(address) <= MAX_ADDRESS_CHARS
+        and _DOTLESS_ADDRESS.fullmatch(address) is not None
+    )
 
 
 def _tidy_address(address: str) -> str:
@@ -108,20 +115,20 @@ def _angle_address(text: str) -> str:
     address = "".join(pieces)
     if address[:7].lower() == "mailto:":
         address = address[7:]
-    if address.startswith("@") and ":" in address:   # obsolete source route: <@relay:jane@x.com>
+    if address.startswith("@") and ":" in address:  # obsolete source route: <@relay:jane@x.com>
         address = address.rpartition(":")[2]
     return _tidy_address(address)
 
 
 def _display_name(text: str) -> str:
     text = text.strip()
-    if len(text) > 1 and text[0] == text[-1] == "'":   # Outlook: 'Bob Smith' <bob@x.com>
+    if len(text) > 1 and text[0] == text[-1] == "'":  # Outlook: 'Bob Smith' <bob@x.com>
         text = text[1:-1].strip()
     return text
 
 
 def _bare_address(word: str) -> str:
-    if len(word) > 2 and word[0] == word[-1] == "'":   # 'jane@x.com', as some clients quote
+    if len(word) > 2 and word[0] == word[-1] == "'":  # 'jane@x.com', as some clients quote
         word = word[1:-1]
     return _tidy_address(word)
 
@@ -176,20 +183,20 @@ def parse_address_list(value: str) -> list[Mailbox]:
     if match:
         return [Mailbox("", _bare_address(match.group(1)))]
     stripped = value.strip()
-    if stripped.endswith(">") and stripped.count("<") == 1:       # Name <address>
+    if stripped.endswith(">") and stripped.count("<") == 1:  # Name <address>
         name, _, address = stripped[:-1].partition("<")
         name = name.strip()
         if _PLAIN_ADDRESS.fullmatch(address) and _PLAIN_NAME.fullmatch(name):
             return [Mailbox(_display_name(name.strip('"')), _tidy_address(address))]
 
     reader = _Reader()
-    depth = 0                       # comment nesting
+    depth = 0  # comment nesting
     comment: list[str] = []
     angle: list[str] | None = None  # text inside "<...>"
     for token in _TOKEN.finditer(value):
         kind, text = token.lastgroup, token.group()
         if depth:
-            if kind == "pair":   # "\)" inside a comment is a character, not its end
+            if kind == "pair":  # "\)" inside a comment is a character, not its end
                 comment.append(text[1])
                 continue
             if text == "(" and kind == "special":
@@ -215,7 +222,7 @@ def parse_address_list(value: str) -> list[Mailbox]:
             reader.end_word()
         elif kind == "quoted":
             reader.add(text, _unquote(text))
-        elif kind == "encoded":   # an RFC 2047 word is one word, whatever its text holds (",", ";", "<")
+        elif kind == "encoded":  # an RFC 2047 word is one word, whatever its text holds (",", ";", "<")
             reader.add(text, text)
         elif kind == "atom":
             reader.add(text, text, "@" in text)
@@ -233,7 +240,7 @@ def parse_address_list(value: str) -> list[Mailbox]:
             # A group ("Team: a@x.com, b@y.com;") or a "mailto:" prefix: the words so far are not names.
             reader.end_word()
             reader.words, reader.comments = [], []
-        else:   # stray ")", ">", "\", ":": part of whatever word is being written
+        else:  # stray ")", ">", "\", ":": part of whatever word is being written
             reader.add(text, text)
     if angle is not None:
         reader.angle("".join(angle))

@@ -20,6 +20,7 @@ converted only when a regex count of the characters between tags (after
 stub, with some slack (`_GATE_RATIO`, `_GATE_DIFFERENCE`) because that count
 misses what the converter adds (link addresses, image alt text).
 """
+
 from __future__ import annotations
 
 import re
@@ -30,7 +31,8 @@ STUB_PHRASE_MAX_CHARS = 300
 _GATE_RATIO = 0.5
 _GATE_DIFFERENCE = 150
 
-_STUB_PHRASES = re.compile(r"""
+_STUB_PHRASES = re.compile(
+    r"""
     this\s+(?:e-?mail|message|newsletter)\s+(?:is|was)\s+(?:sent\s+|written\s+|formatted\s+)?in\s+html
   | (?:view|read|see|open)\s+(?:this|the)\s+(?:e-?mail|message|newsletter)\s+
         (?:online|on\s+(?:the|our)\s+web(?:site)?|in\s+(?:a|your)\s+(?:web\s+)?browser)
@@ -39,15 +41,17 @@ _STUB_PHRASES = re.compile(r"""
   | (?:requires|needs)\s+an?\s+html[\s-]+(?:capable|enabled|compatible)
   | im\s+(?:web)?browser\s+(?:anzeigen|ansehen|lesen|\u00f6ffnen)
   | html-format
-""", re.IGNORECASE | re.VERBOSE)
+""",
+    re.IGNORECASE | re.VERBOSE,
+)
 _HEAD_END = re.compile(r"</head\s*>", re.IGNORECASE)
-_TAG = re.compile(r"<[^<>]*>")   # not "<[^>]*>": a stray "<" must not make the scan quadratic
+_TAG = re.compile(r"<[^<>]*>")  # not "<[^>]*>": a stray "<" must not make the scan quadratic
 
 
 def html_text_estimate(html: str) -> int:
     """About how many characters `html_to_text` would give: text between tags after </head>, spaces collapsed."""
     head_end = _HEAD_END.search(html)
-    body = html[head_end.end():] if head_end else html
+    body = html[head_end.end() :] if head_end else html
     return len(" ".join(_TAG.sub(" ", body).split()))
 
 

@@ -24,6 +24,7 @@ by name with `encrypted=True` and no bytes; a 7z with encrypted headers shows
 no names at all. The AppleDouble files macOS adds under `__MACOSX/` (Finder
 metadata, recognised by their magic number) are not listed. Nothing here raises.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -59,9 +60,9 @@ _CONTAINER_MAGIC = (b"PK\x03\x04", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", b"7z\xbc
 
 @dataclass
 class Member:
-    name: str                  # path inside the archive as written there ("" for a bare .gz without a name)
-    size: int                  # uncompressed bytes (as the archive declares them for members not read whole)
-    sniffed_type: str          # "" for an encrypted member
+    name: str  # path inside the archive as written there ("" for a bare .gz without a name)
+    size: int  # uncompressed bytes (as the archive declares them for members not read whole)
+    sniffed_type: str  # "" for an encrypted member
     encrypted: bool = False
     data: bytes | None = None  # the whole member when it was read whole, else None
     path: tuple[int, ...] = ()  # where it is: indexes, one per archive level (for `read_members`)
@@ -70,8 +71,8 @@ class Member:
 @dataclass
 class Listing:
     members: list[Member] = field(default_factory=list)
-    encrypted: bool = False    # some member, or the header, is encrypted
-    complete: bool = True      # False: a limit stopped the listing or part of it could not be read
+    encrypted: bool = False  # some member, or the header, is encrypted
+    complete: bool = True  # False: a limit stopped the listing or part of it could not be read
 
 
 class _Budget:
@@ -106,7 +107,8 @@ class _Decompressing(io.RawIOBase):
         self.source = memoryview(data)
         self.position = 0
         self.decompressor: _Inflater | bz2.BZ2Decompressor = (
-            zlib.decompressobj(wbits=47) if kind == "gzip" else bz2.BZ2Decompressor())
+            zlib.decompressobj(wbits=47) if kind == "gzip" else bz2.BZ2Decompressor()
+        )
         self.kind = kind
         self.pending = b""
         self.budget = budget
@@ -117,10 +119,10 @@ class _Decompressing(io.RawIOBase):
     def _more(self, want: int) -> bytes:
         d = self.decompressor
         if self.kind == "gzip":
-            d = cast(_Inflater, d)   # `kind` says which decompressor it is
+            d = cast(_Inflater, d)  # `kind` says which decompressor it is
             if d.eof:
                 return b""
-            feed = d.unconsumed_tail or bytes(self.source[self.position:self.position + CHUNK])
+            feed = d.unconsumed_tail or bytes(self.source[self.position : self.position + CHUNK])
             if not d.unconsumed_tail:
                 self.position += len(feed)
             out = d.decompress(feed, want) if feed else d.flush()
@@ -132,7 +134,7 @@ class _Decompressing(io.RawIOBase):
                 return b""
             feed = b""
             if d.needs_input:
-                feed = bytes(self.source[self.position:self.position + CHUNK])
+                feed = bytes(self.source[self.position : self.position + CHUNK])
                 self.position += len(feed)
                 if not feed:
                     raise EOFError
@@ -149,7 +151,7 @@ class _Decompressing(io.RawIOBase):
             out = self._more(min(want, CHUNK))
         self.pending = out[want:]
         out = out[:want]
-        buffer[:len(out)] = out
+        buffer[: len(out)] = out
         return len(out)
 
 
@@ -183,9 +185,13 @@ def _read_head(stream: IO[bytes], budget: _Budget, declared_size: int | None = N
 
 
 def _member(name: str, size: int, data: bytes, whole: bool, path: tuple[int, ...]) -> Member:
-    return Member(name=name, size=size if not whole else len(data),
-                  sniffed_type=sniff_type(data, filename=name),
-                  data=data if whole else None, path=path)
+    return Member(
+        name=name,
+        size=size if not whole else len(data),
+        sniffed_type=sniff_type(data, filename=name),
+        data=data if whole else None,
+        path=path,
+    )
 
 
 def _zip(data: bytes, listing: Listing, budget: _Budget, path: tuple[int, ...]) -> None:
@@ -198,13 +204,22 @@ def _zip(data: bytes, listing: Listing, budget: _Budget, path: tuple[int, ...]) 
                 return
             if info.flag_bits & 0x1:
                 listing.encrypted = True
-                listing.members.append(Member(name=info.filename, size=info.file_size, sniffed_type="",
-                                              encrypted=True, path=path + (index,)))
+                listing.members.append(
+                    Member(
+                        name=info.filename, size=info.file_size, sniffed_type="", encrypted=True, path=path + (index,)
+                    )
+                )
                 continue
             if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
                 listing.complete = False
-                listing.members.append(Member(name=info.filename, size=info.file_size,
-                                              sniffed_type="application/octet-stream", path=path + (index,)))
+                listing.members.append(
+                    Member(
+                        name=info.filename,
+                        size=info.file_size,
+                        sniffed_type="application/octet-stream",
+                        path=path + (index,),
+                    )
+                )
                 continue
             try:
                 with archive.open(info) as handle:
@@ -221,8 +236,11 @@ def _zip(data: bytes, listing: Listing, budget: _Budget, path: tuple[int, ...]) 
 
 def _finder_metadata(name: str, head: bytes) -> bool:
     """An AppleDouble file under __MACOSX/ (metadata of the file beside it, not a file anybody opens)."""
-    return name.startswith("__MACOSX/") and name.rsplit("/", 1)[-1].startswith("._") \
+    return (
+        name.startswith("__MACOSX/")
+        and name.rsplit("/", 1)[-1].startswith("._")
         and head.startswith(_APPLEDOUBLE_MAGIC)
+    )
 
 
 def _seven_zip(data: bytes, listing: Listing, budget: _Budget, path: tuple[int, ...], keep: int = 0) -> None:
@@ -244,7 +262,7 @@ def _seven_zip(data: bytes, listing: Listing, budget: _Budget, path: tuple[int, 
                 self.kept += bytes(s[:room])
                 s = s[room:]
             if len(s) and self.kept.startswith(_CONTAINER_MAGIC) and len(self.kept) <= MAX_CONTAINER_BYTES:
-                self.kept += bytes(s[:MAX_CONTAINER_BYTES + 1 - len(self.kept)])
+                self.kept += bytes(s[: MAX_CONTAINER_BYTES + 1 - len(self.kept)])
             return written
 
         def read(self, size: int | None = None) -> bytes:
@@ -269,7 +287,7 @@ def _seven_zip(data: bytes, listing: Listing, budget: _Budget, path: tuple[int, 
     try:
         archive = py7zr.SevenZipFile(io.BytesIO(data), mode="r", max_extract_size=MAX_DECOMPRESSED_BYTES)
     except Exception as exc:
-        if type(exc).__name__ == "PasswordRequired":   # encrypted headers: not even the names show
+        if type(exc).__name__ == "PasswordRequired":  # encrypted headers: not even the names show
             listing.encrypted = True
             return
         raise
@@ -280,8 +298,15 @@ def _seven_zip(data: bytes, listing: Listing, budget: _Budget, path: tuple[int, 
         if archive.needs_password():
             listing.encrypted = True
             for index, info in enumerate(infos):
-                listing.members.append(Member(name=info.filename, size=info.uncompressed or 0, sniffed_type="",
-                                              encrypted=True, path=path + (index,)))
+                listing.members.append(
+                    Member(
+                        name=info.filename,
+                        size=info.uncompressed or 0,
+                        sniffed_type="",
+                        encrypted=True,
+                        path=path + (index,),
+                    )
+                )
             return
         if sum(info.uncompressed or 0 for info in infos) > budget.left:
             raise _OverBudget
@@ -292,7 +317,7 @@ def _seven_zip(data: bytes, listing: Listing, budget: _Budget, path: tuple[int, 
         kept = bytes(head.kept) if head is not None else b""
         whole = head is not None and len(kept) == head.total
         if head is not None and not whole and kept.startswith(_CONTAINER_MAGIC) and not keep:
-            raise _OverBudget   # a container too large to read whole
+            raise _OverBudget  # a container too large to read whole
         listing.members.append(_member(info.filename, head.total if head else 0, kept, whole, path + (index,)))
 
 
@@ -314,7 +339,7 @@ def _gzip_name(data: bytes) -> str:
     if len(data) < 10 or not data[3] & 0x08:
         return ""
     position = 10
-    if data[3] & 0x04:   # FEXTRA
+    if data[3] & 0x04:  # FEXTRA
         position += 2 + int.from_bytes(data[10:12], "little")
     end = data.find(b"\x00", position, position + 1024)
     return data[position:end].decode("latin-1") if end > position else ""
@@ -329,8 +354,8 @@ def _compressed(data: bytes, kind: str, listing: Listing, budget: _Budget, path:
     first, whole = _read_head(stream, budget)
     size = len(first)
     if not whole and kind == "gzip":
-        size = int.from_bytes(data[-4:], "little")   # ISIZE: the uncompressed size modulo 2^32
-    elif not whole:   # bzip2 says nothing of its size: decompress the rest, counted, without keeping it
+        size = int.from_bytes(data[-4:], "little")  # ISIZE: the uncompressed size modulo 2^32
+    elif not whole:  # bzip2 says nothing of its size: decompress the rest, counted, without keeping it
         while chunk := stream.read(CHUNK):
             size += len(chunk)
     name = _gzip_name(data) if kind == "gzip" else ""
@@ -364,7 +389,7 @@ def _list(data: bytes, sniffed_type: str, budget: _Budget, path: tuple[int, ...]
             return listing
         else:
             _tar(io.BytesIO(data), listing, budget, path)
-    except Exception:   # _OverBudget, a broken archive, a library's own refusal: a person looks
+    except Exception:  # _OverBudget, a broken archive, a library's own refusal: a person looks
         listing.complete = False
         return listing
     for member in list(listing.members):
@@ -398,8 +423,12 @@ def _read_level(data: bytes, sniffed_type: str, wanted: set[int], budget: _Budge
             infos = archive.infolist()
             for index in sorted(wanted):
                 info = infos[index] if index < len(infos) else None
-                if info is None or info.flag_bits & 0x1 or info.file_size > limit \
-                        or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                if (
+                    info is None
+                    or info.flag_bits & 0x1
+                    or info.file_size > limit
+                    or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+                ):
                     continue
                 with archive.open(info) as handle:
                     member = _read_up_to(handle, limit + 1)
@@ -410,8 +439,11 @@ def _read_level(data: bytes, sniffed_type: str, wanted: set[int], budget: _Budge
     if sniffed_type in SEVEN_ZIP_TYPES:
         listing = Listing()
         _seven_zip(data, listing, budget, (), keep=limit)
-        return {index: member.data for index, member in enumerate(listing.members)
-                if index in wanted and member.data is not None}
+        return {
+            index: member.data
+            for index, member in enumerate(listing.members)
+            if index in wanted and member.data is not None
+        }
     kind = "gzip" if sniffed_type in GZIP_TYPES else "bzip2" if sniffed_type in BZIP2_TYPES else ""
     stream = io.BufferedReader(_Decompressing(data, kind, budget), CHUNK) if kind else io.BytesIO(data)
     if kind and not _is_tar(data, kind, budget):
@@ -428,8 +460,15 @@ def _read_level(data: bytes, sniffed_type: str, wanted: set[int], budget: _Budge
     return out
 
 
-def _read_paths(data: bytes, sniffed_type: str, paths: list[tuple[int, ...]], budget: _Budget, limit: int,
-                out: dict[tuple[int, ...], bytes], prefix: tuple[int, ...] = ()) -> None:
+def _read_paths(
+    data: bytes,
+    sniffed_type: str,
+    paths: list[tuple[int, ...]],
+    budget: _Budget,
+    limit: int,
+    out: dict[tuple[int, ...], bytes],
+    prefix: tuple[int, ...] = (),
+) -> None:
     wanted = {path[0] for path in paths}
     level = _read_level(data, sniffed_type, wanted, budget, max(limit, MAX_CONTAINER_BYTES))
     for index in sorted(wanted):
@@ -443,8 +482,9 @@ def _read_paths(data: bytes, sniffed_type: str, paths: list[tuple[int, ...]], bu
             _read_paths(member, sniff_type(member), deeper, budget, limit, out, prefix + (index,))
 
 
-def read_members(data: bytes, *, sniffed_type: str, paths: list[tuple[int, ...]],
-                 limit: int = MAX_CONTAINER_BYTES) -> dict[tuple[int, ...], bytes]:
+def read_members(
+    data: bytes, *, sniffed_type: str, paths: list[tuple[int, ...]], limit: int = MAX_CONTAINER_BYTES
+) -> dict[tuple[int, ...], bytes]:
     """{path: bytes} for the members at `paths` (from `Member.path`), read in one pass per archive level
     within `MAX_DECOMPRESSED_BYTES`; a member that cannot be had (encrypted, over `limit`, past the
     budget) is missing from the answer. Never raises."""

@@ -1,5 +1,6 @@
 """The body text: text parts decoded or converted, cut at a paragraph boundary, and which
 alternative of multipart/alternative is read (`intake.mime.alternatives`)."""
+
 from __future__ import annotations
 
 import re
@@ -22,9 +23,9 @@ if TYPE_CHECKING:
     from .message import ParsedMessage
     from .walk import WalkState
 
-MAX_DESCRIPTION_CHARS = 1 << 20   # characters; longer text is cut at a paragraph boundary
+MAX_DESCRIPTION_CHARS = 1 << 20  # characters; longer text is cut at a paragraph boundary
 MAX_HTML_BYTES = 4 * 1024 * 1024
-MAX_TEXT_BYTES = MAX_DESCRIPTION_CHARS * 4   # of one plain text part
+MAX_TEXT_BYTES = MAX_DESCRIPTION_CHARS * 4  # of one plain text part
 # C0 controls and DEL, dropped (tab, newline and carriage return kept): PostgreSQL refuses NUL.
 _BODY_CONTROL = dict.fromkeys([*range(0, 9), 11, 12, *range(14, 32), 127], None)
 _CRLF = re.compile(r"\r\n?")
@@ -40,7 +41,7 @@ def _decoded(walk: WalkState, part: Message, limit: int) -> tuple[str, bool]:
     cut = len(data) > limit
     if cut:
         end = limit
-        while end > limit - 3 and data[end] & 0xC0 == 0x80:   # not inside a UTF-8 sequence
+        while end > limit - 3 and data[end] & 0xC0 == 0x80:  # not inside a UTF-8 sequence
             end -= 1
         data = data[:end]
     return decode_bytes(data, text_charset(part), walk.defects), cut
@@ -58,7 +59,7 @@ def _html_text(walk: WalkState, part: Message, source: tuple[str, bool] | None =
 
 
 def append_text(walk: WalkState, text: str, source: str, cut: bool = False) -> bool:
-    if cut:   # the input ended mid-way: end at the last paragraph boundary instead
+    if cut:  # the input ended mid-way: end at the last paragraph boundary instead
         text = cut_at_boundary(text, min(len(text), MAX_DESCRIPTION_CHARS))
         walk.truncated = True
     text = text.strip("\n")
@@ -73,7 +74,7 @@ def append_text(walk: WalkState, text: str, source: str, cut: bool = False) -> b
 def add_text(walk: WalkState, part: Message, ctype: str) -> bool:
     """Append the readable text of a body part; True if it had any."""
     if walk.text_chars >= MAX_DESCRIPTION_CHARS:
-        walk.truncated = True   # the description is full: this part is left out
+        walk.truncated = True  # the description is full: this part is left out
         return True
     try:
         if ctype == "text/html":
@@ -85,7 +86,7 @@ def add_text(walk: WalkState, part: Message, ctype: str) -> bool:
             if ctype in _RICH_TEXT:
                 text = _RICH_TEXT[ctype](text)
             source = "plain"
-        if walk.multiparts and "--" in text:   # delimiter lines a malformed multipart left in the text
+        if walk.multiparts and "--" in text:  # delimiter lines a malformed multipart left in the text
             text = without_delimiter_lines(text, [b for b in (m.get_boundary() for m in walk.multiparts) if b])
     except Exception as exc:
         add_defect(walk.defects, f"UndecodablePart:{type(exc).__name__}")
@@ -115,19 +116,28 @@ def _html_leaf(part: Message, depth: int = 0) -> Message | None:
     if part.is_multipart():
         if depth >= 3 or part.get_content_maintype() == "message":
             return None
-        for child in cast("list[Message]", part.get_payload())[:10]:   # a multipart's parts
+        for child in cast("list[Message]", part.get_payload())[:10]:  # a multipart's parts
             leaf = _html_leaf(child, depth + 1)
             if leaf is not None:
                 return leaf
         return None
-    if (part_content_type(part) == "text/html" and part.get_content_disposition() != "attachment"
-            and not part.get_filename()):
+    if (
+        part_content_type(part) == "text/html"
+        and part.get_content_disposition() != "attachment"
+        and not part.get_filename()
+    ):
         return part
     return None
 
 
-def html_instead_of_stub(walk: WalkState, children: list[Message], ranked: list[tuple[int, int]], chosen: int,
-                          start: int, chars: dict[int, int]) -> int | None:
+def html_instead_of_stub(
+    walk: WalkState,
+    children: list[Message],
+    ranked: list[tuple[int, int]],
+    chosen: int,
+    start: int,
+    chars: dict[int, int],
+) -> int | None:
     """Index of the HTML alternative to read instead of the plain text just read, when that is a stub."""
     for index, rank in ranked:
         if index != chosen and rank in (1, 2):
@@ -164,7 +174,7 @@ def alternative_texts(parsed: ParsedMessage, max_chars: int = 200_000) -> list[t
                 ctype = part_content_type(leaf) if leaf is not None else ""
                 if ctype not in ("text/plain", "text/html"):
                     continue
-                leaf = cast("Message", leaf)   # not None: its type was read just above
+                leaf = cast("Message", leaf)  # not None: its type was read just above
                 if leaf.get_content_disposition() == "attachment":
                     continue
                 data = leaf.get_payload(decode=True)

@@ -16,6 +16,7 @@ REPLY and COUNTER: a part that declares another method is not parsed at all. At 
 `MAX_WALKED_PARTS` parts: an invitation is a few KB near the top, and this runs on every message.
 Never raises; a part that does not parse counts for nothing.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, cast
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from email.message import Message
 
 MAX_CALENDAR_PARTS = 4
-MAX_WALKED_PARTS = 200   # a calendar part sits near the top; a 2,000-part message is not walked for one
+MAX_WALKED_PARTS = 200  # a calendar part sits near the top; a 2,000-part message is not walked for one
 MAX_CALENDAR_BYTES = 256 * 1024
 CALENDAR_TYPES = frozenset({"text/calendar", "application/ics"})
 # Methods whose attendee PARTSTAT is the answer worth reading from the object.
@@ -35,11 +36,11 @@ ANSWER_METHODS = frozenset({"REPLY", "COUNTER"})
 
 
 class CalendarMethod(NamedTuple):
-    method: str = ""      # uppercase iTIP method ("REQUEST", "REPLY", ...); "" when the message has none
-    partstat: str = ""    # uppercase PARTSTAT of the first attendee ("ACCEPTED", ...); "" when none
-    part_type: str = ""   # the Content-Type of the part that said so
+    method: str = ""  # uppercase iTIP method ("REQUEST", "REPLY", ...); "" when the message has none
+    partstat: str = ""  # uppercase PARTSTAT of the first attendee ("ACCEPTED", ...); "" when none
+    part_type: str = ""  # the Content-Type of the part that said so
 
-    def __bool__(self) -> bool:   # a tuple of three is always true; this one is true when a method was found
+    def __bool__(self) -> bool:  # a tuple of three is always true; this one is true when a method was found
         return bool(self.method)
 
 
@@ -109,7 +110,7 @@ def calendar_method(*, parsed: ParsedMessage) -> CalendarMethod:
             if declared and declared not in ANSWER_METHODS:
                 # A request (the ticket path, and most calendar mail) needs no object parsed: ~1.5 ms a part.
                 return CalendarMethod(method=declared, part_type=part.get_content_type())
-            payload = cast("bytes | None", part.get_payload(decode=True)) or b""   # a leaf: its decoded bytes
+            payload = cast("bytes | None", part.get_payload(decode=True)) or b""  # a leaf: its decoded bytes
             method, partstat = _from_object(payload[:MAX_CALENDAR_BYTES]) if payload else ("", "")
             method = declared or method
             if method:

@@ -37,6 +37,7 @@ bytes and only among the encodings mail really uses: measured on short
 subjects it takes GBK for cp949, KOI8-R for cp932 and French cp1252 for
 cp1250, which would be worse than the windows-1252 fallback.
 """
+
 from __future__ import annotations
 
 import binascii
@@ -48,8 +49,8 @@ from typing import TYPE_CHECKING, cast
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-WINDOWS_1252 = "windows-1252"   # WHATWG windows-1252 (cp1252 + C1 controls for its 5 holes)
-ISO_2022_JP = "iso-2022-jp"     # the iso2022_jp variants, then CP50220 through cp932
+WINDOWS_1252 = "windows-1252"  # WHATWG windows-1252 (cp1252 + C1 controls for its 5 holes)
+ISO_2022_JP = "iso-2022-jp"  # the iso2022_jp variants, then CP50220 through cp932
 DETECT_MIN_HIGH_BYTES = 32
 DETECT_MAX_BYTES = 64 * 1024
 MAX_LABEL_CHARS = 40
@@ -60,42 +61,93 @@ REFUSED_CODECS = frozenset({"punycode", "idna", "unicode-escape", "raw-unicode-e
 
 # Labels Python does not know, or knows as a narrower codec than the one senders use.
 _LABELS = {
-    "x-gbk": "gb18030", "gb_2312-80": "gb18030", "csgb2312": "gb18030", "x-euc-cn": "gb18030",
-    "windows-936": "gb18030", "ms936": "gb18030", "chinese": "gb18030", "iso-ir-58": "gb18030",
-    "x-sjis": "cp932", "windows-31j": "cp932", "csshiftjis": "cp932", "x-ms-cp932": "cp932",
-    "x-windows-949": "cp949", "windows-949": "cp949", "cseuckr": "cp949", "ks_c_5601-1989": "cp949",
-    "x-x-big5": "big5hkscs", "cn-big5": "big5hkscs", "csbig5": "big5hkscs",
-    "windows-874": "cp874", "x-windows-874": "cp874", "iso-8859-11": "cp874", "iso8859-11": "cp874",
-    "iso-8859-8-i": "iso8859-8", "iso_8859-8-i": "iso8859-8", "csiso88598i": "iso8859-8", "logical": "iso8859-8",
-    "x-euc-jp": "euc_jp", "cseucpkdfmtjapanese": "euc_jp",
-    "unicode-1-1-utf-8": "utf-8", "x-unicode20utf8": "utf-8", "unicode-2-0-utf-8": "utf-8",
-    "x-cp1252": WINDOWS_1252, "x-cp1250": "cp1250", "x-cp1251": "cp1251",
-    "csiso2022jp": ISO_2022_JP, "iso-2022-jp-1": ISO_2022_JP, "iso-2022-jp-2": ISO_2022_JP,
-    "x-mac-roman": "mac-roman", "x-mac-cyrillic": "mac-cyrillic",
+    "x-gbk": "gb18030",
+    "gb_2312-80": "gb18030",
+    "csgb2312": "gb18030",
+    "x-euc-cn": "gb18030",
+    "windows-936": "gb18030",
+    "ms936": "gb18030",
+    "chinese": "gb18030",
+    "iso-ir-58": "gb18030",
+    "x-sjis": "cp932",
+    "windows-31j": "cp932",
+    "csshiftjis": "cp932",
+    "x-ms-cp932": "cp932",
+    "x-windows-949": "cp949",
+    "windows-949": "cp949",
+    "cseuckr": "cp949",
+    "ks_c_5601-1989": "cp949",
+    "x-x-big5": "big5hkscs",
+    "cn-big5": "big5hkscs",
+    "csbig5": "big5hkscs",
+    "windows-874": "cp874",
+    "x-windows-874": "cp874",
+    "iso-8859-11": "cp874",
+    "iso8859-11": "cp874",
+    "iso-8859-8-i": "iso8859-8",
+    "iso_8859-8-i": "iso8859-8",
+    "csiso88598i": "iso8859-8",
+    "logical": "iso8859-8",
+    "x-euc-jp": "euc_jp",
+    "cseucpkdfmtjapanese": "euc_jp",
+    "unicode-1-1-utf-8": "utf-8",
+    "x-unicode20utf8": "utf-8",
+    "unicode-2-0-utf-8": "utf-8",
+    "x-cp1252": WINDOWS_1252,
+    "x-cp1250": "cp1250",
+    "x-cp1251": "cp1251",
+    "csiso2022jp": ISO_2022_JP,
+    "iso-2022-jp-1": ISO_2022_JP,
+    "iso-2022-jp-2": ISO_2022_JP,
+    "x-mac-roman": "mac-roman",
+    "x-mac-cyrillic": "mac-cyrillic",
 }
 # Python codec names (after codecs.lookup) read as the superset senders really use.
 _SUPERSETS = {
-    "gb2312": "gb18030", "gbk": "gb18030",
-    "shift_jis": "cp932", "euc_kr": "cp949", "big5": "big5hkscs", "tis-620": "cp874",
-    "iso8859-1": WINDOWS_1252, "cp1252": WINDOWS_1252,
-    "iso2022_jp": ISO_2022_JP, "iso2022_jp_1": ISO_2022_JP, "iso2022_jp_2": ISO_2022_JP,
+    "gb2312": "gb18030",
+    "gbk": "gb18030",
+    "shift_jis": "cp932",
+    "euc_kr": "cp949",
+    "big5": "big5hkscs",
+    "tis-620": "cp874",
+    "iso8859-1": WINDOWS_1252,
+    "cp1252": WINDOWS_1252,
+    "iso2022_jp": ISO_2022_JP,
+    "iso2022_jp_1": ISO_2022_JP,
+    "iso2022_jp_2": ISO_2022_JP,
     "iso2022_jp_ext": ISO_2022_JP,
 }
 # When a declared codec fails, the other encodings of its script come before the detector.
 _SAME_SCRIPT = {
-    ISO_2022_JP: ("cp932", "euc_jp"), "cp932": ("euc_jp", ISO_2022_JP), "euc_jp": ("cp932", ISO_2022_JP),
-    "gb18030": ("big5hkscs",), "big5hkscs": ("gb18030",),
+    ISO_2022_JP: ("cp932", "euc_jp"),
+    "cp932": ("euc_jp", ISO_2022_JP),
+    "euc_jp": ("cp932", ISO_2022_JP),
+    "gb18030": ("big5hkscs",),
+    "big5hkscs": ("gb18030",),
 }
 # What the detector may answer: the encodings mail uses, and no Latin sibling of cp1252 it cannot tell apart.
-_DETECTABLE = ["utf_8", "gb18030", "big5hkscs", "cp932", "euc_jp", "cp949", "cp1251", "koi8_r", "cp1253",
-               "cp1255", "cp1256", "cp874", "cp1252"]
+_DETECTABLE = [
+    "utf_8",
+    "gb18030",
+    "big5hkscs",
+    "cp932",
+    "euc_jp",
+    "cp949",
+    "cp1251",
+    "koi8_r",
+    "cp1253",
+    "cp1255",
+    "cp1256",
+    "cp874",
+    "cp1252",
+]
 # Asked about short text that is neither UTF-8 nor the hint: a subject or file name in a CJK encoding.
 _CJK_DETECTABLE = ["gb18030", "big5", "shift_jis", "euc_jp", "euc_kr"]
 DETECT_SHORT_MIN_HIGH_BYTES = 2
-_CJK_ORDER = {codec_name: index for index, codec_name in enumerate(
-    ["gb18030", "big5hkscs", "cp932", "euc_jp", "cp949"])}
-_LANGUAGE = {"gb18030": "Chinese", "big5hkscs": "Chinese", "cp932": "Japanese", "euc_jp": "Japanese",
-             "cp949": "Korean"}
+_CJK_ORDER = {
+    codec_name: index for index, codec_name in enumerate(["gb18030", "big5hkscs", "cp932", "euc_jp", "cp949"])
+}
+_LANGUAGE = {"gb18030": "Chinese", "big5hkscs": "Chinese", "cp932": "Japanese", "euc_jp": "Japanese", "cp949": "Korean"}
 _SEVEN_BIT = frozenset({"ascii", "utf-7", "utf_7", "hz"})
 _ISO_2022_JP_VARIANTS = ("iso2022_jp", "iso2022_jp_ext", "iso2022_jp_2", "iso2022_jp_2004")
 _HIGH_BYTES = bytes(range(0x80, 0x100))
@@ -156,7 +208,7 @@ def _counted(data: bytes, codec: str) -> tuple[str, int, int]:
         return "", len(data) or 1, 0
     errors = text.count("\ufffd")
     if errors and codec == "utf-8":
-        errors = max(0, errors - data.count(b"\xef\xbf\xbd"))   # U+FFFD that was in the text already
+        errors = max(0, errors - data.count(b"\xef\xbf\xbd"))  # U+FFFD that was in the text already
     non_ascii = len(text) - len(text.encode("ascii", "ignore"))
     return text, errors, non_ascii - errors
 
@@ -275,8 +327,10 @@ def _plausibility(data: bytes, codec: str) -> float:
         return -2.0
     if not text:
         return 0.0
+
     def count(low: int, high: int) -> int:
         return sum(1 for char in text if low <= ord(char) <= high)
+
     if count(0xFF61, 0xFF9F):
         return -1.0
     ideographs, hangul, kana = count(0x4E00, 0x9FFF), count(0xAC00, 0xD7A3), count(0x3040, 0x30FF)
@@ -328,8 +382,9 @@ def _decode_iso_2022_jp(data: bytes, errors: str) -> str:
             pass
     if errors == "strict":
         return _cp50220(data, "strict")
-    return min((_cp50220(data, "replace"), data.decode("iso2022_jp_2", "replace")),
-               key=lambda text: text.count("\ufffd"))
+    return min(
+        (_cp50220(data, "replace"), data.decode("iso2022_jp_2", "replace")), key=lambda text: text.count("\ufffd")
+    )
 
 
 def _cp50220(data: bytes, errors: str) -> str:
@@ -342,7 +397,7 @@ def _cp50220(data: bytes, errors: str) -> str:
     mode = b"(B"
     position = 0
     for match in _JIS_SEGMENT.finditer(data):
-        pieces.append(_jis_segment(data[position:match.start()], mode, errors))
+        pieces.append(_jis_segment(data[position : match.start()], mode, errors))
         mode = match.group(1)
         position = match.end()
     pieces.append(_jis_segment(data[position:], mode, errors))
@@ -353,10 +408,10 @@ def _jis_segment(segment: bytes, mode: bytes, errors: str) -> str:
     if not segment:
         return ""
     if mode in (b"(B", b"(J"):
-        return segment.decode("ascii", errors)      # 8-bit bytes are no ISO-2022-JP: errors
-    if mode == b"(I":                               # JIS X 0201 katakana: cp932's half-width forms
+        return segment.decode("ascii", errors)  # 8-bit bytes are no ISO-2022-JP: errors
+    if mode == b"(I":  # JIS X 0201 katakana: cp932's half-width forms
         return bytes(b + 0x80 if 0x21 <= b <= 0x5F else b for b in segment).decode("cp932", errors)
-    if mode not in _JIS_TWO_BYTE:                   # a character set cp932 has no equivalent for
+    if mode not in _JIS_TWO_BYTE:  # a character set cp932 has no equivalent for
         return _jis_error(segment, errors, max(1, len(segment) // 2))
     pieces, shift_jis = [], bytearray()
     for index in range(0, len(segment) - 1, 2):
@@ -399,7 +454,7 @@ def _word_bytes(encoding: str, payload: str) -> bytes | None:
             return binascii.a2b_base64(compact + "=" * (-len(compact) % 4))
         try:
             raw = payload.encode("latin-1")
-        except UnicodeEncodeError:   # raw 8-bit text inside the word, already decoded
+        except UnicodeEncodeError:  # raw 8-bit text inside the word, already decoded
             raw = payload.encode("utf-8")
         return _Q_ESCAPE.sub(lambda m: bytes((int(m.group(1), 16),)), raw.replace(b"_", b" "))
     except (binascii.Error, ValueError):
@@ -416,11 +471,11 @@ def decode_encoded_words(value: str, hint: str | None = None) -> str:
     if "=?" not in value:
         return value
     out: list[str] = []
-    run_key = None          # (charset, encoding) of the words in `run`
+    run_key = None  # (charset, encoding) of the words in `run`
     run = bytearray()
     position = 0
     for match in ENCODED_WORD.finditer(value):
-        between = value[position:match.start()]
+        between = value[position : match.start()]
         charset, encoding, payload = match.group(1), match.group(2), match.group(3)
         data = _word_bytes(encoding, payload)
         adjacent = run_key is not None and (not between or between.isspace())

@@ -16,16 +16,17 @@ STRINGs). The reader below follows one path through the structure, rejects
 tags it does not expect, nests at most `MAX_NESTING` levels and reads every
 byte at most once, so hostile input costs time linear in its size.
 """
+
 from __future__ import annotations
 
 from typing import cast
 
 MAX_NESTING = 32
 
-_OID_DATA = bytes.fromhex("2a864886f70d010701")                   # 1.2.840.113549.1.7.1
+_OID_DATA = bytes.fromhex("2a864886f70d010701")  # 1.2.840.113549.1.7.1
 _KIND_BY_OID = {
-    bytes.fromhex("2a864886f70d010702"): "signed-data",           # 1.2.840.113549.1.7.2
-    bytes.fromhex("2a864886f70d010703"): "enveloped-data",        # 1.2.840.113549.1.7.3
+    bytes.fromhex("2a864886f70d010702"): "signed-data",  # 1.2.840.113549.1.7.2
+    bytes.fromhex("2a864886f70d010703"): "enveloped-data",  # 1.2.840.113549.1.7.3
     bytes.fromhex("2a864886f70d0109100117"): "authenveloped-data",  # 1.2.840.113549.1.9.16.1.23
 }
 _SEQUENCE, _SET, _OID, _INTEGER, _OCTETS, _CONSTRUCTED_OCTETS, _EXPLICIT_0 = 0x30, 0x31, 0x06, 0x02, 0x04, 0x24, 0xA0
@@ -53,7 +54,7 @@ def _header(data: bytes, pos: int) -> tuple[int, int, int | None]:
         size = first & 0x7F
         if size > 4 or pos + size > len(data):
             raise _Malformed
-        length = int.from_bytes(data[pos:pos + size], "big")
+        length = int.from_bytes(data[pos : pos + size], "big")
         pos += size
     if pos + length > len(data):
         raise _Malformed
@@ -68,7 +69,7 @@ def _end(data: bytes, pos: int, depth: int = 0) -> int:
     if length is not None:
         return start + length
     pos = start
-    while data[pos:pos + 2] != b"\x00\x00":
+    while data[pos : pos + 2] != b"\x00\x00":
         pos = _end(data, pos, depth + 1)
     return pos + 2
 
@@ -84,8 +85,8 @@ def _kind_at(data: bytes) -> tuple[str, int]:
     """The content type of a ContentInfo, and where its [0] content begins."""
     pos, _ = _expect(data, 0, _SEQUENCE)
     start, length = _expect(data, pos, _OID)
-    length = cast(int, length)   # an OID is primitive, and `_header` gives no primitive an indefinite length
-    return _KIND_BY_OID.get(bytes(data[start:start + length]), ""), start + length
+    length = cast(int, length)  # an OID is primitive, and `_header` gives no primitive an indefinite length
+    return _KIND_BY_OID.get(bytes(data[start : start + length]), ""), start + length
 
 
 def content_kind(blob: bytes) -> str:
@@ -102,13 +103,13 @@ def _octets(data: bytes, pos: int, out: list[bytes], depth: int = 0) -> int:
         raise _Malformed
     tag, start, length = _header(data, pos)
     if tag == _OCTETS:
-        length = cast(int, length)   # primitive: never of indefinite length (`_header`)
-        out.append(data[start:start + length])
+        length = cast(int, length)  # primitive: never of indefinite length (`_header`)
+        out.append(data[start : start + length])
         return start + length
     if tag != _CONSTRUCTED_OCTETS:
         raise _Malformed
     pos = start
-    while (pos < start + length) if length is not None else (data[pos:pos + 2] != b"\x00\x00"):
+    while (pos < start + length) if length is not None else (data[pos : pos + 2] != b"\x00\x00"):
         pos = _octets(data, pos, out, depth + 1)
     return pos if length is not None else pos + 2
 
@@ -120,11 +121,11 @@ def _encap_content_info(blob: bytes) -> int | None:
     if kind != "signed-data":
         return None
     pos, _ = _expect(blob, pos, _EXPLICIT_0)
-    pos, _ = _expect(blob, pos, _SEQUENCE)                 # SignedData
+    pos, _ = _expect(blob, pos, _SEQUENCE)  # SignedData
     pos = _end(blob, pos) if blob[pos] == _INTEGER else pos  # version
     if blob[pos] != _SET:
         return None
-    return _end(blob, pos)                                 # past digestAlgorithms
+    return _end(blob, pos)  # past digestAlgorithms
 
 
 def is_certs_only(blob: bytes) -> bool:
@@ -134,16 +135,16 @@ def is_certs_only(blob: bytes) -> bool:
         if pos is None:
             return False
         content_info_end = _end(blob, pos)
-        pos, indefinite = _expect(blob, pos, _SEQUENCE)        # encapContentInfo
+        pos, indefinite = _expect(blob, pos, _SEQUENCE)  # encapContentInfo
         start, length = _expect(blob, pos, _OID)
-        length = cast(int, length)                             # primitive: never indefinite
+        length = cast(int, length)  # primitive: never indefinite
         if start + length < content_info_end - (2 if indefinite is None else 0):
-            return False                                       # it holds content
+            return False  # it holds content
         pos = content_info_end
-        while blob[pos] in (0xA0, 0xA1):                       # [0] certificates, [1] crls
+        while blob[pos] in (0xA0, 0xA1):  # [0] certificates, [1] crls
             pos = _end(blob, pos)
-        tag, start, length = _header(blob, pos)                # signerInfos: none
-        return tag == _SET and (length == 0 or (length is None and blob[start:start + 2] == b"\x00\x00"))
+        tag, start, length = _header(blob, pos)  # signerInfos: none
+        return tag == _SET and (length == 0 or (length is None and blob[start : start + 2] == b"\x00\x00"))
     except (_Malformed, IndexError):
         return False
 
@@ -154,13 +155,13 @@ def signed_content(blob: bytes) -> bytes | None:
         pos = _encap_content_info(blob)
         if pos is None:
             return None
-        pos, _ = _expect(blob, pos, _SEQUENCE)                 # encapContentInfo
+        pos, _ = _expect(blob, pos, _SEQUENCE)  # encapContentInfo
         start, length = _expect(blob, pos, _OID)
-        length = cast(int, length)                             # primitive: never indefinite
-        if blob[start:start + length] != _OID_DATA:
+        length = cast(int, length)  # primitive: never indefinite
+        if blob[start : start + length] != _OID_DATA:
             return None
         pos = start + length
-        if blob[pos] != _EXPLICIT_0:                           # detached: no content here
+        if blob[pos] != _EXPLICIT_0:  # detached: no content here
             return None
         pos, _ = _expect(blob, pos, _EXPLICIT_0)
         chunks: list[bytes] = []

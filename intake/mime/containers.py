@@ -9,6 +9,7 @@ the holder says what came of it: "listed", "encrypted" (validation sends the mes
 `encrypted_archive`), or "unreadable" (a limit stopped the listing, or the file could not be opened: the
 walk is marked too complex, which sends the message to review, since files went unexamined).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,8 @@ if TYPE_CHECKING:
     # A member of its holder: an archive's by its path (`archives.Member.path`), a .msg's by its index.
     _MemberKey: TypeAlias = "tuple[int, ...] | int"
 
-MAX_LISTED = 2000      # attachments in one message past which members are no longer listed
-MAX_NESTING = 3        # archives and .msg files inside each other that are opened
+MAX_LISTED = 2000  # attachments in one message past which members are no longer listed
+MAX_NESTING = 3  # archives and .msg files inside each other that are opened
 _CONTROL = {code: None for code in [*range(32), 127]}
 
 
@@ -75,8 +76,9 @@ def _unreadable(walk: WalkState, attachment: Attachment, defect: str) -> Attachm
     return replace(attachment, contents="unreadable")
 
 
-def expand(walk: WalkState, *, part: AttachmentPart, path: tuple[int, ...], attachment: Attachment, data: bytes,
-           depth: int = 0) -> Attachment:
+def expand(
+    walk: WalkState, *, part: AttachmentPart, path: tuple[int, ...], attachment: Attachment, data: bytes, depth: int = 0
+) -> Attachment:
     """List the members of `attachment` (the file `part`, its bytes `data`) after it, when it is an archive
     or a .msg; `attachment` with `contents` set (unchanged for any other file)."""
     if attachment.origin == "encrypted" or not data:
@@ -86,13 +88,19 @@ def expand(walk: WalkState, *, part: AttachmentPart, path: tuple[int, ...], atta
             return _archive(walk, part, path, attachment, data, depth)
         if attachment.sniffed_type in outlookmsg.MSG_TYPES:
             return _outlook(walk, part, path, attachment, data, depth)
-    except Exception as exc:   # never the walk's failure: this file goes to a person instead
+    except Exception as exc:  # never the walk's failure: this file goes to a person instead
         return _unreadable(walk, attachment, f"ContainerError:{type(exc).__name__}")
     return attachment
 
 
-def _add(walk: WalkState, path: tuple[int, ...], attachment: Attachment, stand_in: ArchiveMember | MsgMember,
-         data: bytes | None, depth: int) -> bool:
+def _add(
+    walk: WalkState,
+    path: tuple[int, ...],
+    attachment: Attachment,
+    stand_in: ArchiveMember | MsgMember,
+    data: bytes | None,
+    depth: int,
+) -> bool:
     """Append one member (and what is inside it, when it is a .msg or an archive not listed yet)."""
     if len(walk.attachments) >= MAX_LISTED:
         _defect(walk, "MemberLimitExceeded")
@@ -103,8 +111,7 @@ def _add(walk: WalkState, path: tuple[int, ...], attachment: Attachment, stand_i
     if data is None:
         return True
     if depth + 1 < MAX_NESTING:
-        expanded = expand(walk, part=stand_in, path=path, attachment=attachment, data=data,
-                          depth=depth + 1)
+        expanded = expand(walk, part=stand_in, path=path, attachment=attachment, data=data, depth=depth + 1)
     elif attachment.sniffed_type in outlookmsg.MSG_TYPES:
         expanded = _unreadable(walk, attachment, "NestingLimitExceeded")
     else:
@@ -113,15 +120,16 @@ def _add(walk: WalkState, path: tuple[int, ...], attachment: Attachment, stand_i
     return True
 
 
-def _archive(walk: WalkState, part: AttachmentPart, path: tuple[int, ...], attachment: Attachment, data: bytes,
-             depth: int) -> Attachment:
+def _archive(
+    walk: WalkState, part: AttachmentPart, path: tuple[int, ...], attachment: Attachment, data: bytes, depth: int
+) -> Attachment:
     listing = archives.list_archive(data, sniffed_type=attachment.sniffed_type)
     if listing is None:
         return attachment
     for member in listing.members:
         name = _display_name(member.name)
         if not name and member.path == (0,) and attachment.filename.lower().endswith((".gz", ".bz2", ".gzip")):
-            name = attachment.filename.rsplit(".", 1)[0]   # a bare gzip/bzip2 file: its own name, less .gz
+            name = attachment.filename.rsplit(".", 1)[0]  # a bare gzip/bzip2 file: its own name, less .gz
         listed = Attachment(
             filename=name,
             declared_type=_guessed_type(name),
@@ -146,8 +154,9 @@ def _archive(walk: WalkState, part: AttachmentPart, path: tuple[int, ...], attac
     return replace(attachment, contents="listed")
 
 
-def _outlook(walk: WalkState, part: AttachmentPart, path: tuple[int, ...], attachment: Attachment, data: bytes,
-             depth: int) -> Attachment:
+def _outlook(
+    walk: WalkState, part: AttachmentPart, path: tuple[int, ...], attachment: Attachment, data: bytes, depth: int
+) -> Attachment:
     unpacked = outlookmsg.unpack(data)
     if unpacked is None:
         return _unreadable(walk, attachment, "UnreadableOutlookMsg")
@@ -193,8 +202,9 @@ def _read_all(stand_in: ArchiveMember | MsgMember, data: bytes, parts: list[Atta
     if isinstance(stand_in, ArchiveMember):
         paths = [p.path for p in parts if isinstance(p, ArchiveMember) and p.container is stand_in.container]
         # Keyed by path only: a dict of the wider key type (dict keys are invariant, hence the cast).
-        return cast("dict[_MemberKey, bytes]", archives.read_members(data, sniffed_type=stand_in.archive_type,
-                                                                      paths=paths))
+        return cast(
+            "dict[_MemberKey, bytes]", archives.read_members(data, sniffed_type=stand_in.archive_type, paths=paths)
+        )
     unpacked = outlookmsg.unpack(data) if data else None
     return {index: member.data for index, member in enumerate(unpacked.members)} if unpacked else {}
 
@@ -202,4 +212,5 @@ def _read_all(stand_in: ArchiveMember | MsgMember, data: bytes, parts: list[Atta
 def member_bytes(stand_in: ArchiveMember | MsgMember, *, container_data: bytes) -> bytes:
     """The bytes of one member, from its holder's bytes (b"" when they cannot be had)."""
     return _read_all(stand_in, container_data, [stand_in]).get(
-        stand_in.path if isinstance(stand_in, ArchiveMember) else stand_in.index, b"")
+        stand_in.path if isinstance(stand_in, ArchiveMember) else stand_in.index, b""
+    )

@@ -4,6 +4,7 @@ follow; intake never fetches it.
 
     external_file_line(part) -> str    "External file: <where> (<type>; access-type ...; size ...; expires ...)"
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
@@ -48,7 +49,7 @@ def external_file_line(part: Message) -> str:
     details = []
     inner = part.get_payload()
     if isinstance(inner, list) and inner:
-        entity = cast("Message", inner[0])   # the pointer's payload: the header of the external file
+        entity = cast("Message", inner[0])  # the pointer's payload: the header of the external file
         try:
             content_type = entity.get_content_type()
         except Exception:

@@ -23,6 +23,7 @@ are read line by line with plain string operations (no regex over the text but t
 lines longer than `MAX_LINE_CHARS` are skipped; an attached message is read only as far as its header block
 (`MAX_ATTACHED_HEADER_BYTES`), at most `MAX_ATTACHED_MESSAGES` of them.
 """
+
 from __future__ import annotations
 
 import re
@@ -36,8 +37,8 @@ from .parts import attachment_payload
 MAX_SCAN_CHARS = 20_000
 MAX_SCAN_LINES = 300
 MAX_LINE_CHARS = 1_000
-MAX_OWN_TEXT_CHARS = 2_000        # the forwarder's own words before the forward ("FYI, see below")
-MAX_BLOCK_LINES = 14              # header lines of one forward block (To and Cc lines may wrap)
+MAX_OWN_TEXT_CHARS = 2_000  # the forwarder's own words before the forward ("FYI, see below")
+MAX_BLOCK_LINES = 14  # header lines of one forward block (To and Cc lines may wrap)
 MAX_ATTACHED_MESSAGES = 5
 MAX_ATTACHED_HEADER_BYTES = 64 * 1024
 MAX_NAME_CHARS = 200
@@ -47,34 +48,93 @@ FROM, DATE, TO, CC, SUBJECT = "from", "date", "to", "cc", "subject"
 # Field labels of forward blocks, lower case, in the languages clients write them (Outlook's "Sent" is a date).
 _LABELS = {
     FROM: ("from", "von", "de", "da", "van", "från", "fra", "od", "от", "expéditeur"),
-    DATE: ("date", "sent", "datum", "gesendet", "envoyé", "envoye", "fecha", "enviado", "enviada", "data",
-           "inviato", "verzonden", "skickat", "sendt", "wysłano", "отправлено", "дата"),
+    DATE: (
+        "date",
+        "sent",
+        "datum",
+        "gesendet",
+        "envoyé",
+        "envoye",
+        "fecha",
+        "enviado",
+        "enviada",
+        "data",
+        "inviato",
+        "verzonden",
+        "skickat",
+        "sendt",
+        "wysłano",
+        "отправлено",
+        "дата",
+    ),
     TO: ("to", "an", "à", "a", "para", "aan", "till", "til", "do", "pour", "кому", "destinataire"),
     CC: ("cc", "kopie", "copie", "cco", "bcc"),
-    SUBJECT: ("subject", "betreff", "objet", "sujet", "asunto", "oggetto", "onderwerp", "assunto", "ämne",
-              "emne", "temat", "тема"),
+    SUBJECT: (
+        "subject",
+        "betreff",
+        "objet",
+        "sujet",
+        "asunto",
+        "oggetto",
+        "onderwerp",
+        "assunto",
+        "ämne",
+        "emne",
+        "temat",
+        "тема",
+    ),
 }
 _LABEL_KIND = {label: kind for kind, labels in _LABELS.items() for label in labels}
 _LONGEST_LABEL = max(len(label) for label in _LABEL_KIND)
 
 # The line above a block that says "this is a forward", without its dashes and colon.
-_FORWARD_MARKERS = frozenset({
-    "forwarded message", "begin forwarded message", "forwarded message follows",
-    "weitergeleitete nachricht", "anfang der weitergeleiteten nachricht",
-    "message transféré", "message transfere", "début du message réexpédié", "début du message transféré",
-    "mensaje reenviado", "inicio del mensaje reenviado", "messaggio inoltrato", "inizio messaggio inoltrato",
-    "doorgestuurd bericht", "begin doorgestuurd bericht", "mensagem encaminhada",
-    "início da mensagem reencaminhada", "início da mensagem encaminhada", "videresendt meddelelse",
-    "videresendt melding", "vidarebefordrat meddelande", "wiadomość przekazana dalej",
-    "пересылаемое сообщение",
-})
+_FORWARD_MARKERS = frozenset(
+    {
+        "forwarded message",
+        "begin forwarded message",
+        "forwarded message follows",
+        "weitergeleitete nachricht",
+        "anfang der weitergeleiteten nachricht",
+        "message transféré",
+        "message transfere",
+        "début du message réexpédié",
+        "début du message transféré",
+        "mensaje reenviado",
+        "inicio del mensaje reenviado",
+        "messaggio inoltrato",
+        "inizio messaggio inoltrato",
+        "doorgestuurd bericht",
+        "begin doorgestuurd bericht",
+        "mensagem encaminhada",
+        "início da mensagem reencaminhada",
+        "início da mensagem encaminhada",
+        "videresendt meddelelse",
+        "videresendt melding",
+        "vidarebefordrat meddelande",
+        "wiadomość przekazana dalej",
+        "пересылаемое сообщение",
+    }
+)
 # The line above the block that Outlook (and older Thunderbird) writes for replies and forwards alike.
-_ORIGINAL_MARKERS = frozenset({
-    "original message", "ursprüngliche nachricht", "originalnachricht", "message d'origine", "message original",
-    "mensaje original", "messaggio originale", "oorspronkelijk bericht", "origineel bericht", "mensagem original",
-    "ursprungligt meddelande", "oprindelig meddelelse", "opprinnelig melding", "wiadomość oryginalna",
-    "исходное сообщение",
-})
+_ORIGINAL_MARKERS = frozenset(
+    {
+        "original message",
+        "ursprüngliche nachricht",
+        "originalnachricht",
+        "message d'origine",
+        "message original",
+        "mensaje original",
+        "messaggio originale",
+        "oorspronkelijk bericht",
+        "origineel bericht",
+        "mensagem original",
+        "ursprungligt meddelande",
+        "oprindelig meddelelse",
+        "opprinnelig melding",
+        "wiadomość oryginalna",
+        "исходное сообщение",
+    }
+)
 _FORWARD, _ORIGINAL, _RULE = "forward", "original", "rule"
 _MIN_RULE_CHARS = 10
 _SPACES = str.maketrans({"\t": " ", "\u00a0": " ", "\u202f": " ", "\u2007": " ", "\u2019": "'", "\ufeff": ""})
@@ -84,8 +144,8 @@ _MARKER_DECORATION = "-_=*:> "
 # (Nordic), "VL:" (Finnish), "Doorst:" (Dutch), "I:" (Italian), "PD:" (Polish), "Fwd[2]:", after up to three "[tags]".
 # Anchored, each repetition consumes its brackets: linear.
 _FORWARD_SUBJECT = re.compile(
-    r"\s*(?:\[[^\[\]]{0,60}\]\s*){0,3}(?:fwd?|wg|tr|rv|enc|vs|vb|doorst|vl|i|pd)\s*(?:\[\d{1,3}\]\s*)?:",
-    re.IGNORECASE)
+    r"\s*(?:\[[^\[\]]{0,60}\]\s*){0,3}(?:fwd?|wg|tr|rv|enc|vs|vb|doorst|vl|i|pd)\s*(?:\[\d{1,3}\]\s*)?:", re.IGNORECASE
+)
 _MESSAGE_TYPES = ("message/rfc822", "message/global")
 _EML_TYPES = ("application/octet-stream", "application/x-eml", "application/eml", "text/plain")
 
@@ -102,6 +162,7 @@ def forwarded_original(parsed: ParsedMessage) -> tuple[str, str] | None:
 
 
 # --- inline forward blocks -----------------------------------------------------------------------------
+
 
 def _head_lines(text: str) -> list[str]:
     head = text[:MAX_SCAN_CHARS]
@@ -136,7 +197,7 @@ def _field(line: str) -> tuple[str, str] | None:
     kind = _LABEL_KIND.get(label)
     if kind is None:
         return None
-    return kind, stripped[colon + 1:].strip("* ")
+    return kind, stripped[colon + 1 :].strip("* ")
 
 
 def _mailbox(value: str) -> tuple[str, str] | None:
@@ -145,7 +206,7 @@ def _mailbox(value: str) -> tuple[str, str] | None:
     value = value[:MAX_LINE_CHARS]
     opening = value.find("[mailto:")
     if opening != -1 and value.endswith("]"):
-        value = f"{value[:opening]}<{value[opening + 8:-1]}>"
+        value = f"{value[:opening]}<{value[opening + 8 : -1]}>"
     for name, address in parse_address_list(value):
         address = address.strip()
         if is_valid_address(address):
@@ -163,7 +224,7 @@ def _block_sender(lines: list[str], start: int, *, bare: bool) -> tuple[str, str
             index += 1
     fields: dict[str, str] = {}
     order: list[str] = []
-    for line in lines[index:index + MAX_BLOCK_LINES]:
+    for line in lines[index : index + MAX_BLOCK_LINES]:
         if not _unquoted(line):
             break
         if len(line) > MAX_LINE_CHARS:
@@ -171,8 +232,8 @@ def _block_sender(lines: list[str], start: int, *, bare: bool) -> tuple[str, str
         field = _field(line)
         if field is None:
             if not order:
-                return None   # the first line after the marker is no header line: not a block
-            continue          # a wrapped To or Cc line
+                return None  # the first line after the marker is no header line: not a block
+            continue  # a wrapped To or Cc line
         kind, value = field
         if kind not in fields:
             fields[kind] = value
@@ -212,10 +273,11 @@ def _inline_original(text: str, forward_subject: bool) -> tuple[str, str] | None
 
 # --- attached messages ---------------------------------------------------------------------------------
 
+
 def _header_block(data: bytes) -> bytes:
     head = data[:MAX_ATTACHED_HEADER_BYTES]
     ends = [end for end in (head.find(b"\r\n\r\n"), head.find(b"\n\n")) if end != -1]
-    return head[:min(ends) + 2] if ends else head
+    return head[: min(ends) + 2] if ends else head
 
 
 def _attached_sender(parsed: ParsedMessage, index: int) -> tuple[str, str] | None:
@@ -246,7 +308,9 @@ def _attached_original(parsed: ParsedMessage, forward_subject: bool) -> tuple[st
         return None
     senders = [_attached_sender(parsed, index) for index in messages]
     # Past the first test none is None: each an (address, name) pair.
-    if any(sender is None for sender in senders) \
-            or len({s[0].lower() for s in cast("list[tuple[str, str]]", senders)}) != 1:
+    if (
+        any(sender is None for sender in senders)
+        or len({s[0].lower() for s in cast("list[tuple[str, str]]", senders)}) != 1
+    ):
         return None
     return senders[0]

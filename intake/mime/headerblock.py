@@ -38,6 +38,7 @@ Bounded: only the first `MAX_HEADER_BLOCK` bytes are examined; the rest of the
 message is kept as it is. A clean header block (the hot path) is recognised by
 one regular-expression match, and then `raw` itself is returned, not a copy.
 """
+
 from __future__ import annotations
 
 import re
@@ -48,17 +49,38 @@ MAX_LOOSE_LINES = 16
 
 # Headers, folded continuations, an optional mbox "From " line first (the parser handles that one),
 # up to a blank line or the end: what the email package reads exactly as written.
-_CLEAN_BLOCK = re.compile(rb"(?:From [^\r\n]*(?:\r\n|\r|\n))?"
-                          rb"(?:[!-9;-~]+:[^\r\n]*(?:\r\n|\r|\n|\Z)(?:[ \t][^\r\n]*(?:\r\n|\r|\n|\Z))*)*")
+_CLEAN_BLOCK = re.compile(
+    rb"(?:From [^\r\n]*(?:\r\n|\r|\n))?"
+    rb"(?:[!-9;-~]+:[^\r\n]*(?:\r\n|\r|\n|\Z)(?:[ \t][^\r\n]*(?:\r\n|\r|\n|\Z))*)*"
+)
 _LINE = re.compile(rb"([^\r\n]*)(\r\n|\r|\n|\Z)")
 _HEADER_NAME = re.compile(rb"([!-9;-~]+)([ \t]*):")
 
-_ADDRESS_HEADERS = frozenset({
-    b"from", b"to", b"cc", b"bcc", b"reply-to", b"sender", b"resent-from", b"resent-to", b"resent-cc",
-    b"resent-bcc", b"resent-sender", b"resent-reply-to", b"mail-followup-to", b"mail-reply-to",
-    b"disposition-notification-to", b"return-receipt-to", b"errors-to", b"delivered-to", b"x-original-to",
-    b"envelope-to", b"apparently-to",
-})
+_ADDRESS_HEADERS = frozenset(
+    {
+        b"from",
+        b"to",
+        b"cc",
+        b"bcc",
+        b"reply-to",
+        b"sender",
+        b"resent-from",
+        b"resent-to",
+        b"resent-cc",
+        b"resent-bcc",
+        b"resent-sender",
+        b"resent-reply-to",
+        b"mail-followup-to",
+        b"mail-reply-to",
+        b"disposition-notification-to",
+        b"return-receipt-to",
+        b"errors-to",
+        b"delivered-to",
+        b"x-original-to",
+        b"envelope-to",
+        b"apparently-to",
+    }
+)
 _ID_HEADERS = frozenset({b"references", b"in-reply-to"})
 PARAMETER_HEADERS = frozenset({b"content-type", b"content-disposition"})
 _LIST_ENDINGS = (b",", b";")
@@ -73,7 +95,7 @@ def repair_header_block(raw: bytes) -> bytes:
     """`raw` with its header block rewritten as mail clients read it; `raw` itself when it is clean."""
     if raw[:1] in _JUNK_START:
         raw = _without_leading_junk(raw)
-    clean = cast("re.Match[bytes]", _CLEAN_BLOCK.match(raw, 0, MAX_HEADER_BLOCK))   # matches "" too: never None
+    clean = cast("re.Match[bytes]", _CLEAN_BLOCK.match(raw, 0, MAX_HEADER_BLOCK))  # matches "" too: never None
     end = clean.end()
     if end >= len(raw) or end >= MAX_HEADER_BLOCK or raw[end] in b"\r\n":
         return raw
@@ -83,7 +105,7 @@ def repair_header_block(raw: bytes) -> bytes:
 def _without_leading_junk(raw: bytes) -> bytes:
     """`raw` without the byte-order marks and whitespace before its first header (Windows scripts and
     PowerShell write a UTF-8 BOM first); as it is when no header follows them."""
-    junk = cast("re.Match[bytes]", _LEADING_JUNK.match(raw, 0, MAX_HEADER_BLOCK))   # matches "" too: never None
+    junk = cast("re.Match[bytes]", _LEADING_JUNK.match(raw, 0, MAX_HEADER_BLOCK))  # matches "" too: never None
     rest = junk.end()
     if rest and _HEADER_NAME.match(raw, rest) and (raw[rest - 1] in b"\r\n" or raw[:3] == _BOM):
         return raw[rest:]
@@ -121,11 +143,11 @@ def _lines(raw: bytes) -> tuple[list[tuple[int, bytes, bytes, int, int]], int]:
     for match in _LINE.finditer(raw, 0, limit):
         content, ending = match.group(1), match.group(2)
         if not content:
-            break                                   # the blank line, or the end
+            break  # the blank line, or the end
         if not ending and match.end() < len(raw):
-            break                                   # cut by the limit: left as it is
+            break  # cut by the limit: left as it is
         if ending == b"\r" and match.end() == limit < len(raw) and raw[limit] == 0x0A:
-            break                                   # a CRLF cut in two by the limit
+            break  # a CRLF cut in two by the limit
         header = _HEADER_NAME.match(content)
         if content[0] in b" \t":
             kind, name = _FOLD, b""
@@ -138,7 +160,7 @@ def _lines(raw: bytes) -> tuple[list[tuple[int, bytes, bytes, int, int]], int]:
         if kind not in (_LOOSE, _ENVELOPE):
             loose = 0
         elif not (b"@" in content and content.rstrip().endswith(_LIST_ENDINGS)):
-            loose += 1                              # an address list's line ("x@y.z,") is no body text
+            loose += 1  # an address list's line ("x@y.z,") is no body text
         if loose > MAX_LOOSE_LINES:
             break
         lines.append((kind, name, content, match.start(), match.end()))
@@ -150,18 +172,18 @@ def _repair(raw: bytes) -> bytes:
     lines, block_end = _lines(raw)
     first = next((index for index, line in enumerate(lines) if line[0] == _HEADER), None)
     if first is None:
-        return raw                                  # no header at all: a body, as the parser reads it
+        return raw  # no header at all: a body, as the parser reads it
     out: list[bytes] = []
-    changed = first > 0                             # junk before the first header is dropped
+    changed = first > 0  # junk before the first header is dropped
     previous, last = b"", b""
     body_start = None
     index = first
     while index < len(lines) and body_start is None:
         kind, name, content, start, end = lines[index]
         if kind == _HEADER:
-            header = cast("re.Match[bytes]", _HEADER_NAME.match(content))   # `_lines` made it a header by this match
-            if header.group(2):                     # obsolete "Subject : x"
-                out.append(header.group(1) + b":" + raw[start + header.end():end])
+            header = cast("re.Match[bytes]", _HEADER_NAME.match(content))  # `_lines` made it a header by this match
+            if header.group(2):  # obsolete "Subject : x"
+                out.append(header.group(1) + b":" + raw[start + header.end() : end])
                 changed = True
             else:
                 out.append(raw[start:end])
@@ -176,19 +198,19 @@ def _repair(raw: bytes) -> bytes:
         run_end = index
         while run_end < len(lines) and lines[run_end][0] in (_LOOSE, _ENVELOPE):
             run_end += 1
-        inside = run_end < len(lines)               # a header or a fold follows: still the header block
+        inside = run_end < len(lines)  # a header or a fold follows: still the header block
         for kind, _, content, start, end in lines[index:run_end]:
             if kind == _LOOSE and _continues(previous, content, last, inside):
                 out.append(b" " + raw[start:end])
                 last = content
                 changed = True
             elif inside:
-                changed = True                      # a stray line (or a misplaced "From "): dropped
+                changed = True  # a stray line (or a misplaced "From "): dropped
             else:
-                body_start = start                  # the body, its blank line missing
+                body_start = start  # the body, its blank line missing
                 break
         index = run_end
     if not changed:
         return raw
-    out.append(raw[block_end if body_start is None else body_start:])
+    out.append(raw[block_end if body_start is None else body_start :])
     return b"".join(out)

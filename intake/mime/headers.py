@@ -4,6 +4,7 @@ Header text is read leniently, as mail clients read it: 8-bit bytes and RFC 2047
 words (`intake.mime.charsets`), address lists (`intake.mime.addresses`); the
 header block is repaired first (`intake.mime.headerblock`).
 """
+
 from __future__ import annotations
 
 import re
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 MAX_HEADER_CHARS = 64 * 1024
 # Thread ids are read from at most this much of the header block at ingest.
 MAX_HEADER_BLOCK_FOR_IDS = 256 * 1024
-MAX_HEADER_INSTANCES = 50   # per header name: Authentication-Results, Received, ...
+MAX_HEADER_INSTANCES = 50  # per header name: Authentication-Results, Received, ...
 MAX_REFERENCES = 200
 
 # C0 controls and DEL, as spaces: PostgreSQL refuses NUL, and nothing else here is useful.
@@ -37,8 +38,9 @@ _FOLDING = re.compile(r"\r?\n(?=[ \t])")
 _FILENAME_CONTROL = dict.fromkeys([*range(0, 9), *range(10, 32), 127], None)
 # The message being parsed, set by fill_headers: its body's charset is the hint for raw 8-bit
 # header bytes, and clean_filename (called from the part walk with the name alone) needs it too.
-_MESSAGE_BEING_PARSED: ContextVar[weakref.ref[Message] | None] = ContextVar("intake_mime_message_being_parsed",
-                                                                             default=None)
+_MESSAGE_BEING_PARSED: ContextVar[weakref.ref[Message] | None] = ContextVar(
+    "intake_mime_message_being_parsed", default=None
+)
 MAX_HINT_PARTS = 64
 
 
@@ -97,7 +99,7 @@ def _body_charset(message: Message) -> str | None:
         try:
             if part.is_multipart():
                 children = part.get_payload()
-                if isinstance(children, list):   # of messages: a multipart's parts
+                if isinstance(children, list):  # of messages: a multipart's parts
                     stack.extend(reversed(cast("list[Message]", children)[:MAX_HINT_PARTS]))
                 continue
             if part.get_content_maintype() != "text":
@@ -118,15 +120,16 @@ def _charset_hint() -> str | None:
 
 
 def clean_id(value: str) -> str:
-    value = _unescape_surrogates(value)   # RFC 6532 ids hold raw UTF-8 (<id@exämple.es>)
+    value = _unescape_surrogates(value)  # RFC 6532 ids hold raw UTF-8 (<id@exämple.es>)
     match = _ANGLE_ID.search(value)
     if match:
         return match.group(1)[:998]
     return "".join(value.translate(_HEADER_CONTROL).split()).strip("<>")[:998]
 
 
-def _mailboxes(values: list[str], defects: list[str], budget: int = MAX_HEADER_CHARS,
-               hint: str | None = None) -> list[Mailbox]:
+def _mailboxes(
+    values: list[str], defects: list[str], budget: int = MAX_HEADER_CHARS, hint: str | None = None
+) -> list[Mailbox]:
     """Every entry of the address headers `values` (`intake.mime.addresses`), names decoded.
 
     At most `budget` characters are read over all `values`.
@@ -143,15 +146,19 @@ def _mailboxes(values: list[str], defects: list[str], budget: int = MAX_HEADER_C
     return found
 
 
-def _addresses(values: list[str], defects: list[str], budget: int = MAX_HEADER_CHARS,
-               hint: str | None = None) -> list[tuple[str, str]]:
+def _addresses(
+    values: list[str], defects: list[str], budget: int = MAX_HEADER_CHARS, hint: str | None = None
+) -> list[tuple[str, str]]:
     """(display name, address) pairs; entries without an address (an "@" inside, no whitespace) are dropped.
 
     Addresses are kept as written: `Test test@example.com` is the name "Test" and
     test@example.com, never "Testtest@example.com".
     """
-    return [(name, address) for name, address in _mailboxes(values, defects, budget, hint)
-            if "@" in address.strip("@") and (len(address.split()) == 1 or address.startswith('"'))]
+    return [
+        (name, address)
+        for name, address in _mailboxes(values, defects, budget, hint)
+        if "@" in address.strip("@") and (len(address.split()) == 1 or address.startswith('"'))
+    ]
 
 
 def _first_valid(mailboxes: list[Mailbox]) -> Mailbox | None:
@@ -215,7 +222,7 @@ def content_type_param(part: Message, name: str) -> str:
         value = part.get_param(name)
     except Exception:
         return ""
-    if isinstance(value, tuple):   # RFC 2231: (charset, language, value)
+    if isinstance(value, tuple):  # RFC 2231: (charset, language, value)
         value = value[2]
     return str(value or "").strip()
 
@@ -231,7 +238,7 @@ def part_filename(part: Message) -> str | None:
         value = part.get_param("name", missing, "content-type")
         if value is missing:
             return None
-    value = cast("str | tuple[str | None, str | None, str]", value)   # a parameter: `missing` is ruled out
+    value = cast("str | tuple[str | None, str | None, str]", value)  # a parameter: `missing` is ruled out
     if not isinstance(value, tuple):
         return collapse_rfc2231_value(value).strip()
     charset, _language, text = value
@@ -241,7 +248,7 @@ def part_filename(part: Message) -> str | None:
         return collapse_rfc2231_value(value).strip()
     if data.isascii():
         return collapse_rfc2231_value(value).strip()
-    try:   # valid multibyte UTF-8 is no accident in Latin text: what the sender's system wrote
+    try:  # valid multibyte UTF-8 is no accident in Latin text: what the sender's system wrote
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return charsets.decode(data, charset or None, _charset_hint())
@@ -268,7 +275,7 @@ def thread_ids(raw: bytes) -> tuple[str, str, list[str]]:
     """(Message-ID, In-Reply-To, References) from the header block alone, cleaned exactly as
     `parse_message` cleans them: cheap enough for intake to key the thread at ingest."""
     try:
-        raw = repair_header_block(raw)   # the header block exactly as parse_message reads it
+        raw = repair_header_block(raw)  # the header block exactly as parse_message reads it
     except Exception:
         pass
     end = -1
@@ -276,7 +283,7 @@ def thread_ids(raw: bytes) -> tuple[str, str, list[str]]:
         end = raw.find(separator)
         if end != -1:
             break
-    block = raw if end == -1 else raw[:end + 2]
+    block = raw if end == -1 else raw[: end + 2]
     try:
         message = BytesParser(policy=compat32).parsebytes(block[:MAX_HEADER_BLOCK_FOR_IDS], headersonly=True)
         headers = _header_map(message)
@@ -287,8 +294,11 @@ def thread_ids(raw: bytes) -> tuple[str, str, list[str]]:
         values = headers.get(name)
         return values[0] if values else None
 
-    return (clean_id(first("message-id") or ""), clean_id(first("in-reply-to") or ""),
-            _reference_ids(first("references")))
+    return (
+        clean_id(first("message-id") or ""),
+        clean_id(first("in-reply-to") or ""),
+        _reference_ids(first("references")),
+    )
 
 
 def fill_headers(parsed: ParsedMessage, message: Message, loop_header: str) -> None:
@@ -320,12 +330,21 @@ def fill_headers(parsed: ParsedMessage, message: Message, loop_header: str) -> N
             add_defect(defects, "DotlessSenderDomain")
     if source != "from":
         parsed.sender_hint = _sender_hint(from_mailboxes)
-    parsed.recipients = _unique([a for _, a in _addresses(headers.get("to", []) + headers.get("cc", []), defects,
-                                                          hint=hint)])
+    parsed.recipients = _unique(
+        [a for _, a in _addresses(headers.get("to", []) + headers.get("cc", []), defects, hint=hint)]
+    )
     parsed.reply_to = _unique([a for _, a in _addresses(headers.get("reply-to", [])[:1], defects, 4096, hint)])
-    parsed.delivered_to = _unique([a for _, a in _addresses(
-        headers.get("delivered-to", []) + headers.get("x-original-to", []) + headers.get("envelope-to", []),
-        defects, 8192, hint)])
+    parsed.delivered_to = _unique(
+        [
+            a
+            for _, a in _addresses(
+                headers.get("delivered-to", []) + headers.get("x-original-to", []) + headers.get("envelope-to", []),
+                defects,
+                8192,
+                hint,
+            )
+        ]
+    )
     parsed.subject = decode_header_value(first("subject") or "", hint=hint)
     parsed.date = decode_header_value(first("date") or "", 200)
     parsed.in_reply_to = clean_id(first("in-reply-to") or "")

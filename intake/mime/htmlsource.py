@@ -1,5 +1,6 @@
 """The HTML of a message's body, as sent: the first text/html part that is the body (not an attachment,
 not inside an attached message), for desks that take HTML (sanitized by `ticketing.rich_body`)."""
+
 from typing import TYPE_CHECKING, cast
 
 from .body import MAX_HTML_BYTES
@@ -26,7 +27,7 @@ def html_source(parsed: ParsedMessage) -> str:
         if part.is_multipart():
             if ctype == "message/rfc822":
                 continue
-            stack[0:0] = list(cast("list[Message]", part.get_payload()) or [])   # a multipart's parts
+            stack[0:0] = list(cast("list[Message]", part.get_payload()) or [])  # a multipart's parts
             continue
         if ctype != "text/html" or part.get_content_disposition() == "attachment":
             continue

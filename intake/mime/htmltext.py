@@ -22,6 +22,7 @@ an unclosed comment hides the rest of the document, as in browsers.
 It is meant for ticket descriptions, not for rendering: the output is bounded
 (`max_chars`), and so is the input it looks at (`max_input_chars`).
 """
+
 import html as _html
 import re
 
@@ -29,22 +30,66 @@ MAX_INPUT_CHARS = 1_000_000
 MAX_OUTPUT_CHARS = 64 * 1024
 
 # Elements whose content a reader never sees.
-_INVISIBLE = frozenset({"script", "style", "head", "template", "title", "noscript", "object", "svg", "math",
-                        "iframe", "noembed", "noframes"})
+_INVISIBLE = frozenset(
+    {
+        "script",
+        "style",
+        "head",
+        "template",
+        "title",
+        "noscript",
+        "object",
+        "svg",
+        "math",
+        "iframe",
+        "noembed",
+        "noframes",
+    }
+)
 # Elements whose content is not markup: it ends at the first `</name`.
 _RAWTEXT = frozenset({"script", "style", "title", "textarea", "xmp", "iframe", "noembed", "noframes"})
 # What may stand inside `<head>`; anything else means the body has begun.
 _HEAD_CONTENT = frozenset({"title", "meta", "link", "style", "script", "base", "noscript", "template"})
 # Elements that start and end a line of their own.
-_BLOCK = frozenset({
-    "address", "article", "aside", "body", "caption", "center", "dd", "details", "dialog",
-    "dir", "div", "dt", "fieldset", "figcaption", "figure", "footer", "form", "header", "hgroup",
-    "html", "legend", "main", "menu", "nav", "section", "summary", "tbody", "tfoot", "thead", "tr",
-})
+_BLOCK = frozenset(
+    {
+        "address",
+        "article",
+        "aside",
+        "body",
+        "caption",
+        "center",
+        "dd",
+        "details",
+        "dialog",
+        "dir",
+        "div",
+        "dt",
+        "fieldset",
+        "figcaption",
+        "figure",
+        "footer",
+        "form",
+        "header",
+        "hgroup",
+        "html",
+        "legend",
+        "main",
+        "menu",
+        "nav",
+        "section",
+        "summary",
+        "tbody",
+        "tfoot",
+        "thead",
+        "tr",
+    }
+)
 # Blocks that deserve an empty line around them.
 _PARAGRAPH = frozenset({"p", "h1", "h2", "h3", "h4", "h5", "h6", "blockquote", "pre", "table", "ul", "ol", "dl"})
-_VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
-                   "source", "track", "wbr"})
+_VOID = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"}
+)
 _CELL = frozenset({"td", "th"})
 
 _SPACES = re.compile(r"[ \t\r\n\f\v\u00a0\u200b]+")
@@ -65,7 +110,7 @@ class _TextExtractor:
         self.out: list[str] = []
         self.length = 0
         self.full = False
-        self.invisible: list[str] = []   # open invisible elements, innermost last
+        self.invisible: list[str] = []  # open invisible elements, innermost last
         self.pre = 0
         self.at_line_start = True
         self.pending_space = False
@@ -120,7 +165,7 @@ class _TextExtractor:
     def start(self, tag: str, attrs: dict[str, str]) -> None:
         if "head" in self.invisible and tag not in _HEAD_CONTENT:
             # `<head>` left open: the body has begun all the same.
-            del self.invisible[self.invisible.index("head"):]
+            del self.invisible[self.invisible.index("head") :]
         if tag in _INVISIBLE:
             self.invisible.append(tag)
             return
@@ -157,7 +202,7 @@ class _TextExtractor:
         if tag in _INVISIBLE:
             if tag in self.invisible:
                 # Close it and anything left open inside it.
-                del self.invisible[len(self.invisible) - 1 - self.invisible[::-1].index(tag):]
+                del self.invisible[len(self.invisible) - 1 - self.invisible[::-1].index(tag) :]
             return
         if self.invisible:
             return
@@ -172,8 +217,11 @@ class _TextExtractor:
             text = "".join(self.link_text.pop()).strip()
             lowered = href.lower()
             shown = href[7:] if lowered.startswith("mailto:") else href
-            if (lowered.startswith(("http://", "https://", "mailto:")) and shown
-                    and shown.rstrip("/") != text.rstrip("/")):
+            if (
+                lowered.startswith(("http://", "https://", "mailto:"))
+                and shown
+                and shown.rstrip("/") != text.rstrip("/")
+            ):
                 self._emit(f" <{shown}>" if text else f"<{shown}>")
 
     def data(self, text: str) -> None:
@@ -196,8 +244,11 @@ def _attributes(source: str) -> dict[str, str]:
     for match in _ATTR.finditer(source):
         name = match.group(1).lower()
         if name not in attrs:
-            value = match.group(2) if match.group(2) is not None else (
-                match.group(3) if match.group(3) is not None else (match.group(4) or ""))
+            value = (
+                match.group(2)
+                if match.group(2) is not None
+                else (match.group(3) if match.group(3) is not None else (match.group(4) or ""))
+            )
             attrs[name] = _html.unescape(value)
     return attrs
 
@@ -224,7 +275,7 @@ def _tokenize(source: str, sink: _TextExtractor) -> None:
         if gt < 0:
             sink.data(source[lt:])  # no tag can end any more: the rest is text
             return
-        nxt = source[lt + 1:lt + 2]
+        nxt = source[lt + 1 : lt + 2]
         if nxt in ("!", "?"):
             i = gt + 1  # doctype, CDATA, conditional comment, processing instruction
             continue
@@ -238,7 +289,7 @@ def _tokenize(source: str, sink: _TextExtractor) -> None:
             sink.end(name)
             i = gt + 1
             continue
-        attrs = _attributes(source[match.end():gt]) if name in ("a", "img") else {}
+        attrs = _attributes(source[match.end() : gt]) if name in ("a", "img") else {}
         sink.start(name, attrs)
         i = gt + 1
         if name in _VOID:
@@ -249,7 +300,7 @@ def _tokenize(source: str, sink: _TextExtractor) -> None:
                 sink.rawtext(name, source[i:])
                 sink.end(name)
                 return
-            sink.rawtext(name, source[i:end_tag.start()])
+            sink.rawtext(name, source[i : end_tag.start()])
             sink.end(name)
             after = source.find(">", end_tag.end())
             if after < 0:

@@ -7,6 +7,7 @@
   email package leaves them in a part's text; `without_delimiter_lines` takes them out again, and
   `found_boundary` finds the boundary a multipart really uses when the declared one never shows.
 """
+
 from __future__ import annotations
 
 import io
@@ -29,6 +30,7 @@ _HEADER_LINE = re.compile(rb"[!-9;-~]+[ \t]*:")
 
 def partial_info(part: Message) -> tuple[str, int, int]:
     """(id, number, total) of a message/partial part; number or total 0 when missing or not a number."""
+
     def parameter(name: str) -> str:
         return content_type_param(part, name)[:998]
 
@@ -60,8 +62,8 @@ def _fragment(part: Message, first: bool) -> bytes:
     if not isinstance(inner, list) or not inner:
         data = part.get_payload(decode=True)
         return data if isinstance(data, bytes) else b""
-    message = cast("Message", inner[0])   # a piece's payload: the message it encloses
-    if not first and not message.keys():   # a piece of body: no header of its own
+    message = cast("Message", inner[0])  # a piece's payload: the message it encloses
+    if not first and not message.keys():  # a piece of body: no header of its own
         payload = message.get_payload()
         if isinstance(payload, str):
             return payload.encode("utf-8", "surrogateescape")
@@ -84,7 +86,7 @@ def without_delimiter_lines(text: str, boundaries: list[str]) -> str:
         kept = []
         for line in text.split("\n"):
             stripped = line.strip()
-            rest = stripped[len(marker):] if stripped.startswith(marker) else None
+            rest = stripped[len(marker) :] if stripped.startswith(marker) else None
             # A long boundary is never text; a short one only with nothing but dashes after it.
             if rest is not None and (len(boundary) >= 8 or not rest.strip("-")):
                 continue
@@ -96,7 +98,7 @@ def without_delimiter_lines(text: str, boundaries: list[str]) -> str:
 def found_boundary(body: bytes) -> str | None:
     """The boundary a multipart body really uses: the first "--x" line followed by a header line."""
     for match in islice(_DELIMITER.finditer(body), 20):
-        rest = body[match.end():].lstrip(b"\r\n")
+        rest = body[match.end() :].lstrip(b"\r\n")
         if _HEADER_LINE.match(rest):
             try:
                 return match.group(1).decode("ascii")

@@ -16,6 +16,7 @@ gives None: the caller sends the message to a person, since its files were not
 examined. A message attached inside the .msg is listed as one more `.msg`
 (its bytes as extract-msg writes them), not opened further. Never raises.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,16 +42,16 @@ MSG_TYPES = frozenset({"application/vnd.ms-outlook"})
 
 @dataclass
 class Member:
-    name: str          # long file name, else the short one; "" if none
-    mime_type: str     # what Outlook recorded (PR_ATTACH_MIME_TAG), lowercase; "" if none
+    name: str  # long file name, else the short one; "" if none
+    mime_type: str  # what Outlook recorded (PR_ATTACH_MIME_TAG), lowercase; "" if none
     data: bytes
 
 
 @dataclass
 class Unpacked:
     members: list[Member] = field(default_factory=list)
-    body: str = ""          # readable text of the body, "" if none
-    body_source: str = ""   # "plain" or "html"
+    body: str = ""  # readable text of the body, "" if none
+    body_source: str = ""  # "plain" or "html"
     subject: str = ""
 
 
@@ -66,13 +67,13 @@ def _member(attachment: AttachmentBase | SignedAttachment) -> Member | None:
     data = attachment.data
     if isinstance(data, (bytes, bytearray)):
         return Member(name=name, mime_type=mime_type, data=bytes(data))
-    if hasattr(data, "exportBytes"):   # an attached message: listed as its own .msg
+    if hasattr(data, "exportBytes"):  # an attached message: listed as its own .msg
         subject = _text(getattr(data, "subject", None)).strip()
         name = name or f"{subject or 'message'}.msg"
         if not name.lower().endswith(".msg"):
             name += ".msg"
         return Member(name=name, mime_type="application/vnd.ms-outlook", data=bytes(data.exportBytes()))
-    return None   # by reference, OLE objects: nothing readable inside the file
+    return None  # by reference, OLE objects: nothing readable inside the file
 
 
 def unpack(data: bytes) -> Unpacked | None:
@@ -100,11 +101,11 @@ def unpack(data: bytes) -> Unpacked | None:
                 return None
             out.members.append(member)
         # A bare MSGFile (class "IPM", which openMsg gives as is) has no body: the AttributeError gives None.
-        body = _text(message.body).replace("\r\n", "\n").strip()   # type: ignore[attr-defined]
+        body = _text(message.body).replace("\r\n", "\n").strip()  # type: ignore[attr-defined]
         if body:
             out.body, out.body_source = body[:MAX_BODY_CHARS], "plain"
         else:
-            html = message.htmlBody   # type: ignore[attr-defined]  # a message's, as `body` was
+            html = message.htmlBody  # type: ignore[attr-defined]  # a message's, as `body` was
             html = html.decode("utf-8", "replace") if isinstance(html, bytes) else _text(html)
             text = html_to_text(html) if html else ""
             if text.strip():

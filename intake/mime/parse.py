@@ -1,4 +1,5 @@
 """The entry point: `parse_message`, which never raises (see the `intake.mime` docstring)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,12 @@ _READ_DIRECTLY = ("text/", "multipart/", "message/", "application/plain")
 def _read_directly(part: Message) -> bool:
     if not (part.get_content_type().startswith(_READ_DIRECTLY) or part_content_type(part).startswith(_READ_DIRECTLY)):
         return calendar.is_calendar_part(part)
-    return not (part.get_content_maintype() == "text" and part_content_type(part).startswith("text/")
-                and part.get_content_disposition() == "attachment" and not calendar.is_calendar_part(part))
+    return not (
+        part.get_content_maintype() == "text"
+        and part_content_type(part).startswith("text/")
+        and part.get_content_disposition() == "attachment"
+        and not calendar.is_calendar_part(part)
+    )
 
 
 class _ShortcutRefused(Exception):
@@ -47,21 +52,25 @@ def _bind_runs(message: Message, runs: dict[str, spool.Run]) -> list[Message]:
         part, in_message = stack.pop()
         if part.is_multipart():
             inside = in_message or part.get_content_maintype() == "message"
-            stack.extend((child, inside) for child in cast("list[Message]", part.get_payload()))   # its parts
+            stack.extend((child, inside) for child in cast("list[Message]", part.get_payload()))  # its parts
             continue
         payload = part.get_payload()
         if not isinstance(payload, str) or spool.TOKEN_PREFIX not in payload:
             continue
         token = payload.rstrip("\r\n")
-        if (token not in runs or token in bound or in_message
-                or str(part.get("content-transfer-encoding", "")).lower() != "base64"
-                or _read_directly(part)):
+        if (
+            token not in runs
+            or token in bound
+            or in_message
+            or str(part.get("content-transfer-encoding", "")).lower() != "base64"
+            or _read_directly(part)
+        ):
             raise _ShortcutRefused
         bound[token] = part
     if len(bound) != len(runs):
         raise _ShortcutRefused
     for token, part in bound.items():
-        part.mailroom_run = runs[token]   # type: ignore[attr-defined]  # our own attribute, read by spooled_run
+        part.mailroom_run = runs[token]  # type: ignore[attr-defined]  # our own attribute, read by spooled_run
     return list(bound.values())
 
 
@@ -161,7 +170,7 @@ def _parse_message(raw: bytes, parsed: ParsedMessage, *, shortcut: bool) -> Pars
     if spooled:
         listed = {id(part) for _, _, part in walk.attachments}
         if any(id(part) not in listed for part in spooled):
-            raise _ShortcutRefused   # a spooled part the walk read some other way than as a file
+            raise _ShortcutRefused  # a spooled part the walk read some other way than as a file
     parsed.too_complex = parsed.too_complex or walk.too_complex
     if not walk.text:
         # Some clients send the body as "inline; filename=msg.txt": with nothing else, that is the body.
@@ -188,8 +197,11 @@ def _parse_message(raw: bytes, parsed: ParsedMessage, *, shortcut: bool) -> Pars
     parsed.text = text
     parsed.text_truncated = walk.truncated
     parsed.body_source = "+".join(dict.fromkeys(walk.text_sources))
-    if _INLINE_PGP_BEGIN in text[:200] and text.strip().startswith(_INLINE_PGP_BEGIN) \
-            and text.rstrip().endswith(_INLINE_PGP_END):
+    if (
+        _INLINE_PGP_BEGIN in text[:200]
+        and text.strip().startswith(_INLINE_PGP_BEGIN)
+        and text.rstrip().endswith(_INLINE_PGP_END)
+    ):
         walk.encrypted = walk.encrypted or "pgp"
     parsed.encrypted = walk.encrypted
     parsed.signatures = walk.signatures

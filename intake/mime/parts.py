@@ -1,4 +1,5 @@
 """One part at a time: its bytes, type, charset and display name; attachments listed and their payloads."""
+
 from __future__ import annotations
 
 import hashlib
@@ -68,7 +69,7 @@ def decoded_part_bytes(part: AttachmentPart) -> bytes:
     if isinstance(part, (containers.ArchiveMember, containers.MsgMember)):
         return containers.member_bytes(part, container_data=decoded_part_bytes(part.container))
     if part.is_multipart():
-        inner = cast("list[Message]", part.get_payload())   # a multipart's payload: its parts
+        inner = cast("list[Message]", part.get_payload())  # a multipart's payload: its parts
         target = inner[0] if part.get_content_maintype() == "message" and inner else part
         buffer = io.BytesIO()
         BytesGenerator(buffer, mangle_from_=False, policy=GENERATE_POLICY).flatten(target)
@@ -99,7 +100,7 @@ def text_charset(part: Message) -> str | None:
     if charset:
         return charset
     raw = str(part.get("Content-Type") or "")
-    match = _CHARSET_PARAMETER.search(raw) if "=" in raw else None   # a parameter after a missing ";"
+    match = _CHARSET_PARAMETER.search(raw) if "=" in raw else None  # a parameter after a missing ";"
     return match.group(1) if match else None
 
 
@@ -111,11 +112,11 @@ def _location_name(value: str) -> str:
 
 
 def message_file_name(part: Message) -> str:
-    """"<subject>.eml" for an attached message: what a mail program calls it when saving it."""
+    """ "<subject>.eml" for an attached message: what a mail program calls it when saving it."""
     inner = part.get_payload()
     if not isinstance(inner, list) or not inner:
         return ""
-    attached = cast("Message", inner[0])   # the payload of an attached message: that message
+    attached = cast("Message", inner[0])  # the payload of an attached message: that message
     subject = decode_header_value(str(attached.get("Subject") or ""), 2000)
     subject = " ".join(_UNSAFE_IN_NAME.sub("_", subject).split())[:MAX_EML_NAME_CHARS].strip(" ._")
     return f"{subject}.eml" if subject else ""
@@ -151,7 +152,7 @@ def unique_names(attachments: list[Attachment]) -> list[Attachment]:
             while True:
                 number += 1
                 suffix = f" ({number}){extension}"
-                name = stem[:255 - len(suffix)] + suffix
+                name = stem[: 255 - len(suffix)] + suffix
                 if name.casefold() not in taken:
                     break
             counters[key] = number
@@ -162,8 +163,18 @@ def unique_names(attachments: list[Attachment]) -> list[Attachment]:
     return out
 
 
-def record_attachment(walk: WalkState, part: Message, path: tuple[int, ...], ctype: str, disposition: str | None,
-                      name: str, nested: bool, *, origin: str = "", data: bytes | None = None) -> None:
+def record_attachment(
+    walk: WalkState,
+    part: Message,
+    path: tuple[int, ...],
+    ctype: str,
+    disposition: str | None,
+    name: str,
+    nested: bool,
+    *,
+    origin: str = "",
+    data: bytes | None = None,
+) -> None:
     """List a part as an attachment; `name` is its display name (from `part_name`)."""
     run = spooled_run(part) if data is None else None
     if run is not None:
@@ -172,7 +183,7 @@ def record_attachment(walk: WalkState, part: Message, path: tuple[int, ...], cty
         sniffed = sniff_type(digest.head, declared_type=ctype, filename=name)
         if whole_file_needed(digest.head) or sniffed in archives.ARCHIVE_TYPES or sniffed in outlookmsg.MSG_TYPES:
             run = None
-            data = spool.whole(cast(spool.Run, spooled_run(part)))   # not None: the run just digested
+            data = spool.whole(cast(spool.Run, spooled_run(part)))  # not None: the run just digested
         else:
             data = b""
     if data is None:
@@ -213,16 +224,17 @@ def attachment_payload(parsed: ParsedMessage, index: int) -> bytes:
 
 def _readable(data: bytes | spool.Run, spool_threshold: int) -> BinaryIO:
     if isinstance(data, bytes):
-        return io.BytesIO(data)   # shares the bytes: no copy
+        return io.BytesIO(data)  # shares the bytes: no copy
     try:
         # A SpooledTemporaryFile in binary mode is a binary file (typeshed types it IO[bytes] only).
         return cast(BinaryIO, spool.spooled(data, spool_threshold))
-    except OSError:   # no room in the temporary directory: in memory, as before spooling
+    except OSError:  # no room in the temporary directory: in memory, as before spooling
         return io.BytesIO(spool.whole(data))
 
 
-def attachment_file(parsed: ParsedMessage, index: int, *,
-                    spool_threshold: int = spool.DEFAULT_SPOOL_THRESHOLD) -> BinaryIO:
+def attachment_file(
+    parsed: ParsedMessage, index: int, *, spool_threshold: int = spool.DEFAULT_SPOOL_THRESHOLD
+) -> BinaryIO:
     """`attachment_payload` as a readable binary file, rewound; the caller closes it. A large base64 part is
     decoded a block at a time into a spooled temporary file (on disk above `spool_threshold` bytes,
     deleted when closed), never held whole."""
@@ -231,8 +243,9 @@ def attachment_file(parsed: ParsedMessage, index: int, *,
     return _readable(run if run is not None else decoded_part_bytes(part), spool_threshold)
 
 
-def iter_attachment_files(parsed: ParsedMessage, *, spool_threshold: int = spool.DEFAULT_SPOOL_THRESHOLD
-                          ) -> Iterator[tuple[Attachment, BinaryIO]]:
+def iter_attachment_files(
+    parsed: ParsedMessage, *, spool_threshold: int = spool.DEFAULT_SPOOL_THRESHOLD
+) -> Iterator[tuple[Attachment, BinaryIO]]:
     """`iter_attachment_payloads` with each payload as a readable file (as `attachment_file` makes it),
     closed when the next one is asked for or the loop ends: one spool file at a time."""
     for attachment, data in _payloads(parsed):

@@ -2,6 +2,7 @@
 
 `PARSE_POLICY` parses; `GENERATE_POLICY` writes an attached message back out.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,7 +33,7 @@ class _LazyHeaderPolicy(EmailPolicy):
             if len(value) > MAX_PARAMETER_HEADER_CHARS:
                 value = value[:MAX_PARAMETER_HEADER_CHARS]
             if value.count(";") > MAX_PARAMETERS:
-                value = ";".join(value.split(";", MAX_PARAMETERS + 1)[:MAX_PARAMETERS + 1])
+                value = ";".join(value.split(";", MAX_PARAMETERS + 1)[: MAX_PARAMETERS + 1])
         return _LINESEP.sub("", value)
 
 

@@ -10,6 +10,7 @@ breaks in a row are n-1 (so a blank line is a paragraph break); inside <nofill> 
 written. text/richtext: line breaks are spaces, <nl> is a line break, <np> a page break (shown as a
 blank line), <lt> is "<", and <comment> holds no text. One regular-expression pass: linear time.
 """
+
 from __future__ import annotations
 
 import re
@@ -78,7 +79,7 @@ def richtext_to_text(source: str) -> str:
             continue
         if token[0] in "\r\n":
             out.append(" ")
-        elif token == "<<":   # not richtext syntax, but what a sender who typed it meant
+        elif token == "<<":  # not richtext syntax, but what a sender who typed it meant
             out.append("<<")
         else:
             out.append(token)

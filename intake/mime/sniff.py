@@ -15,6 +15,7 @@ the bytes it reads), and so is one declared or named as a .msg that olefile
 cannot read (it goes to a person, `intake.mime.outlookmsg`). Only bytes
 decide: a declaration that the bytes do not bear out changes nothing.
 """
+
 from __future__ import annotations
 
 import io
@@ -31,10 +32,16 @@ OOXML_TYPES = {
     "xl/workbook.xml": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
     "ppt/presentation.xml": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
 }
-_OLE_TYPES = frozenset({
-    "application/msword", "application/vnd.ms-excel", "application/vnd.ms-powerpoint",
-    "application/x-ole-storage", "application/cdfv2", "application/vnd.ms-office",
-})
+_OLE_TYPES = frozenset(
+    {
+        "application/msword",
+        "application/vnd.ms-excel",
+        "application/vnd.ms-powerpoint",
+        "application/x-ole-storage",
+        "application/cdfv2",
+        "application/vnd.ms-office",
+    }
+)
 _VBA_OLE_MARKER = "_VBA_PROJECT".encode("utf-16-le")
 OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 OUTLOOK_MSG_TYPE = "application/vnd.ms-outlook"
@@ -77,14 +84,29 @@ _SMIME_MIME_TYPES = frozenset({"application/pkcs7-mime", "application/x-pkcs7-mi
 CERTS_ONLY_TYPE = "application/pkcs7-mime"
 _HEADER_LINE = re.compile(rb"[!-9;-~]{1,76}[ \t]*:")
 # Fields that only a message's header block has together (a pasted "Subject:" line is not a message).
-_MESSAGE_FIELDS = frozenset({b"from", b"date", b"subject", b"message-id", b"to", b"received", b"mime-version",
-                             b"return-path", b"cc", b"reply-to", b"sender", b"dkim-signature", b"content-type"})
+_MESSAGE_FIELDS = frozenset(
+    {
+        b"from",
+        b"date",
+        b"subject",
+        b"message-id",
+        b"to",
+        b"received",
+        b"mime-version",
+        b"return-path",
+        b"cc",
+        b"reply-to",
+        b"sender",
+        b"dkim-signature",
+        b"content-type",
+    }
+)
 _IDENTIFYING_FIELDS = frozenset({b"from", b"date", b"message-id", b"received"})
 _XHTML_ROOT = re.compile(rb"<html[\s>]", re.IGNORECASE)
 
 
 def _ole_kind(data: bytes) -> str:
-    """"msg" for an Outlook message (its root holds the MAPI property streams), "other" for another OLE
+    """ "msg" for an Outlook message (its root holds the MAPI property streams), "other" for another OLE
     file, "unreadable" when olefile cannot read its directory (libmagic sees only the first 8 KiB)."""
     try:
         import olefile
@@ -100,7 +122,7 @@ def looks_like_message(data: bytes) -> bool:
     """Do `data` begin with a mail header block: header lines up to a blank line (or the end of what is
     read), with at least three of the usual fields, one of them From, Date, Message-ID or Received?"""
     head = bytes(data[:SNIFF_BYTES]).lstrip(b"\r\n")
-    if head.startswith(b"From "):   # an mbox separator line
+    if head.startswith(b"From "):  # an mbox separator line
         head = head.split(b"\n", 1)[-1]
     names = set()
     lines = head.split(b"\n")
@@ -112,9 +134,9 @@ def looks_like_message(data: bytes) -> bool:
             continue
         match = _HEADER_LINE.match(line)
         if match is None:
-            if number + 1 < len(lines):   # a line that is not a header before the blank line: not a message
+            if number + 1 < len(lines):  # a line that is not a header before the blank line: not a message
                 return False
-            break   # the last line read, cut by SNIFF_BYTES
+            break  # the last line read, cut by SNIFF_BYTES
         names.add(line.split(b":", 1)[0].strip().lower())
     fields = names & _MESSAGE_FIELDS
     return len(fields) >= 3 and bool(fields & _IDENTIFYING_FIELDS)
@@ -135,18 +157,27 @@ def sniff_type(data: bytes, *, declared_type: str = "", filename: str = "") -> s
     if data[:8] == OLE_MAGIC and (sniffed in _OLE_TYPES or sniffed == OUTLOOK_MSG_TYPE):
         kind = _ole_kind(data)
         if kind == "msg" or (kind == "unreadable" and (declared_type == OUTLOOK_MSG_TYPE or extension == "msg")):
-            return OUTLOOK_MSG_TYPE   # one that cannot be opened is still a .msg: a person looks at it
+            return OUTLOOK_MSG_TYPE  # one that cannot be opened is still a .msg: a person looks at it
     if sniffed in _OLE_TYPES and data.find(_VBA_OLE_MARKER) >= 0:
         return MACRO_OFFICE_TYPE
-    if (declared_type in _MESSAGE_TYPES or extension == "eml") and sniffed not in _MESSAGE_TYPES \
-            and looks_like_message(data):
+    if (
+        (declared_type in _MESSAGE_TYPES or extension == "eml")
+        and sniffed not in _MESSAGE_TYPES
+        and looks_like_message(data)
+    ):
         return "message/rfc822"
-    if (declared_type in _SMIME_SIGNATURE_TYPES or extension == "p7s") and data[:1] == b"\x30" \
-            and cms.content_kind(bytes(data[:1 << 20])) == "signed-data":
+    if (
+        (declared_type in _SMIME_SIGNATURE_TYPES or extension == "p7s")
+        and data[:1] == b"\x30"
+        and cms.content_kind(bytes(data[: 1 << 20])) == "signed-data"
+    ):
         return "application/pkcs7-signature"
-    if (declared_type in _SMIME_MIME_TYPES or extension == "p7c") and data[:1] == b"\x30" \
-            and cms.is_certs_only(bytes(data[:1 << 20])):
-        return CERTS_ONLY_TYPE   # certificates only (smime.p7c): a file, neither signature nor ciphertext
+    if (
+        (declared_type in _SMIME_MIME_TYPES or extension == "p7c")
+        and data[:1] == b"\x30"
+        and cms.is_certs_only(bytes(data[: 1 << 20]))
+    ):
+        return CERTS_ONLY_TYPE  # certificates only (smime.p7c): a file, neither signature nor ciphertext
     if sniffed in ("text/xml", "application/xml") and _XHTML_ROOT.search(data[:SNIFF_BYTES]):
         return "text/html"
     return sniffed

@@ -14,6 +14,7 @@ reads memoryview slices of the raw bytes, a block of lines at a time (`blocks`),
 `tempfile.SpooledTemporaryFile` (`spooled`: in memory up to a threshold, then a file in tempfile's
 directory, gone once closed), or into one bytes object when a caller needs the whole (`whole`).
 """
+
 from __future__ import annotations
 
 import binascii
@@ -24,10 +25,10 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-MIN_RUN_BYTES = 64 * 1024      # shorter bodies are parsed as usual: too small to matter
+MIN_RUN_BYTES = 64 * 1024  # shorter bodies are parsed as usual: too small to matter
 DEFAULT_SPOOL_THRESHOLD = 1 << 20
-BLOCK_BYTES = 256 * 1024       # encoded bytes decoded at a time
-TOKEN_PREFIX = "mailroom-spooled-part-"   # with a random nonce: no sender can guess a token
+BLOCK_BYTES = 256 * 1024  # encoded bytes decoded at a time
+TOKEN_PREFIX = "mailroom-spooled-part-"  # with a random nonce: no sender can guess a token
 # A blank line, then lines of whole base64 quads; the last line may end in padding.
 _BLANK = re.compile(rb"\n\r?\n")
 # (Matched a few hundred lines at a time: one match over a whole run keeps state for every line.)
@@ -73,7 +74,7 @@ def elide(raw: bytes) -> tuple[bytes, dict[str, Run]]:
         if end - start < MIN_RUN_BYTES:
             position = max(end - 1, start - 1)
             continue
-        newline = b"\r\n" if raw[end - 2:end] == b"\r\n" else b"\n"
+        newline = b"\r\n" if raw[end - 2 : end] == b"\r\n" else b"\n"
         token = TOKEN_PREFIX.encode() + nonce + b"-" + str(len(runs)).encode()
         pieces += [raw[kept:start], token, newline]
         runs[token.decode()] = Run(raw, start, end)
@@ -107,7 +108,7 @@ def blocks(run: Run) -> Iterator[bytes]:
 def whole(run: Run) -> bytes:
     """The decoded bytes in one object (a2b_base64 skips the line breaks): the only copy made."""
     with memoryview(run.raw) as view:
-        return binascii.a2b_base64(view[run.start:run.end])
+        return binascii.a2b_base64(view[run.start : run.end])
 
 
 @dataclass
@@ -124,7 +125,7 @@ def digest(run: Run, head_bytes: int) -> Digest:
         hasher.update(block)
         size += len(block)
         if len(head) < head_bytes:
-            head += block[:head_bytes - len(head)]
+            head += block[: head_bytes - len(head)]
     return Digest(size, hasher.hexdigest(), bytes(head))
 
 

@@ -13,6 +13,7 @@ The parser (`intake.mime`) uses it for the description; destinations with a
 size limit use `trim_text` to fit a description and a notice such as
 "[message truncated]" into that limit. Work is linear in `limit`.
 """
+
 from __future__ import annotations
 
 _PARAGRAPH_BREAKS = ("\n\n", "\n\r\n")
@@ -54,5 +55,5 @@ def trim_text(text: str, limit: int, notice: str) -> tuple[str, bool]:
         return text, False
     room = limit - len(notice)
     if room <= 0:
-        return notice[:max(limit, 0)], True
+        return notice[: max(limit, 0)], True
     return cut_at_boundary(text, room) + notice, True

@@ -23,6 +23,7 @@ body, decompressed here (MS-OXRTFCP, "LZFu") and stripped of RTF markup
 crudely: control words, font/colour/style tables and `{\\*...}` destinations
 dropped, `\\par` as a line break, `\\'hh` and `\\uN` decoded.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,19 @@ TNEF_SIGNATURE = 0x223E9F78
 _IMESSAGE_SIG = b"\x07\x03\x02\x00\x00\x00\x00\x00\xc0\x00\x00\x00\x00\x00\x00\x46"
 _ATT_RENDDATA, _ATT_MAPIPROPS, _ATT_RECIPTABLE, _ATT_ATTACHMENT = 0x9002, 0x9003, 0x9004, 0x9005
 _PR_ATTACH_DATA_OBJ, _PR_ATTACH_MIME_TAG = 0x3701, 0x370E
-_FIXED_SIZES = {0x0002: 2, 0x0003: 4, 0x0004: 4, 0x000A: 4, 0x000B: 2, 0x0005: 8, 0x0006: 8,
-                0x0007: 8, 0x0014: 8, 0x0040: 8, 0x0048: 16}
+_FIXED_SIZES = {
+    0x0002: 2,
+    0x0003: 4,
+    0x0004: 4,
+    0x000A: 4,
+    0x000B: 2,
+    0x0005: 8,
+    0x0006: 8,
+    0x0007: 8,
+    0x0014: 8,
+    0x0040: 8,
+    0x0048: 16,
+}
 _VARIABLE_TYPES = frozenset({0x0000, 0x000D, 0x001E, 0x001F, 0x0102})
 _uint16 = struct.Struct("<H").unpack_from
 _uint32 = struct.Struct("<I").unpack_from
@@ -57,16 +69,16 @@ _uint32 = struct.Struct("<I").unpack_from
 
 @dataclass
 class Member:
-    name: str          # long file name, else the 8.3 name; "" if none
-    mime_type: str     # what Outlook recorded (PR_ATTACH_MIME_TAG), lowercase; "" if none
+    name: str  # long file name, else the 8.3 name; "" if none
+    mime_type: str  # what Outlook recorded (PR_ATTACH_MIME_TAG), lowercase; "" if none
     data: bytes
 
 
 @dataclass
 class Unpacked:
     members: list[Member] = field(default_factory=list)
-    body: str = ""          # readable text of the body inside, "" if none
-    body_source: str = ""   # "plain", "html" or "rtf"
+    body: str = ""  # readable text of the body inside, "" if none
+    body_source: str = ""  # "plain", "html" or "rtf"
 
 
 class _Refused(Exception):
@@ -85,14 +97,14 @@ class _Check:
         if depth > MAX_EMBEDDING or len(data) < 6 or _uint32(data, 0)[0] != TNEF_SIGNATURE:
             raise _Refused
         members, offset, size = 0, 6, len(data)
-        while offset + 12 < size:   # tnefparse's loop condition
+        while offset + 12 < size:  # tnefparse's loop condition
             name = _uint16(data, offset + 1)[0]
             length = min(size - offset, _uint32(data, offset + 5)[0] + 11)
             self.attributes += 1
-            self.copied += size - offset   # tnefparse slices the rest of the stream for each attribute
+            self.copied += size - offset  # tnefparse slices the rest of the stream for each attribute
             if self.attributes > MAX_ATTRIBUTES or self.copied > MAX_COPY_BYTES:
                 raise _Refused
-            block = data[offset + 9:offset + length - 2]
+            block = data[offset + 9 : offset + length - 2]
             if name == _ATT_RENDDATA:
                 members += 1
                 if members > MAX_MEMBERS:
@@ -112,7 +124,7 @@ class _Check:
         """Check one MAPI property list at `offset`; where it ends."""
         size = len(block)
         if offset + 4 > size:
-            return size   # tnefparse fails on it, which is a refusal too
+            return size  # tnefparse fails on it, which is a refusal too
         count = _uint32(block, offset)[0]
         offset += 4
         if count > (size - offset) // 4 + 1:
@@ -123,7 +135,7 @@ class _Check:
                     break
                 kind, name = _uint16(block, offset)[0], _uint16(block, offset + 2)[0]
                 offset += 4
-                if name >= 0x8000:   # a named property: GUID, kind, then an id or a name
+                if name >= 0x8000:  # a named property: GUID, kind, then an id or a name
                     offset += 16
                     named = _uint32(block, offset)[0]
                     offset += 4
@@ -142,20 +154,20 @@ class _Check:
                 elif kind in _VARIABLE_TYPES:
                     for _ in range(values or 1):
                         items = 1
-                        if not values:   # single-valued: a count of items first
+                        if not values:  # single-valued: a count of items first
                             items = _uint32(block, offset)[0]
                             offset += 4
                         for _ in range(items):
                             length = _uint32(block, offset)[0]
                             offset += 4
-                            if name == _PR_ATTACH_DATA_OBJ and block[offset:offset + 16] == _IMESSAGE_SIG:
-                                embedded = block[offset:offset + _padded(length)].rstrip(b"\x00")
+                            if name == _PR_ATTACH_DATA_OBJ and block[offset : offset + 16] == _IMESSAGE_SIG:
+                                embedded = block[offset : offset + _padded(length)].rstrip(b"\x00")
                                 self.stream(embedded[16:], depth + 1)
                             offset += _padded(length)
                 else:
-                    return size   # tnefparse stops at an unknown type
+                    return size  # tnefparse stops at an unknown type
         except struct.error:
-            return size           # ran past the end: tnefparse stops there too
+            return size  # ran past the end: tnefparse stops there too
         return offset
 
 
@@ -177,7 +189,7 @@ def _text(value: object, codepage: str | None) -> str:
     return bytes(value).decode("latin-1")
 
 
-def _member(attachment: Any, codepage: str | None) -> Member:   # a tnefparse TNEFAttachment (untyped)
+def _member(attachment: Any, codepage: str | None) -> Member:  # a tnefparse TNEFAttachment (untyped)
     try:
         name = _text(attachment.long_filename(), codepage)
     except Exception:  # the 8.3 name is decoded as UTF-8 by tnefparse, and Outlook writes it in the codepage
@@ -211,11 +223,11 @@ def unpack(data: bytes) -> Unpacked | None:
     except Exception:  # a body that cannot be read leaves the files
         pass
     if not unpacked.members and not unpacked.body:
-        return None   # nothing usable came out of it: what it holds is unknown
+        return None  # nothing usable came out of it: what it holds is unknown
     return unpacked
 
 
-def _fill_body(unpacked: Unpacked, tnef: Any, codepage: str | None) -> None:   # a tnefparse TNEF (untyped)
+def _fill_body(unpacked: Unpacked, tnef: Any, codepage: str | None) -> None:  # a tnefparse TNEF (untyped)
     plain = _text(tnef.body, codepage).replace("\r\n", "\n").strip("\x00").strip()
     if plain:
         unpacked.body, unpacked.body_source = plain[:MAX_BODY_CHARS], "plain"
@@ -236,9 +248,11 @@ def _fill_body(unpacked: Unpacked, tnef: Any, codepage: str | None) -> None:   #
 
 # -- compressed RTF (MS-OXRTFCP) ---------------------------------------------------------------------
 
-_RTF_DICTIONARY = (b"{\\rtf1\\ansi\\mac\\deff0\\deftab720{\\fonttbl;}{\\f0\\fnil \\froman \\fswiss \\fmodern "
-                   b"\\fscript \\fdecor MS Sans SerifSymbolArialTimes New RomanCourier{\\colortbl\\red0\\green0"
-                   b"\\blue0\r\n\\par \\pard\\plain\\f0\\fs20\\b\\i\\u\\tab\\tx")
+_RTF_DICTIONARY = (
+    b"{\\rtf1\\ansi\\mac\\deff0\\deftab720{\\fonttbl;}{\\f0\\fnil \\froman \\fswiss \\fmodern "
+    b"\\fscript \\fdecor MS Sans SerifSymbolArialTimes New RomanCourier{\\colortbl\\red0\\green0"
+    b"\\blue0\r\n\\par \\pard\\plain\\f0\\fs20\\b\\i\\u\\tab\\tx"
+)
 _LZFU, _MELA = 0x75465A4C, 0x414C454D
 
 
@@ -248,11 +262,11 @@ def decompress_rtf(data: bytes, limit: int = MAX_RTF_BYTES) -> bytes:
         return b""
     raw_size, kind = _uint32(data, 4)[0], _uint32(data, 8)[0]
     if kind == _MELA:
-        return data[16:16 + min(raw_size, limit)]
+        return data[16 : 16 + min(raw_size, limit)]
     if kind != _LZFU:
         return b""
     window = bytearray(4096)
-    window[:len(_RTF_DICTIONARY)] = _RTF_DICTIONARY
+    window[: len(_RTF_DICTIONARY)] = _RTF_DICTIONARY
     write = len(_RTF_DICTIONARY)
     out = bytearray()
     position, end, cap = 16, len(data), min(raw_size, limit)
@@ -274,7 +288,7 @@ def decompress_rtf(data: bytes, limit: int = MAX_RTF_BYTES) -> bytes:
             reference = (data[position] << 8) | data[position + 1]
             position += 2
             offset, length = reference >> 4, (reference & 0xF) + 2
-            if offset == write:   # the end marker
+            if offset == write:  # the end marker
                 return bytes(out)
             for step in range(length):
                 byte = window[(offset + step) & 0xFFF]
@@ -286,18 +300,58 @@ def decompress_rtf(data: bytes, limit: int = MAX_RTF_BYTES) -> bytes:
 
 # -- RTF to text, crudely ---------------------------------------------------------------------------
 
-_RTF_TOKEN = re.compile(rb"\\([a-zA-Z]{1,32})(-?\d{1,10})? ?|\\'([0-9a-fA-F]{2})|\\(.)|([{}])|[\r\n]+|([^\\{}\r\n]+)",
-                        re.DOTALL)
+_RTF_TOKEN = re.compile(
+    rb"\\([a-zA-Z]{1,32})(-?\d{1,10})? ?|\\'([0-9a-fA-F]{2})|\\(.)|([{}])|[\r\n]+|([^\\{}\r\n]+)", re.DOTALL
+)
 # Groups that are not text: tables, metadata, pictures, objects, page furniture.
-_RTF_SKIPPED = frozenset({
-    b"fonttbl", b"colortbl", b"stylesheet", b"info", b"pict", b"object", b"header", b"footer", b"headerl",
-    b"headerr", b"footerl", b"footerr", b"themedata", b"colorschememapping", b"latentstyles", b"datastore",
-    b"xmlnstbl", b"listtable", b"listoverridetable", b"rsidtbl", b"generator", b"filetbl", b"revtbl",
-    b"pgdsctbl", b"fldinst", b"mmathPr", b"listtext", b"pntext",
-})
-_RTF_BREAKS = {b"par": "\n", b"line": "\n", b"sect": "\n\n", b"page": "\n\n", b"row": "\n", b"tab": "\t",
-               b"cell": " ", b"emdash": "\u2014", b"endash": "\u2013", b"bullet": "\u2022",
-               b"lquote": "\u2018", b"rquote": "\u2019", b"ldblquote": "\u201c", b"rdblquote": "\u201d"}
+_RTF_SKIPPED = frozenset(
+    {
+        b"fonttbl",
+        b"colortbl",
+        b"stylesheet",
+        b"info",
+        b"pict",
+        b"object",
+        b"header",
+        b"footer",
+        b"headerl",
+        b"headerr",
+        b"footerl",
+        b"footerr",
+        b"themedata",
+        b"colorschememapping",
+        b"latentstyles",
+        b"datastore",
+        b"xmlnstbl",
+        b"listtable",
+        b"listoverridetable",
+        b"rsidtbl",
+        b"generator",
+        b"filetbl",
+        b"revtbl",
+        b"pgdsctbl",
+        b"fldinst",
+        b"mmathPr",
+        b"listtext",
+        b"pntext",
+    }
+)
+_RTF_BREAKS = {
+    b"par": "\n",
+    b"line": "\n",
+    b"sect": "\n\n",
+    b"page": "\n\n",
+    b"row": "\n",
+    b"tab": "\t",
+    b"cell": " ",
+    b"emdash": "\u2014",
+    b"endash": "\u2013",
+    b"bullet": "\u2022",
+    b"lquote": "\u2018",
+    b"rquote": "\u2019",
+    b"ldblquote": "\u201c",
+    b"rdblquote": "\u201d",
+}
 
 
 def rtf_to_text(rtf: bytes, max_chars: int = MAX_BODY_CHARS) -> str:
@@ -310,11 +364,11 @@ def rtf_to_text(rtf: bytes, max_chars: int = MAX_BODY_CHARS) -> str:
 
 def _rtf_to_text(rtf: bytes, max_chars: int) -> str:
     out: list[str] = []
-    pending = bytearray()   # \'hh bytes, decoded together (multi-byte code pages)
+    pending = bytearray()  # \'hh bytes, decoded together (multi-byte code pages)
     codepage = "cp1252"
-    depth, skip_from = 0, None   # inside a skipped group while depth >= skip_from
+    depth, skip_from = 0, None  # inside a skipped group while depth >= skip_from
     group_start = False
-    html_rtf = False             # \htmlrtf ... \htmlrtf0: RTF-only copies in HTML-derived RTF
+    html_rtf = False  # \htmlrtf ... \htmlrtf0: RTF-only copies in HTML-derived RTF
     unicode_skip, to_skip = 1, 0
     length = 0
 

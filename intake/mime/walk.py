@@ -3,6 +3,7 @@
 `walk_message` visits the MIME tree under the limits (`MAX_DEPTH`, `MAX_PARTS`) and fills a `WalkState`;
 `intake.mime.parse.parse_message` turns that into a `ParsedMessage`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,14 +25,23 @@ if TYPE_CHECKING:
     from .parts import AttachmentPart
 
 # Report parts: data about a message, not content (DSNs, MDNs, abuse reports).
-_REPORT_TYPES = frozenset({
-    "message/delivery-status", "message/disposition-notification", "message/feedback-report",
-    "text/rfc822-headers", "message/global-delivery-status", "message/global-disposition-notification",
-    "message/global-headers",
-})
+_REPORT_TYPES = frozenset(
+    {
+        "message/delivery-status",
+        "message/disposition-notification",
+        "message/feedback-report",
+        "text/rfc822-headers",
+        "message/global-delivery-status",
+        "message/global-disposition-notification",
+        "message/global-headers",
+    }
+)
 # Codecs that are text encodings in Python's eyes but never a mail charset, and
-_SIGNATURE_TYPES = {"application/pgp-signature": "pgp", "application/pkcs7-signature": "smime",
-                    "application/x-pkcs7-signature": "smime"}
+_SIGNATURE_TYPES = {
+    "application/pgp-signature": "pgp",
+    "application/pkcs7-signature": "smime",
+    "application/x-pkcs7-signature": "smime",
+}
 _PKCS7_MIME_TYPES = frozenset({"application/pkcs7-mime", "application/x-pkcs7-mime"})
 _ENCRYPTED_SMIME_KINDS = frozenset({"enveloped-data", "authenveloped-data"})
 _TNEF_TYPES = frozenset({"application/vnd.ms-tnef", "application/ms-tnef"})
@@ -40,19 +50,30 @@ _RENDERING_TYPES = frozenset({"text/x-amp-html", "text/watch-html"})
 # Attached messages: listed as one file, the files inside them listed too (nested).
 _ATTACHED_MESSAGE_TYPES = frozenset({"message/rfc822", "message/global", "message/news"})
 # text/* types that are data or code rather than a body, listed as files even without a filename.
-_TEXT_NOT_BODY = frozenset({
-    "text/calendar", "text/x-vcalendar", "text/vcard", "text/x-vcard", "text/directory", "text/css",
-    "text/javascript", "text/ecmascript", "text/x-amp-html", "text/watch-html", "text/rfc822-headers",
-})
+_TEXT_NOT_BODY = frozenset(
+    {
+        "text/calendar",
+        "text/x-vcalendar",
+        "text/vcard",
+        "text/x-vcard",
+        "text/directory",
+        "text/css",
+        "text/javascript",
+        "text/ecmascript",
+        "text/x-amp-html",
+        "text/watch-html",
+        "text/rfc822-headers",
+    }
+)
 
 
 class WalkState:
     def __init__(self, defects: list[str]) -> None:
         self.defects = defects
         self.text: list[str] = []
-        self.text_sources: list[str] = []    # "plain", "html" or "rtf", one for each entry of `text`
+        self.text_sources: list[str] = []  # "plain", "html" or "rtf", one for each entry of `text`
         self.text_chars = 0
-        self.truncated = False               # some body text was cut or left out
+        self.truncated = False  # some body text was cut or left out
         self.attachments: list[tuple[tuple[int, ...], Attachment, AttachmentPart]] = []
         self.parts = 0
         self.too_complex = False
@@ -65,14 +86,14 @@ class WalkState:
         self.alternatives: list[Alternative] = []
         # id(part) -> (text, cut) of HTML parts converted so far: the alternative choice may convert one early.
         self.html_text: dict[int, tuple[str, bool]] = {}
-        self.root: Message | None = None     # the message walked (message/partial pieces are looked up in it)
+        self.root: Message | None = None  # the message walked (message/partial pieces are looked up in it)
         # message/partial pieces by id and number, found on first need.
         self.partials: dict[str, dict[int, Message]] | None = None
         # Attached messages (message/news, reassembled message/partial) whose text is the body if there is no other.
         self.message_bodies: list[Message] = []
         self.multiparts: list[Message] = []  # the multipart parts enclosing the part being walked
         self.smime_certs_only = False
-        self.reparse = True                  # False when only the headers were parsed (nothing to look at again)
+        self.reparse = True  # False when only the headers were parsed (nothing to look at again)
 
 
 def _walk_alternative(walk: WalkState, children: list[Message], depth: int, path: tuple[int, ...]) -> None:
@@ -80,9 +101,15 @@ def _walk_alternative(walk: WalkState, children: list[Message], depth: int, path
     except that a plain stub gives way to the HTML (`intake.mime.alternatives`). Every alternative is recorded."""
     types = [part_content_type(child) for child in children]
     # (index, rank) in the order tried, stable; other renderings (AMP, ...) are never read nor listed.
-    ranked = sorted(((index, alternative_rank(ctype)) for index, ctype in enumerate(types)
-                     if ctype not in _RENDERING_TYPES or children[index].is_multipart()), key=lambda item: item[1])
-    chars: dict[int, int] = {}   # readable characters of the alternatives that were read
+    ranked = sorted(
+        (
+            (index, alternative_rank(ctype))
+            for index, ctype in enumerate(types)
+            if ctype not in _RENDERING_TYPES or children[index].is_multipart()
+        ),
+        key=lambda item: item[1],
+    )
+    chars: dict[int, int] = {}  # readable characters of the alternatives that were read
     walked = {index for index, ctype in enumerate(types) if ctype in _RENDERING_TYPES}
     chosen, start = None, len(walk.text)
     for index, _rank in ranked:
@@ -103,7 +130,7 @@ def _walk_alternative(walk: WalkState, children: list[Message], depth: int, path
             if len(walk.text) > start:
                 chosen = html_index
                 chars[html_index] = sum(len(text) for text in walk.text[start:])
-            else:   # nothing came of it after all: keep the plain text
+            else:  # nothing came of it after all: keep the plain text
                 walk.text[start:], walk.text_sources[start:], walk.truncated = stub
                 walk.text_chars += sum(len(text) for text in stub[0])
     for index, child in enumerate(children):
@@ -121,8 +148,9 @@ def _record_signature(walk: WalkState, part: Message, protocol: str, ctype: str,
             data = decoded_part_bytes(part)
         except Exception:
             data = b""
-    walk.signatures.append({"protocol": protocol, "type": ctype, "size": len(data),
-                            "sha256": hashlib.sha256(data).hexdigest()})
+    walk.signatures.append(
+        {"protocol": protocol, "type": ctype, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    )
 
 
 def _walk_signed(walk: WalkState, children: list[Message], depth: int, role: str, path: tuple[int, ...]) -> None:
@@ -146,8 +174,16 @@ def _walk_encrypted(walk: WalkState, children: list[Message], role: str, path: t
         ctype = part_content_type(child)
         if ctype == "application/pgp-encrypted" and not child.is_multipart():
             continue
-        record_attachment(walk, child, path + (index,), ctype, child.get_content_disposition(),
-                        part_name(child, ctype, part_filename(child)), role == "nested", origin="encrypted")
+        record_attachment(
+            walk,
+            child,
+            path + (index,),
+            ctype,
+            child.get_content_disposition(),
+            part_name(child, ctype, part_filename(child)),
+            role == "nested",
+            origin="encrypted",
+        )
 
 
 def _smime_type(part: Message) -> str:
@@ -171,8 +207,16 @@ def _unwrap_signed_data(walk: WalkState, data: bytes, depth: int) -> Message | N
     return _parsed(walk, content, depth)
 
 
-def _walk_pkcs7(walk: WalkState, part: Message, depth: int, role: str, path: tuple[int, ...], ctype: str,
-                disposition: str | None, filename: str | None) -> None:
+def _walk_pkcs7(
+    walk: WalkState,
+    part: Message,
+    depth: int,
+    role: str,
+    path: tuple[int, ...],
+    ctype: str,
+    disposition: str | None,
+    filename: str | None,
+) -> None:
     """S/MIME application/pkcs7-mime. Opaque signed data is unwrapped and its content walked in its place
     (the blob recorded as a signature); enveloped data, or signed data that cannot be unwrapped, is
     encrypted mail: the blob is listed with origin "encrypted" for a person. Other kinds (certs-only)
@@ -203,8 +247,15 @@ def _walk_pkcs7(walk: WalkState, part: Message, depth: int, role: str, path: tup
     record_attachment(walk, part, path, ctype, disposition, name, role == "nested", origin="encrypted", data=data)
 
 
-def _add_tnef(walk: WalkState, part: Message, role: str, path: tuple[int, ...], ctype: str, disposition: str | None,
-              filename: str | None) -> None:
+def _add_tnef(
+    walk: WalkState,
+    part: Message,
+    role: str,
+    path: tuple[int, ...],
+    ctype: str,
+    disposition: str | None,
+    filename: str | None,
+) -> None:
     """A winmail.dat is listed as the files inside it (origin "tnef"), and its body kept in case there is
     no other. One that cannot be unpacked is listed as itself: the default policy refuses its type, so a
     person looks at it."""
@@ -218,8 +269,9 @@ def _add_tnef(walk: WalkState, part: Message, role: str, path: tuple[int, ...], 
     unpacked = tnef.unpack(data) if data else None
     if unpacked is None:
         add_defect(walk.defects, "UnreadableTnef")
-        record_attachment(walk, part, path, ctype, disposition, part_name(part, ctype, filename), role == "nested",
-                        data=data)
+        record_attachment(
+            walk, part, path, ctype, disposition, part_name(part, ctype, filename), role == "nested", data=data
+        )
         return
     for index, member in enumerate(unpacked.members):
         attachment = Attachment(
@@ -236,8 +288,7 @@ def _add_tnef(walk: WalkState, part: Message, role: str, path: tuple[int, ...], 
         stand_in, position = TnefMember(part, index), len(walk.attachments)
         walk.attachments.append((path + (index,), attachment, stand_in))
         # An archive or a .msg inside the winmail.dat: its files are listed after it too.
-        listed = containers.expand(walk, part=stand_in, path=path + (index,), attachment=attachment,
-                                   data=member.data)
+        listed = containers.expand(walk, part=stand_in, path=path + (index,), attachment=attachment, data=member.data)
         if listed is not attachment:
             walk.attachments[position] = (path + (index,), listed, stand_in)
     if role == "body" and unpacked.body:
@@ -265,7 +316,7 @@ def walk_message(walk: WalkState, part: Message, depth: int, role: str, path: tu
     ctype = part_content_type(part)
     maintype = ctype.split("/", 1)[0]
     if part.is_multipart():
-        children = cast("list[Message]", part.get_payload())   # a multipart's payload: its parts
+        children = cast("list[Message]", part.get_payload())  # a multipart's payload: its parts
         if maintype == "message":
             if ctype in _ATTACHED_MESSAGE_TYPES:
                 name = part_name(part, ctype, part_filename(part)) or message_file_name(part)
@@ -277,7 +328,7 @@ def walk_message(walk: WalkState, part: Message, depth: int, role: str, path: tu
                 _walk_partial(walk, part, depth, role, path)
                 return
             elif ctype == "message/external-body":
-                if role == "body":   # a pointer, never fetched: where the file is, for a person
+                if role == "body":  # a pointer, never fetched: where the file is, for a person
                     append_text(walk, external_file_line(part), "plain")
                 return
             else:
@@ -327,8 +378,12 @@ def walk_message(walk: WalkState, part: Message, depth: int, role: str, path: tu
             return
         if role == "body" and disposition == "inline" and len(walk.fallback_text) < 10:
             walk.fallback_text.append((part, ctype))
-    elif (maintype == "text" or ctype == "application/plain") and disposition != "attachment" and not filename \
-            and ctype not in _TEXT_NOT_BODY:
+    elif (
+        (maintype == "text" or ctype == "application/plain")
+        and disposition != "attachment"
+        and not filename
+        and ctype not in _TEXT_NOT_BODY
+    ):
         # Another text type as the body (text/enriched, text/richtext, application/plain in PGP/MIME).
         if role == "body":
             add_text(walk, part, ctype)
@@ -357,8 +412,9 @@ def _walk_partial(walk: WalkState, part: Message, depth: int, role: str, path: t
             wrapper = EmailMessage(policy=PARSE_POLICY)
             wrapper["Content-Type"] = "message/rfc822"
             wrapper.set_payload([inner])
-            record_attachment(walk, wrapper, path, "message/rfc822", "attachment", message_file_name(wrapper),
-                            role == "nested")
+            record_attachment(
+                walk, wrapper, path, "message/rfc822", "attachment", message_file_name(wrapper), role == "nested"
+            )
             if role == "body":
                 walk.message_bodies.append(inner)
             walk_message(walk, inner, depth + 1, "nested", path + (0,))

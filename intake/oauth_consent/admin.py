@@ -1,5 +1,6 @@
 """The consent flow on the mailbox's admin page: its URLs, and an "OAuth connection" panel (granted scopes,
 expiry, who connected it, the Connect button) instead of the raw oauth_* fields, which only the flow writes."""
+
 from django import forms
 from django.contrib import messages
 from django.template.loader import render_to_string
@@ -10,9 +11,11 @@ from . import views
 from .endpoints import endpoints_for, supports_consent
 from .selectors import credentials_state
 
-STATE_WORDS = {"refused": "The provider refused this mailbox's credentials (revoked or expired): polling stopped.",
-               "expired": "This mailbox's OAuth credentials expired.",
-               "expiring": "This mailbox's OAuth credentials expire within a week."}
+STATE_WORDS = {
+    "refused": "The provider refused this mailbox's credentials (revoked or expired): polling stopped.",
+    "expired": "This mailbox's OAuth credentials expired.",
+    "expiring": "This mailbox's OAuth credentials expire within a week.",
+}
 OAUTH_FIELDS = ("oauth_scopes", "oauth_expires_at", "oauth_connected_at", "oauth_connected_by", "oauth_warned_at")
 
 
@@ -48,8 +51,9 @@ class ConsentAdminMixin:
         # The panel sits at the foot of a long form: a problem is also said on top.
         obj = self.get_object(request, object_id) if request.method == "GET" else None
         if obj is not None and supports_consent(obj) and (state := credentials_state(obj)):
-            self.message_user(request, f"{STATE_WORDS[state]} Use Connect in the OAuth connection panel below.",
-                              messages.WARNING)
+            self.message_user(
+                request, f"{STATE_WORDS[state]} Use Connect in the OAuth connection panel below.", messages.WARNING
+            )
         return super().change_view(request, object_id, form_url, extra_context)
 
     @property
@@ -57,9 +61,13 @@ class ConsentAdminMixin:
         return super().media + forms.Media(css={"all": ("intake/consent.css",)})
 
     def oauth_connection(self, obj):
-        context = {"mailbox": obj, "ends": endpoints_for(obj), "state": credentials_state(obj),
-                   "connect_url": reverse("admin:intake_mailbox_connect", args=[obj.pk]),
-                   "scopes": obj.oauth_scopes.split()}
+        context = {
+            "mailbox": obj,
+            "ends": endpoints_for(obj),
+            "state": credentials_state(obj),
+            "connect_url": reverse("admin:intake_mailbox_connect", args=[obj.pk]),
+            "scopes": obj.oauth_scopes.split(),
+        }
         return mark_safe(render_to_string("admin/intake/mailbox/oauth_connection.html", context))  # noqa: S308
 
     oauth_connection.short_description = "OAuth connection"

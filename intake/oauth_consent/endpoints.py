@@ -1,6 +1,7 @@
 """Where a mailbox's consent goes: the authorization and token endpoints, client id, scopes and extra
 parameters of its provider family (Microsoft or Google), each overridable by `Mailbox.settings`
 (`authorize_url`, `token_url`, `client_id`, `scope`, `client_secret_ref`) so tests point at a stub."""
+
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -74,7 +75,7 @@ def endpoints_for(mailbox) -> ConsentEndpoints:
         authorize, token = f"{authority}/authorize", f"{authority}/token"
         configured = str(settings.get("token_url") or "")
         if configured.endswith("/oauth2/v2.0/token"):  # an IMAP mailbox names its authority by its token URL
-            authorize = configured[:-len("token")] + "authorize"
+            authorize = configured[: -len("token")] + "authorize"
         scope, extra = with_offline_access(scope), {"response_mode": "query"}
     elif family == GOOGLE:
         # offline + consent: Google returns a refresh token only then (and again on every new consent).
@@ -82,6 +83,11 @@ def endpoints_for(mailbox) -> ConsentEndpoints:
     else:
         authorize, token, extra = "", "", {}
     return ConsentEndpoints(
-        family=family, authorize_url=str(settings.get("authorize_url") or authorize),
-        token_url=str(settings.get("token_url") or token), client_id=str(settings.get("client_id") or ""),
-        scope=scope, client_secret_ref=str(settings.get("client_secret_ref") or ""), extra=extra)
+        family=family,
+        authorize_url=str(settings.get("authorize_url") or authorize),
+        token_url=str(settings.get("token_url") or token),
+        client_id=str(settings.get("client_id") or ""),
+        scope=scope,
+        client_secret_ref=str(settings.get("client_secret_ref") or ""),
+        extra=extra,
+    )

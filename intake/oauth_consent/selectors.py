@@ -1,5 +1,6 @@
 """Reads: mailboxes whose credentials need an admin (expired, expiring soon, or refused by the provider), for the
 mailbox page, the dashboard and the recovery queue's header, and for the expiry emails (ticketing)."""
+
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -11,8 +12,11 @@ from intake.models import Mailbox
 WARN_DAYS = 7  # the admins are told a week ahead
 
 EXPIRED, EXPIRING, REFUSED = "expired", "expiring", "refused"
-WORDS = {EXPIRED: "credentials expired", EXPIRING: "credentials expire soon",
-         REFUSED: "credentials refused by the provider (revoked or expired): polling stopped"}
+WORDS = {
+    EXPIRED: "credentials expired",
+    EXPIRING: "credentials expire soon",
+    REFUSED: "credentials refused by the provider (revoked or expired): polling stopped",
+}
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,7 @@ class CredentialsProblem:
 
 
 def credentials_state(mailbox: Mailbox, *, now=None) -> str:
-    """"refused", "expired", "expiring" or "" for one mailbox (the mailbox page)."""
+    """ "refused", "expired", "expiring" or "" for one mailbox (the mailbox page)."""
     now = now or timezone.now()
     if mailbox.health == Mailbox.Health.CREDENTIALS_INVALID:
         return REFUSED
@@ -43,9 +47,12 @@ def mailboxes_needing_credentials(*, tenant_ids, now=None, limit: int = 50) -> l
     then by expiry; at most `limit` (a banner, not a report)."""
     now = now or timezone.now()
     soon = now + timedelta(days=WARN_DAYS)
-    rows = (Mailbox.objects.filter(tenant__in=tenant_ids)
-            .filter(Q(health=Mailbox.Health.CREDENTIALS_INVALID) | Q(oauth_expires_at__lte=soon))
-            .select_related("tenant").order_by("oauth_expires_at", "slug")[:limit])
+    rows = (
+        Mailbox.objects.filter(tenant__in=tenant_ids)
+        .filter(Q(health=Mailbox.Health.CREDENTIALS_INVALID) | Q(oauth_expires_at__lte=soon))
+        .select_related("tenant")
+        .order_by("oauth_expires_at", "slug")[:limit]
+    )
     problems = [CredentialsProblem(m, credentials_state(m, now=now), m.oauth_expires_at) for m in rows]
     return sorted(problems, key=lambda p: p.kind != REFUSED)
 
@@ -54,6 +61,12 @@ def mailboxes_to_warn(*, now=None) -> list[Mailbox]:
     """Connected mailboxes whose credentials expire within WARN_DAYS and whose admins were not told of this
     expiry (a new consent clears `oauth_warned_at`)."""
     now = now or timezone.now()
-    return list(Mailbox.objects.filter(oauth_expires_at__gt=now, oauth_expires_at__lte=now + timedelta(days=WARN_DAYS),
-                                       oauth_warned_at__isnull=True)
-                .select_related("tenant").order_by("oauth_expires_at", "pk")[:500])
+    return list(
+        Mailbox.objects.filter(
+            oauth_expires_at__gt=now,
+            oauth_expires_at__lte=now + timedelta(days=WARN_DAYS),
+            oauth_warned_at__isnull=True,
+        )
+        .select_related("tenant")
+        .order_by("oauth_expires_at", "pk")[:500]
+    )

@@ -9,6 +9,7 @@ another tenant's mailbox is "not found" (404), a state from another session or u
 The state lives in the server-side session only, bound to the mailbox, the user and an expiry, and is removed on
 the first answer that names it, whatever the outcome: a replayed or tampered answer finds nothing.
 """
+
 import base64
 import hashlib
 import json
@@ -50,6 +51,7 @@ class ConsentRefused(Exception):
 
 # --- who and what -----------------------------------------------------------------------------------
 
+
 def may_connect(*, user, mailbox: Mailbox) -> bool:
     if user is None or not user.is_authenticated or not user.is_active:
         return False
@@ -61,8 +63,9 @@ def may_connect(*, user, mailbox: Mailbox) -> bool:
 def connectable_mailbox(*, user, mailbox_id) -> Mailbox:
     """The mailbox, if `user` may connect it: another tenant's mailbox is not found (it is not theirs to see)."""
     try:
-        mailbox = Mailbox.objects.select_related("tenant").get(pk=int(mailbox_id),
-                                                               tenant__in=visible_tenants(user).values("pk"))
+        mailbox = Mailbox.objects.select_related("tenant").get(
+            pk=int(mailbox_id), tenant__in=visible_tenants(user).values("pk")
+        )
     except (Mailbox.DoesNotExist, TypeError, ValueError):
         raise ConsentRefused("No such mailbox.", status=404) from None
     if not may_connect(user=user, mailbox=mailbox):
@@ -75,8 +78,10 @@ def consent_problem(*, mailbox: Mailbox, check_urls: bool = True) -> str:
     `check_urls=False` at completion: the token URL is the one pinned in the state, and the egress guard judges
     it when the code is exchanged (with DNS, at connect time)."""
     if not supports_consent(mailbox):
-        return ("Only Microsoft Graph and Gmail mailboxes, and IMAP mailboxes with the setting auth: xoauth2, "
-                "are connected by consent.")
+        return (
+            "Only Microsoft Graph and Gmail mailboxes, and IMAP mailboxes with the setting auth: xoauth2, "
+            "are connected by consent."
+        )
     ends = endpoints_for(mailbox)
     if not ends.authorize_url or not ends.token_url:
         return "Neither Microsoft nor Google can be told from the settings: set authorize_url and token_url."
@@ -90,21 +95,31 @@ def consent_problem(*, mailbox: Mailbox, check_urls: bool = True) -> str:
         return "Set client_id in the mailbox settings: the application registered with the provider."
     ref = mailbox.credentials_ref
     if not ref.startswith(WRITABLE_SCHEMES):
-        kind = ("an environment variable cannot take tokens that rotate" if ref.startswith("env:")
-                else "it is empty" if not ref else "it is neither")
-        return (f"The credentials reference must be a file: or vault: reference of the tenant ({kind}); the "
-                f"tokens are written there.")
+        kind = (
+            "an environment variable cannot take tokens that rotate"
+            if ref.startswith("env:")
+            else "it is empty"
+            if not ref
+            else "it is neither"
+        )
+        return (
+            f"The credentials reference must be a file: or vault: reference of the tenant ({kind}); the "
+            f"tokens are written there."
+        )
     if problem := scope_problem(ref, mailbox.tenant, mailbox):
         return f"The credentials reference cannot be written: {problem}."
     secret_ref = ends.client_secret_ref
     if secret_ref and is_platform_ref(secret_ref) and secret_ref in platform_bindings().unbound:
         # Unbound platform references serve any row a superuser points at one; a setting is not such a pointer.
-        return ("The client_secret_ref setting names a platform reference bound to no row: a platform operator "
-                "binds it to this mailbox or tenant in MAILROOM_PLATFORM_SECRET_REFS.")
+        return (
+            "The client_secret_ref setting names a platform reference bound to no row: a platform operator "
+            "binds it to this mailbox or tenant in MAILROOM_PLATFORM_SECRET_REFS."
+        )
     return ""
 
 
 # --- start ------------------------------------------------------------------------------------------
+
 
 def pkce_pair() -> tuple[str, str]:
     """(code_verifier, S256 code_challenge), RFC 7636: 64 unreserved characters and their base64url SHA-256."""
@@ -117,8 +132,11 @@ def _pending(session, now: float) -> dict:
     entries = session.get(SESSION_KEY)
     if not isinstance(entries, dict):
         return {}
-    return {state: entry for state, entry in entries.items()
-            if isinstance(entry, dict) and float(entry.get("expires", 0)) > now}
+    return {
+        state: entry
+        for state, entry in entries.items()
+        if isinstance(entry, dict) and float(entry.get("expires", 0)) > now
+    }
 
 
 def start_consent(*, user, mailbox_id, session, redirect_uri: str) -> str:
@@ -131,14 +149,28 @@ def start_consent(*, user, mailbox_id, session, redirect_uri: str) -> str:
     state = secrets.token_urlsafe(32)
     now = time.time()
     pending = _pending(session, now)
-    for stale in sorted(pending, key=lambda s: pending[s]["expires"])[:max(0, len(pending) - MAX_PENDING + 1)]:
+    for stale in sorted(pending, key=lambda s: pending[s]["expires"])[: max(0, len(pending) - MAX_PENDING + 1)]:
         del pending[stale]
-    pending[state] = {"mailbox": mailbox.pk, "user": user.pk, "verifier": verifier, "redirect_uri": redirect_uri,
-                      "token_url": ends.token_url, "client_id": ends.client_id, "expires": now + STATE_SECONDS}
+    pending[state] = {
+        "mailbox": mailbox.pk,
+        "user": user.pk,
+        "verifier": verifier,
+        "redirect_uri": redirect_uri,
+        "token_url": ends.token_url,
+        "client_id": ends.client_id,
+        "expires": now + STATE_SECONDS,
+    }
     session[SESSION_KEY] = pending
-    params = {"response_type": "code", "client_id": ends.client_id, "redirect_uri": redirect_uri,
-              "scope": ends.scope, "state": state, "code_challenge": challenge, "code_challenge_method": "S256",
-              **ends.extra}
+    params = {
+        "response_type": "code",
+        "client_id": ends.client_id,
+        "redirect_uri": redirect_uri,
+        "scope": ends.scope,
+        "state": state,
+        "code_challenge": challenge,
+        "code_challenge_method": "S256",
+        **ends.extra,
+    }
     logger.info("consent: %s started for mailbox %s", user.get_username(), mailbox.slug)
     separator = "&" if "?" in ends.authorize_url else "?"
     return f"{ends.authorize_url}{separator}{urlencode(params)}"
@@ -146,23 +178,27 @@ def start_consent(*, user, mailbox_id, session, redirect_uri: str) -> str:
 
 # --- complete ---------------------------------------------------------------------------------------
 
+
 def take_state(*, session, state: str) -> dict:
     """The pending consent `state` names, removed from the session (single use); ConsentRefused if none."""
     entries = session.get(SESSION_KEY) if isinstance(session.get(SESSION_KEY), dict) else {}
     entry = entries.pop(state, None) if state else None
     session[SESSION_KEY] = entries
     if not isinstance(entry, dict):
-        raise ConsentRefused("This answer from the sign-in page does not match a consent started in this browser "
-                             "session (the state is missing, wrong or already used). Nothing was stored: start "
-                             "again from the mailbox page.")
+        raise ConsentRefused(
+            "This answer from the sign-in page does not match a consent started in this browser "
+            "session (the state is missing, wrong or already used). Nothing was stored: start "
+            "again from the mailbox page."
+        )
     if float(entry.get("expires", 0)) <= time.time():
-        raise ConsentRefused("The consent took longer than ten minutes and expired. Nothing was stored: start again "
-                             "from the mailbox page.")
+        raise ConsentRefused(
+            "The consent took longer than ten minutes and expired. Nothing was stored: start again "
+            "from the mailbox page."
+        )
     return entry
 
 
-def complete_consent(*, user, session, state: str, code: str, error: str = "", error_description: str = ""
-                     ) -> Mailbox:
+def complete_consent(*, user, session, state: str, code: str, error: str = "", error_description: str = "") -> Mailbox:
     """Check and spend `state`, exchange `code`, store the tokens. Returns the connected mailbox."""
     entry = take_state(session=session, state=state)
     if entry.get("user") != user.pk:
@@ -177,18 +213,25 @@ def complete_consent(*, user, session, state: str, code: str, error: str = "", e
     if problem := consent_problem(mailbox=mailbox, check_urls=False):
         raise ConsentRefused(problem)
     if (ends.token_url, ends.client_id) != (entry.get("token_url"), entry.get("client_id")):
-        raise ConsentRefused("The mailbox's OAuth settings changed during the consent. Nothing was stored: start "
-                             "again.")
+        raise ConsentRefused(
+            "The mailbox's OAuth settings changed during the consent. Nothing was stored: start again."
+        )
     client_secret = _client_secret(mailbox, ends)
-    tokens = exchange_code(ends=ends, code=code, verifier=entry["verifier"], redirect_uri=entry["redirect_uri"],
-                           client_secret=client_secret)
+    tokens = exchange_code(
+        ends=ends,
+        code=code,
+        verifier=entry["verifier"],
+        redirect_uri=entry["redirect_uri"],
+        client_secret=client_secret,
+    )
     blob = {"client_id": ends.client_id, "refresh_token": tokens["refresh_token"]}
     if client_secret and not is_platform_ref(ends.client_secret_ref):
         # The tenant's own secret may sit beside its tokens; a platform secret never goes into a tenant's file.
         blob["client_secret"] = client_secret
     try:
-        secret_store.store_oauth_tokens(mailbox, blob=blob, actor=user.get_username(), scopes=tokens["scope"],
-                                        expires_at=tokens["expires_at"])
+        secret_store.store_oauth_tokens(
+            mailbox, blob=blob, actor=user.get_username(), scopes=tokens["scope"], expires_at=tokens["expires_at"]
+        )
     except (secret_store.SecretWriteFailed, SecretUnavailable) as exc:
         raise ConsentRefused(f"The tokens could not be written to the credentials reference: {exc}") from None
     logger.info("consent: %s connected mailbox %s (%s)", user.get_username(), mailbox.slug, ends.family)
@@ -214,34 +257,51 @@ def _stored_client_secret(mailbox: Mailbox) -> str:
     return str(blob.get("client_secret") or "") if isinstance(blob, dict) else ""
 
 
-def exchange_code(*, ends: ConsentEndpoints, code: str, verifier: str, redirect_uri: str, client_secret: str
-                  ) -> dict:
+def exchange_code(*, ends: ConsentEndpoints, code: str, verifier: str, redirect_uri: str, client_secret: str) -> dict:
     """{"refresh_token", "scope", "expires_at"} from the token endpoint, or ConsentRefused."""
-    form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri,
-            "client_id": ends.client_id, "code_verifier": verifier}
+    form = {
+        "grant_type": "authorization_code",
+        "code": code,
+        "redirect_uri": redirect_uri,
+        "client_id": ends.client_id,
+        "code_verifier": verifier,
+    }
     if client_secret:
         form["client_secret"] = client_secret
     http = guarded_session(purpose="token_url")  # the tenant's setting: through the egress guard
     try:
-        response = http.post(ends.token_url, data=form, timeout=TOKEN_TIMEOUT, allow_redirects=False,
-                             headers={"Accept": "application/json"})
+        response = http.post(
+            ends.token_url,
+            data=form,
+            timeout=TOKEN_TIMEOUT,
+            allow_redirects=False,
+            headers={"Accept": "application/json"},
+        )
     except EgressRefused as exc:
         raise ConsentRefused(f"The token endpoint may not be reached: {exc}") from None
     except requests.RequestException as exc:
-        raise ConsentRefused(f"The token endpoint could not be reached ({type(exc).__name__}). Nothing was "
-                             f"stored: try again.") from None
+        raise ConsentRefused(
+            f"The token endpoint could not be reached ({type(exc).__name__}). Nothing was stored: try again."
+        ) from None
     finally:
         http.close()
     body = json_or_empty(response)
     if response.status_code != 200 or not body.get("access_token"):
         said = str(body.get("error") or "")[:100]
-        raise ConsentRefused(f"{ends.name} refused the authorization code (HTTP {response.status_code}"
-                             f"{', ' + said if said else ''}). Nothing was stored: start again.")
+        raise ConsentRefused(
+            f"{ends.name} refused the authorization code (HTTP {response.status_code}"
+            f"{', ' + said if said else ''}). Nothing was stored: start again."
+        )
     if not body.get("refresh_token"):
-        raise ConsentRefused(f"{ends.name} granted no refresh token (offline access), so polling would stop within "
-                             f"the hour. Nothing was stored.")
-    return {"refresh_token": str(body["refresh_token"]), "scope": str(body.get("scope") or ends.scope),
-            "expires_at": refresh_expiry(ends.family, body.get("refresh_token_expires_in"))}
+        raise ConsentRefused(
+            f"{ends.name} granted no refresh token (offline access), so polling would stop within "
+            f"the hour. Nothing was stored."
+        )
+    return {
+        "refresh_token": str(body["refresh_token"]),
+        "scope": str(body.get("scope") or ends.scope),
+        "expires_at": refresh_expiry(ends.family, body.get("refresh_token_expires_in")),
+    }
 
 
 def refresh_expiry(family: str, seconds):

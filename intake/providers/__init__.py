@@ -1,5 +1,6 @@
 """Provider adapters, one module per provider. `provider_for` picks the one a mailbox needs;
 `endpoint_errors` checks the hosts and URLs a mailbox's settings name against the egress guard."""
+
 from importlib import import_module
 
 from intake.egress import IMAP_PORTS, host_problem, url_problem

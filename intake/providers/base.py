@@ -14,6 +14,7 @@ use; `fetch_listed(listed)` fetches the ones the caller wants. IMAP, Gmail, Grap
 server side, SendGrid Inbound Parse keeps nothing, and Postmark's inbound search returns its own
 ids, not the Message-ID, so matching would take one details call per message).
 """
+
 from dataclasses import dataclass, field
 
 from django.http import HttpRequest, HttpResponse
@@ -21,8 +22,16 @@ from django.http import HttpRequest, HttpResponse
 from intake.failures import AmbiguousOutcome, PermanentError, TransientError
 
 __all__ = [
-    "AmbiguousOutcome", "FetchedMessage", "ListedMessage", "Listing", "PermanentError", "PollBatch", "Provider",
-    "TransientError", "WebhookRejected", "WebhookResult",
+    "AmbiguousOutcome",
+    "FetchedMessage",
+    "ListedMessage",
+    "Listing",
+    "PermanentError",
+    "PollBatch",
+    "Provider",
+    "TransientError",
+    "WebhookRejected",
+    "WebhookResult",
 ]
 
 
@@ -72,8 +81,8 @@ class ListedMessage:
     """A message the provider holds: its provider message id, and what `fetch_listed` needs to fetch it."""
 
     provider_message_id: str
-    handle: object = None       # an IMAP UID, a Gmail or Graph id, a Mailgun storage URL
-    raw: bytes | None = None    # when listing already had to read the whole message (IMAP without a Message-ID)
+    handle: object = None  # an IMAP UID, a Gmail or Graph id, a Mailgun storage URL
+    raw: bytes | None = None  # when listing already had to read the whole message (IMAP without a Message-ID)
 
 
 @dataclass

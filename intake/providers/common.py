@@ -4,6 +4,7 @@ Both poll a JSON API with OAuth access tokens (`intake.providers.oauth`), page b
 page over a resync window, and fetch a message's MIME only when the mailbox has
 not stored it yet.
 """
+
 from intake.models import InboxEvent
 
 from .base import FetchedMessage, PollBatch, Provider
@@ -76,6 +77,13 @@ class ApiProvider(Provider):
         One query for the whole page; `ingest` still absorbs a message stored meanwhile.
         """
         ids = list(dict.fromkeys(ids))
-        known = set(InboxEvent.objects.filter(mailbox=self.mailbox, provider_message_id__in=ids)
-                    .values_list("provider_message_id", flat=True)) if ids else set()
+        known = (
+            set(
+                InboxEvent.objects.filter(mailbox=self.mailbox, provider_message_id__in=ids).values_list(
+                    "provider_message_id", flat=True
+                )
+            )
+            if ids
+            else set()
+        )
         return [message_id for message_id in ids if message_id not in known]

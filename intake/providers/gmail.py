@@ -55,6 +55,7 @@ page says `archive_done`. While a cut-off is set, a fetched message whose `inter
 
 Nothing logged here holds a token, a body or a full address.
 """
+
 import base64
 import binascii
 import hmac
@@ -101,8 +102,11 @@ class GmailClient(ApiClient):
         if response.status_code == 403:
             code = error_code(response)
             if code in RATE_LIMIT_REASONS:
-                return TransientError("rate_limited", f"gmail HTTP 403 {code}",
-                                      retry_after=parse_retry_after(response.headers.get("Retry-After")))
+                return TransientError(
+                    "rate_limited",
+                    f"gmail HTTP 403 {code}",
+                    retry_after=parse_retry_after(response.headers.get("Retry-After")),
+                )
         return super().http_error(response)
 
 
@@ -131,8 +135,11 @@ class GmailProvider(ApiProvider):
         else:
             address = str(notice.get("emailAddress") or "")
             if address and self.mailbox.address and address.lower() != self.mailbox.address.lower():
-                log.warning("gmail: push for mailbox %s names %s, not the mailbox address; polling anyway",
-                            self.mailbox.slug, mask_address(address))
+                log.warning(
+                    "gmail: push for mailbox %s names %s, not the mailbox address; polling anyway",
+                    self.mailbox.slug,
+                    mask_address(address),
+                )
             log.info("gmail: push for mailbox %s (historyId %s)", self.mailbox.slug, notice.get("historyId"))
         return WebhookResult(poll=True)
 
@@ -140,8 +147,7 @@ class GmailProvider(ApiProvider):
         mode = self.settings.get("push_auth") or "oidc"
         if mode == "url_token":
             try:
-                secret = resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant,
-                                        owner=self.mailbox)
+                secret = resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant, owner=self.mailbox)
             except SecretUnavailable as exc:
                 log.error("gmail: mailbox %s has no usable push token: %s", self.mailbox.slug, exc)
                 raise WebhookRejected("push token cannot be verified") from None
@@ -216,24 +222,38 @@ class GmailProvider(ApiProvider):
         return self._history(history_id, str(cursor.get("history_page_token") or ""))
 
     def _history(self, history_id: str, page_token: str) -> PollBatch:
-        params = {"startHistoryId": history_id, "maxResults": self.page_size,
-                  "historyTypes": ["messageAdded", "labelAdded"]}
+        params = {
+            "startHistoryId": history_id,
+            "maxResults": self.page_size,
+            "historyTypes": ["messageAdded", "labelAdded"],
+        }
         if self.label_id:
             params["labelId"] = self.label_id
         if page_token:
             params["pageToken"] = page_token
         response = self.client.get(self._path("/history"), params=params, handle=(400, 404))
         if response.status_code == 404:
-            log.warning("gmail: mailbox %s: historyId %s is no longer available; syncing the last %d days",
-                        self.mailbox.slug, history_id, self.resync_days)
+            log.warning(
+                "gmail: mailbox %s: historyId %s is no longer available; syncing the last %d days",
+                self.mailbox.slug,
+                history_id,
+                self.resync_days,
+            )
             return self._sync(None, None)
         if response.status_code == 400:
             if page_token:
-                log.warning("gmail: mailbox %s: history page token refused; walking again from %s",
-                            self.mailbox.slug, history_id)
+                log.warning(
+                    "gmail: mailbox %s: history page token refused; walking again from %s",
+                    self.mailbox.slug,
+                    history_id,
+                )
                 return self._history(history_id, "")
-            log.warning("gmail: mailbox %s: historyId %s refused; syncing the last %d days",
-                        self.mailbox.slug, history_id, self.resync_days)
+            log.warning(
+                "gmail: mailbox %s: historyId %s refused; syncing the last %d days",
+                self.mailbox.slug,
+                history_id,
+                self.resync_days,
+            )
             return self._sync(None, None)
         body = _json(response)
         ids = []
@@ -252,7 +272,8 @@ class GmailProvider(ApiProvider):
         if next_page:
             return PollBatch(messages, {"history_id": history_id, "history_page_token": str(next_page)}, more=True)
         latest = body.get("historyId") or max(
-            [int(r["id"]) for r in body.get("history") or [] if str(r.get("id", "")).isdigit()] + [int(history_id)])
+            [int(r["id"]) for r in body.get("history") or [] if str(r.get("id", "")).isdigit()] + [int(history_id)]
+        )
         return PollBatch(messages, {"history_id": str(latest)}, more=False)
 
     def _sync(self, history_id: str | None, page_token: str | None) -> PollBatch:
@@ -261,8 +282,12 @@ class GmailProvider(ApiProvider):
             if not profile.get("historyId"):
                 raise TransientError("unreadable_response", "gmail profile without historyId")
             history_id = str(profile["historyId"])
-            log.info("gmail: mailbox %s: window sync of %d days from historyId %s",
-                     self.mailbox.slug, self.resync_days, history_id)
+            log.info(
+                "gmail: mailbox %s: window sync of %d days from historyId %s",
+                self.mailbox.slug,
+                self.resync_days,
+                history_id,
+            )
         if self.resync_days == 0:
             return PollBatch([], {"history_id": history_id}, more=False)
         params = {"maxResults": self.page_size, "q": f"newer_than:{self.resync_days}d"}
@@ -292,27 +317,35 @@ class GmailProvider(ApiProvider):
     def _fetch(self, ids: list[str]) -> list[FetchedMessage]:
         fetched = []
         for message_id in self.not_yet_stored(ids):
-            response = self.client.get(self._path(f"/messages/{quote(message_id, safe='')}"),
-                                       params={"format": "raw"}, handle=(404,))
+            response = self.client.get(
+                self._path(f"/messages/{quote(message_id, safe='')}"), params={"format": "raw"}, handle=(404,)
+            )
             if response.status_code == 404:
-                log.info("gmail: mailbox %s: message %s was deleted before it could be fetched",
-                         self.mailbox.slug, message_id)
+                log.info(
+                    "gmail: mailbox %s: message %s was deleted before it could be fetched",
+                    self.mailbox.slug,
+                    message_id,
+                )
                 continue
             body = _json(response)
             raw = decode_raw(body.get("raw"))
-            fetched.append(FetchedMessage(
-                provider_message_id=message_id,
-                raw=raw,
-                metadata={"thread_id": body.get("threadId", ""), "label_ids": body.get("labelIds") or []},
-                history=self._is_history(body),
-            ))
+            fetched.append(
+                FetchedMessage(
+                    provider_message_id=message_id,
+                    raw=raw,
+                    metadata={"thread_id": body.get("threadId", ""), "label_ids": body.get("labelIds") or []},
+                    history=self._is_history(body),
+                )
+            )
         return fetched
 
     # --- Listing (reconciliation) ------------------------------------------------------
 
     def list_recent(self, since: datetime, until: datetime, limit: int, resume: dict | None = None) -> Listing:
-        params = {"maxResults": max(1, min(500, int(limit))),
-                  "q": f"after:{int(since.timestamp())} before:{int(until.timestamp()) + 1}"}
+        params = {
+            "maxResults": max(1, min(500, int(limit))),
+            "q": f"after:{int(since.timestamp())} before:{int(until.timestamp()) + 1}",
+        }
         if self.label_id:
             params["labelIds"] = self.label_id
         if resume and resume.get("page_token"):

@@ -47,6 +47,7 @@ per call (`"archive": {"before", "next_link"}` in the cursor), every message fet
 last page says `archive_done`. While a cut-off is set, a message whose receivedDateTime (from the delta,
 the listing or the scan) is before it is `history`.
 """
+
 import hmac
 import json
 import logging
@@ -107,12 +108,14 @@ class GraphProvider(ApiProvider):
         except ValueError:
             raise WebhookRejected("notification is not JSON") from None
         notifications = payload.get("value") if isinstance(payload, dict) else None
-        if not isinstance(notifications, list) or not notifications or not all(
-                isinstance(n, dict) for n in notifications):
+        if (
+            not isinstance(notifications, list)
+            or not notifications
+            or not all(isinstance(n, dict) for n in notifications)
+        ):
             raise WebhookRejected("no notifications to verify")
         try:
-            secret = resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant,
-                                        owner=self.mailbox)
+            secret = resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant, owner=self.mailbox)
         except SecretUnavailable as exc:
             log.error("graph: mailbox %s has no usable clientState secret: %s", self.mailbox.slug, exc)
             raise WebhookRejected("clientState cannot be verified") from None
@@ -124,9 +127,13 @@ class GraphProvider(ApiProvider):
         if lifecycle & LIFECYCLE_RENEW:
             # Let the renewal beat renew (or recreate) the subscription on its next run.
             ProviderSubscription.objects.filter(mailbox=self.mailbox, provider=self.name).update(
-                expires_at=timezone.now())
-            log.warning("graph: mailbox %s: lifecycle %s; subscription marked due",
-                        self.mailbox.slug, ",".join(sorted(lifecycle)))
+                expires_at=timezone.now()
+            )
+            log.warning(
+                "graph: mailbox %s: lifecycle %s; subscription marked due",
+                self.mailbox.slug,
+                ",".join(sorted(lifecycle)),
+            )
         log.info("graph: %d notification(s) for mailbox %s", len(notifications), self.mailbox.slug)
         return WebhookResult(poll=True)
 
@@ -173,8 +180,11 @@ class GraphProvider(ApiProvider):
             if response.status_code != 200:  # a page link no longer served: scan again (stored ones are skipped)
                 return [], fresh, False
         else:
-            params = {"$filter": f"receivedDateTime lt {before.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}",
-                      "$select": "id,receivedDateTime", "$top": self.page_size}
+            params = {
+                "$filter": f"receivedDateTime lt {before.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}",
+                "$select": "id,receivedDateTime",
+                "$top": self.page_size,
+            }
             path = f"{self.user_path}/mailFolders/{quote(self.folder, safe='')}/messages"
             response = self.client.get(path, params=params, headers=self._headers())
         body = json_or_empty(response)
@@ -189,8 +199,9 @@ class GraphProvider(ApiProvider):
     @staticmethod
     def _ids_and_dates(items) -> tuple[list[str], dict[str, str]]:
         items = [item for item in items if isinstance(item, dict) and item.get("id") and "@removed" not in item]
-        return [str(item["id"]) for item in items], {str(item["id"]): str(item.get("receivedDateTime") or "")
-                                                    for item in items}
+        return [str(item["id"]) for item in items], {
+            str(item["id"]): str(item.get("receivedDateTime") or "") for item in items
+        }
 
     def _is_history(self, received: str) -> bool:
         before = self.mailbox.archive_before
@@ -213,8 +224,11 @@ class GraphProvider(ApiProvider):
             response = self.client.get(link, headers=self._headers(), handle=(400, 404, 410))
             if response.status_code != 200:
                 if response.status_code == 410 or error_code(response).lower() in SYNC_RESET_CODES:
-                    log.warning("graph: mailbox %s: sync state gone (HTTP %s); resyncing",
-                                self.mailbox.slug, response.status_code)
+                    log.warning(
+                        "graph: mailbox %s: sync state gone (HTTP %s); resyncing",
+                        self.mailbox.slug,
+                        response.status_code,
+                    )
                     return self._page(None)
                 raise self.client.http_error(response)
         body = json_or_empty(response)
@@ -235,16 +249,21 @@ class GraphProvider(ApiProvider):
         if resume and resume.get("next_link"):
             response = self.client.get(str(resume["next_link"]), headers=headers)
         else:
-            window = (f"receivedDateTime ge {since.strftime('%Y-%m-%dT%H:%M:%SZ')} and "
-                      f"receivedDateTime le {until.strftime('%Y-%m-%dT%H:%M:%SZ')}")
+            window = (
+                f"receivedDateTime ge {since.strftime('%Y-%m-%dT%H:%M:%SZ')} and "
+                f"receivedDateTime le {until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+            )
             params = {"$filter": window, "$select": "id,receivedDateTime", "$top": top}
             path = f"{self.user_path}/mailFolders/{quote(self.folder, safe='')}/messages"
             response = self.client.get(path, params=params, headers=headers)
         body = json_or_empty(response)
         if not isinstance(body.get("value"), list):
             raise TransientError("unreadable_response", f"graph HTTP {response.status_code}, no message page")
-        listed = [ListedMessage(str(item["id"]), str(item["id"])) for item in body["value"]
-                  if isinstance(item, dict) and item.get("id")]
+        listed = [
+            ListedMessage(str(item["id"]), str(item["id"]))
+            for item in body["value"]
+            if isinstance(item, dict) and item.get("id")
+        ]
         self._listed_dates.update(self._ids_and_dates(body["value"])[1])  # for fetch_listed: history or not
         next_link = body.get("@odata.nextLink")
         return Listing(listed, {"next_link": str(next_link)} if next_link else None)
@@ -255,14 +274,22 @@ class GraphProvider(ApiProvider):
     def _fetch(self, ids: list[str], received: dict[str, str] | None = None) -> list[FetchedMessage]:
         fetched = []
         for message_id in self.not_yet_stored(ids):
-            response = self.client.get(f"{self.user_path}/messages/{quote(message_id, safe='')}/$value",
-                                       headers={"Prefer": IMMUTABLE_IDS}, handle=(404,))
+            response = self.client.get(
+                f"{self.user_path}/messages/{quote(message_id, safe='')}/$value",
+                headers={"Prefer": IMMUTABLE_IDS},
+                handle=(404,),
+            )
             if response.status_code == 404:
                 log.info("graph: mailbox %s: a message was deleted before it could be fetched", self.mailbox.slug)
                 continue
             if not response.content:
                 raise TransientError("unreadable_response", "graph returned an empty MIME body")
-            fetched.append(FetchedMessage(provider_message_id=message_id, raw=response.content,
-                                          metadata={"folder": self.folder},
-                                          history=self._is_history((received or {}).get(message_id, ""))))
+            fetched.append(
+                FetchedMessage(
+                    provider_message_id=message_id,
+                    raw=response.content,
+                    metadata={"folder": self.folder},
+                    history=self._is_history((received or {}).get(message_id, "")),
+                )
+            )
         return fetched

@@ -45,6 +45,7 @@ folder, in UID order from the resume point, at most `limit` UIDs; for those, INT
 `BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)]` only (the whole message only when it has no Message-ID,
 since its id is then the content fingerprint). INTERNALDATE decides the exact window.
 """
+
 import functools
 import imaplib
 import logging
@@ -190,8 +191,13 @@ class ImapProvider(Provider):
         try:
             # Checked here for a clear refusal, and again by the connection itself (against DNS rebinding).
             check_host(self.host, self.port, purpose=IMAP_HOST.purpose, policy=IMAP_HOST)
-            client = GuardedIMAPClient(self.host, port=self.port, ssl=self.use_ssl, timeout=self.timeout,
-                                       ssl_context=ssl_module.create_default_context() if self.use_ssl else None)
+            client = GuardedIMAPClient(
+                self.host,
+                port=self.port,
+                ssl=self.use_ssl,
+                timeout=self.timeout,
+                ssl_context=ssl_module.create_default_context() if self.use_ssl else None,
+            )
         except EgressRefused as exc:
             raise PermanentError("settings", str(exc)) from None
         except (OSError, imaplib.IMAP4.error) as exc:  # refused, unreachable, TLS, timeout, greeting
@@ -323,20 +329,29 @@ class ImapProvider(Provider):
         if cursor.get("uidvalidity") != uidvalidity:
             # First poll, or the UIDs we knew are void: resync by date.
             if cursor:
-                logger.warning("UIDVALIDITY of mailbox %s changed (%s -> %s): resync of the last %d days",
-                               self.mailbox.slug, cursor.get("uidvalidity"), uidvalidity, self.sync_days)
+                logger.warning(
+                    "UIDVALIDITY of mailbox %s changed (%s -> %s): resync of the last %d days",
+                    self.mailbox.slug,
+                    cursor.get("uidvalidity"),
+                    uidvalidity,
+                    self.sync_days,
+                )
             uidnext = int(status.get(b"UIDNEXT") or 0)
             sync_max = uidnext - 1 if uidnext else max(client.search(["ALL"]) or [0])
             sync_since = date.today() - timedelta(days=self.sync_days)
             if self._archive_running():  # mail before the cut-off is the archive scan's (_archive_batch)
                 sync_since = max(sync_since, self._cutoff().date())
-            cursor = {"uidvalidity": uidvalidity, "last_uid": 0, "seen": [],
-                      "sync_since": sync_since.isoformat(), "sync_max_uid": sync_max}
+            cursor = {
+                "uidvalidity": uidvalidity,
+                "last_uid": 0,
+                "seen": [],
+                "sync_since": sync_since.isoformat(),
+                "sync_max_uid": sync_max,
+            }
         last_uid = int(cursor.get("last_uid") or 0)
         seen = set(cursor.get("seen") or [])
         low = max(1, last_uid - self.overlap + 1)
-        candidates = [uid for uid in self._search_from(client, low, cursor)
-                      if uid > last_uid or uid not in seen]
+        candidates = [uid for uid in self._search_from(client, low, cursor) if uid > last_uid or uid not in seen]
         candidates.sort()
 
         chosen = self._bounded(client, candidates[: self.batch_size])
@@ -376,8 +391,9 @@ class ImapProvider(Provider):
         if chosen:
             return PollBatch(messages=messages, cursor={**new_cursor, "archive": archive}, more=True)
         history, archive, done = self._archive_batch(client, archive)
-        return PollBatch(messages=history, cursor={**new_cursor, "archive": archive}, more=more or not done,
-                         archive_done=done)
+        return PollBatch(
+            messages=history, cursor={**new_cursor, "archive": archive}, more=more or not done, archive_done=done
+        )
 
     # --- archive import (intake.archive) -------------------------------------------------------
 
@@ -446,7 +462,7 @@ class ImapProvider(Provider):
         """The longest prefix of `uids` within `max_batch_bytes` (at least one message)."""
         chosen, total = [], 0
         for start in range(0, len(uids), SIZE_CHUNK):
-            chunk = uids[start:start + SIZE_CHUNK]
+            chunk = uids[start : start + SIZE_CHUNK]
             missing = [uid for uid in chunk if uid not in self._sizes]
             if missing:
                 self._sizes.update(_fetch_sizes(client, missing))
@@ -505,11 +521,21 @@ class ImapProvider(Provider):
         client = self._connect()
         self._examine()
         # With an archive cut-off, what the reconciler stores from before it is history too (never acknowledged).
-        dates = (client.fetch([int(m.handle) for m in listed], ["INTERNALDATE"])
-                 if listed and self._cutoff() is not None else {})
-        messages = [FetchedMessage(m.provider_message_id, m.raw, {"uid": m.handle},
-                                   history=self._is_history(dates.get(int(m.handle)) or {}))
-                    for m in listed if m.raw]
+        dates = (
+            client.fetch([int(m.handle) for m in listed], ["INTERNALDATE"])
+            if listed and self._cutoff() is not None
+            else {}
+        )
+        messages = [
+            FetchedMessage(
+                m.provider_message_id,
+                m.raw,
+                {"uid": m.handle},
+                history=self._is_history(dates.get(int(m.handle)) or {}),
+            )
+            for m in listed
+            if m.raw
+        ]
         wanted = [int(m.handle) for m in listed if not m.raw]
         if wanted:
             fetched = client.fetch(wanted, ["BODY.PEEK[]"])
@@ -517,8 +543,14 @@ class ImapProvider(Provider):
                 raw = (fetched.get(uid) or {}).get(b"BODY[]")
                 if raw is not None:
                     raw = bytes(raw)
-                    messages.append(FetchedMessage(provider_message_id_for_raw(raw), raw, {"uid": uid},
-                                                   history=self._is_history(dates.get(uid) or {})))
+                    messages.append(
+                        FetchedMessage(
+                            provider_message_id_for_raw(raw),
+                            raw,
+                            {"uid": uid},
+                            history=self._is_history(dates.get(uid) or {}),
+                        )
+                    )
         return messages
 
 

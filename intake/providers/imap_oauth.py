@@ -22,6 +22,7 @@ google-auth's transport). A refresh token the provider rotates is stored before 
 credentials. A source says whether its last token was fetched just now (`last_fresh`): the IMAP login
 refreshes a cached token that the server refuses once, and calls a refused fresh token a credentials problem.
 """
+
 import functools
 import hashlib
 import json
@@ -55,8 +56,15 @@ GOOGLE_TOKEN_URL = "https://oauth2.googleapis.com/token"
 # What a token endpoint says when the grant itself is refused (RFC 6749 §5.2): an admin must reconnect.
 # Token-endpoint errors only a person fixes (RFC 6749 §5.2; Microsoft's interaction_required and consent_required:
 # the user or an admin must sign in or consent again).
-REFUSED = ("invalid_grant", "invalid_client", "unauthorized_client", "invalid_scope", "access_denied",
-           "interaction_required", "consent_required")
+REFUSED = (
+    "invalid_grant",
+    "invalid_client",
+    "unauthorized_client",
+    "invalid_scope",
+    "access_denied",
+    "interaction_required",
+    "consent_required",
+)
 TIMEOUT = (3.05, 20.0)
 
 _cache: dict[str, tuple[str, float]] = {}
@@ -80,10 +88,17 @@ def token_source(mailbox):
         raise PermanentError("settings", f"unknown oauth_flavor {flavor!r}")
     if not options.get("token_url"):
         raise PermanentError("settings", "auth xoauth2 needs a token_url")
-    return TokenSource(token_url=options["token_url"], credentials_ref=mailbox.credentials_ref,
-                       client_id=str(options.get("client_id") or ""), scope=str(options.get("scope") or ""),
-                       refresh_scope=str(options.get("scope") or ""),  # Microsoft v2 wants it on a refresh
-                       tenant=mailbox.tenant, owner=mailbox, provider_label="imap", timeout=TIMEOUT)
+    return TokenSource(
+        token_url=options["token_url"],
+        credentials_ref=mailbox.credentials_ref,
+        client_id=str(options.get("client_id") or ""),
+        scope=str(options.get("scope") or ""),
+        refresh_scope=str(options.get("scope") or ""),  # Microsoft v2 wants it on a refresh
+        tenant=mailbox.tenant,
+        owner=mailbox,
+        provider_label="imap",
+        timeout=TIMEOUT,
+    )
 
 
 class _CachedTokens:
@@ -106,8 +121,14 @@ class _CachedTokens:
         # Per mailbox, and by everything that decides what the token grants: two mailboxes never share one
         # (another tenant's blob may look the same while only its client_secret_ref, or the subject, differs).
         secret = hashlib.sha256(client_secret_for(blob, self.mailbox.tenant, self.mailbox).encode()).hexdigest()
-        material = [type(self).__name__, self.mailbox.pk, secret, blob,
-                    {name: self.options.get(name) for name in KEY_SETTINGS}, self.mailbox.address]
+        material = [
+            type(self).__name__,
+            self.mailbox.pk,
+            secret,
+            blob,
+            {name: self.options.get(name) for name in KEY_SETTINGS},
+            self.mailbox.address,
+        ]
         return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
     def _session(self) -> requests.Session:
@@ -134,8 +155,14 @@ class _CachedTokens:
             raise network_error(exc, "token endpoint") from None
         if rotated and rotated != blob.get("refresh_token"):
             stored = load_credentials(self.mailbox.credentials_ref, self.mailbox.tenant, self.mailbox)
-            keep_rotation(self.mailbox, ref=self.mailbox.credentials_ref, blob=stored,
-                          sent=str(blob["refresh_token"]), received=rotated, provider="imap")
+            keep_rotation(
+                self.mailbox,
+                ref=self.mailbox.credentials_ref,
+                blob=stored,
+                sent=str(blob["refresh_token"]),
+                received=rotated,
+                provider="imap",
+            )
             key = self._key({**blob, "refresh_token": rotated})
         with _lock:
             _cache[key] = (access_token, expires_at)
@@ -173,11 +200,18 @@ class MicrosoftTokens(_CachedTokens):
         # Our own cache keys the tokens by the credentials; msal's is per call (nothing kept across polls).
         # instance_discovery off: the authority is the admin's setting (egress-checked), and login.microsoftonline.com
         # is known to msal anyway; discovery would ask login.microsoftonline.com about any other host.
-        common = {"authority": authority, "http_client": self._session(), "token_cache": msal.TokenCache(),
-                  "instance_discovery": False}
+        common = {
+            "authority": authority,
+            "http_client": self._session(),
+            "token_cache": msal.TokenCache(),
+            "instance_discovery": False,
+        }
         try:
-            app = (msal.ConfidentialClientApplication(client_id, client_credential=str(secret), **common) if secret
-                   else msal.PublicClientApplication(client_id, **common))
+            app = (
+                msal.ConfidentialClientApplication(client_id, client_credential=str(secret), **common)
+                if secret
+                else msal.PublicClientApplication(client_id, **common)
+            )
             if refresh_token:
                 scopes = str(self.options.get("scope") or MICROSOFT_DELEGATED_SCOPE).split()
                 result = app.acquire_token_by_refresh_token(str(refresh_token), scopes=scopes)
@@ -208,9 +242,12 @@ class GoogleTokens(_CachedTokens):
                     creds = creds.with_token_uri(token_url)
             elif blob.get("refresh_token"):
                 creds = user_credentials.Credentials(
-                    token=None, refresh_token=str(blob["refresh_token"]), client_id=blob.get("client_id"),
+                    token=None,
+                    refresh_token=str(blob["refresh_token"]),
+                    client_id=blob.get("client_id"),
                     client_secret=client_secret_for(blob, self.mailbox.tenant, self.mailbox) or None,
-                    token_uri=token_url or GOOGLE_TOKEN_URL)
+                    token_uri=token_url or GOOGLE_TOKEN_URL,
+                )
             else:
                 raise PermanentError("credentials", "google: a service account key or a refresh token is needed")
         except (ValueError, KeyError) as exc:  # a malformed key file

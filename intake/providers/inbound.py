@@ -6,6 +6,7 @@ Django's `request.POST` is no longer available; and Django would decode a raw
 MIME field to text anyway, replacing bytes that are not UTF-8. Here field
 values stay bytes, exactly as sent.
 """
+
 import base64
 import binascii
 import hmac
@@ -92,7 +93,7 @@ def parse_form(content_type: str, body: bytes) -> dict[str, bytes]:
         for separator in (b"\r\n\r\n", b"\n\n"):
             end = chunk.find(separator)
             if end != -1:
-                head, value = chunk[:end], chunk[end + len(separator):]
+                head, value = chunk[:end], chunk[end + len(separator) :]
                 break
         else:
             head, value = chunk, b""

@@ -7,6 +7,7 @@ seen before (kept in `WebhookNonce`; recorded in the webhook view's transaction,
 so a delivery that fails to store does not burn its token). The raw MIME comes
 from `body-mime`, which Mailgun sends when the forward URL ends in "mime".
 """
+
 import hashlib
 import hmac
 import time
@@ -96,8 +97,9 @@ class MailgunProvider(Provider):
             raise WebhookRejected("token too long")
         try:
             with transaction.atomic():
-                WebhookNonce.objects.create(mailbox=self.mailbox, provider=self.name, nonce=token,
-                                            seen_at=timezone.now())
+                WebhookNonce.objects.create(
+                    mailbox=self.mailbox, provider=self.name, nonce=token, seen_at=timezone.now()
+                )
         except IntegrityError:
             raise WebhookRejected("token seen before (replay)") from None
 
@@ -126,8 +128,13 @@ class MailgunProvider(Provider):
             # api_base and the links are the mailbox's: through the egress guard (intake.egress).
             self._session = guarded_session(purpose="mailgun api_base")
         try:
-            response = self._session.get(url, params=params, auth=("api", key), headers={"Accept": accept},
-                                         timeout=(3.05, float(settings.get("timeout") or 30)))
+            response = self._session.get(
+                url,
+                params=params,
+                auth=("api", key),
+                headers={"Accept": accept},
+                timeout=(3.05, float(settings.get("timeout") or 30)),
+            )
         except EgressRefused as exc:
             raise PermanentError("configuration", str(exc)) from None
         except requests.RequestException as exc:
@@ -135,8 +142,11 @@ class MailgunProvider(Provider):
         if response.status_code in (401, 403):
             raise PermanentError("credentials", f"mailgun HTTP {response.status_code}")
         if response.status_code == 429 or response.status_code >= 500:
-            raise TransientError("unavailable", f"mailgun HTTP {response.status_code}",
-                                 retry_after=parse_retry_after(response.headers.get("Retry-After")))
+            raise TransientError(
+                "unavailable",
+                f"mailgun HTTP {response.status_code}",
+                retry_after=parse_retry_after(response.headers.get("Retry-After")),
+            )
         if response.status_code == 404:
             return {}
         if response.status_code >= 400:
@@ -148,10 +158,17 @@ class MailgunProvider(Provider):
         if resume and resume.get("next"):
             body = self._api(str(resume["next"]))
         else:
-            body = self._api(f"/v3/{domain}/events", params={
-                "event": "stored", "recipient": self.mailbox.address, "begin": f"{since.timestamp():.0f}",
-                "end": f"{until.timestamp():.0f}", "ascending": "yes",
-                "limit": max(1, min(EVENTS_PAGE_LIMIT, int(limit)))})
+            body = self._api(
+                f"/v3/{domain}/events",
+                params={
+                    "event": "stored",
+                    "recipient": self.mailbox.address,
+                    "begin": f"{since.timestamp():.0f}",
+                    "end": f"{until.timestamp():.0f}",
+                    "ascending": "yes",
+                    "limit": max(1, min(EVENTS_PAGE_LIMIT, int(limit))),
+                },
+            )
         items = [item for item in body.get("items") or [] if isinstance(item, dict)]
         listed = []
         for item in items:
@@ -159,7 +176,7 @@ class MailgunProvider(Provider):
             url = storage.get("url")
             if not url:
                 continue  # expired from storage: nothing to fetch
-            headers = ((item.get("message") or {}).get("headers") or {})
+            headers = (item.get("message") or {}).get("headers") or {}
             message_id = str(headers.get("message-id") or "").strip().strip("<>")
             if message_id:
                 listed.append(ListedMessage(provider_message_id_for_raw(b"", message_id=message_id), url))

@@ -25,6 +25,7 @@ to the failure kinds of `intake.failures`:
   - anything else                                    -> PermanentError(reason)
 All calls here are reads or idempotent, so a failure after sending is still transient.
 """
+
 import hashlib
 import json
 import logging
@@ -80,13 +81,17 @@ def keep_rotation(mailbox, *, ref: str, blob: dict, sent: str, received: str, pr
             _unstored[ref] = (stored, received)
         return
     try:
-        kept = keep_rotated_refresh_token(mailbox=mailbox, blob=blob, new_refresh_token=received,
-                                          actor=f"provider:{provider}", provider=provider)
+        kept = keep_rotated_refresh_token(
+            mailbox=mailbox, blob=blob, new_refresh_token=received, actor=f"provider:{provider}", provider=provider
+        )
     except (SecretWriteFailed, SecretUnavailable) as exc:
         with _cache_lock:
             _unstored[ref] = (stored, received)
-        log.error("oauth: mailbox %s: the rotated refresh token could not be stored (%s); kept in memory",
-                  getattr(mailbox, "slug", "-"), exc)
+        log.error(
+            "oauth: mailbox %s: the rotated refresh token could not be stored (%s); kept in memory",
+            getattr(mailbox, "slug", "-"),
+            exc,
+        )
         raise TransientError("secret_store", f"the rotated refresh token could not be stored: {exc}") from None
     with _cache_lock:
         if kept:
@@ -180,8 +185,14 @@ class TokenSource:
         access_token, expires_at, rotated = self._refresh(form)
         if rotated:
             # Stored before the new access token is used: the old refresh token may be void already.
-            keep_rotation(self.owner, ref=self.credentials_ref, blob=blob, sent=form["refresh_token"],
-                          received=rotated, provider=self.provider_label or getattr(self.owner, "provider", "oauth"))
+            keep_rotation(
+                self.owner,
+                ref=self.credentials_ref,
+                blob=blob,
+                sent=form["refresh_token"],
+                received=rotated,
+                provider=self.provider_label or getattr(self.owner, "provider", "oauth"),
+            )
             key = self._key({**form, "refresh_token": rotated})  # what the next `_grant()` will compute
         with _cache_lock:
             _cache[key] = (access_token, expires_at)
@@ -203,8 +214,13 @@ class TokenSource:
             # The token URL is the mailbox's setting: through the egress guard, like the API it unlocks.
             self.session = guarded_session(purpose="token_url")
         try:
-            response = self.session.post(self.token_url, data=form, timeout=self.timeout, allow_redirects=False,
-                                    headers={"Accept": "application/json"})
+            response = self.session.post(
+                self.token_url,
+                data=form,
+                timeout=self.timeout,
+                allow_redirects=False,
+                headers={"Accept": "application/json"},
+            )
         except EgressRefused as exc:
             raise PermanentError("configuration", str(exc)) from None
         except requests.RequestException as exc:
@@ -221,8 +237,11 @@ class TokenSource:
             return str(body["access_token"]), time.time() + lifetime, rotated
         error = str(body.get("error") or "")
         if response.status_code == 429 or response.status_code >= 500:
-            raise TransientError("token_endpoint", f"HTTP {response.status_code}",
-                                 retry_after=parse_retry_after(response.headers.get("Retry-After")))
+            raise TransientError(
+                "token_endpoint",
+                f"HTTP {response.status_code}",
+                retry_after=parse_retry_after(response.headers.get("Retry-After")),
+            )
         if response.status_code == 200 or error == "temporarily_unavailable":  # RFC 6749 §4.1.2.1: try later
             raise TransientError("token_endpoint", f"HTTP {response.status_code} {error or 'without an access_token'}")
         # 400 invalid_grant / invalid_client / unauthorized_client, 401: the credentials are refused.
@@ -256,22 +275,36 @@ class ApiClient:
     def get(self, path_or_url: str, *, params=None, headers=None, handle: tuple[int, ...] = ()) -> requests.Response:
         return self.request("GET", path_or_url, params=params, headers=headers, handle=handle)
 
-    def request(self, method: str, path_or_url: str, *, params=None, json_body=None, headers=None,
-                handle: tuple[int, ...] = ()) -> requests.Response:
+    def request(
+        self, method: str, path_or_url: str, *, params=None, json_body=None, headers=None, handle: tuple[int, ...] = ()
+    ) -> requests.Response:
         """Returns a 2xx response, or one whose status is in `handle`; otherwise raises a failure kind."""
         url = self.url(path_or_url)
         for attempt in (1, 2):
             request_headers = {"Authorization": f"Bearer {self.tokens.token()}", **(headers or {})}
             started = time.monotonic()
             try:
-                response = self.session.request(method, url, params=params, json=json_body, headers=request_headers,
-                                                timeout=self.timeout, allow_redirects=False)
+                response = self.session.request(
+                    method,
+                    url,
+                    params=params,
+                    json=json_body,
+                    headers=request_headers,
+                    timeout=self.timeout,
+                    allow_redirects=False,
+                )
             except EgressRefused as exc:
                 raise PermanentError("configuration", str(exc)) from None
             except requests.RequestException as exc:
                 raise network_error(exc, self.label) from None
-            log.debug("%s: %s %s -> %s in %.0f ms", self.label, method, _path(url), response.status_code,
-                      (time.monotonic() - started) * 1000)
+            log.debug(
+                "%s: %s %s -> %s in %.0f ms",
+                self.label,
+                method,
+                _path(url),
+                response.status_code,
+                (time.monotonic() - started) * 1000,
+            )
             if response.status_code == 401 and attempt == 1:
                 # Revoked or expired early: refresh once; a second 401 means the credentials are refused.
                 self.tokens.invalidate()
@@ -298,8 +331,9 @@ class ApiClient:
 
 
 def network_error(exc: requests.RequestException, label: str):
-    if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
-                        requests.exceptions.InvalidSchema)):
+    if isinstance(
+        exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema)
+    ):
         return PermanentError("configuration", f"{label}: bad URL ({type(exc).__name__})")
     reason = "timeout" if isinstance(exc, requests.exceptions.Timeout) else "connection"
     return TransientError(reason, f"{label}: {type(exc).__name__}")

@@ -10,6 +10,7 @@ accepted: the algorithm is never taken from the token.
 raises `TokenInvalid` with a short reason (never the token) when the signature,
 issuer, audience, expiry or email check fails, or when the keys cannot be fetched.
 """
+
 import logging
 import threading
 import time
@@ -83,8 +84,9 @@ def _signing_key(url: str, kid: str):
     return keys[kid]
 
 
-def verify_id_token(token: str, *, jwks_url: str, audience: str, issuers, email: str = "",
-                    leeway: int = LEEWAY_SECONDS) -> dict:
+def verify_id_token(
+    token: str, *, jwks_url: str, audience: str, issuers, email: str = "", leeway: int = LEEWAY_SECONDS
+) -> dict:
     """The verified claims of `token`, or TokenInvalid."""
     if not token:
         raise TokenInvalid("no bearer token")
@@ -101,7 +103,11 @@ def verify_id_token(token: str, *, jwks_url: str, audience: str, issuers, email:
     key = _signing_key(jwks_url, str(header.get("kid") or ""))
     try:
         claims = jwt.decode(
-            token, key=key.key, algorithms=ALGORITHMS, audience=audience, leeway=leeway,
+            token,
+            key=key.key,
+            algorithms=ALGORITHMS,
+            audience=audience,
+            leeway=leeway,
             options={"require": ["exp", "iat", "iss", "aud"]},
         )
     except jwt.ExpiredSignatureError:
@@ -118,4 +124,3 @@ def verify_id_token(token: str, *, jwks_url: str, audience: str, issuers, email:
         if str(claims.get("email", "")).lower() != email.lower() or claims.get("email_verified") not in (True, "true"):
             raise TokenInvalid("wrong service account")
     return claims
-

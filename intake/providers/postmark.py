@@ -10,6 +10,7 @@ as metadata (an audit row); the provider message id is the RFC 5322 Message-ID,
 as for every inbound-parse channel, so a message that also arrives by IMAP or
 the raw webhook is one event.
 """
+
 import base64
 import binascii
 import hashlib
@@ -24,8 +25,18 @@ from .base import FetchedMessage, PermanentError, Provider, WebhookResult
 from .inbound import check_basic_auth
 
 # Rebuilt from the payload's own fields, or produced by the MIME structure we build.
-_SKIPPED_HEADERS = {"from", "to", "cc", "bcc", "subject", "date", "reply-to", "content-type",
-                    "content-transfer-encoding", "mime-version"}
+_SKIPPED_HEADERS = {
+    "from",
+    "to",
+    "cc",
+    "bcc",
+    "subject",
+    "date",
+    "reply-to",
+    "content-type",
+    "content-transfer-encoding",
+    "mime-version",
+}
 
 
 def _clean(value) -> str:
@@ -35,8 +46,14 @@ def _clean(value) -> str:
 def rebuild_message(payload: dict) -> bytes:
     """An RFC 5322 message from Postmark's parsed fields; the same payload always gives the same bytes."""
     message = EmailMessage(policy=policy.default)
-    for header, key in (("From", "From"), ("To", "To"), ("Cc", "Cc"), ("Subject", "Subject"),
-                        ("Date", "Date"), ("Reply-To", "ReplyTo")):
+    for header, key in (
+        ("From", "From"),
+        ("To", "To"),
+        ("Cc", "Cc"),
+        ("Subject", "Subject"),
+        ("Date", "Date"),
+        ("Reply-To", "ReplyTo"),
+    ):
         value = _clean(payload.get(key))
         if value:
             try:
@@ -65,9 +82,13 @@ def rebuild_message(payload: dict) -> bytes:
         except (binascii.Error, ValueError):
             raise PermanentError("malformed", "attachment content is not base64") from None
         maintype, _, subtype = (attachment.get("ContentType") or "application/octet-stream").partition("/")
-        message.add_attachment(content, maintype=maintype or "application", subtype=subtype or "octet-stream",
-                               filename=_clean(attachment.get("Name")) or "attachment",
-                               cid=_clean(attachment.get("ContentID")) or None)
+        message.add_attachment(
+            content,
+            maintype=maintype or "application",
+            subtype=subtype or "octet-stream",
+            filename=_clean(attachment.get("Name")) or "attachment",
+            cid=_clean(attachment.get("ContentID")) or None,
+        )
     seed = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
     for number, part in enumerate(p for p in message.walk() if p.is_multipart()):
         part.set_boundary(f"=_mailroom_{seed}_{number}")
@@ -80,8 +101,9 @@ class PostmarkProvider(Provider):
     supports_polling = False
 
     def handle_webhook(self, request, body: bytes) -> WebhookResult:
-        check_basic_auth(request, resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant,
-                                                     owner=self.mailbox))
+        check_basic_auth(
+            request, resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant, owner=self.mailbox)
+        )
         try:
             payload = json.loads(body)
         except (UnicodeDecodeError, ValueError):

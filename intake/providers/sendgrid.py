@@ -5,6 +5,7 @@ Configure the Parse setting with "POST the raw, full MIME message" and the URL
 `Mailbox.webhook_secret_ref` resolves to `<user>:<password>`. The message is
 the multipart field `email`, taken as bytes exactly as posted.
 """
+
 from intake.keys import provider_message_id_for_raw
 from intake.secrets import resolve_secret
 
@@ -18,8 +19,9 @@ class SendgridProvider(Provider):
     supports_polling = False
 
     def handle_webhook(self, request, body: bytes) -> WebhookResult:
-        check_basic_auth(request, resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant,
-                                                     owner=self.mailbox))
+        check_basic_auth(
+            request, resolve_secret(self.mailbox.webhook_secret_ref, tenant=self.mailbox.tenant, owner=self.mailbox)
+        )
         try:
             fields = parse_form(request.META.get("CONTENT_TYPE", ""), body)
         except FormError as exc:

@@ -25,6 +25,7 @@ inbound-parse channel, not SES's `mail.messageId`: a retried notification carrie
 message, and so does the same message reaching the mailbox by another channel (the raw webhook, a
 migration through IMAP); both must meet at one event. SES's id is kept as evidence (an audit row).
 """
+
 import base64
 import binascii
 import json
@@ -96,8 +97,11 @@ class SesProvider(Provider):
         receipt = notification.get("receipt") if isinstance(notification.get("receipt"), dict) else {}
         action = receipt.get("action") if isinstance(receipt.get("action"), dict) else {}
         action_type = action.get("type")
-        metadata = {"ses_message_id": _text(mail.get("messageId")), "sns_message_id": _text(message.get("MessageId")),
-                    "action": _text(action_type, 20)}
+        metadata = {
+            "ses_message_id": _text(mail.get("messageId")),
+            "sns_message_id": _text(message.get("MessageId")),
+            "action": _text(action_type, 20),
+        }
         for verdict in ("spamVerdict", "virusVerdict", "spfVerdict", "dkimVerdict", "dmarcVerdict"):
             if isinstance(receipt.get(verdict), dict):
                 metadata[verdict] = _text(receipt[verdict].get("status"), 40)
@@ -110,8 +114,13 @@ class SesProvider(Provider):
             raise PermanentError("malformed", f"SES action {_text(action_type, 20)!r} carries no message")
         if len(raw) > settings.MAILROOM_MAX_MESSAGE_BYTES:
             raise PermanentError("too_large", f"message larger than {settings.MAILROOM_MAX_MESSAGE_BYTES} bytes")
-        logger.info("SES message %s for mailbox %s: %d bytes by the %s action",
-                    metadata["ses_message_id"], self.mailbox.slug, len(raw), action_type)
+        logger.info(
+            "SES message %s for mailbox %s: %d bytes by the %s action",
+            metadata["ses_message_id"],
+            self.mailbox.slug,
+            len(raw),
+            action_type,
+        )
         return WebhookResult(messages=[FetchedMessage(provider_message_id_for_raw(raw), raw, metadata)])
 
     def _content(self, notification: dict, action: dict) -> bytes:
@@ -179,10 +188,16 @@ class SesProvider(Provider):
             except OSError as exc:  # the name does not resolve (now)
                 raise TransientError("s3", f"s3_endpoint_url: {type(exc).__name__}") from None
         return boto3.session.Session().client(
-            "s3", region_name=region, endpoint_url=endpoint_url,
-            aws_access_key_id=access_key_id, aws_secret_access_key=secret_key,
-            config=Config(connect_timeout=S3_CONNECT_TIMEOUT_SECONDS, read_timeout=S3_READ_TIMEOUT_SECONDS,
-                          retries={"max_attempts": 2, "mode": "standard"}),
+            "s3",
+            region_name=region,
+            endpoint_url=endpoint_url,
+            aws_access_key_id=access_key_id,
+            aws_secret_access_key=secret_key,
+            config=Config(
+                connect_timeout=S3_CONNECT_TIMEOUT_SECONDS,
+                read_timeout=S3_READ_TIMEOUT_SECONDS,
+                retries={"max_attempts": 2, "mode": "standard"},
+            ),
         )
 
 

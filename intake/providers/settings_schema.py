@@ -10,6 +10,7 @@ lists and polls as before (its next save asks for a fix). The egress guard (`end
 URLs; this module judges types, ranges and names. Mirrors `ticketing.destinations.settings` for mailboxes
 (intake sits below ticketing, so it cannot import that module).
 """
+
 import re
 from dataclasses import dataclass, field
 
@@ -65,6 +66,7 @@ class Seconds(Setting):
 @dataclass(frozen=True)
 class Number(Setting):
     """A number, fractions allowed (a spam score threshold: 5.0, 7.5)."""
+
     minimum: float = 0
     maximum: float = 1000
 
@@ -131,8 +133,10 @@ def https_problem(url: str) -> str | None:
         return None
     if text.lower().startswith("http://") and plain_http_allowed(text):
         return None
-    return ("must start with https:// (plain http:// only to a host of the egress allow-list, "
-            "MAILROOM_EGRESS_ALLOWED_NETWORKS)")
+    return (
+        "must start with https:// (plain http:// only to a host of the egress allow-list, "
+        "MAILROOM_EGRESS_ALLOWED_NETWORKS)"
+    )
 
 
 @dataclass(frozen=True)
@@ -150,13 +154,17 @@ class TextList(Setting):
 @dataclass(frozen=True)
 class Group(Setting):
     """An object with its own known keys."""
+
     keys: dict = field(default_factory=dict)
 
     def errors(self, value) -> list[str]:
         if not isinstance(value, dict):
             return [f"must be an object with the keys {', '.join(sorted(self.keys))}"]
-        return [f"{name}: {message}" for name, messages in check(self.keys, value, "this object").items()
-                for message in messages]
+        return [
+            f"{name}: {message}"
+            for name, messages in check(self.keys, value, "this object").items()
+            for message in messages
+        ]
 
 
 WHOLE_BYTES = Whole(minimum=0)
@@ -169,14 +177,19 @@ COMMON = {
     "spam_headers": TextList(pattern=rf"\s*{HEADER_NAME}\s*:\s*\S.*", what="'Header: value' lines"),
     # intake.validation.spamscore: at or above it, no acknowledgment (the ticket is still made)
     "spam_score_threshold": Number(minimum=-100, maximum=1000, help="a spam score, default 5.0"),
-    "attachment_policy": Group(keys={
-        "allowed_types": TextList(pattern=r"[\w.+-]+/[\w.+*-]+", what="MIME types such as image/*"),
-        "extra_allowed_types": TextList(pattern=r"[\w.+-]+/[\w.+*-]+", what="MIME types such as image/*"),
-        "blocked_extensions": TextList(pattern=r"\.?[\w-]+", what="file extensions such as exe"),
-        "max_bytes": WHOLE_BYTES, "max_attachments": Whole(minimum=0)}),
+    "attachment_policy": Group(
+        keys={
+            "allowed_types": TextList(pattern=r"[\w.+-]+/[\w.+*-]+", what="MIME types such as image/*"),
+            "extra_allowed_types": TextList(pattern=r"[\w.+-]+/[\w.+*-]+", what="MIME types such as image/*"),
+            "blocked_extensions": TextList(pattern=r"\.?[\w-]+", what="file extensions such as exe"),
+            "max_bytes": WHOLE_BYTES,
+            "max_attachments": Whole(minimum=0),
+        }
+    ),
     # intake.normalize
-    "sender_rate_limit": Group(keys={"count": Whole(minimum=1), "seconds": Whole(minimum=1),
-                                     "action": Text(choices=("review", "suppress"))}),
+    "sender_rate_limit": Group(
+        keys={"count": Whole(minimum=1), "seconds": Whole(minimum=1), "action": Text(choices=("review", "suppress"))}
+    ),
     # ticketing.acknowledgments
     "acknowledge": Flag(),
     "ack_policy": Text(choices=("authenticated", "always", "never")),
@@ -203,35 +216,77 @@ SCHEMAS = {
     "raw": COMMON,
     "postmark": COMMON,
     "sendgrid": COMMON,
-    "imap": {**COMMON, **POLLING,
-             "host": Text(pattern=HOST, max_length=253, help="a host name or IP address"),
-             "port": Whole(minimum=1, maximum=65535),
-             "ssl": Flag(), "starttls": Flag(),
-             "username": Text(), "folder": Text(max_length=1000),
-             "max_batch_bytes": Whole(minimum=1), "overlap": Whole(minimum=0, maximum=100000),
-             "sync_days": Whole(minimum=0, maximum=3650), "timeout": Seconds(maximum=600),
-             # OAuth (docs: Mailbox.settings.auth = "xoauth2")
-             "auth": Text(choices=("password", "xoauth2")), "token_url": Url(), "client_id": Text(), "scope": Text(),
-             # intake.providers.imap_oauth: who issues the tokens, and the SASL mechanism
-             "oauth_flavor": Text(choices=("generic", "microsoft", "google")), "authority": Url(),
-             "sasl": Text(choices=("xoauth2", "oauthbearer")),
-             # intake.oauth_consent: the consent flow's sign-in page and client secret (a reference)
-             "authorize_url": Url(), "client_secret_ref": Text(max_length=300)},
-    "gmail": {**COMMON, **POLLING, **API,
-              "page_size": Whole(minimum=1, maximum=500),
-              "user_id": Text(), "label_id": Text(),
-              "push_auth": Text(choices=("oidc", "url_token")), "push_audience": Text(), "push_issuer": Text(),
-              "jwks_url": Url(), "push_service_account": Text(), "push_topic": Text(),
-              "scope": Text(), "authorize_url": Url(), "client_secret_ref": Text(max_length=300)},
-    "graph": {**COMMON, **POLLING, **API,
-              "user": Text(), "folder": Text(), "tenant_id": Text(), "scope": Text(),
-              "authorize_url": Url(), "client_secret_ref": Text(max_length=300),
-              "notification_url": Url(), "subscription_minutes": Whole(minimum=45, maximum=10080)},
-    "mailgun": {**COMMON, "domain": Text(pattern=r"[A-Za-z0-9.-]+", help="a domain"), "api_base": Url(),
-                "timeout": Seconds(maximum=300)},
-    "ses": {**COMMON, "topic_arn": Text(pattern=r"arn:[\w-]+:sns:[\w-]+:\d{12}:[\w-]+", help="an SNS topic ARN"),
-            "s3_bucket": Text(), "s3_prefix": Text(), "s3_region": Text(pattern=r"[a-z0-9-]+", help="a region"),
-            "s3_endpoint_url": Url(), "s3_access_key_id": Text()},
+    "imap": {
+        **COMMON,
+        **POLLING,
+        "host": Text(pattern=HOST, max_length=253, help="a host name or IP address"),
+        "port": Whole(minimum=1, maximum=65535),
+        "ssl": Flag(),
+        "starttls": Flag(),
+        "username": Text(),
+        "folder": Text(max_length=1000),
+        "max_batch_bytes": Whole(minimum=1),
+        "overlap": Whole(minimum=0, maximum=100000),
+        "sync_days": Whole(minimum=0, maximum=3650),
+        "timeout": Seconds(maximum=600),
+        # OAuth (docs: Mailbox.settings.auth = "xoauth2")
+        "auth": Text(choices=("password", "xoauth2")),
+        "token_url": Url(),
+        "client_id": Text(),
+        "scope": Text(),
+        # intake.providers.imap_oauth: who issues the tokens, and the SASL mechanism
+        "oauth_flavor": Text(choices=("generic", "microsoft", "google")),
+        "authority": Url(),
+        "sasl": Text(choices=("xoauth2", "oauthbearer")),
+        # intake.oauth_consent: the consent flow's sign-in page and client secret (a reference)
+        "authorize_url": Url(),
+        "client_secret_ref": Text(max_length=300),
+    },
+    "gmail": {
+        **COMMON,
+        **POLLING,
+        **API,
+        "page_size": Whole(minimum=1, maximum=500),
+        "user_id": Text(),
+        "label_id": Text(),
+        "push_auth": Text(choices=("oidc", "url_token")),
+        "push_audience": Text(),
+        "push_issuer": Text(),
+        "jwks_url": Url(),
+        "push_service_account": Text(),
+        "push_topic": Text(),
+        "scope": Text(),
+        "authorize_url": Url(),
+        "client_secret_ref": Text(max_length=300),
+    },
+    "graph": {
+        **COMMON,
+        **POLLING,
+        **API,
+        "user": Text(),
+        "folder": Text(),
+        "tenant_id": Text(),
+        "scope": Text(),
+        "authorize_url": Url(),
+        "client_secret_ref": Text(max_length=300),
+        "notification_url": Url(),
+        "subscription_minutes": Whole(minimum=45, maximum=10080),
+    },
+    "mailgun": {
+        **COMMON,
+        "domain": Text(pattern=r"[A-Za-z0-9.-]+", help="a domain"),
+        "api_base": Url(),
+        "timeout": Seconds(maximum=300),
+    },
+    "ses": {
+        **COMMON,
+        "topic_arn": Text(pattern=r"arn:[\w-]+:sns:[\w-]+:\d{12}:[\w-]+", help="an SNS topic ARN"),
+        "s3_bucket": Text(),
+        "s3_prefix": Text(),
+        "s3_region": Text(pattern=r"[a-z0-9-]+", help="a region"),
+        "s3_endpoint_url": Url(),
+        "s3_access_key_id": Text(),
+    },
 }
 
 
@@ -266,15 +321,19 @@ def settings_errors(provider: str, settings) -> dict[str, list[str]]:
             errors.setdefault("token_url", []).append("is required with auth xoauth2")
         if settings.get("auth") == "xoauth2" and flavor == "microsoft" and not settings.get("authority"):
             errors.setdefault("authority", []).append(
-                "is required with oauth_flavor microsoft (https://login.microsoftonline.com/<tenant id>)")
+                "is required with oauth_flavor microsoft (https://login.microsoftonline.com/<tenant id>)"
+            )
     return errors
 
 
 def errors_by_field(provider: str, settings) -> dict[str, list[str]]:
     """The same as {"settings": ["key: message", ...]}, for a form field or the API's problem+json."""
     problems = settings_errors(provider, settings)
-    messages = [message if name == "settings" else f"{name}: {message}"
-                for name, items in sorted(problems.items()) for message in items]
+    messages = [
+        message if name == "settings" else f"{name}: {message}"
+        for name, items in sorted(problems.items())
+        for message in items
+    ]
     return {"settings": messages} if messages else {}
 
 

@@ -28,6 +28,7 @@ A certificate that cannot be fetched is a `TransientError` (the webhook answers 
 5xx); a message that fails a check is `WebhookRejected` (401: SNS does not retry 4xx, and a forged
 message should not be).
 """
+
 import base64
 import binascii
 import logging
@@ -125,8 +126,12 @@ def check_subscribe_url(message: dict) -> str:
     url = message.get("SubscribeURL")
     parsed = check_sns_url(url, "SubscribeURL")
     fields = parse_qs(parsed.query or "", keep_blank_values=True, strict_parsing=False)
-    shaped = (parsed.path == "/" and set(fields) == SUBSCRIBE_FIELDS and all(len(v) == 1 for v in fields.values())
-              and fields["Action"] == ["ConfirmSubscription"])
+    shaped = (
+        parsed.path == "/"
+        and set(fields) == SUBSCRIBE_FIELDS
+        and all(len(v) == 1 for v in fields.values())
+        and fields["Action"] == ["ConfirmSubscription"]
+    )
     if not shaped:
         raise WebhookRejected("SubscribeURL is not SNS's /?Action=ConfirmSubscription&TopicArn=...&Token=...")
     if fields["TopicArn"] != [str(message.get("TopicArn"))] or fields["Token"] != [str(message.get("Token"))]:
@@ -144,9 +149,16 @@ def _session() -> requests.Session:
 
 def _fetch_certificate(url: str) -> rsa.RSAPublicKey:
     try:
-        with _session() as session, session.get(url, timeout=settings.MAILROOM_SNS_TIMEOUT_SECONDS,
-                                                verify=_tls_verify(), allow_redirects=False,
-                                                stream=True) as response:
+        with (
+            _session() as session,
+            session.get(
+                url,
+                timeout=settings.MAILROOM_SNS_TIMEOUT_SECONDS,
+                verify=_tls_verify(),
+                allow_redirects=False,
+                stream=True,
+            ) as response,
+        ):
             if response.status_code != 200:
                 raise TransientError("certificate", f"SNS signing certificate: HTTP {response.status_code}")
             pem = response.raw.read(MAX_CERTIFICATE_BYTES + 1, decode_content=True)
@@ -221,8 +233,9 @@ def confirm_subscription(message: dict) -> None:
     url = check_subscribe_url(message)
     try:
         with _session() as session:
-            response = session.get(url, timeout=settings.MAILROOM_SNS_TIMEOUT_SECONDS, verify=_tls_verify(),
-                                   allow_redirects=False)
+            response = session.get(
+                url, timeout=settings.MAILROOM_SNS_TIMEOUT_SECONDS, verify=_tls_verify(), allow_redirects=False
+            )
     except EgressRefused as exc:
         raise WebhookRejected(str(exc)) from None
     except requests.RequestException as exc:

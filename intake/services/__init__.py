@@ -8,6 +8,7 @@ event as `received`, and every later move, whichever app asks for it, is a
 conditional UPDATE through that function (see its docstring, and
 docs/design.md §6 for the table of moves).
 """
+
 from .events import (
     NOT_COMPLETED_STATES,
     record_audit,

@@ -1,6 +1,7 @@
 """The one door for `InboxEvent.state` (`transition_event`; `transition_events` for a group on the set-based
 path), the audit row every change writes in the same transaction, and the marks on an event that are not
 states: a worker's take (the poison count), progress, a wait (docs/design.md §6 for the table of moves)."""
+
 from datetime import timedelta
 
 from django.db import transaction
@@ -32,9 +33,9 @@ def record_taken(event_ids: list[int], *, now=None) -> int:
     The stale-event sweep poisons an event taken too often without
     progress; counting takes, not requeues, keeps mail that only waited in a backlog out of that count."""
     now = now or timezone.now()
-    return InboxEvent.objects.filter(pk__in=event_ids, state__in=STALE_CANDIDATE_STATES,
-                                     retry_at__isnull=True).update(dispatch_count=F("dispatch_count") + 1,
-                                                                   requeues=0, updated_at=now)
+    return InboxEvent.objects.filter(pk__in=event_ids, state__in=STALE_CANDIDATE_STATES, retry_at__isnull=True).update(
+        dispatch_count=F("dispatch_count") + 1, requeues=0, updated_at=now
+    )
 
 
 def record_progress(event_id: int) -> None:
@@ -48,7 +49,8 @@ def wait_event(event_id: int, seconds: float) -> None:
     decided to wait, which is progress: the count of takes starts again."""
     now = timezone.now()
     InboxEvent.objects.filter(pk=event_id, state__in=InboxEvent.OPEN_STATES).update(
-        retry_at=now + timedelta(seconds=seconds), updated_at=now, dispatch_count=0)
+        retry_at=now + timedelta(seconds=seconds), updated_at=now, dispatch_count=0
+    )
 
 
 def release_waiting_events(mailbox_id: int | None = None) -> int:
@@ -68,10 +70,21 @@ def release_waiting_events(mailbox_id: int | None = None) -> int:
     return released
 
 
-def transition_event(event_id: int, from_states, to_state: str, *, actor: str, kind: AuditKind | None,
-                     reason_code: str = "", reason_detail: str = "", detail: dict | None = None,
-                     audit_detail: dict | None = None, extra: dict | None = None, only_if: dict | None = None,
-                     now=None) -> bool:
+def transition_event(
+    event_id: int,
+    from_states,
+    to_state: str,
+    *,
+    actor: str,
+    kind: AuditKind | None,
+    reason_code: str = "",
+    reason_detail: str = "",
+    detail: dict | None = None,
+    audit_detail: dict | None = None,
+    extra: dict | None = None,
+    only_if: dict | None = None,
+    now=None,
+) -> bool:
     """The one door for `InboxEvent.state`: a conditional UPDATE and its audit row, atomically.
 
     The UPDATE matches only while the event is in one of `from_states` (and
@@ -97,8 +110,13 @@ def transition_event(event_id: int, from_states, to_state: str, *, actor: str, k
     of its own: it joins the caller's, if any).
     """
     now = now or timezone.now()
-    changes = {"state": to_state, "reason_code": reason_code, "reason_detail": reason_detail[:2000],
-               "updated_at": now, **(extra or {})}
+    changes = {
+        "state": to_state,
+        "reason_code": reason_code,
+        "reason_detail": reason_detail[:2000],
+        "updated_at": now,
+        **(extra or {}),
+    }
     if to_state in InboxEvent.RECOVERY_STATES and "escalate_at" not in changes:
         # Entering the recovery queue: when it escalates, unless it was already in it (intake.escalation).
         changes["escalate_at"] = escalation.entering_recovery(event_id, to_state, reason_code, now)
@@ -124,4 +142,5 @@ def transition_events(event_ids, from_states, to_state: str, *, now=None) -> int
         raise ValueError("a move into the recovery queue sets escalate_at per event: use transition_event")
     now = now or timezone.now()
     return InboxEvent.objects.filter(pk__in=list(event_ids), state__in=list(from_states)).update(
-        state=to_state, reason_code="", reason_detail="", updated_at=now)
+        state=to_state, reason_code="", reason_detail="", updated_at=now
+    )

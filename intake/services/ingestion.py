@@ -1,6 +1,7 @@
 """Storing a message: one statement (event, `received` audit row, outbox row, NOTIFY) or nothing when it is a
 duplicate; a batch of them in one statement (IMAP); a message above the spool threshold sent as a large
 object so the web holds it once; the per-provider count of refused webhooks."""
+
 import json
 import logging
 from dataclasses import dataclass, replace
@@ -39,8 +40,15 @@ class IngestResult:
 PROVIDER_OWN_IDS = frozenset({Mailbox.Provider.GMAIL, Mailbox.Provider.GRAPH})
 
 
-def ingest(mailbox: Mailbox, provider_message_id: str, raw: bytes, source: str,
-           thread_key: str | None = None, *, history: bool = False) -> IngestResult:
+def ingest(
+    mailbox: Mailbox,
+    provider_message_id: str,
+    raw: bytes,
+    source: str,
+    thread_key: str | None = None,
+    *,
+    history: bool = False,
+) -> IngestResult:
     """Persist a message once per (mailbox, provider message id), with its audit and outbox rows.
 
     A second delivery under the same id is a duplicate only when its content
@@ -86,8 +94,7 @@ def ingest_batch(*, mailbox: Mailbox, items: list[IngestItem], source: str) -> l
     now = timezone.now()
     rows = [_row(mailbox, i.provider_message_id, i.raw, source, i.thread_key, i.history, now) for i in items]
     if not settings.USING_POSTGRES:
-        return [ingest(mailbox, r.provider_message_id, r.raw, source, r.thread_key, history=r.history)
-                for r in rows]
+        return [ingest(mailbox, r.provider_message_id, r.raw, source, r.thread_key, history=r.history) for r in rows]
     first_of_key: dict[str, int] = {}
     for index, row in enumerate(rows):
         first_of_key.setdefault(row.key, index)
@@ -98,23 +105,31 @@ def ingest_batch(*, mailbox: Mailbox, items: list[IngestItem], source: str) -> l
         results.append(IngestResult(event_id, duplicate=False) if event_id is not None else _after_conflict(row))
     stored = len(inserted)
     if stored:
-        logger.info("stored %d events via %s (%d bytes)", stored, source,
-                    sum(len(rows[first_of_key[key]].raw) for key in inserted))
+        logger.info(
+            "stored %d events via %s (%d bytes)",
+            stored,
+            source,
+            sum(len(rows[first_of_key[key]].raw) for key in inserted),
+        )
     return results
 
 
 def _row(mailbox, provider_message_id, raw, source, thread_key, history, now) -> "_IngestRow":
     # Keyed now, so a reply that is processed first can see its thread's earlier mail.
     thread_key = thread_key if thread_key is not None else thread_key_for_raw(raw)
-    return _IngestRow(mailbox, provider_message_id, raw, source, thread_key, content_fingerprint(raw), now,
-                      history=history)
+    return _IngestRow(
+        mailbox, provider_message_id, raw, source, thread_key, content_fingerprint(raw), now, history=history
+    )
 
 
 def _after_conflict(row: "_IngestRow") -> IngestResult:
     """The message's key is taken: a duplicate, or another message reusing its Message-ID (stored as its own)."""
     first = _stored_event(row.mailbox, row.provider_message_id)
-    if (row.source in PROVIDER_OWN_IDS or row.mailbox.provider in PROVIDER_OWN_IDS
-            or _same_content(first, row.fingerprint)):
+    if (
+        row.source in PROVIDER_OWN_IDS
+        or row.mailbox.provider in PROVIDER_OWN_IDS
+        or _same_content(first, row.fingerprint)
+    ):
         if event_line_due():
             logger.info("duplicate delivery for event %s via %s", first["pk"], row.source)
         return IngestResult(first["pk"], duplicate=True)
@@ -122,8 +137,9 @@ def _after_conflict(row: "_IngestRow") -> IngestResult:
     row = row.reusing(first["pk"])
     event_id = _insert_event(row)
     if event_id is not None:
-        logger.warning("event %s reuses the Message-ID of event %s with other content: stored as its own",
-                       event_id, first["pk"])
+        logger.warning(
+            "event %s reuses the Message-ID of event %s with other content: stored as its own", event_id, first["pk"]
+        )
         return IngestResult(event_id, duplicate=False)
     again = _stored_event(row.mailbox, row.provider_message_id)
     if event_line_due():
@@ -131,8 +147,9 @@ def _after_conflict(row: "_IngestRow") -> IngestResult:
     return IngestResult(again["pk"], duplicate=True)
 
 
-def ingest_under_an_unsigned_id(mailbox: Mailbox, provider_message_id: str, body: bytes, *,
-                                thread_key: str) -> IngestResult:
+def ingest_under_an_unsigned_id(
+    mailbox: Mailbox, provider_message_id: str, body: bytes, *, thread_key: str
+) -> IngestResult:
     """Ingest a v1 request whose X-Mailroom-Message-Id the signature does not cover.
 
     A captured v1 request could be sent again under any id and be stored as a new message. So the same bytes
@@ -143,13 +160,22 @@ def ingest_under_an_unsigned_id(mailbox: Mailbox, provider_message_id: str, body
     window = timedelta(seconds=2 * settings.MAILROOM_SIGNATURE_TOLERANCE_SECONDS)
     with transaction.atomic():
         list(Mailbox.objects.select_for_update().filter(pk=mailbox.pk).values_list("pk", flat=True))
-        first = (InboxEvent.objects.filter(mailbox=mailbox, fingerprint=content_fingerprint(body),
-                                           received_at__gte=timezone.now() - window)
-                 .exclude(provider_message_id=provider_message_id).order_by("pk").values_list("pk", flat=True).first())
+        first = (
+            InboxEvent.objects.filter(
+                mailbox=mailbox, fingerprint=content_fingerprint(body), received_at__gte=timezone.now() - window
+            )
+            .exclude(provider_message_id=provider_message_id)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+            .first()
+        )
         if first is not None:
-            logger.warning("mailbox %s: a v1-signed message sent again under another X-Mailroom-Message-Id "
-                           "within the signature's window: answered as the duplicate of event %s",
-                           mailbox.slug, first)
+            logger.warning(
+                "mailbox %s: a v1-signed message sent again under another X-Mailroom-Message-Id "
+                "within the signature's window: answered as the duplicate of event %s",
+                mailbox.slug,
+                first,
+            )
             return IngestResult(first, duplicate=True)
         return ingest(mailbox, provider_message_id, body, source="raw", thread_key=thread_key)
 
@@ -163,8 +189,8 @@ class _IngestRow:
     thread_key: str
     fingerprint: str
     now: object
-    reuses_event: int | None = None   # the earlier, different message whose Message-ID this one reuses
-    history: bool = False             # imported as history by an archive import (intake.archive)
+    reuses_event: int | None = None  # the earlier, different message whose Message-ID this one reuses
+    history: bool = False  # imported as history by an archive import (intake.archive)
 
     @cached_property
     def key(self) -> str:
@@ -180,8 +206,9 @@ class _IngestRow:
         return detail
 
     def reusing(self, first_event_id: int) -> "_IngestRow":
-        return replace(self, provider_message_id=reused_id(self.provider_message_id, self.fingerprint),
-                       reuses_event=first_event_id)
+        return replace(
+            self, provider_message_id=reused_id(self.provider_message_id, self.fingerprint), reuses_event=first_event_id
+        )
 
 
 def _insert_event(row: _IngestRow) -> int | None:
@@ -191,8 +218,11 @@ def _insert_event(row: _IngestRow) -> int | None:
 
 
 def _stored_event(mailbox: Mailbox, provider_message_id: str) -> dict:
-    found = InboxEvent.objects.filter(dedupe_key=dedupe_key(mailbox.tenant_id, mailbox.pk, provider_message_id)) \
-        .values("pk", "fingerprint").first()
+    found = (
+        InboxEvent.objects.filter(dedupe_key=dedupe_key(mailbox.tenant_id, mailbox.pk, provider_message_id))
+        .values("pk", "fingerprint")
+        .first()
+    )
     if found is None:  # a conflict that is not ours to hide
         raise IntegrityError("event for a message not stored and not found")
     return found
@@ -211,16 +241,23 @@ def _same_content(stored: dict, fingerprint: str) -> bool:
 
 
 # The columns both ingest statements write, in their VALUES/SELECT order.
-_INGEST_COLUMNS = ("tenant_id, mailbox_id, provider_message_id, dedupe_key, source, state, reason_code, "
-                   "reason_detail, received_at, updated_at, raw, size, message_id_header, sender, subject, "
-                   "thread_key, dispatch_count, auth_results, details, route_override, route, fingerprint, "
-                   "message_id_reused, history")
+_INGEST_COLUMNS = (
+    "tenant_id, mailbox_id, provider_message_id, dedupe_key, source, state, reason_code, "
+    "reason_detail, received_at, updated_at, raw, size, message_id_header, sender, subject, "
+    "thread_key, dispatch_count, auth_results, details, route_override, route, fingerprint, "
+    "message_id_reused, history"
+)
 
 
 def _ingest_sql(template: str, **parts: str) -> str:
     """`template` with the tables and columns filled in (and `parts`, e.g. how the raw is read)."""
-    return template.format(event=InboxEvent._meta.db_table, columns=_INGEST_COLUMNS,
-                           audit=AuditEvent._meta.db_table, outbox=OutboxMessage._meta.db_table, **parts)
+    return template.format(
+        event=InboxEvent._meta.db_table,
+        columns=_INGEST_COLUMNS,
+        audit=AuditEvent._meta.db_table,
+        outbox=OutboxMessage._meta.db_table,
+        **parts,
+    )
 
 
 # One statement (so, on its own, one transaction and one round trip): the event, its
@@ -266,7 +303,7 @@ def _insert_event_postgres(row: _IngestRow) -> int | None:
     with transaction.atomic(), connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         oid = None
         for start in range(0, len(row.raw), UPLOAD_PIECE_BYTES):
-            piece = row.raw[start:start + UPLOAD_PIECE_BYTES]
+            piece = row.raw[start : start + UPLOAD_PIECE_BYTES]
             if oid is None:
                 cursor.execute("SELECT lo_from_bytea(0, %s)", [piece], binary=True)
                 oid = cursor.fetchone()[0]
@@ -285,15 +322,29 @@ def _run_ingest_statement(row: _IngestRow, *, raw_sql: str, raw_params: dict) ->
     # are wrapped as Django's (IntegrityError, OperationalError), as through `connection.cursor()`.
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.adapters.register_dumper(bytes, MessageBytesDumper)
-        cursor.execute(sql, binary=True, params={
-            "tenant": row.mailbox.tenant_id, "mailbox": row.mailbox.pk, "pmid": row.provider_message_id,
-            "key": row.key, "source": row.source, "now": row.now, **raw_params, "size": len(row.raw),
-            "thread": row.thread_key, "fingerprint": row.fingerprint, "reused": row.reuses_event is not None,
-            "history": row.history,
-            "actor": f"provider:{row.source}", "kind": AuditKind.RECEIVED.value, "detail": json.dumps(row.audit_detail),
-            "topic": PROCESS_TOPIC,
-            "channel": NOTIFY_CHANNEL,
-        })
+        cursor.execute(
+            sql,
+            binary=True,
+            params={
+                "tenant": row.mailbox.tenant_id,
+                "mailbox": row.mailbox.pk,
+                "pmid": row.provider_message_id,
+                "key": row.key,
+                "source": row.source,
+                "now": row.now,
+                **raw_params,
+                "size": len(row.raw),
+                "thread": row.thread_key,
+                "fingerprint": row.fingerprint,
+                "reused": row.reuses_event is not None,
+                "history": row.history,
+                "actor": f"provider:{row.source}",
+                "kind": AuditKind.RECEIVED.value,
+                "detail": json.dumps(row.audit_detail),
+                "topic": PROCESS_TOPIC,
+                "channel": NOTIFY_CHANNEL,
+            },
+        )
         result = cursor.fetchone()
     return result[0] if result else None
 
@@ -335,14 +386,26 @@ def _insert_events_postgres(mailbox: Mailbox, source: str, now, rows: list[_Inge
     sql = _ingest_sql(_INGEST_BATCH_SQL)
     connection.ensure_connection()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(sql, binary=True, params={
-            "tenant": mailbox.tenant_id, "mailbox": mailbox.pk, "source": source, "now": now,
-            "pmids": [r.provider_message_id for r in rows], "keys": [r.key for r in rows],
-            "raws": [r.raw for r in rows], "threads": [r.thread_key for r in rows],
-            "fingerprints": [r.fingerprint for r in rows], "histories": [r.history for r in rows],
-            "actor": f"provider:{source}", "kind": AuditKind.RECEIVED.value, "topic": PROCESS_TOPIC,
-            "channel": NOTIFY_CHANNEL,
-        })
+        cursor.execute(
+            sql,
+            binary=True,
+            params={
+                "tenant": mailbox.tenant_id,
+                "mailbox": mailbox.pk,
+                "source": source,
+                "now": now,
+                "pmids": [r.provider_message_id for r in rows],
+                "keys": [r.key for r in rows],
+                "raws": [r.raw for r in rows],
+                "threads": [r.thread_key for r in rows],
+                "fingerprints": [r.fingerprint for r in rows],
+                "histories": [r.history for r in rows],
+                "actor": f"provider:{source}",
+                "kind": AuditKind.RECEIVED.value,
+                "topic": PROCESS_TOPIC,
+                "channel": NOTIFY_CHANNEL,
+            },
+        )
         return dict((key, event_id) for event_id, key in cursor.fetchall())
 
 
@@ -351,13 +414,24 @@ def _insert_event_orm(row: _IngestRow) -> int | None:
     try:
         with transaction.atomic():
             event = InboxEvent.objects.create(
-                tenant_id=row.mailbox.tenant_id, mailbox=row.mailbox, provider_message_id=row.provider_message_id,
-                dedupe_key=row.key, source=row.source, received_at=row.now, updated_at=row.now, raw=row.raw,
-                size=len(row.raw), thread_key=row.thread_key, dispatch_count=0, fingerprint=row.fingerprint,
-                message_id_reused=row.reuses_event is not None, history=row.history,
+                tenant_id=row.mailbox.tenant_id,
+                mailbox=row.mailbox,
+                provider_message_id=row.provider_message_id,
+                dedupe_key=row.key,
+                source=row.source,
+                received_at=row.now,
+                updated_at=row.now,
+                raw=row.raw,
+                size=len(row.raw),
+                thread_key=row.thread_key,
+                dispatch_count=0,
+                fingerprint=row.fingerprint,
+                message_id_reused=row.reuses_event is not None,
+                history=row.history,
             )
-            record_audit(event.pk, AuditKind.RECEIVED, actor=f"provider:{row.source}", detail=row.audit_detail,
-                         at=row.now)
+            record_audit(
+                event.pk, AuditKind.RECEIVED, actor=f"provider:{row.source}", detail=row.audit_detail, at=row.now
+            )
             enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=row.now)
     except IntegrityError:
         return None

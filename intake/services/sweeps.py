@@ -1,5 +1,6 @@
 """What the beat runs over stored events: requeue the ones that made no progress (past the take cap they
 become `failed/poison`), and purge old webhook nonces."""
+
 import logging
 import operator
 from datetime import timedelta
@@ -33,10 +34,15 @@ INTENT_STATES_WATCHED_BY_THE_INTENT = ("pending", "in_flight", "retry_wait")
 
 def stale_for_requeue(now, stale_after: float) -> Q:
     """Events whose last take or requeue is older than the window, doubled once per requeue since taken."""
-    windows = [Q(requeues=n, updated_at__lt=now - timedelta(seconds=stale_after * 2 ** n))
-               for n in range(MAX_BACKOFF_DOUBLINGS)]
-    windows.append(Q(requeues__gte=MAX_BACKOFF_DOUBLINGS,
-                     updated_at__lt=now - timedelta(seconds=stale_after * 2 ** MAX_BACKOFF_DOUBLINGS)))
+    windows = [
+        Q(requeues=n, updated_at__lt=now - timedelta(seconds=stale_after * 2**n)) for n in range(MAX_BACKOFF_DOUBLINGS)
+    ]
+    windows.append(
+        Q(
+            requeues__gte=MAX_BACKOFF_DOUBLINGS,
+            updated_at__lt=now - timedelta(seconds=stale_after * 2**MAX_BACKOFF_DOUBLINGS),
+        )
+    )
     return reduce(operator.or_, windows)
 
 
@@ -67,24 +73,34 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
         # write_pending events belong to their intent, whose own sweeps watch them; so does a ready event
         # whose intent is waiting or running (a call in the destination pool's queue, a claim, a retry),
         # unless the event itself was parked to try again (`retry_at`: over a destination's cap inline).
-        .filter((Q(retry_at__isnull=True) & stale & ~Q(intents__state__in=INTENT_STATES_WATCHED_BY_THE_INTENT))
-                | Q(retry_at__lte=now))
+        .filter(
+            (Q(retry_at__isnull=True) & stale & ~Q(intents__state__in=INTENT_STATES_WATCHED_BY_THE_INTENT))
+            | Q(retry_at__lte=now)
+        )
         .order_by("updated_at")
         .values_list("pk", "state", "dispatch_count", "retry_at")[:limit]
     )
     for event_id, state, dispatches, retry_at in candidates:
         if retry_at is None and dispatches >= settings.MAILROOM_MAX_DISPATCHES:
-            if transition_event(event_id, [state], InboxEvent.State.FAILED, actor=SystemActor.SWEEP,
-                                kind=AuditKind.POISON, reason_code=ReasonCode.POISON,
-                                reason_detail=f"dispatched {dispatches} times without progress",
-                                audit_detail={"dispatches": dispatches}, now=now,
-                                only_if={"retry_at__isnull": True, "updated_at__lt": cutoff}):
+            if transition_event(
+                event_id,
+                [state],
+                InboxEvent.State.FAILED,
+                actor=SystemActor.SWEEP,
+                kind=AuditKind.POISON,
+                reason_code=ReasonCode.POISON,
+                reason_detail=f"dispatched {dispatches} times without progress",
+                audit_detail={"dispatches": dispatches},
+                now=now,
+                only_if={"retry_at__isnull": True, "updated_at__lt": cutoff},
+            ):
                 poisoned += 1
             continue
         with transaction.atomic():
             if retry_at is not None:
                 if InboxEvent.objects.filter(pk=event_id, state=state, retry_at=retry_at).update(
-                        retry_at=None, updated_at=now):
+                    retry_at=None, updated_at=now
+                ):
                     enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
                     requeued += 1
                 continue

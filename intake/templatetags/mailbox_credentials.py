@@ -1,5 +1,6 @@
 """`{% credentials_banner %}`: the mailboxes of the user's tenants whose credentials need an admin, on the
 dashboard and the recovery queue (one include, no view of theirs changed)."""
+
 from django import template
 
 from intake.oauth_consent.selectors import mailboxes_needing_credentials

@@ -41,6 +41,7 @@ The package, one concern per module (this module re-exports their API):
     authresults   the Authentication-Results parser (RFC 8601) and the trusted results
     threading     thread keys and subject ticket tokens
 """
+
 from .authresults import authentication_results, parse_authentication_results  # noqa: F401
 from .automation import AUTOMATED_MAILERS, VENDOR_HEADER_PREFIXES, VENDOR_HEADERS, Automation, automated_sender  # noqa: F401
 from .bounces import bounce_evidence  # noqa: F401

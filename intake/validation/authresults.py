@@ -26,6 +26,7 @@ the From domain or a parent or child of it. Without the Public Suffix List,
 sibling subdomains (a.example.com, b.example.com) do not align: stricter than
 DMARC, never looser.
 """
+
 from __future__ import annotations
 
 import re
@@ -119,12 +120,14 @@ def authentication_results(parsed: ParsedMessage, trusted_authserv_id: str) -> d
     trusted = (trusted_authserv_id or "").strip().lower()
     if not trusted:
         return {}
-    return _topmost(parsed.authentication_results, lambda authserv_id: authserv_id == trusted,
-                    from_domain=domain_of(parsed.sender))
+    return _topmost(
+        parsed.authentication_results, lambda authserv_id: authserv_id == trusted, from_domain=domain_of(parsed.sender)
+    )
 
 
-def _topmost(values: Iterable[str], believed: Callable[[str], bool], *, from_domain: str,
-             first_only: bool = False) -> dict[str, str]:
+def _topmost(
+    values: Iterable[str], believed: Callable[[str], bool], *, from_domain: str, first_only: bool = False
+) -> dict[str, str]:
     """The results of the topmost value whose authserv-id `believed` accepts ({} if none).
 
     `first_only`: only the very first header may be the one (a provider that is always the last hop).
@@ -191,14 +194,17 @@ def header_fields(raw: bytes) -> list[tuple[str, str]]:
         raw = repair_header_block(raw)
         message = BytesParser(policy=compat32).parsebytes(raw, headersonly=True)
         items = message.raw_items()
-        return [(str(name).strip().lower(), decode_header_value(value if isinstance(value, str) else str(value)))
-                for name, value in list(items)[:MAX_HEADER_FIELDS]]
+        return [
+            (str(name).strip().lower(), decode_header_value(value if isinstance(value, str) else str(value)))
+            for name, value in list(items)[:MAX_HEADER_FIELDS]
+        ]
     except Exception:
         return []
 
 
-def provider_authentication_results(provider: str, fields: list[tuple[str, str]], *,
-                                    from_domain: str = "") -> dict[str, str]:
+def provider_authentication_results(
+    provider: str, fields: list[tuple[str, str]], *, from_domain: str = ""
+) -> dict[str, str]:
     """What a hosted provider (gmail, graph, ses, mailgun) recorded about the message; {} for any other.
 
     Same keys as `authentication_results`.
@@ -209,8 +215,12 @@ def provider_authentication_results(provider: str, fields: list[tuple[str, str]]
         return _topmost(values, lambda authserv_id: authserv_id in ids, from_domain=from_domain)
     if provider == "graph":
         # Anyone can write a header without an authserv-id: only the topmost one, Exchange Online's, counts.
-        return _topmost(values, lambda authserv_id: authserv_id == "" or authserv_id.endswith(
-            MICROSOFT_AUTHSERV_SUFFIX), from_domain=from_domain, first_only=True)
+        return _topmost(
+            values,
+            lambda authserv_id: authserv_id == "" or authserv_id.endswith(MICROSOFT_AUTHSERV_SUFFIX),
+            from_domain=from_domain,
+            first_only=True,
+        )
     if provider == "mailgun":
         return _mailgun_results(fields)
     return {}
@@ -228,11 +238,12 @@ def _mailgun_results(fields: list[tuple[str, str]]) -> dict[str, str]:
             match = _DKIM_DOMAIN.search(value)
             domains.add(domain_of(match.group(1)) if match else "")
     if result == "pass" and len(domains) == 1 and "" not in domains:
-        out["dkim.header.d"] = domains.pop()   # one domain signed: the pass is for that domain
+        out["dkim.header.d"] = domains.pop()  # one domain signed: the pass is for that domain
     return out
 
 
 # --- alignment --------------------------------------------------------------------------------------------
+
 
 def domain_of(value: str) -> str:
     """The domain of an address, "@domain" or domain (lowercase, no trailing dot); "" if none."""
@@ -258,7 +269,8 @@ def aligned_method(results: dict[str, str], from_domain: str) -> str:
         if not evaluated or evaluated == from_domain:
             return "dmarc"
     if results.get("dkim") == "pass" and domains_aligned(
-            results.get("dkim.header.d") or results.get("dkim.header.i", ""), from_domain):
+        results.get("dkim.header.d") or results.get("dkim.header.i", ""), from_domain
+    ):
         return "dkim"
     if results.get("spf") == "pass" and domains_aligned(results.get("spf.smtp.mailfrom", ""), from_domain):
         return "spf"

@@ -23,6 +23,7 @@ detail, in the order collected here:
 Only the first `MAX_TEXT_CHARS` of the text and the first `MAX_PARTS` parts are looked at: a
 bounce says what it is at the top.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,50 +32,66 @@ from ..mime import ParsedMessage
 
 MAX_TEXT_CHARS = 20_000
 MAX_PARTS = 50
-REPORT_PART_TYPES = frozenset({
-    "message/delivery-status", "message/global-delivery-status", "message/disposition-notification",
-    "text/rfc822-headers", "message/rfc822-headers",
-})
+REPORT_PART_TYPES = frozenset(
+    {
+        "message/delivery-status",
+        "message/global-delivery-status",
+        "message/disposition-notification",
+        "text/rfc822-headers",
+        "message/rfc822-headers",
+    }
+)
 _DSN_FIELD = re.compile(
     r"^[ \t]*(Final-Recipient|Original-Recipient|Reporting-MTA|Remote-MTA|Diagnostic-Code|X-Postfix-Queue-ID)"
-    r"[ \t]*:", re.I | re.M)
+    r"[ \t]*:",
+    re.I | re.M,
+)
 _DSN_STATUS = re.compile(r"^[ \t]*Status[ \t]*:[ \t]*([245]\.\d{1,3}\.\d{1,3})\b", re.I | re.M)
 _DSN_ACTION = re.compile(r"^[ \t]*Action[ \t]*:[ \t]*(failed|delayed|delivered|relayed|expanded)\b", re.I | re.M)
 _SMTP_REPLY = re.compile(r"\b([45]\d\d[ -][245]\.\d{1,3}\.\d{1,3})\b")
 # Sentences bounce templates print, lowercase, whitespace-normalized.
 BOUNCE_PHRASES = (
-    "delivery to the following recipients failed",       # Gmail, Exchange
+    "delivery to the following recipients failed",  # Gmail, Exchange
     "delivery to the following recipient failed",
-    "delivery has failed to these recipients or groups",   # Exchange / Microsoft 365
-    "this is the mail system at host",                     # Postfix
-    "could not be delivered to one or more recipients",    # Postfix
+    "delivery has failed to these recipients or groups",  # Exchange / Microsoft 365
+    "this is the mail system at host",  # Postfix
+    "could not be delivered to one or more recipients",  # Postfix
     "your message could not be delivered",
     "message could not be delivered",
-    "undelivered mail returned to sender",                 # Postfix subject
-    "mail delivery failed: returning message to sender",   # Exim subject
-    "this message was created automatically by mail delivery software",   # Exim
-    "this is the qmail-send program",                      # qmail
-    "i'm afraid i wasn't able to deliver your message",    # qmail
-    "your message wasn't delivered",                       # Gmail
-    "sorry, we were unable to deliver your message",       # Yahoo
-    "permanent fatal errors",                              # Sendmail
-    "the original message was received at",                # Sendmail
+    "undelivered mail returned to sender",  # Postfix subject
+    "mail delivery failed: returning message to sender",  # Exim subject
+    "this message was created automatically by mail delivery software",  # Exim
+    "this is the qmail-send program",  # qmail
+    "i'm afraid i wasn't able to deliver your message",  # qmail
+    "your message wasn't delivered",  # Gmail
+    "sorry, we were unable to deliver your message",  # Yahoo
+    "permanent fatal errors",  # Sendmail
+    "the original message was received at",  # Sendmail
     "delivery status notification (failure)",
     "delivery status notification (delay)",
-    "returned mail: see transcript for details",           # Sendmail subject
-    "failure notice",                                      # qmail subject
+    "returned mail: see transcript for details",  # Sendmail subject
+    "failure notice",  # qmail subject
 )
 QUOTED_ORIGINAL = (
-    "original message headers",                            # Gmail
-    "this is a copy of the message, including all the headers",   # Exim
+    "original message headers",  # Gmail
+    "this is a copy of the message, including all the headers",  # Exim
     "original message follows",
     "the original message headers are included as attachment",
     "message headers follow",
     "------ this is a copy of the message",
 )
-_SUBJECT_PREFIXES = ("undeliverable:", "undelivered mail", "undeliverable mail", "returned mail:",
-                     "delivery status notification", "mail delivery failed", "failure notice",
-                     "delivery failure", "non remis", "unzustellbar:")
+_SUBJECT_PREFIXES = (
+    "undeliverable:",
+    "undelivered mail",
+    "undeliverable mail",
+    "returned mail:",
+    "delivery status notification",
+    "mail delivery failed",
+    "failure notice",
+    "delivery failure",
+    "non remis",
+    "unzustellbar:",
+)
 
 
 def _report_parts(parsed: ParsedMessage) -> list[str]:

@@ -28,6 +28,7 @@ alone. An archive whose members are encrypted goes to review
 goes to review as `too_complex`. Empty (0-byte) attachments are not checked:
 they hold nothing.
 """
+
 from __future__ import annotations
 
 import re
@@ -42,44 +43,121 @@ if TYPE_CHECKING:
     from ..models import Mailbox
 
 DEFAULT_MAX_MESSAGE_BYTES = 25 * 1024 * 1024
-DEFAULT_ALLOWED_TYPES = frozenset({
-    "application/pdf",
-    "image/png", "image/jpeg", "image/gif", "image/webp", "image/bmp", "image/tiff", "image/heic", "image/heif",
-    "text/plain", "text/csv", "text/calendar", "application/rtf", "text/rtf",
-    # Data files people send along with logs and e-invoices.
-    "application/json", "text/xml", "application/xml",
-    # Contact cards: Apple Mail sends text/vcard, Outlook text/x-vcard, older clients text/directory.
-    "text/vcard", "text/x-vcard", "text/directory",
-    # Saved web pages and forwarded HTML receipts (XHTML sniffs as text/html too: intake.mime.sniff).
-    "text/html",
-    # Attached messages: .eml (sniffed from their header block) and Outlook .msg (whose files are listed).
-    "message/rfc822", "application/vnd.ms-outlook",
-    # Plain archives: allowed only as their members, each judged too (intake.mime.archives).
-    "application/zip", "application/x-zip-compressed", "application/x-7z-compressed",
-    "application/gzip", "application/x-gzip", "application/x-bzip2", "application/x-tar",
-    # Signatures wherever they sit (a gateway that unwraps multipart/signed leaves them in multipart/mixed).
-    "application/pkcs7-signature", "application/x-pkcs7-signature", "application/pgp-signature",
-    "application/pkcs7-mime",   # only what intake.mime.sniff_type names so: S/MIME certificates-only (smime.p7c)
-    # OpenPGP public keys: Thunderbird attaches the sender's key to signed mail by default.
-    "application/pgp-keys",
-    # Voice memos, recordings, phone videos.
-    "audio/*", "video/*",
-    # Office Open XML and OpenDocument (what intake.mime.sniff_type names a ZIP that really is one).
-    "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-    "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
-    "application/vnd.openxmlformats-officedocument.presentationml.presentation",
-    "application/vnd.oasis.opendocument.text",
-    "application/vnd.oasis.opendocument.spreadsheet",
-    "application/vnd.oasis.opendocument.presentation",
-    # Legacy binary Office; those with a VBA project sniff as MACRO_OFFICE_TYPE instead.
-    "application/msword", "application/vnd.ms-excel", "application/vnd.ms-powerpoint",
-})
-DEFAULT_BLOCKED_EXTENSIONS = frozenset({
-    "ade", "adp", "apk", "app", "appx", "bat", "cab", "chm", "cmd", "com", "cpl", "dll", "dmg", "exe",
-    "hta", "img", "iso", "jar", "js", "jse", "lnk", "msc", "msi", "msix", "msp", "pif", "ps1", "psm1",
-    "reg", "scr", "sct", "sh", "svg", "sys", "vb", "vbe", "vbs", "vhd", "vhdx", "wsc", "wsf", "wsh", "xll",
-    "docm", "dotm", "xlsm", "xltm", "xlam", "pptm", "potm", "ppsm",
-})
+DEFAULT_ALLOWED_TYPES = frozenset(
+    {
+        "application/pdf",
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "image/bmp",
+        "image/tiff",
+        "image/heic",
+        "image/heif",
+        "text/plain",
+        "text/csv",
+        "text/calendar",
+        "application/rtf",
+        "text/rtf",
+        # Data files people send along with logs and e-invoices.
+        "application/json",
+        "text/xml",
+        "application/xml",
+        # Contact cards: Apple Mail sends text/vcard, Outlook text/x-vcard, older clients text/directory.
+        "text/vcard",
+        "text/x-vcard",
+        "text/directory",
+        # Saved web pages and forwarded HTML receipts (XHTML sniffs as text/html too: intake.mime.sniff).
+        "text/html",
+        # Attached messages: .eml (sniffed from their header block) and Outlook .msg (whose files are listed).
+        "message/rfc822",
+        "application/vnd.ms-outlook",
+        # Plain archives: allowed only as their members, each judged too (intake.mime.archives).
+        "application/zip",
+        "application/x-zip-compressed",
+        "application/x-7z-compressed",
+        "application/gzip",
+        "application/x-gzip",
+        "application/x-bzip2",
+        "application/x-tar",
+        # Signatures wherever they sit (a gateway that unwraps multipart/signed leaves them in multipart/mixed).
+        "application/pkcs7-signature",
+        "application/x-pkcs7-signature",
+        "application/pgp-signature",
+        "application/pkcs7-mime",  # only what intake.mime.sniff_type names so: S/MIME certificates-only (smime.p7c)
+        # OpenPGP public keys: Thunderbird attaches the sender's key to signed mail by default.
+        "application/pgp-keys",
+        # Voice memos, recordings, phone videos.
+        "audio/*",
+        "video/*",
+        # Office Open XML and OpenDocument (what intake.mime.sniff_type names a ZIP that really is one).
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+        "application/vnd.oasis.opendocument.text",
+        "application/vnd.oasis.opendocument.spreadsheet",
+        "application/vnd.oasis.opendocument.presentation",
+        # Legacy binary Office; those with a VBA project sniff as MACRO_OFFICE_TYPE instead.
+        "application/msword",
+        "application/vnd.ms-excel",
+        "application/vnd.ms-powerpoint",
+    }
+)
+DEFAULT_BLOCKED_EXTENSIONS = frozenset(
+    {
+        "ade",
+        "adp",
+        "apk",
+        "app",
+        "appx",
+        "bat",
+        "cab",
+        "chm",
+        "cmd",
+        "com",
+        "cpl",
+        "dll",
+        "dmg",
+        "exe",
+        "hta",
+        "img",
+        "iso",
+        "jar",
+        "js",
+        "jse",
+        "lnk",
+        "msc",
+        "msi",
+        "msix",
+        "msp",
+        "pif",
+        "ps1",
+        "psm1",
+        "reg",
+        "scr",
+        "sct",
+        "sh",
+        "svg",
+        "sys",
+        "vb",
+        "vbe",
+        "vbs",
+        "vhd",
+        "vhdx",
+        "wsc",
+        "wsf",
+        "wsh",
+        "xll",
+        "docm",
+        "dotm",
+        "xlsm",
+        "xltm",
+        "xlam",
+        "pptm",
+        "potm",
+        "ppsm",
+    }
+)
 DEFAULT_MAX_ATTACHMENT_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_ATTACHMENTS = 50
 # What SpamAssassin, Rspamd (in its SpamAssassin-compatible mode) and most gateways write.
@@ -121,9 +199,9 @@ def _string_list(value: object, name: str) -> list[str]:
 
 @dataclass(frozen=True)
 class AttachmentPolicy:
-    allowed_types: frozenset[str] = DEFAULT_ALLOWED_TYPES     # sniffed types; "image/*" allows a main type
+    allowed_types: frozenset[str] = DEFAULT_ALLOWED_TYPES  # sniffed types; "image/*" allows a main type
     blocked_extensions: frozenset[str] = DEFAULT_BLOCKED_EXTENSIONS
-    max_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES               # per attachment
+    max_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES  # per attachment
     max_attachments: int = DEFAULT_MAX_ATTACHMENTS
 
     @classmethod
@@ -138,8 +216,13 @@ class AttachmentPolicy:
             return cls()
         if not isinstance(data, dict):
             raise ValueError(f"attachment_policy must be an object, not {data!r}")
-        unknown = set(data) - {"allowed_types", "extra_allowed_types", "blocked_extensions", "max_bytes",
-                               "max_attachments"}
+        unknown = set(data) - {
+            "allowed_types",
+            "extra_allowed_types",
+            "blocked_extensions",
+            "max_bytes",
+            "max_attachments",
+        }
         if unknown:
             raise ValueError(f"unknown attachment_policy keys: {sorted(unknown)}")
         allowed = set(DEFAULT_ALLOWED_TYPES)
@@ -158,8 +241,7 @@ class AttachmentPolicy:
 
     def type_allowed(self, sniffed_type: str) -> bool:
         sniffed_type = sniffed_type.lower()
-        return (sniffed_type in self.allowed_types
-                or f"{sniffed_type.split('/', 1)[0]}/*" in self.allowed_types)
+        return sniffed_type in self.allowed_types or f"{sniffed_type.split('/', 1)[0]}/*" in self.allowed_types
 
 
 def _global_max_message_bytes() -> int:
@@ -173,10 +255,10 @@ def _global_max_message_bytes() -> int:
 
 @dataclass(frozen=True)
 class MailboxPolicy:
-    allowed_recipients: tuple[str, ...] = ()   # lowercase; "" entries dropped; "@domain" allows a domain
+    allowed_recipients: tuple[str, ...] = ()  # lowercase; "" entries dropped; "@domain" allows a domain
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     loop_header: str = DEFAULT_LOOP_HEADER
-    trusted_authserv_id: str = ""              # our own MTA's authserv-id in Authentication-Results
+    trusted_authserv_id: str = ""  # our own MTA's authserv-id in Authentication-Results
     attachments: AttachmentPolicy = field(default_factory=AttachmentPolicy)
     # (header, lowercase value prefix) pairs that mean "a spam filter flagged this".
     spam_headers: tuple[tuple[str, str], ...] = DEFAULT_SPAM_HEADERS
@@ -184,8 +266,13 @@ class MailboxPolicy:
     spam_score_threshold: float = DEFAULT_SPAM_SCORE_THRESHOLD
 
     @classmethod
-    def from_settings(cls, settings: dict[str, Any] | None, *, allowed_recipients: Iterable[str] | None = (),
-                      max_message_bytes: int | None = None) -> MailboxPolicy:
+    def from_settings(
+        cls,
+        settings: dict[str, Any] | None,
+        *,
+        allowed_recipients: Iterable[str] | None = (),
+        max_message_bytes: int | None = None,
+    ) -> MailboxPolicy:
         """From a mailbox's settings JSON and its allowed recipients.
 
         Settings keys: `attachment_policy` (see AttachmentPolicy.from_settings),
@@ -222,5 +309,6 @@ class MailboxPolicy:
     @classmethod
     def from_mailbox(cls, mailbox: Mailbox, *, max_message_bytes: int | None = None) -> MailboxPolicy:
         """From an `intake.Mailbox` (its `settings` and `allowed_recipients`)."""
-        return cls.from_settings(mailbox.settings, allowed_recipients=mailbox.allowed_recipients or (),
-                                 max_message_bytes=max_message_bytes)
+        return cls.from_settings(
+            mailbox.settings, allowed_recipients=mailbox.allowed_recipients or (), max_message_bytes=max_message_bytes
+        )

@@ -53,6 +53,7 @@ a bounce (`mailer_daemon` / `delivery_report`), not `missing_sender`.
 `spam_flagged(parsed, policy)` says whether a spam filter marked the message
 (it informs the acknowledgment, never the ticket).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -98,10 +99,27 @@ CALENDAR_REPLY = ReasonCode.CALENDAR_REPLY
 STATE_ORDER = (QUARANTINED, AWAITING_REVIEW, SUPPRESSED)
 REASON_ORDER = {
     QUARANTINED: (MALWARE, ATTACHMENT_TYPE),
-    AWAITING_REVIEW: (TOO_LARGE, TOO_MANY_ATTACHMENTS, TOO_COMPLEX, ENCRYPTED, ReasonCode.ENCRYPTED_ARCHIVE,
-                      MISSING_SENDER, RECIPIENT_NOT_ALLOWED, EMPTY, SENDER_RATE_LIMITED, EMPTY_RETURN_PATH),
-    SUPPRESSED: (OWN_MAIL_LOOP, DELIVERY_REPORT, MAILER_DAEMON, CALENDAR_REPLY, AUTO_SUBMITTED,
-                 AUTOREPLY_HEADER, PRECEDENCE_BULK),
+    AWAITING_REVIEW: (
+        TOO_LARGE,
+        TOO_MANY_ATTACHMENTS,
+        TOO_COMPLEX,
+        ENCRYPTED,
+        ReasonCode.ENCRYPTED_ARCHIVE,
+        MISSING_SENDER,
+        RECIPIENT_NOT_ALLOWED,
+        EMPTY,
+        SENDER_RATE_LIMITED,
+        EMPTY_RETURN_PATH,
+    ),
+    SUPPRESSED: (
+        OWN_MAIL_LOOP,
+        DELIVERY_REPORT,
+        MAILER_DAEMON,
+        CALENDAR_REPLY,
+        AUTO_SUBMITTED,
+        AUTOREPLY_HEADER,
+        PRECEDENCE_BULK,
+    ),
 }
 
 DAEMON_LOCAL_PARTS = frozenset({"mailer-daemon", "postmaster"})
@@ -120,10 +138,10 @@ class Finding:
 
 @dataclass(frozen=True)
 class Verdict:
-    state: str            # "ok", "awaiting_review", "suppressed" or "quarantined"
-    reason_code: str      # "" when ok
+    state: str  # "ok", "awaiting_review", "suppressed" or "quarantined"
+    reason_code: str  # "" when ok
     detail: str = ""
-    findings: tuple[Finding, ...] = ()   # every rule that fired, deciding one first
+    findings: tuple[Finding, ...] = ()  # every rule that fired, deciding one first
 
     @property
     def ok(self) -> bool:
@@ -151,7 +169,7 @@ def _extension(filename: str) -> str:
 def _loop_values(parsed: ParsedMessage, header: str) -> list[str]:
     if parsed.loop_header.lower() == header.lower():
         return parsed.loop_values
-    message = parsed.email_message   # parsed with another loop header name: look it up
+    message = parsed.email_message  # parsed with another loop header name: look it up
     try:
         return [str(v) for v in (message.get_all(header) or [])] if message is not None else []
     except Exception:
@@ -176,8 +194,9 @@ def spam_flagged(parsed: ParsedMessage, policy: MailboxPolicy | None = None) -> 
     return False
 
 
-def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
-             envelope_recipients: Iterable[str] = ()) -> list[Finding]:
+def findings(
+    parsed: ParsedMessage, policy: MailboxPolicy | None = None, *, envelope_recipients: Iterable[str] = ()
+) -> list[Finding]:
     """Every rule that fires for `parsed`, in no particular order.
 
     `envelope_recipients`: RCPT TO addresses when the provider tells them (Mailgun's
@@ -196,30 +215,53 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
     # An encrypted archive (intake.mime.archives): its files cannot be judged nor scanned, a person decides.
     for attachment in attachments:
         if attachment.contents == "encrypted":
-            out.append(Finding(AWAITING_REVIEW, ReasonCode.ENCRYPTED_ARCHIVE,
-                               f"{attachment.filename or '(unnamed)'}: encrypted archive; its files cannot be checked"))
+            out.append(
+                Finding(
+                    AWAITING_REVIEW,
+                    ReasonCode.ENCRYPTED_ARCHIVE,
+                    f"{attachment.filename or '(unnamed)'}: encrypted archive; its files cannot be checked",
+                )
+            )
 
     # -- review
     if parsed.size > policy.max_message_bytes:
-        out.append(Finding(AWAITING_REVIEW, TOO_LARGE,
-                           f"message is {parsed.size} bytes; the limit is {policy.max_message_bytes}"))
+        out.append(
+            Finding(
+                AWAITING_REVIEW, TOO_LARGE, f"message is {parsed.size} bytes; the limit is {policy.max_message_bytes}"
+            )
+        )
     # The files inside an archive or a .msg are judged by type and scanned, but the holder is the one file kept
     # and sent: a zip of 60 PDFs is one attachment, and a log that unpacks past the size limit is no reason to ask.
     held = [a for a in attachments if a.origin not in CONTAINER_MEMBER_ORIGINS]
     for attachment in held:
         if attachment.size > limits.max_bytes:
-            out.append(Finding(AWAITING_REVIEW, TOO_LARGE,
-                               f"{attachment.filename or '(unnamed)'} is {attachment.size} bytes;"
-                               f" the limit is {limits.max_bytes}"))
+            out.append(
+                Finding(
+                    AWAITING_REVIEW,
+                    TOO_LARGE,
+                    f"{attachment.filename or '(unnamed)'} is {attachment.size} bytes; the limit is {limits.max_bytes}",
+                )
+            )
     if len(held) > limits.max_attachments:
-        out.append(Finding(AWAITING_REVIEW, TOO_MANY_ATTACHMENTS,
-                           f"{len(held)} attachments; the limit is {limits.max_attachments}"))
+        out.append(
+            Finding(
+                AWAITING_REVIEW, TOO_MANY_ATTACHMENTS, f"{len(held)} attachments; the limit is {limits.max_attachments}"
+            )
+        )
     if parsed.too_complex:
-        out.append(Finding(AWAITING_REVIEW, TOO_COMPLEX,
-                           "MIME structure beyond the parser's limits; not every part was examined"))
+        out.append(
+            Finding(
+                AWAITING_REVIEW, TOO_COMPLEX, "MIME structure beyond the parser's limits; not every part was examined"
+            )
+        )
     if parsed.encrypted:
-        out.append(Finding(AWAITING_REVIEW, ENCRYPTED,
-                           f"{'PGP' if parsed.encrypted == 'pgp' else 'S/MIME'} encrypted: a person must decide"))
+        out.append(
+            Finding(
+                AWAITING_REVIEW,
+                ENCRYPTED,
+                f"{'PGP' if parsed.encrypted == 'pgp' else 'S/MIME'} encrypted: a person must decide",
+            )
+        )
     daemon_sender = _daemon_sender(parsed)
     if not parsed.sender and not (daemon_sender or parsed.content_type == "multipart/report"):
         out.append(Finding(AWAITING_REVIEW, MISSING_SENDER, "no usable address in From, Sender or Reply-To"))
@@ -227,8 +269,13 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
         candidates = [*parsed.recipients, *parsed.delivered_to, *envelope_recipients]
         if not any(_recipient_allowed(a, policy.allowed_recipients) for a in candidates):
             shown = ", ".join(candidates[:5]) or "none"
-            out.append(Finding(AWAITING_REVIEW, RECIPIENT_NOT_ALLOWED,
-                               f"recipients ({shown}) are not among this mailbox's allowed recipients"))
+            out.append(
+                Finding(
+                    AWAITING_REVIEW,
+                    RECIPIENT_NOT_ALLOWED,
+                    f"recipients ({shown}) are not among this mailbox's allowed recipients",
+                )
+            )
     if not parsed.text.strip() and not any(a.size for a in attachments):
         out.append(Finding(AWAITING_REVIEW, EMPTY, "neither body text nor a non-empty attachment"))
 
@@ -241,15 +288,19 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
     if daemon_sender:
         evidence = bounce_evidence(parsed=parsed)
         if evidence:
-            out.append(Finding(SUPPRESSED, MAILER_DAEMON,
-                               f"sender {daemon_sender[:120]} and {' and '.join(evidence[:3])}"[:300]))
+            out.append(
+                Finding(
+                    SUPPRESSED, MAILER_DAEMON, f"sender {daemon_sender[:120]} and {' and '.join(evidence[:3])}"[:300]
+                )
+            )
     calendar = calendar_method(parsed=parsed)
     if calendar.method in CALENDAR_REPLY_METHODS:
         # The attendee's answer; an organizer's CANCEL lists attendees whose PARTSTAT says nothing.
         answer = calendar.partstat if calendar.method in ("REPLY", "COUNTER") else ""
         partstat = f", PARTSTAT={answer}" if answer else ""
-        out.append(Finding(SUPPRESSED, CALENDAR_REPLY,
-                           f"iTIP METHOD:{calendar.method}{partstat} ({calendar.part_type})"))
+        out.append(
+            Finding(SUPPRESSED, CALENDAR_REPLY, f"iTIP METHOD:{calendar.method}{partstat} ({calendar.part_type})")
+        )
     if parsed.auto_submitted is not None and parsed.auto_submitted != "no":
         out.append(Finding(SUPPRESSED, AUTO_SUBMITTED, f"Auto-Submitted: {parsed.auto_submitted[:200]}"))
     for header, value in (("X-Autoreply", parsed.x_autoreply), ("X-Autorespond", parsed.x_autorespond)):
@@ -260,8 +311,13 @@ def findings(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *,
         out.append(Finding(SUPPRESSED, PRECEDENCE_BULK, f"Precedence: {parsed.precedence}"))
     if parsed.return_path == "" and not any(f.state == SUPPRESSED for f in out):
         # Bounces and auto-replies carry <> too, and are explained by the rule that fired for them.
-        out.append(Finding(AWAITING_REVIEW, EMPTY_RETURN_PATH,
-                           "Return-Path: <> but no other sign of automatic mail: a person decides"))
+        out.append(
+            Finding(
+                AWAITING_REVIEW,
+                EMPTY_RETURN_PATH,
+                "Return-Path: <> but no other sign of automatic mail: a person decides",
+            )
+        )
     return out
 
 
@@ -281,8 +337,13 @@ def decide(found: Iterable[Finding]) -> Verdict:
     return Verdict(first.state, first.reason_code, first.detail, ordered)
 
 
-def validate(parsed: ParsedMessage, policy: MailboxPolicy | None = None, *, envelope_recipients: Iterable[str] = (),
-             extra: Iterable[Finding] = ()) -> Verdict:
+def validate(
+    parsed: ParsedMessage,
+    policy: MailboxPolicy | None = None,
+    *,
+    envelope_recipients: Iterable[str] = (),
+    extra: Iterable[Finding] = (),
+) -> Verdict:
     """The verdict for `parsed` under `policy` (defaults when None), with `extra` findings
     (scan results, ...) taken into account. Never raises on any ParsedMessage that
     `parse_message` returns."""
@@ -296,8 +357,10 @@ def attachment_type_problem(attachment: Attachment, limits: AttachmentPolicy) ->
         return None
     extension = _extension(attachment.filename)
     if not limits.type_allowed(attachment.sniffed_type):
-        return (f"content is {attachment.sniffed_type} (declared {attachment.declared_type}),"
-                " which this mailbox does not accept")
+        return (
+            f"content is {attachment.sniffed_type} (declared {attachment.declared_type}),"
+            " which this mailbox does not accept"
+        )
     if extension and extension in limits.blocked_extensions:
         return f"extension .{extension} is blocked"
     return None

@@ -19,6 +19,7 @@ entry in the detail), whatever review reason it would otherwise have, but not wh
 (dangerous content is always seen by security); an allowed sender skips the sender rate limit (and
 nothing else: its mail is validated and scanned as anyone's).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -35,9 +36,9 @@ MAX_PATTERN_CHARS = 320
 
 @dataclass(frozen=True)
 class ListEntry:
-    kind: str          # block or allow
+    kind: str  # block or allow
     pattern: str
-    scope: str         # tenant or mailbox
+    scope: str  # tenant or mailbox
     entry_id: int | None = None
 
     @property
@@ -51,7 +52,7 @@ class ListEntry:
 def normalize_pattern(text: str) -> str:
     """The stored form of an admin's entry; ValueError with a clear message when it is neither form."""
     value = (text or "").strip().lower() if isinstance(text, str) else ""
-    if not value or len(value) > MAX_PATTERN_CHARS or any(c.isspace() or c in "<>,;\"" for c in value):
+    if not value or len(value) > MAX_PATTERN_CHARS or any(c.isspace() or c in '<>,;"' for c in value):
         raise ValueError("enter an address (jane@example.com) or a domain (@example.com)")
     if value.startswith("@"):
         domain = normalize_domain(value[1:])

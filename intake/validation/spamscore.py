@@ -21,6 +21,7 @@ should drop incoming copies; SpamAssassin and rspamd replace their own). A sende
 high score only loses their own acknowledgment; to keep a forged low score from hiding the
 filter's real one, the highest score found is taken.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,13 +40,13 @@ SCORE_HEADERS = (
     ("X-Rspamd-Score", re.compile(rf"^\s*({_NUMBER})")),
     ("X-Spamd-Result", re.compile(rf"\[\s*({_NUMBER})\s*/\s*{_NUMBER}\s*\]")),
 )
-MAX_VALUES = 5   # instances of one header looked at (each relay may add its own)
+MAX_VALUES = 5  # instances of one header looked at (each relay may add its own)
 
 
 @dataclass(frozen=True)
 class SpamScore:
     score: float
-    source: str       # the header it came from
+    source: str  # the header it came from
 
     def as_details(self, threshold: float) -> dict[str, float | str]:
         return {"score": self.score, "source": self.source, "threshold": threshold}
@@ -78,7 +79,7 @@ def spam_score(*, parsed: ParsedMessage) -> SpamScore | None:
     return max(found, key=lambda s: s.score) if found else None
 
 
-def spam_score_reached(details: dict[str, Any] | None) -> bool:   # an event's JSON details
+def spam_score_reached(details: dict[str, Any] | None) -> bool:  # an event's JSON details
     """Whether a stored `details["spam_score"]` is at or above the threshold stored with it."""
     stored = (details or {}).get("spam_score")
     if not isinstance(stored, dict):

@@ -1,8 +1,9 @@
 """Thread keys and subject ticket tokens: which conversation a message belongs to. Pure, no I/O.
 
-    thread_key(parsed) -> str                            # 64 hex characters
-    subject_ticket_token(subject) -> str | None          # "[#MR-1234]" -> "MR-1234"
+thread_key(parsed) -> str                            # 64 hex characters
+subject_ticket_token(subject) -> str | None          # "[#MR-1234]" -> "MR-1234"
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -13,6 +13,7 @@ and 404s. A user sees only the tenants they are a member of, everywhere.
 Django imports this package (`reconciliation.admin`); importing `queue` and
 `pauses` here registers their admins.
 """
+
 from .api_tokens import ApiTokenAdmin  # noqa: F401  (REST API tokens: list, revoke)
 from .bulk_jobs import BulkJobAdmin  # noqa: F401  (the bulk jobs started from the queue)
 from .pauses import PauseSwitchAdmin  # noqa: F401  (registers the pause page)

@@ -1,5 +1,6 @@
 """Who may open the queue's pages: anyone with the queue's view permission, and nobody adds, edits or deletes
 through them (every write is a service action of its own)."""
+
 from .. import services
 
 

@@ -4,6 +4,7 @@ Issuing and revoking go through `reconciliation.services.api_tokens` (who may, t
 shown once, on the page that answers the form (`no-store`, never in a session, a message or a log); the list
 shows its prefix only.
 """
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
@@ -23,18 +24,27 @@ NEVER = "never"
 
 
 class IssueTokenForm(forms.Form):
-    name = forms.CharField(max_length=100, required=True, label="Name",
-                           help_text="What the token is for (a script, a job): shown in the list, never the token.")
-    expires = forms.ChoiceField(label="Expires after", initial="30",
-                                choices=[(str(days) if days else NEVER, label)
-                                         for days, label in services.EXPIRY_CHOICES])
+    name = forms.CharField(
+        max_length=100,
+        required=True,
+        label="Name",
+        help_text="What the token is for (a script, a job): shown in the list, never the token.",
+    )
+    expires = forms.ChoiceField(
+        label="Expires after",
+        initial="30",
+        choices=[(str(days) if days else NEVER, label) for days, label in services.EXPIRY_CHOICES],
+    )
 
     def __init__(self, *args, actor, **kwargs):
         super().__init__(*args, **kwargs)
         if actor.is_superuser:  # only a superuser issues for someone else (the service says so too)
             self.fields["owner"] = forms.ModelChoiceField(
                 queryset=get_user_model()._default_manager.filter(is_active=True).order_by("username"),
-                initial=actor.pk, label="For user", help_text="The token acts with this user's permissions.")
+                initial=actor.pk,
+                label="For user",
+                help_text="The token acts with this user's permissions.",
+            )
 
     def expires_in_days(self) -> int | None:
         value = self.cleaned_data["expires"]
@@ -87,8 +97,10 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         wrap = self.admin_site.admin_view
-        return [path("<int:token_id>/revoke/", wrap(self.revoke_view), name="reconciliation_apitoken_revoke"),
-                *super().get_urls()]
+        return [
+            path("<int:token_id>/revoke/", wrap(self.revoke_view), name="reconciliation_apitoken_revoke"),
+            *super().get_urls(),
+        ]
 
     def add_view(self, request, form_url="", extra_context=None):
         if not self.has_add_permission(request):
@@ -97,19 +109,28 @@ class ApiTokenAdmin(admin.ModelAdmin):
         if request.method == "POST" and form.is_valid():
             owner = form.cleaned_data.get("owner") or request.user
             try:
-                token = services.do_issue_api_token(request.user, owner=owner, name=form.cleaned_data["name"],
-                                                    expires_in_days=form.expires_in_days())
+                token = services.do_issue_api_token(
+                    request.user, owner=owner, name=form.cleaned_data["name"], expires_in_days=form.expires_in_days()
+                )
             except ValidationError as exc:
                 form.add_error(None, exc)
             else:
                 row = ApiToken.objects.get(key_hash=hash_token(token))
-                response = TemplateResponse(request, "admin/reconciliation/apitoken/created.html", {
-                    **self._context(request, "API token created"), "token": token, "row": row,
-                    "expires": absolute(row.expires_at) if row.expires_at else NEVER})
+                response = TemplateResponse(
+                    request,
+                    "admin/reconciliation/apitoken/created.html",
+                    {
+                        **self._context(request, "API token created"),
+                        "token": token,
+                        "row": row,
+                        "expires": absolute(row.expires_at) if row.expires_at else NEVER,
+                    },
+                )
                 response["Cache-Control"] = "no-store"  # the token is on this page only
                 return response
-        return TemplateResponse(request, "admin/reconciliation/apitoken/add.html",
-                                {**self._context(request, "New API token"), "form": form})
+        return TemplateResponse(
+            request, "admin/reconciliation/apitoken/add.html", {**self._context(request, "New API token"), "form": form}
+        )
 
     def revoke_view(self, request, token_id):
         try:
@@ -118,12 +139,22 @@ class ApiTokenAdmin(admin.ModelAdmin):
             raise Http404("no such token") from None
         if request.method == "POST":
             services.do_revoke_api_token(request.user, token_id=token.pk)
-            messages.success(request, f"API token {token.prefix}… ({token.name or 'no name'}) of {token.user} "
-                                      f"revoked: the API refuses it from now on.")
+            messages.success(
+                request,
+                f"API token {token.prefix}… ({token.name or 'no name'}) of {token.user} "
+                f"revoked: the API refuses it from now on.",
+            )
             return redirect(reverse("admin:reconciliation_apitoken_changelist"))
-        return TemplateResponse(request, "admin/reconciliation/apitoken/revoke.html",
-                                {**self._context(request, "Revoke API token"), "token": token})
+        return TemplateResponse(
+            request,
+            "admin/reconciliation/apitoken/revoke.html",
+            {**self._context(request, "Revoke API token"), "token": token},
+        )
 
     def _context(self, request, title):
-        return {**self.admin_site.each_context(request), "opts": self.opts, "title": title,
-                "changelist_url": reverse("admin:reconciliation_apitoken_changelist")}
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "changelist_url": reverse("admin:reconciliation_apitoken_changelist"),
+        }

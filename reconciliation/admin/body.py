@@ -7,6 +7,7 @@ A long text is folded: the first `FOLD_LINES` lines (at most `FOLD_CHARS` charac
 the rest sits in a <details> element ("Show all"), so a 273 KB body is not one 34,000 px block and
 the page needs no script (the Content-Security-Policy allows none inline).
 """
+
 from dataclasses import dataclass
 
 from django.http import Http404
@@ -33,7 +34,7 @@ class FoldedText:
     head: str
     rest: str
     lines: int
-    size: int   # bytes as UTF-8
+    size: int  # bytes as UTF-8
 
     @property
     def hidden_lines(self) -> int:
@@ -45,12 +46,16 @@ def fold(text: str, *, max_lines: int = FOLD_LINES, max_chars: int = FOLD_CHARS)
     head = "\n".join(text.split("\n", max_lines)[:max_lines])
     if len(head) > max_chars:
         cut = head.rfind("\n", max_chars // 2, max_chars)
-        head = head[:cut if cut > 0 else max_chars]
-    rest = text[len(head):]
+        head = head[: cut if cut > 0 else max_chars]
+    rest = text[len(head) :]
     if not rest.strip():
         head, rest = text, ""
-    return FoldedText(head=head, rest=rest.removeprefix("\n"), lines=text.count("\n") + 1 if text else 0,
-                      size=len(text.encode("utf-8", "replace")))
+    return FoldedText(
+        head=head,
+        rest=rest.removeprefix("\n"),
+        lines=text.count("\n") + 1 if text else 0,
+        size=len(text.encode("utf-8", "replace")),
+    )
 
 
 class BodyViewsMixin:
@@ -60,11 +65,17 @@ class BodyViewsMixin:
         event = self.event_or_404(request, pk)
         body = services.do_view_message_body(request.user, event.pk)  # PermissionDenied -> 403; audited
         alternatives = [(kind, fold(text)) for kind, text in body.alternatives]
-        context = {**self.admin_site.each_context(request), "opts": self.opts,
-                   "title": f"Item #{event.pk}: message body", "event": event, "body": body,
-                   "text": fold(body.text), "text_source": TEXT_SOURCES.get(body.text_source, ""),
-                   "alternatives": alternatives if len(alternatives) > 1 else [],
-                   "detail_url": reverse("admin:reconciliation_recoveryitem_change", args=[event.pk])}
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Item #{event.pk}: message body",
+            "event": event,
+            "body": body,
+            "text": fold(body.text),
+            "text_source": TEXT_SOURCES.get(body.text_source, ""),
+            "alternatives": alternatives if len(alternatives) > 1 else [],
+            "detail_url": reverse("admin:reconciliation_recoveryitem_change", args=[event.pk]),
+        }
         response = TemplateResponse(request, "admin/reconciliation/recoveryitem/body.html", context)
         response["Cache-Control"] = "no-store"
         return response

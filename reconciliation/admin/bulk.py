@@ -6,6 +6,7 @@ sender, subject and age, and starts a job for the confirmed count; `bulk/<id>/` 
 their reasons, and cancels it. Every write goes through `reconciliation.services` (permission, tenant,
 audit); this module only renders.
 """
+
 from django import forms
 from django.contrib import messages
 from django.contrib.auth import get_user_model
@@ -38,17 +39,23 @@ class NarrowForm(forms.Form):
 
 class StartForm(forms.Form):
     action = forms.ChoiceField(widget=forms.RadioSelect)
-    reason = forms.CharField(required=False, max_length=500, label="Reason",
-                             help_text="Required to close; recorded on every item")
-    assignee = forms.ModelChoiceField(queryset=get_user_model()._default_manager.none(), required=False,
-                                      label="Assign to", help_text="Only for “Assign”")
+    reason = forms.CharField(
+        required=False, max_length=500, label="Reason", help_text="Required to close; recorded on every item"
+    )
+    assignee = forms.ModelChoiceField(
+        queryset=get_user_model()._default_manager.none(),
+        required=False,
+        label="Assign to",
+        help_text="Only for “Assign”",
+    )
     expected_count = forms.IntegerField(widget=forms.HiddenInput, min_value=0)
 
     def __init__(self, *args, user, **kwargs):
         # Prefixed: the queue's filter travels in the same POST, and it has a "reason" of its own.
         super().__init__(*args, prefix="job", **kwargs)
-        self.fields["action"].choices = [(value, label) for value, label in BulkJob.Action.choices
-                                         if not bulk_jobs.permission_problem(user, value)]
+        self.fields["action"].choices = [
+            (value, label) for value, label in BulkJob.Action.choices if not bulk_jobs.permission_problem(user, value)
+        ]
         ids = set()
         for tenant_id in visible_tenants(user).values_list("pk", flat=True):
             ids.update(services.assignable_users(tenant_id).values_list("pk", flat=True))
@@ -60,13 +67,18 @@ def bulk_urls(model_admin) -> list:
     """The bulk pages' URL patterns, included by RecoveryItemAdmin.get_urls."""
     wrap = model_admin.admin_site.admin_view
     return [
-        path("bulk/", wrap(lambda request: preview_view(model_admin, request)),
-             name="reconciliation_recoveryitem_bulk"),
-        path("bulk/<int:job_id>/", wrap(lambda request, job_id: job_view(model_admin, request, job_id)),
-             name="reconciliation_recoveryitem_bulk_job"),
+        path(
+            "bulk/", wrap(lambda request: preview_view(model_admin, request)), name="reconciliation_recoveryitem_bulk"
+        ),
+        path(
+            "bulk/<int:job_id>/",
+            wrap(lambda request, job_id: job_view(model_admin, request, job_id)),
+            name="reconciliation_recoveryitem_bulk_job",
+        ),
         path("bulk/<int:job_id>/status/", wrap(status_view), name="reconciliation_recoveryitem_bulk_status"),
-        path("bulk/<int:job_id>/cancel/", wrap(require_POST(cancel_view)),
-             name="reconciliation_recoveryitem_bulk_cancel"),
+        path(
+            "bulk/<int:job_id>/cancel/", wrap(require_POST(cancel_view)), name="reconciliation_recoveryitem_bulk_cancel"
+        ),
     ]
 
 
@@ -74,9 +86,16 @@ def _filters(params) -> dict:
     return {key: params.get(key, "") for key in (*QUEUE_PARAMS, *NARROW_PARAMS) if params.get(key, "")}
 
 
-FILTER_NAMES = {"reason": "reason", "state": "state", "owner": "owner", "q": "search",
-                "sender": "sender contains", "subject": "subject contains", "older_than_hours": "older than (hours)",
-                "received_before": "received before"}
+FILTER_NAMES = {
+    "reason": "reason",
+    "state": "state",
+    "owner": "owner",
+    "q": "search",
+    "sender": "sender contains",
+    "subject": "subject contains",
+    "older_than_hours": "older than (hours)",
+    "received_before": "received before",
+}
 
 
 def _described(user, filters: dict) -> list[str]:
@@ -112,25 +131,39 @@ def preview_view(model_admin, request):
         data = start.cleaned_data
         try:
             job = services.do_start_bulk_job(
-                request.user, filters=filters, action=data["action"], reason=data["reason"],
+                request.user,
+                filters=filters,
+                action=data["action"],
+                reason=data["reason"],
                 assignee=data["assignee"] if data["action"] == BulkJob.Action.ASSIGN else None,
-                expected_count=data["expected_count"])
+                expected_count=data["expected_count"],
+            )
         except (services.ActionRefused, PermissionDenied) as exc:
             messages.error(request, str(exc))
         else:
-            messages.success(request, f"Bulk job #{job.pk} started: {job.get_action_display().lower()} "
-                                      f"for {job.total} item(s).")
+            messages.success(
+                request, f"Bulk job #{job.pk} started: {job.get_action_display().lower()} for {job.total} item(s)."
+            )
             return redirect("admin:reconciliation_recoveryitem_bulk_job", job_id=job.pk)
     if request.method != "POST":
         start = StartForm(initial={"expected_count": count, "action": BulkJob.Action.CLOSE}, user=request.user)
     queue_query = urlencode({k: v for k, v in filters.items() if k in QUEUE_PARAMS})
     queue_url = reverse("admin:reconciliation_recoveryitem_changelist") + (f"?{queue_query}" if queue_query else "")
     context = {
-        **model_admin.admin_site.each_context(request), "opts": model_admin.opts, "title": "Act on matching items",
-        "count": count, "sample": sample, "sample_size": bulk_jobs.SAMPLE_SIZE, "error": error,
-        "filters": filters, "described": _described(request.user, filters), "narrow": narrow, "form": start,
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": "Act on matching items",
+        "count": count,
+        "sample": sample,
+        "sample_size": bulk_jobs.SAMPLE_SIZE,
+        "error": error,
+        "filters": filters,
+        "described": _described(request.user, filters),
+        "narrow": narrow,
+        "form": start,
         "queue_hidden": [(k, v) for k, v in filters.items() if k in QUEUE_PARAMS],
-        "all_hidden": list(filters.items()), "queue_url": queue_url,
+        "all_hidden": list(filters.items()),
+        "queue_url": queue_url,
         "reason_text": selectors.reason_text(filters.get("reason") or filters.get("reason_code", "")),
         "recent_jobs": list(services.visible_jobs(request.user).order_by("-created_at")[:5]),
         "can_act": bool(start.fields["action"].choices),
@@ -148,8 +181,12 @@ def _job(request, job_id) -> BulkJob:
 def job_view(model_admin, request, job_id):
     job = _job(request, job_id)
     context = {
-        **model_admin.admin_site.each_context(request), "opts": model_admin.opts, "title": f"Bulk job #{job.pk}",
-        "job": job, "open": job.state in bulk_jobs.OPEN_STATES, "described": _described(request.user, job.filters),
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": f"Bulk job #{job.pk}",
+        "job": job,
+        "open": job.state in bulk_jobs.OPEN_STATES,
+        "described": _described(request.user, job.filters),
         "status_url": reverse("admin:reconciliation_recoveryitem_bulk_status", args=[job.pk]),
         "cancel_url": reverse("admin:reconciliation_recoveryitem_bulk_cancel", args=[job.pk]),
         "queue_url": reverse("admin:reconciliation_recoveryitem_changelist"),
@@ -159,9 +196,18 @@ def job_view(model_admin, request, job_id):
 
 def status_view(request, job_id):
     job = _job(request, job_id)
-    return JsonResponse({"state": job.state, "state_label": job.get_state_display(), "total": job.total,
-                         "done": job.done, "succeeded": job.succeeded, "skipped": job.skipped, "failed": job.failed,
-                         "open": job.state in bulk_jobs.OPEN_STATES})
+    return JsonResponse(
+        {
+            "state": job.state,
+            "state_label": job.get_state_display(),
+            "total": job.total,
+            "done": job.done,
+            "succeeded": job.succeeded,
+            "skipped": job.skipped,
+            "failed": job.failed,
+            "open": job.state in bulk_jobs.OPEN_STATES,
+        }
+    )
 
 
 def cancel_view(request, job_id):

@@ -3,6 +3,7 @@
 A user sees the jobs `services.visible_jobs` gives them (their own; a superuser all). Jobs are started from
 the queue's "Act on all N matching items…" link, never here.
 """
+
 from django.contrib import admin
 from django.shortcuts import redirect
 from django.urls import reverse

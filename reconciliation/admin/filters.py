@@ -3,6 +3,7 @@
 Every choice comes from what the user may see (their tenants, those tenants'
 mailboxes, the reason codes in their queue).
 """
+
 from django.contrib import admin
 
 from intake.models import InboxEvent

@@ -6,6 +6,7 @@ refusals to messages, 403s and 404s. Each action's message names what it changed
 (the route before and after, the previous owner or time); an invalid form names
 the form and its fields, and the page shows the errors at the form (status 400).
 """
+
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseNotAllowed
@@ -36,13 +37,23 @@ from .forms import (
 )
 
 # A replay of an item whose earlier attempt had an unknown outcome asks the destination first (ticketing.replay).
-LINKED_MESSAGE = ("The destination already had this ticket (found by our reference): the item is linked to it "
-                  "and complete; nothing was sent again.")
-REJUDGED_MESSAGE = ("It was quarantined and never released: sent back to validation and the malware scan, "
-                    "which decide again.")
-FORM_TITLES = {"assign": "Assign to a user", "escalate": "Escalation time", "correct": "Correct the route and replay",
-               "replay_new": "Replay as a new action", "confirm": "Confirm an existing ticket",
-               "close": "Close as not-a-request", "release": "Release from quarantine", "requester": "Requester"}
+LINKED_MESSAGE = (
+    "The destination already had this ticket (found by our reference): the item is linked to it "
+    "and complete; nothing was sent again."
+)
+REJUDGED_MESSAGE = (
+    "It was quarantined and never released: sent back to validation and the malware scan, which decide again."
+)
+FORM_TITLES = {
+    "assign": "Assign to a user",
+    "escalate": "Escalation time",
+    "correct": "Correct the route and replay",
+    "replay_new": "Replay as a new action",
+    "confirm": "Confirm an existing ticket",
+    "close": "Close as not-a-request",
+    "release": "Release from quarantine",
+    "requester": "Requester",
+}
 
 
 class InvalidForm:
@@ -65,8 +76,14 @@ def form_errors_words(name: str, form) -> str:
     return f"Not done — {FORM_TITLES.get(name, name)}: {'; '.join(parts)} (see the form below)."
 
 
-def route_now(event: InboxEvent, destination_names: dict | None = None, rule_names: dict | None = None, *,
-              intent=False, audits=None) -> list:
+def route_now(
+    event: InboxEvent,
+    destination_names: dict | None = None,
+    rule_names: dict | None = None,
+    *,
+    intent=False,
+    audits=None,
+) -> list:
     """The route the item's next attempt uses, field by field with its origin (`rendering.effective_route`).
     The page passes what it already read (`intent`: its current intent or None; `audits`: its timeline)."""
     if destination_names is None:
@@ -74,13 +91,15 @@ def route_now(event: InboxEvent, destination_names: dict | None = None, rule_nam
     if intent is False:
         intent = ticketing_selectors.current_intent(event.pk)
     default = ticketing_selectors.default_destination(event.tenant_id)
-    return effective_route(event.route, event.route_override,
-                           intent_destination_id=intent.destination_id if intent else None,
-                           default_destination_id=default.pk if default else None,
-                           corrected_by_name=corrected_by(audits if audits is not None
-                                                          else selectors.event_timeline(event.pk)),
-                           rule_names=rule_names if rule_names is not None else selectors.rule_names(event.tenant_id),
-                           destination_names=destination_names)
+    return effective_route(
+        event.route,
+        event.route_override,
+        intent_destination_id=intent.destination_id if intent else None,
+        default_destination_id=default.pk if default else None,
+        corrected_by_name=corrected_by(audits if audits is not None else selectors.event_timeline(event.pk)),
+        rule_names=rule_names if rule_names is not None else selectors.rule_names(event.tenant_id),
+        destination_names=destination_names,
+    )
 
 
 class ItemPageMixin:
@@ -117,8 +136,9 @@ class ItemPageMixin:
         }
         intents = list(selectors.event_intents(event.pk))
         current = ticketing_selectors.current_intent(event.pk)
-        stuck_ack = ticketing_selectors.stuck_acknowledgment(event.pk) if event.state == InboxEvent.State.COMPLETED \
-            else None
+        stuck_ack = (
+            ticketing_selectors.stuck_acknowledgment(event.pk) if event.state == InboxEvent.State.COMPLETED else None
+        )
         in_queue = selectors.recovery_queue_for(user).filter(pk=event.pk).exists()
         replayable = event.state in REPLAYABLE_EVENT_STATES
         destination_names = {d.pk: d.slug for d in ticketing_selectors.tenant_destinations(event.tenant_id)}
@@ -130,9 +150,12 @@ class ItemPageMixin:
         if proposal and not route:  # the correction form starts from the AI proposal
             route = proposal["fields"]
         # No destination preselected: empty keeps the current one, so only a pick the operator makes counts as one.
-        initial_route = {"destination": route.get("destination_id"),
-                         "queue": route.get("queue", ""), "priority": route.get("priority", ""),
-                         "request_type": route.get("request_type", "")}
+        initial_route = {
+            "destination": route.get("destination_id"),
+            "queue": route.get("queue", ""),
+            "priority": route.get("priority", ""),
+            "request_type": route.get("request_type", ""),
+        }
         keep = effective[0].value if effective[0].value != "—" else ""
         bound = forms_override or {}
         action_forms = {
@@ -151,15 +174,25 @@ class ItemPageMixin:
         overdue = bool(in_queue and event.escalate_at and event.escalate_at <= now)
         context = {
             **self.admin_site.each_context(request),
-            "opts": self.opts, "title": f"Item #{event.pk}", "event": event, "can": can,
-            "reason_text": selectors.reason_text(event.reason_code), "age": timesince(event.received_at),
-            "timeline": timeline_rows(audits, kind_labels=dict(AuditKind.choices),
-                                      rule_names=rule_names, destination_names=destination_names),
+            "opts": self.opts,
+            "title": f"Item #{event.pk}",
+            "event": event,
+            "can": can,
+            "reason_text": selectors.reason_text(event.reason_code),
+            "age": timesince(event.received_at),
+            "timeline": timeline_rows(
+                audits, kind_labels=dict(AuditKind.choices), rule_names=rule_names, destination_names=destination_names
+            ),
             "override_lines": route_lines(event.route_override, rule_names, destination_names),
             "effective_route": effective,
-            "intents": intents, "current_intent": current,
-            "mappings": list(selectors.event_mappings(event.pk)), "in_queue": in_queue,
-            "replayable": replayable, "forms": action_forms, "stuck_ack": stuck_ack, "proposal": proposal,
+            "intents": intents,
+            "current_intent": current,
+            "mappings": list(selectors.event_mappings(event.pk)),
+            "in_queue": in_queue,
+            "replayable": replayable,
+            "forms": action_forms,
+            "stuck_ack": stuck_ack,
+            "proposal": proposal,
             "destination_name": destination_names,
             "paused_here": pauses["global"] or event.mailbox.paused or tenant_paused,
             "tenant_paused": tenant_paused,
@@ -168,17 +201,31 @@ class ItemPageMixin:
             "nobody_escalated": in_queue and not escalation_recipients(event),
             "needs_requester": replayable and people.lacks_requester(event),
             "entered_requester": (event.details or {}).get(people.REQUESTER_ENTERED)
-            if people.entered_requester(event) else None,
+            if people.entered_requester(event)
+            else None,
             "queue_url": reverse("admin:reconciliation_recoveryitem_changelist"),
         }
-        context["urls"] = {name: reverse("admin:reconciliation_recoveryitem_act", args=[event.pk, name])
-                           for name in self.ACTIONS}
+        context["urls"] = {
+            name: reverse("admin:reconciliation_recoveryitem_act", args=[event.pk, name]) for name in self.ACTIONS
+        }
         context["body_url"] = reverse("admin:reconciliation_recoveryitem_body", args=[event.pk])
         status = 400 if forms_override else 200
         return TemplateResponse(request, self.detail_template, context, status=status)
 
-    ACTIONS = ("assign_me", "assign", "escalate", "replay", "correct", "replay_new", "confirm", "close", "release",
-               "ack_handled", "accept_proposal", "enter_requester")
+    ACTIONS = (
+        "assign_me",
+        "assign",
+        "escalate",
+        "replay",
+        "correct",
+        "replay_new",
+        "confirm",
+        "close",
+        "release",
+        "ack_handled",
+        "accept_proposal",
+        "enter_requester",
+    )
 
     def action_view(self, request, pk, action):
         if request.method != "POST":
@@ -221,8 +268,10 @@ class ItemPageMixin:
     def _corrected(self, request, event, outcome: str, before: list) -> str:
         """ "Route corrected: priority normal → high; destination kept (desk). Replayed: …" """
         if outcome == "linked":
-            return f"{LINKED_MESSAGE} The corrected route was not stored: that ticket keeps its first fields " \
-                   "(correct them in the desk)."
+            return (
+                f"{LINKED_MESSAGE} The corrected route was not stored: that ticket keeps its first fields "
+                "(correct them in the desk)."
+            )
         after = route_now(services.visible_event(request.user, event.pk))
         return f"Route corrected: {route_changes(before, after)}. {self._sent(request, event.pk, outcome)}"
 
@@ -278,11 +327,14 @@ class ItemPageMixin:
         if not form.is_valid():
             return InvalidForm("replay_new", form)
         before = route_now(event)
-        intent = services.do_replay_as_new_action(request.user, event.pk, reason=form.cleaned_data["reason"],
-                                                  **form.route())
+        intent = services.do_replay_as_new_action(
+            request.user, event.pk, reason=form.cleaned_data["reason"], **form.route()
+        )
         after = route_now(services.visible_event(request.user, event.pk))
-        return f"Replayed as new action version {intent.action_version} with its own key " \
-               f"({route_changes(before, after)}); your approval is recorded."
+        return (
+            f"Replayed as new action version {intent.action_version} with its own key "
+            f"({route_changes(before, after)}); your approval is recorded."
+        )
 
     def _act_enter_requester(self, request, event):
         form = RequesterForm(request.POST, event=event)
@@ -301,9 +353,13 @@ class ItemPageMixin:
         if not form.is_valid():
             return InvalidForm("confirm", form)
         data = form.cleaned_data
-        services.do_confirm_existing_ticket(request.user, event.pk, ticket_id=data["ticket_id"],
-                                            ticket_url=data["ticket_url"],
-                                            destination_id=data["destination"].pk if data["destination"] else None)
+        services.do_confirm_existing_ticket(
+            request.user,
+            event.pk,
+            ticket_id=data["ticket_id"],
+            ticket_url=data["ticket_url"],
+            destination_id=data["destination"].pk if data["destination"] else None,
+        )
         return f"Ticket {data['ticket_id']} confirmed: the item is complete, with no call to the destination."
 
     def _act_ack_handled(self, request, event):

@@ -5,6 +5,7 @@ Turning a switch goes through `reconciliation.services` (permission, tenant,
 log); a resume reports how many waiting events it released. The global switch is shown to everyone who
 sees the page, and offered only to superusers (the service refuses anyone else).
 """
+
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
@@ -55,15 +56,22 @@ class PauseSwitchAdmin(admin.ModelAdmin):
             mailbox.waiting = waiting.get(mailbox.pk, 0)
         tenants = services.tenant_pauses(user)
         # Who paused each paused thing, when and why (the LogEntry the pause services write).
-        paused = [row for row in (switch, *(t.pause_switch for t in tenants if t.paused),
-                                  *(m for m in mailboxes if m.paused)) if row is not None and getattr(row, "pk", None)]
+        paused = [
+            row
+            for row in (switch, *(t.pause_switch for t in tenants if t.paused), *(m for m in mailboxes if m.paused))
+            if row is not None and getattr(row, "pk", None)
+        ]
         records = services.pause_records(paused)
         for row in paused:
             row.pause_record = records.get((type(row), str(row.pk)))
         context = {
-            **self.admin_site.each_context(request), "opts": self.opts, "title": "Pauses",
-            "global_on": bool(switch and switch.on), "switch": switch,
-            "can_global": services.may_set_global_pause(user), "can_change": self.has_change_permission(request),
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Pauses",
+            "global_on": bool(switch and switch.on),
+            "switch": switch,
+            "can_global": services.may_set_global_pause(user),
+            "can_change": self.has_change_permission(request),
             "tenants": tenants,
             "mailboxes": mailboxes,
             "destinations": list(selectors.visible_destinations(user).order_by("tenant__slug", "slug")),
@@ -96,7 +104,10 @@ class PauseSwitchAdmin(admin.ModelAdmin):
         except ValidationError as refused:
             messages.error(request, f"Nothing paused. {' '.join(refused.messages)}")
             return back
-        state = f"on: no destination writes; intake still stores mail (reason: {' '.join(reason.split())})" \
-            if paused else f"off: {released} waiting event(s) released"
+        state = (
+            f"on: no destination writes; intake still stores mail (reason: {' '.join(reason.split())})"
+            if paused
+            else f"off: {released} waiting event(s) released"
+        )
         messages.success(request, f"{label} {state}.")
         return back

@@ -6,6 +6,7 @@ this module only renders and maps refusals to messages. URLs: the changelist,
 `dashboard/`, and those of the mixins (`<pk>/change/`, `<pk>/act/<action>/`,
 `<pk>/body/`, `<pk>/attachment/<index>/`).
 """
+
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.http import Http404
@@ -49,8 +50,16 @@ class QueueChangeList(ChangeList):
 class RecoveryItemAdmin(QueueViewOnlyMixin, ItemPageMixin, BodyViewsMixin, admin.ModelAdmin):
     # What fits a 1400 px screen beside the filters (reconciliation/queue.css; cards below 1100 px); first
     # seen, latest attempt, attempts and the destination reference are on the item page.
-    list_display = ("item", "age", "state_reason", "short_subject", "masked_sender", "mailbox_slug", "owner_name",
-                    "escalation")
+    list_display = (
+        "item",
+        "age",
+        "state_reason",
+        "short_subject",
+        "masked_sender",
+        "mailbox_slug",
+        "owner_name",
+        "escalation",
+    )
     list_display_links = ("item",)
     list_filter = (ReasonFilter, StateFilter, MailboxFilter, OwnerFilter, TenantFilter)
     search_fields = ("subject",)  # the box; get_search_results decides what matches
@@ -73,8 +82,7 @@ class RecoveryItemAdmin(QueueViewOnlyMixin, ItemPageMixin, BodyViewsMixin, admin
     def get_queryset(self, request):
         queue = selectors.recovery_queue_for(request.user, model=RecoveryItem)
         # Not the stored message nor its parse details: a page of 50 would carry megabytes it never shows.
-        return (selectors.with_queue_list_columns(queue).select_related("mailbox", "owner")
-                .defer(*LIST_DEFERRED))
+        return selectors.with_queue_list_columns(queue).select_related("mailbox", "owner").defer(*LIST_DEFERRED)
 
     def get_changelist(self, request, **kwargs):
         return QueueChangeList
@@ -101,7 +109,8 @@ class RecoveryItemAdmin(QueueViewOnlyMixin, ItemPageMixin, BodyViewsMixin, admin
             "unreachable_tenants": selectors.tenants_without_escalation_recipients(request.user),
             "bulk_cap": services.bulk_replay_cap(),
             "pauses_url": reverse("admin:reconciliation_pauseswitch_changelist")
-            if request.user.has_perm("reconciliation.view_pauseswitch") else "",
+            if request.user.has_perm("reconciliation.view_pauseswitch")
+            else "",
             "dashboard_url": reverse("admin:reconciliation_dashboard"),
             **(extra_context or {}),
         }
@@ -110,28 +119,39 @@ class RecoveryItemAdmin(QueueViewOnlyMixin, ItemPageMixin, BodyViewsMixin, admin
     @admin.display(description="item", ordering="pk")
     def item(self, obj):
         if _overdue(obj):
-            return format_html('#{} <span class="overdue-mark" title="overdue since {}">overdue</span>', obj.pk,
-                               times.absolute(obj.escalate_at))
+            return format_html(
+                '#{} <span class="overdue-mark" title="overdue since {}">overdue</span>',
+                obj.pk,
+                times.absolute(obj.escalate_at),
+            )
         return f"#{obj.pk}"
 
     @admin.display(description="age", ordering="-received_at")
     def age(self, obj):
-        return format_html('<span title="received {}">{}</span>', times.absolute(obj.received_at),
-                           times.relative(obj.received_at))
+        return format_html(
+            '<span title="received {}">{}</span>', times.absolute(obj.received_at), times.relative(obj.received_at)
+        )
 
     @admin.display(description="state and reason", ordering="state")
     def state_reason(self, obj):
         state = obj.state
-        if obj.intent_state == Intent.State.HELD or (obj.has_held_intent and obj.state not in
-                                                     InboxEvent.RECOVERY_STATES):
+        if obj.intent_state == Intent.State.HELD or (
+            obj.has_held_intent and obj.state not in InboxEvent.RECOVERY_STATES
+        ):
             state = f"{obj.state} (intent held)"
         code = obj.reason_code
         if not code and obj.held_action == Intent.Action.NOTIFY_REQUESTER:
             code = selectors.ACKNOWLEDGMENT_HELD
         sentence = selectors.reason_text(code) or obj.reason_detail[:300]
         short = selectors.reason_label(code) or ("Intent held" if obj.has_held_intent else "—")
-        return format_html('<span class="state state-{}">{}</span><span class="reason reason-{}" title="{}">{}</span>',
-                           obj.state, state, code or "none", sentence or short, short)
+        return format_html(
+            '<span class="state state-{}">{}</span><span class="reason reason-{}" title="{}">{}</span>',
+            obj.state,
+            state,
+            code or "none",
+            sentence or short,
+            short,
+        )
 
     @admin.display(description="subject")
     def short_subject(self, obj):
@@ -158,10 +178,14 @@ class RecoveryItemAdmin(QueueViewOnlyMixin, ItemPageMixin, BodyViewsMixin, admin
         if not obj.escalate_at:
             return "—"
         if _overdue(obj):
-            return format_html('<span class="overdue" title="overdue: escalated {}">{}</span>',
-                               times.relative(obj.escalate_at), times.absolute(obj.escalate_at))
-        return format_html('<span title="{}">{}</span>', times.relative(obj.escalate_at),
-                           times.absolute(obj.escalate_at))
+            return format_html(
+                '<span class="overdue" title="overdue: escalated {}">{}</span>',
+                times.relative(obj.escalate_at),
+                times.absolute(obj.escalate_at),
+            )
+        return format_html(
+            '<span title="{}">{}</span>', times.relative(obj.escalate_at), times.absolute(obj.escalate_at)
+        )
 
     # --- changelist actions
     @admin.action(description="Assign selected items to me", permissions=["assign"])
@@ -189,8 +213,12 @@ class RecoveryItemAdmin(QueueViewOnlyMixin, ItemPageMixin, BodyViewsMixin, admin
             self.message_user(request, f"Bulk replay done — {summary}", messages.SUCCESS)
             return None
         context = {
-            **self.admin_site.each_context(request), "opts": self.opts, "title": "Confirm bulk replay",
-            "items": items, "ids": ids, "cap": services.bulk_replay_cap(),
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Confirm bulk replay",
+            "items": items,
+            "ids": ids,
+            "cap": services.bulk_replay_cap(),
             "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
             "actionable": [i for i in items if i.plan != "skip"],
         }
@@ -203,8 +231,11 @@ class RecoveryItemAdmin(QueueViewOnlyMixin, ItemPageMixin, BodyViewsMixin, admin
             path("dashboard/", wrap(self.dashboard_view), name="reconciliation_dashboard"),
             path("<int:pk>/act/<slug:action>/", wrap(self.action_view), name="reconciliation_recoveryitem_act"),
             path("<int:pk>/body/", wrap(self.body_view), name="reconciliation_recoveryitem_body"),
-            path("<int:pk>/attachment/<int:index>/", wrap(self.attachment_view),
-                 name="reconciliation_recoveryitem_attachment"),
+            path(
+                "<int:pk>/attachment/<int:index>/",
+                wrap(self.attachment_view),
+                name="reconciliation_recoveryitem_attachment",
+            ),
             *bulk_urls(self),
         ] + super().get_urls()
 

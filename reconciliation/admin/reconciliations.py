@@ -4,6 +4,7 @@ A finding held for a person (`orphan_in_destination` not adopted, `ticket_missin
 with `detail["held"]` saying why; an open `unmapped` finding also puts its event in the recovery
 queue. Users see their tenants' findings and the runs of their mailboxes and destinations.
 """
+
 from django.contrib import admin
 from django.db.models import Q
 

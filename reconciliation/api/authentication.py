@@ -1,5 +1,6 @@
 """`Authorization: Token <t>`: a token made in the console (API tokens) or by `manage.py api_token`, looked up by
 its SHA-256; an expired or revoked one is refused (401)."""
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
@@ -33,6 +34,10 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
     name = "tokenAuth"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "apiKey", "in": "header", "name": "Authorization",
-                "description": "`Token <token>`; make one in the console (API tokens) or with "
-                               "`python manage.py api_token <username>`."}
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "`Token <token>`; make one in the console (API tokens) or with "
+            "`python manage.py api_token <username>`.",
+        }

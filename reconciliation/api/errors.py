@@ -3,6 +3,7 @@
 The console's exceptions map as in the admin: PermissionDenied 403, a missing (or other tenant's)
 object 404, ActionRefused 409 (nothing written), a model's ValidationError 400.
 """
+
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status

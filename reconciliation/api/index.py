@@ -5,6 +5,7 @@ never a row, a count or whether a tenant exists, so a newcomer's `curl` learns w
 send. It keeps the API's authentication all the same: a bad or revoked token is the 401 (problem+json) every
 other endpoint gives, so a client finds out at the door.
 """
+
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
@@ -15,14 +16,17 @@ from rest_framework.views import APIView
 
 from .schema import ProblemAutoSchema
 
-INDEX_RESPONSE = inline_serializer("ApiIndex", fields={
-    "name": serializers.CharField(),
-    "version": serializers.CharField(),
-    "authentication": serializers.CharField(),
-    "resources": serializers.DictField(child=serializers.URLField()),
-    "schema": serializers.URLField(),
-    "docs": serializers.URLField(),
-})
+INDEX_RESPONSE = inline_serializer(
+    "ApiIndex",
+    fields={
+        "name": serializers.CharField(),
+        "version": serializers.CharField(),
+        "authentication": serializers.CharField(),
+        "resources": serializers.DictField(child=serializers.URLField()),
+        "schema": serializers.URLField(),
+        "docs": serializers.URLField(),
+    },
+)
 
 
 class ApiIndex(APIView):
@@ -36,11 +40,13 @@ class ApiIndex(APIView):
     @extend_schema(responses=INDEX_RESPONSE, summary="Index of the API")
     def get(self, request):
         url = lambda name: request.build_absolute_uri(reverse(name))  # noqa: E731
-        return Response({
-            "name": "Mailroom API",
-            "version": "1",
-            "authentication": "Authorization: Token <token> (python manage.py api_token <username> prints one)",
-            "resources": {prefix: url(f"api:{basename}-list") for prefix, basename in self.routes},
-            "schema": url("api:schema"),
-            "docs": url("api:docs"),
-        })
+        return Response(
+            {
+                "name": "Mailroom API",
+                "version": "1",
+                "authentication": "Authorization: Token <token> (python manage.py api_token <username> prints one)",
+                "resources": {prefix: url(f"api:{basename}-list") for prefix, basename in self.routes},
+                "schema": url("api:schema"),
+                "docs": url("api:docs"),
+            }
+        )

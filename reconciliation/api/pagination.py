@@ -1,4 +1,5 @@
 """Cursor pages: stable under inserts, no counts (the inbox is big)."""
+
 from rest_framework.pagination import CursorPagination
 
 

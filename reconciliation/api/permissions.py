@@ -5,6 +5,7 @@ or the model's own view permission; configuration follows the model permissions 
 role grants (view, add, change, delete). Tenant scoping is the querysets' job (selectors): another
 tenant's object is a 404.
 """
+
 from django.conf import settings
 from rest_framework.permissions import BasePermission
 
@@ -25,16 +26,26 @@ class CanReadEvents(BasePermission):
 
     def has_permission(self, request, view):
         user = request.user
-        return bool(user and user.is_authenticated and user.is_active
-                    and (user.has_perm(PERM_VIEW_QUEUE) or user.has_perm(getattr(view, "model_perm", None)
-                                                                         or self.model_perm)))
+        return bool(
+            user
+            and user.is_authenticated
+            and user.is_active
+            and (user.has_perm(PERM_VIEW_QUEUE) or user.has_perm(getattr(view, "model_perm", None) or self.model_perm))
+        )
 
 
 class ModelPerms(BasePermission):
     """The model's Django permissions by method: GET view, POST add, PUT/PATCH change, DELETE delete."""
 
-    ACTIONS = {"GET": "view", "HEAD": "view", "OPTIONS": "view", "POST": "add", "PUT": "change",
-               "PATCH": "change", "DELETE": "delete"}
+    ACTIONS = {
+        "GET": "view",
+        "HEAD": "view",
+        "OPTIONS": "view",
+        "POST": "add",
+        "PUT": "change",
+        "PATCH": "change",
+        "DELETE": "delete",
+    }
 
     def has_permission(self, request, view):
         user = request.user

@@ -4,6 +4,7 @@ drf-spectacular documents only the success; the API also answers 401 (no or a ba
 lacks the permission), 404 (not found, another tenant's, or a stale cursor), 400 (a refused write or
 filter) and, for queue actions, 409 (ActionRefused). See `errors.py`.
 """
+
 from drf_spectacular.openapi import AutoSchema
 
 from .errors import PROBLEM_TYPE
@@ -23,6 +24,10 @@ class ProblemAutoSchema(AutoSchema):
         responses = super()._get_response_bodies(direction)
         if direction == "response":
             for status in self.error_statuses():
-                responses.setdefault(status, self._get_response_for_code(
-                    ProblemSerializer, status, media_types=[PROBLEM_TYPE], direction=direction))
+                responses.setdefault(
+                    status,
+                    self._get_response_for_code(
+                        ProblemSerializer, status, media_types=[PROBLEM_TYPE], direction=direction
+                    ),
+                )
         return responses

@@ -5,6 +5,7 @@ trail, intents and mappings. Configuration writes (mailboxes, destinations, rout
 validated by the model's `full_clean` (field checks, `clean()`, constraints: a secret that is not a
 reference is refused with the model's message) and kept inside the user's tenants.
 """
+
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied, ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from drf_spectacular.types import OpenApiTypes
@@ -27,6 +28,7 @@ from ..models import Finding, ReconciliationRun
 
 # --- errors -------------------------------------------------------------------------------------------
 
+
 class ProblemSerializer(serializers.Serializer):
     """An error (RFC 9457, `application/problem+json`; reconciliation.api.errors)."""
 
@@ -48,9 +50,25 @@ class EventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = InboxEvent
-        fields = ("id", "tenant", "mailbox", "state", "reason_code", "reason_detail", "received_at", "updated_at",
-                  "sender", "subject", "message_id_header", "source", "size", "owner", "escalate_at",
-                  "legal_hold", "purged_at")
+        fields = (
+            "id",
+            "tenant",
+            "mailbox",
+            "state",
+            "reason_code",
+            "reason_detail",
+            "received_at",
+            "updated_at",
+            "sender",
+            "subject",
+            "message_id_header",
+            "source",
+            "size",
+            "owner",
+            "escalate_at",
+            "legal_hold",
+            "purged_at",
+        )
 
     def get_sender(self, obj) -> str:
         return mask_address(obj.sender)
@@ -67,9 +85,23 @@ class IntentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Intent
-        fields = ("id", "inbox_event", "action", "action_version", "idempotency_key", "destination", "state",
-                  "attempts", "next_attempt_at", "last_error_kind", "last_error", "external_ref", "result_ref",
-                  "created_at", "completed_at")
+        fields = (
+            "id",
+            "inbox_event",
+            "action",
+            "action_version",
+            "idempotency_key",
+            "destination",
+            "state",
+            "attempts",
+            "next_attempt_at",
+            "last_error_kind",
+            "last_error",
+            "external_ref",
+            "result_ref",
+            "created_at",
+            "completed_at",
+        )
 
 
 class MappingSerializer(serializers.ModelSerializer):
@@ -77,12 +109,21 @@ class MappingSerializer(serializers.ModelSerializer):
     # Not format "uri": the built-in ticket store's tickets are paths on this site.
     ticket_url = serializers.CharField(read_only=True, help_text="the ticket's URL, or its path on this site")
     ticket_number = serializers.SerializerMethodField(
-        help_text="Mailroom's number of the ticket, `MR-n`, as acknowledgments and the console name it")
+        help_text="Mailroom's number of the ticket, `MR-n`, as acknowledgments and the console name it"
+    )
 
     class Meta:
         model = TicketMapping
-        fields = ("id", "inbox_event", "action", "destination", "ticket_id", "ticket_number", "ticket_url",
-                  "created_at")
+        fields = (
+            "id",
+            "inbox_event",
+            "action",
+            "destination",
+            "ticket_id",
+            "ticket_number",
+            "ticket_url",
+            "created_at",
+        )
 
     def get_ticket_number(self, mapping) -> str:
         number = getattr(mapping, "ticket_number", None) or numbers.number_of(mapping)
@@ -96,8 +137,18 @@ class EventDetailSerializer(EventSerializer):
     reason_text = serializers.SerializerMethodField()
 
     class Meta(EventSerializer.Meta):
-        fields = (*EventSerializer.Meta.fields, "provider_message_id", "thread_key", "reason_text", "route",
-                  "route_override", "details", "audit", "intents", "mappings")
+        fields = (
+            *EventSerializer.Meta.fields,
+            "provider_message_id",
+            "thread_key",
+            "reason_text",
+            "route",
+            "route_override",
+            "details",
+            "audit",
+            "intents",
+            "mappings",
+        )
 
     def get_sender(self, obj) -> str:
         return obj.sender
@@ -126,8 +177,17 @@ class QueueItemSerializer(EventSerializer):
     has_held_intent = serializers.BooleanField(read_only=True)
 
     class Meta(EventSerializer.Meta):
-        fields = (*EventSerializer.Meta.fields, "reason_text", "intent_state", "intent_version", "destination",
-                  "external_ref", "attempt_count", "latest_attempt_at", "has_held_intent")
+        fields = (
+            *EventSerializer.Meta.fields,
+            "reason_text",
+            "intent_state",
+            "intent_version",
+            "destination",
+            "external_ref",
+            "attempt_count",
+            "latest_attempt_at",
+            "has_held_intent",
+        )
 
     def get_reason_text(self, obj) -> str:
         return selectors.reason_text(obj.reason_code) or obj.reason_detail[:200]
@@ -168,8 +228,10 @@ class TenantDestinationField(serializers.PrimaryKeyRelatedField):
 
 
 class AssignSerializer(serializers.Serializer):
-    assignee = serializers.CharField(allow_null=True, help_text="a username (an active member of the item's tenant "
-                                                                 "who can see the queue); null unassigns")
+    assignee = serializers.CharField(
+        allow_null=True,
+        help_text="a username (an active member of the item's tenant who can see the queue); null unassigns",
+    )
 
 
 class EscalationSerializer(serializers.Serializer):
@@ -181,14 +243,19 @@ class RouteSerializer(serializers.Serializer):
     destination = TenantDestinationField(required=False, allow_null=True, default=None)
     queue = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     priority = serializers.ChoiceField(choices=("", *PRIORITIES), required=False, default="")
-    request_type = serializers.CharField(required=False, allow_blank=True, max_length=100, default="",
-                                         help_text=REQUEST_TYPE_HELP)
+    request_type = serializers.CharField(
+        required=False, allow_blank=True, max_length=100, default="", help_text=REQUEST_TYPE_HELP
+    )
 
     def route(self) -> dict:
         data = self.validated_data
         destination = data.get("destination")
-        return {"destination_id": destination.pk if destination else None, "queue": data.get("queue") or "",
-                "priority": data.get("priority") or "", "request_type": data.get("request_type") or ""}
+        return {
+            "destination_id": destination.pk if destination else None,
+            "queue": data.get("queue") or "",
+            "priority": data.get("priority") or "",
+            "request_type": data.get("request_type") or "",
+        }
 
 
 class ReplayNewSerializer(RouteSerializer):
@@ -197,11 +264,13 @@ class ReplayNewSerializer(RouteSerializer):
 
 
 class ConfirmSerializer(serializers.Serializer):
-    ticket_id = serializers.CharField(max_length=200, help_text="the desk's ticket id; for the built-in store, "
-                                                                "the ticket's number MR-n")
+    ticket_id = serializers.CharField(
+        max_length=200, help_text="the desk's ticket id; for the built-in store, the ticket's number MR-n"
+    )
     ticket_url = serializers.URLField(required=False, allow_blank=True, max_length=500, default="")
-    destination = TenantDestinationField(required=False, allow_null=True, default=None,
-                                         help_text="where the ticket is (default: where the intent went)")
+    destination = TenantDestinationField(
+        required=False, allow_null=True, default=None, help_text="where the ticket is (default: where the intent went)"
+    )
 
 
 class CloseSerializer(serializers.Serializer):
@@ -284,7 +353,8 @@ class FullCleanModelSerializer(serializers.ModelSerializer):
             instance.full_clean()
         except DjangoValidationError as exc:
             raise serializers.ValidationError(
-                exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}) from None
+                exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+            ) from None
         try:
             with transaction.atomic():
                 instance.save()
@@ -295,10 +365,11 @@ class FullCleanModelSerializer(serializers.ModelSerializer):
                 instance.full_clean()
             except DjangoValidationError as exc:
                 raise serializers.ValidationError(
-                    exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}) from None
+                    exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+                ) from None
             raise serializers.ValidationError(
-                {"non_field_errors": ["another change saved at the same moment conflicts with this one; "
-                                      "try again"]}) from None
+                {"non_field_errors": ["another change saved at the same moment conflicts with this one; try again"]}
+            ) from None
         return instance
 
     def create(self, validated_data):
@@ -319,8 +390,12 @@ class SecretRulesMixin:
         holder = secret_policy.holder_for(row)
         try:
             secret_policy.check_secret_change(
-                actor=self.context["request"].user, row=row, before=secret_policy.stored_values(row), changes=data,
-                reentered=[name for name in holder.ref_fields if name in self.initial_data])
+                actor=self.context["request"].user,
+                row=row,
+                before=secret_policy.stored_values(row),
+                changes=data,
+                reentered=[name for name in holder.ref_fields if name in self.initial_data],
+            )
         except secret_policy.SecretChangeRefused as refused:
             raise serializers.ValidationError(refused.message_dict) from None
         return data
@@ -372,24 +447,52 @@ class PauseThroughServiceMixin:
 PAUSE_REASON_HELP = "Why (required when `paused` turns true); shown on the pause page and audited."
 
 
-CONNECTION_FIELDS = ("link_state", "link_state_since", "poll_failures", "poll_errors_total", "last_success_at",
-                     "quiet_alarm_since", "oauth_scopes", "oauth_expires_at", "oauth_connected_at", "archive_before",
-                     "archive_tickets", "archive_done_at")
+CONNECTION_FIELDS = (
+    "link_state",
+    "link_state_since",
+    "poll_failures",
+    "poll_errors_total",
+    "last_success_at",
+    "quiet_alarm_since",
+    "oauth_scopes",
+    "oauth_expires_at",
+    "oauth_connected_at",
+    "archive_before",
+    "archive_tickets",
+    "archive_done_at",
+)
 
 
 class MailboxSerializer(PauseThroughServiceMixin, SecretRulesMixin, FullCleanModelSerializer):
     tenant = VisibleTenantField()
-    pause_reason = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=300,
-                                         help_text=PAUSE_REASON_HELP)
+    pause_reason = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, max_length=300, help_text=PAUSE_REASON_HELP
+    )
     pause_service = "do_set_mailbox_pause"
     # "" (no archive import) besides the choices: a plain string in the schema, not an enum without "".
     archive_tickets = serializers.CharField(read_only=True, help_text='"" (no archive import), "none" or "closed"')
 
     class Meta:
         model = Mailbox
-        fields = ("id", "tenant", "slug", "address", "provider", "webhook_secret_ref", "credentials_ref", "settings",
-                  "allowed_recipients", "poll_enabled", "paused", "pause_reason", "health", "health_detail",
-                  "last_polled_at", "created_at", *CONNECTION_FIELDS)
+        fields = (
+            "id",
+            "tenant",
+            "slug",
+            "address",
+            "provider",
+            "webhook_secret_ref",
+            "credentials_ref",
+            "settings",
+            "allowed_recipients",
+            "poll_enabled",
+            "paused",
+            "pause_reason",
+            "health",
+            "health_detail",
+            "last_polled_at",
+            "created_at",
+            *CONNECTION_FIELDS,
+        )
         # The connection's state, the OAuth grant and the archive import move only through their own doors
         # (intake.mailbox_health, the consent flow, intake.archive): shown, never written here.
         read_only_fields = ("health", "health_detail", "last_polled_at", "created_at", *CONNECTION_FIELDS)
@@ -397,14 +500,28 @@ class MailboxSerializer(PauseThroughServiceMixin, SecretRulesMixin, FullCleanMod
 
 class DestinationSerializer(PauseThroughServiceMixin, SecretRulesMixin, FullCleanModelSerializer):
     tenant = VisibleTenantField()
-    pause_reason = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=300,
-                                         help_text=PAUSE_REASON_HELP)
+    pause_reason = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, max_length=300, help_text=PAUSE_REASON_HELP
+    )
     pause_service = "do_set_destination_pause"
 
     class Meta:
         model = Destination
-        fields = ("id", "tenant", "slug", "kind", "base_url", "credentials_ref", "settings", "is_default", "paused",
-                  "pause_reason", "paused_reason", "paused_by", "paused_at")
+        fields = (
+            "id",
+            "tenant",
+            "slug",
+            "kind",
+            "base_url",
+            "credentials_ref",
+            "settings",
+            "is_default",
+            "paused",
+            "pause_reason",
+            "paused_reason",
+            "paused_by",
+            "paused_at",
+        )
         read_only_fields = ("paused_reason", "paused_by", "paused_at")
 
     def validate(self, data):
@@ -414,8 +531,9 @@ class DestinationSerializer(PauseThroughServiceMixin, SecretRulesMixin, FullClea
         def current(name, default=""):
             return data[name] if name in data else getattr(self.instance, name, default)
 
-        problems = configuration_errors(current("kind", "builtin"), current("base_url"), current("credentials_ref"),
-                                        current("settings", {}))
+        problems = configuration_errors(
+            current("kind", "builtin"), current("base_url"), current("credentials_ref"), current("settings", {})
+        )
         if problems:
             raise serializers.ValidationError(problems)
         return data
@@ -428,9 +546,27 @@ class RoutingRuleSerializer(FullCleanModelSerializer):
 
     class Meta:
         model = RoutingRule
-        fields = ("id", "tenant", "mailbox", "position", "name", "enabled", "conditions", "action", "destination",
-                  "queue", "priority", "request_type", "assignee", "sensitive", "tags", "suppress_reason",
-                  "stop_processing", "hits", "last_hit_at")
+        fields = (
+            "id",
+            "tenant",
+            "mailbox",
+            "position",
+            "name",
+            "enabled",
+            "conditions",
+            "action",
+            "destination",
+            "queue",
+            "priority",
+            "request_type",
+            "assignee",
+            "sensitive",
+            "tags",
+            "suppress_reason",
+            "stop_processing",
+            "hits",
+            "last_hit_at",
+        )
         read_only_fields = ("hits", "last_hit_at")
 
     def validate_conditions(self, conditions):
@@ -452,8 +588,9 @@ class RoutingRuleSerializer(FullCleanModelSerializer):
         if data.get("queue") and data["queue"] not in (policy.queues if policy else []):
             errors["queue"] = f"'{data['queue']}' is not a queue of {tenant.slug}'s routing policy."
         if data.get("request_type") and data["request_type"] not in (policy.request_types if policy else []):
-            errors["request_type"] = (f"'{data['request_type']}' is not a request type of "
-                                      f"{tenant.slug}'s routing policy.")
+            errors["request_type"] = (
+                f"'{data['request_type']}' is not a request type of {tenant.slug}'s routing policy."
+            )
 
         def current(name, default=""):
             return data[name] if name in data else getattr(self.instance, name, default)
@@ -461,10 +598,17 @@ class RoutingRuleSerializer(FullCleanModelSerializer):
         if isinstance(data.get("tags"), (list, str)):
             data["tags"] = clean_tags(data["tags"])
         # Filter actions (ticketing.classification.rules): the console's checks.
-        errors.update(action_errors(action=current("action", "route"), tags=current("tags", []),
-                                    suppress_reason=current("suppress_reason"),
-                                    fields={name: current(name, None) for name in
-                                            ("destination", "queue", "priority", "request_type", "assignee")}))
+        errors.update(
+            action_errors(
+                action=current("action", "route"),
+                tags=current("tags", []),
+                suppress_reason=current("suppress_reason"),
+                fields={
+                    name: current(name, None)
+                    for name in ("destination", "queue", "priority", "request_type", "assignee")
+                },
+            )
+        )
         if errors:
             raise serializers.ValidationError(errors)
         return data
@@ -474,8 +618,12 @@ class SenderListEntrySerializer(serializers.ModelSerializer):
     """A sender block/allow list entry; written through `intake.sender_lists` (tenant scoping, the pattern)."""
 
     tenant = VisibleTenantField()
-    mailbox = TenantScopedRelatedField(selectors.visible_mailboxes, required=False, allow_null=True,
-                                       help_text="empty: the tenant's list (every mailbox)")
+    mailbox = TenantScopedRelatedField(
+        selectors.visible_mailboxes,
+        required=False,
+        allow_null=True,
+        help_text="empty: the tenant's list (every mailbox)",
+    )
 
     class Meta:
         model = SenderListEntry
@@ -485,9 +633,14 @@ class SenderListEntrySerializer(serializers.ModelSerializer):
 
     def create(self, validated_data):
         try:
-            return add_sender_list_entry(actor=self.context["request"].user, tenant=validated_data["tenant"],
-                                         mailbox=validated_data.get("mailbox"), kind=validated_data["kind"],
-                                         pattern=validated_data["pattern"], note=validated_data.get("note", ""))
+            return add_sender_list_entry(
+                actor=self.context["request"].user,
+                tenant=validated_data["tenant"],
+                mailbox=validated_data.get("mailbox"),
+                kind=validated_data["kind"],
+                pattern=validated_data["pattern"],
+                note=validated_data.get("note", ""),
+            )
         except DjangoValidationError as exc:
             raise serializers.ValidationError(exc.message_dict) from None
 
@@ -506,5 +659,16 @@ class FindingSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Finding
-        fields = ("id", "run", "kind", "object", "tenant", "inbox_event", "detail", "first_seen", "last_seen",
-                  "resolved_at", "resolution")
+        fields = (
+            "id",
+            "run",
+            "kind",
+            "object",
+            "tenant",
+            "inbox_event",
+            "detail",
+            "first_seen",
+            "last_seen",
+            "resolved_at",
+            "resolution",
+        )

@@ -2,6 +2,7 @@
 
 Included by config/urls.py under `api/`.
 """
+
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.authentication import SessionAuthentication
@@ -31,13 +32,20 @@ DOCS_AUTHENTICATION = [ApiTokenAuthentication, SessionAuthentication]
 app_name = "api"
 urlpatterns = [
     # The index lists the registry above, so a new resource shows up there by itself (reconciliation.api.index).
-    path("v1/", ApiIndex.as_view(routes=[(prefix, basename) for prefix, _, basename in router.registry]),
-         name="index"),
+    path("v1/", ApiIndex.as_view(routes=[(prefix, basename) for prefix, _, basename in router.registry]), name="index"),
     path("v1/", include(router.urls)),
     # Public in development; in production behind a token or a console session (SchemaAccess). The docs page
     # loads its script from ?script= (the split view), so it keeps to the Content-Security-Policy.
-    path("schema/", SpectacularAPIView.as_view(authentication_classes=DOCS_AUTHENTICATION,
-                                               permission_classes=[SchemaAccess]), name="schema"),
-    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api:schema", authentication_classes=DOCS_AUTHENTICATION,
-                                                      permission_classes=[SchemaAccess]), name="docs"),
+    path(
+        "schema/",
+        SpectacularAPIView.as_view(authentication_classes=DOCS_AUTHENTICATION, permission_classes=[SchemaAccess]),
+        name="schema",
+    ),
+    path(
+        "docs/",
+        SpectacularSwaggerSplitView.as_view(
+            url_name="api:schema", authentication_classes=DOCS_AUTHENTICATION, permission_classes=[SchemaAccess]
+        ),
+        name="docs",
+    ),
 ]

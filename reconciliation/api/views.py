@@ -3,6 +3,7 @@
 Queue actions call exactly what the admin's item page calls (RecoveryItemAdmin._act_*), with the
 same acting user: the same permission checks, intents, keys and audit rows ("user:<name>").
 """
+
 from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.timezone import is_naive, make_aware
 from drf_spectacular.types import OpenApiTypes
@@ -70,10 +71,14 @@ class EventViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         params = self.request.query_params
         rows = selectors.visible_events(self.request.user).select_related("tenant", "mailbox", "owner")
-        return selectors.filter_events(rows, state=params.get("state", ""), reason=params.get("reason", ""),
-                                       mailbox=params.get("mailbox", ""),
-                                       received_after=_when(params, "received_after"),
-                                       received_before=_when(params, "received_before"))
+        return selectors.filter_events(
+            rows,
+            state=params.get("state", ""),
+            reason=params.get("reason", ""),
+            mailbox=params.get("mailbox", ""),
+            received_after=_when(params, "received_after"),
+            received_before=_when(params, "received_before"),
+        )
 
     def get_serializer_class(self):
         return serializers.EventDetailSerializer if self.action == "retrieve" else serializers.EventSerializer
@@ -91,13 +96,27 @@ class EventViewSet(viewsets.ReadOnlyModelViewSet):
         """The message text and its attachment list (security role; every view leaves a `body_viewed` audit row)."""
         event = services.visible_event(request.user, _event_id(pk))
         body = services.do_view_message_body(request.user, event.pk)
-        attachments = [{"index": i, "filename": a.filename, "declared_type": a.declared_type,
-                        "sniffed_type": a.sniffed_type, "size": a.size, "sha256": a.sha256,
-                        "url": request.build_absolute_uri(f"/api/v1/events/{event.pk}/attachments/{i}/")}
-                       for i, a in enumerate(body.attachments)]
-        data = {"available": body.available, "subject": body.subject, "sender": body.sender, "text": body.text,
-                "alternatives": [{"type": t, "text": x} for t, x in body.alternatives],
-                "attachments": attachments, "purged_at": body.purged_at}
+        attachments = [
+            {
+                "index": i,
+                "filename": a.filename,
+                "declared_type": a.declared_type,
+                "sniffed_type": a.sniffed_type,
+                "size": a.size,
+                "sha256": a.sha256,
+                "url": request.build_absolute_uri(f"/api/v1/events/{event.pk}/attachments/{i}/"),
+            }
+            for i, a in enumerate(body.attachments)
+        ]
+        data = {
+            "available": body.available,
+            "subject": body.subject,
+            "sender": body.sender,
+            "text": body.text,
+            "alternatives": [{"type": t, "text": x} for t, x in body.alternatives],
+            "attachments": attachments,
+            "purged_at": body.purged_at,
+        }
         response = Response(serializers.BodySerializer(data).data)
         response["Cache-Control"] = "no-store"
         return response
@@ -162,7 +181,8 @@ class QueueViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
     def get_queryset(self):
         return selectors.with_queue_columns(selectors.recovery_queue_for(self.request.user)).select_related(
-            "tenant", "mailbox", "owner")
+            "tenant", "mailbox", "owner"
+        )
 
     def _input(self, serializer_class, pk):
         event = services.visible_event(self.request.user, _event_id(pk))
@@ -213,8 +233,9 @@ class QueueViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     @action(detail=True, methods=["post"], url_path="replay-as-new")
     def replay_as_new(self, request, pk=None):
         event, form = self._input(serializers.ReplayNewSerializer, pk)
-        intent = services.do_replay_as_new_action(request.user, event.pk, reason=form.validated_data["reason"],
-                                                  **form.route())
+        intent = services.do_replay_as_new_action(
+            request.user, event.pk, reason=form.validated_data["reason"], **form.route()
+        )
         return self._done(event.pk, f"new action version {intent.action_version}")
 
     @_action_schema(serializers.ConfirmSerializer, "Confirm an existing ticket (no destination call)")
@@ -222,9 +243,13 @@ class QueueViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     def confirm(self, request, pk=None):
         event, form = self._input(serializers.ConfirmSerializer, pk)
         data = form.validated_data
-        services.do_confirm_existing_ticket(request.user, event.pk, ticket_id=data["ticket_id"],
-                                            ticket_url=data["ticket_url"],
-                                            destination_id=data["destination"].pk if data["destination"] else None)
+        services.do_confirm_existing_ticket(
+            request.user,
+            event.pk,
+            ticket_id=data["ticket_id"],
+            ticket_url=data["ticket_url"],
+            destination_id=data["destination"].pk if data["destination"] else None,
+        )
         return self._done(event.pk, f"ticket {data['ticket_id']} confirmed")
 
     @_action_schema(serializers.CloseSerializer, "Close as not-a-request, with a reason")
@@ -241,8 +266,11 @@ class QueueViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         services.do_release_quarantine(request.user, event.pk, note=form.validated_data["note"])
         return self._done(event.pk, "released from quarantine")
 
-    @extend_schema(request=serializers.BulkReplaySerializer, responses=serializers.BulkItemSerializer(many=True),
-                   summary="Bulk replay (at most MAILROOM_BULK_REPLAY_CAP items; each looked up first)")
+    @extend_schema(
+        request=serializers.BulkReplaySerializer,
+        responses=serializers.BulkItemSerializer(many=True),
+        summary="Bulk replay (at most MAILROOM_BULK_REPLAY_CAP items; each looked up first)",
+    )
     @action(detail=False, methods=["post"], url_path="bulk-replay", pagination_class=None)
     def bulk_replay(self, request):
         form = serializers.BulkReplaySerializer(data=request.data)
@@ -321,4 +349,3 @@ class FindingViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(parameters=[OpenApiParameter("open", bool, description="true: open findings; false: resolved")])
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
-

@@ -18,5 +18,6 @@ queue, the pauses, the admin's filters and /metrics are as the drill found them;
 the JSON report (`report`) are the evidence. With `--keep` the rows stay instead, the scratch mailbox and
 destination paused (`manage.py drill --discard SLUG` removes them later).
 """
+
 from .runner import DrillRun, Result, format_table, run_drill  # noqa: F401
 from .scenarios import SCENARIOS, Expectation, Observation, Scenario  # noqa: F401

@@ -13,6 +13,7 @@ row stops the discard only if its key PROTECTs (or RESTRICTs): the whole discard
 and uncounted here, and a SET_NULL one stays behind unlinked: a new model that is evidence takes PROTECT and a
 `drop` line below. Only a tenant marked `is_drill` (set by the drill alone) is ever discarded.
 """
+
 import logging
 
 from django.db import transaction
@@ -55,8 +56,11 @@ def _among(field: str, ids: list) -> Q:
 
 def drill_outbox_rows(*, event_ids: list[int], intent_ids: list[int], mailbox_ids: list[int]) -> Q:
     """The outbox rows that announce these events, intents or mailboxes (outbox rows carry no tenant)."""
-    return (_among("payload__inbox_event_id", event_ids) | _among("payload__intent_id", intent_ids)
-            | _among("payload__mailbox_id", mailbox_ids))
+    return (
+        _among("payload__inbox_event_id", event_ids)
+        | _among("payload__intent_id", intent_ids)
+        | _among("payload__mailbox_id", mailbox_ids)
+    )
 
 
 def discard(*, slug: str) -> dict[str, int]:
@@ -77,20 +81,34 @@ def discard(*, slug: str) -> dict[str, int]:
         destinations = list(Destination.objects.filter(tenant=tenant).select_related("tenant"))
         mailbox_ids, destination_ids = [m.pk for m in mailboxes], [d.pk for d in destinations]
         event_ids = list(InboxEvent.objects.filter(tenant=tenant).values_list("pk", flat=True))
-        intent_ids = list(Intent.objects.filter(_among("inbox_event_id", event_ids)
-                                                | _among("destination_id", destination_ids))
-                          .values_list("pk", flat=True))
+        intent_ids = list(
+            Intent.objects.filter(
+                _among("inbox_event_id", event_ids) | _among("destination_id", destination_ids)
+            ).values_list("pk", flat=True)
+        )
         scopes = [m.slug for m in mailboxes] + [scope_of(d) for d in destinations]
 
-        drop(OutboxMessage.objects.filter(drill_outbox_rows(event_ids=event_ids, intent_ids=intent_ids,
-                                                            mailbox_ids=mailbox_ids)))
-        drop(Finding.objects.filter(Q(tenant=tenant) | _among("inbox_event_id", event_ids)
-                                    | _among("run__scope", scopes)))
+        drop(
+            OutboxMessage.objects.filter(
+                drill_outbox_rows(event_ids=event_ids, intent_ids=intent_ids, mailbox_ids=mailbox_ids)
+            )
+        )
+        drop(
+            Finding.objects.filter(
+                Q(tenant=tenant) | _among("inbox_event_id", event_ids) | _among("run__scope", scopes)
+            )
+        )
         drop(ReconciliationRun.objects.filter(_among("scope", scopes)))
-        drop(Notification.objects.filter(Q(tenant=tenant) | _among("inbox_event_id", event_ids)
-                                         | _among("destination_id", destination_ids)))
-        drop(TicketMapping.objects.filter(_among("inbox_event_id", event_ids)
-                                          | _among("destination_id", destination_ids)))
+        drop(
+            Notification.objects.filter(
+                Q(tenant=tenant) | _among("inbox_event_id", event_ids) | _among("destination_id", destination_ids)
+            )
+        )
+        drop(
+            TicketMapping.objects.filter(
+                _among("inbox_event_id", event_ids) | _among("destination_id", destination_ids)
+            )
+        )
         drop(Intent.objects.filter(_among("pk", intent_ids)))
         drop(TicketComment.objects.filter(_among("ticket__destination_id", destination_ids)))
         drop(Ticket.objects.filter(_among("destination_id", destination_ids)))

@@ -3,6 +3,7 @@
 Written by `manage.py drill` (default `<MAILROOM_VAR_DIR>/drill/<slug>.json`, or `--report PATH`): with the
 scratch tenant discarded, the table and this file are the evidence of the run.
 """
+
 import json
 import os
 import tempfile
@@ -22,16 +23,24 @@ def as_report(run: DrillRun) -> dict:
     scenarios = []
     for result in run.results:
         observed = result.observed
-        scenarios.append({
-            "name": result.scenario.name,
-            "expected": asdict(result.scenario.expect),
-            "observed": None if observed is None else {
-                "tickets": observed.tickets, "event": observed.event, "intent": observed.intent,
-                "in_queue": observed.in_queue, "problems": list(observed.problems)},
-            "error": result.error,
-            "pass": result.passed,
-            "row": dict(zip(HEADER, result.cells(), strict=True)),  # the table's row, cell for cell
-        })
+        scenarios.append(
+            {
+                "name": result.scenario.name,
+                "expected": asdict(result.scenario.expect),
+                "observed": None
+                if observed is None
+                else {
+                    "tickets": observed.tickets,
+                    "event": observed.event,
+                    "intent": observed.intent,
+                    "in_queue": observed.in_queue,
+                    "problems": list(observed.problems),
+                },
+                "error": result.error,
+                "pass": result.passed,
+                "row": dict(zip(HEADER, result.cells(), strict=True)),  # the table's row, cell for cell
+            }
+        )
     passed = sum(1 for s in scenarios if s["pass"])
     return {
         "slug": run.slug,
@@ -43,8 +52,11 @@ def as_report(run: DrillRun) -> dict:
         "scenarios": scenarios,
         "totals": {"scenarios": len(scenarios), "passed": passed, "failed": len(scenarios) - passed},
         "passed": bool(scenarios) and passed == len(scenarios) and not run.cleanup_error,
-        "cleanup": {"discarded": not run.kept and not run.cleanup_error, "rows": dict(sorted(run.discarded.items())),
-                    "error": run.cleanup_error},
+        "cleanup": {
+            "discarded": not run.kept and not run.cleanup_error,
+            "rows": dict(sorted(run.discarded.items())),
+            "error": run.cleanup_error,
+        },
     }
 
 

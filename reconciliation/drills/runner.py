@@ -1,4 +1,5 @@
 """Run the rehearsal set against a FakeDesk, tabulate the outcome, and discard (or keep) the scratch tenant."""
+
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,9 +31,13 @@ class Result:
 
     def cells(self) -> tuple[str, str, str, str, str]:
         """The table's row (HEADER), which the JSON report repeats."""
-        return (self.scenario.name, self.scenario.expect.describe(),
-                "-" if self.observed is None else str(self.observed.tickets),
-                self.error if self.observed is None else self.observed.describe(), "pass" if self.passed else "FAIL")
+        return (
+            self.scenario.name,
+            self.scenario.expect.describe(),
+            "-" if self.observed is None else str(self.observed.tickets),
+            self.error if self.observed is None else self.observed.describe(),
+            "pass" if self.passed else "FAIL",
+        )
 
 
 @dataclass
@@ -61,8 +66,9 @@ def run_drill(desk, *, keep: bool = False, scenarios=None) -> DrillRun:
     it stays as evidence, its mailbox and destination paused."""
     started = timezone.now()
     drill = Scratch(desk)
-    run = DrillRun(slug=drill.slug, mailbox=drill.mailbox.slug, destination=str(drill.destination),
-                   started_at=started, kept=keep)
+    run = DrillRun(
+        slug=drill.slug, mailbox=drill.mailbox.slug, destination=str(drill.destination), started_at=started, kept=keep
+    )
     try:
         for scenario in scenarios if scenarios is not None else SCENARIOS:
             desk.set_plan([])
@@ -89,5 +95,6 @@ def format_table(results: list[Result]) -> str:
     rows = [r.cells() for r in results]
     widths = [max(len(row[i]) for row in [HEADER, *rows]) for i in range(len(HEADER))]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([line.format(*HEADER), line.format(*("-" * w for w in widths)),
-                      *(line.format(*row) for row in rows)])
+    return "\n".join(
+        [line.format(*HEADER), line.format(*("-" * w for w in widths)), *(line.format(*row) for row in rows)]
+    )

@@ -1,4 +1,5 @@
 """The rehearsal set: one function per scenario, each with the outcome it must end in."""
+
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -16,10 +17,10 @@ from .scratch import PDF, Scratch, closed_port
 
 @dataclass(frozen=True)
 class Expectation:
-    tickets: int            # new tickets in the destination
-    event: str              # "state" or "state/reason"
-    intent: str | None      # the current intent's state; None: no intent
-    in_queue: bool          # in the recovery queue
+    tickets: int  # new tickets in the destination
+    event: str  # "state" or "state/reason"
+    intent: str | None  # the current intent's state; None: no intent
+    in_queue: bool  # in the recovery queue
 
     def describe(self) -> str:
         where = "in queue" if self.in_queue else "not in queue"
@@ -36,7 +37,11 @@ class Observation:
 
     def matches(self, expected: Expectation) -> bool:
         return not self.problems and (self.tickets, self.event, self.intent, self.in_queue) == (
-            expected.tickets, expected.event, expected.intent, expected.in_queue)
+            expected.tickets,
+            expected.event,
+            expected.intent,
+            expected.in_queue,
+        )
 
     def describe(self) -> str:
         text = f"event {self.event}, intent {self.intent or '-'}{', in queue' if self.in_queue else ''}"
@@ -58,7 +63,10 @@ def observe(drill: Scratch, event_id: int, tickets_before: int, problems: list[s
     return Observation(
         tickets=drill.ticket_count() - tickets_before,
         event=f"{event.state}/{event.reason_code}" if event.reason_code else event.state,
-        intent=intent.state if intent else None, in_queue=drill.in_queue(event_id), problems=problems)
+        intent=intent.state if intent else None,
+        in_queue=drill.in_queue(event_id),
+        problems=problems,
+    )
 
 
 def check(problems: list[str], ok: bool, what: str) -> None:
@@ -67,6 +75,7 @@ def check(problems: list[str], ok: bool, what: str) -> None:
 
 
 # --- the scenarios ----------------------------------------------------------------------------------------
+
 
 def duplicate_delivery(drill: Scratch) -> Observation:
     before, problems = drill.ticket_count(), []
@@ -81,8 +90,7 @@ def duplicate_delivery(drill: Scratch) -> Observation:
 def rate_limit(drill: Scratch) -> Observation:
     before, mark, problems = drill.ticket_count(), drill.log_mark(), []
     drill.desk.set_plan(["rate_limit:1"])
-    event_id = drill.deliver(drill.message("Cannot log in", "The login page says my account is locked.")) \
-        .inbox_event_id
+    event_id = drill.deliver(drill.message("Cannot log in", "The login page says my account is locked.")).inbox_event_id
     check(problems, drill.process(event_id) == Outcome.RETRY_WAIT, "429 not turned into a retry")
     check(problems, drill.sweep(event_id) == {}, "retried before Retry-After")
     drill.advance(event_id)
@@ -96,8 +104,7 @@ def rate_limit(drill: Scratch) -> Observation:
 def invalid_field(drill: Scratch) -> Observation:
     before, mark, problems = drill.ticket_count(), drill.log_mark(), []
     drill.desk.set_plan(["reject_422"])
-    event_id = drill.deliver(drill.message("Change my address", "Please update my delivery address.")) \
-        .inbox_event_id
+    event_id = drill.deliver(drill.message("Change my address", "Please update my delivery address.")).inbox_event_id
     check(problems, drill.process(event_id) == Outcome.FAILED, "422 did not fail the intent")
     drill.advance(event_id)
     drill.sweep(event_id)
@@ -109,8 +116,9 @@ def invalid_field(drill: Scratch) -> Observation:
 def worker_restart(drill: Scratch) -> Observation:
     """A worker claims the intent, its request writes the ticket, and it dies before recording it."""
     before, problems = drill.ticket_count(), []
-    event_id = drill.deliver(drill.message("Order 88123 never arrived", "Tracking has not moved for a week.")) \
-        .inbox_event_id
+    event_id = drill.deliver(
+        drill.message("Order 88123 never arrived", "Tracking has not moved for a week.")
+    ).inbox_event_id
     drill.set_paused(True)  # stop the drill's own worker right before the call, to play the doomed one
     try:
         check(problems, drill.process(event_id) == Outcome.PAUSED, "a paused destination was written to")
@@ -135,8 +143,7 @@ def worker_restart(drill: Scratch) -> Observation:
 def timeout_after_write(drill: Scratch) -> Observation:
     before, problems = drill.ticket_count(), []
     drill.desk.set_plan(["stall_after_commit:2"])  # the desk writes, then answers after our 1 s read timeout
-    event_id = drill.deliver(drill.message("VPN drops every hour", "The VPN client disconnects hourly.")) \
-        .inbox_event_id
+    event_id = drill.deliver(drill.message("VPN drops every hour", "The VPN client disconnects hourly.")).inbox_event_id
     check(problems, drill.process(event_id) == Outcome.UNKNOWN, "a timed-out write was not marked unknown")
     swept = drill.sweep(event_id)
     check(problems, "pending" in swept or "succeeded" in swept, f"unknown not resolved ({swept})")
@@ -150,8 +157,9 @@ def no_idempotency(drill: Scratch) -> Observation:
     drill.desk.set_idempotency(enabled=False)
     try:
         drill.desk.set_plan(["drop_after_commit"])
-        event_id = drill.deliver(drill.message("Refund request", "I returned the item, please refund me.")) \
-            .inbox_event_id
+        event_id = drill.deliver(
+            drill.message("Refund request", "I returned the item, please refund me.")
+        ).inbox_event_id
         check(problems, drill.process(event_id) == Outcome.UNKNOWN, "a lost answer was not marked unknown")
         swept = drill.sweep(event_id)
         check(problems, swept == {"succeeded": 1}, f"the lookup did not settle it ({swept})")
@@ -165,11 +173,18 @@ def no_idempotency(drill: Scratch) -> Observation:
 
 def scanner_down(drill: Scratch) -> Observation:
     before, problems = drill.ticket_count(), []
-    raw = drill.message("Signed contract attached", "Please find the signed contract attached.",
-                        attachment=("contract.pdf", "application/pdf", PDF))
+    raw = drill.message(
+        "Signed contract attached",
+        "Please find the signed contract attached.",
+        attachment=("contract.pdf", "application/pdf", PDF),
+    )
     event_id = drill.deliver(raw).inbox_event_id
-    with override_settings(MAILROOM_CLAMD=f"tcp://127.0.0.1:{closed_port()}", MAILROOM_CLAMD_TIMEOUT=2,
-                           MAILROOM_SCAN_ATTEMPTS=2, MAILROOM_SCAN_RETRY_SECONDS=60):
+    with override_settings(
+        MAILROOM_CLAMD=f"tcp://127.0.0.1:{closed_port()}",
+        MAILROOM_CLAMD_TIMEOUT=2,
+        MAILROOM_SCAN_ATTEMPTS=2,
+        MAILROOM_SCAN_RETRY_SECONDS=60,
+    ):
         check(problems, drill.process(event_id) == Outcome.WAITING, "did not wait for the scanner")
         waiting = InboxEvent.objects.get(pk=event_id)
         check(problems, waiting.state == "received" and waiting.retry_at is not None, "the event is not waiting")
@@ -182,10 +197,14 @@ def expired_credentials(drill: Scratch) -> Observation:
     """401s: each item fails (credentials) until the breaker pauses the destination; then items wait."""
     before, mark, problems = drill.ticket_count(), drill.log_mark(), []
     with drill.credentials(f"{drill.desk.credentials}-expired"):
-        first, second, third = (drill.deliver(drill.message(subject, body)).inbox_event_id for subject, body in (
-            ("Printer offline", "The 3rd floor printer is offline."),
-            ("Shared drive full", "The team share says it has no space left."),
-            ("New starter laptop", "A laptop for our new starter on Monday, please.")))
+        first, second, third = (
+            drill.deliver(drill.message(subject, body)).inbox_event_id
+            for subject, body in (
+                ("Printer offline", "The 3rd floor printer is offline."),
+                ("Shared drive full", "The team share says it has no space left."),
+                ("New starter laptop", "A laptop for our new starter on Monday, please."),
+            )
+        )
         check(problems, drill.process(first) == Outcome.FAILED, "a 401 did not fail the item")
         drill.advance(first)
         drill.sweep(first)
@@ -209,8 +228,11 @@ def resume_drains(drill: Scratch) -> Observation:
     for event_id in drill.waiting:
         drill.sweep(event_id)  # the waiting intent is due now
         check(problems, drill.process(event_id) == Outcome.CREATED, f"event {event_id} did not drain")
-    check(problems, InboxEvent.objects.filter(pk__in=drill.waiting, state="completed").count() == 2,
-          "not every waiting item completed")
+    check(
+        problems,
+        InboxEvent.objects.filter(pk__in=drill.waiting, state="completed").count() == 2,
+        "not every waiting item completed",
+    )
     return observe(drill, drill.waiting[-1], before, problems)
 
 

@@ -1,4 +1,5 @@
 """The drill's scratch tenant and the steps a scenario is made of (deliver, process, sweep, observe)."""
+
 import os
 import secrets
 import socket
@@ -29,11 +30,18 @@ WORKER = "drill:worker"
 # Short timeouts and retry delays, so a stall is a timeout and a retry is due within the drill.
 # The circuit breaker (ticketing.breaker) trips after 2 credential failures, and not on the failure rate:
 # the drill fails calls on purpose, and its scenarios must not depend on how many came before.
-DESK_SETTINGS = {"read_timeout": 1.0, "connect_timeout": 2.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05,
-                 "breaker": {"enabled": True, "credential_failures": 2, "min_attempts": 1_000_000}}
+DESK_SETTINGS = {
+    "read_timeout": 1.0,
+    "connect_timeout": 2.0,
+    "retry_base_seconds": 0.01,
+    "retry_cap_seconds": 0.05,
+    "breaker": {"enabled": True, "credential_failures": 2, "min_attempts": 1_000_000},
+}
 
-PDF = (b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n2 0 obj<</Type/Pages/Kids[]/Count 0>>endobj\n"
-       b"trailer<</Root 1 0 R>>\n%%EOF\n")
+PDF = (
+    b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n2 0 obj<</Type/Pages/Kids[]/Count 0>>endobj\n"
+    b"trailer<</Root 1 0 R>>\n%%EOF\n"
+)
 
 
 class NotAFakeDesk(Exception):
@@ -74,11 +82,22 @@ class Scratch:
             # Marked a drill tenant: the live workers, sweeps and reconcilers leave its rows to this process.
             self.tenant = Tenant.objects.create(slug=self.slug, name=f"Drill {self.slug[6:]}", is_drill=True)
             # Synthetic customers are never written to: no acknowledgments from this mailbox.
-            self.mailbox = Mailbox.objects.create(tenant=self.tenant, slug=self.slug, address=self.address,
-                                                  provider=Mailbox.Provider.RAW, settings={"acknowledge": False})
+            self.mailbox = Mailbox.objects.create(
+                tenant=self.tenant,
+                slug=self.slug,
+                address=self.address,
+                provider=Mailbox.Provider.RAW,
+                settings={"acknowledge": False},
+            )
             self.destination = Destination.objects.create(
-                tenant=self.tenant, slug="fakedesk", kind=Destination.Kind.ZENDESK, base_url=desk.url,
-                credentials_ref=f"env:{self.credentials_var}", settings=dict(DESK_SETTINGS), is_default=True)
+                tenant=self.tenant,
+                slug="fakedesk",
+                kind=Destination.Kind.ZENDESK,
+                base_url=desk.url,
+                credentials_ref=f"env:{self.credentials_var}",
+                settings=dict(DESK_SETTINGS),
+                is_default=True,
+            )
 
     def close(self) -> None:
         """The desk is gone: forget its credentials. What becomes of the rows is `keep`'s or `discard`'s."""
@@ -90,12 +109,16 @@ class Scratch:
         with transaction.atomic():
             Mailbox.objects.filter(pk=self.mailbox.pk).update(paused=True)
             Destination.objects.filter(pk=self.destination.pk).update(
-                paused=True, paused_by=SystemActor.DRILL, paused_at=timezone.now(),
-                paused_reason="drill finished: its FakeDesk is gone (evidence kept)")
+                paused=True,
+                paused_by=SystemActor.DRILL,
+                paused_at=timezone.now(),
+                paused_reason="drill finished: its FakeDesk is gone (evidence kept)",
+            )
             events = list(InboxEvent.objects.filter(tenant=self.tenant).values_list("pk", flat=True))
             made = list(Intent.objects.filter(inbox_event_id__in=events).values_list("pk", flat=True))
-            OutboxMessage.objects.filter(drill_outbox_rows(event_ids=events, intent_ids=made,
-                                                           mailbox_ids=[self.mailbox.pk])).delete()
+            OutboxMessage.objects.filter(
+                drill_outbox_rows(event_ids=events, intent_ids=made, mailbox_ids=[self.mailbox.pk])
+            ).delete()
 
     # --- mail ---------------------------------------------------------------------------------------
 
@@ -110,8 +133,7 @@ class Scratch:
         message["Message-ID"] = f"<{uuid.uuid4()}@mail.example.com>"
         message["MIME-Version"] = "1.0"
         message.set_content(f"Hello,\n\n{body}\n\nThanks,\nCustomer {self._sent}\n")
-        message.add_alternative(f"<p>Hello,</p><p>{body}</p><p>Thanks,<br>Customer {self._sent}</p>",
-                                subtype="html")
+        message.add_alternative(f"<p>Hello,</p><p>{body}</p><p>Thanks,<br>Customer {self._sent}</p>", subtype="html")
         if attachment:
             filename, content_type, data = attachment
             maintype, subtype = content_type.split("/", 1)
@@ -170,8 +192,11 @@ class Scratch:
     # --- the sweeps, scoped to this drill's events, and the clock -------------------------------------
 
     def intent(self, event_id: int) -> Intent | None:
-        return Intent.objects.filter(inbox_event_id=event_id, action=Intent.Action.CREATE_TICKET) \
-            .order_by("-action_version", "-pk").first()
+        return (
+            Intent.objects.filter(inbox_event_id=event_id, action=Intent.Action.CREATE_TICKET)
+            .order_by("-action_version", "-pk")
+            .first()
+        )
 
     def advance(self, event_id: int) -> None:
         """Time passes for this event: retries come due, claims run out, deliberate waits end."""
@@ -190,7 +215,8 @@ class Scratch:
                 elif intent.state == Intent.State.RETRY_WAIT and intent.next_attempt_at <= now:
                     done["requeued"] = done.get("requeued", 0) + intents.requeue(intent, now)
         for intent_id in Intent.objects.filter(inbox_event_id=event_id, state=Intent.State.UNKNOWN).values_list(
-                "pk", flat=True):
+            "pk", flat=True
+        ):
             done[intents.resolve_unknown(intent_id) or "unresolved"] = 1
         return done
 
@@ -205,5 +231,6 @@ class Scratch:
         intent = self.intent(event_id)
         if mapping is None or intent is None:
             return False
-        return any(str(t["id"]) == mapping.ticket_id and t["external_id"] == intent.external_ref
-                   for t in self.desk.tickets())
+        return any(
+            str(t["id"]) == mapping.ticket_id and t["external_id"] == intent.external_ref for t in self.desk.tickets()
+        )

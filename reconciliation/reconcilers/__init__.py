@@ -14,6 +14,7 @@ MAILROOM_RECONCILE_GRACE_SECONDS (600), MAILROOM_RECONCILE_LIMIT (2000 per recon
 pass), MAILROOM_UNMAPPED_AFTER_MINUTES (15; per tenant `Tenant.settings["unmapped_after_minutes"]`),
 MAILROOM_OUTBOX_STUCK_SECONDS (300).
 """
+
 from django.utils import timezone
 
 from intake.models import Mailbox

@@ -5,6 +5,7 @@ resume point (`resume`) to the reconciler, and finishes the run (counts, cursor,
 happens. A finding is opened at most once per (kind, object) while open (`finding_one_open_per_object`,
 so a second pass, or two passes at once, never duplicate it) and resolved with a resolution.
 """
+
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,8 +54,9 @@ class Summary:
     def line(self) -> str:
         if self.skipped:
             return f"{self.kind:<12} {self.scope}: skipped ({self.skipped})"
-        text = (f"{self.kind:<12} {self.scope}: scanned {self.scanned}, findings {self.findings}, "
-                f"repaired {self.repaired}")
+        text = (
+            f"{self.kind:<12} {self.scope}: scanned {self.scanned}, findings {self.findings}, repaired {self.repaired}"
+        )
         if self.more:
             text += " (limit reached: the next pass resumes)"
         if self.error:
@@ -71,8 +73,9 @@ class Pass:
     def found(self, kind: str, obj: str, *, tenant_id=None, inbox_event_id=None, detail=None) -> Finding:
         """The open finding for (kind, obj): opened now, or the one already open (its last_seen refreshed)."""
         self.run.findings += 1
-        return open_finding(self.run, kind, obj, self.now, tenant_id=tenant_id, inbox_event_id=inbox_event_id,
-                            detail=detail)
+        return open_finding(
+            self.run, kind, obj, self.now, tenant_id=tenant_id, inbox_event_id=inbox_event_id, detail=detail
+        )
 
     def repaired(self, finding: Finding, resolution: str, **fields) -> bool:
         if resolve(finding.pk, resolution, self.now, **fields):
@@ -87,9 +90,16 @@ def open_finding(run, kind: str, obj: str, now, *, tenant_id=None, inbox_event_i
     if existing is None:
         try:
             with transaction.atomic():
-                return Finding.objects.create(run=run, kind=kind, object=obj, tenant_id=tenant_id,
-                                              inbox_event_id=inbox_event_id, detail=detail or {},
-                                              first_seen=now, last_seen=now)
+                return Finding.objects.create(
+                    run=run,
+                    kind=kind,
+                    object=obj,
+                    tenant_id=tenant_id,
+                    inbox_event_id=inbox_event_id,
+                    detail=detail or {},
+                    first_seen=now,
+                    last_seen=now,
+                )
         except IntegrityError:  # another pass opened it a moment ago
             existing = Finding.objects.get(kind=kind, object=obj, resolved_at__isnull=True)
     changes = {"last_seen": now, **({"detail": detail} if detail is not None else {})}
@@ -101,8 +111,11 @@ def open_finding(run, kind: str, obj: str, now, *, tenant_id=None, inbox_event_i
 
 def resolve(finding_id: int, resolution: str, now, **fields) -> bool:
     """Close an open finding (once: a conditional UPDATE)."""
-    return bool(Finding.objects.filter(pk=finding_id, resolved_at__isnull=True).update(
-        resolved_at=now, resolution=resolution[:200], last_seen=now, **fields))
+    return bool(
+        Finding.objects.filter(pk=finding_id, resolved_at__isnull=True).update(
+            resolved_at=now, resolution=resolution[:200], last_seen=now, **fields
+        )
+    )
 
 
 def purge_runs(days: int | None = None) -> int:
@@ -110,8 +123,11 @@ def purge_runs(days: int | None = None) -> int:
     from django.db.models import Exists, OuterRef
 
     keep = days if days is not None else int(setting("MAILROOM_RECONCILE_KEEP_DAYS", 30))
-    old = (ReconciliationRun.objects.filter(started_at__lt=timezone.now() - timedelta(days=keep))
-           .exclude(Exists(Finding.objects.filter(run=OuterRef("pk")))).values_list("pk", flat=True)[:10000])
+    old = (
+        ReconciliationRun.objects.filter(started_at__lt=timezone.now() - timedelta(days=keep))
+        .exclude(Exists(Finding.objects.filter(run=OuterRef("pk"))))
+        .values_list("pk", flat=True)[:10000]
+    )
     deleted, _ = ReconciliationRun.objects.filter(pk__in=list(old)).delete()
     return deleted
 
@@ -128,8 +144,12 @@ def recording(kind: str, scope: str, summaries: list, now=None):
     ends the pass with `error` set and the cursor where it was; anything else is logged as well.
     """
     now = now or timezone.now()
-    previous = (ReconciliationRun.objects.filter(kind=kind, scope=scope, finished_at__isnull=False)
-                .order_by("-started_at", "-pk").values_list("cursor", flat=True).first())
+    previous = (
+        ReconciliationRun.objects.filter(kind=kind, scope=scope, finished_at__isnull=False)
+        .order_by("-started_at", "-pk")
+        .values_list("cursor", flat=True)
+        .first()
+    )
     run = ReconciliationRun.objects.create(kind=kind, scope=scope, started_at=timezone.now(), cursor={})
     current = Pass(run, dict(previous or {}), now)
     try:
@@ -145,8 +165,11 @@ def recording(kind: str, scope: str, summaries: list, now=None):
     finally:
         run.finished_at = timezone.now()
         run.save(update_fields=["scanned", "findings", "repaired", "error", "cursor", "finished_at"])
-        summaries.append(Summary(kind, scope, run.scanned, run.findings, run.repaired, run.error,
-                                 more=bool(run.cursor) and not run.error))
+        summaries.append(
+            Summary(
+                kind, scope, run.scanned, run.findings, run.repaired, run.error, more=bool(run.cursor) and not run.error
+            )
+        )
         logger.log(logging.WARNING if run.findings or run.error else logging.DEBUG, "%s", summaries[-1].line())
 
 

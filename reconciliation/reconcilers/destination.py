@@ -18,6 +18,7 @@ Per destination whose adapter lists (`DestinationAdapter.supports_listing`: buil
 Both parts are bounded (MAILROOM_RECONCILE_LIMIT each) and resumable (the adapter's page cursor,
 the last event id).
 """
+
 from functools import reduce
 from operator import or_
 
@@ -37,8 +38,13 @@ from .base import Pass, Summary, limit, open_findings, recording, resolve, windo
 KIND = "destination"
 REF_PREFIX = EXTERNAL_REF_PREFIX  # ticketing.intents.creation.external_ref
 ACTOR = SystemActor.RECONCILE
-ADOPTABLE = (Intent.State.PENDING, Intent.State.RETRY_WAIT, Intent.State.UNKNOWN, Intent.State.FAILED,
-             Intent.State.HELD)
+ADOPTABLE = (
+    Intent.State.PENDING,
+    Intent.State.RETRY_WAIT,
+    Intent.State.UNKNOWN,
+    Intent.State.FAILED,
+    Intent.State.HELD,
+)
 
 
 # Keys looked up per query (prefix matches on the unique key; SQLite's expression depth limit is 1,000).
@@ -68,6 +74,7 @@ def reconcile_destination(destination, summaries: list, now) -> None:
 
 # --- records without a mapping ---------------------------------------------------------------------
 
+
 def _orphans(destination, adapter, current: Pass) -> None:
     state = current.resume.get("records")
     if state == "done":
@@ -89,40 +96,61 @@ def _orphans(destination, adapter, current: Pass) -> None:
 def _check_records(destination, adapter, records, current: Pass) -> None:
     if not records:
         return
-    keys = sorted({r.external_ref[len(REF_PREFIX):] for r in records if len(r.external_ref) > len(REF_PREFIX)})
+    keys = sorted({r.external_ref[len(REF_PREFIX) :] for r in records if len(r.external_ref) > len(REF_PREFIX)})
     found = []
     # In chunks: one OR-term per key, and SQLite refuses an expression deeper than 1,000 terms.
     for start in range(0, len(keys), KEYS_PER_QUERY):
-        chunk = keys[start:start + KEYS_PER_QUERY]
-        found += Intent.objects.filter(reduce(or_, (Q(idempotency_key__startswith=k) for k in chunk))) \
-            .select_related("destination")
+        chunk = keys[start : start + KEYS_PER_QUERY]
+        found += Intent.objects.filter(reduce(or_, (Q(idempotency_key__startswith=k) for k in chunk))).select_related(
+            "destination"
+        )
     by_ref: dict[str, list[Intent]] = {}
     for intent in found:
         by_ref.setdefault(intent.external_ref, []).append(intent)
-    mappings = {(m.inbox_event_id, m.action): m for m in TicketMapping.objects.filter(
-        inbox_event_id__in=[i.inbox_event_id for i in found])}
+    mappings = {
+        (m.inbox_event_id, m.action): m
+        for m in TicketMapping.objects.filter(inbox_event_id__in=[i.inbox_event_id for i in found])
+    }
     for record in records:
         matching = by_ref.get(record.external_ref, [])
-        mapping = next((mappings.get((i.inbox_event_id, i.action)) for i in matching
-                        if (i.inbox_event_id, i.action) in mappings), None)
+        mapping = next(
+            (mappings.get((i.inbox_event_id, i.action)) for i in matching if (i.inbox_event_id, i.action) in mappings),
+            None,
+        )
         if mapping is not None and mapping.destination_id == destination.pk and mapping.ticket_id == record.ticket_id:
             continue  # the normal case: proved by its mapping
-        live_claim = [i for i in matching if i.state == Intent.State.IN_FLIGHT and i.claimed_until
-                      and i.claimed_until > current.now]
+        live_claim = [
+            i
+            for i in matching
+            if i.state == Intent.State.IN_FLIGHT and i.claimed_until and i.claimed_until > current.now
+        ]
         if live_claim and mapping is None:
             continue  # a worker holds it and is about to record this very success
         obj = f"destination:{destination.pk}:ticket:{record.ticket_id}"
         intent = matching[0] if len(matching) == 1 else None
         held = _why_not_adopt(destination, adapter, record, matching, mapping)
-        finding = current.found(Finding.Kind.ORPHAN_IN_DESTINATION, obj, tenant_id=destination.tenant_id,
-                                inbox_event_id=intent.inbox_event_id if intent else None,
-                                detail={"destination": destination.pk, "ticket_id": record.ticket_id,
-                                        "external_ref": record.external_ref, "url": record.url,
-                                        "held": held, "intent": intent.pk if intent else None})
+        finding = current.found(
+            Finding.Kind.ORPHAN_IN_DESTINATION,
+            obj,
+            tenant_id=destination.tenant_id,
+            inbox_event_id=intent.inbox_event_id if intent else None,
+            detail={
+                "destination": destination.pk,
+                "ticket_id": record.ticket_id,
+                "external_ref": record.external_ref,
+                "url": record.url,
+                "held": held,
+                "intent": intent.pk if intent else None,
+            },
+        )
         if held:
             continue
-        if intents.record_success(intent, result=TicketResult(record.ticket_id, record.url or adapter.ticket_url(
-                record.ticket_id)), actor=ACTOR, from_states=ADOPTABLE):
+        if intents.record_success(
+            intent,
+            result=TicketResult(record.ticket_id, record.url or adapter.ticket_url(record.ticket_id)),
+            actor=ACTOR,
+            from_states=ADOPTABLE,
+        ):
             current.repaired(finding, "adopted")
         else:  # the intent moved meanwhile: the next pass looks again
             finding.detail = {**finding.detail, "held": "intent_moved"}
@@ -130,7 +158,7 @@ def _check_records(destination, adapter, records, current: Pass) -> None:
 
 
 def _why_not_adopt(destination, adapter, record, matching, mapping) -> str:
-    """"" when the record can be adopted as the intent's mapping; else why a person must decide."""
+    """ "" when the record can be adopted as the intent's mapping; else why a person must decide."""
     if not matching:
         return "no_intent"
     if len(matching) > 1:
@@ -154,6 +182,7 @@ def _why_not_adopt(destination, adapter, record, matching, mapping) -> str:
 
 # --- mappings without a ticket ---------------------------------------------------------------------
 
+
 def _missing_tickets(destination, adapter, current: Pass) -> None:
     state = current.resume.get("mappings")
     if state == "done":
@@ -161,31 +190,48 @@ def _missing_tickets(destination, adapter, current: Pass) -> None:
     after = int(state or 0)
     budget = limit()
     mailboxes = list(Mailbox.objects.filter(tenant_id=destination.tenant_id).values_list("pk", flat=True))
-    rows = list(TicketMapping.objects.filter(
-        destination=destination, action=Intent.Action.CREATE_TICKET, inbox_event__mailbox_id__in=mailboxes,
-        inbox_event__received_at__gte=current.now - window(), inbox_event_id__gt=after)
-        .order_by("inbox_event_id").values_list("pk", "inbox_event_id", "ticket_id")[:budget])
+    rows = list(
+        TicketMapping.objects.filter(
+            destination=destination,
+            action=Intent.Action.CREATE_TICKET,
+            inbox_event__mailbox_id__in=mailboxes,
+            inbox_event__received_at__gte=current.now - window(),
+            inbox_event_id__gt=after,
+        )
+        .order_by("inbox_event_id")
+        .values_list("pk", "inbox_event_id", "ticket_id")[:budget]
+    )
     current.run.scanned += len(rows)
     existing = adapter.existing_tickets([t for _, _, t in rows]) if rows else set()
     for mapping_id, event_id, ticket_id in rows:
         if ticket_id not in existing:
-            current.found(Finding.Kind.TICKET_MISSING, f"mapping:{mapping_id}", tenant_id=destination.tenant_id,
-                          inbox_event_id=event_id, detail={"destination": destination.pk, "ticket_id": ticket_id})
+            current.found(
+                Finding.Kind.TICKET_MISSING,
+                f"mapping:{mapping_id}",
+                tenant_id=destination.tenant_id,
+                inbox_event_id=event_id,
+                detail={"destination": destination.pk, "ticket_id": ticket_id},
+            )
     current.resume = {**current.resume, "mappings": rows[-1][1] if len(rows) == budget else "done"}
 
 
 # --- findings that went away ----------------------------------------------------------------------
 
+
 def _resolve_settled(destination, adapter, current: Pass) -> None:
     budget = limit()
-    orphans = list(open_findings(Finding.Kind.ORPHAN_IN_DESTINATION,
-                                 object__startswith=f"destination:{destination.pk}:")[:budget])
+    orphans = list(
+        open_findings(Finding.Kind.ORPHAN_IN_DESTINATION, object__startswith=f"destination:{destination.pk}:")[:budget]
+    )
     for finding in orphans:
         ref, ticket_id = finding.detail.get("external_ref", ""), finding.detail.get("ticket_id", "")
-        intent = Intent.objects.filter(external_ref=ref, idempotency_key__startswith=ref[len(REF_PREFIX):]).first()
-        mapped = intent is not None and TicketMapping.objects.filter(
-            inbox_event_id=intent.inbox_event_id, action=intent.action, destination=destination,
-            ticket_id=ticket_id).exists()
+        intent = Intent.objects.filter(external_ref=ref, idempotency_key__startswith=ref[len(REF_PREFIX) :]).first()
+        mapped = (
+            intent is not None
+            and TicketMapping.objects.filter(
+                inbox_event_id=intent.inbox_event_id, action=intent.action, destination=destination, ticket_id=ticket_id
+            ).exists()
+        )
         if mapped:
             resolve(finding.pk, "mapped", current.now)
         elif ticket_id not in adapter.existing_tickets([ticket_id]):

@@ -11,6 +11,7 @@ through `intake.services.ingest` (the normal pipeline takes it from there): a fi
 resolved "ingested" with its event. A Message-ID listed twice may be two messages reusing one id:
 those are handed to `ingest` too, which tells a duplicate from a reuse.
 """
+
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
@@ -67,8 +68,11 @@ def _repair(mailbox, provider, listed, current: Pass) -> None:
     if not listed:
         return
     counts = Counter(m.provider_message_id for m in listed)
-    stored = set(InboxEvent.objects.filter(mailbox=mailbox, provider_message_id__in=list(counts))
-                 .values_list("provider_message_id", flat=True))
+    stored = set(
+        InboxEvent.objects.filter(mailbox=mailbox, provider_message_id__in=list(counts)).values_list(
+            "provider_message_id", flat=True
+        )
+    )
     wanted = [m for m in listed if m.provider_message_id not in stored or counts[m.provider_message_id] > 1]
     if not wanted:
         return
@@ -76,21 +80,32 @@ def _repair(mailbox, provider, listed, current: Pass) -> None:
         known = message.provider_message_id in stored
         finding = None
         if not known:
-            finding = current.found(Finding.Kind.MISSING_FROM_INBOX,
-                                    f"mailbox:{mailbox.pk}:{message.provider_message_id}",
-                                    tenant_id=mailbox.tenant_id, detail={"mailbox": mailbox.slug})
+            finding = current.found(
+                Finding.Kind.MISSING_FROM_INBOX,
+                f"mailbox:{mailbox.pk}:{message.provider_message_id}",
+                tenant_id=mailbox.tenant_id,
+                detail={"mailbox": mailbox.slug},
+            )
         # Listed from before an archive cut-off: history, as the poll would have stored it (intake.archive).
-        result = ingest(mailbox, message.provider_message_id, message.raw, source=mailbox.provider,
-                        history=message.history)
+        result = ingest(
+            mailbox, message.provider_message_id, message.raw, source=mailbox.provider, history=message.history
+        )
         if result.duplicate:
             if finding is not None:  # stored meanwhile by the poller or a webhook: nothing was lost
                 resolve(finding.pk, "stored_meanwhile", current.now, inbox_event_id=result.inbox_event_id)
             continue
         if finding is None:  # a second message reusing a stored Message-ID, stored under its derived id
-            pmid = InboxEvent.objects.filter(pk=result.inbox_event_id).values_list("provider_message_id",
-                                                                                  flat=True).first()
-            finding = current.found(Finding.Kind.MISSING_FROM_INBOX, f"mailbox:{mailbox.pk}:{pmid}",
-                                    tenant_id=mailbox.tenant_id, detail={"mailbox": mailbox.slug})
+            pmid = (
+                InboxEvent.objects.filter(pk=result.inbox_event_id)
+                .values_list("provider_message_id", flat=True)
+                .first()
+            )
+            finding = current.found(
+                Finding.Kind.MISSING_FROM_INBOX,
+                f"mailbox:{mailbox.pk}:{pmid}",
+                tenant_id=mailbox.tenant_id,
+                detail={"mailbox": mailbox.slug},
+            )
         current.repaired(finding, "ingested", inbox_event_id=result.inbox_event_id)
 
 

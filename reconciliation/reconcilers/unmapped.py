@@ -12,6 +12,7 @@ and workers from finishing what may be only late. The finding is resolved by the
 the event has left the open states: "completed" (or "mapped"), or "moved_to_<state>" when it went
 to a recovery state (the queue then shows it by its state) or was suppressed.
 """
+
 from datetime import timedelta
 
 from django.db.models import Exists, OuterRef
@@ -55,21 +56,32 @@ def _find(mailbox, current: Pass) -> None:
     after = int(current.resume.get("after_id") or 0)
     budget = limit()
     rows = list(
-        InboxEvent.objects.filter(state__in=InboxEvent.OPEN_STATES, mailbox=mailbox, received_at__lt=cutoff,
-                                  pk__gt=after)
+        InboxEvent.objects.filter(
+            state__in=InboxEvent.OPEN_STATES, mailbox=mailbox, received_at__lt=cutoff, pk__gt=after
+        )
         .exclude(Exists(TicketMapping.objects.filter(inbox_event=OuterRef("pk"))))
-        .order_by("pk").values_list("pk", "state", "received_at")[:budget])
+        .order_by("pk")
+        .values_list("pk", "state", "received_at")[:budget]
+    )
     current.run.scanned += len(rows)
     for event_id, state, received_at in rows:
-        current.found(Finding.Kind.UNMAPPED, f"event:{event_id}", tenant_id=mailbox.tenant_id, inbox_event_id=event_id,
-                      detail={"state": state, "received_at": received_at.isoformat(), "mailbox": mailbox.slug})
+        current.found(
+            Finding.Kind.UNMAPPED,
+            f"event:{event_id}",
+            tenant_id=mailbox.tenant_id,
+            inbox_event_id=event_id,
+            detail={"state": state, "received_at": received_at.isoformat(), "mailbox": mailbox.slug},
+        )
     current.run.cursor = {"after_id": rows[-1][0]} if len(rows) == budget else {}
 
 
 def _resolve_settled(mailbox, current: Pass) -> None:
     """Close the findings whose event is no longer open and unmapped."""
-    findings = list(open_findings(Finding.Kind.UNMAPPED, inbox_event__mailbox=mailbox)
-                    .values_list("pk", "inbox_event_id")[:limit()])
+    findings = list(
+        open_findings(Finding.Kind.UNMAPPED, inbox_event__mailbox=mailbox).values_list("pk", "inbox_event_id")[
+            : limit()
+        ]
+    )
     if not findings:
         return
     states = dict(InboxEvent.objects.filter(pk__in=[e for _, e in findings if e]).values_list("pk", "state"))

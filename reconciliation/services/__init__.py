@@ -21,6 +21,7 @@ commands, the migrations and the tests use:
     proposals       the AI proposer's suggestion on a low-confidence item: show it, accept it
     api_tokens      REST API tokens (hashed at rest, may expire): issue, revoke, authenticate
 """
+
 from .access import ActionRefused, actor_name, visible_event  # noqa: F401
 from .api_tokens import (  # noqa: F401
     EXPIRY_CHOICES,

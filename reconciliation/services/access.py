@@ -5,6 +5,7 @@ a 403) and tenant (`visible_event`: InboxEvent.DoesNotExist, a 404), refuses
 what no longer applies (`ActionRefused`, nothing written) and leaves an
 AuditEvent naming the user (`actor_name`: "user:<username>").
 """
+
 from django.core.exceptions import PermissionDenied
 
 from intake.models import InboxEvent

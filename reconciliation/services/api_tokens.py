@@ -5,6 +5,7 @@ themselves; only a superuser issues one for someone else (the roles, `roles.ROLE
 that: a token carries every permission of its owner). A token is revoked by its owner or a superuser. Each
 issue and revoke leaves a LogEntry naming the token by its prefix, never the token; nothing logs the token.
 """
+
 import hashlib
 import logging
 import secrets
@@ -51,9 +52,14 @@ def visible_tokens(user):
 
 
 def _log(actor, token: ApiToken, flag: int, message: str) -> None:
-    LogEntry.objects.create(user_id=actor.pk, content_type=ContentType.objects.get_for_model(ApiToken),
-                            object_id=str(token.pk), object_repr=str(token)[:200], action_flag=flag,
-                            change_message=message)
+    LogEntry.objects.create(
+        user_id=actor.pk,
+        content_type=ContentType.objects.get_for_model(ApiToken),
+        object_id=str(token.pk),
+        object_repr=str(token)[:200],
+        action_flag=flag,
+        change_message=message,
+    )
 
 
 def do_issue_api_token(user, *, owner=None, name: str = "", expires_in_days: int | None = None) -> str:
@@ -67,17 +73,31 @@ def do_issue_api_token(user, *, owner=None, name: str = "", expires_in_days: int
         raise ValidationError({"name": "at most 100 characters"})
     expires_at: datetime | None = None
     if expires_in_days is not None:
-        if isinstance(expires_in_days, bool) or not isinstance(expires_in_days, int) \
-                or not 1 <= expires_in_days <= MAX_EXPIRY_DAYS:
+        if (
+            isinstance(expires_in_days, bool)
+            or not isinstance(expires_in_days, int)
+            or not 1 <= expires_in_days <= MAX_EXPIRY_DAYS
+        ):
             raise ValidationError({"expires_in_days": f"a whole number of days from 1 to {MAX_EXPIRY_DAYS}"})
         expires_at = timezone.now() + timedelta(days=expires_in_days)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
-        row = ApiToken.objects.create(user=owner, key_hash=hash_token(token), prefix=token[:PREFIX_CHARS],
-                                      name=name, created_at=timezone.now(), expires_at=expires_at)
-        _log(user, row, ADDITION, f"API token {row.prefix}… issued for {owner.get_username()}"
-                                  f"{f' ({name})' if name else ''}, "
-                                  f"{'expires ' + expires_at.strftime('%Y-%m-%d') if expires_at else 'never expires'}")
+        row = ApiToken.objects.create(
+            user=owner,
+            key_hash=hash_token(token),
+            prefix=token[:PREFIX_CHARS],
+            name=name,
+            created_at=timezone.now(),
+            expires_at=expires_at,
+        )
+        _log(
+            user,
+            row,
+            ADDITION,
+            f"API token {row.prefix}… issued for {owner.get_username()}"
+            f"{f' ({name})' if name else ''}, "
+            f"{'expires ' + expires_at.strftime('%Y-%m-%d') if expires_at else 'never expires'}",
+        )
     logger.info("API token %s issued for %s by %s", row.prefix, owner.get_username(), actor_name(user))
     return token
 

@@ -5,6 +5,7 @@ it needs: the header fields (From, To, Cc, Date, Message-ID), the text the ticke
 as sent, every attachment with the verdicts normalization stored on the event, and, when there is no text,
 a sentence saying why (encrypted, unreadable, attachments only, purged by retention).
 """
+
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -44,8 +45,8 @@ class AttachmentRow:
     index: int
     attachment: Attachment
     verdicts: list[str]
-    checked: bool          # normalization judged this message (else: not checked yet)
-    note: str = ""         # where the file came from, when that matters
+    checked: bool  # normalization judged this message (else: not checked yet)
+    note: str = ""  # where the file came from, when that matters
 
 
 @dataclass
@@ -58,15 +59,15 @@ class BodyView:
     # Every text alternative as sent, (type, text): the ticket got one; a person may need the other.
     alternatives: list = field(default_factory=list)
     purged_at: datetime | None = None  # when retention purged the body (available is then False)
-    from_: list[str] = field(default_factory=list)     # "Name <address>" as written, names decoded
+    from_: list[str] = field(default_factory=list)  # "Name <address>" as written, names decoded
     to: list[str] = field(default_factory=list)
     cc: list[str] = field(default_factory=list)
-    date: datetime | None = None                        # the Date header, when it parses
-    date_header: str = ""                               # the Date header as sent
+    date: datetime | None = None  # the Date header, when it parses
+    date_header: str = ""  # the Date header as sent
     message_id: str = ""
-    text_source: str = ""                               # "plain", "html", "plain+html" or ""
+    text_source: str = ""  # "plain", "html", "plain+html" or ""
     text_truncated: bool = False
-    encrypted: str = ""                                 # "pgp", "smime" or ""
+    encrypted: str = ""  # "pgp", "smime" or ""
     attachment_rows: list[AttachmentRow] = field(default_factory=list)
     # Why `text` is empty (or is not the message's words), as a sentence; "" when there is nothing to explain.
     text_note: str = ""
@@ -76,23 +77,38 @@ def do_view_message_body(user, event_id: int) -> BodyView:
     """The message's header fields, text, alternatives and attachments; every view leaves an audit row."""
     require(user, PERM_VIEW_BODY)
     event = visible_event(user, event_id)
-    raw, purged_at, details = InboxEvent.objects.filter(pk=event.pk).values_list(
-        "raw", "purged_at", "details").first()
+    raw, purged_at, details = InboxEvent.objects.filter(pk=event.pk).values_list("raw", "purged_at", "details").first()
     record_audit(event.pk, AuditKind.BODY_VIEWED, actor=actor_name(user), detail={"purged": raw is None})
     if raw is None:
-        return BodyView(available=False, purged_at=purged_at,
-                        text_note="The stored message was purged by retention: there is no text to show.")
+        return BodyView(
+            available=False,
+            purged_at=purged_at,
+            text_note="The stored message was purged by retention: there is no text to show.",
+        )
     raw = bytes(raw)
     parsed = parse_message(raw)
     headers = header_fields(raw)
     date = message_date(parsed.date)
     rows = attachment_rows(parsed.attachments, details or {}, event.reason_code, event.reason_detail)
     return BodyView(
-        available=True, subject=parsed.subject, sender=parsed.sender, text=parsed.text,
-        attachments=list(parsed.attachments), alternatives=alternative_texts(parsed),
-        from_=headers["from"], to=headers["to"], cc=headers["cc"], date=date, date_header=parsed.date,
-        message_id=parsed.message_id, text_source=parsed.body_source, text_truncated=parsed.text_truncated,
-        encrypted=parsed.encrypted, attachment_rows=rows, text_note=text_note(parsed))
+        available=True,
+        subject=parsed.subject,
+        sender=parsed.sender,
+        text=parsed.text,
+        attachments=list(parsed.attachments),
+        alternatives=alternative_texts(parsed),
+        from_=headers["from"],
+        to=headers["to"],
+        cc=headers["cc"],
+        date=date,
+        date_header=parsed.date,
+        message_id=parsed.message_id,
+        text_source=parsed.body_source,
+        text_truncated=parsed.text_truncated,
+        encrypted=parsed.encrypted,
+        attachment_rows=rows,
+        text_note=text_note(parsed),
+    )
 
 
 def header_fields(raw: bytes) -> dict[str, list[str]]:
@@ -100,13 +116,13 @@ def header_fields(raw: bytes) -> dict[str, list[str]]:
     block, lenient address lists, RFC 2047 names); a header that cannot be read is an empty list."""
     fields = {"from": [], "to": [], "cc": []}
     try:
-        block = BytesParser(policy=compat32).parsebytes(repair_header_block(raw)[:256 * 1024], headersonly=True)
+        block = BytesParser(policy=compat32).parsebytes(repair_header_block(raw)[: 256 * 1024], headersonly=True)
         for name in fields:
             for value in (block.get_all(name) or [])[:5]:
                 text = value if isinstance(value, str) else str(value)
                 for display, address in parse_address_list(" ".join(text[:8192].split()))[:200]:
                     display = decode_header_value(display, 300) if display else ""
-                    if display.strip("'\" ").lower() == address.lower():   # "a@x.test" <a@x.test>: once is enough
+                    if display.strip("'\" ").lower() == address.lower():  # "a@x.test" <a@x.test>: once is enough
                         display = ""
                     shown = f"{display} <{address}>" if display and address else (address or display)
                     if shown:
@@ -131,22 +147,29 @@ def text_note(parsed) -> str:
     """Why the text is empty or is not the sender's words, in a sentence; "" when it needs no word."""
     method = _ENCRYPTION.get(parsed.encrypted, "")
     if method and parsed.text.strip():
-        return (f"The text is a {'PGP' if parsed.encrypted == 'pgp' else method}-encrypted block: Mailroom holds "
-                "no key to read it.")
+        return (
+            f"The text is a {'PGP' if parsed.encrypted == 'pgp' else method}-encrypted block: Mailroom holds "
+            "no key to read it."
+        )
     if method:
-        return (f"The message is {method} encrypted: its text is inside the encrypted part listed under "
-                "Attachments, and Mailroom holds no key to read it.")
+        return (
+            f"The message is {method} encrypted: its text is inside the encrypted part listed under "
+            "Attachments, and Mailroom holds no key to read it."
+        )
     unreadable = parsed.too_complex or any(defect.startswith(_UNREADABLE_DEFECTS) for defect in parsed.defects)
     if parsed.text.strip():
         if unreadable:
-            return ("Mailroom could not read every part of this message (its structure is beyond the parser's "
-                    "limits): the text below may be incomplete, or raw MIME.")
+            return (
+                "Mailroom could not read every part of this message (its structure is beyond the parser's "
+                "limits): the text below may be incomplete, or raw MIME."
+            )
         if parsed.text_truncated:
             return "The text was longer than Mailroom keeps (1 MiB): it is cut at a paragraph boundary."
         return ""
     if unreadable:
-        return ("Mailroom could not read this message's structure, so no text was found; the raw message is "
-                "kept unchanged.")
+        return (
+            "Mailroom could not read this message's structure, so no text was found; the raw message is kept unchanged."
+        )
     if parsed.attachments:
         return "The message has no body text, only the attachments listed below."
     return "The message has no body text and no attachments."
@@ -170,8 +193,11 @@ def attachment_rows(attachments, details: dict, reason_code: str = "", reason_de
             verdict = f"{heading}: {detail.removeprefix(f'{label}: ')}"
             if verdict not in verdicts:
                 verdicts.append(verdict)
-        rows.append(AttachmentRow(index=index, attachment=attachment, verdicts=verdicts, checked=checked,
-                                  note=_origin_note(attachment)))
+        rows.append(
+            AttachmentRow(
+                index=index, attachment=attachment, verdicts=verdicts, checked=checked, note=_origin_note(attachment)
+            )
+        )
     return rows
 
 
@@ -198,13 +224,17 @@ def do_download_attachment(user, event_id: int, index: int):
     if not 0 <= index < len(parsed.attachments):
         raise ActionRefused("no such attachment")
     attachment = parsed.attachments[index]
-    record_audit(event.pk, AuditKind.ATTACHMENT_DOWNLOADED, actor=actor_name(user), detail={
-        "index": index, "sha256": attachment.sha256, "sniffed_type": attachment.sniffed_type})
+    record_audit(
+        event.pk,
+        AuditKind.ATTACHMENT_DOWNLOADED,
+        actor=actor_name(user),
+        detail={"index": index, "sha256": attachment.sha256, "sniffed_type": attachment.sniffed_type},
+    )
     return attachment, attachment_payload(parsed, index)
 
 
 # What a quoted-string filename may hold: printable ASCII but `"` and `\\` (which some clients mishandle escaped).
-_QUOTABLE = frozenset(chr(c) for c in range(0x20, 0x7f)) - {'"', "\\"}
+_QUOTABLE = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 
 

@@ -14,6 +14,7 @@ mid-chunk leaves nothing of that chunk, its claim expires, and `resume_stalled_b
 the job again from its cursor. Only guarded UPDATEs: no row locks, so SQLite (the embedded default)
 runs it the same way.
 """
+
 import logging
 import uuid
 from dataclasses import dataclass
@@ -44,8 +45,8 @@ from .roles import PERM_ASSIGN, PERM_CLOSE, PERM_RELEASE, PERM_REPLAY, PERM_VIEW
 logger = logging.getLogger(__name__)
 
 RUN_TASK = "reconciliation.tasks.run_bulk_job"
-SAMPLE_SIZE = 10          # items shown before confirming
-KEPT_SAMPLES = 20         # skipped/failed items kept on the job, with their reasons
+SAMPLE_SIZE = 10  # items shown before confirming
+KEPT_SAMPLES = 20  # skipped/failed items kept on the job, with their reasons
 OPEN_STATES = (BulkJob.State.PENDING, BulkJob.State.RUNNING)
 SPAM_REASON = "spam"
 FILTER_KEYS = ("reason", "state", "mailbox", "owner", "tenant", "q", "sender", "subject", "older_than_hours")
@@ -68,12 +69,16 @@ def allowed_drift(expected: int) -> int:
 
 # --- the filter ----------------------------------------------------------------------------------
 
+
 def clean_filters(raw) -> dict:
     """The queue's querystring as a bulk filter; ActionRefused (saying which) for a value that makes no sense."""
     raw = raw or {}
     # `.get`, not dict(): a QueryDict's dict() holds lists.
-    raw = {key: str(raw.get(key)).strip() for key in (*FILTER_KEYS, "reason_code", "received_before")
-           if raw.get(key) not in (None, "")}
+    raw = {
+        key: str(raw.get(key)).strip()
+        for key in (*FILTER_KEYS, "reason_code", "received_before")
+        if raw.get(key) not in (None, "")
+    }
     if raw.get("reason_code") and not raw.get("reason"):
         raw["reason"] = raw["reason_code"]
     cleaned = {}
@@ -156,17 +161,24 @@ def preview_bulk(user, *, filters) -> tuple[int, list[SampleRow]]:
     """How many queue items the filter matches now, and the first few of them (senders masked)."""
     require(user, PERM_VIEW_QUEUE)
     items = matching_items(user, clean_filters(filters))
-    sample = [SampleRow(e.pk, e.received_at, e.state, e.reason_code, mask_address(e.sender), e.subject[:120])
-              for e in items.only("pk", "received_at", "state", "reason_code", "sender", "subject")[:SAMPLE_SIZE]]
+    sample = [
+        SampleRow(e.pk, e.received_at, e.state, e.reason_code, mask_address(e.sender), e.subject[:120])
+        for e in items.only("pk", "received_at", "state", "reason_code", "sender", "subject")[:SAMPLE_SIZE]
+    ]
     return items.count(), sample
 
 
 # --- starting, cancelling --------------------------------------------------------------------------
 
+
 def action_permissions(action: str) -> tuple[str, ...]:
     """Any one of these lets the user start the action (closing quarantined items is the security role's)."""
-    return {BulkJob.Action.CLOSE: (PERM_CLOSE, PERM_RELEASE), BulkJob.Action.SUPPRESS: (PERM_CLOSE, PERM_RELEASE),
-            BulkJob.Action.REPLAY: (PERM_REPLAY,), BulkJob.Action.ASSIGN: (PERM_ASSIGN,)}[action]
+    return {
+        BulkJob.Action.CLOSE: (PERM_CLOSE, PERM_RELEASE),
+        BulkJob.Action.SUPPRESS: (PERM_CLOSE, PERM_RELEASE),
+        BulkJob.Action.REPLAY: (PERM_REPLAY,),
+        BulkJob.Action.ASSIGN: (PERM_ASSIGN,),
+    }[action]
 
 
 def permission_problem(user, action: str) -> str:
@@ -177,8 +189,7 @@ def permission_problem(user, action: str) -> str:
     return "" if any(user.has_perm(p) for p in needed) else f"needs {' or '.join(needed)}"
 
 
-def do_start_bulk_job(user, *, filters, action: str, reason: str = "", assignee=None,
-                      expected_count: int) -> BulkJob:
+def do_start_bulk_job(user, *, filters, action: str, reason: str = "", assignee=None, expected_count: int) -> BulkJob:
     """Create the job for what the user confirmed, and hand it to a worker after the commit."""
     if action not in BulkJob.Action.values:
         raise ActionRefused(f"no bulk action {action!r}")
@@ -205,12 +216,21 @@ def do_start_bulk_job(user, *, filters, action: str, reason: str = "", assignee=
     if count == 0:
         raise ActionRefused("the filter matches no items now: nothing to do")
     if abs(count - int(expected_count)) > allowed_drift(int(expected_count)):
-        raise ActionRefused(f"the filter now matches {count} items, not the {expected_count} you confirmed: "
-                            "look at the preview again")
+        raise ActionRefused(
+            f"the filter now matches {count} items, not the {expected_count} you confirmed: look at the preview again"
+        )
     with transaction.atomic():
         job = BulkJob.objects.create(
-            started_by=user, tenant_ids=tenant_ids, action=action, assignee=assignee, reason=reason,
-            filters=frozen, max_pk=items.aggregate(top=Max("pk"))["top"], total=count, created_at=now)
+            started_by=user,
+            tenant_ids=tenant_ids,
+            action=action,
+            assignee=assignee,
+            reason=reason,
+            filters=frozen,
+            max_pk=items.aggregate(top=Max("pk"))["top"],
+            total=count,
+            created_at=now,
+        )
         publish(job.pk)
     return job
 
@@ -228,16 +248,23 @@ def do_cancel_bulk_job(user, job_id: int) -> bool:
     had finished already. BulkJob.DoesNotExist (a 404) if the job is not the user's."""
     job = visible_jobs(user).get(pk=job_id)
     now = timezone.now()
-    return bool(BulkJob.objects.filter(pk=job.pk, state__in=OPEN_STATES).update(
-        state=BulkJob.State.CANCELLED, finished_at=now, claimed_by="", claimed_until=None,
-        error=f"cancelled by {actor_name(user)}"))
+    return bool(
+        BulkJob.objects.filter(pk=job.pk, state__in=OPEN_STATES).update(
+            state=BulkJob.State.CANCELLED,
+            finished_at=now,
+            claimed_by="",
+            claimed_until=None,
+            error=f"cancelled by {actor_name(user)}",
+        )
+    )
 
 
 # --- running --------------------------------------------------------------------------------------
 
+
 @dataclass
 class ChunkOutcome:
-    status: str        # "ran", "busy" (someone else holds the claim), "lost" (claim lost mid-chunk), "closed"
+    status: str  # "ran", "busy" (someone else holds the claim), "lost" (claim lost mid-chunk), "closed"
     state: str
     handled: int = 0
     more: bool = False
@@ -249,10 +276,17 @@ class _ClaimLost(Exception):
 
 def claim(job_id: int, worker: str, now: datetime) -> bool:
     """pending/running -> running under `worker`'s claim, if the claim is theirs, free or expired."""
-    return bool(BulkJob.objects.filter(pk=job_id, state__in=OPEN_STATES).filter(
-        Q(claimed_by=worker) | Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)).update(
-        state=BulkJob.State.RUNNING, claimed_by=worker, claimed_until=now + timedelta(seconds=claim_seconds()),
-        heartbeat_at=now, started_at=Coalesce(F("started_at"), Value(now, output_field=DateTimeField()))))
+    return bool(
+        BulkJob.objects.filter(pk=job_id, state__in=OPEN_STATES)
+        .filter(Q(claimed_by=worker) | Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+        .update(
+            state=BulkJob.State.RUNNING,
+            claimed_by=worker,
+            claimed_until=now + timedelta(seconds=claim_seconds()),
+            heartbeat_at=now,
+            started_at=Coalesce(F("started_at"), Value(now, output_field=DateTimeField())),
+        )
+    )
 
 
 def _carry_out(job: BulkJob, user, event_id: int) -> str:
@@ -270,8 +304,12 @@ def _apply_one(job: BulkJob, user, event_id: int) -> tuple[str, str]:
     try:
         with transaction.atomic():
             outcome = _carry_out(job, user, event_id)
-            record_audit(event_id, AuditKind.BULK_JOB_APPLIED, actor=actor_name(user),
-                         detail={"bulk_job": job.pk, "action": job.action, "outcome": outcome})
+            record_audit(
+                event_id,
+                AuditKind.BULK_JOB_APPLIED,
+                actor=actor_name(user),
+                detail={"bulk_job": job.pk, "action": job.action, "outcome": outcome},
+            )
         return "succeeded", outcome
     except (ActionRefused, PermissionDenied) as exc:
         return "skipped", str(exc)[:300]
@@ -284,7 +322,8 @@ def _apply_one(job: BulkJob, user, event_id: int) -> tuple[str, str]:
 
 def _close(job_id: int, worker: str, state: str, error: str, now) -> None:
     BulkJob.objects.filter(pk=job_id, state=BulkJob.State.RUNNING, claimed_by=worker).update(
-        state=state, error=error[:1000], finished_at=now, claimed_by="", claimed_until=None)
+        state=state, error=error[:1000], finished_at=now, claimed_by="", claimed_until=None
+    )
 
 
 def run_bulk_job_chunk(job_id: int, *, size: int | None = None, worker: str | None = None) -> ChunkOutcome:
@@ -304,8 +343,11 @@ def run_bulk_job_chunk(job_id: int, *, size: int | None = None, worker: str | No
         return ChunkOutcome("closed", BulkJob.State.FAILED)
     try:
         with transaction.atomic():
-            ids = list(matching_items(user, job.filters, tenant_ids=job.tenant_ids)
-                       .filter(pk__gt=job.cursor, pk__lte=job.max_pk).values_list("pk", flat=True)[:size])
+            ids = list(
+                matching_items(user, job.filters, tenant_ids=job.tenant_ids)
+                .filter(pk__gt=job.cursor, pk__lte=job.max_pk)
+                .values_list("pk", flat=True)[:size]
+            )
             counts = {"succeeded": job.succeeded, "skipped": job.skipped, "failed": job.failed}
             samples = list(job.samples)
             for event_id in ids:
@@ -318,18 +360,30 @@ def run_bulk_job_chunk(job_id: int, *, size: int | None = None, worker: str | No
             if finished and done < total:  # matched at the start, then left the queue or the filter by themselves
                 counts["skipped"] += total - done
                 if len(samples) < KEPT_SAMPLES:
-                    samples.append({"item": None, "outcome": "skipped",
-                                    "reason": f"{total - done} item(s) no longer matched the filter when their "
-                                              "turn came (closed, replayed or changed meanwhile)"})
+                    samples.append(
+                        {
+                            "item": None,
+                            "outcome": "skipped",
+                            "reason": f"{total - done} item(s) no longer matched the filter when their "
+                            "turn came (closed, replayed or changed meanwhile)",
+                        }
+                    )
                 done = total
             later = timezone.now()
-            fields = {**counts, "done": done, "total": total, "samples": samples, "heartbeat_at": later,
-                      "cursor": ids[-1] if ids else job.cursor,
-                      "claimed_until": later + timedelta(seconds=claim_seconds())}
+            fields = {
+                **counts,
+                "done": done,
+                "total": total,
+                "samples": samples,
+                "heartbeat_at": later,
+                "cursor": ids[-1] if ids else job.cursor,
+                "claimed_until": later + timedelta(seconds=claim_seconds()),
+            }
             if finished:
                 fields.update(state=BulkJob.State.DONE, finished_at=later, claimed_by="", claimed_until=None)
-            if not BulkJob.objects.filter(pk=job.pk, state=BulkJob.State.RUNNING, claimed_by=worker,
-                                          cursor=job.cursor).update(**fields):
+            if not BulkJob.objects.filter(
+                pk=job.pk, state=BulkJob.State.RUNNING, claimed_by=worker, cursor=job.cursor
+            ).update(**fields):
                 raise _ClaimLost()
     except _ClaimLost:
         state = BulkJob.objects.filter(pk=job_id).values_list("state", flat=True).first() or ""
@@ -340,8 +394,10 @@ def run_bulk_job_chunk(job_id: int, *, size: int | None = None, worker: str | No
 
 # --- the background task's side: publishing, continuing, resuming ------------------------------------
 
+
 def publish(job_id: int, token: str | None = None) -> None:
     """Send the run task after the commit. A failed publish is only logged: the sweep starts the job later."""
+
     def send():
         try:
             current_app.send_task(RUN_TASK, args=[job_id], kwargs={"token": token} if token else {})
@@ -365,9 +421,12 @@ def resume_stalled_bulk_jobs(now: datetime | None = None) -> list[int]:
     """Open jobs whose claim expired (their worker died) or that no worker ever took: published again."""
     now = now or timezone.now()
     grace = now - timedelta(seconds=min(claim_seconds(), 30))
-    stalled = list(BulkJob.objects.filter(state__in=OPEN_STATES).filter(
-        Q(claimed_until__lt=now) | Q(claimed_until__isnull=True, created_at__lt=grace))
-        .order_by("pk").values_list("pk", flat=True)[:100])
+    stalled = list(
+        BulkJob.objects.filter(state__in=OPEN_STATES)
+        .filter(Q(claimed_until__lt=now) | Q(claimed_until__isnull=True, created_at__lt=grace))
+        .order_by("pk")
+        .values_list("pk", flat=True)[:100]
+    )
     for job_id in stalled:
         publish(job_id)
     return stalled

@@ -6,6 +6,7 @@ preview may be stale. An item that was quarantined and never released by a
 security user is not looked up, linked or sent on: its plan is "rejudge"
 (validation and the malware scan again, as a single replay does).
 """
+
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -41,13 +42,14 @@ class BulkItem:
     found_ticket_id: str = ""
     found_ticket_url: str = ""
     lookup_detail: str = ""
-    plan: str = "skip"          # confirm, replay, resolve, reroute, rejudge, skip
+    plan: str = "skip"  # confirm, replay, resolve, reroute, rejudge, skip
     plan_text: str = ""
     outcome: str = ""
 
 
-def _bulk_plan(event: InboxEvent, intent: Intent | None, found: Lookup, *, unreleased: bool,
-               unknown_before: bool = False) -> tuple[str, str]:
+def _bulk_plan(
+    event: InboxEvent, intent: Intent | None, found: Lookup, *, unreleased: bool, unknown_before: bool = False
+) -> tuple[str, str]:
     state = event.state
     if state == InboxEvent.State.QUARANTINED:
         return "skip", "quarantined: only a release (security role) lets it out"
@@ -70,8 +72,10 @@ def _bulk_plan(event: InboxEvent, intent: Intent | None, found: Lookup, *, unrel
     if found.status == "not_found":
         return "replay", "nothing found: replay with the original idempotency key"
     if unknown_before:  # its failure is known only if the destination can say no record exists
-        return "skip", "an earlier attempt's outcome is unknown and the destination cannot be asked: review it " \
-                       "on its own page"
+        return (
+            "skip",
+            "an earlier attempt's outcome is unknown and the destination cannot be asked: review it on its own page",
+        )
     if intent.state == Intent.State.FAILED:
         return "replay", "a known failure (nothing was written): replay with the original idempotency key"
     return "skip", "held and the destination cannot be asked: review it on its own page"
@@ -93,17 +97,27 @@ def _bulk_items(user, event_ids) -> list[tuple[BulkItem, InboxEvent, Intent | No
         event = events[event_id]
         intent = current_intent(event_id)
         unreleased = quarantine_unreleased(event_id)
-        found = lookup_existing(intent) if event.state in replay.REPLAYABLE_EVENT_STATES \
-            and intent is not None and not unreleased else Lookup("no_intent" if intent is None else "skipped")
+        found = (
+            lookup_existing(intent)
+            if event.state in replay.REPLAYABLE_EVENT_STATES and intent is not None and not unreleased
+            else Lookup("no_intent" if intent is None else "skipped")
+        )
         unknown_before = intent is not None and ticketing_intents.last_unknown_at(intent) is not None
         plan, text = _bulk_plan(event, intent, found, unreleased=unreleased, unknown_before=unknown_before)
         item = BulkItem(
-            event_id=event_id, subject=event.subject, event_state=event.state,
-            intent_state=intent.state if intent else "", destination=intent.destination.slug if intent else "",
-            external_ref=intent.external_ref if intent else "", lookup=found.status,
+            event_id=event_id,
+            subject=event.subject,
+            event_state=event.state,
+            intent_state=intent.state if intent else "",
+            destination=intent.destination.slug if intent else "",
+            external_ref=intent.external_ref if intent else "",
+            lookup=found.status,
             found_ticket_id=found.ticket.ticket_id if found.ticket else "",
-            found_ticket_url=found.ticket.url if found.ticket else "", lookup_detail=found.detail,
-            plan=plan, plan_text=text)
+            found_ticket_url=found.ticket.url if found.ticket else "",
+            lookup_detail=found.detail,
+            plan=plan,
+            plan_text=text,
+        )
         rows.append((item, event, intent, found))
     return rows
 
@@ -121,13 +135,22 @@ def do_bulk_replay(user, event_ids) -> list[BulkItem]:
     done = []
     for item, event, intent, found in _bulk_items(user, event_ids):
         if item.plan != "skip":
-            record_audit(event.pk, AuditKind.BULK_LOOKUP, actor=actor, detail={
-                "lookup": found.status, "ticket_id": item.found_ticket_id, "plan": item.plan,
-                "external_ref": item.external_ref})
+            record_audit(
+                event.pk,
+                AuditKind.BULK_LOOKUP,
+                actor=actor,
+                detail={
+                    "lookup": found.status,
+                    "ticket_id": item.found_ticket_id,
+                    "plan": item.plan,
+                    "external_ref": item.external_ref,
+                },
+            )
         try:
             if item.plan == "confirm":
-                replay.confirm_existing_ticket(event.pk, actor=actor, ticket_id=found.ticket.ticket_id,
-                                               ticket_url=found.ticket.url)
+                replay.confirm_existing_ticket(
+                    event.pk, actor=actor, ticket_id=found.ticket.ticket_id, ticket_url=found.ticket.url
+                )
                 item.outcome = f"linked ticket {found.ticket.ticket_id}"
             elif item.plan in ("replay", "reroute", "rejudge"):  # replay_same_key judges an unreleased one again
                 item.outcome = replay.replay_same_key(event.pk, actor=actor)

@@ -10,6 +10,7 @@ row (`ticketing.notifications.send_once`, unique key), so a repeated or concurre
 nothing twice. The text names the item, its reason, age, mailbox and masked sender, and links to the
 console: never the message body or subject, never a full address.
 """
+
 import logging
 
 from django.conf import settings
@@ -59,12 +60,18 @@ def _reason(event: InboxEvent) -> str:
 def overdue_items(now=None):
     """Items whose escalation time has passed and for which no escalation email went out since."""
     now = now or timezone.now()
-    emailed = Notification.objects.filter(kind=Notification.Kind.ESCALATION, inbox_event=OuterRef("pk"),
-                                          escalation_at=OuterRef("escalate_at"))
+    emailed = Notification.objects.filter(
+        kind=Notification.Kind.ESCALATION, inbox_event=OuterRef("pk"), escalation_at=OuterRef("escalate_at")
+    )
     # Not a drill's items (reconciliation.drills): synthetic, and nobody is to be woken for them.
-    return (selectors.recovery_queue().filter(escalate_at__lte=now).exclude(Exists(emailed))
-            .exclude(tenant_id__in=drill_tenants())
-            .select_related("tenant", "owner", "mailbox").order_by("escalate_at", "pk"))
+    return (
+        selectors.recovery_queue()
+        .filter(escalate_at__lte=now)
+        .exclude(Exists(emailed))
+        .exclude(tenant_id__in=drill_tenants())
+        .select_related("tenant", "owner", "mailbox")
+        .order_by("escalate_at", "pk")
+    )
 
 
 def send_escalations(now=None, limit: int = 500) -> int:
@@ -75,28 +82,38 @@ def send_escalations(now=None, limit: int = 500) -> int:
         key = f"escalation:{event.pk}:{event.escalate_at.isoformat()}"
         recipients = escalation_recipients(event)
         if not recipients:
-            logger.warning("item %s is overdue but tenant %s has no operator with an email address",
-                           event.pk, event.tenant.slug)
+            logger.warning(
+                "item %s is overdue but tenant %s has no operator with an email address", event.pk, event.tenant.slug
+            )
             continue
         age = timesince(event.received_at, now)
         subject = f"[Mailroom] item #{event.pk} is overdue ({event.reason_code or event.state}, {age})"
-        body = "\n".join([
-            f"Item #{event.pk} of tenant {event.tenant.slug} is overdue in the Mailroom recovery queue.",
-            "",
-            f"Reason: {_reason(event)}",
-            f"State: {event.state}",
-            f"Age: {age} (received {event.received_at:%Y-%m-%d %H:%M} UTC)",
-            f"Escalated at: {event.escalate_at:%Y-%m-%d %H:%M} UTC",
-            f"Mailbox: {event.mailbox.slug}",
-            f"Sender: {mask_address(event.sender) or '—'}",
-            f"Owner: {event.owner.get_username() if event.owner_id else 'unassigned'}",
-            "",
-            f"Open it: {item_url(event.pk)}",
-        ])
+        body = "\n".join(
+            [
+                f"Item #{event.pk} of tenant {event.tenant.slug} is overdue in the Mailroom recovery queue.",
+                "",
+                f"Reason: {_reason(event)}",
+                f"State: {event.state}",
+                f"Age: {age} (received {event.received_at:%Y-%m-%d %H:%M} UTC)",
+                f"Escalated at: {event.escalate_at:%Y-%m-%d %H:%M} UTC",
+                f"Mailbox: {event.mailbox.slug}",
+                f"Sender: {mask_address(event.sender) or '—'}",
+                f"Owner: {event.owner.get_username() if event.owner_id else 'unassigned'}",
+                "",
+                f"Open it: {item_url(event.pk)}",
+            ]
+        )
         try:
-            if notifications.send_once(key, Notification.Kind.ESCALATION, event.tenant_id, recipients, subject,
-                                       mask_address(body), inbox_event_id=event.pk,
-                                       escalation_at=event.escalate_at):
+            if notifications.send_once(
+                key,
+                Notification.Kind.ESCALATION,
+                event.tenant_id,
+                recipients,
+                subject,
+                mask_address(body),
+                inbox_event_id=event.pk,
+                escalation_at=event.escalate_at,
+            ):
                 sent += 1
         except Exception:  # one unreachable mail server must not stop the rest; the next run tries again
             logger.exception("escalation email for item %s failed", event.pk)
@@ -107,15 +124,23 @@ def digest_of(tenant: Tenant, now=None) -> dict | None:
     """What the tenant's digest says: counts by reason, the oldest, the overdue, the first items. None if empty."""
     now = now or timezone.now()
     queue = selectors.recovery_queue().filter(tenant=tenant)
-    totals = queue.order_by().aggregate(open=Count("pk"), oldest=Min("received_at"),
-                                        overdue=Count("pk", filter=selectors.overdue_q(now)))
+    totals = queue.order_by().aggregate(
+        open=Count("pk"), oldest=Min("received_at"), overdue=Count("pk", filter=selectors.overdue_q(now))
+    )
     if not totals["open"]:
         return None
-    by_reason = {row["reason_code"] or "held_intent": row["n"] for row in
-                 queue.order_by().values("reason_code").annotate(n=Count("pk"))}
+    by_reason = {
+        row["reason_code"] or "held_intent": row["n"]
+        for row in queue.order_by().values("reason_code").annotate(n=Count("pk"))
+    }
     first = list(queue.values_list("pk", "reason_code", "received_at")[:DIGEST_ITEM_LINKS])
-    return {"open": totals["open"], "overdue": totals["overdue"], "oldest": totals["oldest"],
-            "by_reason": dict(sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))), "first": first}
+    return {
+        "open": totals["open"],
+        "overdue": totals["overdue"],
+        "oldest": totals["oldest"],
+        "by_reason": dict(sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "first": first,
+    }
 
 
 def send_daily_digests(now=None) -> int:
@@ -141,14 +166,17 @@ def send_daily_digests(now=None) -> int:
             *(f"  {code}: {n}" for code, n in digest["by_reason"].items()),
             "",
             "First items (overdue first, then oldest):",
-            *(f"  #{pk} {code or 'held_intent'}, {timesince(received, now)}: {item_url(pk)}"
-              for pk, code, received in digest["first"]),
+            *(
+                f"  #{pk} {code or 'held_intent'}, {timesince(received, now)}: {item_url(pk)}"
+                for pk, code, received in digest["first"]
+            ),
             "",
             f"The queue: {queue_url()}",
         ]
         try:
-            if notifications.send_once(key, Notification.Kind.DIGEST, tenant.pk, recipients, subject,
-                                       mask_address("\n".join(lines))):
+            if notifications.send_once(
+                key, Notification.Kind.DIGEST, tenant.pk, recipients, subject, mask_address("\n".join(lines))
+            ):
                 sent += 1
         except Exception:
             logger.exception("daily digest for tenant %s failed", tenant.slug)

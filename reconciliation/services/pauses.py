@@ -14,6 +14,7 @@ Every pause by a person has a reason (`reason=`, keyword-only, required when pau
 the admin's LogEntry (same transaction; "mailbox paused; reason: desk migration") and the log, and the pause
 page shows it next to the paused thing (`pause_records`). A destination keeps it in `paused_reason` too.
 """
+
 import logging
 from dataclasses import dataclass
 
@@ -35,8 +36,10 @@ from .roles import PERM_PAUSE
 
 logger = logging.getLogger(__name__)
 
-GLOBAL_PAUSE_REFUSED = ("the global pause stops every tenant: only the platform operator (a superuser) sets or "
-                        "lifts it; pause your own tenant instead")
+GLOBAL_PAUSE_REFUSED = (
+    "the global pause stops every tenant: only the platform operator (a superuser) sets or "
+    "lifts it; pause your own tenant instead"
+)
 REASON_NEEDED = "Say why you pause it (for example: desk migration); the others read it on the pause page."
 REASON_MARK = "; reason: "
 MAX_REASON_CHARS = 300
@@ -56,8 +59,13 @@ def with_reason(message: str, reason: str) -> str:
 
 def _log_change(user, obj, message: str) -> None:
     LogEntry.objects.create(
-        user_id=user.pk, content_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
-        object_id=str(obj.pk), object_repr=str(obj)[:200], action_flag=CHANGE, change_message=message)
+        user_id=user.pk,
+        content_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
+        object_id=str(obj.pk),
+        object_repr=str(obj)[:200],
+        action_flag=CHANGE,
+        change_message=message,
+    )
 
 
 def _release(mailboxes) -> int:
@@ -145,7 +153,8 @@ def do_set_destination_pause(user, destination_id: int, paused: bool, *, reason:
     with transaction.atomic():
         if paused:  # a person's pause: who, when and why (a pause already on keeps its own record)
             Destination.objects.filter(pk=destination.pk, paused=False).update(
-                paused=True, paused_by=actor_name(user), paused_reason=reason, paused_at=timezone.now())
+                paused=True, paused_by=actor_name(user), paused_reason=reason, paused_at=timezone.now()
+            )
         else:
             Destination.objects.filter(pk=destination.pk).update(paused=False)
             breaker.resumed(destination.pk)  # clears the reason; intents that waited on it are due now
@@ -159,6 +168,7 @@ def do_set_destination_pause(user, destination_id: int, paused: bool, *, reason:
 @dataclass(frozen=True)
 class PauseRecord:
     """Who paused a thing, when and why, as the pause page shows it."""
+
     by: str
     at: object
     reason: str
@@ -173,11 +183,15 @@ def pause_records(objects) -> dict:
         by_model.setdefault(type(obj), []).append(str(obj.pk))
     for model, ids in by_model.items():
         content_type = ContentType.objects.get_for_model(model, for_concrete_model=False)
-        entries = (LogEntry.objects.filter(content_type=content_type, object_id__in=ids, action_flag=CHANGE)
-                   .select_related("user").order_by("object_id", "-action_time", "-pk")
-                   .distinct("object_id"))
+        entries = (
+            LogEntry.objects.filter(content_type=content_type, object_id__in=ids, action_flag=CHANGE)
+            .select_related("user")
+            .order_by("object_id", "-action_time", "-pk")
+            .distinct("object_id")
+        )
         for entry in entries:
             _, _, reason = entry.change_message.partition(REASON_MARK)
-            records[(model, entry.object_id)] = PauseRecord(by=entry.user.get_username() if entry.user else "",
-                                                            at=entry.action_time, reason=reason)
+            records[(model, entry.object_id)] = PauseRecord(
+                by=entry.user.get_username() if entry.user else "", at=entry.action_time, reason=reason
+            )
     return records

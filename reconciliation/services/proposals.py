@@ -6,6 +6,7 @@ is a route correction made by the operator (`do_correct_and_replay`): the propos
 fields, over the fields rules already set, replayed under the original key; the
 `replayed` audit row names the operator and the route.
 """
+
 from intake.models import InboxEvent
 from intake.vocabulary import ReasonCode
 from ticketing.models import PRIORITIES, RoutingPolicy
@@ -32,8 +33,11 @@ def stored_proposal(event: InboxEvent) -> dict | None:
     if not fields:
         return None
     confidence = ai.get("confidence")
-    return {"fields": fields, "confidence": confidence if isinstance(confidence, int | float) else None,
-            "rationale": str(ai.get("rationale") or "")[:500]}
+    return {
+        "fields": fields,
+        "confidence": confidence if isinstance(confidence, int | float) else None,
+        "rationale": str(ai.get("rationale") or "")[:500],
+    }
 
 
 def _route_fields(event: InboxEvent) -> dict:
@@ -54,11 +58,15 @@ def do_accept_proposal(user, event_id: int) -> str:
     event = visible_event(user, event_id)
     proposal = stored_proposal(event)
     if proposal is None:
-        raise ActionRefused("no AI proposal to accept: the item is not awaiting review for low confidence "
-                            "with a usable proposal")
+        raise ActionRefused(
+            "no AI proposal to accept: the item is not awaiting review for low confidence with a usable proposal"
+        )
     policy = RoutingPolicy.objects.filter(tenant_id=event.tenant_id).first()
-    vocab = {"queue": policy.queues if policy else [], "priority": PRIORITIES,
-             "request_type": policy.request_types if policy else []}
+    vocab = {
+        "queue": policy.queues if policy else [],
+        "priority": PRIORITIES,
+        "request_type": policy.request_types if policy else [],
+    }
     for name, value in proposal["fields"].items():
         if value not in vocab[name]:
             raise ActionRefused(f"the proposed {name} {value!r} is no longer in the tenant's vocabulary")

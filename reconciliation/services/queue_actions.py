@@ -13,6 +13,7 @@ refusal (`ASSIGNEE_REFUSED`), so the action reveals no usernames.
 Mail without a usable sender (`missing_sender`) is not replayed until an operator entered whom its
 ticket is for (`do_enter_requester`; `ticketing.people.lacks_requester`).
 """
+
 import email.utils
 
 from django.contrib.auth import get_user_model
@@ -35,8 +36,10 @@ from .roles import PERM_ASSIGN, PERM_CLOSE, PERM_CONFIRM, PERM_RELEASE, PERM_REP
 
 ASSIGNEE_RULE = "an assignee is an active member of the item's tenant who can see the recovery queue"
 ASSIGNEE_REFUSED = "no assignable user {name!r}: " + ASSIGNEE_RULE
-CLOSE_QUARANTINED_DENIED = ("closing a quarantined item is the security role's decision "
-                            f"(needs {PERM_RELEASE}); a release or a security user's close is the way out")
+CLOSE_QUARANTINED_DENIED = (
+    "closing a quarantined item is the security role's decision "
+    f"(needs {PERM_RELEASE}); a release or a security user's close is the way out"
+)
 
 # --- triage ---------------------------------------------------------------------
 
@@ -44,9 +47,11 @@ CLOSE_QUARANTINED_DENIED = ("closing a quarantined item is the security role's d
 def assignable_users(tenant_id: int) -> QuerySet:
     """Who may own an item of the tenant: its active members who can see the recovery queue."""
     app_label, codename = PERM_VIEW_QUEUE.split(".")
-    grants = (Q(is_superuser=True)
-              | Q(user_permissions__content_type__app_label=app_label, user_permissions__codename=codename)
-              | Q(groups__permissions__content_type__app_label=app_label, groups__permissions__codename=codename))
+    grants = (
+        Q(is_superuser=True)
+        | Q(user_permissions__content_type__app_label=app_label, user_permissions__codename=codename)
+        | Q(groups__permissions__content_type__app_label=app_label, groups__permissions__codename=codename)
+    )
     users = get_user_model()._default_manager.filter(is_active=True, mailroom_tenants__pk=tenant_id)
     return users.filter(pk__in=users.filter(grants).values("pk")).order_by(get_user_model().USERNAME_FIELD)
 
@@ -66,9 +71,16 @@ def do_assign(user, event_id: int, assignee) -> None:
     now = timezone.now()
     with transaction.atomic():
         InboxEvent.objects.filter(pk=event.pk).update(owner=assignee)
-        record_audit(event.pk, AuditKind.ASSIGNED, actor=actor_name(user), at=now, detail={
-            "owner": assignee.get_username() if assignee is not None else None,
-            "previous_owner": event.owner.get_username() if event.owner_id else None})
+        record_audit(
+            event.pk,
+            AuditKind.ASSIGNED,
+            actor=actor_name(user),
+            at=now,
+            detail={
+                "owner": assignee.get_username() if assignee is not None else None,
+                "previous_owner": event.owner.get_username() if event.owner_id else None,
+            },
+        )
 
 
 def do_assign_to_me(user, event_id: int) -> None:
@@ -82,12 +94,20 @@ def do_set_escalation(user, event_id: int, escalate_at) -> None:
     now = timezone.now()
     with transaction.atomic():
         InboxEvent.objects.filter(pk=event.pk).update(escalate_at=escalate_at)
-        record_audit(event.pk, AuditKind.ESCALATION_SET, actor=actor_name(user), at=now, detail={
-            "escalate_at": escalate_at.isoformat() if escalate_at else None,
-            "previous": event.escalate_at.isoformat() if event.escalate_at else None})
+        record_audit(
+            event.pk,
+            AuditKind.ESCALATION_SET,
+            actor=actor_name(user),
+            at=now,
+            detail={
+                "escalate_at": escalate_at.isoformat() if escalate_at else None,
+                "previous": event.escalate_at.isoformat() if event.escalate_at else None,
+            },
+        )
 
 
 # --- replays ----------------------------------------------------------------------
+
 
 def do_replay(user, event_id: int) -> str:
     """Send the item on again under its original idempotency key (`replay.replay_same_key`). Returns
@@ -100,8 +120,9 @@ def do_replay(user, event_id: int) -> str:
     return refusing(replay.replay_same_key, event.pk, actor=actor_name(user))
 
 
-def do_correct_and_replay(user, event_id: int, *, destination_id=None, queue: str = "", priority: str = "",
-                          request_type: str = "") -> str:
+def do_correct_and_replay(
+    user, event_id: int, *, destination_id=None, queue: str = "", priority: str = "", request_type: str = ""
+) -> str:
     """Store the corrected route (destination, queue, priority, request type), then replay with the same key.
 
     Returns what `do_replay` does, but never "acknowledgment_reopened". On "linked" the corrected route is
@@ -154,16 +175,31 @@ def do_enter_requester(user, event_id: int, *, address: str) -> str:
         if locked.state not in replay.REPLAYABLE_EVENT_STATES:
             raise ActionRefused(f"the event is {locked.state}: its requester is no longer entered here")
         previous = people.entered_requester(locked)
-        details = {**(locked.details or {}),
-                   people.REQUESTER_ENTERED: {"address": address, "by": actor, "at": now.isoformat()}}
+        details = {
+            **(locked.details or {}),
+            people.REQUESTER_ENTERED: {"address": address, "by": actor, "at": now.isoformat()},
+        }
         InboxEvent.objects.filter(pk=locked.pk).update(details=details)
-        record_audit(locked.pk, AuditKind.REQUESTER_ENTERED, actor=actor, at=now, detail={
-            "requester": mask_address(address), "previous": mask_address(previous) if previous else None})
+        record_audit(
+            locked.pk,
+            AuditKind.REQUESTER_ENTERED,
+            actor=actor,
+            at=now,
+            detail={"requester": mask_address(address), "previous": mask_address(previous) if previous else None},
+        )
     return address
 
 
-def do_replay_as_new_action(user, event_id: int, *, reason: str, destination_id=None, queue: str = "",
-                            priority: str = "", request_type: str = "") -> Intent:
+def do_replay_as_new_action(
+    user,
+    event_id: int,
+    *,
+    reason: str,
+    destination_id=None,
+    queue: str = "",
+    priority: str = "",
+    request_type: str = "",
+) -> Intent:
     """A new action_version with its own key, approved (and recorded as approved) by `user`."""
     require(user, PERM_REPLAY, PERM_REPLAY_NEW)
     if not (reason or "").strip():
@@ -171,19 +207,31 @@ def do_replay_as_new_action(user, event_id: int, *, reason: str, destination_id=
     event = visible_event(user, event_id)
     route = None
     if destination_id or queue or priority or request_type:
-        route = {"destination_id": destination_id, "queue": queue, "priority": priority,
-                 "request_type": request_type}
-    return refusing(replay.replay_as_new_action, event.pk, actor=actor_name(user),
-                     approved_by=actor_name(user), route=route, reason=reason.strip())
+        route = {"destination_id": destination_id, "queue": queue, "priority": priority, "request_type": request_type}
+    return refusing(
+        replay.replay_as_new_action,
+        event.pk,
+        actor=actor_name(user),
+        approved_by=actor_name(user),
+        route=route,
+        reason=reason.strip(),
+    )
 
 
-def do_confirm_existing_ticket(user, event_id: int, *, ticket_id: str, ticket_url: str = "",
-                               destination_id=None) -> Intent:
+def do_confirm_existing_ticket(
+    user, event_id: int, *, ticket_id: str, ticket_url: str = "", destination_id=None
+) -> Intent:
     """Complete the item with a ticket the reviewer found. No destination call is made."""
     require(user, PERM_CONFIRM)
     event = visible_event(user, event_id)
-    return refusing(replay.confirm_existing_ticket, event.pk, actor=actor_name(user), ticket_id=ticket_id,
-                     ticket_url=ticket_url, destination_id=destination_id)
+    return refusing(
+        replay.confirm_existing_ticket,
+        event.pk,
+        actor=actor_name(user),
+        ticket_id=ticket_id,
+        ticket_url=ticket_url,
+        destination_id=destination_id,
+    )
 
 
 def do_settle_acknowledgment(user, event_id: int, *, note: str = "") -> None:
@@ -211,8 +259,13 @@ def do_close_not_a_request(user, event_id: int, *, reason: str) -> None:
         if event.state == InboxEvent.State.QUARANTINED:
             raise PermissionDenied(CLOSE_QUARANTINED_DENIED)
         require(user, PERM_CLOSE)
-    refusing(replay.close_not_a_request, event.pk, actor=actor_name(user), reason=reason,
-             may_close_quarantined=user.has_perm(PERM_RELEASE))
+    refusing(
+        replay.close_not_a_request,
+        event.pk,
+        actor=actor_name(user),
+        reason=reason,
+        may_close_quarantined=user.has_perm(PERM_RELEASE),
+    )
 
 
 def do_release_quarantine(user, event_id: int, *, note: str = "") -> None:
@@ -227,9 +280,14 @@ def do_release_quarantine(user, event_id: int, *, note: str = "") -> None:
             raise ActionRefused(f"the event is {locked.state}, not quarantined")
         release = {"by": actor, "at": now.isoformat(), "reason_code": locked.reason_code, "note": note[:500]}
         details = {**(locked.details or {}), "quarantine_release": release}
-        if not transition_event(locked.pk, [InboxEvent.State.QUARANTINED], InboxEvent.State.READY, actor=actor,
-                                kind=AuditKind.QUARANTINE_RELEASED,
-                                detail={"previous_reason": locked.reason_code, "note": note[:500]},
-                                extra={"details": details, "retry_at": None, "dispatch_count": 1}):
+        if not transition_event(
+            locked.pk,
+            [InboxEvent.State.QUARANTINED],
+            InboxEvent.State.READY,
+            actor=actor,
+            kind=AuditKind.QUARANTINE_RELEASED,
+            detail={"previous_reason": locked.reason_code, "note": note[:500]},
+            extra={"details": details, "retry_at": None, "dispatch_count": 1},
+        ):
             raise ActionRefused("the event changed meanwhile")
         enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": locked.pk}, now=now)

@@ -8,6 +8,7 @@ Quarantine is the security role's decision: closing or releasing a quarantined i
 `PERM_RELEASE` (`queue_actions`). Stopping every tenant is the platform's: the global pause needs a
 superuser, and no role grants it (`pauses`).
 """
+
 from django.apps import apps as global_apps
 from django.db.models import Q
 
@@ -38,22 +39,36 @@ ROLE_PERMISSIONS = {
         ("intake", "release_quarantine"),
     ],
     "mailroom-admin": [
-        ("intake", "view_mailbox"), ("intake", "add_mailbox"), ("intake", "change_mailbox"),
-        ("ticketing", "view_destination"), ("ticketing", "add_destination"), ("ticketing", "change_destination"),
-        ("ticketing", "view_routingrule"), ("ticketing", "add_routingrule"), ("ticketing", "change_routingrule"),
+        ("intake", "view_mailbox"),
+        ("intake", "add_mailbox"),
+        ("intake", "change_mailbox"),
+        ("ticketing", "view_destination"),
+        ("ticketing", "add_destination"),
+        ("ticketing", "change_destination"),
+        ("ticketing", "view_routingrule"),
+        ("ticketing", "add_routingrule"),
+        ("ticketing", "change_routingrule"),
         ("ticketing", "delete_routingrule"),
-        ("ticketing", "view_routingpolicy"), ("ticketing", "change_routingpolicy"),
+        ("ticketing", "view_routingpolicy"),
+        ("ticketing", "change_routingpolicy"),
         # Sender block/allow lists (intake.sender_lists): entries are added and removed, never edited.
-        ("intake", "view_senderlistentry"), ("intake", "add_senderlistentry"), ("intake", "delete_senderlistentry"),
+        ("intake", "view_senderlistentry"),
+        ("intake", "add_senderlistentry"),
+        ("intake", "delete_senderlistentry"),
         # Acknowledgment templates and business hours (ticketing.ack_admin).
-        ("ticketing", "view_acknowledgmenttemplate"), ("ticketing", "add_acknowledgmenttemplate"),
-        ("ticketing", "change_acknowledgmenttemplate"), ("ticketing", "delete_acknowledgmenttemplate"),
-        ("ticketing", "view_businesshours"), ("ticketing", "add_businesshours"), ("ticketing", "change_businesshours"),
+        ("ticketing", "view_acknowledgmenttemplate"),
+        ("ticketing", "add_acknowledgmenttemplate"),
+        ("ticketing", "change_acknowledgmenttemplate"),
+        ("ticketing", "delete_acknowledgmenttemplate"),
+        ("ticketing", "view_businesshours"),
+        ("ticketing", "add_businesshours"),
+        ("ticketing", "change_businesshours"),
         ("ticketing", "delete_businesshours"),
         # A mailbox's connection history (tokens, health, quiet alarms, archive imports): evidence, read only.
         ("intake", "view_mailboxaudit"),
         # Their own tenant's pauses; the global pause is the platform's (superusers: services.pauses).
-        ("reconciliation", "view_pauseswitch"), ("reconciliation", "change_pauseswitch"),
+        ("reconciliation", "view_pauseswitch"),
+        ("reconciliation", "change_pauseswitch"),
     ],
 }
 

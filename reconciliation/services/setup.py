@@ -2,6 +2,7 @@
 
 Secrets go to the `.env` file, never to the database.
 """
+
 import os
 import secrets
 from pathlib import Path
@@ -56,8 +57,9 @@ def ensure_platform_ref(env_file: Path, ref: str, owner: str) -> bool:
         lines = env_file.read_text().splitlines(keepends=True)
         old_line = f"{PLATFORM_REFS_VAR}={ref}"
         if any(line.rstrip("\n") == old_line for line in lines):
-            env_file.write_text("".join(f"{PLATFORM_REFS_VAR}={entry}\n" if line.rstrip("\n") == old_line else line
-                                        for line in lines))
+            env_file.write_text(
+                "".join(f"{PLATFORM_REFS_VAR}={entry}\n" if line.rstrip("\n") == old_line else line for line in lines)
+            )
             os.environ[PLATFORM_REFS_VAR] = entry
             return True
     if current:
@@ -86,12 +88,19 @@ def do_bootstrap_demo(env_file: Path, admin_username: str = "admin") -> dict:
     password = ensure_env_secret(env_file, DEMO_PASSWORD_VAR)
     tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo"})
     verify_domain(tenant=tenant, domain=DEMO_DOMAIN, verified_by="bootstrap_demo")
-    mailbox, _ = Mailbox.objects.get_or_create(slug=DEMO_MAILBOX_SLUG, defaults={
-        "tenant": tenant, "address": DEMO_ADDRESS, "provider": Mailbox.Provider.RAW,
-        "webhook_secret_ref": DEMO_SECRET_REF, "allowed_recipients": [DEMO_ADDRESS],
-    })
-    Destination.objects.get_or_create(tenant=tenant, slug="builtin", defaults={
-        "kind": Destination.Kind.BUILTIN, "is_default": True})
+    mailbox, _ = Mailbox.objects.get_or_create(
+        slug=DEMO_MAILBOX_SLUG,
+        defaults={
+            "tenant": tenant,
+            "address": DEMO_ADDRESS,
+            "provider": Mailbox.Provider.RAW,
+            "webhook_secret_ref": DEMO_SECRET_REF,
+            "allowed_recipients": [DEMO_ADDRESS],
+        },
+    )
+    Destination.objects.get_or_create(
+        tenant=tenant, slug="builtin", defaults={"kind": Destination.Kind.BUILTIN, "is_default": True}
+    )
     user_model = get_user_model()
     user = user_model.objects.filter(username=admin_username).first() or user_model(username=admin_username)
     password_set = user.pk is None or password_is_new or not user.has_usable_password()
@@ -101,5 +110,10 @@ def do_bootstrap_demo(env_file: Path, admin_username: str = "admin") -> dict:
         user.is_staff = user.is_superuser = True
         user.save()
     tenant.members.add(user)
-    return {"username": admin_username, "password": password, "password_set": password_set, "mailbox": mailbox.slug,
-            "secret_ref_listed": listed}
+    return {
+        "username": admin_username,
+        "password": password,
+        "password_set": password_set,
+        "mailbox": mailbox.slug,
+        "secret_ref_listed": listed,
+    }

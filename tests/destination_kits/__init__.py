@@ -1,5 +1,6 @@
 """One kit per destination kind for the shared contract suite (tests/test_destination_contract.py),
 and what the per-kind adapter tests share."""
+
 import itertools
 
 from ticketing.destinations import ADAPTERS, adapter_for
@@ -14,6 +15,7 @@ def adapter_builder(kit, tenant, desk, monkeypatch):
 
     def build(**settings):
         return adapter_for(kit.configure(tenant, desk, monkeypatch, slug=f"desk-{next(slugs)}", **settings))
+
     return build
 
 

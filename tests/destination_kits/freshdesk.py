@@ -1,5 +1,6 @@
 """Freshdesk against FakeDesk's freshdesk dialect: no key, a filter search that lags. Files go with the write
 (multipart attachments[]), CCs are the ticket's cc_emails, a customer's reply is a note written as their contact."""
+
 import re
 
 from fakedesk.dialects.freshdesk import html_to_text
@@ -26,12 +27,25 @@ def configure(tenant, desk, monkeypatch, *, slug="desk", is_default=True, **sett
         monkeypatch.setenv(variable, f"{desk.token}:X")
         credentials_ref = f"env:{variable}"
     return make_destination(
-        tenant, slug=slug, kind="freshdesk", is_default=is_default, base_url=desk.url,
+        tenant,
+        slug=slug,
+        kind="freshdesk",
+        is_default=is_default,
+        base_url=desk.url,
         credentials_ref=credentials_ref,
         # No request budget unless a test asks for one: the kind's 80 a minute would pace every test.
-        settings={"read_timeout": 1.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05,
-                  "requests_per_minute": 0, "search_settle_seconds": 1.0, "groups": GROUPS,
-                  "agents": {"alice": 201}, "ticket_types": {"refund": "Refund"}, **settings})
+        settings={
+            "read_timeout": 1.0,
+            "retry_base_seconds": 0.01,
+            "retry_cap_seconds": 0.05,
+            "requests_per_minute": 0,
+            "search_settle_seconds": 1.0,
+            "groups": GROUPS,
+            "agents": {"alice": 201},
+            "ticket_types": {"refund": "Refund"},
+            **settings,
+        },
+    )
 
 
 def ticket_id_of(record: dict) -> str:
@@ -40,8 +54,10 @@ def ticket_id_of(record: dict) -> str:
 
 def route_of(record: dict) -> dict:
     fields = record.get("fields") or {}
-    return {"queue": next((slug for slug, group in GROUPS.items() if group == fields.get("group_id")), None),
-            "priority": next((word for word, n in PRIORITIES.items() if n == fields.get("priority")), None)}
+    return {
+        "queue": next((slug for slug, group in GROUPS.items() if group == fields.get("group_id")), None),
+        "priority": next((word for word, n in PRIORITIES.items() if n == fields.get("priority")), None),
+    }
 
 
 def comments_of(record: dict) -> list[str]:
@@ -52,8 +68,10 @@ def comments_of(record: dict) -> list[str]:
 def comment_records_of(record: dict) -> list[dict]:
     """The notes after the description: their text, whether the customer sees them, who wrote them ("": the API
     user)."""
-    return [{"body": html_to_text(c["body"]), "public": c["public"], "author": c["author"]}
-            for c in (record.get("comments") or [])[1:]]
+    return [
+        {"body": html_to_text(c["body"]), "public": c["public"], "author": c["author"]}
+        for c in (record.get("comments") or [])[1:]
+    ]
 
 
 def follow_up_of(record: dict) -> str | None:

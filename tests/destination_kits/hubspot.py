@@ -8,6 +8,7 @@ customer (public, authored); an agent's is a note, internal, written by the priv
 first; a file is a note of its own carrying it (hs_attachment_ids), not a comment. A follow-up is associated
 with the closed ticket. HubSpot's notifications carry no reference Mailroom reads.
 """
+
 import re
 
 from fakedesk.dialects.freshdesk import html_to_text
@@ -23,8 +24,8 @@ PRIORITIES = {"low": "LOW", "normal": "MEDIUM", "high": "HIGH", "urgent": "URGEN
 OWNERS = {"alice": "7001"}
 CATEGORIES = {"refund": "BILLING_ISSUE"}
 
-CC_ON_RECORD = True         # associated contacts
-AUTHORED_COMMENTS = True    # a customer's reply is an email from the customer (an agent's note has a "From:" line)
+CC_ON_RECORD = True  # associated contacts
+AUTHORED_COMMENTS = True  # a customer's reply is an email from the customer (an agent's note has a "From:" line)
 
 
 def configure(tenant, desk, monkeypatch, *, slug="desk", is_default=True, **settings):
@@ -32,12 +33,26 @@ def configure(tenant, desk, monkeypatch, *, slug="desk", is_default=True, **sett
     variable = f"{env_prefix(tenant.slug)}HUBSPOT_{slug.upper().replace('-', '_')}"
     monkeypatch.setenv(variable, desk.token or "unused")
     return make_destination(
-        tenant, slug=slug, kind="hubspot", is_default=is_default, base_url=desk.url,
+        tenant,
+        slug=slug,
+        kind="hubspot",
+        is_default=is_default,
+        base_url=desk.url,
         credentials_ref=f"env:{variable}",
-        settings={"read_timeout": 1.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05, "portal_id": "4242",
-                  "queues": QUEUES, "priorities": PRIORITIES, "owners": OWNERS, "categories": CATEGORIES,
-                  # No request budget unless a test asks for one (the kind's 600 a minute is HubSpot's).
-                  "create_contacts": True, "requests_per_minute": 0, **settings},
+        settings={
+            "read_timeout": 1.0,
+            "retry_base_seconds": 0.01,
+            "retry_cap_seconds": 0.05,
+            "portal_id": "4242",
+            "queues": QUEUES,
+            "priorities": PRIORITIES,
+            "owners": OWNERS,
+            "categories": CATEGORIES,
+            # No request budget unless a test asks for one (the kind's 600 a minute is HubSpot's).
+            "create_contacts": True,
+            "requests_per_minute": 0,
+            **settings,
+        },
     )
 
 
@@ -49,8 +64,10 @@ def route_of(record: dict) -> dict:
     fields = record["fields"]
     pipelines = {v.partition(":")[0]: k for k, v in QUEUES.items()}
     priorities = {v: k for k, v in PRIORITIES.items()}
-    return {"queue": pipelines.get(fields.get("hs_pipeline")),
-            "priority": priorities.get(fields.get("hs_ticket_priority"))}
+    return {
+        "queue": pipelines.get(fields.get("hs_pipeline")),
+        "priority": priorities.get(fields.get("hs_ticket_priority")),
+    }
 
 
 def note_text(body: str) -> str:
@@ -81,8 +98,11 @@ def comment_records_of(record: dict) -> list[dict]:
 
 def follow_up_of(record: dict) -> str | None:
     """The closed ticket this one follows: an associated ticket made before it."""
-    older = [int(t["id"]) for t in (record["fields"].get("associations") or {}).get("tickets") or []
-             if int(t["id"]) < int(record["id"])]
+    older = [
+        int(t["id"])
+        for t in (record["fields"].get("associations") or {}).get("tickets") or []
+        if int(t["id"]) < int(record["id"])
+    ]
     return str(min(older)) if older else None
 
 

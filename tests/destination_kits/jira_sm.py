@@ -1,4 +1,5 @@
 """Jira Service Management against FakeDesk's jira_sm dialect: no key, a JQL search that lags."""
+
 import re
 
 from intake.secrets import env_prefix
@@ -24,14 +25,30 @@ def configure(tenant, desk, monkeypatch, *, slug="desk", is_default=True, **sett
         monkeypatch.setenv(variable, f"agent@{tenant.slug}.test:{desk.token}")
         credentials_ref = f"env:{variable}"
     return make_destination(
-        tenant, slug=slug, kind="jira_sm", is_default=is_default, base_url=desk.url,
+        tenant,
+        slug=slug,
+        kind="jira_sm",
+        is_default=is_default,
+        base_url=desk.url,
         credentials_ref=credentials_ref,
-        settings={"read_timeout": 1.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05,
-                  "search_settle_seconds": 1.0, "service_desk_id": "1", "request_type_id": "10",
-                  "request_types": {"refund": "21"}, "queue_field": "customfield_10060", "queues": QUEUES,
-                  "priorities": PRIORITIES, "external_ref_field": "customfield_10050",
-                  "assignee_field": "customfield_10070", "assignees": {"alice": "5b10a2844c20165700ede21g"},
-                  "project_key": "SUP", **settings})
+        settings={
+            "read_timeout": 1.0,
+            "retry_base_seconds": 0.01,
+            "retry_cap_seconds": 0.05,
+            "search_settle_seconds": 1.0,
+            "service_desk_id": "1",
+            "request_type_id": "10",
+            "request_types": {"refund": "21"},
+            "queue_field": "customfield_10060",
+            "queues": QUEUES,
+            "priorities": PRIORITIES,
+            "external_ref_field": "customfield_10050",
+            "assignee_field": "customfield_10070",
+            "assignees": {"alice": "5b10a2844c20165700ede21g"},
+            "project_key": "SUP",
+            **settings,
+        },
+    )
 
 
 def ticket_id_of(record: dict) -> str:
@@ -42,8 +59,10 @@ def route_of(record: dict) -> dict:
     values = record["fields"].get("requestFieldValues") or {}
     queue_option = (values.get("customfield_10060") or {}).get("value")
     priority_name = (values.get("priority") or {}).get("name")
-    return {"queue": next((slug for slug, option in QUEUES.items() if option == queue_option), None),
-            "priority": next((word for word, name in PRIORITIES.items() if name == priority_name), None)}
+    return {
+        "queue": next((slug for slug, option in QUEUES.items() if option == queue_option), None),
+        "priority": next((word for word, name in PRIORITIES.items() if name == priority_name), None),
+    }
 
 
 def comments_of(record: dict) -> list[str]:

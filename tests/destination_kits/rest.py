@@ -3,6 +3,7 @@ header the API keeps (what settles a lost answer), a consistent lookup, comments
 Files go inline (`files` "inline": `files_json` in the create and comment bodies, under the create's key, so a
 retry sends the same body and the API answers the first record); the requester and CCs go in the body, a
 comment carries its author and public flag, and a comment on a closed record is answered 409 (`closed_status`)."""
+
 from intake.secrets import env_prefix
 from tests.factories import make_destination
 
@@ -67,8 +68,14 @@ def configure(tenant, desk, monkeypatch, *, slug="desk", is_default=True, **sett
     else:
         declared.pop("headers")
     return make_destination(
-        tenant, slug=slug, kind="rest", is_default=is_default, base_url=desk.url, credentials_ref=credentials_ref,
-        settings={"read_timeout": 1.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05, **declared, **settings})
+        tenant,
+        slug=slug,
+        kind="rest",
+        is_default=is_default,
+        base_url=desk.url,
+        credentials_ref=credentials_ref,
+        settings={"read_timeout": 1.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05, **declared, **settings},
+    )
 
 
 def ticket_id_of(record: dict) -> str:
@@ -88,8 +95,9 @@ def comments_of(record: dict) -> list[str]:
 
 def comment_records_of(record: dict) -> list[dict]:
     """The comments after the description: their text, whether the requester sees them, who wrote them."""
-    return [{"body": c["body"], "public": c["public"], "author": c["author"]}
-            for c in (record.get("comments") or [])[1:]]
+    return [
+        {"body": c["body"], "public": c["public"], "author": c["author"]} for c in (record.get("comments") or [])[1:]
+    ]
 
 
 def follow_up_of(record: dict) -> str | None:

@@ -6,6 +6,7 @@ the queue then reads back as None. A Case has no CC: the CC'd addresses are list
 CaseComment is written by the API user, opening with a "From:" line. Files are ContentVersions on the Case
 (the fake's attachments); a follow-up's ParentId is the closed Case; Email-to-Case's Ref ID names a Case.
 """
+
 import json
 
 from intake.secrets import env_prefix
@@ -24,22 +25,35 @@ CASE_TYPES = {"refund": "Refund"}
 # The organization the fake signs in to (its token answer's identity URL names it).
 ORG_ID = "00D000000000001AAA"
 
-CC_ON_RECORD = False        # listed in the Description ("CC: ...")
-AUTHORED_COMMENTS = False   # the API user writes every CaseComment; a "From:" line names the author
+CC_ON_RECORD = False  # listed in the Description ("CC: ...")
+AUTHORED_COMMENTS = False  # the API user writes every CaseComment; a "From:" line names the author
 
 
 def configure(tenant, desk, monkeypatch, *, slug="desk", is_default=True, **settings):
     """A salesforce destination against the running `desk` (client credentials, secret in the environment)."""
     variable = f"{env_prefix(tenant.slug)}SALESFORCE_{slug.upper().replace('-', '_')}"
-    monkeypatch.setenv(variable, json.dumps({"client_id": "mailroom-connected-app",
-                                             "client_secret": desk.token or "unused"}))
+    monkeypatch.setenv(
+        variable, json.dumps({"client_id": "mailroom-connected-app", "client_secret": desk.token or "unused"})
+    )
     return make_destination(
-        tenant, slug=slug, kind="salesforce", is_default=is_default, base_url=desk.url,
+        tenant,
+        slug=slug,
+        kind="salesforce",
+        is_default=is_default,
+        base_url=desk.url,
         credentials_ref=f"env:{variable}",
         # No request budget unless a test asks for one: the kind's 40 a minute would pace every test.
-        settings={"read_timeout": 1.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05,
-                  "requests_per_minute": 0, "queues": QUEUES, "owners": OWNERS, "priorities": PRIORITIES,
-                  "case_types": CASE_TYPES, **settings},
+        settings={
+            "read_timeout": 1.0,
+            "retry_base_seconds": 0.01,
+            "retry_cap_seconds": 0.05,
+            "requests_per_minute": 0,
+            "queues": QUEUES,
+            "owners": OWNERS,
+            "priorities": PRIORITIES,
+            "case_types": CASE_TYPES,
+            **settings,
+        },
     )
 
 

@@ -1,5 +1,6 @@
 """ServiceNow against FakeDesk's servicenow dialect: Table API creates, settled by the consistent
 correlation_id lookup (no idempotency key)."""
+
 from fakedesk.dialects.servicenow_records import watermark
 from intake.secrets import env_prefix
 from tests.factories import make_destination
@@ -23,11 +24,22 @@ def configure(tenant, desk, monkeypatch, *, slug="desk", is_default=True, **sett
         monkeypatch.setenv(variable, f"mailroom.integration:{desk.token}")
         credentials_ref = f"env:{variable}"
     return make_destination(
-        tenant, slug=slug, kind="servicenow", is_default=is_default, base_url=desk.url,
+        tenant,
+        slug=slug,
+        kind="servicenow",
+        is_default=is_default,
+        base_url=desk.url,
         credentials_ref=credentials_ref,
-        settings={"read_timeout": 1.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05,
-                  "assignment_groups": GROUPS, "categories": {"refund": "inquiry"},
-                  "assignees": {"alice": "alice.agent"}, **settings})
+        settings={
+            "read_timeout": 1.0,
+            "retry_base_seconds": 0.01,
+            "retry_cap_seconds": 0.05,
+            "assignment_groups": GROUPS,
+            "categories": {"refund": "inquiry"},
+            "assignees": {"alice": "alice.agent"},
+            **settings,
+        },
+    )
 
 
 def ticket_id_of(record: dict) -> str:

@@ -1,5 +1,6 @@
 """Zendesk against FakeDesk's default dialect: Idempotency-Key kept 2 h, listing by external_id; files uploaded
 first and named by token, people on the record, comments authored, follow-ups of closed tickets."""
+
 from tests.factories import make_destination
 
 DIALECT = "zendesk"
@@ -16,10 +17,22 @@ PRIORITIES = ("low", "normal", "high", "urgent")
 def configure(tenant, desk, monkeypatch, *, slug="desk", is_default=True, **settings):
     monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@{tenant.slug}.test/token:{desk.token}")
     return make_destination(
-        tenant, slug=slug, kind="zendesk", is_default=is_default, base_url=desk.url,
+        tenant,
+        slug=slug,
+        kind="zendesk",
+        is_default=is_default,
+        base_url=desk.url,
         credentials_ref="env:FAKEDESK_CREDENTIALS",
-        settings={"read_timeout": 1.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05, "groups": GROUPS,
-                  "ticket_types": {"refund": "task"}, "assignees": {"alice": 9001}, **settings})
+        settings={
+            "read_timeout": 1.0,
+            "retry_base_seconds": 0.01,
+            "retry_cap_seconds": 0.05,
+            "groups": GROUPS,
+            "ticket_types": {"refund": "task"},
+            "assignees": {"alice": 9001},
+            **settings,
+        },
+    )
 
 
 def ticket_id_of(record: dict) -> str:
@@ -41,8 +54,9 @@ def comments_of(record: dict) -> list[str]:
 
 def comment_records_of(record: dict) -> list[dict]:
     """The comments after the description: body, public, and who wrote it (an address; "" for the API user)."""
-    return [{"body": c["body"], "public": c["public"], "author": c["author"]}
-            for c in (record.get("comments") or [])[1:]]
+    return [
+        {"body": c["body"], "public": c["public"], "author": c["author"]} for c in (record.get("comments") or [])[1:]
+    ]
 
 
 def follow_up_of(record: dict) -> str | None:

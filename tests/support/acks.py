@@ -1,4 +1,5 @@
 """Mail posted to the raw webhook as our MTA delivers it, and the acknowledgment intent it leads to."""
+
 from django.test import Client
 
 from tests.conftest import WEBHOOK_SECRET
@@ -10,8 +11,9 @@ from ticketing.models import Intent
 def post(body, authenticated: bool = True) -> int:
     if authenticated:
         body = stamped(body)  # authenticated for example.com: the senders of the tests that use this write from it
-    response = Client().post("/webhooks/raw/support/", data=body, content_type="message/rfc822",
-                             **webhook_headers(WEBHOOK_SECRET, body))
+    response = Client().post(
+        "/webhooks/raw/support/", data=body, content_type="message/rfc822", **webhook_headers(WEBHOOK_SECRET, body)
+    )
     assert response.status_code == 202
     return response.json()["inbox_event_id"]
 

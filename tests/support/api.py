@@ -1,4 +1,5 @@
 """The REST API (/api/v1/): a token-authenticated client, RFC 9457 problem answers, queue items made for it."""
+
 from rest_framework.test import APIClient
 
 from intake.failures import PermanentError

@@ -1,4 +1,5 @@
 """Everything the pipeline stored for a set of events, ids replaced by stable names, and a comparison of two."""
+
 from intake.models import AuditEvent, InboxEvent, OutboxMessage
 from ticketing.models import CopiedMessage, Intent, RoutingRule, Ticket, TicketMapping
 
@@ -19,8 +20,9 @@ def _canonical(value, names: dict):
 def snapshot(event_ids: list[int], outbox_after: int) -> dict:
     """Everything the pipeline stored for these events, ids replaced by stable names."""
     index = {pk: f"event{n:02d}" for n, pk in enumerate(event_ids)}
-    intents = list(Intent.objects.filter(inbox_event_id__in=event_ids).order_by("inbox_event_id", "action",
-                                                                                 "action_version"))
+    intents = list(
+        Intent.objects.filter(inbox_event_id__in=event_ids).order_by("inbox_event_id", "action", "action_version")
+    )
     tickets = {str(t.pk): t for t in Ticket.objects.filter(idempotency_key__in=[i.idempotency_key for i in intents])}
     names = {("intent", i.pk): f"intent:{index[i.inbox_event_id]}:{i.action}:{i.action_version}" for i in intents}
     names.update({("ticket", t.destination_id, pk): f"ticket:{t.idempotency_key[:12]}" for pk, t in tickets.items()})
@@ -41,33 +43,93 @@ def snapshot(event_ids: list[int], outbox_after: int) -> dict:
 
     events = []
     for event in InboxEvent.objects.filter(pk__in=event_ids):
-        events.append({
-            "event": index[event.pk], "state": event.state, "reason_code": event.reason_code,
-            "reason_detail": event.reason_detail, "sender": event.sender, "subject": event.subject,
-            "message_id_header": event.message_id_header, "thread_key": event.thread_key, "details": event.details,
-            "auth_results": event.auth_results, "route": event.route, "waits": event.retry_at is not None,
-            "dispatch_count": event.dispatch_count, "copy_of": index.get(event.copy_of_id),
-            "escalates": event.escalate_at is not None,
-            "audit": [(a.kind, a.actor, audit_detail(a.detail)) for a in
-                      AuditEvent.objects.filter(inbox_event_id=event.pk).order_by("pk")],
-            "mappings": sorted((m.action, m.destination_id, name("ticket", m.ticket_id, m.destination_id),
-                                _canonical(m.ticket_url, names))
-                               for m in TicketMapping.objects.filter(inbox_event_id=event.pk)),
-        })
+        events.append(
+            {
+                "event": index[event.pk],
+                "state": event.state,
+                "reason_code": event.reason_code,
+                "reason_detail": event.reason_detail,
+                "sender": event.sender,
+                "subject": event.subject,
+                "message_id_header": event.message_id_header,
+                "thread_key": event.thread_key,
+                "details": event.details,
+                "auth_results": event.auth_results,
+                "route": event.route,
+                "waits": event.retry_at is not None,
+                "dispatch_count": event.dispatch_count,
+                "copy_of": index.get(event.copy_of_id),
+                "escalates": event.escalate_at is not None,
+                "audit": [
+                    (a.kind, a.actor, audit_detail(a.detail))
+                    for a in AuditEvent.objects.filter(inbox_event_id=event.pk).order_by("pk")
+                ],
+                "mappings": sorted(
+                    (
+                        m.action,
+                        m.destination_id,
+                        name("ticket", m.ticket_id, m.destination_id),
+                        _canonical(m.ticket_url, names),
+                    )
+                    for m in TicketMapping.objects.filter(inbox_event_id=event.pk)
+                ),
+            }
+        )
     return {
         "events": sorted(events, key=lambda e: e["event"]),
-        "intents": [(index[i.inbox_event_id], i.action, i.action_version, i.destination_id, i.state, i.attempts,
-                     i.claimed_by, i.claimed_until is None, i.next_attempt_at is None, i.completed_at is None,
-                     i.last_error_kind, i.last_error, i.external_ref, i.idempotency_key,
-                     name("ticket", i.result_ref, i.destination_id))
-                    for i in intents],
-        "tickets": sorted((names[("ticket", t.destination_id, pk)], t.destination_id, t.external_ref, t.subject,
-                           t.requester, t.description, t.status, t.tags, t.queue, t.priority, t.request_type,
-                           t.assignee)
-                          for pk, t in tickets.items()),
-        "outbox": sorted((o.topic, str(_canonical({k: (index.get(v, v) if k == "inbox_event_id" else name("intent", v))
-                                                   for k, v in o.payload.items()}, names)), o.published_at is None)
-                         for o in OutboxMessage.objects.filter(pk__gt=outbox_after)),
+        "intents": [
+            (
+                index[i.inbox_event_id],
+                i.action,
+                i.action_version,
+                i.destination_id,
+                i.state,
+                i.attempts,
+                i.claimed_by,
+                i.claimed_until is None,
+                i.next_attempt_at is None,
+                i.completed_at is None,
+                i.last_error_kind,
+                i.last_error,
+                i.external_ref,
+                i.idempotency_key,
+                name("ticket", i.result_ref, i.destination_id),
+            )
+            for i in intents
+        ],
+        "tickets": sorted(
+            (
+                names[("ticket", t.destination_id, pk)],
+                t.destination_id,
+                t.external_ref,
+                t.subject,
+                t.requester,
+                t.description,
+                t.status,
+                t.tags,
+                t.queue,
+                t.priority,
+                t.request_type,
+                t.assignee,
+            )
+            for pk, t in tickets.items()
+        ),
+        "outbox": sorted(
+            (
+                o.topic,
+                str(
+                    _canonical(
+                        {
+                            k: (index.get(v, v) if k == "inbox_event_id" else name("intent", v))
+                            for k, v in o.payload.items()
+                        },
+                        names,
+                    )
+                ),
+                o.published_at is None,
+            )
+            for o in OutboxMessage.objects.filter(pk__gt=outbox_after)
+        ),
         "rule_hits": sorted(RoutingRule.objects.values_list("pk", "hits")),
         "copies": sorted((c.fingerprint, index.get(c.primary_id)) for c in CopiedMessage.objects.all()),
     }

@@ -1,4 +1,5 @@
 """A flood of items in the recovery queue, and what bulk jobs wrote for them (reconciliation.services.bulk_jobs)."""
+
 from collections import Counter
 
 from intake.models import AuditEvent, InboxEvent
@@ -17,8 +18,14 @@ def flood(mailbox, n, *, reason=FLOOD_REASON, sender=FLOOD_SENDER, subject="WIN 
     for i in range(n):
         event_id = new_event(mailbox, subject=f"{subject} {i}", sender=sender, to=mailbox.address)
         InboxEvent.objects.filter(pk=event_id).update(sender=sender, subject=f"{subject} {i}")
-        assert transition_event(event_id, InboxEvent.OPEN_STATES, InboxEvent.State.AWAITING_REVIEW,
-                                actor="system:test", kind=AuditKind.AWAITING_REVIEW, reason_code=reason)
+        assert transition_event(
+            event_id,
+            InboxEvent.OPEN_STATES,
+            InboxEvent.State.AWAITING_REVIEW,
+            actor="system:test",
+            kind=AuditKind.AWAITING_REVIEW,
+            reason_code=reason,
+        )
         ids.append(event_id)
     return ids
 
@@ -28,5 +35,8 @@ def kinds_of(ids) -> Counter:
 
 
 def applied_per_item(job_id) -> Counter:
-    return Counter(AuditEvent.objects.filter(kind=AuditKind.BULK_JOB_APPLIED, detail__bulk_job=job_id)
-                   .values_list("inbox_event_id", flat=True))
+    return Counter(
+        AuditEvent.objects.filter(kind=AuditKind.BULK_JOB_APPLIED, detail__bulk_job=job_id).values_list(
+            "inbox_event_id", flat=True
+        )
+    )

@@ -1,4 +1,5 @@
 """The shared destination contract suite's intent helpers: the event's intent, an unknown outcome settled."""
+
 import time
 
 from django.utils import timezone

@@ -1,4 +1,5 @@
 """IMAP mailboxes on a real Dovecot: a Dovecot user with a Support folder and the Mailroom mailbox polling it."""
+
 import uuid
 
 from intake.channels.polling import poll_mailbox
@@ -45,9 +46,20 @@ def make_imap_box(server, tenant, monkeypatch, slug="imap-support", **settings) 
     password_var = f"{env_prefix(tenant.slug)}IMAP_PASSWORD_{uuid.uuid4().hex[:8].upper()}"  # tenant-scoped
     monkeypatch.setenv(password_var, password)
     mailbox = Mailbox.objects.create(
-        tenant=tenant, slug=slug, address=username, provider="imap", poll_enabled=True,
-        credentials_ref=f"env:{password_var}", webhook_secret_ref="env:MAILROOM_TEST_WEBHOOK_SECRET",
-        settings={"host": "127.0.0.1", "port": server.port, "ssl": False, "username": username,
-                  "folder": FOLDER, **settings},
+        tenant=tenant,
+        slug=slug,
+        address=username,
+        provider="imap",
+        poll_enabled=True,
+        credentials_ref=f"env:{password_var}",
+        webhook_secret_ref="env:MAILROOM_TEST_WEBHOOK_SECRET",
+        settings={
+            "host": "127.0.0.1",
+            "port": server.port,
+            "ssl": False,
+            "username": username,
+            "folder": FOLDER,
+            **settings,
+        },
     )
     return ImapBox(server, mailbox, username, password, password_var)

@@ -1,4 +1,5 @@
 """Inbound-parse webhooks (Mailgun, Postmark, SendGrid): signed posts and the provider secrets they use."""
+
 import base64
 import hashlib
 import hmac
@@ -16,7 +17,7 @@ def multipart(fields: dict) -> tuple[str, bytes]:
     body = b""
     for name, value in fields.items():
         value = value if isinstance(value, bytes) else str(value).encode()
-        body += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n").encode() + value + b"\r\n"
+        body += (f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n').encode() + value + b"\r\n"
     body += f"--{boundary}--\r\n".encode()
     return f"multipart/form-data; boundary={boundary}", body
 
@@ -29,8 +30,13 @@ def mailgun_fields(raw: bytes, key=MAILGUN_KEY, timestamp=None, token=None) -> d
     timestamp = str(int(time.time()) if timestamp is None else timestamp)
     token = token or uuid.uuid4().hex * 2
     signature = hmac.new(key.encode(), f"{timestamp}{token}".encode(), hashlib.sha256).hexdigest()
-    return {"recipient": "mailgun@acme.test", "timestamp": timestamp, "token": token, "signature": signature,
-            "body-mime": raw}
+    return {
+        "recipient": "mailgun@acme.test",
+        "timestamp": timestamp,
+        "token": token,
+        "signature": signature,
+        "body-mime": raw,
+    }
 
 
 def post_mailgun(client, fields, url="/webhooks/mailgun/mailgun-box/mime"):
@@ -39,16 +45,24 @@ def post_mailgun(client, fields, url="/webhooks/mailgun/mailgun-box/mime"):
 
 
 def postmark_payload(raw: bytes | None = None, **extra) -> dict:
-    payload = {"MessageID": str(uuid.uuid4()), "From": "customer@example.com", "To": "postmark@acme.test",
-               "Subject": "Printer on fire", "TextBody": "Please help.\n", "MessageStream": "inbound", **extra}
+    payload = {
+        "MessageID": str(uuid.uuid4()),
+        "From": "customer@example.com",
+        "To": "postmark@acme.test",
+        "Subject": "Printer on fire",
+        "TextBody": "Please help.\n",
+        "MessageStream": "inbound",
+        **extra,
+    }
     if raw is not None:
         payload["RawEmail"] = raw.decode("utf-8")
     return payload
 
 
 def post_postmark(client, payload, **headers):
-    return client.post("/webhooks/postmark/postmark-box/", data=json.dumps(payload), content_type="application/json",
-                       **headers)
+    return client.post(
+        "/webhooks/postmark/postmark-box/", data=json.dumps(payload), content_type="application/json", **headers
+    )
 
 
 def post_sendgrid(client, fields, **headers):

@@ -1,4 +1,5 @@
 """The embedded default on a real SQLite file: an instance in a directory, its environment, commands and gunicorn."""
+
 import os
 import re
 import subprocess
@@ -30,16 +31,20 @@ class Instance:
 
     def __init__(self, root: Path):
         self.root = root
-        self.env = {k: v for k, v in os.environ.items()
-                    if k not in STRIPPED and not k.startswith(STRIPPED_PREFIXES)}
-        self.env.update({
-            "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}", "MAILROOM_ENV": "development",
-            "MAILROOM_VAR_DIR": str(root / "var"), "MAILROOM_ENV_FILE": str(root / ".env"),
-            "SECRET_KEY": f"sqlite-parity-{uuid.uuid4().hex}{uuid.uuid4().hex}",
-            "MAILROOM_DEMO_WEBHOOK_SECRET": SECRET, "MAILROOM_DEMO_ADMIN_PASSWORD": PASSWORD,
-            "MAILROOM_PLATFORM_SECRET_REFS": "env:MAILROOM_DEMO_WEBHOOK_SECRET=mailbox:demo",
-            "PYTHONUNBUFFERED": "1",
-        })
+        self.env = {k: v for k, v in os.environ.items() if k not in STRIPPED and not k.startswith(STRIPPED_PREFIXES)}
+        self.env.update(
+            {
+                "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}",
+                "MAILROOM_ENV": "development",
+                "MAILROOM_VAR_DIR": str(root / "var"),
+                "MAILROOM_ENV_FILE": str(root / ".env"),
+                "SECRET_KEY": f"sqlite-parity-{uuid.uuid4().hex}{uuid.uuid4().hex}",
+                "MAILROOM_DEMO_WEBHOOK_SECRET": SECRET,
+                "MAILROOM_DEMO_ADMIN_PASSWORD": PASSWORD,
+                "MAILROOM_PLATFORM_SECRET_REFS": "env:MAILROOM_DEMO_WEBHOOK_SECRET=mailbox:demo",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         self.web: LiveProcess | None = None
         self.url = ""
         self.token = ""
@@ -47,8 +52,9 @@ class Instance:
         self.processed: dict = {}
 
     def manage(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([PYTHON, MANAGE, *args], cwd=REPO_ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            [PYTHON, MANAGE, *args], cwd=REPO_ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
 
     def manage_ok(self, *args: str, timeout: float = 300) -> str:
         """Run a command; it must exit 0 and log nothing at ERROR. Its stdout."""
@@ -60,8 +66,13 @@ class Instance:
     def start_web(self) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.web = LiveProcess("web", [GUNICORN, "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1",
-                                       "--access-logfile", "-"], self.env, REPO_ROOT, self.root / "web.log")
+        self.web = LiveProcess(
+            "web",
+            [GUNICORN, "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1", "--access-logfile", "-"],
+            self.env,
+            REPO_ROOT,
+            self.root / "web.log",
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert self.web.alive(), self.web.tail()
@@ -82,16 +93,28 @@ class Instance:
         return session
 
     def post_mail(self, raw: bytes, secret: str = SECRET) -> requests.Response:
-        return requests.post(f"{self.url}/webhooks/raw/demo/", data=raw, timeout=10,
-                             headers={**signed_headers(secret, raw), "Content-Type": "message/rfc822"})
+        return requests.post(
+            f"{self.url}/webhooks/raw/demo/",
+            data=raw,
+            timeout=10,
+            headers={**signed_headers(secret, raw), "Content-Type": "message/rfc822"},
+        )
 
     def console(self) -> requests.Session:
         """A browser's session, logged in through the login form as the demo's admin."""
         session = requests.Session()
         session.get(f"{self.url}/admin/login/", timeout=10).raise_for_status()
-        response = session.post(f"{self.url}/admin/login/?next=/admin/", timeout=10, allow_redirects=False, data={
-            "username": "admin", "password": PASSWORD, "csrfmiddlewaretoken": session.cookies["csrftoken"],
-            "next": "/admin/"})
+        response = session.post(
+            f"{self.url}/admin/login/?next=/admin/",
+            timeout=10,
+            allow_redirects=False,
+            data={
+                "username": "admin",
+                "password": PASSWORD,
+                "csrfmiddlewaretoken": session.cookies["csrftoken"],
+                "next": "/admin/",
+            },
+        )
         assert response.status_code == 302 and response.headers["Location"] == "/admin/", response.text[:500]
         return session
 

@@ -1,4 +1,5 @@
 """LMTP by hand: a client, one transaction, the bytes on the wire, and run_lmtp on a unix socket."""
+
 import shutil
 import smtplib
 import socket
@@ -49,8 +50,9 @@ def unix_listener(transactional_db, tmp_path):
     application_name = f"mailroom-lmtp-{uuid.uuid4().hex[:8]}"
     env = subprocess_env()
     env["DATABASE_URL"] = f"{database_url()}?application_name={application_name}"
-    process = processes.start("lmtp", [PYTHON, MANAGE, "run_lmtp", "--socket", str(path),
-                                       "--hostname", "lmtp.mailroom.test"], env)
+    process = processes.start(
+        "lmtp", [PYTHON, MANAGE, "run_lmtp", "--socket", str(path), "--hostname", "lmtp.mailroom.test"], env
+    )
     listener = Listener(str(path), 0, application_name, process)
 
     def greets() -> bool:

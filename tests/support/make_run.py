@@ -1,4 +1,5 @@
 """`make run` from a fresh copy of the repository: the copy, a clean environment, output and process watchers."""
+
 import json
 import os
 import re
@@ -16,14 +17,27 @@ from tests.live import REPO_ROOT, descendants, free_port, is_running, kill_group
 
 # Variables that would switch the copy away from its embedded default, or leak this process's state into it.
 STRIPPED_PREFIXES = ("MAILROOM_", "CELERY_", "MAKE")
-STRIPPED = {"DATABASE_URL", "DJANGO_SETTINGS_MODULE", "PORT", "HOST", "MFLAGS", "VIRTUAL_ENV", "SECRET_KEY",
-            "ALLOWED_HOSTS", "DEBUG"}
+STRIPPED = {
+    "DATABASE_URL",
+    "DJANGO_SETTINGS_MODULE",
+    "PORT",
+    "HOST",
+    "MFLAGS",
+    "VIRTUAL_ENV",
+    "SECRET_KEY",
+    "ALLOWED_HOSTS",
+    "DEBUG",
+}
 
 
 def project_files() -> list[str]:
     """Tracked files plus new, not ignored ones (work not yet committed), as they are in the working tree."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
-                         check=True, capture_output=True).stdout.decode()
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
     return sorted({name for name in out.split("\0") if name and (REPO_ROOT / name).is_file()})
 
 
@@ -104,8 +118,14 @@ def wait_until(predicate, timeout: float, what: str, output: Output, interval: f
 
 
 def shell_json(cwd, env, code: str) -> dict:
-    result = subprocess.run([".venv/bin/python", "manage.py", "shell", "-c", code], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [".venv/bin/python", "manage.py", "shell", "-c", code],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -117,9 +137,16 @@ def running_stack(tmp_path):
     workdir = tmp_path / "mailroom"
     copy_project(workdir)
     port = free_port()
-    process = subprocess.Popen(["make", "run", f"PORT={port}", "-o", ".venv/.installed"], cwd=workdir,
-                               env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        ["make", "run", f"PORT={port}", "-o", ".venv/.installed"],
+        cwd=workdir,
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     output = Output(process.stdout)
     watcher = TreeWatcher(process.pid)
     try:

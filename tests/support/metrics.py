@@ -1,4 +1,5 @@
 """GET /metrics: an authorized scrape and one sample of it."""
+
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -10,9 +11,11 @@ def scrape(client=None) -> dict:
     response = (client or Client()).get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert response.status_code == 200, response.status_code
     assert response["Content-Type"].startswith("text/plain")
-    return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(response.content.decode())
-            for sample in family.samples}
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for sample in family.samples
+    }
 
 
 def value(samples, name, **labels):

@@ -4,6 +4,7 @@
 responses >= 400, console and page errors, CSP violations, a Python repr as text), with a screenshot in
 SCREENSHOTS; `new_context_page(browser)` opens the page it needs (tests/test_console_walk.py).
 """
+
 import os
 import re
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ WIDEST = """() => {
 class Watch:
     """What the browser reported since the last `reset`: responses >= 400, console errors, page errors."""
 
-    bad_responses: list = field(default_factory=list)   # (status, url, resource type, method)
+    bad_responses: list = field(default_factory=list)  # (status, url, resource type, method)
     errors: list = field(default_factory=list)
 
     def reset(self):
@@ -60,8 +61,12 @@ class Watch:
 
 def watched(page) -> Watch:
     watch = Watch()
-    page.on("response", lambda r: r.status >= 400 and watch.bad_responses.append(
-        (r.status, r.url, r.request.resource_type, r.request.method)))
+    page.on(
+        "response",
+        lambda r: (
+            r.status >= 400 and watch.bad_responses.append((r.status, r.url, r.request.resource_type, r.request.method))
+        ),
+    )
     page.on("console", lambda m: m.type == "error" and watch.errors.append(f"console error: {m.text[:200]}"))
     page.on("pageerror", lambda exc: watch.errors.append(f"page error: {str(exc)[:200]}"))
     page.walk_watch = watch
@@ -100,17 +105,25 @@ def walk(page, url, name, *, submit=None, invalid=False) -> list[str]:
         problems += _form_outcome(page, response, where, submit, invalid)
         problems += _response_problems(watch, response, where, invalid)
         # Chromium also logs every failed load on the console: the response line above already says it.
-        problems += [f"{where}: {error}" for error in watch.errors
-                     if not (watch.bad_responses and "Failed to load resource" in error)]
-        problems += [f"{where}: CSP violation: {v}" for v in page.evaluate("window.__walkViolations || []")
-                     if not any(v.split(" ")[0] in e for e in watch.errors)]
+        problems += [
+            f"{where}: {error}"
+            for error in watch.errors
+            if not (watch.bad_responses and "Failed to load resource" in error)
+        ]
+        problems += [
+            f"{where}: CSP violation: {v}"
+            for v in page.evaluate("window.__walkViolations || []")
+            if not any(v.split(" ")[0] in e for e in watch.errors)
+        ]
         if page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1"):
             wide = page.evaluate("document.documentElement.scrollWidth")
-            problems.append(f"{where}: horizontal overflow: the page is {wide} px wide; widest: "
-                            f"{page.evaluate(WIDEST) or 'no single element (margins?)'}")
+            problems.append(
+                f"{where}: horizontal overflow: the page is {wide} px wide; widest: "
+                f"{page.evaluate(WIDEST) or 'no single element (margins?)'}"
+            )
         text = page.inner_text("body")
         for match in list(REPR.finditer(text))[:3]:
-            context = " ".join(text[max(0, match.start() - 30):match.end() + 30].split())
+            context = " ".join(text[max(0, match.start() - 30) : match.end() + 30].split())
             problems.append(f"{where}: repr as text {match.group()!r}: \u201c{context}\u201d")
         page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}.png"), full_page=True)
     return problems
@@ -121,8 +134,10 @@ def _form_outcome(page, response, where, submit, invalid) -> list[str]:
         return []
     errors = page.locator(".errornote, .errorlist").all_inner_texts()
     if invalid and not errors:
-        return [f"{where}: the invalid submit showed no error (answered {response.status if response else '?'}, "
-                f"now at {_path(page.url)})"]
+        return [
+            f"{where}: the invalid submit showed no error (answered {response.status if response else '?'}, "
+            f"now at {_path(page.url)})"
+        ]
     if not invalid and errors:
         return [f"{where}: the valid submit was refused: {' / '.join(' '.join(e.split()) for e in errors)[:200]}"]
     if not invalid and response is not None and response.request.method == "POST":

@@ -1,4 +1,5 @@
 """The pause page and what the relay and a worker do with the outbox meanwhile."""
+
 from collections import Counter
 
 from django.utils import timezone
@@ -25,5 +26,7 @@ def drain_outbox(times: int = 1) -> Counter:
 
 
 def toggle(client, target, paused, object_id="", reason="a test pause"):
-    return client.post(PAUSES_URL, {"target": target, "paused": "1" if paused else "0", "id": object_id,
-                                    "reason": reason if paused else ""})
+    return client.post(
+        PAUSES_URL,
+        {"target": target, "paused": "1" if paused else "0", "id": object_id, "reason": reason if paused else ""},
+    )

@@ -1,4 +1,5 @@
 """`manage.py` in a fresh process with production's environment (nothing of the suite's own)."""
+
 import os
 import subprocess
 import sys
@@ -18,14 +19,18 @@ PRODUCTION_ENV = {
 
 
 def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MAILROOM_", "SECURE_", "SESSION_", "CSRF_"))
-           and k not in ("SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "DJANGO_SETTINGS_MODULE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MAILROOM_", "SECURE_", "SESSION_", "CSRF_"))
+        and k not in ("SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "DJANGO_SETTINGS_MODULE")
+    }
     env["MAILROOM_ENV_FILE"] = str(ROOT / "tests" / "no-such.env")
     env.update(extra)
     return env
 
 
 def manage(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )

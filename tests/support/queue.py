@@ -1,4 +1,5 @@
 """The recovery queue: events to put in it, items in each state, FakeDesk destinations, the queue's URL."""
+
 from datetime import timedelta
 
 import pytest
@@ -33,14 +34,22 @@ def age(event_id, hours):
 def normalize(event_id):
     """What the pipeline stores before validation decides: sender, subject, Message-ID."""
     parsed = parse_message(bytes(InboxEvent.objects.get(pk=event_id).raw))
-    InboxEvent.objects.filter(pk=event_id).update(sender=parsed.sender, subject=parsed.subject,
-                                                  message_id_header=parsed.message_id)
+    InboxEvent.objects.filter(pk=event_id).update(
+        sender=parsed.sender, subject=parsed.subject, message_id_header=parsed.message_id
+    )
 
 
 def quarantine(event_id, reason="attachment_type"):
     normalize(event_id)
-    assert transition_event(event_id, InboxEvent.OPEN_STATES, InboxEvent.State.QUARANTINED, actor="system:test",
-                            kind="quarantined", reason_code=reason, reason_detail="invoice.exe: extension .exe")
+    assert transition_event(
+        event_id,
+        InboxEvent.OPEN_STATES,
+        InboxEvent.State.QUARANTINED,
+        actor="system:test",
+        kind="quarantined",
+        reason_code=reason,
+        reason_detail="invoice.exe: extension .exe",
+    )
 
 
 def intent_of(event_id, version=None) -> Intent:
@@ -82,10 +91,22 @@ def zendesk_destinations(tenant, desk, monkeypatch):
     monkeypatch.setenv("FAKEDESK_CREDENTIALS", f"agent@acme.test/token:{desk.token}")
     monkeypatch.setenv("FAKEDESK_BAD_CREDENTIALS", "agent@acme.test/token:revoked")
     settings = {"read_timeout": 2.0, "retry_base_seconds": 0.01, "retry_cap_seconds": 0.05}
-    good = Destination.objects.create(tenant=tenant, slug="desk", kind="zendesk", base_url=desk.url,
-                                      credentials_ref="env:FAKEDESK_CREDENTIALS", settings=settings)
-    bad = Destination.objects.create(tenant=tenant, slug="desk-bad", kind="zendesk", base_url=desk.url,
-                                     credentials_ref="env:FAKEDESK_BAD_CREDENTIALS", settings=settings)
+    good = Destination.objects.create(
+        tenant=tenant,
+        slug="desk",
+        kind="zendesk",
+        base_url=desk.url,
+        credentials_ref="env:FAKEDESK_CREDENTIALS",
+        settings=settings,
+    )
+    bad = Destination.objects.create(
+        tenant=tenant,
+        slug="desk-bad",
+        kind="zendesk",
+        base_url=desk.url,
+        credentials_ref="env:FAKEDESK_BAD_CREDENTIALS",
+        settings=settings,
+    )
     return good, bad
 
 

@@ -1,4 +1,5 @@
 """Real servers on 127.0.0.1 for tests that must see whether anything connected."""
+
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 

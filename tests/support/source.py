@@ -1,4 +1,5 @@
 """The apps' source files, for checks that read the code with `ast`."""
+
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository

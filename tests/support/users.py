@@ -1,4 +1,5 @@
 """Staff users: `make_user` (roles, tenants, permissions), API tokens, logging in, the roles' fixtures."""
+
 import io
 
 import pytest

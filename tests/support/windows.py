@@ -1,4 +1,5 @@
 """Failure windows with real worker processes: the workers' environment, a sweeper thread, event states."""
+
 import threading
 from contextlib import contextmanager
 

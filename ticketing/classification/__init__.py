@@ -44,6 +44,7 @@ not applied: the route keeps it under `ai` and says `review_reason = "low_confid
 worker sends the event to review (awaiting_review/low_confidence). Here its fields are checked again
 (open fields only, within the vocabulary); anything else it returns is ignored.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -57,8 +58,18 @@ from .facts import MessageFacts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FIELDS", "LOW_CONFIDENCE", "MARK_SPAM", "NEEDS_APPROVAL", "SUPPRESS", "MessageFacts", "Route", "classify",
-           "suppression_text", "ticket_fields"]
+__all__ = [
+    "FIELDS",
+    "LOW_CONFIDENCE",
+    "MARK_SPAM",
+    "NEEDS_APPROVAL",
+    "SUPPRESS",
+    "MessageFacts",
+    "Route",
+    "classify",
+    "suppression_text",
+    "ticket_fields",
+]
 
 FIELDS = ("queue", "priority", "request_type", "assignee")
 AI_FIELDS = ("queue", "priority", "request_type")
@@ -67,14 +78,14 @@ LOW_CONFIDENCE = "low_confidence"
 NOT_IN_VOCABULARY = "not_in_vocabulary"
 AI_MODULE = "ticketing.classification.ai"
 MAX_RATIONALE_CHARS = 1000
-ROUTE, SUPPRESS, MARK_SPAM = "route", "suppress", "mark_spam"   # Route.action
+ROUTE, SUPPRESS, MARK_SPAM = "route", "suppress", "mark_spam"  # Route.action
 
 
 @dataclass
 class FieldChoice:
     value: str = ""
-    origin: str = ""          # "rule:<id>", "ai", "default", "operator:<name>"; "" while open
-    flag: str = ""            # "not_in_vocabulary"
+    origin: str = ""  # "rule:<id>", "ai", "default", "operator:<name>"; "" while open
+    flag: str = ""  # "not_in_vocabulary"
 
     def as_json(self) -> dict:
         data = {"value": self.value, "origin": self.origin}
@@ -86,18 +97,18 @@ class FieldChoice:
 @dataclass
 class Route:
     fields: dict = field(default_factory=lambda: {name: FieldChoice() for name in FIELDS})
-    destination_id: int | None = None      # None: the tenant default
+    destination_id: int | None = None  # None: the tenant default
     destination_origin: str = "default"
     sensitive: bool = False
-    sensitive_reason: str = ""             # "rule:<id>" or "request_type:<slug>"
-    sensitive_request_types: list = field(default_factory=list)   # the policy's, when classified
-    rules: list = field(default_factory=list)                     # matched rule ids, in order
+    sensitive_reason: str = ""  # "rule:<id>" or "request_type:<slug>"
+    sensitive_request_types: list = field(default_factory=list)  # the policy's, when classified
+    rules: list = field(default_factory=list)  # matched rule ids, in order
     ai: dict = field(default_factory=lambda: {"status": "disabled"})
-    review_reason: str = ""                # "low_confidence"
-    notes: list = field(default_factory=list)                     # regex timeouts and the like
-    action: str = ROUTE                    # route, suppress or mark_spam
-    tags: list = field(default_factory=list)                      # tag and mark_spam rules' tags
-    suppressed: dict = field(default_factory=dict)                # {"rule", "name", "reason"} when suppress
+    review_reason: str = ""  # "low_confidence"
+    notes: list = field(default_factory=list)  # regex timeouts and the like
+    action: str = ROUTE  # route, suppress or mark_spam
+    tags: list = field(default_factory=list)  # tag and mark_spam rules' tags
+    suppressed: dict = field(default_factory=dict)  # {"rule", "name", "reason"} when suppress
 
     def value(self, name: str) -> str:
         return self.fields[name].value
@@ -126,16 +137,24 @@ class Route:
         fields = {}
         for name in FIELDS:
             entry = stored.get(name) or {}
-            fields[name] = FieldChoice(str(entry.get("value") or ""), str(entry.get("origin") or ""),
-                                       str(entry.get("flag") or ""))
-        return cls(fields=fields, destination_id=data.get("destination_id"),
-                   destination_origin=data.get("destination_origin") or "default",
-                   sensitive=bool(data.get("sensitive")), sensitive_reason=data.get("sensitive_reason") or "",
-                   sensitive_request_types=list(data.get("sensitive_request_types") or []),
-                   rules=list(data.get("rules") or []), ai=dict(data.get("ai") or {}),
-                   review_reason=data.get("review_reason") or "", notes=list(data.get("notes") or []),
-                   action=data.get("action") or ROUTE, tags=[str(t) for t in data.get("tags") or []],
-                   suppressed=dict(data.get("suppressed") or {}))
+            fields[name] = FieldChoice(
+                str(entry.get("value") or ""), str(entry.get("origin") or ""), str(entry.get("flag") or "")
+            )
+        return cls(
+            fields=fields,
+            destination_id=data.get("destination_id"),
+            destination_origin=data.get("destination_origin") or "default",
+            sensitive=bool(data.get("sensitive")),
+            sensitive_reason=data.get("sensitive_reason") or "",
+            sensitive_request_types=list(data.get("sensitive_request_types") or []),
+            rules=list(data.get("rules") or []),
+            ai=dict(data.get("ai") or {}),
+            review_reason=data.get("review_reason") or "",
+            notes=list(data.get("notes") or []),
+            action=data.get("action") or ROUTE,
+            tags=[str(t) for t in data.get("tags") or []],
+            suppressed=dict(data.get("suppressed") or {}),
+        )
 
 
 def policy_for(tenant_id: int) -> RoutingPolicy:
@@ -144,8 +163,11 @@ def policy_for(tenant_id: int) -> RoutingPolicy:
 
 def vocabulary(policy: RoutingPolicy, name: str) -> list:
     """The allowed values of a field ([]: any value)."""
-    return {"queue": list(policy.queues or []), "request_type": list(policy.request_types or []),
-            "priority": list(PRIORITIES)}.get(name, [])
+    return {
+        "queue": list(policy.queues or []),
+        "request_type": list(policy.request_types or []),
+        "priority": list(PRIORITIES),
+    }.get(name, [])
 
 
 def _in_vocabulary(policy: RoutingPolicy, name: str, value: str) -> bool:
@@ -186,8 +208,11 @@ def classify(event, parsed, policy: RoutingPolicy | None = None, budget: Budget 
     else:
         _ask_ai(route, facts, policy, open_fields)
 
-    defaults = {"queue": policy.default_queue, "priority": policy.default_priority,
-                "request_type": policy.default_request_type}
+    defaults = {
+        "queue": policy.default_queue,
+        "priority": policy.default_priority,
+        "request_type": policy.default_request_type,
+    }
     for name, value in defaults.items():
         if value and not route.fields[name].value:
             route.fields[name] = FieldChoice(value, "default")
@@ -222,13 +247,23 @@ def _ask_ai(route: Route, facts: MessageFacts, policy: RoutingPolicy, open_field
     confidence = float(confidence) if isinstance(confidence, (int, float)) else None
     proposed = getattr(proposal, "fields", None) or {}
     # Only open fields, only string values within the vocabulary: nothing else the answer says counts.
-    accepted = {name: value for name, value in proposed.items()
-                if name in open_fields and isinstance(value, str) and value
-                and _in_vocabulary(policy, name, value)} if isinstance(proposed, dict) and not failure else {}
-    route.ai = {"fields": accepted, "confidence": confidence,
-                "rationale": str(getattr(proposal, "rationale", "") or "")[:MAX_RATIONALE_CHARS],
-                "failure": failure, "raw_ok": bool(getattr(proposal, "raw_ok", False)),
-                "min_confidence": policy.ai_min_confidence}
+    accepted = (
+        {
+            name: value
+            for name, value in proposed.items()
+            if name in open_fields and isinstance(value, str) and value and _in_vocabulary(policy, name, value)
+        }
+        if isinstance(proposed, dict) and not failure
+        else {}
+    )
+    route.ai = {
+        "fields": accepted,
+        "confidence": confidence,
+        "rationale": str(getattr(proposal, "rationale", "") or "")[:MAX_RATIONALE_CHARS],
+        "failure": failure,
+        "raw_ok": bool(getattr(proposal, "raw_ok", False)),
+        "min_confidence": policy.ai_min_confidence,
+    }
     if failure:
         route.ai["status"] = "failed"
     elif not accepted:
@@ -259,6 +294,7 @@ def ticket_fields(route_json: dict | None, route_override: dict | None) -> dict:
     route = Route.from_json(route_json)
     override = route_override or {}
     values = {name: str(override.get(name) or route.value(name)) for name in FIELDS}
-    sensitive = route.sensitive or (bool(values["request_type"])
-                                    and values["request_type"] in route.sensitive_request_types)
+    sensitive = route.sensitive or (
+        bool(values["request_type"]) and values["request_type"] in route.sensitive_request_types
+    )
     return {**values, "sensitive": sensitive, "tags": list(route.tags)}

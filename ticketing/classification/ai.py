@@ -13,6 +13,7 @@ secret reference), MAILROOM_AI_TIMEOUT_SECONDS, MAILROOM_AI_MAX_INPUT_CHARS. The
 message text is trimmed to the last and never logged: the log line carries the
 HTTP status, the failure code and the latency only.
 """
+
 import json
 import logging
 import math
@@ -57,8 +58,12 @@ class Proposal:
 
     def as_route(self) -> dict:
         """The form stored in `InboxEvent.route["ai"]` (and read by the recovery console)."""
-        return {"fields": dict(self.fields), "confidence": self.confidence, "rationale": self.rationale,
-                "failure": self.failure}
+        return {
+            "fields": dict(self.fields),
+            "confidence": self.confidence,
+            "rationale": self.rationale,
+            "failure": self.failure,
+        }
 
 
 def _failed(code: str) -> Proposal:
@@ -66,8 +71,11 @@ def _failed(code: str) -> Proposal:
 
 
 def vocabulary(policy) -> dict[str, list[str]]:
-    return {"queue": [str(v) for v in policy.queues or []], "priority": list(PRIORITIES),
-            "request_type": [str(v) for v in policy.request_types or []]}
+    return {
+        "queue": [str(v) for v in policy.queues or []],
+        "priority": list(PRIORITIES),
+        "request_type": [str(v) for v in policy.request_types or []],
+    }
 
 
 def response_schema(policy) -> dict:
@@ -76,24 +84,28 @@ def response_schema(policy) -> dict:
     properties = {name: {"type": "string", "enum": values or [""]} for name, values in vocab.items()}
     properties["confidence"] = {"type": "number", "minimum": 0, "maximum": 1}
     properties["rationale"] = {"type": "string", "maxLength": RATIONALE_MAX}
-    return {"type": "object", "properties": properties, "required": [*FIELDS, "confidence", "rationale"],
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": [*FIELDS, "confidence", "rationale"],
+        "additionalProperties": False,
+    }
 
 
 def _message_text(facts) -> str:
     text = f"From: {facts.sender or ''}\nSubject: {facts.subject or ''}\n\n{facts.body or ''}"
-    return text[:max(0, settings.MAILROOM_AI_MAX_INPUT_CHARS)]
+    return text[: max(0, settings.MAILROOM_AI_MAX_INPUT_CHARS)]
 
 
 def _request_body(facts, policy) -> dict:
     return {
         "model": settings.MAILROOM_AI_MODEL,
         "temperature": 0,
-        "messages": [{"role": "system", "content": SYSTEM_PROMPT},
-                     {"role": "user", "content": _message_text(facts)}],
-        "response_format": {"type": "json_schema",
-                            "json_schema": {"name": "mailroom_route", "strict": True,
-                                            "schema": response_schema(policy)}},
+        "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": _message_text(facts)}],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "mailroom_route", "strict": True, "schema": response_schema(policy)},
+        },
     }
 
 
@@ -108,10 +120,15 @@ def check_answer(content, policy, open_fields) -> Proposal:
     if not isinstance(answer, dict) or set(answer) != ANSWER_KEYS:
         return _failed(SCHEMA)
     confidence, rationale = answer["confidence"], answer["rationale"]
-    if not all(isinstance(answer[name], str) for name in FIELDS) or not isinstance(rationale, str) \
-            or len(rationale) > RATIONALE_MAX or isinstance(confidence, bool) \
-            or not isinstance(confidence, int | float) or not math.isfinite(confidence) \
-            or not 0 <= confidence <= 1:
+    if (
+        not all(isinstance(answer[name], str) for name in FIELDS)
+        or not isinstance(rationale, str)
+        or len(rationale) > RATIONALE_MAX
+        or isinstance(confidence, bool)
+        or not isinstance(confidence, int | float)
+        or not math.isfinite(confidence)
+        or not 0 <= confidence <= 1
+    ):
         return _failed(SCHEMA)
     vocab = vocabulary(policy)
     for name in FIELDS:
@@ -149,8 +166,12 @@ def propose(facts, policy, open_fields) -> Proposal:
     started = time.monotonic()
     status = None
     try:
-        response = requests.post(f"{base_url}/chat/completions", json=_request_body(facts, policy),
-                                 headers=headers, timeout=settings.MAILROOM_AI_TIMEOUT_SECONDS)
+        response = requests.post(
+            f"{base_url}/chat/completions",
+            json=_request_body(facts, policy),
+            headers=headers,
+            timeout=settings.MAILROOM_AI_TIMEOUT_SECONDS,
+        )
         status = response.status_code
         if status >= 400:
             proposal = _failed(HTTP_ERROR)
@@ -165,5 +186,10 @@ def propose(facts, policy, open_fields) -> Proposal:
 
 
 def _log(status, failure: str, latency: float) -> None:
-    logger.info("ai proposal status=%s failure=%s latency_ms=%d", status, failure or "-", latency * 1000,
-                extra={"ai_status": status, "ai_failure": failure, "ai_latency_ms": round(latency * 1000)})
+    logger.info(
+        "ai proposal status=%s failure=%s latency_ms=%d",
+        status,
+        failure or "-",
+        latency * 1000,
+        extra={"ai_status": status, "ai_failure": failure, "ai_latency_ms": round(latency * 1000)},
+    )

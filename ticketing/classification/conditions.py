@@ -30,6 +30,7 @@ catastrophically stops after `REGEX_TIMEOUT_SECONDS` (and the whole classificati
 `Budget.seconds`), the condition does not match, and the fact is recorded in `Budget.notes` and logged
 (the key and rule, never the text).
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,16 +43,27 @@ from .facts import ATTACHMENT_VERDICTS, MessageFacts
 
 logger = logging.getLogger(__name__)
 
-KEYS = ("recipient", "sender", "subject_regex", "body_regex", "keywords", "has_attachment_type", "auth",
-        "is_reply", "header", "spam_score", "spam_flagged", "attachment_verdict")
+KEYS = (
+    "recipient",
+    "sender",
+    "subject_regex",
+    "body_regex",
+    "keywords",
+    "has_attachment_type",
+    "auth",
+    "is_reply",
+    "header",
+    "spam_score",
+    "spam_flagged",
+    "attachment_verdict",
+)
 REGEX_KEYS = ("subject_regex", "body_regex")
 REGEX_FLAGS = regex.IGNORECASE | regex.VERSION0
 REGEX_TIMEOUT_SECONDS = 0.4
 CLASSIFICATION_REGEX_SECONDS = 1.0
 MAX_PATTERN_CHARS = 1000
 HEADER_OPS = ("exists", "equals", "regex", "gt", "ge", "lt", "le")
-NUMERIC_OPS = {"gt": lambda a, b: a > b, "ge": lambda a, b: a >= b, "lt": lambda a, b: a < b,
-               "le": lambda a, b: a <= b}
+NUMERIC_OPS = {"gt": lambda a, b: a > b, "ge": lambda a, b: a >= b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b}
 MAX_HEADER_TESTS = 20
 HEADER_NAME = regex.compile(r"[!-9;-~]{1,100}")
 FIRST_NUMBER = regex.compile(r"[-+]?(?:\d{1,9}(?:\.\d{1,9})?|\.\d{1,9})")
@@ -80,8 +92,17 @@ def _addresses(value) -> list[str] | None:
 
 
 # What people type for the comparisons besides our own words: stored as our words (`canonical_conditions`).
-OP_ALIASES = {">": "gt", ">=": "ge", "<": "lt", "<=": "le", "=": "equals", "==": "equals", "eq": "equals",
-              "matches": "regex", "present": "exists"}
+OP_ALIASES = {
+    ">": "gt",
+    ">=": "ge",
+    "<": "lt",
+    "<=": "le",
+    "=": "equals",
+    "==": "equals",
+    "eq": "equals",
+    "matches": "regex",
+    "present": "exists",
+}
 
 
 def _canonical_test(test):
@@ -108,7 +129,7 @@ def canonical_conditions(conditions):
 def validate_conditions(conditions) -> list[str]:
     """Clear messages for an admin: unknown keys, wrong types, invalid regular expressions."""
     if not isinstance(conditions, dict):
-        return ["conditions must be an object ({\"key\": value, ...})"]
+        return ['conditions must be an object ({"key": value, ...})']
     conditions = canonical_conditions(conditions)  # a row written past the console and the API reads the same
     errors = []
     for key, value in conditions.items():
@@ -116,8 +137,9 @@ def validate_conditions(conditions) -> list[str]:
             errors.append(f"unknown condition {key!r}; known: {', '.join(KEYS)}")
         elif key in ("recipient", "sender"):
             if _addresses(value) is None:
-                errors.append(f"{key}: expected an address (name@example.com), a domain (@example.com) "
-                              "or a list of them")
+                errors.append(
+                    f"{key}: expected an address (name@example.com), a domain (@example.com) or a list of them"
+                )
         elif key in REGEX_KEYS:
             if not isinstance(value, str) or not value:
                 errors.append(f"{key}: expected a regular expression (a non-empty string)")
@@ -129,15 +151,17 @@ def validate_conditions(conditions) -> list[str]:
                 except (regex.error, TypeError, ValueError, OverflowError) as exc:
                     errors.append(f"{key}: invalid regular expression: {exc}")
         elif key == "keywords":
-            if (not isinstance(value, list) or not value
-                    or not all(isinstance(v, str) and v.strip() for v in value)):
+            if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
                 errors.append("keywords: expected a non-empty list of words")
         elif key == "has_attachment_type":
             if not isinstance(value, str) or not value or ("/" not in value and not value.isalpha()):
                 errors.append("has_attachment_type: expected a MIME type or prefix (application/pdf, image/)")
         elif key == "auth":
-            if (not isinstance(value, dict) or not value
-                    or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items())):
+            if (
+                not isinstance(value, dict)
+                or not value
+                or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items())
+            ):
                 errors.append('auth: expected {"method": "result"}, for example {"dmarc": "pass"}')
         elif key in ("is_reply", "spam_flagged"):
             if not isinstance(value, bool):
@@ -145,10 +169,16 @@ def validate_conditions(conditions) -> list[str]:
         elif key == "header":
             errors.extend(_header_errors(value))
         elif key == "spam_score":
-            if (not isinstance(value, dict) or set(value) != {"op", "value"} or value.get("op") not in NUMERIC_OPS
-                    or not _is_number(value.get("value"))):
-                errors.append('spam_score: expected {"op": "gt" | "ge" | "lt" | "le", "value": a number}, '
-                              'for example {"op": "gt", "value": 8}')
+            if (
+                not isinstance(value, dict)
+                or set(value) != {"op", "value"}
+                or value.get("op") not in NUMERIC_OPS
+                or not _is_number(value.get("value"))
+            ):
+                errors.append(
+                    'spam_score: expected {"op": "gt" | "ge" | "lt" | "le", "value": a number}, '
+                    'for example {"op": "gt", "value": 8}'
+                )
         elif key == "attachment_verdict":
             values = value if isinstance(value, list) else [value]
             if not values or not all(v in ATTACHMENT_VERDICTS for v in values):
@@ -162,8 +192,7 @@ def _is_number(value) -> bool:
 
 def _header_errors(tests) -> list[str]:
     if not isinstance(tests, list) or not tests:
-        return ['header: expected a test such as {"name": "X-Spam-Score", "op": "gt", "value": 8}, or a list of '
-                'them']
+        return ['header: expected a test such as {"name": "X-Spam-Score", "op": "gt", "value": 8}, or a list of them']
     if len(tests) > MAX_HEADER_TESTS:
         return [f"header: at most {MAX_HEADER_TESTS} tests"]
     errors = []
@@ -238,8 +267,7 @@ def _search(key: str, pattern: str, text: str, budget: Budget, label: str) -> bo
         return regex.search(pattern, text, REGEX_FLAGS, timeout=timeout) is not None
     except TimeoutError:
         budget.note(f"{label}{key}: regex timed out")
-        logger.warning("classification: %s%s timed out after %.2f s; the condition does not match", label, key,
-                       timeout)
+        logger.warning("classification: %s%s timed out after %.2f s; the condition does not match", label, key, timeout)
         return False
     except (regex.error, TypeError, ValueError, OverflowError) as exc:
         budget.note(f"{label}{key}: invalid regular expression: {exc}")
@@ -262,8 +290,9 @@ def matches(conditions: dict, facts: MessageFacts, budget: Budget | None = None,
         patterns = _addresses(conditions["recipient"])
         if not any(_address_matches(patterns, r) for r in facts.recipients):
             return False
-    if "sender" in conditions and not (facts.sender and _address_matches(_addresses(conditions["sender"]),
-                                                                          facts.sender)):
+    if "sender" in conditions and not (
+        facts.sender and _address_matches(_addresses(conditions["sender"]), facts.sender)
+    ):
         return False
     if "auth" in conditions:
         for method, result in conditions["auth"].items():
@@ -289,11 +318,11 @@ def matches(conditions: dict, facts: MessageFacts, budget: Budget | None = None,
         words = [w.strip().casefold() for w in conditions["keywords"]]
         if not any(w in subject or w in body for w in words):
             return False
-    if "subject_regex" in conditions and not _search("subject_regex", conditions["subject_regex"], facts.subject,
-                                                     budget, label):
+    if "subject_regex" in conditions and not _search(
+        "subject_regex", conditions["subject_regex"], facts.subject, budget, label
+    ):
         return False
-    if "body_regex" in conditions and not _search("body_regex", conditions["body_regex"], facts.body, budget,
-                                                  label):
+    if "body_regex" in conditions and not _search("body_regex", conditions["body_regex"], facts.body, budget, label):
         return False
     # Header tests last: a regex among them spends the same budget.
     return all(_header_holds(test, facts, budget, label) for test in conditions.get("header") or ())

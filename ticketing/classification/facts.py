@@ -6,6 +6,7 @@ most `MAX_HEADER_VALUE_CHARS` characters each, from the first `MAX_HEADER_BLOCK_
 signals come from what normalization stored in `InboxEvent.details` (`intake.normalize`): the trusted spam
 score, the spam flag and the attachment scan's verdict.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ def _decoded(value: str) -> str:
     if "=?" not in value:
         return value
     try:
-        return str(make_header(decode_header(value[:MAX_HEADER_VALUE_CHARS * 2])))
+        return str(make_header(decode_header(value[: MAX_HEADER_VALUE_CHARS * 2])))
     except Exception:  # a malformed encoded word: the text as written
         return value
 
@@ -88,18 +89,18 @@ def attachment_verdict(details: dict, attachment_count: int) -> str:
 
 @dataclass(frozen=True)
 class MessageFacts:
-    recipients: tuple[str, ...] = ()       # To, Cc and Delivered-To (X-Original-To, Envelope-To), lowercase
-    sender: str = ""                       # the From address, lowercase
+    recipients: tuple[str, ...] = ()  # To, Cc and Delivered-To (X-Original-To, Envelope-To), lowercase
+    sender: str = ""  # the From address, lowercase
     subject: str = ""
-    body: str = ""                         # the readable body text as parsed
+    body: str = ""  # the readable body text as parsed
     attachment_types: tuple[str, ...] = ()  # sniffed types (what the bytes are), lowercase
     # Results recorded by our own MTA (the mailbox's trusted authserv-id) only: {"dmarc": "pass", ...}.
     auth: dict = field(default_factory=dict)
     is_reply: bool = False
-    headers: tuple[tuple[str, str], ...] = ()   # (lowercase name, value), every instance, bounded
-    spam_score: float | None = None        # the trusted score normalization stored (details["spam_score"])
+    headers: tuple[tuple[str, str], ...] = ()  # (lowercase name, value), every instance, bounded
+    spam_score: float | None = None  # the trusted score normalization stored (details["spam_score"])
     spam_flagged: bool = False
-    attachment_verdict: str = "none"       # one of ATTACHMENT_VERDICTS
+    attachment_verdict: str = "none"  # one of ATTACHMENT_VERDICTS
 
     def header_values(self, name: str) -> list[str]:
         name = name.lower()

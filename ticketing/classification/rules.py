@@ -15,6 +15,7 @@ Actions (`RoutingRule.action`) other than `route`:
   `SPAM_QUEUE`, replacing a queue an earlier rule filled), is tagged `spam` (and the rule's tags), and
   is never acknowledged (`ticketing.acknowledgments`). Its `destination`, if set, is used like a route's.
 """
+
 from __future__ import annotations
 
 import re
@@ -39,14 +40,14 @@ Action = RoutingRule.Action
 
 @dataclass
 class RuleOutcome:
-    fields: dict = field(default_factory=dict)      # name -> (value, rule id)
+    fields: dict = field(default_factory=dict)  # name -> (value, rule id)
     destination_id: int | None = None
     destination_rule: int | None = None
     sensitive_rule: int | None = None
-    matched: list = field(default_factory=list)     # rule ids, in order
-    tags: list = field(default_factory=list)        # from tag and mark_spam rules, in order, each once
-    suppressed_by: RoutingRule | None = None        # the suppress rule that matched
-    spam_rule: int | None = None                    # the mark_spam rule that matched
+    matched: list = field(default_factory=list)  # rule ids, in order
+    tags: list = field(default_factory=list)  # from tag and mark_spam rules, in order, each once
+    suppressed_by: RoutingRule | None = None  # the suppress rule that matched
+    spam_rule: int | None = None  # the mark_spam rule that matched
 
     def add_tags(self, tags) -> None:
         for tag in tags or ():
@@ -61,8 +62,11 @@ def rules_for(tenant_id: int, mailbox_id: int | None) -> list[RoutingRule]:
 
 
 def _read_rules(tenant_id: int, mailbox_id: int | None) -> list[RoutingRule]:
-    return list(RoutingRule.objects.filter(tenant_id=tenant_id, enabled=True)
-                .filter(Q(mailbox__isnull=True) | Q(mailbox_id=mailbox_id)).order_by("position", "pk"))
+    return list(
+        RoutingRule.objects.filter(tenant_id=tenant_id, enabled=True)
+        .filter(Q(mailbox__isnull=True) | Q(mailbox_id=mailbox_id))
+        .order_by("position", "pk")
+    )
 
 
 def evaluate(rules: list[RoutingRule], facts: MessageFacts, budget: Budget | None = None) -> RuleOutcome:
@@ -125,8 +129,7 @@ def action_errors(*, action: str, tags, suppress_reason: str, fields: dict) -> d
         return {"tags": "Tags must be a list of words."}
     bad = [t for t in tags or [] if not isinstance(t, str) or not TAG_PATTERN.fullmatch(t)]
     if bad:
-        errors["tags"] = (f"Not a tag (letters, digits, - and _, at most 50 characters): "
-                          f"{', '.join(map(str, bad))}")
+        errors["tags"] = f"Not a tag (letters, digits, - and _, at most 50 characters): {', '.join(map(str, bad))}"
     elif len(tags or []) > MAX_TAGS:
         errors["tags"] = f"At most {MAX_TAGS} tags."
     if action == Action.TAG and not tags:

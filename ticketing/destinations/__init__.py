@@ -1,6 +1,7 @@
 """Destination adapters, one module per kind. `adapter_for` picks the one a destination needs;
 `ticket_url_for` asks it where a person opens one of its tickets; `egress_errors` checks its URLs against
 the egress guard when it is saved; `connection_report` is "test connection" in words safe to show."""
+
 import re
 from dataclasses import dataclass
 from importlib import import_module
@@ -55,8 +56,9 @@ def configuration_errors(kind: str, base_url: str, credentials_ref: str, setting
         errors["credentials_ref"] = ["This kind needs credentials: a secret reference."]
     problems = validate(adapter.SETTINGS, settings if settings is not None else {})
     if problems:
-        errors["settings"] = [f"{name}: {message}" for name, messages in sorted(problems.items())
-                              for message in messages]
+        errors["settings"] = [
+            f"{name}: {message}" for name, messages in sorted(problems.items()) for message in messages
+        ]
     return errors
 
 
@@ -104,7 +106,7 @@ class ConnectionReport:
 
 
 def connection_report(destination) -> ConnectionReport:
-    """"Test connection" (the adapter's `check_connection`), in words safe to show to whoever asked: an answer
+    """ "Test connection" (the adapter's `check_connection`), in words safe to show to whoever asked: an answer
     the destination gave is named by its status and our reason only, never by its body (which an internal
     service could fill with anything); our own findings (a refused URL, a missing field) are shown."""
     try:

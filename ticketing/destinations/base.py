@@ -4,6 +4,7 @@ Adapters raise only `TransientError`, `PermanentError` or `AmbiguousOutcome`;
 what each capability flag allows when an outcome is unknown is decided in
 `ticketing.intents.resolve_unknown`, not here.
 """
+
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,13 +44,13 @@ class OutgoingFile:
     """One attachment or inline image of the message that passed the type policy and the scanner and fits the
     kind's limits (`ticketing.ticket_files`). `read()` decodes it from the stored message (never kept twice)."""
 
-    index: int                  # its place among the message's attachments: part of its per-file key
-    filename: str               # never empty ("attachment-<n>.<ext>" when the message gave no name)
-    content_type: str           # what the bytes are (sniffed), e.g. "image/png"
+    index: int  # its place among the message's attachments: part of its per-file key
+    filename: str  # never empty ("attachment-<n>.<ext>" when the message gave no name)
+    content_type: str  # what the bytes are (sniffed), e.g. "image/png"
     size: int
     sha256: str
-    content_id: str = ""        # for inline images: what `cid:` in the HTML points at
-    inline: bool = False        # shown in the body (an image the HTML refers to), not listed as a file
+    content_id: str = ""  # for inline images: what `cid:` in the HTML points at
+    inline: bool = False  # shown in the body (an image the HTML refers to), not listed as a file
     payload: Callable[[], bytes] | None = field(default=None, repr=False, compare=False)
 
     def read(self) -> bytes:
@@ -68,25 +69,25 @@ class HeldFile:
 
     filename: str
     size: int
-    reason: str                 # in words: "blocked type (application/x-dosexec)", "over this desk's 20 MB limit"
-    index: int = -1             # its place among the message's attachments (the console's link to it)
+    reason: str  # in words: "blocked type (application/x-dosexec)", "over this desk's 20 MB limit"
+    index: int = -1  # its place among the message's attachments (the console's link to it)
 
 
 @dataclass(frozen=True)
 class TicketRequest:
     subject: str
-    description: str            # plain text; ends with the list of attachments when there are any
-    requester: str              # the requester's address
+    description: str  # plain text; ends with the list of attachments when there are any
+    requester: str  # the requester's address
     tags: tuple[str, ...] = ()
     fields: dict[str, Any] = field(default_factory=dict)  # destination-specific extra fields (Zendesk custom field ids)
     # The route classification chose, in Mailroom's words; each adapter maps them (its settings say how).
     queue: str = ""
-    priority: str = ""          # one of ticketing.models.PRIORITIES, or ""
+    priority: str = ""  # one of ticketing.models.PRIORITIES, or ""
     request_type: str = ""
     assignee: str = ""
-    requester_name: str = ""    # the display name, "" when the message gave none
-    cc: tuple[str, ...] = ()    # addresses copied on the message, the tenant's own mailboxes left out
-    html: str = ""              # sanitized HTML (`ticketing.rich_body`), "" for plain mail; `cid:` refs kept
+    requester_name: str = ""  # the display name, "" when the message gave none
+    cc: tuple[str, ...] = ()  # addresses copied on the message, the tenant's own mailboxes left out
+    html: str = ""  # sanitized HTML (`ticketing.rich_body`), "" for plain mail; `cid:` refs kept
     files: tuple[OutgoingFile, ...] = ()
     held_files: tuple[HeldFile, ...] = ()
     # The desk's ticket this one follows up (a reply to a closed ticket, policy `follow_up`); "" otherwise.
@@ -106,7 +107,7 @@ class CommentRequest:
     author_email: str
     author_name: str = ""
     public: bool = True
-    from_agent: bool = False    # written by one of the tenant's agents (then `public` is False)
+    from_agent: bool = False  # written by one of the tenant's agents (then `public` is False)
     html: str = ""
     files: tuple[OutgoingFile, ...] = ()
     held_files: tuple[HeldFile, ...] = ()
@@ -252,8 +253,9 @@ class DestinationAdapter:
     # The destination can list what it holds: `records_with_ref` and `existing_tickets` work.
     supports_listing = False
 
-    def records_with_ref(self, prefix: str, since: datetime, limit: int,
-                         resume: dict[str, Any] | None = None) -> RecordPage:
+    def records_with_ref(
+        self, prefix: str, since: datetime, limit: int, resume: dict[str, Any] | None = None
+    ) -> RecordPage:
         """At most `limit` records created (or, where that is what the API offers, updated) since `since`
         whose external reference starts with `prefix`; a bounded page, resumable.
 

@@ -7,6 +7,7 @@ and a forward's agent (`ticketing.services`). A comment keeps its author's addre
 internal note, marked as such on its first line (TicketComment has no public flag of its own). A reply to a
 solved ticket reopens it (closed_policy "reopen", the default here), or, with "review", goes to a person.
 """
+
 from dataclasses import dataclass
 
 from django.utils import timezone
@@ -45,14 +46,14 @@ class BuiltinDestination(DestinationAdapter):
     needs_credentials = False
 
     capabilities = BuiltinCapabilities(
-        files=FILES_NONE,                    # they stay in Mailroom; the description links each in the console
+        files=FILES_NONE,  # they stay in Mailroom; the description links each in the console
         html=False,
         requester=REQUESTER_ADDRESS,
-        cc_field="",                         # the CC'd people are listed in the description
-        customer_authored_comments=True,     # TicketComment.author: the reply's sender
-        internal_notes=True,                 # marked by INTERNAL_NOTE_LINE
+        cc_field="",  # the CC'd people are listed in the description
+        customer_authored_comments=True,  # TicketComment.author: the reply's sender
+        internal_notes=True,  # marked by INTERNAL_NOTE_LINE
         closed_policies=(REOPEN, REVIEW),
-        acknowledges_requester=False,        # Mailroom's own acknowledgment is the only one
+        acknowledges_requester=False,  # Mailroom's own acknowledgment is the only one
     )
 
     def check_connection(self) -> str:
@@ -93,8 +94,12 @@ class BuiltinDestination(DestinationAdapter):
             raise TicketClosed(f"built-in ticket {ticket_id} is solved")
         body = comment.body if comment.public else f"{INTERNAL_NOTE_LINE}\n\n{comment.body}"
         created = TicketComment.objects.create(
-            ticket_id=int(ticket_id), idempotency_key=idempotency_key, external_ref=external_ref,
-            author=comment.author_email[:320], body=body, created_at=timezone.now(),
+            ticket_id=int(ticket_id),
+            idempotency_key=idempotency_key,
+            external_ref=external_ref,
+            author=comment.author_email[:320],
+            body=body,
+            created_at=timezone.now(),
         )
         return str(created.pk)
 
@@ -121,18 +126,26 @@ class BuiltinDestination(DestinationAdapter):
         rows = Ticket.objects.order_by("-pk")
         if resume and resume.get("before_pk"):
             rows = rows.filter(pk__lt=int(resume["before_pk"]))
-        chunk = list(rows.values_list("pk", "destination_id", "external_ref", "created_at")[:max(1, int(limit))])
-        records = [DestinationRecord(str(pk), ref, self.ticket_url(pk)) for pk, destination_id, ref, created in chunk
-                   if destination_id == self.destination.pk and created >= since and ref.startswith(prefix)]
+        chunk = list(rows.values_list("pk", "destination_id", "external_ref", "created_at")[: max(1, int(limit))])
+        records = [
+            DestinationRecord(str(pk), ref, self.ticket_url(pk))
+            for pk, destination_id, ref, created in chunk
+            if destination_id == self.destination.pk and created >= since and ref.startswith(prefix)
+        ]
         done = len(chunk) < limit or chunk[-1][3] < since
         return RecordPage(records, None if done else {"before_pk": chunk[-1][0]})
 
     def existing_tickets(self, ticket_ids: list[str]) -> set[str]:
         ids = [int(t) for t in ticket_ids if str(t).isdigit()]
-        return {str(pk) for pk in Ticket.objects.filter(destination=self.destination, pk__in=ids)
-                .values_list("pk", flat=True)}
+        return {
+            str(pk)
+            for pk in Ticket.objects.filter(destination=self.destination, pk__in=ids).values_list("pk", flat=True)
+        }
 
     def records_for_ref(self, external_ref: str) -> list[DestinationRecord]:
-        return [DestinationRecord(str(pk), external_ref, self.ticket_url(pk)) for pk in
-                Ticket.objects.filter(destination=self.destination, external_ref=external_ref)
-                .order_by("pk").values_list("pk", flat=True)]
+        return [
+            DestinationRecord(str(pk), external_ref, self.ticket_url(pk))
+            for pk in Ticket.objects.filter(destination=self.destination, external_ref=external_ref)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        ]

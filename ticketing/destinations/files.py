@@ -12,6 +12,7 @@ Two ways, by kind (`Capabilities.files`):
   A file the desk refuses for good (too large for its plan, a type it bans) is noted `refused` and the
   others go on: the audit row of the `attach_files` intent names it.
 """
+
 import logging
 import time
 

@@ -41,6 +41,7 @@ multipart boundary is derived from the intent's key, and who a note is written a
 
 Nothing logged here contains a ticket body or a full email address.
 """
+
 import email.utils
 import hashlib
 import html
@@ -106,15 +107,15 @@ class FreshdeskDestination(HttpDestination):
     lookup_settle_seconds = float(DEFAULT_SETTLE_SECONDS)
 
     capabilities = Capabilities(
-        files=FILES_WITH_WRITE,                 # attachments[] in the create's and the note's multipart body
+        files=FILES_WITH_WRITE,  # attachments[] in the create's and the note's multipart body
         max_file_bytes=MAX_TICKET_ATTACHMENT_BYTES,
         html=True,
-        requester=REQUESTER_FIND_OR_CREATE,     # Freshdesk makes the contact from email and name
+        requester=REQUESTER_FIND_OR_CREATE,  # Freshdesk makes the contact from email and name
         cc_field="cc_emails",
-        customer_authored_comments=True,        # a note's user_id: the customer's contact
+        customer_authored_comments=True,  # a note's user_id: the customer's contact
         internal_notes=True,
         closed_policies=(FOLLOW_UP, REOPEN, REVIEW),
-        acknowledges_requester=True,            # its "New Ticket Created" notification to the requester
+        acknowledges_requester=True,  # its "New Ticket Created" notification to the requester
         requests_per_minute=DEFAULT_REQUESTS_PER_MINUTE,
     )
     # Freshdesk's notifications name the ticket as "[#123]" in their subject.
@@ -147,8 +148,13 @@ class FreshdeskDestination(HttpDestination):
         if not isinstance(answer.get("id"), int):
             # It answered 2xx, so the ticket probably exists; only the (lagging) search can tell which.
             raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code} without a ticket id")
-        log.info("freshdesk: created ticket %s for %s (%d file(s), %d held back over the total)", answer["id"],
-                 external_ref, len(files), len(over))
+        log.info(
+            "freshdesk: created ticket %s for %s (%d file(s), %d held back over the total)",
+            answer["id"],
+            external_ref,
+            len(files),
+            len(over),
+        )
         return TicketResult(ticket_id=str(answer["id"]), url=self.ticket_url(answer["id"]))
 
     def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
@@ -157,15 +163,17 @@ class FreshdeskDestination(HttpDestination):
             return None
         first = min(tickets, key=lambda t: t["id"])  # the lowest id is the first create: the one to keep
         if len(tickets) > 1:
-            log.warning("freshdesk: %d tickets carry %s; keeping the first, %s", len(tickets), external_ref,
-                        first["id"])
+            log.warning(
+                "freshdesk: %d tickets carry %s; keeping the first, %s", len(tickets), external_ref, first["id"]
+            )
         return TicketResult(ticket_id=str(first["id"]), url=self.ticket_url(first["id"]))
 
     def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
         if not str(ticket_id).isdigit():
             raise PermanentError(ReasonCode.NOT_FOUND, "a Freshdesk ticket id is a number")
-        ticket = json_object(self.send("GET", f"{TICKETS_PATH}/{ticket_id}", write=False,
-                                       params={"include": "requester"}), write=False)
+        ticket = json_object(
+            self.send("GET", f"{TICKETS_PATH}/{ticket_id}", write=False, params={"include": "requester"}), write=False
+        )
         if ticket.get("status") == STATUS_CLOSED:
             if self.closed_policy() != REOPEN:
                 raise TicketClosed(f"Freshdesk ticket {ticket_id} is closed (status {STATUS_CLOSED})")
@@ -175,19 +183,27 @@ class FreshdeskDestination(HttpDestination):
         user_id = self._author(ticket, comment, idempotency_key) if customer else None
         used = self._attachment_bytes(ticket_id, ticket) if comment.files else 0
         files, over = within_total(comment.files, MAX_TICKET_ATTACHMENT_BYTES - used)
-        note = {"body": note_html(comment, written_as_author=user_id is not None) + held_back_html(over),
-                "private": not comment.public, "incoming": customer}
+        note = {
+            "body": note_html(comment, written_as_author=user_id is not None) + held_back_html(over),
+            "private": not comment.public,
+            "incoming": customer,
+        }
         if user_id is not None:
             note["user_id"] = user_id
         response = self._write("POST", f"{TICKETS_PATH}/{ticket_id}/notes", note, files, idempotency_key)
         answer = json_object(response, write=True)
-        log.info("freshdesk: added a %s note to ticket %s for %s (author %s, %d file(s))",
-                 "public" if comment.public else "private", ticket_id, external_ref,
-                 f"contact {user_id}" if user_id is not None else "the API user", len(files))
+        log.info(
+            "freshdesk: added a %s note to ticket %s for %s (author %s, %d file(s))",
+            "public" if comment.public else "private",
+            ticket_id,
+            external_ref,
+            f"contact {user_id}" if user_id is not None else "the API user",
+            len(files),
+        )
         return str(answer.get("id") or ticket_id)
 
     def resolve_reference(self, ref: str) -> str | None:
-        """"[#123]" names Freshdesk ticket 123 (its id is what Mailroom keeps)."""
+        """ "[#123]" names Freshdesk ticket 123 (its id is what Mailroom keeps)."""
         return str(int(ref)) if str(ref).isdigit() else None
 
     def ticket_url(self, ticket_id) -> str:
@@ -204,9 +220,11 @@ class FreshdeskDestination(HttpDestination):
             raise TransientError(ReasonCode.UNREADABLE_RESPONSE, "ticket_fields is not a JSON list")
         names = {f.get("name") for f in fields if isinstance(f, dict)}
         if self.external_ref_field not in names:
-            raise PermanentError(ReasonCode.CONFIGURATION,
-                                 f"no ticket field {self.external_ref_field}: add a single-line text field "
-                                 "for Mailroom's reference (Admin > Ticket Fields), or set external_ref_field")
+            raise PermanentError(
+                ReasonCode.CONFIGURATION,
+                f"no ticket field {self.external_ref_field}: add a single-line text field "
+                "for Mailroom's reference (Admin > Ticket Fields), or set external_ref_field",
+            )
         return f"signed in to Freshdesk; {len(names)} ticket fields, {self.external_ref_field} among them"
 
     def closed_policy(self) -> str:
@@ -229,8 +247,9 @@ class FreshdeskDestination(HttpDestination):
     def _reopen(self, ticket_id: str) -> None:
         try:
             # Setting status 2 twice is the same as once: a lost answer is simply tried again.
-            self.send("PUT", f"{TICKETS_PATH}/{ticket_id}", write=True, json_body={"status": STATUS_OPEN},
-                      retry_safe=True)
+            self.send(
+                "PUT", f"{TICKETS_PATH}/{ticket_id}", write=True, json_body={"status": STATUS_OPEN}, retry_safe=True
+            )
         except AmbiguousOutcome as exc:
             raise TransientError(exc.reason, f"reopening ticket {ticket_id}: {exc.detail}") from exc
         log.info("freshdesk: reopened closed ticket %s (closed_policy reopen)", ticket_id)
@@ -240,16 +259,25 @@ class FreshdeskDestination(HttpDestination):
         for all of them)."""
         total = sum(int(a.get("size") or 0) for a in ticket.get("attachments") or [] if isinstance(a, dict))
         for page in range(1, MAX_SEARCH_PAGES + 1):
-            response = self.send("GET", f"{TICKETS_PATH}/{ticket_id}/conversations", write=False,
-                                 params={"page": page, "per_page": CONVERSATIONS_PER_PAGE})
+            response = self.send(
+                "GET",
+                f"{TICKETS_PATH}/{ticket_id}/conversations",
+                write=False,
+                params={"page": page, "per_page": CONVERSATIONS_PER_PAGE},
+            )
             try:
                 conversations = response.json()
             except ValueError:
                 raise TransientError(ReasonCode.UNREADABLE_RESPONSE, "conversations is not JSON") from None
             if not isinstance(conversations, list):
                 raise TransientError(ReasonCode.UNREADABLE_RESPONSE, "conversations is not a JSON list")
-            total += sum(int(a.get("size") or 0) for c in conversations if isinstance(c, dict)
-                         for a in c.get("attachments") or [] if isinstance(a, dict))
+            total += sum(
+                int(a.get("size") or 0)
+                for c in conversations
+                if isinstance(c, dict)
+                for a in c.get("attachments") or []
+                if isinstance(a, dict)
+            )
             if len(conversations) < CONVERSATIONS_PER_PAGE:
                 break
         return total
@@ -272,9 +300,18 @@ class FreshdeskDestination(HttpDestination):
                 found = contacts.json()
             except ValueError:
                 raise TransientError(ReasonCode.UNREADABLE_RESPONSE, "contacts is not JSON") from None
-            user_id = next((c.get("id") for c in found if isinstance(c, dict)
-                            and str(c.get("email") or "").strip().lower() == address), None) \
-                if isinstance(found, list) else None
+            user_id = (
+                next(
+                    (
+                        c.get("id")
+                        for c in found
+                        if isinstance(c, dict) and str(c.get("email") or "").strip().lower() == address
+                    ),
+                    None,
+                )
+                if isinstance(found, list)
+                else None
+            )
         user_id = user_id if isinstance(user_id, int) and not isinstance(user_id, bool) else None
         self.journal.put(AUTHOR_STEP, {"key": idempotency_key, "user_id": user_id})
         return user_id
@@ -285,12 +322,17 @@ class FreshdeskDestination(HttpDestination):
         quoted = external_ref.replace("\\", "\\\\").replace("'", "\\'")
         found = []
         for page in range(1, MAX_SEARCH_PAGES + 1):
-            body = json_object(self.send("GET", SEARCH_PATH, write=False,
-                                         params={"query": f"\"{field}:'{quoted}'\"", "page": page}), write=False)
+            body = json_object(
+                self.send("GET", SEARCH_PATH, write=False, params={"query": f"\"{field}:'{quoted}'\"", "page": page}),
+                write=False,
+            )
             results = [t for t in body.get("results") or [] if isinstance(t, dict) and isinstance(t.get("id"), int)]
             # Keep exact matches only: the search is the index's idea of a match, not ours.
-            found += [t for t in results
-                      if (t.get("custom_fields") or {}).get(self.external_ref_field, external_ref) == external_ref]
+            found += [
+                t
+                for t in results
+                if (t.get("custom_fields") or {}).get(self.external_ref_field, external_ref) == external_ref
+            ]
             if len(results) < 30 or page * 30 >= int(body.get("total") or 0):
                 break
         return found
@@ -315,8 +357,9 @@ def freshdesk_errors(body) -> str:
     """Freshdesk's "Validation failed" errors ([{field, message, code}]) for the operator; masked, capped."""
     errors = body.get("errors") if isinstance(body, dict) else None
     if isinstance(errors, list) and errors:
-        text = json.dumps([{k: e.get(k) for k in ("field", "message", "code")} for e in errors if isinstance(e, dict)],
-                          sort_keys=True)
+        text = json.dumps(
+            [{k: e.get(k) for k in ("field", "message", "code")} for e in errors if isinstance(e, dict)], sort_keys=True
+        )
     else:
         text = json.dumps(body or {"status": 400}, sort_keys=True)
     return mask_address(text)[:2000]
@@ -331,7 +374,7 @@ def listing_of(text: str) -> str:
     """The end of the pipeline's plain text that lists the files and people (LISTING_HEADS), "" without one:
     what the HTML body lacks."""
     found = [at for at in (text.rfind(head) for head in LISTING_HEADS) if at >= 0]
-    return text[min(found):] if found else ""
+    return text[min(found) :] if found else ""
 
 
 def rich_html(text: str, html_text: str) -> str:
@@ -369,8 +412,10 @@ def held_back_html(files) -> str:
     if not files:
         return ""
     items = "".join(f"<li>{html.escape(f.filename)}</li>" for f in files)
-    return ("<p>Not attached here, past Freshdesk's 20 MB for all of a ticket's attachments "
-            f"(kept in Mailroom):</p><ul>{items}</ul>")
+    return (
+        "<p>Not attached here, past Freshdesk's 20 MB for all of a ticket's attachments "
+        f"(kept in Mailroom):</p><ul>{items}</ul>"
+    )
 
 
 def ticket_payload(request: TicketRequest, external_ref: str, settings: dict, ticket_url=None) -> dict:
@@ -420,6 +465,7 @@ def ticket_payload(request: TicketRequest, external_ref: str, settings: dict, ti
 
 # --- multipart/form-data, as Freshdesk reads it (Rails' nested parameters) ---------------------------------
 
+
 def form_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -451,14 +497,22 @@ def _quoted(text: str) -> str:
 def multipart_body(fields: list[tuple[str, str]], files, idempotency_key: str) -> tuple[bytes, str]:
     """(the body, its Content-Type) with `fields` and each file as `attachments[]`. The boundary is derived from
     `idempotency_key` (and, should it occur in the content, a counter): the same on every attempt."""
-    parts = [(f'Content-Disposition: form-data; name="{_quoted(name)}"\r\n'
-              "Content-Type: text/plain; charset=utf-8\r\n\r\n").encode() + value.encode()
-             for name, value in fields]
+    parts = [
+        (
+            f'Content-Disposition: form-data; name="{_quoted(name)}"\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n'
+        ).encode()
+        + value.encode()
+        for name, value in fields
+    ]
     for file in files:
         data = file.read()
-        parts.append((f'Content-Disposition: form-data; name="attachments[]"; filename="{_quoted(file.filename)}"'
-                      f"\r\nContent-Type: {file.content_type or 'application/octet-stream'}\r\n\r\n").encode()
-                     + data)
+        parts.append(
+            (
+                f'Content-Disposition: form-data; name="attachments[]"; filename="{_quoted(file.filename)}"'
+                f"\r\nContent-Type: {file.content_type or 'application/octet-stream'}\r\n\r\n"
+            ).encode()
+            + data
+        )
     for counter in range(100):
         seed = f"{idempotency_key}:{counter}".encode()
         boundary = f"mailroom-{hashlib.sha256(seed).hexdigest()[:40]}"

@@ -12,6 +12,7 @@ Every request of a destination with a quota waits for its slot in the budget all
 rate-limited, nothing sent, and is retried after that wait. A 429 or 503 with Retry-After is shared the
 same way. A destination without a quota never asks the budget.
 """
+
 import json
 import logging
 import time
@@ -88,10 +89,21 @@ class HttpDestination(DestinationAdapter):
     def url(self, path: str) -> str:
         return path if path.startswith(("http://", "https://")) else self.base_url + path
 
-    def send(self, method: str, path: str, *, write: bool, idempotency_key: str | None = None,
-             idempotency_header: str = "Idempotency-Key", json_body=None, params=None, data=None,
-             headers: dict | None = None, ok_statuses=range(200, 300),
-             retry_safe: bool | None = None) -> requests.Response:
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        write: bool,
+        idempotency_key: str | None = None,
+        idempotency_header: str = "Idempotency-Key",
+        json_body=None,
+        params=None,
+        data=None,
+        headers: dict | None = None,
+        ok_statuses=range(200, 300),
+        retry_safe: bool | None = None,
+    ) -> requests.Response:
         """One HTTP call, no retries. Returns a response whose status is in `ok_statuses`, or raises one of
         the three failure kinds. Refused credentials are re-read once, and sent again only if they changed.
         `retry_safe`: this write sent twice has the effect of one (default: `self.retry_safe`)."""
@@ -103,21 +115,36 @@ class HttpDestination(DestinationAdapter):
             self.wait_for_budget()
             started = time.monotonic()
             try:
-                response = self.session.request(method, self.url(path), json=json_body, params=params, data=data,
-                                                headers={**extra, **auth_headers}, auth=auth, timeout=self.timeout,
-                                                allow_redirects=False)
+                response = self.session.request(
+                    method,
+                    self.url(path),
+                    json=json_body,
+                    params=params,
+                    data=data,
+                    headers={**extra, **auth_headers},
+                    auth=auth,
+                    timeout=self.timeout,
+                    allow_redirects=False,
+                )
             except EgressRefused as exc:
                 raise egress_refusal(exc) from None
             except requests.RequestException as exc:
                 raise self.network_error(exc, write) from exc
-            log.debug("%s: %s %s -> %s in %.0f ms", self.name, method, path.split("?")[0], response.status_code,
-                      (time.monotonic() - started) * 1000)
+            log.debug(
+                "%s: %s %s -> %s in %.0f ms",
+                self.name,
+                method,
+                path.split("?")[0],
+                response.status_code,
+                (time.monotonic() - started) * 1000,
+            )
             if response.status_code in ok_statuses:
                 return response
             self.note_retry_after(response)
             if response.status_code in (401, 403) and attempt == 1 and self.destination.credentials_ref:
-                log.info("%s: HTTP %s; re-reading %s once", self.name, response.status_code,
-                         self.destination.credentials_ref)
+                log.info(
+                    "%s: HTTP %s; re-reading %s once", self.name, response.status_code, self.destination.credentials_ref
+                )
                 self.credentials_refused()
                 fresh = self.auth_for(self.secret())
                 if fresh != (auth, auth_headers):
@@ -136,8 +163,9 @@ class HttpDestination(DestinationAdapter):
         try:
             wait = budget.take(self.destination, quota=self.quota, max_wait=self.timeout[1])
         except budget.OverBudget as exc:
-            raise TransientError(ReasonCode.RATE_LIMITED, f"request budget spent for {exc.wait:.1f} s",
-                                 retry_after=exc.wait) from None
+            raise TransientError(
+                ReasonCode.RATE_LIMITED, f"request budget spent for {exc.wait:.1f} s", retry_after=exc.wait
+            ) from None
         except DatabaseError as exc:
             # The budget only spares the desk's 429s, which stay handled: without it the call still goes.
             log.warning("%s: request budget unavailable (%s); sending without it", self.name, type(exc).__name__)
@@ -155,17 +183,18 @@ class HttpDestination(DestinationAdapter):
         try:
             budget.note_retry_after(self.destination, seconds, quota=self.quota)
         except DatabaseError as exc:
-            log.warning("%s: request budget unavailable (%s); Retry-After not shared", self.name,
-                        type(exc).__name__)
+            log.warning("%s: request budget unavailable (%s); Retry-After not shared", self.name, type(exc).__name__)
         else:
-            log.info("%s: HTTP %s, Retry-After %.0f s: every worker waits it out", self.name,
-                     response.status_code, seconds)
+            log.info(
+                "%s: HTTP %s, Retry-After %.0f s: every worker waits it out", self.name, response.status_code, seconds
+            )
 
     # --- error mapping ------------------------------------------------------
 
     def network_error(self, exc: requests.RequestException, write: bool):
-        if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
-                            requests.exceptions.InvalidSchema)):
+        if isinstance(
+            exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema)
+        ):
             return PermanentError(ReasonCode.CONFIGURATION, f"bad base_url: {type(exc).__name__}")
         if nothing_sent(exc):
             return TransientError(ReasonCode.CONNECTION, type(exc).__name__)

@@ -50,6 +50,7 @@ Left out: tags, conversations inbox threads, companies, listing for reconciliati
 
 Nothing logged here contains a ticket body, the token or a full email address.
 """
+
 import email.utils
 import html
 import json
@@ -104,34 +105,51 @@ class HubSpotDestination(HttpDestination):
     max_description_chars = 64_000
 
     capabilities = Capabilities(
-        files=FILES_AFTER_WRITE, max_file_bytes=MAX_FILE_BYTES,
+        files=FILES_AFTER_WRITE,
+        max_file_bytes=MAX_FILE_BYTES,
         html=False,  # the ticket's `content` is plain text (notes are rich text: see note_html)
         # A customer's reply is an incoming email engagement from the customer (customer_replies "email").
-        requester=REQUESTER_FIND_OR_CREATE, cc_field="associations", customer_authored_comments=True,
-        internal_notes=True, closed_policies=(FOLLOW_UP, REOPEN, REVIEW),
+        requester=REQUESTER_FIND_OR_CREATE,
+        cc_field="associations",
+        customer_authored_comments=True,
+        internal_notes=True,
+        closed_policies=(FOLLOW_UP, REOPEN, REVIEW),
         # A ticket made through the CRM API sends the contact nothing; only HubSpot's own inbox channels
         # (email, forms) and workflows mail customers.
-        acknowledges_requester=False, requests_per_minute=DEFAULT_REQUESTS_PER_MINUTE)
+        acknowledges_requester=False,
+        requests_per_minute=DEFAULT_REQUESTS_PER_MINUTE,
+    )
 
     SETTINGS = {
         **HTTP_SETTINGS,
-        "id_property": Text(pattern=PROPERTY_NAME, max_length=100,
-                            help="the ticket property with unique values that holds our reference (mailroom_ref)"),
+        "id_property": Text(
+            pattern=PROPERTY_NAME,
+            max_length=100,
+            help="the ticket property with unique values that holds our reference (mailroom_ref)",
+        ),
         "pipeline": Text(pattern=r"[\w-]+", help='hs_pipeline ("0", the default pipeline)'),
         "pipeline_stage": Text(pattern=r"[\w-]+", help='hs_pipeline_stage ("1", New)'),
         "portal_id": Text(pattern=r"\d+", help="the HubSpot account id, for links to tickets"),
         "app_url": Url(help="the HubSpot app (https://app.hubspot.com)"),
         "create_contacts": Flag(help="create a contact for an unknown sender or CC'd address (true)"),
-        "files_folder": Text(pattern=r"/[\w/-]*", max_length=200,
-                             help='the file manager folder files are uploaded to ("/mailroom")'),
-        "customer_replies": Text(choices=("email", "note"), help="a customer's reply is logged as an incoming email "
-                                                                 "(email, the default) or an internal note"),
-        "reopen_stage": Text(pattern=r"[\w-]+", help="the stage a reply moves a closed ticket to (closed_policy "
-                                                      "reopen; default: the pipeline's first open stage)"),
-        "requester_property": Text(pattern=PROPERTY_NAME, max_length=100,
-                                   help="a ticket property that receives the sender's address"),
-        "queues": Mapping(values=Text(pattern=r"[\w-]+(?::[\w-]+)?"),
-                          help="queue slug -> pipeline id, or pipeline id:stage id"),
+        "files_folder": Text(
+            pattern=r"/[\w/-]*", max_length=200, help='the file manager folder files are uploaded to ("/mailroom")'
+        ),
+        "customer_replies": Text(
+            choices=("email", "note"),
+            help="a customer's reply is logged as an incoming email (email, the default) or an internal note",
+        ),
+        "reopen_stage": Text(
+            pattern=r"[\w-]+",
+            help="the stage a reply moves a closed ticket to (closed_policy "
+            "reopen; default: the pipeline's first open stage)",
+        ),
+        "requester_property": Text(
+            pattern=PROPERTY_NAME, max_length=100, help="a ticket property that receives the sender's address"
+        ),
+        "queues": Mapping(
+            values=Text(pattern=r"[\w-]+(?::[\w-]+)?"), help="queue slug -> pipeline id, or pipeline id:stage id"
+        ),
         "priorities": Mapping(keys=r"low|normal|high|urgent", values=Text(choices=tuple(PRIORITIES.values()))),
         "owners": Mapping(values=Text(pattern=r"\d+"), help="assignee name -> HubSpot owner id"),
         "categories": Mapping(values=Text(max_length=100), help="request type -> hs_ticket_category value"),
@@ -154,8 +172,15 @@ class HubSpotDestination(HttpDestination):
     # --- The interface ------------------------------------------------------
 
     def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
-        payload = {"inputs": [{"idProperty": self.id_property, "id": external_ref,
-                               "properties": ticket_properties(request, self.settings)}]}
+        payload = {
+            "inputs": [
+                {
+                    "idProperty": self.id_property,
+                    "id": external_ref,
+                    "properties": ticket_properties(request, self.settings),
+                }
+            ]
+        }
         # An upsert: sent twice it updates the one ticket, so a 5xx after it is transient.
         response = self.send("POST", UPSERT_PATH, write=True, json_body=payload, retry_safe=True)
         body = json_object(response, write=True)
@@ -166,8 +191,12 @@ class HubSpotDestination(HttpDestination):
         if not results or not results[0].get("id"):
             raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code} without a ticket id")
         ticket_id = str(results[0]["id"])
-        log.info("hubspot: %s ticket %s for %s", "created" if results[0].get("new", True) else "updated (retry)",
-                 ticket_id, external_ref)
+        log.info(
+            "hubspot: %s ticket %s for %s",
+            "created" if results[0].get("new", True) else "updated (retry)",
+            ticket_id,
+            external_ref,
+        )
         # The requester first: HubSpot keeps no roles, the first contact is the one the record shows first.
         name, _ = email.utils.parseaddr(request.requester)
         self._associate_person(ticket_id, request.requester, request.requester_name or name)
@@ -179,8 +208,13 @@ class HubSpotDestination(HttpDestination):
 
     def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
         # The property has unique values: one ticket at most carries the reference.
-        response = self.send("GET", f"/crm/v3/objects/tickets/{_quote(external_ref)}", write=False,
-                             params={"idProperty": self.id_property}, ok_statuses=(200, 404))
+        response = self.send(
+            "GET",
+            f"/crm/v3/objects/tickets/{_quote(external_ref)}",
+            write=False,
+            params={"idProperty": self.id_property},
+            ok_statuses=(200, 404),
+        )
         if response.status_code == 404:
             return None
         ticket_id = json_object(response, write=False).get("id")
@@ -197,8 +231,11 @@ class HubSpotDestination(HttpDestination):
             # The customer's own reply, logged as the incoming email it is: from the customer, in the conversation.
             path, payload, what = "/crm/v3/objects/emails", email_payload(str(ticket_id), comment, timestamp), "email"
         else:
-            path, payload, what = "/crm/v3/objects/notes", note_payload(
-                str(ticket_id), note_html(comment), timestamp), "note"
+            path, payload, what = (
+                "/crm/v3/objects/notes",
+                note_payload(str(ticket_id), note_html(comment), timestamp),
+                "note",
+            )
         # Neither is an upsert: a 5xx after it is ambiguous (a second POST may add it twice).
         response = self.send("POST", path, write=True, json_body=payload)
         record_id = json_object(response, write=True).get("id")
@@ -235,8 +272,10 @@ class HubSpotDestination(HttpDestination):
         file_id = str(noted["id"])
         note_ids = self._note_ids(str(ticket_id))
         for start in range(0, len(note_ids), NOTE_BATCH):
-            batch = {"properties": ["hs_attachment_ids"],
-                     "inputs": [{"id": note_id} for note_id in note_ids[start:start + NOTE_BATCH]]}
+            batch = {
+                "properties": ["hs_attachment_ids"],
+                "inputs": [{"id": note_id} for note_id in note_ids[start : start + NOTE_BATCH]],
+            }
             response = self.send("POST", "/crm/v3/objects/notes/batch/read", write=False, json_body=batch)
             for note in json_object(response, write=False).get("results") or []:
                 ids = str(((note or {}).get("properties") or {}).get("hs_attachment_ids") or "").split(";")
@@ -245,12 +284,20 @@ class HubSpotDestination(HttpDestination):
         return None
 
     def _upload(self, file: OutgoingFile, file_key: str) -> str:
-        options = {"access": "PRIVATE", "overwrite": False, "duplicateValidationStrategy": "NONE",
-                   "duplicateValidationScope": "EXACT_FOLDER"}
-        body, content_type = encode_multipart_formdata([
-            ("file", (file.filename, file.read(), file.content_type or "application/octet-stream")),
-            ("fileName", file.filename), ("folderPath", f"{self.files_folder}/{file_key}"),
-            ("options", json.dumps(options))])
+        options = {
+            "access": "PRIVATE",
+            "overwrite": False,
+            "duplicateValidationStrategy": "NONE",
+            "duplicateValidationScope": "EXACT_FOLDER",
+        }
+        body, content_type = encode_multipart_formdata(
+            [
+                ("file", (file.filename, file.read(), file.content_type or "application/octet-stream")),
+                ("fileName", file.filename),
+                ("folderPath", f"{self.files_folder}/{file_key}"),
+                ("options", json.dumps(options)),
+            ]
+        )
         response = self.send("POST", "/files/v3/files", write=True, data=body, headers={"Content-Type": content_type})
         file_id = json_object(response, write=True).get("id")
         if not file_id:
@@ -262,11 +309,15 @@ class HubSpotDestination(HttpDestination):
         ids, after = [], None
         while True:
             params = {"limit": 500, **({"after": after} if after else {})}
-            response = self.send("GET", f"/crm/v4/objects/tickets/{ticket_id}/associations/notes", write=False,
-                                 params=params)
+            response = self.send(
+                "GET", f"/crm/v4/objects/tickets/{ticket_id}/associations/notes", write=False, params=params
+            )
             body = json_object(response, write=False)
-            ids += [str(r["toObjectId"]) for r in body.get("results") or [] if isinstance(r, dict)
-                    and r.get("toObjectId") is not None]
+            ids += [
+                str(r["toObjectId"])
+                for r in body.get("results") or []
+                if isinstance(r, dict) and r.get("toObjectId") is not None
+            ]
             after = ((body.get("paging") or {}).get("next") or {}).get("after")
             if not after:
                 return ids
@@ -276,8 +327,13 @@ class HubSpotDestination(HttpDestination):
     def _open_for_comment(self, ticket_id: str) -> None:
         """HubSpot takes a note on a ticket in a closed stage; Mailroom asks first and applies closed_policy:
         reopen moves it to `reopen_stage` (else its pipeline's first open stage), anything else is TicketClosed."""
-        response = self.send("GET", f"/crm/v3/objects/tickets/{ticket_id}", write=False,
-                             params={"properties": "hs_pipeline,hs_pipeline_stage"}, ok_statuses=(200, 404))
+        response = self.send(
+            "GET",
+            f"/crm/v3/objects/tickets/{ticket_id}",
+            write=False,
+            params={"properties": "hs_pipeline,hs_pipeline_stage"},
+            ok_statuses=(200, 404),
+        )
         if response.status_code == 404:
             raise PermanentError(ReasonCode.NOT_FOUND, "the ticket does not exist")
         properties = json_object(response, write=False).get("properties") or {}
@@ -291,8 +347,13 @@ class HubSpotDestination(HttpDestination):
         if not reopen:
             raise TicketClosed(f"ticket {ticket_id}: its pipeline has no open stage to reopen it in")
         # Setting a property to a value is idempotent: sent twice, it has the effect of once.
-        self.send("PATCH", f"/crm/v3/objects/tickets/{ticket_id}", write=True,
-                  json_body={"properties": {"hs_pipeline_stage": reopen}}, retry_safe=True)
+        self.send(
+            "PATCH",
+            f"/crm/v3/objects/tickets/{ticket_id}",
+            write=True,
+            json_body={"properties": {"hs_pipeline_stage": reopen}},
+            retry_safe=True,
+        )
         log.info("hubspot: moved ticket %s to stage %s for a reply (closed_policy reopen)", ticket_id, reopen)
 
     def _stages(self, pipeline: str) -> list[dict]:
@@ -301,8 +362,10 @@ class HubSpotDestination(HttpDestination):
             response = self.send("GET", f"/crm/v3/pipelines/tickets/{_quote(pipeline)}", write=False)
             stages = [s for s in json_object(response, write=False).get("stages") or [] if isinstance(s, dict)]
             stages.sort(key=lambda s: s.get("displayOrder") or 0)
-            self._pipelines[pipeline] = [{"id": str(s.get("id")), "state": str((s.get("metadata") or {}).get(
-                "ticketState") or "OPEN").upper()} for s in stages]
+            self._pipelines[pipeline] = [
+                {"id": str(s.get("id")), "state": str((s.get("metadata") or {}).get("ticketState") or "OPEN").upper()}
+                for s in stages
+            ]
         return self._pipelines[pipeline]
 
     def ticket_url(self, ticket_id) -> str:
@@ -316,20 +379,23 @@ class HubSpotDestination(HttpDestination):
             response = self.send("GET", f"/crm/v3/properties/tickets/{_quote(self.id_property)}", write=False)
         except PermanentError as exc:
             if exc.reason == ReasonCode.NOT_FOUND:
-                raise PermanentError(ReasonCode.CONFIGURATION,
-                                     f"tickets have no property {self.id_property}: create a single-line text "
-                                     "property with 'Require unique values' set, or set id_property") from None
+                raise PermanentError(
+                    ReasonCode.CONFIGURATION,
+                    f"tickets have no property {self.id_property}: create a single-line text "
+                    "property with 'Require unique values' set, or set id_property",
+                ) from None
             raise
         prop = json_object(response, write=False)
         if not prop.get("hasUniqueValue"):
-            raise PermanentError(ReasonCode.CONFIGURATION,
-                                 f"the ticket property {self.id_property} does not require unique values: "
-                                 "the upsert needs a unique property")
+            raise PermanentError(
+                ReasonCode.CONFIGURATION,
+                f"the ticket property {self.id_property} does not require unique values: "
+                "the upsert needs a unique property",
+            )
         # Reads that need crm.objects.contacts.read (the requester association) and files (attachments).
         self.send("GET", "/crm/v3/objects/contacts", write=False, params={"limit": 1})
         self.send("GET", "/files/v3/files/search", write=False, params={"limit": 1})
-        return (f"HubSpot token works (tickets, contacts, files); ticket property {self.id_property} has unique "
-                "values")
+        return f"HubSpot token works (tickets, contacts, files); ticket property {self.id_property} has unique values"
 
     # --- People: contacts associated with the ticket -------------------------------------------
 
@@ -344,8 +410,12 @@ class HubSpotDestination(HttpDestination):
             if contact_id is None and self.create_contacts:
                 contact_id = self._upsert_contact(address, name)
         except (TransientError, PermanentError, AmbiguousOutcome) as exc:
-            log.warning("hubspot: ticket %s made, but its contact %s was not associated (%s)", ticket_id,
-                        mask_address(address), exc.reason)
+            log.warning(
+                "hubspot: ticket %s made, but its contact %s was not associated (%s)",
+                ticket_id,
+                mask_address(address),
+                exc.reason,
+            )
             return
         if contact_id is None:
             log.info("hubspot: no contact for %s; ticket %s left without it", mask_address(address), ticket_id)
@@ -355,15 +425,24 @@ class HubSpotDestination(HttpDestination):
     def _associate(self, ticket_id: str, to_type: str, to_id: str, *, what: str) -> None:
         """The default (unlabelled) association of the ticket with a record; logged, never raised."""
         try:
-            self.send("PUT", f"/crm/v4/objects/tickets/{ticket_id}/associations/default/{to_type}/{to_id}",
-                      write=True, retry_safe=True)
+            self.send(
+                "PUT",
+                f"/crm/v4/objects/tickets/{ticket_id}/associations/default/{to_type}/{to_id}",
+                write=True,
+                retry_safe=True,
+            )
         except (TransientError, PermanentError, AmbiguousOutcome) as exc:
             log.warning("hubspot: ticket %s made, but %s was not associated (%s)", ticket_id, what, exc.reason)
 
     def _contact_id(self, address: str) -> str | None:
         # A read by the unique email property: consistent, unlike the search index (and its 5 per second).
-        response = self.send("GET", f"/crm/v3/objects/contacts/{_quote(address)}", write=False,
-                             params={"idProperty": "email"}, ok_statuses=(200, 404))
+        response = self.send(
+            "GET",
+            f"/crm/v3/objects/contacts/{_quote(address)}",
+            write=False,
+            params={"idProperty": "email"},
+            ok_statuses=(200, 404),
+        )
         if response.status_code == 404:
             return None
         contact_id = json_object(response, write=False).get("id")
@@ -373,9 +452,13 @@ class HubSpotDestination(HttpDestination):
         properties = {"email": address}
         if name:
             properties["firstname"] = name
-        response = self.send("POST", "/crm/v3/objects/contacts/batch/upsert", write=True,
-                             json_body={"inputs": [{"idProperty": "email", "id": address, "properties": properties}]},
-                             retry_safe=True)
+        response = self.send(
+            "POST",
+            "/crm/v3/objects/contacts/batch/upsert",
+            write=True,
+            json_body={"inputs": [{"idProperty": "email", "id": address, "properties": properties}]},
+            retry_safe=True,
+        )
         results = json_object(response, write=True).get("results") or []
         return str(results[0]["id"]) if results and isinstance(results[0], dict) and results[0].get("id") else None
 
@@ -387,11 +470,23 @@ class HubSpotDestination(HttpDestination):
     def special_error(self, response, body: dict, write: bool):
         status, category = response.status_code, str(body.get("category") or "")
         if status == 403 and category == "MISSING_SCOPES":
-            scopes = sorted({s for e in body.get("errors") or [] if isinstance(e, dict)
-                             for s in (e.get("context") or {}).get("requiredGranularScopes") or []})
-            return PermanentError(ReasonCode.CREDENTIALS, "the private app lacks scopes" + (
-                f": {', '.join(scopes)}" if scopes
-                else " (tickets, crm.objects.contacts.read, crm.objects.contacts.write, files)"))
+            scopes = sorted(
+                {
+                    s
+                    for e in body.get("errors") or []
+                    if isinstance(e, dict)
+                    for s in (e.get("context") or {}).get("requiredGranularScopes") or []
+                }
+            )
+            return PermanentError(
+                ReasonCode.CREDENTIALS,
+                "the private app lacks scopes"
+                + (
+                    f": {', '.join(scopes)}"
+                    if scopes
+                    else " (tickets, crm.objects.contacts.read, crm.objects.contacts.write, files)"
+                ),
+            )
         if status == 400 and "INVALID_OBJECT_IDS" in str(body.get("subCategory") or ""):
             return PermanentError(ReasonCode.NOT_FOUND, "the ticket does not exist")
         return None
@@ -410,9 +505,15 @@ def note_payload(ticket_id: str, body: str, timestamp: str, attachment_ids: str 
     properties = {"hs_note_body": body, "hs_timestamp": timestamp}
     if attachment_ids:
         properties["hs_attachment_ids"] = attachment_ids
-    return {"properties": properties,
-            "associations": [{"to": {"id": ticket_id}, "types": [{"associationCategory": "HUBSPOT_DEFINED",
-                                                                   "associationTypeId": NOTE_TO_TICKET}]}]}
+    return {
+        "properties": properties,
+        "associations": [
+            {
+                "to": {"id": ticket_id},
+                "types": [{"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": NOTE_TO_TICKET}],
+            }
+        ],
+    }
 
 
 def email_payload(ticket_id: str, comment: CommentRequest, timestamp: str) -> dict:
@@ -420,12 +521,23 @@ def email_payload(ticket_id: str, comment: CommentRequest, timestamp: str) -> di
     first, _, last = (comment.author_name or "").strip().rpartition(" ")
     sender = {"email": comment.author_email, "firstName": first or last, "lastName": last if first else ""}
     headers = {"from": sender, "to": [], "cc": [{"email": address} for address in comment.cc], "bcc": []}
-    properties = {"hs_timestamp": timestamp, "hs_email_direction": "INCOMING_EMAIL", "hs_email_status": "SENT",
-                  "hs_email_text": comment.body, "hs_email_html": paragraphs_html(comment.body),
-                  "hs_email_headers": json.dumps(headers)}
-    return {"properties": properties,
-            "associations": [{"to": {"id": ticket_id}, "types": [{"associationCategory": "HUBSPOT_DEFINED",
-                                                                   "associationTypeId": EMAIL_TO_TICKET}]}]}
+    properties = {
+        "hs_timestamp": timestamp,
+        "hs_email_direction": "INCOMING_EMAIL",
+        "hs_email_status": "SENT",
+        "hs_email_text": comment.body,
+        "hs_email_html": paragraphs_html(comment.body),
+        "hs_email_headers": json.dumps(headers),
+    }
+    return {
+        "properties": properties,
+        "associations": [
+            {
+                "to": {"id": ticket_id},
+                "types": [{"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": EMAIL_TO_TICKET}],
+            }
+        ],
+    }
 
 
 def paragraphs_html(text: str) -> str:
@@ -437,8 +549,11 @@ def paragraphs_html(text: str) -> str:
 def note_html(comment: CommentRequest) -> str:
     """The note for a reply: who wrote it and whom it copied, then the text, escaped and kept in paragraphs
     (hs_note_body is rich text); cut the same way every time to 65,536 characters."""
-    author = email.utils.formataddr((comment.author_name, comment.author_email)) if comment.author_name \
+    author = (
+        email.utils.formataddr((comment.author_name, comment.author_email))
+        if comment.author_name
         else comment.author_email
+    )
     head = f"<p>From: {html.escape(author, quote=False)}{' (agent)' if comment.from_agent else ''}</p>"
     if comment.cc:
         head += f"<p>CC: {html.escape(', '.join(comment.cc), quote=False)}</p>"
@@ -447,7 +562,7 @@ def note_html(comment: CommentRequest) -> str:
         body = head + paragraphs_html(text)
         if len(body) <= MAX_NOTE_CHARS:
             return body
-        text = text[:int(len(text) * 0.9) - len(NOTE_CUT_NOTICE)].rstrip() + NOTE_CUT_NOTICE
+        text = text[: int(len(text) * 0.9) - len(NOTE_CUT_NOTICE)].rstrip() + NOTE_CUT_NOTICE
 
 
 def note_timestamp(idempotency_key: str) -> str:
@@ -462,8 +577,10 @@ def note_timestamp(idempotency_key: str) -> str:
 
 def route_properties(request: TicketRequest, settings: dict) -> dict:
     """Ticket properties for the request's route, through the destination's mappings (see the module doc)."""
-    properties = {"hs_pipeline": str(settings.get("pipeline") or "0"),
-                  "hs_pipeline_stage": str(settings.get("pipeline_stage") or "1")}
+    properties = {
+        "hs_pipeline": str(settings.get("pipeline") or "0"),
+        "hs_pipeline_stage": str(settings.get("pipeline_stage") or "1"),
+    }
     queue = (settings.get("queues") or {}).get(request.queue) if request.queue else None
     if queue:
         pipeline, _, stage = str(queue).partition(":")

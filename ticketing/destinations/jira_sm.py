@@ -62,6 +62,7 @@ a colon (sent as a bearer token: an OAuth or personal access token).
 
 Nothing logged here contains a ticket body or a full email address.
 """
+
 import email.utils
 import logging
 import re
@@ -96,7 +97,7 @@ ISSUE_PATH = "/rest/api/3/issue"
 PROJECT_KEY = r"[A-Z][A-Z0-9_]{1,9}"
 # Jira's notification subjects name the request by its key; the key stands alone (not "X-SUP-12", "SUP-12a").
 ANY_ISSUE_KEY = re.compile(rf"(?<![\w-])(?P<ref>{PROJECT_KEY}-\d{{1,9}})(?![\w-])")
-DONE = "DONE"   # the status category of a resolved or closed request
+DONE = "DONE"  # the status category of a resolved or closed request
 PEOPLE_STEP = "people"
 MEMBERS_STEP = "people:added"
 CUSTOM_FIELD = r"customfield_\d+"
@@ -116,16 +117,16 @@ class JiraServiceManagementDestination(HttpDestination):
     max_description_chars = 32_000
 
     capabilities = Capabilities(
-        files=FILES_AFTER_WRITE,                # a temporary file, then attached to the request
-        max_file_bytes=1024 * MB,               # Jira Cloud's default attachment size (1 GB; at most 2 GB)
-        html=False,                             # the description is plain text (wiki markup, no HTML)
-        requester=REQUESTER_FIND_OR_CREATE,     # a customer account, raised on behalf of
+        files=FILES_AFTER_WRITE,  # a temporary file, then attached to the request
+        max_file_bytes=1024 * MB,  # Jira Cloud's default attachment size (1 GB; at most 2 GB)
+        html=False,  # the description is plain text (wiki markup, no HTML)
+        requester=REQUESTER_FIND_OR_CREATE,  # a customer account, raised on behalf of
         cc_field="request participants",
-        customer_authored_comments=False,       # basic auth writes as the integration account
-        internal_notes=True,                    # public: false
-        closed_policies=(FOLLOW_UP, REVIEW),    # reopening is the workflow's business, not the API's
-        acknowledges_requester=True,            # JSM's "Request created" notification to the customer
-        requests_per_minute=None,               # API-token traffic has per-second burst limits, no quota
+        customer_authored_comments=False,  # basic auth writes as the integration account
+        internal_notes=True,  # public: false
+        closed_policies=(FOLLOW_UP, REVIEW),  # reopening is the workflow's business, not the API's
+        acknowledges_requester=True,  # JSM's "Request created" notification to the customer
+        requests_per_minute=None,  # API-token traffic has per-second burst limits, no quota
     )
     reference_patterns = (ANY_ISSUE_KEY,)
     reference_fields = ("subject",)
@@ -156,16 +157,24 @@ class JiraServiceManagementDestination(HttpDestination):
         self.project_key = str(settings.get("project_key") or "")
         if self.project_key:
             # Only this project's keys are the desk's own references (not "ISO-9001" or another project's).
-            self.reference_patterns = (re.compile(rf"(?<![\w-])(?P<ref>{re.escape(self.project_key)}-\d{{1,9}})"
-                                                  rf"(?![\w-])"),)
+            self.reference_patterns = (
+                re.compile(
+                    rf"(?<![\w-])(?P<ref>{re.escape(self.project_key)}-\d{{1,9}})"
+                    rf"(?![\w-])"
+                ),
+            )
 
     # --- The interface ------------------------------------------------------
 
     def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
         self._require_configuration()
         people = self._people(request)
-        response = self.send("POST", REQUEST_PATH, write=True,
-                             json_body=request_payload(request, external_ref, self.settings, people=people))
+        response = self.send(
+            "POST",
+            REQUEST_PATH,
+            write=True,
+            json_body=request_payload(request, external_ref, self.settings, people=people),
+        )
         body = json_object(response, write=True)
         key = body.get("issueKey")
         if not isinstance(key, str) or not ISSUE_KEY.fullmatch(key):
@@ -190,13 +199,21 @@ class JiraServiceManagementDestination(HttpDestination):
         if comment.cc:
             self._add_participants(ticket_id, comment.cc)
         try:
-            response = self.send("POST", f"{REQUEST_PATH}/{ticket_id}/comment", write=True,
-                                 json_body={"body": authored_body(comment), "public": bool(comment.public)})
+            response = self.send(
+                "POST",
+                f"{REQUEST_PATH}/{ticket_id}/comment",
+                write=True,
+                json_body={"body": authored_body(comment), "public": bool(comment.public)},
+            )
         except PermanentError as exc:
             raise self._closed_or(exc, ticket_id) from None
         answer = json_object(response, write=True)
-        log.info("jira_sm: added a %s comment to %s for %s", "public" if comment.public else "internal", ticket_id,
-                 external_ref)
+        log.info(
+            "jira_sm: added a %s comment to %s for %s",
+            "public" if comment.public else "internal",
+            ticket_id,
+            external_ref,
+        )
         # The comment id when Jira reports it, else the issue: the comment is on it either way.
         return str(answer.get("id") or ticket_id)
 
@@ -209,18 +226,30 @@ class JiraServiceManagementDestination(HttpDestination):
         if not ISSUE_KEY.fullmatch(str(ticket_id)):
             raise PermanentError(ReasonCode.NOT_FOUND, "a Jira issue key looks like SUP-12")
         body, content_type = encode_multipart_formdata(
-            {"file": (file.filename, file.read(), file.content_type or "application/octet-stream")})
-        uploaded = self.send("POST", f"/rest/servicedeskapi/servicedesk/{self.service_desk_id}/attachTemporaryFile",
-                             write=True, data=body, retry_safe=True,
-                             headers={"Content-Type": content_type, "X-Atlassian-Token": "no-check",
-                                      "X-ExperimentalApi": "opt-in"})
-        temporary = [str(t["temporaryAttachmentId"]) for t in json_object(uploaded, write=True).get(
-            "temporaryAttachments") or [] if isinstance(t, dict) and t.get("temporaryAttachmentId")]
+            {"file": (file.filename, file.read(), file.content_type or "application/octet-stream")}
+        )
+        uploaded = self.send(
+            "POST",
+            f"/rest/servicedeskapi/servicedesk/{self.service_desk_id}/attachTemporaryFile",
+            write=True,
+            data=body,
+            retry_safe=True,
+            headers={"Content-Type": content_type, "X-Atlassian-Token": "no-check", "X-ExperimentalApi": "opt-in"},
+        )
+        temporary = [
+            str(t["temporaryAttachmentId"])
+            for t in json_object(uploaded, write=True).get("temporaryAttachments") or []
+            if isinstance(t, dict) and t.get("temporaryAttachmentId")
+        ]
         if not temporary:
             raise TransientError(ReasonCode.UNREADABLE_RESPONSE, "attachTemporaryFile answered without an id")
         try:
-            attached = self.send("POST", f"{REQUEST_PATH}/{ticket_id}/attachment", write=True,
-                                 json_body={"temporaryAttachmentIds": temporary[:1], "public": bool(public)})
+            attached = self.send(
+                "POST",
+                f"{REQUEST_PATH}/{ticket_id}/attachment",
+                write=True,
+                json_body={"temporaryAttachmentIds": temporary[:1], "public": bool(public)},
+            )
         except PermanentError as exc:
             raise self._closed_or(exc, ticket_id) from None
         values = (json_object(attached, write=True).get("attachments") or {}).get("values") or []
@@ -229,12 +258,16 @@ class JiraServiceManagementDestination(HttpDestination):
         return desk_id or self.find_file(ticket_id, file, file_key) or f"{ticket_id}:{file.index}"
 
     def find_file(self, ticket_id: str, file: OutgoingFile, file_key: str) -> str | None:
-        body = json_object(self.send("GET", f"{ISSUE_PATH}/{ticket_id}", write=False,
-                                     params={"fields": "attachment"}), write=False)
+        body = json_object(
+            self.send("GET", f"{ISSUE_PATH}/{ticket_id}", write=False, params={"fields": "attachment"}), write=False
+        )
         names = {file.filename, html5_escaped(file.filename)}
         for attachment in (body.get("fields") or {}).get("attachment") or []:
-            if isinstance(attachment, dict) and attachment.get("filename") in names \
-                    and str(attachment.get("size")) == str(file.size):
+            if (
+                isinstance(attachment, dict)
+                and attachment.get("filename") in names
+                and str(attachment.get("size")) == str(file.size)
+            ):
                 return str(attachment.get("id") or attachment["filename"])
         return None
 
@@ -249,10 +282,10 @@ class JiraServiceManagementDestination(HttpDestination):
             body = json_object(self.send("GET", f"{REQUEST_PATH}/{key}", write=False), write=False)
         except PermanentError as exc:
             if exc.reason in (ReasonCode.NOT_FOUND, ReasonCode.CONFIGURATION):
-                return None     # no such request, or not one this account can see
+                return None  # no such request, or not one this account can see
             raise
         if self.service_desk_id and str(body.get("serviceDeskId") or "") != self.service_desk_id:
-            return None         # another service project's request: not this destination's ticket
+            return None  # another service project's request: not this destination's ticket
         return str(body.get("issueKey") or key)
 
     def ticket_url(self, ticket_id) -> str:
@@ -261,23 +294,38 @@ class JiraServiceManagementDestination(HttpDestination):
 
     def check_connection(self) -> str:
         self._require_configuration()
-        desk = json_object(self._read(f"/rest/servicedeskapi/servicedesk/{self.service_desk_id}",
-                                      what=f"service desk {self.service_desk_id}"), write=False)
-        form = json_object(self._read(
-            f"/rest/servicedeskapi/servicedesk/{self.service_desk_id}/requesttype/{self.request_type_id}/field",
-            what=f"request type {self.request_type_id}"), write=False)
+        desk = json_object(
+            self._read(
+                f"/rest/servicedeskapi/servicedesk/{self.service_desk_id}", what=f"service desk {self.service_desk_id}"
+            ),
+            write=False,
+        )
+        form = json_object(
+            self._read(
+                f"/rest/servicedeskapi/servicedesk/{self.service_desk_id}/requesttype/{self.request_type_id}/field",
+                what=f"request type {self.request_type_id}",
+            ),
+            write=False,
+        )
         on_form = {f.get("fieldId") for f in form.get("requestTypeFields") or [] if isinstance(f, dict)}
         ref_field = self.external_ref_field or "labels"
         missing = [f for f in ("summary", "description", ref_field) if f not in on_form]
         if missing:
-            raise PermanentError(ReasonCode.CONFIGURATION, f"request type {self.request_type_id} has no field "
-                                                           f"{', '.join(missing)} on its form")
+            raise PermanentError(
+                ReasonCode.CONFIGURATION,
+                f"request type {self.request_type_id} has no field {', '.join(missing)} on its form",
+            )
         if self.settings.get("raise_on_behalf_of", True) and form.get("canRaiseOnBehalfOf") is False:
-            raise PermanentError(ReasonCode.CREDENTIALS, "this account cannot raise requests on behalf of customers"
-                                                         " (it needs to be an agent of the service project)")
-        return (f"service project {desk.get('projectKey') or self.service_desk_id} "
-                f"({desk.get('projectName') or 'unnamed'}), request type {self.request_type_id} "
-                f"with {ref_field} on its form")
+            raise PermanentError(
+                ReasonCode.CREDENTIALS,
+                "this account cannot raise requests on behalf of customers"
+                " (it needs to be an agent of the service project)",
+            )
+        return (
+            f"service project {desk.get('projectKey') or self.service_desk_id} "
+            f"({desk.get('projectName') or 'unnamed'}), request type {self.request_type_id} "
+            f"with {ref_field} on its form"
+        )
 
     # --- Helpers --------------------------------------------------------------
 
@@ -306,8 +354,11 @@ class JiraServiceManagementDestination(HttpDestination):
                     participants.append(account)
                 elif not account:
                     unresolved.append(copied)
-            noted = {"requester": requester, "participants": list(dict.fromkeys(participants)),
-                     "unresolved": unresolved}
+            noted = {
+                "requester": requester,
+                "participants": list(dict.fromkeys(participants)),
+                "unresolved": unresolved,
+            }
             self.journal.put(PEOPLE_STEP, noted)
         if not self.journal.get(MEMBERS_STEP):
             self._add_to_service_desk([noted["requester"], *noted["participants"]])
@@ -322,8 +373,13 @@ class JiraServiceManagementDestination(HttpDestination):
             return found
         try:
             # Making a customer twice is refused as "exists", never doubled: safe to try again after a 5xx.
-            response = self.send("POST", CUSTOMER_PATH, write=True, retry_safe=True,
-                                 json_body={"email": address, "displayName": name or address})
+            response = self.send(
+                "POST",
+                CUSTOMER_PATH,
+                write=True,
+                retry_safe=True,
+                json_body={"email": address, "displayName": name or address},
+            )
         except AmbiguousOutcome as exc:
             found = self._find_account(address)
             if found:
@@ -334,8 +390,10 @@ class JiraServiceManagementDestination(HttpDestination):
                 # It exists already, but the search did not show its address (a profile visibility setting).
                 return self._find_account(address, sole_match=True)
             if getattr(exc, "http_status", None) in (401, 403, 404):
-                log.warning("jira_sm: this account may not create customers (HTTP %s); the address goes into the "
-                            "description", exc.http_status)
+                log.warning(
+                    "jira_sm: this account may not create customers (HTTP %s); the address goes into the description",
+                    exc.http_status,
+                )
                 return ""
             raise
         return str(json_object(response, write=True).get("accountId") or "")
@@ -362,16 +420,22 @@ class JiraServiceManagementDestination(HttpDestination):
         if not ids:
             return
         try:
-            self.send("POST", f"/rest/servicedeskapi/servicedesk/{self.service_desk_id}/customer", write=True,
-                      retry_safe=True, json_body={"accountIds": ids})
+            self.send(
+                "POST",
+                f"/rest/servicedeskapi/servicedesk/{self.service_desk_id}/customer",
+                write=True,
+                retry_safe=True,
+                json_body={"accountIds": ids},
+            )
         except AmbiguousOutcome as exc:
             raise TransientError(exc.reason, "adding customers to the service project: no answer") from None
         except PermanentError as exc:
             if getattr(exc, "http_status", None) not in (400, 403, 404):
                 raise
             # An open service project takes anyone; a closed one refuses the create with Jira's own message.
-            log.warning("jira_sm: adding customers to service desk %s refused (HTTP %s)", self.service_desk_id,
-                        exc.http_status)
+            log.warning(
+                "jira_sm: adding customers to service desk %s refused (HTTP %s)", self.service_desk_id, exc.http_status
+            )
 
     def _add_participants(self, ticket_id: str, addresses) -> None:
         step = f"{PEOPLE_STEP}:{ticket_id}"
@@ -383,8 +447,13 @@ class JiraServiceManagementDestination(HttpDestination):
             return
         try:
             # A participant added twice is still one participant.
-            self.send("POST", f"{REQUEST_PATH}/{ticket_id}/participant", write=True, retry_safe=True,
-                      json_body={"accountIds": noted})
+            self.send(
+                "POST",
+                f"{REQUEST_PATH}/{ticket_id}/participant",
+                write=True,
+                retry_safe=True,
+                json_body={"accountIds": noted},
+            )
         except AmbiguousOutcome as exc:
             raise TransientError(exc.reason, "adding participants: no answer") from None
         except PermanentError as exc:
@@ -420,7 +489,7 @@ class JiraServiceManagementDestination(HttpDestination):
         field = self.external_ref_field or "labels"
         if self.external_ref_field:
             # `~` is a text search: ask for the exact phrase, then keep only exact values below.
-            clause = f'cf[{field.removeprefix("customfield_")}] ~ {jql_string(jql_string(external_ref))}'
+            clause = f"cf[{field.removeprefix('customfield_')}] ~ {jql_string(jql_string(external_ref))}"
         else:
             clause = f"labels = {jql_string(label(external_ref))}"
         params = {"jql": f"{clause} ORDER BY created ASC", "fields": f"key,{field}", "maxResults": 50}
@@ -428,8 +497,11 @@ class JiraServiceManagementDestination(HttpDestination):
         for _ in range(MAX_SEARCH_PAGES):
             body = json_object(self._read(SEARCH_PATH, what="the JQL search", params=params), write=False)
             for issue in body.get("issues") or []:
-                if isinstance(issue, dict) and str(issue.get("id", "")).isdigit() and carries_ref(
-                        issue, field, external_ref):
+                if (
+                    isinstance(issue, dict)
+                    and str(issue.get("id", "")).isdigit()
+                    and carries_ref(issue, field, external_ref)
+                ):
                     issues.append(issue)
             token = body.get("nextPageToken")
             if body.get("isLast", True) or not token:
@@ -458,6 +530,7 @@ class JiraServiceManagementDestination(HttpDestination):
 
 
 # --- The payload -------------------------------------------------------------
+
 
 def label(value: str) -> str:
     """A Jira label: no whitespace allowed, so whitespace becomes underscores (the same every time)."""
@@ -516,8 +589,7 @@ def route(request: TicketRequest, settings: dict) -> tuple[str, dict]:
     return request_type_id, fields
 
 
-def request_payload(request: TicketRequest, external_ref: str, settings: dict, *, people: dict | None = None
-                    ) -> dict:
+def request_payload(request: TicketRequest, external_ref: str, settings: dict, *, people: dict | None = None) -> dict:
     """The customer request. Deterministic: a retry sends the very same body (`people`: the accounts the
     journal noted; without them the request is raised on behalf of the address)."""
     request_type_id, route_fields = route(request, settings)
@@ -540,8 +612,11 @@ def request_payload(request: TicketRequest, external_ref: str, settings: dict, *
         values["labels"] = list(dict.fromkeys(labels))
     values.update(route_fields)
     values.update(request.fields or {})
-    payload = {"serviceDeskId": str(settings.get("service_desk_id") or ""), "requestTypeId": request_type_id,
-               "requestFieldValues": values}
+    payload = {
+        "serviceDeskId": str(settings.get("service_desk_id") or ""),
+        "requestTypeId": request_type_id,
+        "requestFieldValues": values,
+    }
     if people is not None:
         if people.get("requester"):
             payload["raiseOnBehalfOf"] = people["requester"]
@@ -562,7 +637,7 @@ def authored_body(comment: CommentRequest) -> str:
     """The comment as the integration account writes it: a "From:" line says whose mail it is."""
     who = comment.author_email
     if comment.author_name and who:
-        who = f"{' '.join(comment.author_name.split())} <{who}>"   # as people read it, never RFC 2047-encoded
+        who = f"{' '.join(comment.author_name.split())} <{who}>"  # as people read it, never RFC 2047-encoded
     return f"From: {who}\n\n{comment.body}" if who else comment.body
 
 

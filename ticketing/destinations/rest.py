@@ -58,6 +58,7 @@ author (else the body opens with a "From:" line), follow-ups where `closed_statu
 
 Nothing logged here contains a ticket body, a header value or a full email address.
 """
+
 import base64
 import email.utils
 import json
@@ -107,8 +108,7 @@ from .settings import HTTP_SETTINGS, Anything, Flag, Number, Text
 log = logging.getLogger(__name__)
 
 ROUTE = ("queue", "priority", "request_type", "assignee")
-ROUTE_MAPPINGS = {"queue": "queues", "priority": "priorities", "request_type": "request_types",
-                  "assignee": "assignees"}
+ROUTE_MAPPINGS = {"queue": "queues", "priority": "priorities", "request_type": "request_types", "assignee": "assignees"}
 CREATE_PLACEHOLDERS = ("external_ref", "idempotency_key") + ROUTE
 COMMENT_PLACEHOLDERS = ("ticket_id", "external_ref", "idempotency_key")
 ATTACHMENT_PLACEHOLDERS = ("ticket_id", "file_key")
@@ -116,20 +116,49 @@ FILES_INLINE, FILES_PER_FILE = "inline", "per_file"
 # Inline files travel as base64 inside JSON (a third larger, and held in memory while rendered): 10 MB each
 # unless the destination's `max_file_bytes` says what its API takes.
 DEFAULT_MAX_FILE_BYTES = 10 * MB
-SAMPLE_FILE = {"filename": "screenshot.png", "content_type": "image/png", "size": 3,
-               "sha256": "709e80c88487a2411e1ee4dfb9f22a861492d20c4765150c0c794abd70f8147c",
-               "content_base64": "AAAA"}
-SAMPLE_BODY = {"subject": 'A "sample" subject', "description": "Line 1\nLine 2", "requester": "J <j@example.com>",
-               "requester_email": "j@example.com", "requester_name": "J", "tags": ["email"],
-               "tags_json": RawJson('["email"]'), "cc": ["c@example.com"], "cc_json": RawJson('["c@example.com"]'),
-               "html": "<p>Line 1</p>", "files": [SAMPLE_FILE], "files_json": RawJson(json.dumps([SAMPLE_FILE])),
-               "follow_up_of": "41", "queue": "billing", "priority": "high", "request_type": "refund",
-               "assignee": "alice", "external_ref": "mr-sample", "idempotency_key": "key-sample"}
-SAMPLE_COMMENT = {"body": "A reply", "author": "j@example.com", "author_name": "J", "public": True,
-                  "from_agent": False, "html": "<p>A reply</p>", "cc": ["c@example.com"],
-                  "cc_json": RawJson('["c@example.com"]'), "files": [SAMPLE_FILE],
-                  "files_json": RawJson(json.dumps([SAMPLE_FILE])), "ticket_id": "1", "external_ref": "mr-sample",
-                  "idempotency_key": "key-sample"}
+SAMPLE_FILE = {
+    "filename": "screenshot.png",
+    "content_type": "image/png",
+    "size": 3,
+    "sha256": "709e80c88487a2411e1ee4dfb9f22a861492d20c4765150c0c794abd70f8147c",
+    "content_base64": "AAAA",
+}
+SAMPLE_BODY = {
+    "subject": 'A "sample" subject',
+    "description": "Line 1\nLine 2",
+    "requester": "J <j@example.com>",
+    "requester_email": "j@example.com",
+    "requester_name": "J",
+    "tags": ["email"],
+    "tags_json": RawJson('["email"]'),
+    "cc": ["c@example.com"],
+    "cc_json": RawJson('["c@example.com"]'),
+    "html": "<p>Line 1</p>",
+    "files": [SAMPLE_FILE],
+    "files_json": RawJson(json.dumps([SAMPLE_FILE])),
+    "follow_up_of": "41",
+    "queue": "billing",
+    "priority": "high",
+    "request_type": "refund",
+    "assignee": "alice",
+    "external_ref": "mr-sample",
+    "idempotency_key": "key-sample",
+}
+SAMPLE_COMMENT = {
+    "body": "A reply",
+    "author": "j@example.com",
+    "author_name": "J",
+    "public": True,
+    "from_agent": False,
+    "html": "<p>A reply</p>",
+    "cc": ["c@example.com"],
+    "cc_json": RawJson('["c@example.com"]'),
+    "files": [SAMPLE_FILE],
+    "files_json": RawJson(json.dumps([SAMPLE_FILE])),
+    "ticket_id": "1",
+    "external_ref": "mr-sample",
+    "idempotency_key": "key-sample",
+}
 SAMPLE_ATTACHMENT = {**SAMPLE_FILE, "file_key": "key-sample-f0", "ticket_id": "1", "public": True}
 METHODS = ("POST", "PUT", "PATCH")
 # What a record id in a notification's subject may look like (reference_template's {ticket_id}).
@@ -160,9 +189,14 @@ def files_mode(settings: dict) -> str:
     if mode == FILES_INLINE and (mentions(body, "files") or mentions(body, "files_json")):
         return FILES_WITH_WRITE
     settles = settings.get("idempotency_header") or (
-        settings.get("attachment_lookup_url_template") and settings.get("attachment_lookup_id_path"))
-    if mode == FILES_PER_FILE and settings.get("attachment_url_template") \
-            and settings.get("attachment_body_template") and settles:
+        settings.get("attachment_lookup_url_template") and settings.get("attachment_lookup_id_path")
+    )
+    if (
+        mode == FILES_PER_FILE
+        and settings.get("attachment_url_template")
+        and settings.get("attachment_body_template")
+        and settles
+    ):
         return FILES_AFTER_WRITE
     return FILES_NONE
 
@@ -195,10 +229,16 @@ class DeclaredCapabilities:
 
 class RestDestination(HttpDestination):
     name = "rest"
-    needs_base_url = False      # every URL template may be absolute
-    needs_credentials = False   # an internal API may need none
-    fetched_url_settings = ("create_url", "lookup_url_template", "comment_url_template", "check_url",
-                            "attachment_url_template", "attachment_lookup_url_template")
+    needs_base_url = False  # every URL template may be absolute
+    needs_credentials = False  # an internal API may need none
+    fetched_url_settings = (
+        "create_url",
+        "lookup_url_template",
+        "comment_url_template",
+        "check_url",
+        "attachment_url_template",
+        "attachment_lookup_url_template",
+    )
     capabilities = DeclaredCapabilities()
 
     SETTINGS = {
@@ -225,18 +265,25 @@ class RestDestination(HttpDestination):
         "request_types": Anything(check=route_value_check),
         "assignees": Anything(check=route_value_check),
         "max_description_chars": Number(minimum=100, integer=True),
-        "files": Text(choices=("none", FILES_INLINE, FILES_PER_FILE),
-                      help="inline: files_json in the bodies; per_file: one attachment call per file"),
+        "files": Text(
+            choices=("none", FILES_INLINE, FILES_PER_FILE),
+            help="inline: files_json in the bodies; per_file: one attachment call per file",
+        ),
         "attachment_url_template": Anything(check=url_template_check(ATTACHMENT_PLACEHOLDERS)),
         "attachment_method": Text(choices=METHODS),
         "attachment_body_template": Anything(check=json_template_check(SAMPLE_ATTACHMENT)),
         "attachment_id_path": Text(pattern=DOTTED_PATH),
         "attachment_lookup_url_template": Anything(check=url_template_check(ATTACHMENT_PLACEHOLDERS)),
         "attachment_lookup_id_path": Text(pattern=DOTTED_PATH, help='where the lookup names the file, "data.0.id"'),
-        "closed_status": Number(minimum=400, maximum=499, integer=True,
-                                help="the status a comment on a closed record is answered with (e.g. 409)"),
-        "reference_template": Anything(check=reference_template_check,
-                                       help="the record as the API's notifications name it, e.g. [REC-{ticket_id}]"),
+        "closed_status": Number(
+            minimum=400,
+            maximum=499,
+            integer=True,
+            help="the status a comment on a closed record is answered with (e.g. 409)",
+        ),
+        "reference_template": Anything(
+            check=reference_template_check, help="the record as the API's notifications name it, e.g. [REC-{ticket_id}]"
+        ),
     }
 
     def __init__(self, destination):
@@ -245,7 +292,8 @@ class RestDestination(HttpDestination):
         self.idempotency_header = settings.get("idempotency_header") or ""
         self.honours_idempotency_key = bool(self.idempotency_header)
         self.idempotency_window_seconds = (
-            int(settings.get("idempotency_window_seconds") or 3600) if self.honours_idempotency_key else None)
+            int(settings.get("idempotency_window_seconds") or 3600) if self.honours_idempotency_key else None
+        )
         self.upsert = bool(settings.get("upsert", False))
         lookup = bool(settings.get("lookup_url_template") and settings.get("lookup_id_path"))
         settle = settings.get("lookup_settle_seconds")
@@ -260,26 +308,45 @@ class RestDestination(HttpDestination):
 
     def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
         route = self._route(request)
-        context = body_context(request, route, idempotency_key, external_ref,
-                               files=request.files if self.capabilities.files == FILES_WITH_WRITE else ())
+        context = body_context(
+            request,
+            route,
+            idempotency_key,
+            external_ref,
+            files=request.files if self.capabilities.files == FILES_WITH_WRITE else (),
+        )
         if request.follow_up_of and not mentions(self.settings.get("body_template"), "follow_up_of"):
-            context["description"] = f"Follow-up of record {request.follow_up_of}, which is closed.\n\n" \
-                                     + context["description"]
+            context["description"] = (
+                f"Follow-up of record {request.follow_up_of}, which is closed.\n\n" + context["description"]
+            )
         body = self._render("body_template", context)
         if request.fields:
             if not isinstance(body, dict):
                 raise PermanentError(ReasonCode.CONFIGURATION, "extra fields need a body_template that is an object")
             body = {**body, **dict(sorted(request.fields.items(), key=lambda item: str(item[0])))}
-        url = self._fill("create_url", {"external_ref": external_ref, "idempotency_key": idempotency_key,
-                                        **{name: route[name] or "" for name in ROUTE}})
+        url = self._fill(
+            "create_url",
+            {
+                "external_ref": external_ref,
+                "idempotency_key": idempotency_key,
+                **{name: route[name] or "" for name in ROUTE},
+            },
+        )
         # A declared upsert makes the create (only) safe to send twice.
-        response = self._write(self.settings.get("create_method") or "POST", url, body, idempotency_key,
-                               retry_safe=self.retry_safe or self.upsert)
+        response = self._write(
+            self.settings.get("create_method") or "POST",
+            url,
+            body,
+            idempotency_key,
+            retry_safe=self.retry_safe or self.upsert,
+        )
         ticket_id = self._id_in(response, "id_path")
         if ticket_id is None:
             # It answered 2xx, so the record probably exists; only a declared lookup can tell which.
-            raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE,
-                                   f"HTTP {response.status_code} without an id at {self.settings['id_path']}")
+            raise AmbiguousOutcome(
+                ReasonCode.UNREADABLE_RESPONSE,
+                f"HTTP {response.status_code} without an id at {self.settings['id_path']}",
+            )
         log.info("rest: created %s for %s (HTTP %s)", ticket_id, external_ref, response.status_code)
         return TicketResult(ticket_id=ticket_id, url=self.ticket_url(ticket_id))
 
@@ -297,8 +364,9 @@ class RestDestination(HttpDestination):
             raise PermanentError(ReasonCode.CONFIGURATION, "lookup_id_path does not lead to an id")
         ticket_id = usable_ticket_id(found)
         if ticket_id is None:
-            raise PermanentError(ReasonCode.CONFIGURATION, f"the value at lookup_id_path is not a usable ticket id "
-                                                           f"({TICKET_ID_RULE})")
+            raise PermanentError(
+                ReasonCode.CONFIGURATION, f"the value at lookup_id_path is not a usable ticket id ({TICKET_ID_RULE})"
+            )
         return TicketResult(ticket_id=ticket_id, url=self.ticket_url(ticket_id))
 
     def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
@@ -314,21 +382,40 @@ class RestDestination(HttpDestination):
         files = comment.files if capabilities.files == FILES_WITH_WRITE else ()
         template = self.settings.get("comment_body_template")
         if files and not (mentions(template, "files") or mentions(template, "files_json")):
-            log.warning("rest: comment_body_template writes no files: %d file(s) of a comment on %s not sent",
-                        len(files), ticket_id)
-        context = {"body": body, "author": comment.author_email, "author_name": comment.author_name,
-                   "public": comment.public, "from_agent": comment.from_agent, "html": comment.html,
-                   **people_context(comment.cc), **files_context(files),
-                   "ticket_id": str(ticket_id), "external_ref": external_ref, "idempotency_key": idempotency_key}
+            log.warning(
+                "rest: comment_body_template writes no files: %d file(s) of a comment on %s not sent",
+                len(files),
+                ticket_id,
+            )
+        context = {
+            "body": body,
+            "author": comment.author_email,
+            "author_name": comment.author_name,
+            "public": comment.public,
+            "from_agent": comment.from_agent,
+            "html": comment.html,
+            **people_context(comment.cc),
+            **files_context(files),
+            "ticket_id": str(ticket_id),
+            "external_ref": external_ref,
+            "idempotency_key": idempotency_key,
+        }
         payload = self._render("comment_body_template", context)
         url = self._fill("comment_url_template", {k: context[k] for k in COMMENT_PLACEHOLDERS})
         # `upsert` covers the create only: a comment sent twice is two comments (unless a key is declared).
-        response = self._write(self.settings.get("comment_method") or "POST", url, payload, idempotency_key,
-                               closed_too=True)
+        response = self._write(
+            self.settings.get("comment_method") or "POST", url, payload, idempotency_key, closed_too=True
+        )
         self._refuse_if_closed(response, ticket_id)
         comment_id = self._id_in(response, "comment_id_path") if self.settings.get("comment_id_path") else None
-        log.info("rest: commented on %s for %s (HTTP %s, %s, %d file(s))", ticket_id, external_ref,
-                 response.status_code, "public" if comment.public else "private", len(files))
+        log.info(
+            "rest: commented on %s for %s (HTTP %s, %s, %d file(s))",
+            ticket_id,
+            external_ref,
+            response.status_code,
+            "public" if comment.public else "private",
+            len(files),
+        )
         return comment_id or str(ticket_id)
 
     # --- files after the write (files "per_file") ------------------------------------------------
@@ -340,8 +427,9 @@ class RestDestination(HttpDestination):
         payload = self._render("attachment_body_template", context)
         url = self._fill("attachment_url_template", {"ticket_id": ticket_id, "file_key": file_key})
         # Under the file's own key where the API keeps one: sent again, it answers the first call's file.
-        response = self._write(self.settings.get("attachment_method") or "POST", url, payload, file_key,
-                               closed_too=True)
+        response = self._write(
+            self.settings.get("attachment_method") or "POST", url, payload, file_key, closed_too=True
+        )
         self._refuse_if_closed(response, ticket_id)
         file_id = self._id_in(response, "attachment_id_path") if self.settings.get("attachment_id_path") else None
         log.info("rest: attached file %s to %s (HTTP %s)", file.index, ticket_id, response.status_code)
@@ -360,8 +448,10 @@ class RestDestination(HttpDestination):
             return None
         file_id = usable_ticket_id(found) if isinstance(found, (str, int)) and not isinstance(found, bool) else None
         if file_id is None:
-            raise PermanentError(ReasonCode.CONFIGURATION, f"the value at attachment_lookup_id_path is not a usable "
-                                                           f"id ({TICKET_ID_RULE})")
+            raise PermanentError(
+                ReasonCode.CONFIGURATION,
+                f"the value at attachment_lookup_id_path is not a usable id ({TICKET_ID_RULE})",
+            )
         return file_id
 
     def resolve_reference(self, ref: str) -> str | None:
@@ -385,8 +475,10 @@ class RestDestination(HttpDestination):
         if self.consistent_lookup or self.lookup_settle_seconds is not None:
             made_up = f"mailroom-check-{uuid.uuid4().hex}"
             if self.find_by_external_ref(made_up) is not None:
-                raise PermanentError(ReasonCode.CONFIGURATION, "the lookup found a record for a made-up reference: "
-                                     "check lookup_url_template and lookup_id_path")
+                raise PermanentError(
+                    ReasonCode.CONFIGURATION,
+                    "the lookup found a record for a made-up reference: check lookup_url_template and lookup_id_path",
+                )
             return "the lookup answered 'not found' for a made-up reference"
         raise PermanentError(ReasonCode.CONFIGURATION, "declare check_url (a read-only GET) to check the connection")
 
@@ -418,15 +510,29 @@ class RestDestination(HttpDestination):
 
     # --- HTTP -------------------------------------------------------------------
 
-    def _write(self, method: str, url: str, body, idempotency_key: str, retry_safe: bool | None = None,
-               closed_too: bool = False):
+    def _write(
+        self,
+        method: str,
+        url: str,
+        body,
+        idempotency_key: str,
+        retry_safe: bool | None = None,
+        closed_too: bool = False,
+    ):
         """One write; `closed_too`: the declared closed_status is an answer to read (`_refuse_if_closed`)."""
         key = idempotency_key if self.idempotency_header else None
         closed = self.settings.get("closed_status")
         ok = [*range(200, 300), int(closed)] if closed_too and closed else range(200, 300)
-        return self.send(method, url, write=True, json_body=body, idempotency_key=key,
-                         idempotency_header=self.idempotency_header or "Idempotency-Key", retry_safe=retry_safe,
-                         ok_statuses=ok)
+        return self.send(
+            method,
+            url,
+            write=True,
+            json_body=body,
+            idempotency_key=key,
+            idempotency_header=self.idempotency_header or "Idempotency-Key",
+            retry_safe=retry_safe,
+            ok_statuses=ok,
+        )
 
     def _refuse_if_closed(self, response, ticket_id) -> None:
         closed = self.settings.get("closed_status")
@@ -447,9 +553,11 @@ class RestDestination(HttpDestination):
         ticket_id = usable_ticket_id(found)
         if ticket_id is None:
             # It answered 2xx, so the record probably exists; what it calls its id cannot be stored or shown.
-            raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE,
-                                   f"HTTP {response.status_code}: the value at {self.settings[setting]} is not a "
-                                   f"usable id ({TICKET_ID_RULE})")
+            raise AmbiguousOutcome(
+                ReasonCode.UNREADABLE_RESPONSE,
+                f"HTTP {response.status_code}: the value at {self.settings[setting]} is not a "
+                f"usable id ({TICKET_ID_RULE})",
+            )
         return ticket_id
 
     def auth_for(self, secret):
@@ -470,8 +578,9 @@ class RestDestination(HttpDestination):
 # into URLs, so it is short printable text without spaces, quotes or markup.
 MAX_TICKET_ID_CHARS = 200
 TICKET_ID = re.compile(rf"[!#$%()*+,\-./0-9:;=?@A-Z\[\]^_a-z{{|}}~]{{1,{MAX_TICKET_ID_CHARS}}}")
-TICKET_ID_RULE = (f"at most {MAX_TICKET_ID_CHARS} printable ASCII characters, without spaces, quotes, "
-                  "backslashes or < > &")
+TICKET_ID_RULE = (
+    f"at most {MAX_TICKET_ID_CHARS} printable ASCII characters, without spaces, quotes, backslashes or < > &"
+)
 
 
 def usable_ticket_id(value) -> str | None:
@@ -486,8 +595,13 @@ def people_context(cc) -> dict:
 
 def file_record(file: OutgoingFile) -> dict:
     """A file as the templates see it."""
-    return {"filename": file.filename, "content_type": file.content_type or "application/octet-stream",
-            "size": file.size, "sha256": file.sha256, "content_base64": base64.b64encode(file.read()).decode()}
+    return {
+        "filename": file.filename,
+        "content_type": file.content_type or "application/octet-stream",
+        "size": file.size,
+        "sha256": file.sha256,
+        "content_base64": base64.b64encode(file.read()).decode(),
+    }
 
 
 def files_context(files) -> dict:
@@ -500,10 +614,18 @@ def body_context(request: TicketRequest, route: dict, idempotency_key: str, exte
     name, address = email.utils.parseaddr(request.requester)
     address = address or request.requester
     return {
-        "subject": request.subject, "description": request.description, "requester": request.requester,
-        "requester_email": address, "requester_name": request.requester_name or name or address.split("@")[0],
-        "tags": list(request.tags), "tags_json": RawJson(json.dumps(list(request.tags), ensure_ascii=False)),
-        **people_context(request.cc), "html": request.html, **files_context(files),
+        "subject": request.subject,
+        "description": request.description,
+        "requester": request.requester,
+        "requester_email": address,
+        "requester_name": request.requester_name or name or address.split("@")[0],
+        "tags": list(request.tags),
+        "tags_json": RawJson(json.dumps(list(request.tags), ensure_ascii=False)),
+        **people_context(request.cc),
+        "html": request.html,
+        **files_context(files),
         "follow_up_of": request.follow_up_of,
-        **route, "external_ref": external_ref, "idempotency_key": idempotency_key,
+        **route,
+        "external_ref": external_ref,
+        "idempotency_key": idempotency_key,
     }

@@ -17,6 +17,7 @@ render within those limits for a sample request, and for a stress request whose 
 characters (what grows with the square of the description, such as a loop over it that prints it, fails
 there), and it may not nest {% for %} loops.
 """
+
 import json
 import re
 import time
@@ -37,8 +38,20 @@ STRESS_CHARS = 20_000
 # Output allowed per character of the request's own text (JSON escaping makes a control character six).
 OUTPUT_PER_INPUT_CHAR = 8
 
-SAFE_TAGS = ("comment", "cycle", "filter", "firstof", "for", "if", "ifchanged", "spaceless", "templatetag",
-             "verbatim", "with", "widthratio")
+SAFE_TAGS = (
+    "comment",
+    "cycle",
+    "filter",
+    "firstof",
+    "for",
+    "if",
+    "ifchanged",
+    "spaceless",
+    "templatetag",
+    "verbatim",
+    "with",
+    "widthratio",
+)
 REFUSED_FILTERS = {
     "random": "a retry must send the very same body",
     "ljust": "its argument sets the size of the text it builds",
@@ -94,14 +107,15 @@ _bounded_join.needs_autoescape = True
 
 
 class _AdminEngine(Engine):
-    default_builtins = []   # no loader tags; the safe tags and filters are added below
+    default_builtins = []  # no loader tags; the safe tags and filters are added below
 
 
 def _engine() -> Engine:
     library = Library()
     library.tags.update({name: defaulttags.register.tags[name] for name in SAFE_TAGS})
-    library.filters.update({name: function for name, function in defaultfilters.register.filters.items()
-                            if name not in REFUSED_FILTERS})
+    library.filters.update(
+        {name: function for name, function in defaultfilters.register.filters.items() if name not in REFUSED_FILTERS}
+    )
     library.filters["join"] = _bounded_join
     engine = _AdminEngine(loaders=[], libraries={}, autoescape=False)
     engine.template_builtins = [library]
@@ -207,13 +221,15 @@ def render_json(source: str, context: dict, *, seconds: float | None = None, max
     seconds = settings.MAILROOM_REST_TEMPLATE_SECONDS if seconds is None else seconds
     if max_chars is None:
         max_chars = settings.MAILROOM_REST_TEMPLATE_MAX_CHARS + OUTPUT_PER_INPUT_CHAR * input_chars(context)
-    text = render_text(template, {name: json_text(value) for name, value in context.items()}, seconds=seconds,
-                       max_chars=max_chars)
+    text = render_text(
+        template, {name: json_text(value) for name, value in context.items()}, seconds=seconds, max_chars=max_chars
+    )
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise TemplateProblem(f"the template did not render valid JSON (line {exc.lineno}, column {exc.colno})") \
-            from None
+        raise TemplateProblem(
+            f"the template did not render valid JSON (line {exc.lineno}, column {exc.colno})"
+        ) from None
 
 
 def render_text(template, values: dict, *, seconds: float, max_chars: int) -> str:
@@ -245,11 +261,13 @@ def mentions(source, name: str) -> bool:
 
 def fill_url(template: str, values: dict) -> str:
     """A URL template with each {name} replaced by the URL-quoted value (unknown names: a TemplateProblem)."""
+
     def replace(match):
         name = match.group(1)
         if name not in values:
             raise TemplateProblem(f"unknown placeholder {{{name}}}")
         return quote(str(values[name]), safe="")
+
     return PLACEHOLDER.sub(replace, template)
 
 
@@ -267,13 +285,16 @@ def at_path(document, path: str):
 
 # --- Settings checks (ticketing.destinations.settings.Anything) ---------------------------------------
 
+
 def stressed(sample: dict) -> dict:
     """`sample` with every text repeated to STRESS_CHARS long (lists and our own JSON as they are)."""
+
     def long(value):
         if isinstance(value, RawJson) or not isinstance(value, str) or not value:
             return value
         unit = value + " "
         return (unit * (STRESS_CHARS // len(unit) + 1))[:STRESS_CHARS]
+
     return {name: long(value) for name, value in sample.items()}
 
 
@@ -302,11 +323,13 @@ def json_template_check(sample: dict):
         except TemplateProblem as exc:
             return [f"{exc} (rendered for a request whose texts are {STRESS_CHARS} characters long)"]
         return []
+
     return errors
 
 
 def url_template_check(allowed: tuple[str, ...]):
     """A check for a URL template: an http(s) URL or a /path, with only the `allowed` {placeholders}."""
+
     def errors(value) -> list[str]:
         messages = Url(max_length=2000).errors(value)
         if messages:
@@ -316,6 +339,7 @@ def url_template_check(allowed: tuple[str, ...]):
             known = ", ".join("{" + name + "}" for name in allowed) or "none"
             return [f"unknown placeholder {{{unknown[0]}}} (known: {known})"]
         return []
+
     return errors
 
 
@@ -336,5 +360,8 @@ def header_check(value) -> list[str]:
 def route_value_check(value) -> list[str]:
     if not isinstance(value, dict):
         return ["must be an object of name: value"]
-    return [f"{key!r}: must be text or a number" for key, item in value.items()
-            if isinstance(item, bool) or not isinstance(item, (str, int, float))]
+    return [
+        f"{key!r}: must be text or a number"
+        for key, item in value.items()
+        if isinstance(item, bool) or not isinstance(item, (str, int, float))
+    ]

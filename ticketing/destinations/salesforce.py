@@ -42,6 +42,7 @@ Left out: tags (a Case has none), listing for reconciliation.
 
 Nothing logged here contains a ticket body, a token or a full email address.
 """
+
 import base64
 import email.utils
 import hashlib
@@ -86,8 +87,7 @@ DEFAULT_PRIORITIES = {"low": "Low", "normal": "Medium", "high": "High", "urgent"
 MAX_COMMENT_CHARS = 4000
 COMMENT_CUT_NOTICE = "\n\n[Mailroom: shortened to fit Salesforce's 4,000-character comment limit.]"
 # A ParentId that names no Case (deleted, or another org's): the ticket is gone, not our fields.
-MISSING_PARENT_CODES = {"INVALID_CROSS_REFERENCE_KEY", "FIELD_INTEGRITY_EXCEPTION", "MALFORMED_ID",
-                        "ENTITY_IS_DELETED"}
+MISSING_PARENT_CODES = {"INVALID_CROSS_REFERENCE_KEY", "FIELD_INTEGRITY_EXCEPTION", "MALFORMED_ID", "ENTITY_IS_DELETED"}
 DESCRIPTION_CUT_NOTICE = "\n\n[Mailroom: shortened to fit Salesforce's 32,000-character description limit.]"
 FIELD_NAME = r"[A-Za-z][A-Za-z0-9_]*"
 # A JSON (non-multipart) insert takes at most 37.5 MB of base64-encoded data (REST API, "Insert or Update
@@ -116,34 +116,51 @@ class SalesforceDestination(HttpDestination):
     fetched_url_settings = ("login_url",)
 
     capabilities = Capabilities(
-        files=FILES_AFTER_WRITE, max_file_bytes=MAX_JSON_FILE_BYTES, html=False,  # Case.Description is plain
-        requester=REQUESTER_FIND_OR_CREATE, cc_field="", customer_authored_comments=False, internal_notes=True,
+        files=FILES_AFTER_WRITE,
+        max_file_bytes=MAX_JSON_FILE_BYTES,
+        html=False,  # Case.Description is plain
+        requester=REQUESTER_FIND_OR_CREATE,
+        cc_field="",
+        customer_authored_comments=False,
+        internal_notes=True,
         closed_policies=(FOLLOW_UP, REOPEN, REVIEW),
         # Auto-response rules answer Email-to-Case and Web-to-Case; a REST insert cannot ask for them (the
         # EmailHeader that triggers them is SOAP-only), so Salesforce does not acknowledge our Cases.
-        acknowledges_requester=False, requests_per_minute=DEFAULT_REQUESTS_PER_MINUTE)
+        acknowledges_requester=False,
+        requests_per_minute=DEFAULT_REQUESTS_PER_MINUTE,
+    )
     reference_patterns = (REF_ID,)
     reference_fields = ("subject", "body")
 
     SETTINGS = {
         **HTTP_SETTINGS,
         "api_version": Text(pattern=r"\d{2,3}\.0", help='REST API version ("62.0")'),
-        "external_id_field": Text(pattern=r"[A-Za-z][A-Za-z0-9_]*", max_length=80,
-                                  help="the Case External ID field holding our reference (Mailroom_Ref__c)"),
+        "external_id_field": Text(
+            pattern=r"[A-Za-z][A-Za-z0-9_]*",
+            max_length=80,
+            help="the Case External ID field holding our reference (Mailroom_Ref__c)",
+        ),
         "auth_flow": Text(choices=("client_credentials", "jwt_bearer"), help="OAuth flow (client_credentials)"),
         "login_url": Url(help="where the token endpoint is (base_url); https://login.salesforce.com for JWT"),
         "username": Text(pattern=r"[^@\s]+@[^@\s]+", help="the integration user (JWT bearer flow: sub)"),
         "origin": Text(max_length=40, help='Case.Origin ("Email")'),
         "comment_public": Flag(help="a customer's CaseComment is published, IsPublished (true)"),
         "create_contacts": Flag(help="an unknown requester becomes a Contact (true)"),
-        "file_key_field": Text(pattern=FIELD_NAME, max_length=80,
-                               help="the ContentVersion text field that keeps each file's key (ReasonForChange)"),
-        "reopen_status": Text(max_length=40, help='Case.Status a reply sets on a closed Case, closed_policy reopen '
-                                                  '("New")'),
+        "file_key_field": Text(
+            pattern=FIELD_NAME,
+            max_length=80,
+            help="the ContentVersion text field that keeps each file's key (ReasonForChange)",
+        ),
+        "reopen_status": Text(
+            max_length=40, help='Case.Status a reply sets on a closed Case, closed_policy reopen ("New")'
+        ),
         "queues": Mapping(values=Text(pattern=SALESFORCE_ID), help="queue slug -> queue id (OwnerId)"),
         "owners": Mapping(values=Text(pattern=SALESFORCE_ID), help="assignee name -> user id (OwnerId)"),
-        "priorities": Mapping(keys=r"low|normal|high|urgent", values=Text(max_length=40),
-                              help="Mailroom priority -> Case.Priority picklist value"),
+        "priorities": Mapping(
+            keys=r"low|normal|high|urgent",
+            values=Text(max_length=40),
+            help="Mailroom priority -> Case.Priority picklist value",
+        ),
         "case_types": Mapping(values=Text(max_length=255), help="request type -> Type value or record type id"),
     }
 
@@ -178,25 +195,32 @@ class SalesforceDestination(HttpDestination):
         payload = case_payload(request, self.settings, self.external_id_field, contact_id=contact_id)
         try:
             # An upsert: sent twice it updates the one Case, so a 5xx after it is transient.
-            response = self.send("PATCH", self._case_path(external_ref), write=True, json_body=payload,
-                                 retry_safe=True)
+            response = self.send("PATCH", self._case_path(external_ref), write=True, json_body=payload, retry_safe=True)
         except PermanentError as exc:
             if exc.reason == ReasonCode.NOT_FOUND:
-                raise PermanentError(ReasonCode.CONFIGURATION, f"no Case field {self.external_id_field} "
-                                     f"usable as External ID, or API version {self.api_version} unknown") from None
+                raise PermanentError(
+                    ReasonCode.CONFIGURATION,
+                    f"no Case field {self.external_id_field} "
+                    f"usable as External ID, or API version {self.api_version} unknown",
+                ) from None
             raise
         body = json_object(response, write=True)
         case_id = body.get("id")
         if not case_id or body.get("success") is False:
             # It answered 2xx: the Case probably exists; the upsert can be sent again safely.
             raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code} without a Case id")
-        log.info("salesforce: %s Case %s for %s", "created" if body.get("created", True) else "updated (retry)",
-                 case_id, external_ref)
+        log.info(
+            "salesforce: %s Case %s for %s",
+            "created" if body.get("created", True) else "updated (retry)",
+            case_id,
+            external_ref,
+        )
         return TicketResult(ticket_id=str(case_id), url=self.ticket_url(case_id))
 
     def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
-        response = self.send("GET", self._case_path(external_ref), write=False, params={"fields": "Id"},
-                             ok_statuses=(200, 300, 404))
+        response = self.send(
+            "GET", self._case_path(external_ref), write=False, params={"fields": "Id"}, ok_statuses=(200, 300, 404)
+        )
         if response.status_code == 404:
             if "external id field" in response.text.lower():
                 raise PermanentError(ReasonCode.CONFIGURATION, f"no External ID field {self.external_id_field}")
@@ -222,8 +246,12 @@ class SalesforceDestination(HttpDestination):
         # A CaseComment is no upsert: a 5xx after it is ambiguous (a second POST may add it twice).
         response = self.send("POST", f"{self.data_path}/sobjects/CaseComment", write=True, json_body=payload)
         comment_id = json_object(response, write=True).get("id")
-        log.info("salesforce: commented on Case %s for %s (%s)", ticket_id, external_ref,
-                 "published" if published else "not published")
+        log.info(
+            "salesforce: commented on Case %s for %s (%s)",
+            ticket_id,
+            external_ref,
+            "published" if published else "not published",
+        )
         return str(comment_id or ticket_id)
 
     # --- Files: one ContentVersion per file, published to the Case -------------------------------
@@ -233,22 +261,29 @@ class SalesforceDestination(HttpDestination):
         (its ContentDocumentLink is made by Salesforce). `public` is not carried: the link's visibility is the
         org's default for files on records (internal users only where the org has a site or portal)."""
         data = file.read()
-        payload = {"Title": os.path.splitext(file.filename)[0] or file.filename, "PathOnClient": file.filename,
-                   "VersionData": base64.b64encode(data).decode("ascii"), "FirstPublishLocationId": str(ticket_id),
-                   self.file_key_field: file_key}
+        payload = {
+            "Title": os.path.splitext(file.filename)[0] or file.filename,
+            "PathOnClient": file.filename,
+            "VersionData": base64.b64encode(data).decode("ascii"),
+            "FirstPublishLocationId": str(ticket_id),
+            self.file_key_field: file_key,
+        }
         # No upsert, no key: a 5xx or a lost answer after it is ambiguous; `find_file` settles it.
         response = self.send("POST", f"{self.data_path}/sobjects/ContentVersion", write=True, json_body=payload)
         version_id = json_object(response, write=True).get("id")
         if not version_id:
-            raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE,
-                                   f"HTTP {response.status_code} without a ContentVersion id")
+            raise AmbiguousOutcome(
+                ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code} without a ContentVersion id"
+            )
         log.info("salesforce: file %s attached to Case %s as ContentVersion %s", file.index, ticket_id, version_id)
         return str(version_id)
 
     def find_file(self, ticket_id: str, file: OutgoingFile, file_key: str) -> str | None:
         """The ContentVersion an earlier attempt inserted for `file_key` on this Case (SOQL sees it at once)."""
-        records = self.query(f"SELECT Id, FirstPublishLocationId FROM ContentVersion WHERE "
-                             f"{self.file_key_field} = {soql_string(file_key)} ORDER BY CreatedDate LIMIT 10")
+        records = self.query(
+            f"SELECT Id, FirstPublishLocationId FROM ContentVersion WHERE "
+            f"{self.file_key_field} = {soql_string(file_key)} ORDER BY CreatedDate LIMIT 10"
+        )
         case = str(ticket_id)[:15]
         for record in records:
             if str(record.get("FirstPublishLocationId") or "")[:15] == case and record.get("Id"):
@@ -294,16 +329,20 @@ class SalesforceDestination(HttpDestination):
         except PermanentError as exc:
             if exc.reason in (ReasonCode.CREDENTIALS, ReasonCode.CONFIGURATION):
                 raise
-            log.warning("salesforce: no Contact for %s (%s); the Case keeps SuppliedEmail only",
-                        mask_address(address), exc.reason)
+            log.warning(
+                "salesforce: no Contact for %s (%s); the Case keeps SuppliedEmail only",
+                mask_address(address),
+                exc.reason,
+            )
             return None
         if contact_id:
             self.journal.put("salesforce:requester_contact", {"email": address.lower(), "id": contact_id})
         return contact_id
 
     def _contact_by_email(self, address: str) -> str | None:
-        records = self.query(f"SELECT Id FROM Contact WHERE Email = {soql_string(address)} "
-                             "ORDER BY CreatedDate LIMIT 1")
+        records = self.query(
+            f"SELECT Id FROM Contact WHERE Email = {soql_string(address)} ORDER BY CreatedDate LIMIT 1"
+        )
         return str(records[0]["Id"]) if records and records[0].get("Id") else None
 
     def _create_contact(self, address: str, name: str) -> str | None:
@@ -324,8 +363,13 @@ class SalesforceDestination(HttpDestination):
     def _open_for_comment(self, case_id: str) -> None:
         """Salesforce takes a CaseComment on a closed Case too; Mailroom asks first (IsClosed) and applies the
         destination's closed_policy: reopen sets Status to reopen_status, anything else raises TicketClosed."""
-        response = self.send("GET", f"{self.data_path}/sobjects/Case/{case_id}", write=False,
-                             params={"fields": "IsClosed,Status"}, ok_statuses=(200, 404))
+        response = self.send(
+            "GET",
+            f"{self.data_path}/sobjects/Case/{case_id}",
+            write=False,
+            params={"fields": "IsClosed,Status"},
+            ok_statuses=(200, 404),
+        )
         if response.status_code == 404:
             raise PermanentError(ReasonCode.NOT_FOUND, "the Case does not exist")
         if not json_object(response, write=False).get("IsClosed"):
@@ -333,8 +377,13 @@ class SalesforceDestination(HttpDestination):
         if self.closed_policy != REOPEN:
             raise TicketClosed(f"Case {case_id} is closed")
         # Setting a field to a value is idempotent: sent twice, it has the effect of once.
-        self.send("PATCH", f"{self.data_path}/sobjects/Case/{case_id}", write=True,
-                  json_body={"Status": self.reopen_status}, retry_safe=True)
+        self.send(
+            "PATCH",
+            f"{self.data_path}/sobjects/Case/{case_id}",
+            write=True,
+            json_body={"Status": self.reopen_status},
+            retry_safe=True,
+        )
         log.info("salesforce: reopened Case %s for a reply (closed_policy reopen)", case_id)
 
     def ticket_url(self, ticket_id) -> str:
@@ -346,19 +395,24 @@ class SalesforceDestination(HttpDestination):
             response = self.send("GET", f"{self.data_path}/sobjects/Case/describe", write=False)
         except PermanentError as exc:
             if exc.reason == ReasonCode.NOT_FOUND:
-                raise PermanentError(ReasonCode.CONFIGURATION,
-                                     f"API version {self.api_version} or the Case object is not available") from None
+                raise PermanentError(
+                    ReasonCode.CONFIGURATION, f"API version {self.api_version} or the Case object is not available"
+                ) from None
             raise
-        fields = {f.get("name"): f for f in json_object(response, write=False).get("fields") or []
-                  if isinstance(f, dict)}
+        fields = {
+            f.get("name"): f for f in json_object(response, write=False).get("fields") or [] if isinstance(f, dict)
+        }
         field = fields.get(self.external_id_field)
         if field is None:
-            raise PermanentError(ReasonCode.CONFIGURATION,
-                                 f"Case has no field {self.external_id_field} (or the user cannot see it): create a "
-                                 "Text field marked External ID and Unique, or set external_id_field")
+            raise PermanentError(
+                ReasonCode.CONFIGURATION,
+                f"Case has no field {self.external_id_field} (or the user cannot see it): create a "
+                "Text field marked External ID and Unique, or set external_id_field",
+            )
         if not field.get("externalId"):
-            raise PermanentError(ReasonCode.CONFIGURATION,
-                                 f"Case.{self.external_id_field} is not marked External ID: upserts need it")
+            raise PermanentError(
+                ReasonCode.CONFIGURATION, f"Case.{self.external_id_field} is not marked External ID: upserts need it"
+            )
         unique = "unique" if field.get("unique") else "NOT unique (the upsert then needs View All Data)"
         return f"signed in to Salesforce ({self.auth_flow}); Case.{self.external_id_field} is an External ID, {unique}"
 
@@ -399,17 +453,22 @@ class SalesforceDestination(HttpDestination):
                 raise PermanentError(ReasonCode.CONFIGURATION, "the JWT bearer flow needs the username setting")
             if not credentials.get("private_key"):
                 raise PermanentError(ReasonCode.CREDENTIALS, 'the JWT bearer flow needs {"client_id", "private_key"}')
-            assertion = jwt_assertion(credentials["client_id"], self.username, self.login_url,
-                                      credentials["private_key"])
+            assertion = jwt_assertion(
+                credentials["client_id"], self.username, self.login_url, credentials["private_key"]
+            )
             form = {"grant_type": JWT_GRANT, "assertion": assertion}
         else:
             if not credentials.get("client_secret"):
                 raise PermanentError(ReasonCode.CREDENTIALS, "the client credentials flow needs a client secret")
-            form = {"grant_type": "client_credentials", "client_id": credentials["client_id"],
-                    "client_secret": credentials["client_secret"]}
+            form = {
+                "grant_type": "client_credentials",
+                "client_id": credentials["client_id"],
+                "client_secret": credentials["client_secret"],
+            }
         try:
-            response = self.session.post(self.login_url + TOKEN_PATH, data=form, timeout=self.timeout,
-                                         allow_redirects=False)
+            response = self.session.post(
+                self.login_url + TOKEN_PATH, data=form, timeout=self.timeout, allow_redirects=False
+            )
         except EgressRefused as exc:
             raise egress_refusal(exc) from None
         except requests.RequestException as exc:
@@ -421,15 +480,21 @@ class SalesforceDestination(HttpDestination):
             pass
         body = body if isinstance(body, dict) else {}
         if response.status_code == 200 and body.get("access_token"):
-            log.info("salesforce: obtained an access token (%s) for destination %s", self.auth_flow,
-                     self.destination.slug or "-")
+            log.info(
+                "salesforce: obtained an access token (%s) for destination %s",
+                self.auth_flow,
+                self.destination.slug or "-",
+            )
             return str(body["access_token"])
         if response.status_code == 429 or response.status_code >= 500:
-            raise answered_with(TransientError(ReasonCode.UNAVAILABLE, f"token endpoint: HTTP {response.status_code}"),
-                                response.status_code)
+            raise answered_with(
+                TransientError(ReasonCode.UNAVAILABLE, f"token endpoint: HTTP {response.status_code}"),
+                response.status_code,
+            )
         error = str(body.get("error") or f"HTTP {response.status_code}")[:100]
-        raise answered_with(PermanentError(ReasonCode.CREDENTIALS, f"token endpoint refused: {error}"),
-                            response.status_code)
+        raise answered_with(
+            PermanentError(ReasonCode.CREDENTIALS, f"token endpoint refused: {error}"), response.status_code
+        )
 
     # --- Error mapping ------------------------------------------------------
 
@@ -438,14 +503,19 @@ class SalesforceDestination(HttpDestination):
         errors = salesforce_errors(response)
         codes = {e.get("errorCode") for e in errors}
         if status == 300:
-            return PermanentError(ReasonCode.MULTIPLE_MATCHES,
-                                  f"{len(case_ids_of(response))} Cases carry this {self.external_id_field}")
+            return PermanentError(
+                ReasonCode.MULTIPLE_MATCHES, f"{len(case_ids_of(response))} Cases carry this {self.external_id_field}"
+            )
         if status == 403 and "REQUEST_LIMIT_EXCEEDED" in codes:
             # The org's rolling 24-hour API limit (Salesforce sends no Retry-After; the fake may).
-            return TransientError(ReasonCode.RATE_LIMITED, "REQUEST_LIMIT_EXCEEDED",
-                                  retry_after=parse_retry_after(response.headers.get("Retry-After")))
-        if status == 400 and any(e.get("errorCode") in MISSING_PARENT_CODES and "ParentId" in (e.get("fields") or [])
-                                 for e in errors):
+            return TransientError(
+                ReasonCode.RATE_LIMITED,
+                "REQUEST_LIMIT_EXCEEDED",
+                retry_after=parse_retry_after(response.headers.get("Retry-After")),
+            )
+        if status == 400 and any(
+            e.get("errorCode") in MISSING_PARENT_CODES and "ParentId" in (e.get("fields") or []) for e in errors
+        ):
             return PermanentError(ReasonCode.NOT_FOUND, "the parent Case does not exist")
         if status == 400 and errors:
             return PermanentError(ReasonCode.INVALID_FIELDS, field_errors(errors, status))
@@ -504,8 +574,9 @@ def jwt_assertion(client_id: str, username: str, audience: str, private_key_pem:
     if not isinstance(key, rsa.RSAPrivateKey):
         raise PermanentError(ReasonCode.CREDENTIALS, "the JWT bearer flow needs an RSA private key")
     header = _b64url(json.dumps({"alg": "RS256", "typ": "JWT"}).encode())
-    claims = _b64url(json.dumps({"iss": client_id, "sub": username, "aud": audience,
-                                 "exp": int(time.time()) + lifetime}).encode())
+    claims = _b64url(
+        json.dumps({"iss": client_id, "sub": username, "aud": audience, "exp": int(time.time()) + lifetime}).encode()
+    )
     signing_input = f"{header}.{claims}".encode()
     signature = key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
     return f"{header}.{claims}.{_b64url(signature)}"
@@ -530,14 +601,16 @@ def route_fields(request: TicketRequest, settings: dict) -> dict:
     return fields
 
 
-def case_payload(request: TicketRequest, settings: dict, external_id_field: str, contact_id: str | None = None
-                 ) -> dict:
+def case_payload(request: TicketRequest, settings: dict, external_id_field: str, contact_id: str | None = None) -> dict:
     """The Case for a request. Deterministic: a retried upsert sends the very same body. The external id
     field travels in the URL only (Salesforce refuses it in the body of an upsert by that field)."""
     name, address = email.utils.parseaddr(request.requester)
     address = address or request.requester
-    case = {"Subject": request.subject, "Description": description_with_cc(request.description, request.cc),
-            "Origin": str(settings.get("origin") or "Email")}
+    case = {
+        "Subject": request.subject,
+        "Description": description_with_cc(request.description, request.cc),
+        "Origin": str(settings.get("origin") or "Email"),
+    }
     if address:
         case["SuppliedEmail"] = address
         case["SuppliedName"] = request.requester_name or name or address.split("@")[0]
@@ -558,21 +631,24 @@ def description_with_cc(description: str, cc) -> str:
         return description
     text = f"CC: {', '.join(cc)}\n\n{description}"
     if len(text) > 32_000:
-        text = text[:32_000 - len(DESCRIPTION_CUT_NOTICE)] + DESCRIPTION_CUT_NOTICE
+        text = text[: 32_000 - len(DESCRIPTION_CUT_NOTICE)] + DESCRIPTION_CUT_NOTICE
     return text
 
 
 def comment_body(comment: CommentRequest) -> str:
     """The CaseComment text: who wrote it (the API user is its CreatedBy), whom it copied, then the reply; cut
     the same way every time to CaseComment's 4,000 characters."""
-    author = email.utils.formataddr((comment.author_name, comment.author_email)) if comment.author_name \
+    author = (
+        email.utils.formataddr((comment.author_name, comment.author_email))
+        if comment.author_name
         else comment.author_email
+    )
     lines = [f"From: {author}{' (agent)' if comment.from_agent else ''}"]
     if comment.cc:
         lines.append(f"CC: {', '.join(comment.cc)}")
     body = "\n".join(lines) + "\n\n" + comment.body
     if len(body) > MAX_COMMENT_CHARS:
-        body = body[:MAX_COMMENT_CHARS - len(COMMENT_CUT_NOTICE)] + COMMENT_CUT_NOTICE
+        body = body[: MAX_COMMENT_CHARS - len(COMMENT_CUT_NOTICE)] + COMMENT_CUT_NOTICE
     return body
 
 

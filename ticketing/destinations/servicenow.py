@@ -57,6 +57,7 @@ A follow-up of a closed incident names it in `parent_incident` (`parent` on anot
 
 Nothing logged here contains a ticket body or a full email address.
 """
+
 import email.utils
 import logging
 import re
@@ -91,15 +92,22 @@ DEFAULT_PRIORITIES = {
     "normal": {"impact": "2", "urgency": "2"},
     "low": {"impact": "2", "urgency": "3"},
 }
-SHORT_DESCRIPTION_CHARS = 160   # incident.short_description's length
+SHORT_DESCRIPTION_CHARS = 160  # incident.short_description's length
 LOOKUP_LIMIT = 10
 MAX_DETAIL_CHARS = 2000
 SYS_ID = re.compile(r"[0-9a-f]{32}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 # The number prefix of each table whose records a notification names (Number maintenance defaults).
-NUMBER_PREFIXES = {"incident": "INC", "problem": "PRB", "change_request": "CHG", "sc_request": "REQ",
-                   "sc_req_item": "RITM", "sc_task": "SCTASK", "sn_customerservice_case": "CS"}
-RESOLVED = "6"                  # the Resolved state of incident and case
+NUMBER_PREFIXES = {
+    "incident": "INC",
+    "problem": "PRB",
+    "change_request": "CHG",
+    "sc_request": "REQ",
+    "sc_req_item": "RITM",
+    "sc_task": "SCTASK",
+    "sn_customerservice_case": "CS",
+}
+RESOLVED = "6"  # the Resolved state of incident and case
 # The state a reopened record goes back to: incident's In Progress, case's Open.
 REOPENED_STATE = {"incident": "2", "sn_customerservice_case": "10"}
 PEOPLE_STEP = "people"
@@ -127,17 +135,17 @@ class ServiceNowDestination(HttpDestination):
     max_description_chars = 4000
 
     capabilities = Capabilities(
-        files=FILES_AFTER_WRITE,                # the Attachment API, one call per file on the record
-        max_file_bytes=1024 * MB,               # com.glide.attachment.max_size, 1024 MB by default
-        html=False,                             # description and comments are plain text
-        requester=REQUESTER_FIND_OR_CREATE,     # a sys_user, found by email or made: caller_id
+        files=FILES_AFTER_WRITE,  # the Attachment API, one call per file on the record
+        max_file_bytes=1024 * MB,  # com.glide.attachment.max_size, 1024 MB by default
+        html=False,  # description and comments are plain text
+        requester=REQUESTER_FIND_OR_CREATE,  # a sys_user, found by email or made: caller_id
         cc_field="watch_list",
-        customer_authored_comments=False,       # the integration user writes every journal entry
-        internal_notes=True,                    # work_notes
+        customer_authored_comments=False,  # the integration user writes every journal entry
+        internal_notes=True,  # work_notes
         closed_policies=(FOLLOW_UP, REOPEN, REVIEW),
         # The baseline "Incident opened for me" notification mails the caller (a sys_user with an email).
         acknowledges_requester=True,
-        requests_per_minute=None,               # no instance-wide quota unless an admin adds a rate limit rule
+        requests_per_minute=None,  # no instance-wide quota unless an admin adds a rate limit rule
     )
     reference_patterns = (number_pattern(NUMBER_PREFIXES["incident"]), WATERMARK)
     reference_fields = ("subject", "body")
@@ -149,8 +157,11 @@ class ServiceNowDestination(HttpDestination):
         "coalesce_field": Text(pattern=TABLE_NAME, help="the staging column the transform coalesces on"),
         "comment_field": Text(choices=("comments", "work_notes")),
         "assignment_groups": Mapping(values=Text(), help="queue slug -> assignment group (name or sys_id)"),
-        "priorities": Mapping(values=Anything(check=_impact_urgency_errors), keys="|".join(PRIORITY_WORDS),
-                              help="priority -> impact and urgency"),
+        "priorities": Mapping(
+            values=Anything(check=_impact_urgency_errors),
+            keys="|".join(PRIORITY_WORDS),
+            help="priority -> impact and urgency",
+        ),
         "categories": Mapping(values=Text(), help="request type slug -> category"),
         "assignees": Mapping(values=Text(), help="assignee name -> user (name or sys_id)"),
         "create_callers": Flag(help="make a sys_user for a sender the instance does not know (true)"),
@@ -171,13 +182,22 @@ class ServiceNowDestination(HttpDestination):
     # --- The interface ------------------------------------------------------
 
     def create_ticket(self, request: TicketRequest, idempotency_key: str, external_ref: str) -> TicketResult:
-        record = record_payload(request, external_ref, {**self.settings, "table": self.table},
-                                people=self._people(request))
+        record = record_payload(
+            request, external_ref, {**self.settings, "table": self.table}, people=self._people(request)
+        )
         if self.import_set_table:
             return self._import(record, external_ref)
-        response = self.send("POST", f"/api/now/table/{self.table}", write=True, json_body=record,
-                             params={"sysparm_input_display_value": "true", "sysparm_exclude_reference_link": "true",
-                                     "sysparm_fields": "sys_id,number"})
+        response = self.send(
+            "POST",
+            f"/api/now/table/{self.table}",
+            write=True,
+            json_body=record,
+            params={
+                "sysparm_input_display_value": "true",
+                "sysparm_exclude_reference_link": "true",
+                "sysparm_fields": "sys_id,number",
+            },
+        )
         result = json_object(response, write=True).get("result")
         if not isinstance(result, dict) or not result.get("sys_id"):
             # It answered 2xx, so the record probably exists; only the lookup can tell which.
@@ -189,8 +209,14 @@ class ServiceNowDestination(HttpDestination):
         staged = {(name if name.startswith("u_") else f"u_{name}"): value for name, value in record.items()}
         staged[self.coalesce_field] = external_ref
         # The coalesce makes this create an insert-or-update on our reference: sending it twice is harmless.
-        response = self.send("POST", f"/api/now/import/{self.import_set_table}", write=True, json_body=staged,
-                             params={"sysparm_input_display_value": "true"}, retry_safe=True)
+        response = self.send(
+            "POST",
+            f"/api/now/import/{self.import_set_table}",
+            write=True,
+            json_body=staged,
+            params={"sysparm_input_display_value": "true"},
+            retry_safe=True,
+        )
         body = json_object(response, write=True)
         rows = [row for row in body.get("result") or [] if isinstance(row, dict)]
         ours = [row for row in rows if row.get("table") in (self.table, None)] or rows
@@ -198,20 +224,31 @@ class ServiceNowDestination(HttpDestination):
         if failed:
             message = failed[0].get("error_message") or failed[0].get("status_message") or "transform error"
             raise PermanentError(ReasonCode.INVALID_FIELDS, mask_address(str(message))[:MAX_DETAIL_CHARS])
-        targets = {str(row.get("target_sys_id") or row.get("sys_id")) for row in ours
-                   if row.get("status") in ("inserted", "updated", "skipped") and (row.get("target_sys_id")
-                                                                                    or row.get("sys_id"))}
+        targets = {
+            str(row.get("target_sys_id") or row.get("sys_id"))
+            for row in ours
+            if row.get("status") in ("inserted", "updated", "skipped")
+            and (row.get("target_sys_id") or row.get("sys_id"))
+        }
         if len(targets) > 1:
-            raise PermanentError(ReasonCode.MULTIPLE_MATCHES,
-                                 f"the transform wrote {len(targets)} {self.table} records for {external_ref}")
+            raise PermanentError(
+                ReasonCode.MULTIPLE_MATCHES,
+                f"the transform wrote {len(targets)} {self.table} records for {external_ref}",
+            )
         if not targets:
             if any(row.get("status") == "ignored" for row in ours):
                 raise PermanentError(ReasonCode.REJECTED, "the transform map ignored the row")
-            raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE,
-                                   f"HTTP {response.status_code} without a target sys_id")
+            raise AmbiguousOutcome(
+                ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code} without a target sys_id"
+            )
         [sys_id] = targets
-        log.info("servicenow: import set %s %s %s for %s", body.get("import_set") or "-",
-                 "/".join(sorted({str(row.get('status')) for row in ours})), sys_id, external_ref)
+        log.info(
+            "servicenow: import set %s %s %s for %s",
+            body.get("import_set") or "-",
+            "/".join(sorted({str(row.get("status")) for row in ours})),
+            sys_id,
+            external_ref,
+        )
         return self._result(sys_id)
 
     def find_by_external_ref(self, external_ref: str) -> TicketResult | None:
@@ -219,23 +256,35 @@ class ServiceNowDestination(HttpDestination):
         if not matches:
             return None
         if len(matches) > 1:
-            log.warning("servicenow: %d %s records carry correlation_id %s; keeping the first created %s",
-                        len(matches), self.table, external_ref, matches[0]["sys_id"])
+            log.warning(
+                "servicenow: %d %s records carry correlation_id %s; keeping the first created %s",
+                len(matches),
+                self.table,
+                external_ref,
+                matches[0]["sys_id"],
+            )
         return self._result(matches[0]["sys_id"])
 
     def _with_correlation_id(self, external_ref: str) -> list[dict]:
-        params = {"sysparm_query": f"correlation_id={query_value(external_ref)}^ORDERBYsys_created_on",
-                  "sysparm_fields": "sys_id,number,correlation_id", "sysparm_limit": str(LOOKUP_LIMIT)}
-        return [row for row in self._rows(params)
-                if row.get("sys_id") and str(row.get("correlation_id", external_ref)) == external_ref]
+        params = {
+            "sysparm_query": f"correlation_id={query_value(external_ref)}^ORDERBYsys_created_on",
+            "sysparm_fields": "sys_id,number,correlation_id",
+            "sysparm_limit": str(LOOKUP_LIMIT),
+        }
+        return [
+            row
+            for row in self._rows(params)
+            if row.get("sys_id") and str(row.get("correlation_id", external_ref)) == external_ref
+        ]
 
     def add_comment(self, ticket_id: str, comment: CommentRequest, idempotency_key: str, external_ref: str) -> str:
         if not SYS_ID.fullmatch(str(ticket_id)):
             raise PermanentError(ReasonCode.NOT_FOUND, "a ServiceNow sys_id is 32 hexadecimal digits")
         current = self._current(ticket_id)
         if is_closed(current):
-            raise TicketClosed(f"{self.table} {current.get('number') or ticket_id} is closed "
-                               f"(state {current.get('state') or '?'})")
+            raise TicketClosed(
+                f"{self.table} {current.get('number') or ticket_id} is closed (state {current.get('state') or '?'})"
+            )
         field = "work_notes" if not comment.public or self.comment_field == "work_notes" else "comments"
         changes = {field: authored_body(comment)}
         if comment.cc:
@@ -247,12 +296,23 @@ class ServiceNowDestination(HttpDestination):
             changes["state"] = REOPENED_STATE.get(self.table, REOPENED_STATE["incident"])
         try:
             # A journal entry is not an upsert: a 5xx after it is ambiguous (the default for a write here).
-            self.send("PATCH", f"/api/now/table/{self.table}/{ticket_id}", write=True, json_body=changes,
-                      params={"sysparm_fields": "sys_id", "sysparm_exclude_reference_link": "true"})
+            self.send(
+                "PATCH",
+                f"/api/now/table/{self.table}/{ticket_id}",
+                write=True,
+                json_body=changes,
+                params={"sysparm_fields": "sys_id", "sysparm_exclude_reference_link": "true"},
+            )
         except PermanentError as exc:
             raise self._closed_or(exc, ticket_id) from None
-        log.info("servicenow: added %s to %s %s for %s%s", field, self.table, ticket_id, external_ref,
-                 " (reopened)" if reopened else "")
+        log.info(
+            "servicenow: added %s to %s %s for %s%s",
+            field,
+            self.table,
+            ticket_id,
+            external_ref,
+            " (reopened)" if reopened else "",
+        )
         # ServiceNow does not name the journal entry it made: the record stands for it.
         return str(ticket_id)
 
@@ -271,10 +331,14 @@ class ServiceNowDestination(HttpDestination):
         if not SYS_ID.fullmatch(str(ticket_id)):
             raise PermanentError(ReasonCode.NOT_FOUND, "a ServiceNow sys_id is 32 hexadecimal digits")
         try:
-            response = self.send("POST", "/api/now/attachment/file", write=True, data=file.read(),
-                                 params={"table_name": self.table, "table_sys_id": ticket_id,
-                                         "file_name": file.filename},
-                                 headers={"Content-Type": file.content_type or "application/octet-stream"})
+            response = self.send(
+                "POST",
+                "/api/now/attachment/file",
+                write=True,
+                data=file.read(),
+                params={"table_name": self.table, "table_sys_id": ticket_id, "file_name": file.filename},
+                headers={"Content-Type": file.content_type or "application/octet-stream"},
+            )
         except PermanentError as exc:
             raise self._closed_or(exc, ticket_id) from None
         result = json_object(response, write=True).get("result")
@@ -284,8 +348,10 @@ class ServiceNowDestination(HttpDestination):
         return str(result["sys_id"])
 
     def find_file(self, ticket_id: str, file: OutgoingFile, file_key: str) -> str | None:
-        params = {"sysparm_query": f"table_sys_id={query_value(ticket_id)}^file_name={query_value(file.filename)}",
-                  "sysparm_limit": "50"}
+        params = {
+            "sysparm_query": f"table_sys_id={query_value(ticket_id)}^file_name={query_value(file.filename)}",
+            "sysparm_limit": "50",
+        }
         body = json_object(self.send("GET", "/api/now/attachment", write=False, params=params), write=False)
         for row in body.get("result") or []:
             if not isinstance(row, dict) or row.get("file_name") != file.filename:
@@ -304,15 +370,21 @@ class ServiceNowDestination(HttpDestination):
         ref = str(ref).strip()
         if ref.upper().startswith("MSG"):
             return self._watermarked(ref)
-        params = {"sysparm_query": f"number={query_value(ref.upper())}", "sysparm_fields": "sys_id",
-                  "sysparm_limit": "1"}
+        params = {
+            "sysparm_query": f"number={query_value(ref.upper())}",
+            "sysparm_fields": "sys_id",
+            "sysparm_limit": "1",
+        }
         rows = [row for row in self._rows(params) if row.get("sys_id")]
         return str(rows[0]["sys_id"]) if rows else None
 
     def _watermarked(self, watermark: str) -> str | None:
         number = watermark.split("_", 1)[0].upper()
-        params = {"sysparm_query": f"number={query_value(number)}", "sysparm_fields": "source_id,source_table",
-                  "sysparm_limit": "1"}
+        params = {
+            "sysparm_query": f"number={query_value(number)}",
+            "sysparm_fields": "source_id,source_table",
+            "sysparm_limit": "1",
+        }
         try:
             rows = self._rows(params, table="sys_watermark")
         except PermanentError as exc:
@@ -341,28 +413,39 @@ class ServiceNowDestination(HttpDestination):
         offset = int((resume or {}).get("offset") or 0)
         # sys_created_on is in UTC in the Table API's answers and queries.
         created = (since.astimezone(UTC) if since.tzinfo else since).strftime("%Y-%m-%d %H:%M:%S")
-        params = {"sysparm_query": f"correlation_idSTARTSWITH{query_value(prefix)}^sys_created_on>={created}"
-                                   "^ORDERBYsys_created_on",
-                  "sysparm_fields": "sys_id,correlation_id", "sysparm_limit": str(limit),
-                  "sysparm_offset": str(offset)}
+        params = {
+            "sysparm_query": f"correlation_idSTARTSWITH{query_value(prefix)}^sys_created_on>={created}"
+            "^ORDERBYsys_created_on",
+            "sysparm_fields": "sys_id,correlation_id",
+            "sysparm_limit": str(limit),
+            "sysparm_offset": str(offset),
+        }
         rows = self._rows(params)
-        records = [DestinationRecord(row["sys_id"], str(row["correlation_id"]), self.ticket_url(row["sys_id"]))
-                   for row in rows if row.get("sys_id") and str(row.get("correlation_id") or "").startswith(prefix)]
+        records = [
+            DestinationRecord(row["sys_id"], str(row["correlation_id"]), self.ticket_url(row["sys_id"]))
+            for row in rows
+            if row.get("sys_id") and str(row.get("correlation_id") or "").startswith(prefix)
+        ]
         return RecordPage(records, {"offset": offset + len(rows)} if len(rows) >= limit else None)
 
     def existing_tickets(self, ticket_ids: list[str]) -> set[str]:
         ids = [str(t) for t in ticket_ids if re.fullmatch(r"[0-9a-f]{32}", str(t))]
         found = set()
         for start in range(0, len(ids), 100):
-            chunk = ids[start:start + 100]
-            params = {"sysparm_query": f"sys_idIN{','.join(chunk)}", "sysparm_fields": "sys_id",
-                      "sysparm_limit": str(len(chunk))}
+            chunk = ids[start : start + 100]
+            params = {
+                "sysparm_query": f"sys_idIN{','.join(chunk)}",
+                "sysparm_fields": "sys_id",
+                "sysparm_limit": str(len(chunk)),
+            }
             found |= {row["sys_id"] for row in self._rows(params) if row.get("sys_id")}
         return found
 
     def records_for_ref(self, external_ref: str) -> list[DestinationRecord]:
-        return [DestinationRecord(row["sys_id"], external_ref, self.ticket_url(row["sys_id"]))
-                for row in self._with_correlation_id(external_ref)]
+        return [
+            DestinationRecord(row["sys_id"], external_ref, self.ticket_url(row["sys_id"]))
+            for row in self._with_correlation_id(external_ref)
+        ]
 
     # --- HTTP and error mapping ---------------------------------------------
 
@@ -389,8 +472,11 @@ class ServiceNowDestination(HttpDestination):
         wanted = [a for a in dict.fromkeys(addresses) if a and "," not in a]
         if not wanted:
             return {}
-        params = {"sysparm_query": f"emailIN{query_value(','.join(wanted))}^ORDERBYsys_created_on",
-                  "sysparm_fields": "sys_id,email", "sysparm_limit": str(len(wanted) * 5)}
+        params = {
+            "sysparm_query": f"emailIN{query_value(','.join(wanted))}^ORDERBYsys_created_on",
+            "sysparm_fields": "sys_id,email",
+            "sysparm_limit": str(len(wanted) * 5),
+        }
         found: dict[str, str] = {}
         for row in self._rows(params, table="sys_user"):
             email_address = str(row.get("email") or "").lower()
@@ -402,11 +488,17 @@ class ServiceNowDestination(HttpDestination):
         """A new sys_user for `address`; "" when this user may not create users (the address then stays the
         caller's display value)."""
         first, _, last = (name or "").strip().rpartition(" ")
-        user = {"user_name": address, "email": address, "first_name": first or "", "last_name": last or "",
-                "notification": "2"}   # 2: send email notifications
+        user = {
+            "user_name": address,
+            "email": address,
+            "first_name": first or "",
+            "last_name": last or "",
+            "notification": "2",
+        }  # 2: send email notifications
         try:
-            response = self.send("POST", "/api/now/table/sys_user", write=True, json_body=user,
-                                 params={"sysparm_fields": "sys_id"})
+            response = self.send(
+                "POST", "/api/now/table/sys_user", write=True, json_body=user, params={"sysparm_fields": "sys_id"}
+            )
         except AmbiguousOutcome as exc:
             found = self._users_by_email([address]).get(address.lower())
             if found:
@@ -434,8 +526,11 @@ class ServiceNowDestination(HttpDestination):
     # --- Closed records -----------------------------------------------------------------------------
 
     def _current(self, ticket_id: str) -> dict:
-        params = {"sysparm_query": f"sys_id={ticket_id}", "sysparm_fields": "sys_id,number,state,active,watch_list",
-                  "sysparm_limit": "1"}
+        params = {
+            "sysparm_query": f"sys_id={ticket_id}",
+            "sysparm_fields": "sys_id,number,state,active,watch_list",
+            "sysparm_limit": "1",
+        }
         rows = self._rows(params)
         if not rows:
             raise PermanentError(ReasonCode.NOT_FOUND, f"no {self.table} record {ticket_id}")
@@ -470,7 +565,7 @@ class ServiceNowDestination(HttpDestination):
         secret = self.secret() or ""
         if secret.startswith("Bearer "):
             return "the OAuth token's user"
-        return f"user {mask_address(secret.partition(':')[0])!r}"   # a user name may be an address
+        return f"user {mask_address(secret.partition(':')[0])!r}"  # a user name may be an address
 
     def auth_for(self, secret):
         if secret is None:
@@ -490,7 +585,7 @@ class ServiceNowDestination(HttpDestination):
             # A mandatory field missing or read-only (a data policy): our fields, not our credentials.
             return PermanentError(ReasonCode.INVALID_FIELDS, message)
         if status == 400 and message.startswith("Invalid table"):
-            return PermanentError(ReasonCode.CONFIGURATION, f"HTTP {status}: {message}")   # table or import_set_table
+            return PermanentError(ReasonCode.CONFIGURATION, f"HTTP {status}: {message}")  # table or import_set_table
         if status == 400 and write:
             return PermanentError(ReasonCode.INVALID_FIELDS, message or f"HTTP {status}")
         if status in (400, 404) and not write:
@@ -508,7 +603,7 @@ def authored_body(comment: CommentRequest) -> str:
     """The journal entry as the integration user writes it: a "From:" line says whose mail it is."""
     who = comment.author_email
     if comment.author_name and who:
-        who = f"{' '.join(comment.author_name.split())} <{who}>"   # as people read it, never RFC 2047-encoded
+        who = f"{' '.join(comment.author_name.split())} <{who}>"  # as people read it, never RFC 2047-encoded
     return f"From: {who}\n\n{comment.body}" if who else comment.body
 
 
@@ -545,8 +640,9 @@ def route_fields(request: TicketRequest, settings: dict) -> dict:
     return fields
 
 
-def record_payload(request: TicketRequest, external_ref: str, settings: dict | None = None, *,
-                   people: dict | None = None) -> dict:
+def record_payload(
+    request: TicketRequest, external_ref: str, settings: dict | None = None, *, people: dict | None = None
+) -> dict:
     """The Table API record for a request. Deterministic: a retry sends the very same body (`people`: the
     caller and watch list the journal noted; without them the caller is the address)."""
     settings = settings or {}
@@ -563,8 +659,9 @@ def record_payload(request: TicketRequest, external_ref: str, settings: dict | N
         record["watch_list"] = people["watch_list"]
     if request.follow_up_of:
         # The closed record this one follows up, linked on the form (incident's own field, else task's).
-        record["parent_incident" if (settings.get("table") or "incident") == "incident" else "parent"] = \
+        record["parent_incident" if (settings.get("table") or "incident") == "incident" else "parent"] = (
             request.follow_up_of
+        )
     record.update(route_fields(request, settings))
     for name, value in sorted((request.fields or {}).items(), key=lambda item: str(item[0])):
         record[str(name)] = value

@@ -7,6 +7,7 @@
 `validate(spec, settings)` returns {setting name: [messages]}; the admin shows each under the
 settings field (`ticketing.admin`). The shared HTTP settings are in `HTTP_SETTINGS`.
 """
+
 import re
 from dataclasses import dataclass, field
 
@@ -68,6 +69,7 @@ class Text(Setting):
 @dataclass(frozen=True)
 class Mapping(Setting):
     """An object of name -> value; `values` checks each value, `keys` (a pattern) each name."""
+
     values: Setting = field(default_factory=Text)
     keys: str | None = None
 
@@ -105,10 +107,14 @@ class Anything(Setting):
 
 def _breaker_errors(value) -> list[str]:
     if not isinstance(value, dict):
-        return ["must be an object, e.g. {\"enabled\": false}"]
-    known = {"enabled": Flag(), "credential_failures": Number(minimum=1, integer=True),
-             "failure_rate": Number(minimum=0, maximum=1), "min_attempts": Number(minimum=1, integer=True),
-             "window_seconds": Number(minimum=1)}
+        return ['must be an object, e.g. {"enabled": false}']
+    known = {
+        "enabled": Flag(),
+        "credential_failures": Number(minimum=1, integer=True),
+        "failure_rate": Number(minimum=0, maximum=1),
+        "min_attempts": Number(minimum=1, integer=True),
+        "window_seconds": Number(minimum=1),
+    }
     return [f"{name}: {message}" for name, messages in validate(known, value).items() for message in messages]
 
 
@@ -121,10 +127,13 @@ COMMON_SETTINGS = {
     "sla_hours": Number(minimum=0, maximum=10000, help="promised in the acknowledgment"),
     # What the ticket carries and who is told (ticketing.destinations.capabilities gives each kind's default).
     "acknowledge": Flag(help="Mailroom acknowledges the requester (default: off where the desk acknowledges)"),
-    "closed_policy": Text(choices=("follow_up", "reopen", "review"),
-                          help="a reply to a closed ticket: follow_up (a new linked ticket), reopen, or review"),
-    "max_file_bytes": Number(minimum=1, maximum=2 * 1024 ** 3, integer=True,
-                             help="largest file sent to the desk (the kind's documented limit)"),
+    "closed_policy": Text(
+        choices=("follow_up", "reopen", "review"),
+        help="a reply to a closed ticket: follow_up (a new linked ticket), reopen, or review",
+    ),
+    "max_file_bytes": Number(
+        minimum=1, maximum=2 * 1024**3, integer=True, help="largest file sent to the desk (the kind's documented limit)"
+    ),
     "agent_notes": Flag(help="mail from the tenant's agents becomes an internal note (true)"),
 }
 # Read by every HTTP destination as well (ticketing.destinations.http).
@@ -132,10 +141,18 @@ HTTP_SETTINGS = {
     **COMMON_SETTINGS,
     "connect_timeout": Number(minimum=0.1, maximum=60, help="seconds to open a connection (3.05)"),
     "read_timeout": Number(minimum=0.1, maximum=300, help="seconds to wait for an answer (10)"),
-    "max_concurrency": Number(minimum=0, maximum=1000, integer=True,
-                              help="calls in flight at once, across workers (ticketing.bulkhead; 8); 0: no cap"),
-    "requests_per_minute": Number(minimum=0, maximum=100000, integer=True,
-                                  help="the desk's API quota shared by all workers (ticketing.budget); 0: none"),
+    "max_concurrency": Number(
+        minimum=0,
+        maximum=1000,
+        integer=True,
+        help="calls in flight at once, across workers (ticketing.bulkhead; 8); 0: no cap",
+    ),
+    "requests_per_minute": Number(
+        minimum=0,
+        maximum=100000,
+        integer=True,
+        help="the desk's API quota shared by all workers (ticketing.budget); 0: none",
+    ),
 }
 
 

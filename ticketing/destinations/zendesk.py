@@ -49,6 +49,7 @@ What a ticket carries (docs/destinations/zendesk.md says it in words):
 
 Nothing logged here contains a ticket body or a full email address.
 """
+
 import datetime
 import email.utils
 import functools
@@ -111,15 +112,15 @@ class ZendeskDestination(HttpDestination):
 
     capabilities = Capabilities(
         files=FILES_WITH_WRITE,
-        max_file_bytes=50 * MB,          # Zendesk's limit per attachment
+        max_file_bytes=50 * MB,  # Zendesk's limit per attachment
         html=True,
         requester=REQUESTER_FIND_OR_CREATE,
         cc_field="email_ccs",
         customer_authored_comments=True,
         internal_notes=True,
         closed_policies=(FOLLOW_UP, REVIEW),
-        acknowledges_requester=True,     # the standard trigger "Notify requester and CCs of received request"
-        requests_per_minute=700,         # Support Professional/Enterprise; Team has 200, the add-on 2,500
+        acknowledges_requester=True,  # the standard trigger "Notify requester and CCs of received request"
+        requests_per_minute=700,  # Support Professional/Enterprise; Team has 200, the add-on 2,500
     )
     # The ticket id as Zendesk's notifications show it: its standard triggers' text says "Your request (#123)";
     # a subject with "Request #123" / "Ticket #123" is the common customization of theirs.
@@ -160,14 +161,20 @@ class ZendeskDestination(HttpDestination):
         ticket = ticket_payload(request, external_ref, self.destination.settings or {}, uploads=uploads)
         if request.status == "closed":
             return self._import_ticket(ticket, idempotency_key, external_ref)
-        response = self._send("POST", TICKETS_PATH, write=True, idempotency_key=idempotency_key,
-                              json_body={"ticket": ticket})
+        response = self._send(
+            "POST", TICKETS_PATH, write=True, idempotency_key=idempotency_key, json_body={"ticket": ticket}
+        )
         ticket = _json(response, write=True).get("ticket") or {}
         if "id" not in ticket:
             # It answered 2xx, so the ticket probably exists; only a lookup can tell which.
             raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code} without a ticket id")
-        log.info("zendesk: created ticket %s for %s (%d file(s); idempotency lookup: %s)", ticket["id"], external_ref,
-                 len(request.files), response.headers.get("x-idempotency-lookup", "none"))
+        log.info(
+            "zendesk: created ticket %s for %s (%d file(s); idempotency lookup: %s)",
+            ticket["id"],
+            external_ref,
+            len(request.files),
+            response.headers.get("x-idempotency-lookup", "none"),
+        )
         return self._result(ticket)
 
     def _import_ticket(self, ticket: dict, idempotency_key: str, external_ref: str) -> TicketResult:
@@ -181,8 +188,9 @@ class ZendeskDestination(HttpDestination):
                 log.info("zendesk: import for %s already made ticket %s", external_ref, found.ticket_id)
                 return found
         self.journal.put(IMPORT_STEP, idempotency_key)
-        response = self._send("POST", IMPORTS_PATH, write=True, idempotency_key=idempotency_key,
-                              json_body={"ticket": ticket})
+        response = self._send(
+            "POST", IMPORTS_PATH, write=True, idempotency_key=idempotency_key, json_body={"ticket": ticket}
+        )
         made = _json(response, write=True).get("ticket") or {}
         if "id" not in made:
             raise AmbiguousOutcome(ReasonCode.UNREADABLE_RESPONSE, f"HTTP {response.status_code} without a ticket id")
@@ -198,8 +206,12 @@ class ZendeskDestination(HttpDestination):
             return None
         ticket = min(matches, key=lambda t: int(t["id"]))
         if len(matches) > 1:
-            log.warning("zendesk: %d tickets carry external_id %s; keeping the lowest id %s",
-                        len(matches), external_ref, ticket["id"])
+            log.warning(
+                "zendesk: %d tickets carry external_id %s; keeping the lowest id %s",
+                len(matches),
+                external_ref,
+                ticket["id"],
+            )
         return self._result(ticket)
 
     def _with_external_id(self, external_ref: str) -> list[dict]:
@@ -223,8 +235,11 @@ class ZendeskDestination(HttpDestination):
         text, rich = comment.body, comment.html
         if public and author_id is None:
             # Written as the API user: say who wrote it, as kinds without authored comments do.
-            sender = comment.author_email if "<" in comment.author_email or not comment.author_name else (
-                f"{comment.author_name} <{comment.author_email}>")
+            sender = (
+                comment.author_email
+                if "<" in comment.author_email or not comment.author_name
+                else (f"{comment.author_name} <{comment.author_email}>")
+            )
             text = f"From: {sender}\n\n{text}"
             rich = f"<p>From: {html.escape(sender)}</p>{rich}" if rich and rich.strip() else rich
         body = comment_body(text, rich, comment.files, uploads, self.max_description_chars)
@@ -234,14 +249,24 @@ class ZendeskDestination(HttpDestination):
         ticket = {"comment": body, "metadata": {"external_ref": external_ref}}
         if public and comment.cc:
             ticket["email_ccs"] = email_ccs(comment.cc)
-        response = self._send("PUT", f"/api/v2/tickets/{ticket_id}.json", write=True,
-                              idempotency_key=idempotency_key, json_body={"ticket": ticket})
+        response = self._send(
+            "PUT",
+            f"/api/v2/tickets/{ticket_id}.json",
+            write=True,
+            idempotency_key=idempotency_key,
+            json_body={"ticket": ticket},
+        )
         audit = _json(response, write=True).get("audit") or {}
         comment_ids = [e.get("id") for e in audit.get("events") or [] if e.get("type") == "Comment" and e.get("id")]
-        log.info("zendesk: commented on ticket %s for %s (%s, author %s, %d file(s); idempotency lookup: %s)",
-                 ticket_id, external_ref, "public" if public else "private",
-                 "API user" if author_id is None else f"user {author_id}", len(body.get("uploads") or ()),
-                 response.headers.get("x-idempotency-lookup", "none"))
+        log.info(
+            "zendesk: commented on ticket %s for %s (%s, author %s, %d file(s); idempotency lookup: %s)",
+            ticket_id,
+            external_ref,
+            "public" if public else "private",
+            "API user" if author_id is None else f"user {author_id}",
+            len(body.get("uploads") or ()),
+            response.headers.get("x-idempotency-lookup", "none"),
+        )
         # The comment id when Zendesk reports it, else the ticket: the comment is on it either way.
         return str(comment_ids[0]) if comment_ids else str(ticket_id)
 
@@ -263,10 +288,15 @@ class ZendeskDestination(HttpDestination):
 
     def _upload(self, file: OutgoingFile, file_key: str) -> dict:
         try:
-            response = self._send("POST", UPLOADS_PATH, write=True, params={"filename": file.filename},
-                                  data=file.read(), headers={"Content-Type": file.content_type or
-                                                             "application/octet-stream"},
-                                  retry_safe=True)
+            response = self._send(
+                "POST",
+                UPLOADS_PATH,
+                write=True,
+                params={"filename": file.filename},
+                data=file.read(),
+                headers={"Content-Type": file.content_type or "application/octet-stream"},
+                retry_safe=True,
+            )
         except AmbiguousOutcome as exc:
             # Nothing is on a ticket until a write names the token: an upload whose answer was lost is made
             # again, and the lost one expires unused.
@@ -281,8 +311,11 @@ class ZendeskDestination(HttpDestination):
         attachment = upload.get("attachment") or next(iter(upload.get("attachments") or []), {}) or {}
         if not upload.get("token"):
             raise TransientError(ReasonCode.UNREADABLE_RESPONSE, f"upload of file {file.index}: no token")
-        return {"token": str(upload["token"]), "content_url": str(attachment.get("content_url") or ""),
-                "file_key": file_key}
+        return {
+            "token": str(upload["token"]),
+            "content_url": str(attachment.get("content_url") or ""),
+            "file_key": file_key,
+        }
 
     # --- People ------------------------------------------------------------------
 
@@ -308,10 +341,17 @@ class ZendeskDestination(HttpDestination):
         return author_id
 
     def _find_user(self, address: str) -> dict | None:
-        body = _json(self._send("GET", USERS_SEARCH_PATH, write=False, params={"query": f"email:{address}"}),
-                     write=False)
-        return next((user for user in body.get("users") or []
-                     if isinstance(user, dict) and str(user.get("email") or "").lower() == address.lower()), None)
+        body = _json(
+            self._send("GET", USERS_SEARCH_PATH, write=False, params={"query": f"email:{address}"}), write=False
+        )
+        return next(
+            (
+                user
+                for user in body.get("users") or []
+                if isinstance(user, dict) and str(user.get("email") or "").lower() == address.lower()
+            ),
+            None,
+        )
 
     def _create_end_user(self, address: str, name: str) -> dict | None:
         """The end user made (or found) for `address`; None when the agent's role may not manage end users."""
@@ -364,10 +404,14 @@ class ZendeskDestination(HttpDestination):
         else:
             params = {"start_time": int(since.timestamp()), "per_page": per_page}
         body = _json(self._send("GET", path, write=False, params=params), write=False)
-        records = [DestinationRecord(str(t["id"]), str(t["external_id"]), self.ticket_url(t["id"]))
-                   for t in body.get("tickets") or []
-                   if isinstance(t, dict) and "id" in t and str(t.get("external_id") or "").startswith(prefix)
-                   and t.get("status") != "deleted"]
+        records = [
+            DestinationRecord(str(t["id"]), str(t["external_id"]), self.ticket_url(t["id"]))
+            for t in body.get("tickets") or []
+            if isinstance(t, dict)
+            and "id" in t
+            and str(t.get("external_id") or "").startswith(prefix)
+            and t.get("status") != "deleted"
+        ]
         cursor = body.get("after_cursor")
         done = bool(body.get("end_of_stream", True)) or not cursor
         return RecordPage(records, None if done else {"cursor": str(cursor)})
@@ -376,16 +420,22 @@ class ZendeskDestination(HttpDestination):
         ids = [str(t) for t in ticket_ids if str(t).isdigit()]
         found = set()
         for start in range(0, len(ids), 100):
-            params = {"ids": ",".join(ids[start:start + 100])}
+            params = {"ids": ",".join(ids[start : start + 100])}
             body = _json(self._send("GET", "/api/v2/tickets/show_many.json", write=False, params=params), write=False)
-            found |= {str(t["id"]) for t in body.get("tickets") or []
-                      if isinstance(t, dict) and "id" in t and t.get("status") != "deleted"}
+            found |= {
+                str(t["id"])
+                for t in body.get("tickets") or []
+                if isinstance(t, dict) and "id" in t and t.get("status") != "deleted"
+            }
         return found
 
     def records_for_ref(self, external_ref: str) -> list[DestinationRecord]:
         tickets = sorted(self._with_external_id(external_ref), key=lambda t: int(t["id"]))
-        return [DestinationRecord(str(t["id"]), external_ref, self.ticket_url(t["id"])) for t in tickets
-                if t.get("status") != "deleted"]
+        return [
+            DestinationRecord(str(t["id"]), external_ref, self.ticket_url(t["id"]))
+            for t in tickets
+            if t.get("status") != "deleted"
+        ]
 
     # --- HTTP and error mapping ---------------------------------------------
 
@@ -400,10 +450,30 @@ class ZendeskDestination(HttpDestination):
             return (user, token), {}
         return (f"{self.agent_email}/token", secret), {}
 
-    def _send(self, method: str, path: str, *, write: bool, idempotency_key: str | None = None,
-              json_body=None, params=None, data=None, headers=None, retry_safe: bool | None = None):
-        return self.send(method, path, write=write, idempotency_key=idempotency_key, json_body=json_body,
-                         params=params, data=data, headers=headers, retry_safe=retry_safe)
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        write: bool,
+        idempotency_key: str | None = None,
+        json_body=None,
+        params=None,
+        data=None,
+        headers=None,
+        retry_safe: bool | None = None,
+    ):
+        return self.send(
+            method,
+            path,
+            write=write,
+            idempotency_key=idempotency_key,
+            json_body=json_body,
+            params=params,
+            data=data,
+            headers=headers,
+            retry_safe=retry_safe,
+        )
 
     def special_error(self, response, body: dict, write: bool):
         if response.status_code == 400 and body.get("error") == "IdempotentRequestError":
@@ -459,8 +529,9 @@ def route_fields(request: TicketRequest, settings: dict) -> dict:
     return fields
 
 
-def ticket_payload(request: TicketRequest, external_ref: str, settings: dict | None = None,
-                   uploads: dict[int, dict] | None = None) -> dict:
+def ticket_payload(
+    request: TicketRequest, external_ref: str, settings: dict | None = None, uploads: dict[int, dict] | None = None
+) -> dict:
     """The Zendesk ticket for a request. Deterministic: a retry must send the very same body under its key.
 
     `settings` (the destination's) map the route; `request.fields` (standard names or custom field ids)
@@ -468,8 +539,9 @@ def ticket_payload(request: TicketRequest, external_ref: str, settings: dict | N
     """
     ticket = {
         "subject": request.subject,
-        "comment": comment_body(request.description, request.html, request.files, uploads or {},
-                                ZendeskDestination.max_description_chars),
+        "comment": comment_body(
+            request.description, request.html, request.files, uploads or {}, ZendeskDestination.max_description_chars
+        ),
         "external_id": external_ref,
         "tags": list(request.tags),
     }
@@ -516,14 +588,19 @@ def comment_body(text: str, html_text: str, files, uploads: dict[int, dict], max
     else `body`; `uploads` the tokens of the files uploaded for it."""
     tokens = [uploads[f.index]["token"] for f in files if (uploads.get(f.index) or {}).get("token")]
     refused = [f.filename for f in files if (uploads.get(f.index) or {}).get("refused")]
-    refused_line = (f"\n\nZendesk refused these files (kept in Mailroom): {', '.join(refused)}"
-                    if refused else "")
+    refused_line = f"\n\nZendesk refused these files (kept in Mailroom): {', '.join(refused)}" if refused else ""
     comment = {"body": text + refused_line}
     if html_text and html_text.strip():
-        urls = {f.content_id.strip("<>"): uploads[f.index]["content_url"] for f in files
-                if f.content_id and (uploads.get(f.index) or {}).get("content_url")}
-        rich = resolve_cid(html_text, urls) + listing_html(text) + (
-            f"<p>{html.escape(refused_line.strip())}</p>" if refused else "")
+        urls = {
+            f.content_id.strip("<>"): uploads[f.index]["content_url"]
+            for f in files
+            if f.content_id and (uploads.get(f.index) or {}).get("content_url")
+        }
+        rich = (
+            resolve_cid(html_text, urls)
+            + listing_html(text)
+            + (f"<p>{html.escape(refused_line.strip())}</p>" if refused else "")
+        )
         if max_chars is None or len(rich) <= max_chars:
             comment = {"html_body": rich}
     if tokens:
@@ -536,7 +613,7 @@ def listing_html(text: str) -> str:
     at = (text or "").rfind(ATTACHMENTS_HEADING)
     if at < 0:
         return ""
-    lines = [line for line in text[at + len(ATTACHMENTS_HEADING):].splitlines() if line.strip()]
+    lines = [line for line in text[at + len(ATTACHMENTS_HEADING) :].splitlines() if line.strip()]
     items = "".join(f"<li>{html.escape(line.removeprefix('- '))}</li>" for line in lines)
     return f"<p>Attachments:</p><ul>{items}</ul>" if items else ""
 

@@ -73,6 +73,7 @@ action's own row (`replayed`, `replayed_as_new_action`, `ticket_confirmed`,
 `acknowledgment_handled`, `closed_not_a_request`), written by `ticketing.replay`
 in the same transaction.
 """
+
 from .core import (  # noqa: F401  (the package's API)
     ATTEMPT_AUDIT_KIND,
     AUDIT_KIND,

@@ -27,6 +27,7 @@ rather than the per-event path on SQLite: `make run` then writes a group the way
 write transaction for the group, which also suits SQLite's single writer), and tests/test_sqlite_parity.py
 compares its rows with the per-event path's on a real SQLite file.
 """
+
 import json
 import logging
 from dataclasses import dataclass
@@ -61,12 +62,12 @@ class Conflict(Exception):
 class BuiltinSuccess:
     """One event's ticket, already inserted in the caller's transaction."""
 
-    event: InboxEvent           # as normalization stored it (sender, details, auth_results) with its mailbox
+    event: InboxEvent  # as normalization stored it (sender, details, auth_results) with its mailbox
     intent_id: int
     destination: Destination
     ticket_id: str
     ticket_url: str
-    acknowledgment: Intent | None = None   # planned by `_plan_acknowledgment`, inserted with the others
+    acknowledgment: Intent | None = None  # planned by `_plan_acknowledgment`, inserted with the others
 
 
 _INSERT_PENDING = """
@@ -109,8 +110,9 @@ WHERE i.id = json_extract(v.value, '$[0]') AND i.state = %(pending)s
 """
 
 
-def group_statement(postgres_sql: str, sqlite_sql: str, columns: dict[str, list[Any]],
-                    params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def group_statement(
+    postgres_sql: str, sqlite_sql: str, columns: dict[str, list[Any]], params: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
     """(SQL, parameters) for this database: PostgreSQL gets `columns` as arrays, SQLite as one JSON array of rows
     (`rows`, in the columns' order) and its timestamps as the ORM stores them (`now`)."""
     if settings.USING_POSTGRES:
@@ -122,8 +124,9 @@ def group_statement(postgres_sql: str, sqlite_sql: str, columns: dict[str, list[
     return sqlite_sql, params
 
 
-def create_missing(pairs: list[tuple[InboxEvent, Destination]], action: str,
-                   now: datetime) -> dict[int, tuple[int, str]]:
+def create_missing(
+    pairs: list[tuple[InboxEvent, Destination]], action: str, now: datetime
+) -> dict[int, tuple[int, str]]:
     """Version 1 of `action` for each (event, destination), pending, where none exists yet.
 
     Returns {event id: (intent id, idempotency key)} for the intents this call inserted; an event
@@ -133,17 +136,27 @@ def create_missing(pairs: list[tuple[InboxEvent, Destination]], action: str,
         return {}
     keys = [intent_key(event, action, 1) for event, _ in pairs]
     sql, params = group_statement(
-        _INSERT_PENDING, _INSERT_PENDING_SQLITE,
-        {"keys": keys, "events": [event.pk for event, _ in pairs], "destinations": [d.pk for _, d in pairs],
-         "refs": [external_ref(key) for key in keys]},
-        {"action": action, "pending": IntentState.PENDING, "now": now})
+        _INSERT_PENDING,
+        _INSERT_PENDING_SQLITE,
+        {
+            "keys": keys,
+            "events": [event.pk for event, _ in pairs],
+            "destinations": [d.pk for _, d in pairs],
+            "refs": [external_ref(key) for key in keys],
+        },
+        {"action": action, "pending": IntentState.PENDING, "now": now},
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql.format(table=Intent._meta.db_table), params)
         return {event_id: (intent_id, key) for intent_id, event_id, key in cursor.fetchall()}
 
 
-def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now: datetime,
-                             leading_audits: dict[int, list[AuditEvent]] | None = None) -> None:
+def record_successes_builtin(
+    successes: list[BuiltinSuccess],
+    worker: str,
+    now: datetime,
+    leading_audits: dict[int, list[AuditEvent]] | None = None,
+) -> None:
     """pending -> succeeded for each success, with everything `record_success` writes, set-based.
 
     Call inside the transaction that inserted the intents and the tickets. `leading_audits` are the
@@ -154,27 +167,51 @@ def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now: 
         return
     actor = f"worker:{worker}"
     sql, params = group_statement(
-        _SUCCEED, _SUCCEED_SQLITE,
+        _SUCCEED,
+        _SUCCEED_SQLITE,
         {"ids": [s.intent_id for s in successes], "refs": [s.ticket_id for s in successes]},
-        {"succeeded": IntentState.SUCCEEDED, "pending": IntentState.PENDING, "worker": worker, "now": now})
+        {"succeeded": IntentState.SUCCEEDED, "pending": IntentState.PENDING, "worker": worker, "now": now},
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql.format(table=Intent._meta.db_table), params)
         if cursor.rowcount != len(successes):
             raise Conflict(f"{len(successes) - cursor.rowcount} intents were no longer pending")
-    TicketMapping.objects.bulk_create([
-        TicketMapping(inbox_event_id=s.event.pk, action=Intent.Action.CREATE_TICKET, destination_id=s.destination.pk,
-                      ticket_id=s.ticket_id, ticket_url=s.ticket_url, created_at=now) for s in successes])
-    moved = transition_events([s.event.pk for s in successes], NOT_COMPLETED_STATES, InboxEvent.State.COMPLETED,
-                              now=now)
+    TicketMapping.objects.bulk_create(
+        [
+            TicketMapping(
+                inbox_event_id=s.event.pk,
+                action=Intent.Action.CREATE_TICKET,
+                destination_id=s.destination.pk,
+                ticket_id=s.ticket_id,
+                ticket_url=s.ticket_url,
+                created_at=now,
+            )
+            for s in successes
+        ]
+    )
+    moved = transition_events(
+        [s.event.pk for s in successes], NOT_COMPLETED_STATES, InboxEvent.State.COMPLETED, now=now
+    )
     if moved != len(successes):
         raise Conflict(f"{len(successes) - moved} events were already completed")
     budget = ack_policy.AcknowledgmentBudget(now=now)  # one for the group: it counts its own acknowledgments
     audits: list[AuditEvent] = []
     for s in successes:
         audits.extend((leading_audits or {}).get(s.event.pk, ()))
-        audits.append(AuditEvent(inbox_event_id=s.event.pk, kind=AUDIT_KIND[Intent.Action.CREATE_TICKET], actor=actor,
-                                 at=now, detail={"intent": s.intent_id, "action": Intent.Action.CREATE_TICKET,
-                                                 "destination": s.destination.pk, "ticket_id": s.ticket_id}))
+        audits.append(
+            AuditEvent(
+                inbox_event_id=s.event.pk,
+                kind=AUDIT_KIND[Intent.Action.CREATE_TICKET],
+                actor=actor,
+                at=now,
+                detail={
+                    "intent": s.intent_id,
+                    "action": Intent.Action.CREATE_TICKET,
+                    "destination": s.destination.pk,
+                    "ticket_id": s.ticket_id,
+                },
+            )
+        )
         skipped = _plan_acknowledgment(s, now, budget)
         if skipped is not None:
             audits.append(skipped)
@@ -182,8 +219,9 @@ def record_successes_builtin(successes: list[BuiltinSuccess], worker: str, now: 
     _enqueue_acknowledgments([s for s in successes if s.acknowledgment is not None], now)
 
 
-def _plan_acknowledgment(success: BuiltinSuccess, now: datetime,
-                         budget: ack_policy.AcknowledgmentBudget) -> AuditEvent | None:
+def _plan_acknowledgment(
+    success: BuiltinSuccess, now: datetime, budget: ack_policy.AcknowledgmentBudget
+) -> AuditEvent | None:
     """`followups.plan_acknowledgment`, deferred: the intent to insert (kept on `success`), or the skip's audit row."""
     event = success.event
     skipped: dict[str, Any] | None
@@ -193,17 +231,28 @@ def _plan_acknowledgment(success: BuiltinSuccess, now: datetime,
         skipped = ack_policy.skip_audit_detail(event, budget)
     if skipped is not None:
         logger.info("event %s: no acknowledgment (%s)", event.pk, skipped["reason"])
-        return AuditEvent(inbox_event_id=event.pk, kind=ack_policy.SKIP_AUDIT_KIND,
-                          actor=SystemActor.ACKNOWLEDGMENTS, detail=skipped, at=now)
+        return AuditEvent(
+            inbox_event_id=event.pk,
+            kind=ack_policy.SKIP_AUDIT_KIND,
+            actor=SystemActor.ACKNOWLEDGMENTS,
+            detail=skipped,
+            at=now,
+        )
     key = intent_key(event, Intent.Action.NOTIFY_REQUESTER, 1)
     # Planned once: the mapping inserted in this transaction is unique per event (a plain INSERT, as
     # `create_intent`).
-    success.acknowledgment = Intent(idempotency_key=key, inbox_event_id=event.pk,
-                                    action=Intent.Action.NOTIFY_REQUESTER, action_version=1,
-                                    destination_id=success.destination.pk, state=IntentState.PENDING,
-                                    external_ref=external_ref(key), created_at=now,
-                                    # As `insert_intent`: entering pending says when it was handed over.
-                                    next_attempt_at=now)
+    success.acknowledgment = Intent(
+        idempotency_key=key,
+        inbox_event_id=event.pk,
+        action=Intent.Action.NOTIFY_REQUESTER,
+        action_version=1,
+        destination_id=success.destination.pk,
+        state=IntentState.PENDING,
+        external_ref=external_ref(key),
+        created_at=now,
+        # As `insert_intent`: entering pending says when it was handed over.
+        next_attempt_at=now,
+    )
     return None
 
 
@@ -212,12 +261,12 @@ def _enqueue_acknowledgments(successes: list[BuiltinSuccess], now: datetime) -> 
         return
     # The caller passes only the successes with an acknowledgment planned.
     planned = Intent.objects.bulk_create([cast(Intent, s.acknowledgment) for s in successes])
-    OutboxMessage.objects.bulk_create([OutboxMessage(topic=NOTIFY_TOPIC, payload={"intent_id": intent.pk},
-                                                     created_at=now) for intent in planned])
+    OutboxMessage.objects.bulk_create(
+        [OutboxMessage(topic=NOTIFY_TOPIC, payload={"intent_id": intent.pk}, created_at=now) for intent in planned]
+    )
     if settings.USING_POSTGRES:
         with connection.cursor() as cursor:
             cursor.execute(f"NOTIFY {NOTIFY_CHANNEL}")  # delivered at commit, dropped on rollback
-
 
 
 # --- a group of acknowledgments (`acknowledgments.send_group`) ------------------------------------------------
@@ -277,9 +326,19 @@ def claim_acknowledgments(intent_ids: list[int], *, worker: str) -> set[int]:
     now = timezone.now()
     until = connection.ops.adapt_datetimefield_value(now + timedelta(seconds=settings.MAILROOM_CLAIM_SECONDS))
     sql, params = group_statement(
-        _CLAIM_ACKNOWLEDGMENTS, _CLAIM_ACKNOWLEDGMENTS_SQLITE, {"ids": list(intent_ids)},
-        {"in_flight": IntentState.IN_FLIGHT, "pending": IntentState.PENDING, "retry_wait": IntentState.RETRY_WAIT,
-         "notify": Intent.Action.NOTIFY_REQUESTER, "worker": worker, "until": until, "now": now})
+        _CLAIM_ACKNOWLEDGMENTS,
+        _CLAIM_ACKNOWLEDGMENTS_SQLITE,
+        {"ids": list(intent_ids)},
+        {
+            "in_flight": IntentState.IN_FLIGHT,
+            "pending": IntentState.PENDING,
+            "retry_wait": IntentState.RETRY_WAIT,
+            "notify": Intent.Action.NOTIFY_REQUESTER,
+            "worker": worker,
+            "until": until,
+            "now": now,
+        },
+    )
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql.format(table=Intent._meta.db_table), params)
         return {row[0] for row in cursor.fetchall()}
@@ -293,16 +352,33 @@ def record_acknowledgments_sent(sent: list[SentAcknowledgment], *, worker: str) 
         return set()
     now = timezone.now()
     sql, params = group_statement(
-        _ACKNOWLEDGED, _ACKNOWLEDGED_SQLITE,
+        _ACKNOWLEDGED,
+        _ACKNOWLEDGED_SQLITE,
         {"ids": [s.intent_id for s in sent], "refs": [s.message_id[:200] for s in sent]},
-        {"succeeded": IntentState.SUCCEEDED, "in_flight": IntentState.IN_FLIGHT, "unknown": IntentState.UNKNOWN,
-         "expired": CLAIM_EXPIRED_ERROR, "worker": worker, "now": now})
+        {
+            "succeeded": IntentState.SUCCEEDED,
+            "in_flight": IntentState.IN_FLIGHT,
+            "unknown": IntentState.UNKNOWN,
+            "expired": CLAIM_EXPIRED_ERROR,
+            "worker": worker,
+            "now": now,
+        },
+    )
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(sql.format(table=Intent._meta.db_table), params)
             moved = {row[0] for row in cursor.fetchall()}
-        AuditEvent.objects.bulk_create([
-            AuditEvent(inbox_event_id=s.inbox_event_id, kind=AUDIT_KIND[Intent.Action.NOTIFY_REQUESTER],
-                       actor=f"worker:{worker}", at=now, detail={"intent": s.intent_id, **s.detail})
-            for s in sent if s.intent_id in moved])
+        AuditEvent.objects.bulk_create(
+            [
+                AuditEvent(
+                    inbox_event_id=s.inbox_event_id,
+                    kind=AUDIT_KIND[Intent.Action.NOTIFY_REQUESTER],
+                    actor=f"worker:{worker}",
+                    at=now,
+                    detail={"intent": s.intent_id, **s.detail},
+                )
+                for s in sent
+                if s.intent_id in moved
+            ]
+        )
     return moved

@@ -1,6 +1,7 @@
 """What a failed attempt becomes: a retry, a failure for good, an unknown outcome, or, after an earlier
 unknown outcome, a question to the destination first (ticketing.intents.lookup). The writes are the
 transitions of ticketing.intents.core."""
+
 from django.conf import settings
 
 from .. import breaker

@@ -2,6 +2,7 @@
 (a `notify_requester` intent, or the audit row saying why there is none: ticketing.ack_policy) and, where
 the desk takes files one call each after the write, the `attach_files` intent. Each with its outbox row.
 """
+
 import logging
 
 from intake.models import InboxEvent
@@ -25,8 +26,11 @@ def plan_acknowledgment(event: InboxEvent, destination: Destination) -> Intent |
     or the audit row saying why there is none."""
     # As stored: the caller's copy may predate normalization's sender, details and auth results.
     stored = InboxEvent.objects.select_related("mailbox").defer("raw").filter(pk=event.pk).first() or event
-    skipped = ({"reason": ReasonCode.DESK_ACKNOWLEDGES} if not ack_policy.mailroom_acknowledges(destination)
-               else ack_policy.skip_audit_detail(stored, ack_policy.AcknowledgmentBudget()))
+    skipped = (
+        {"reason": ReasonCode.DESK_ACKNOWLEDGES}
+        if not ack_policy.mailroom_acknowledges(destination)
+        else ack_policy.skip_audit_detail(stored, ack_policy.AcknowledgmentBudget())
+    )
     if skipped is not None:
         # Planned once (the mapping just inserted is unique per event), so audited once.
         record_audit(event.pk, ack_policy.SKIP_AUDIT_KIND, actor=SystemActor.ACKNOWLEDGMENTS, detail=skipped)

@@ -5,6 +5,7 @@ intent_unknown audit row) fails for good only when the destination, asked by ext
 record exists. Its lost answer may have been a ticket the destination committed. `failures.record_failure`
 sends such a failure here; the writes are `core`'s transitions.
 """
+
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -52,9 +53,15 @@ class Answer:
 def last_unknown_at(intent: Intent) -> datetime | None:
     """When an attempt of the intent last had an unknown outcome (its latest intent_unknown row that is
     not a park); None: it never did."""
-    return (AuditEvent.objects.filter(inbox_event_id=intent.inbox_event_id, kind=AuditKind.INTENT_UNKNOWN,
-                                      detail__intent=intent.pk).exclude(detail__has_key=PARKED)
-            .order_by("-at").values_list("at", flat=True).first())
+    return (
+        AuditEvent.objects.filter(
+            inbox_event_id=intent.inbox_event_id, kind=AuditKind.INTENT_UNKNOWN, detail__intent=intent.pk
+        )
+        .exclude(detail__has_key=PARKED)
+        .order_by("-at")
+        .values_list("at", flat=True)
+        .first()
+    )
 
 
 def ask_destination(intent: Intent, *, now: datetime | None = None) -> Answer:
@@ -68,9 +75,11 @@ def ask_destination(intent: Intent, *, now: datetime | None = None) -> Answer:
     if not adapter.consistent_lookup and settle is None:
         return Answer(CANNOT, f"{slug} offers no lookup by external reference")
     if settle is not None and (now or timezone.now()) < (
-            (last_unknown_at(intent) or intent.created_at) + timedelta(seconds=settle)):
-        return Answer(LATER, f"{slug}'s search lags behind its writes: it is asked {settle:g} s after the "
-                             "unknown outcome")
+        (last_unknown_at(intent) or intent.created_at) + timedelta(seconds=settle)
+    ):
+        return Answer(
+            LATER, f"{slug}'s search lags behind its writes: it is asked {settle:g} s after the unknown outcome"
+        )
     try:
         found = adapter.find_by_external_ref(intent.external_ref)
     except NotImplementedError:
@@ -111,22 +120,45 @@ def fail_after_unknown(intent: Intent, *, exc: TransientError | PermanentError, 
         # Still this attempt's: in flight, or unknown because its claim ran out while we asked; not an
         # intent reopened and claimed by another worker meanwhile (that worker's outcome settles it).
         # FOUND always carries its ticket (`ask_destination`).
-        done = record_success(intent, result=cast(TicketResult, answer.ticket), actor=f"worker:{worker}",
-                              from_states=(IntentState.IN_FLIGHT, IntentState.UNKNOWN),
-                              audit_detail={"settled_by": "lookup", "instead_of": reason}, claimed_by=worker)
+        done = record_success(
+            intent,
+            result=cast(TicketResult, answer.ticket),
+            actor=f"worker:{worker}",
+            from_states=(IntentState.IN_FLIGHT, IntentState.UNKNOWN),
+            audit_detail={"settled_by": "lookup", "instead_of": reason},
+            claimed_by=worker,
+        )
         return IntentState.SUCCEEDED if done else ""
     now = timezone.now()
     if answer.says == NOTHING:
         return fail(intent, exc, worker, attempts, audit=asked)
     if answer.says == LATER:
-        return end_attempt(intent, exc=exc, worker=worker, attempts=attempts, to_state=IntentState.UNKNOWN, now=now,
-                           event_state=EventState.UNKNOWN, reason=ReasonCode.ASKING_AFTER_UNKNOWN,
-                           detail=f"{reason}; {answer.detail}", audit={**asked, PARKED: True})
+        return end_attempt(
+            intent,
+            exc=exc,
+            worker=worker,
+            attempts=attempts,
+            to_state=IntentState.UNKNOWN,
+            now=now,
+            event_state=EventState.UNKNOWN,
+            reason=ReasonCode.ASKING_AFTER_UNKNOWN,
+            detail=f"{reason}; {answer.detail}",
+            audit={**asked, PARKED: True},
+        )
     # An acknowledgment's event stays completed: its ticket exists, only the email is in doubt.
     event_state = EventState.UNKNOWN if intent.action != Intent.Action.NOTIFY_REQUESTER else None
-    return end_attempt(intent, exc=exc, worker=worker, attempts=attempts, to_state=IntentState.HELD, now=now,
-                       event_state=event_state, reason=_held_reason(answer), detail=f"{reason}; {answer.detail}",
-                       audit=asked)
+    return end_attempt(
+        intent,
+        exc=exc,
+        worker=worker,
+        attempts=attempts,
+        to_state=IntentState.HELD,
+        now=now,
+        event_state=event_state,
+        reason=_held_reason(answer),
+        detail=f"{reason}; {answer.detail}",
+        audit=asked,
+    )
 
 
 def settle_known_failure(intent: Intent, *, actor: str) -> str:
@@ -140,18 +172,34 @@ def settle_known_failure(intent: Intent, *, actor: str) -> str:
     reason, detail = failure_reason(kind, reason=error_reason, text=intent.last_error, attempts=intent.attempts)
     if answer.says == FOUND:
         # FOUND always carries its ticket (`ask_destination`).
-        done = record_success(intent, result=cast(TicketResult, answer.ticket), actor=actor,
-                              from_states=(IntentState.UNKNOWN,),
-                              audit_detail={"settled_by": "lookup", "instead_of": reason})
+        done = record_success(
+            intent,
+            result=cast(TicketResult, answer.ticket),
+            actor=actor,
+            from_states=(IntentState.UNKNOWN,),
+            audit_detail={"settled_by": "lookup", "instead_of": reason},
+        )
         return IntentState.SUCCEEDED if done else ""
     if answer.says == NOTHING:
         to_state, event_state, event_reason = IntentState.FAILED, EventState.FAILED, reason
     else:
         to_state, event_state, event_reason = IntentState.HELD, EventState.UNKNOWN, _held_reason(answer)
         detail = f"{reason}; {answer.detail}"
-    if not settle_unknown(intent, to_state=to_state, actor=actor, event_state=event_state, reason=event_reason,
-                          detail=detail, audit={"attempt": intent.attempts, "error_kind": kind, "reason": error_reason,
-                                                "lookup": answer.says, "lookup_detail": answer.detail}):
+    if not settle_unknown(
+        intent,
+        to_state=to_state,
+        actor=actor,
+        event_state=event_state,
+        reason=event_reason,
+        detail=detail,
+        audit={
+            "attempt": intent.attempts,
+            "error_kind": kind,
+            "reason": error_reason,
+            "lookup": answer.says,
+            "lookup_detail": answer.detail,
+        },
+    ):
         return ""
     logger.info("intent %s: %s after its lookup (%s)", intent.pk, to_state, answer.says)
     return to_state

@@ -4,6 +4,7 @@ They write no audit row and move no event: the operator's action does both,
 in the same transaction, with its own row (`replayed`, `replayed_as_new_action`,
 `ticket_confirmed`, `acknowledgment_handled`, `closed_not_a_request`).
 """
+
 from datetime import datetime
 
 from intake.models import InboxEvent
@@ -22,14 +23,16 @@ def replay(intent: Intent, now: datetime, destination_id: int | None = None) -> 
 
 def settle(intent: Intent, now: datetime) -> bool:
     """failed/held -> succeeded without a call: a person says this (acknowledgment) needs nothing more."""
-    return bool(move(expecting(intent.pk, *REPLAYABLE_STATES), IntentState.SUCCEEDED, now,
-                      result_ref=OPERATOR_RESULT_REF))
+    return bool(
+        move(expecting(intent.pk, *REPLAYABLE_STATES), IntentState.SUCCEEDED, now, result_ref=OPERATOR_RESULT_REF)
+    )
 
 
 def supersede(intent: Intent, now: datetime) -> bool:
     """unknown -> held: a new action_version replaces it, so no sweep acts on this one."""
-    return bool(move(expecting(intent.pk, IntentState.UNKNOWN), IntentState.HELD, now,
-                      last_error_kind=ReasonCode.SUPERSEDED))
+    return bool(
+        move(expecting(intent.pk, IntentState.UNKNOWN), IntentState.HELD, now, last_error_kind=ReasonCode.SUPERSEDED)
+    )
 
 
 def hold_open(event_id: int, now: datetime) -> int:

@@ -5,6 +5,7 @@ once: the step it records may be followed by a side effect, and an attempt that 
 write over the next one's notes. The built-in store writes inside its own transaction, so there the
 journal is the intent row in hand.
 """
+
 from typing import Any
 
 from django.db import transaction
@@ -22,7 +23,8 @@ class IntentJournal(Journal):
     def __init__(self, intent: Intent, worker: str) -> None:
         self.intent, self.worker = intent, worker
         self.data: dict[str, Any] = dict(
-            Intent.objects.filter(pk=intent.pk).values_list("progress", flat=True).first() or {})
+            Intent.objects.filter(pk=intent.pk).values_list("progress", flat=True).first() or {}
+        )
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.data.get(name, default)
@@ -30,10 +32,10 @@ class IntentJournal(Journal):
     def put(self, name: str, value: Any) -> None:
         data = {**self.data, name: value}
         with transaction.atomic():
-            moved = Intent.objects.filter(pk=self.intent.pk, state=IntentState.IN_FLIGHT,
-                                          claimed_by=self.worker).update(progress=data)
+            moved = Intent.objects.filter(
+                pk=self.intent.pk, state=IntentState.IN_FLIGHT, claimed_by=self.worker
+            ).update(progress=data)
         if not moved:
             raise ClaimLost(f"intent {self.intent.pk}: claim lost; step {name!r} not recorded")
         self.data = data
         self.intent.progress = data
-

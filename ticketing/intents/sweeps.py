@@ -3,6 +3,7 @@
 Beat runs the sweeps; each is safe to run from two processes at once (rows
 locked with SKIP LOCKED, conditional UPDATEs).
 """
+
 import logging
 from datetime import datetime, timedelta
 from typing import cast
@@ -62,8 +63,9 @@ def expire_claims(limit: int = 500) -> int:
     now = timezone.now()
     expired = 0
     with transaction.atomic():
-        for intent in _locked_batch(_live(Intent.objects.filter(state=IntentState.IN_FLIGHT, claimed_until__lt=now)),
-                                    limit):
+        for intent in _locked_batch(
+            _live(Intent.objects.filter(state=IntentState.IN_FLIGHT, claimed_until__lt=now)), limit
+        ):
             expired += expire(intent, now)
     return expired
 
@@ -71,14 +73,29 @@ def expire_claims(limit: int = 500) -> int:
 def expire(intent: Intent, now: datetime) -> bool:
     """in_flight -> unknown, the event unknown/claim_expired. Call with the intent's row locked."""
     with transaction.atomic(savepoint=False):
-        if not move(expecting(intent.pk, IntentState.IN_FLIGHT), IntentState.UNKNOWN, now,
-                     last_error_kind=CLAIM_EXPIRED_ERROR,
-                     last_error=f"claim of {intent.claimed_by} expired"):
+        if not move(
+            expecting(intent.pk, IntentState.IN_FLIGHT),
+            IntentState.UNKNOWN,
+            now,
+            last_error_kind=CLAIM_EXPIRED_ERROR,
+            last_error=f"claim of {intent.claimed_by} expired",
+        ):
             return False
-        move_event(intent.inbox_event_id, EventState.UNKNOWN, now, SystemActor.SWEEP, ReasonCode.CLAIM_EXPIRED,
-                    f"the worker holding attempt {intent.attempts} stopped answering")
-        record_audit(intent.inbox_event_id, AuditKind.INTENT_UNKNOWN, actor=SystemActor.SWEEP, at=now,
-                     detail={"intent": intent.pk, "reason": ReasonCode.CLAIM_EXPIRED, "worker": intent.claimed_by})
+        move_event(
+            intent.inbox_event_id,
+            EventState.UNKNOWN,
+            now,
+            SystemActor.SWEEP,
+            ReasonCode.CLAIM_EXPIRED,
+            f"the worker holding attempt {intent.attempts} stopped answering",
+        )
+        record_audit(
+            intent.inbox_event_id,
+            AuditKind.INTENT_UNKNOWN,
+            actor=SystemActor.SWEEP,
+            at=now,
+            detail={"intent": intent.pk, "reason": ReasonCode.CLAIM_EXPIRED, "worker": intent.claimed_by},
+        )
     return True
 
 
@@ -92,7 +109,8 @@ def enqueue_due(limit: int = 500, lost_after_seconds: float | None = None) -> in
     now = timezone.now()
     lost_after = lost_after_seconds if lost_after_seconds is not None else settings.MAILROOM_STALE_EVENT_SECONDS
     due = Q(state=IntentState.RETRY_WAIT, next_attempt_at__lte=now) | Q(
-        state=IntentState.PENDING, next_attempt_at__lte=now - timedelta(seconds=lost_after))
+        state=IntentState.PENDING, next_attempt_at__lte=now - timedelta(seconds=lost_after)
+    )
     with transaction.atomic():
         intents = _locked_batch(_live(Intent.objects.filter(due)), limit)
         for intent in intents:
@@ -134,7 +152,8 @@ def resolve_unknown(intent_id: int, actor: str = SystemActor.RECONCILE) -> str:
     adapter = adapter_for(intent.destination)
     window = adapter.idempotency_window_seconds
     key_still_kept = (
-        adapter.honours_idempotency_key and window is not None
+        adapter.honours_idempotency_key
+        and window is not None
         and intent.created_at + timedelta(seconds=window) > now
         and not intent.last_error_kind.endswith(ReasonCode.IDEMPOTENT_REQUEST_ERROR)
     )
@@ -189,10 +208,16 @@ def hold(intent: Intent, now: datetime, actor: str, event_reason: str | None) ->
         if not move(expecting(intent.pk, IntentState.UNKNOWN), IntentState.HELD, now):
             return ""
         if event_reason:
-            move_event(intent.inbox_event_id, EventState.UNKNOWN, now, actor, event_reason,
-                        ReasonCode(event_reason).label)
-        record_audit(intent.inbox_event_id, AuditKind.INTENT_HELD, actor=actor, at=now,
-                     detail={"intent": intent.pk, "action": intent.action})
+            move_event(
+                intent.inbox_event_id, EventState.UNKNOWN, now, actor, event_reason, ReasonCode(event_reason).label
+            )
+        record_audit(
+            intent.inbox_event_id,
+            AuditKind.INTENT_HELD,
+            actor=actor,
+            at=now,
+            detail={"intent": intent.pk, "action": intent.action},
+        )
     return IntentState.HELD
 
 
@@ -203,8 +228,13 @@ def reopen(intent: Intent, now: datetime, actor: str, why: str) -> str:
             return ""
         move_event(intent.inbox_event_id, EventState.WRITE_PENDING, now, actor)
         _enqueue(intent, now)
-        record_audit(intent.inbox_event_id, AuditKind.INTENT_PENDING, actor=actor, at=now,
-                     detail={"intent": intent.pk, "reason": why})
+        record_audit(
+            intent.inbox_event_id,
+            AuditKind.INTENT_PENDING,
+            actor=actor,
+            at=now,
+            detail={"intent": intent.pk, "reason": why},
+        )
     return IntentState.PENDING
 
 
@@ -215,5 +245,3 @@ def resolve_unknown_intents(limit: int = 200) -> dict[str, int]:
         outcome = resolve_unknown(intent_id) or "unchanged"
         tally[outcome] = tally.get(outcome, 0) + 1
     return tally
-
-

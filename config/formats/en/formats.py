@@ -4,6 +4,7 @@ Read for LANGUAGE_CODE "en-us" (FORMAT_MODULE_PATH = "config.formats"): list col
 change history and the `date` filter of every admin page then agree with `reconciliation.times`.
 Input formats are not set here: Django's English ones still apply.
 """
+
 DATETIME_FORMAT = "Y-m-d H:i T"
 SHORT_DATETIME_FORMAT = "Y-m-d H:i T"
 DATE_FORMAT = "Y-m-d"

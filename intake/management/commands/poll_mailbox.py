@@ -17,14 +17,19 @@ class Command(BaseCommand):
         mailbox = Mailbox.objects.filter(slug=options["mailbox"]).first()
         if mailbox is None:
             raise CommandError(f"no mailbox {options['mailbox']!r}")
-        report = polling.poll_mailbox(mailbox.pk, trigger=polling.MANUAL, batch_size=options["batch_size"],
-                                      max_batches=options["max_batches"])
+        report = polling.poll_mailbox(
+            mailbox.pk, trigger=polling.MANUAL, batch_size=options["batch_size"], max_batches=options["max_batches"]
+        )
         for message in report.messages:
             label = "duplicate" if message.duplicate else "new"
-            self.stdout.write(f"{label:9} event {message.inbox_event_id}  {message.size} bytes  "
-                              f"{mask_address(message.provider_message_id)}")
-        summary = (f"mailbox {mailbox.slug}: {report.status}, {report.new} new, {report.duplicates} duplicate, "
-                   f"{report.batches} batch(es)")
+            self.stdout.write(
+                f"{label:9} event {message.inbox_event_id}  {message.size} bytes  "
+                f"{mask_address(message.provider_message_id)}"
+            )
+        summary = (
+            f"mailbox {mailbox.slug}: {report.status}, {report.new} new, {report.duplicates} duplicate, "
+            f"{report.batches} batch(es)"
+        )
         if report.more:
             summary += "; more waiting (a follow-up poll was queued)"
         if report.status != "ok":

@@ -28,8 +28,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("mailbox")
-        parser.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('PORT', '8000')}",
-                            help="where Mailroom's web process listens")
+        parser.add_argument(
+            "--url",
+            default=f"http://127.0.0.1:{os.environ.get('PORT', '8000')}",
+            help="where Mailroom's web process listens",
+        )
         parser.add_argument("--subject", default="Sample request from Mailroom")
         parser.add_argument("--count", type=int, default=1)
 
@@ -38,8 +41,9 @@ class Command(BaseCommand):
         if mailbox is None:
             raise CommandError(f"no mailbox {options['mailbox']!r}")
         if mailbox.provider != Mailbox.Provider.RAW:
-            raise CommandError(f"mailbox {mailbox.slug!r} is a {mailbox.provider} mailbox: only a raw mailbox "
-                               "takes the raw webhook")
+            raise CommandError(
+                f"mailbox {mailbox.slug!r} is a {mailbox.provider} mailbox: only a raw mailbox takes the raw webhook"
+            )
         try:
             secret = resolve_secret(mailbox.webhook_secret_ref, tenant=mailbox.tenant, owner=mailbox)
         except SecretUnavailable as exc:
@@ -48,8 +52,12 @@ class Command(BaseCommand):
         for n in range(options["count"]):
             subject = options["subject"] if options["count"] == 1 else f"{options['subject']} #{n + 1}"
             body = sample_message(mailbox.address, subject)
-            response = requests.post(endpoint, data=body, headers={
-                **signed_headers(secret, body), "Content-Type": "message/rfc822"}, timeout=10)
+            response = requests.post(
+                endpoint,
+                data=body,
+                headers={**signed_headers(secret, body), "Content-Type": "message/rfc822"},
+                timeout=10,
+            )
             self.stdout.write(f"{response.status_code} {response.text}")
             if response.status_code >= 300:
                 raise CommandError("the webhook did not accept the message")

@@ -5,8 +5,10 @@ from intake.models import Tenant
 
 
 class Command(BaseCommand):
-    help = ("Give a mail domain to a tenant (a platform operator's act: the shell is the platform), or list the "
-            "tenant's verified domains when no domain is named. A domain belongs to one tenant only.")
+    help = (
+        "Give a mail domain to a tenant (a platform operator's act: the shell is the platform), or list the "
+        "tenant's verified domains when no domain is named. A domain belongs to one tenant only."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("tenant", help="the tenant's slug")

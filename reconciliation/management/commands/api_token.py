@@ -1,5 +1,6 @@
 """`manage.py api_token <username> [--name N] [--expires-in-days D]`: make a REST API token for the user and
 print it, once (the user issues it for themselves: `reconciliation.services.api_tokens`)."""
+
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
@@ -13,8 +14,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("username")
         parser.add_argument("--name", default="", help="what the token is for (shown in the console)")
-        parser.add_argument("--expires-in-days", type=int, default=None,
-                            help="refused after this many days (default: never expires)")
+        parser.add_argument(
+            "--expires-in-days", type=int, default=None, help="refused after this many days (default: never expires)"
+        )
 
     def handle(self, *args, username, name="", expires_in_days=None, **options):
         user = get_user_model()._default_manager.filter(**{get_user_model().USERNAME_FIELD: username}).first()

@@ -4,6 +4,7 @@ Prints one summary line per reconciler and scope (scanned, findings, repaired, e
 options every mailbox and destination and the outbox are reconciled, as the beat task does (a drill's
 scratch tenant never is). Exits non-zero when a reconciler failed.
 """
+
 from django.core.management.base import BaseCommand, CommandError
 
 from reconciliation.reconcilers import reconcile, select
@@ -27,5 +28,7 @@ class Command(BaseCommand):
             self.stdout.write(summary.line())
         failed = [s for s in summaries if s.error]
         if failed:  # a monitor or a cron job sees it in the exit status, not only in the text
-            raise CommandError(f"{len(failed)} reconciler(s) failed: "
-                               f"{', '.join(f'{s.kind} {s.scope}' for s in failed)}; see the lines above")
+            raise CommandError(
+                f"{len(failed)} reconciler(s) failed: "
+                f"{', '.join(f'{s.kind} {s.scope}' for s in failed)}; see the lines above"
+            )

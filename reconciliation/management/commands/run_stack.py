@@ -12,6 +12,7 @@ inherit this process's environment, with PORT and HOST set to where the web list
   static files, in web.log); the console shows the children's WARNING and above, and our own lines.
 - The banner comes last: once the web answers /healthz and every worker consumes (its ready file, config.celery).
 """
+
 import os
 import re
 import signal
@@ -63,13 +64,22 @@ class Child:
         self._log = self.log_path.open("a", buffering=1, errors="replace")
         self._log.write(f"--- run_stack: {self.name} started {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
         # Its own process group: Ctrl-C reaches only us, and we stop the children in order.
-        self.process = subprocess.Popen(self.argv, cwd=settings.BASE_DIR, env=self.env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.argv,
+            cwd=settings.BASE_DIR,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         self.started_at = time.monotonic()
         self.restart_at = None
         self.reaped = False
-        self._readers = [threading.Thread(target=self._read, args=(stream, echo), daemon=True)
-                         for stream, echo in ((self.process.stdout, self.name != "web"), (self.process.stderr, True))]
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream, echo), daemon=True)
+            for stream, echo in ((self.process.stdout, self.name != "web"), (self.process.stderr, True))
+        ]
         for reader in self._readers:
             reader.start()
 
@@ -122,9 +132,11 @@ def exit_text(code: int) -> str:
 
 
 class Command(BaseCommand):
-    help = ("Start web (gunicorn), a Celery worker (and a thread-pool one for destination calls when "
-            "MAILROOM_DESTINATION_QUEUE is set), beat, the relay and, when MAILROOM_LMTP_PORT is set, the LMTP "
-            "listener; restart any but the web when it dies; stop all of them on Ctrl-C.")
+    help = (
+        "Start web (gunicorn), a Celery worker (and a thread-pool one for destination calls when "
+        "MAILROOM_DESTINATION_QUEUE is set), beat, the relay and, when MAILROOM_LMTP_PORT is set, the LMTP "
+        "listener; restart any but the web when it dies; stop all of them on Ctrl-C."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
@@ -137,10 +149,21 @@ class Command(BaseCommand):
         bin_dir = os.path.dirname(python)
         celery = [python, "-m", "celery", "-A", "config"]
         return {
-            "web": [os.path.join(bin_dir, "gunicorn"), "config.wsgi", "--bind", f"{options['host']}:{options['port']}",
-                    "--workers", str(options["web_workers"]), "--access-logfile", "-",
-                    "--access-logformat", ACCESS_LOG_FORMAT, "--logger-class", "intake.logging.AccessLogger",
-                    "--no-control-socket"],
+            "web": [
+                os.path.join(bin_dir, "gunicorn"),
+                "config.wsgi",
+                "--bind",
+                f"{options['host']}:{options['port']}",
+                "--workers",
+                str(options["web_workers"]),
+                "--access-logfile",
+                "-",
+                "--access-logformat",
+                ACCESS_LOG_FORMAT,
+                "--logger-class",
+                "intake.logging.AccessLogger",
+                "--no-control-socket",
+            ],
             **self._worker_commands(celery, options),
             "beat": celery + ["beat", "--loglevel", "INFO", "--scheduler", settings.CELERY_BEAT_SCHEDULER],
             "relay": [python, "manage.py", "run_relay"],
@@ -154,9 +177,23 @@ class Command(BaseCommand):
         queue = settings.MAILROOM_DESTINATION_QUEUE
         if not queue:
             return {"worker": worker}
-        return {"worker": worker + ["-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", "worker@%h"],
-                "calls": celery + ["worker", "--loglevel", "INFO", "--pool", "threads", "--concurrency",
-                                   str(settings.MAILROOM_DESTINATION_THREADS), "-Q", queue, "-n", "calls@%h"]}
+        return {
+            "worker": worker + ["-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", "worker@%h"],
+            "calls": celery
+            + [
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--pool",
+                "threads",
+                "--concurrency",
+                str(settings.MAILROOM_DESTINATION_THREADS),
+                "-Q",
+                queue,
+                "-n",
+                "calls@%h",
+            ],
+        }
 
     def _lmtp_command(self, python):
         """The LMTP listener (manage.py run_lmtp), only when MAILROOM_LMTP_PORT is set."""
@@ -176,28 +213,34 @@ class Command(BaseCommand):
         base = f"http://{host}:{options['port']}"
         password = os.environ.get(DEMO_PASSWORD_VAR, "(see .env)")
         shown_dir = log_dir.relative_to(settings.BASE_DIR) if log_dir.is_relative_to(settings.BASE_DIR) else log_dir
-        lines = [self.style.SUCCESS("\nMailroom is ready\n"),
-                 f"  admin:     {base}/admin/",
-                 "  user:      admin",
-                 f"  password:  {password}",
-                 f"  API docs:  {base}/api/docs/   (a token: .venv/bin/python manage.py api_token admin)",
-                 f"  database:  {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
-                 f"   broker: {settings.CELERY_BROKER_URL.split('://')[0]}",
-                 f"  logs:      {shown_dir}/<process>.log (this console: their warnings and errors, restarts)"]
+        lines = [
+            self.style.SUCCESS("\nMailroom is ready\n"),
+            f"  admin:     {base}/admin/",
+            "  user:      admin",
+            f"  password:  {password}",
+            f"  API docs:  {base}/api/docs/   (a token: .venv/bin/python manage.py api_token admin)",
+            f"  database:  {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
+            f"   broker: {settings.CELERY_BROKER_URL.split('://')[0]}",
+            f"  logs:      {shown_dir}/<process>.log (this console: their warnings and errors, restarts)",
+        ]
         if os.environ.get("MAILROOM_LMTP_PORT", "").strip():
             lmtp_host = os.environ.get("MAILROOM_LMTP_HOST", "").strip() or "127.0.0.1"
             lines.append(f"  lmtp:      {lmtp_host}:{os.environ['MAILROOM_LMTP_PORT'].strip()} (manage.py run_lmtp)")
         if waiting:
             lines.append(self.style.WARNING(f"  not ready yet: {', '.join(waiting)} (see its log)"))
-        lines += ["\n  send a signed sample email to the webhook:",
-                  f"    PORT={options['port']} .venv/bin/python manage.py send_test_email demo",
-                  "\n  Ctrl-C stops everything.\n"]
+        lines += [
+            "\n  send a signed sample email to the webhook:",
+            f"    PORT={options['port']} .venv/bin/python manage.py send_test_email demo",
+            "\n  Ctrl-C stops everything.\n",
+        ]
         self._say("\n".join(lines))
 
     def _wait_until_ready(self, options, children: dict, stopping: list) -> list[str]:
         """Until the web answers /healthz and each worker consumes; returns what is still waited for."""
-        url = f"http://{options['host'] if options['host'] not in ('0.0.0.0', '::') else '127.0.0.1'}:" \
-              f"{options['port']}/healthz"
+        url = (
+            f"http://{options['host'] if options['host'] not in ('0.0.0.0', '::') else '127.0.0.1'}:"
+            f"{options['port']}/healthz"
+        )
         web_up = False
         deadline = time.monotonic() + READY_SECONDS
         workers = [child for child in children.values() if child.ready_file]
@@ -236,8 +279,10 @@ class Command(BaseCommand):
                     child.backoff = FIRST_BACKOFF_SECONDS
                 delay, child.backoff = child.backoff, min(child.backoff * 2, MAX_BACKOFF_SECONDS)
                 child.restart_at = now + delay
-                self._say(f"{name}: {exit_text(child.process.returncode)} after {uptime:.0f} s; restarting in "
-                          f"{delay:.0f} s (see {child.log_path})")
+                self._say(
+                    f"{name}: {exit_text(child.process.returncode)} after {uptime:.0f} s; restarting in "
+                    f"{delay:.0f} s (see {child.log_path})"
+                )
             time.sleep(0.25)
 
     def _stop(self, children: dict) -> None:
@@ -265,9 +310,17 @@ class Command(BaseCommand):
             signal.signal(sig, lambda *_: stopping.append(True))
         run_dir = Path(settings.VAR_DIR) / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
-        children = {name: Child(name, argv, log_dir, env, self._say,
-                                ready_file=run_dir / f"{name}.ready" if name in ("worker", "calls") else None)
-                    for name, argv in self._commands(options).items()}
+        children = {
+            name: Child(
+                name,
+                argv,
+                log_dir,
+                env,
+                self._say,
+                ready_file=run_dir / f"{name}.ready" if name in ("worker", "calls") else None,
+            )
+            for name, argv in self._commands(options).items()
+        }
         self._say(f"starting {', '.join(children)} (logs in {log_dir}) ...")
         try:
             for child in children.values():

@@ -4,6 +4,7 @@ The same server and options as `python -m fakedesk`; see the top-level `fakedesk
 package for the API and the faults. Runs until SIGTERM or Ctrl-C. This command
 is the only module of the `ticketing` app that imports `fakedesk`.
 """
+
 from argparse import Namespace
 
 from django.core.management.base import BaseCommand
