@@ -36,9 +36,10 @@ run: $(VENV)/.installed
 PYTEST := DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(TEST_BROKER_URL)} \
 	$(BIN)/pytest
 
-# Static checks: ruff's lint and format check (settings in pyproject.toml), the import layering of docs/design.md §3 (no upward
-# import, no cycle), mypy with django-stubs (strict on the modules `[tool.mypy] files` lists), and no model
-# change without its migration (a new AuditKind or ReasonCode included). .pre-commit-config.yaml runs the same.
+# Static checks: ruff's lint and format check (settings in pyproject.toml), the import layering of
+# docs/design.md §3 (no upward import, no cycle), mypy with django-stubs (strict on the modules `[tool.mypy]
+# files` lists), and no model change without its migration (a new AuditKind or ReasonCode included).
+# .pre-commit-config.yaml runs the same checks.
 LINT_ENV := MAILROOM_ENV=development DATABASE_URL=sqlite://:memory:
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
