@@ -177,29 +177,35 @@ def _classify_and_route(event: InboxEvent, parsed, worker: str, cache: dict) -> 
         )
         return State.SUPPRESSED
     if event.route.get("review_reason") == classification.LOW_CONFIDENCE and not _low_confidence_settled(event):
-        transition_event(
-            event.pk,
-            InboxEvent.OPEN_STATES,
-            State.AWAITING_REVIEW,
+        return _to_review(
+            event,
             actor=actor,
-            kind=AuditKind.AWAITING_REVIEW,
             reason_code=ReasonCode.LOW_CONFIDENCE,
             reason_detail="the AI's proposal for the route was below the policy's minimum confidence",
         )
-        return Outcome.AWAITING_REVIEW
     destination = route(event, cache)
     if destination is None:
-        transition_event(
-            event.pk,
-            InboxEvent.OPEN_STATES,
-            State.AWAITING_REVIEW,
+        return _to_review(
+            event,
             actor=actor,
-            kind=AuditKind.AWAITING_REVIEW,
             reason_code=ReasonCode.NO_DESTINATION,
             reason_detail="the tenant has no default destination and no rule matched",
         )
-        return Outcome.AWAITING_REVIEW
     return destination
+
+
+def _to_review(event: InboxEvent, *, actor: str, reason_code: str, reason_detail: str) -> Outcome:
+    """Routing sent the event to a person: the recovery queue, with its reason."""
+    transition_event(
+        event.pk,
+        InboxEvent.OPEN_STATES,
+        State.AWAITING_REVIEW,
+        actor=actor,
+        kind=AuditKind.AWAITING_REVIEW,
+        reason_code=reason_code,
+        reason_detail=reason_detail,
+    )
+    return Outcome.AWAITING_REVIEW
 
 
 def _store_route(event: InboxEvent, chosen: classification.Route, actor: str) -> None:
