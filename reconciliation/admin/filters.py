@@ -46,6 +46,8 @@ class _VisibleChoiceFilter(admin.SimpleListFilter):
     field = ""
 
     def choices_for(self, user):
+        """Subclasses of _VisibleChoiceFilter must provide this method: the queryset of objects `user` may see
+        (with a `slug`), whose pks are the filter's choices for `field`."""
         raise NotImplementedError
 
     def lookups(self, request, model_admin):
