@@ -54,16 +54,18 @@ lint: $(VENV)/.installed-test
 test: lint
 	$(PYTEST) --durations=25 $(PYTEST_ARGS)
 
-# The tests that need no service but PostgreSQL, in about 10 s (the whole suite: minutes): parsing,
+# The tests that need no service but PostgreSQL, in under a minute (the whole suite: about 40): parsing,
 # charsets and headers, real-world mail, validation, message keys, reply text, webhook signatures and
-# inbound-parse payloads, leases, vocabulary, state doors, layering. A list of modules, not a marker
-# to put on tests: whole files are about these pure rules, the list is read in one place, and no test
-# file has to change. Inside these files, a test that uses a fixture starting clamd, Dovecot, Chromium
-# or a live process is marked `services` by tests/conftest.py and deselected, as are `live` tests.
+# inbound-parse payloads, leases, vocabulary, state doors, registries, layering, and the state machine and
+# pipeline on the database (intents, the per-event and set-based paths side by side, poison counts). A list
+# of modules, not a marker to put on tests: the list is read in one place, and no test file has to change.
+# Inside these files, a test that uses a fixture starting clamd, Dovecot, Chromium or a live process is
+# marked `services` by tests/conftest.py and deselected, as are `live` tests.
 FAST_TESTS := tests/test_layering.py tests/test_mime.py tests/test_mime_headers.py tests/test_mime_parts.py \
 	tests/test_real_mail_corpus.py tests/test_validation.py tests/test_message_identity.py \
 	tests/test_reply_text.py tests/test_webhook.py tests/test_inbound_parse.py tests/test_leases.py \
-	tests/test_vocabulary.py tests/test_state_doors.py
+	tests/test_vocabulary.py tests/test_state_doors.py tests/test_registries.py \
+	tests/test_intents.py tests/test_batch.py tests/test_poison_counts_takes.py
 test-fast: $(VENV)/.installed-test
 	$(PYTEST) -m "not live and not services" $(FAST_TESTS) $(PYTEST_ARGS)
 
