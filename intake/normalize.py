@@ -40,7 +40,7 @@ from .vocabulary import AuditKind, ReasonCode
 logger = logging.getLogger(__name__)
 
 State = InboxEvent.State
-SENDER_RATE_LIMITED = validation.SENDER_RATE_LIMITED
+SENDER_RATE_LIMITED = ReasonCode.SENDER_RATE_LIMITED
 # Over the limit, mail goes to review; a mailbox may opt into suppression with "action": "suppress".
 DEFAULT_SENDER_LIMIT = {"count": 20, "seconds": 600, "action": "review"}
 # The audit row of each verdict but `ok` (received -> ready is not audited: see transition_event).
@@ -111,9 +111,9 @@ def _scan_verdict(parsed: ParsedMessage, findings: list) -> str:
     if not parsed.attachments:
         return "none"
     reasons = {f.reason_code for f in findings}
-    if validation.MALWARE in reasons:
+    if ReasonCode.MALWARE in reasons:
         return "infected"
-    if validation.SCANNER_UNAVAILABLE in reasons or settings.MAILROOM_CLAMD == "off":
+    if ReasonCode.SCANNER_UNAVAILABLE in reasons or settings.MAILROOM_CLAMD == "off":
         return "unscanned"
     return "clean"
 

@@ -20,7 +20,8 @@ from intake.scanning import (
     scan,
     scanner_from_setting,
 )
-from intake.validation import MALWARE, QUARANTINED, malware_finding, validate
+from intake.validation import QUARANTINED, malware_finding, validate
+from intake.vocabulary import ReasonCode
 from tests.clamd import EICAR, EICAR_SIGNATURE, STREAM_MAX_LENGTH, start_clamd
 
 FOUND = ScanResult(clean=False, signature=EICAR_SIGNATURE)
@@ -78,7 +79,7 @@ def test_eicar_in_a_base64_mime_attachment_is_found_through_the_mime_module(clam
 
     # The caller turns the hit into a finding; quarantine wins over everything else.
     verdict = validate(parsed, extra=[malware_finding("invoice.pdf", results["invoice.pdf"].signature)])
-    assert (verdict.state, verdict.reason_code) == (QUARANTINED, MALWARE)
+    assert (verdict.state, verdict.reason_code) == (QUARANTINED, ReasonCode.MALWARE)
     assert EICAR_SIGNATURE in verdict.detail
     # clamd also decodes MIME itself: the whole raw message is found too.
     assert client.scan(raw) == FOUND

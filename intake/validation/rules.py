@@ -75,50 +75,30 @@ AWAITING_REVIEW = "awaiting_review"
 SUPPRESSED = "suppressed"
 QUARANTINED = "quarantined"
 
-# Reason codes (the words and their labels: intake.vocabulary.ReasonCode).
-MALWARE = ReasonCode.MALWARE
-ATTACHMENT_TYPE = ReasonCode.ATTACHMENT_TYPE
-TOO_LARGE = ReasonCode.TOO_LARGE
-TOO_MANY_ATTACHMENTS = ReasonCode.TOO_MANY_ATTACHMENTS
-TOO_COMPLEX = ReasonCode.TOO_COMPLEX
-MISSING_SENDER = ReasonCode.MISSING_SENDER
-RECIPIENT_NOT_ALLOWED = ReasonCode.RECIPIENT_NOT_ALLOWED
-EMPTY = ReasonCode.EMPTY
-SCANNER_UNAVAILABLE = ReasonCode.SCANNER_UNAVAILABLE
-ENCRYPTED = ReasonCode.ENCRYPTED
-SENDER_RATE_LIMITED = ReasonCode.SENDER_RATE_LIMITED
-OWN_MAIL_LOOP = ReasonCode.OWN_MAIL_LOOP
-DELIVERY_REPORT = ReasonCode.DELIVERY_REPORT
-MAILER_DAEMON = ReasonCode.MAILER_DAEMON
-EMPTY_RETURN_PATH = ReasonCode.EMPTY_RETURN_PATH
-AUTO_SUBMITTED = ReasonCode.AUTO_SUBMITTED
-AUTOREPLY_HEADER = ReasonCode.AUTOREPLY_HEADER
-PRECEDENCE_BULK = ReasonCode.PRECEDENCE_BULK
-CALENDAR_REPLY = ReasonCode.CALENDAR_REPLY
 
 STATE_ORDER = (QUARANTINED, AWAITING_REVIEW, SUPPRESSED)
 REASON_ORDER = {
-    QUARANTINED: (MALWARE, ATTACHMENT_TYPE),
+    QUARANTINED: (ReasonCode.MALWARE, ReasonCode.ATTACHMENT_TYPE),
     AWAITING_REVIEW: (
-        TOO_LARGE,
-        TOO_MANY_ATTACHMENTS,
-        TOO_COMPLEX,
-        ENCRYPTED,
+        ReasonCode.TOO_LARGE,
+        ReasonCode.TOO_MANY_ATTACHMENTS,
+        ReasonCode.TOO_COMPLEX,
+        ReasonCode.ENCRYPTED,
         ReasonCode.ENCRYPTED_ARCHIVE,
-        MISSING_SENDER,
-        RECIPIENT_NOT_ALLOWED,
-        EMPTY,
-        SENDER_RATE_LIMITED,
-        EMPTY_RETURN_PATH,
+        ReasonCode.MISSING_SENDER,
+        ReasonCode.RECIPIENT_NOT_ALLOWED,
+        ReasonCode.EMPTY,
+        ReasonCode.SENDER_RATE_LIMITED,
+        ReasonCode.EMPTY_RETURN_PATH,
     ),
     SUPPRESSED: (
-        OWN_MAIL_LOOP,
-        DELIVERY_REPORT,
-        MAILER_DAEMON,
-        CALENDAR_REPLY,
-        AUTO_SUBMITTED,
-        AUTOREPLY_HEADER,
-        PRECEDENCE_BULK,
+        ReasonCode.OWN_MAIL_LOOP,
+        ReasonCode.DELIVERY_REPORT,
+        ReasonCode.MAILER_DAEMON,
+        ReasonCode.CALENDAR_REPLY,
+        ReasonCode.AUTO_SUBMITTED,
+        ReasonCode.AUTOREPLY_HEADER,
+        ReasonCode.PRECEDENCE_BULK,
     ),
 }
 
@@ -211,7 +191,9 @@ def findings(
     for attachment in attachments:
         problem = attachment_type_problem(attachment, limits)
         if problem:
-            out.append(Finding(QUARANTINED, ATTACHMENT_TYPE, f"{attachment.filename or '(unnamed)'}: {problem}"))
+            out.append(
+                Finding(QUARANTINED, ReasonCode.ATTACHMENT_TYPE, f"{attachment.filename or '(unnamed)'}: {problem}")
+            )
     # An encrypted archive (intake.mime.archives): its files cannot be judged nor scanned, a person decides.
     for attachment in attachments:
         if attachment.contents == "encrypted":
@@ -227,7 +209,9 @@ def findings(
     if parsed.size > policy.max_message_bytes:
         out.append(
             Finding(
-                AWAITING_REVIEW, TOO_LARGE, f"message is {parsed.size} bytes; the limit is {policy.max_message_bytes}"
+                AWAITING_REVIEW,
+                ReasonCode.TOO_LARGE,
+                f"message is {parsed.size} bytes; the limit is {policy.max_message_bytes}",
             )
         )
     # The files inside an archive or a .msg are judged by type and scanned, but the holder is the one file kept
@@ -238,33 +222,37 @@ def findings(
             out.append(
                 Finding(
                     AWAITING_REVIEW,
-                    TOO_LARGE,
+                    ReasonCode.TOO_LARGE,
                     f"{attachment.filename or '(unnamed)'} is {attachment.size} bytes; the limit is {limits.max_bytes}",
                 )
             )
     if len(held) > limits.max_attachments:
         out.append(
             Finding(
-                AWAITING_REVIEW, TOO_MANY_ATTACHMENTS, f"{len(held)} attachments; the limit is {limits.max_attachments}"
+                AWAITING_REVIEW,
+                ReasonCode.TOO_MANY_ATTACHMENTS,
+                f"{len(held)} attachments; the limit is {limits.max_attachments}",
             )
         )
     if parsed.too_complex:
         out.append(
             Finding(
-                AWAITING_REVIEW, TOO_COMPLEX, "MIME structure beyond the parser's limits; not every part was examined"
+                AWAITING_REVIEW,
+                ReasonCode.TOO_COMPLEX,
+                "MIME structure beyond the parser's limits; not every part was examined",
             )
         )
     if parsed.encrypted:
         out.append(
             Finding(
                 AWAITING_REVIEW,
-                ENCRYPTED,
+                ReasonCode.ENCRYPTED,
                 f"{'PGP' if parsed.encrypted == 'pgp' else 'S/MIME'} encrypted: a person must decide",
             )
         )
     daemon_sender = _daemon_sender(parsed)
     if not parsed.sender and not (daemon_sender or parsed.content_type == "multipart/report"):
-        out.append(Finding(AWAITING_REVIEW, MISSING_SENDER, "no usable address in From, Sender or Reply-To"))
+        out.append(Finding(AWAITING_REVIEW, ReasonCode.MISSING_SENDER, "no usable address in From, Sender or Reply-To"))
     if policy.allowed_recipients:
         candidates = [*parsed.recipients, *parsed.delivered_to, *envelope_recipients]
         if not any(_recipient_allowed(a, policy.allowed_recipients) for a in candidates):
@@ -272,25 +260,31 @@ def findings(
             out.append(
                 Finding(
                     AWAITING_REVIEW,
-                    RECIPIENT_NOT_ALLOWED,
+                    ReasonCode.RECIPIENT_NOT_ALLOWED,
                     f"recipients ({shown}) are not among this mailbox's allowed recipients",
                 )
             )
     if not parsed.text.strip() and not any(a.size for a in attachments):
-        out.append(Finding(AWAITING_REVIEW, EMPTY, "neither body text nor a non-empty attachment"))
+        out.append(Finding(AWAITING_REVIEW, ReasonCode.EMPTY, "neither body text nor a non-empty attachment"))
 
     # -- suppression: loops and automatic mail
     loop_values = _loop_values(parsed, policy.loop_header)
     if loop_values:
-        out.append(Finding(SUPPRESSED, OWN_MAIL_LOOP, f"{policy.loop_header}: {loop_values[0][:200]}"))
+        out.append(Finding(SUPPRESSED, ReasonCode.OWN_MAIL_LOOP, f"{policy.loop_header}: {loop_values[0][:200]}"))
     if parsed.content_type == "multipart/report":
-        out.append(Finding(SUPPRESSED, DELIVERY_REPORT, f"multipart/report; report-type={parsed.report_type or '?'}"))
+        out.append(
+            Finding(
+                SUPPRESSED, ReasonCode.DELIVERY_REPORT, f"multipart/report; report-type={parsed.report_type or '?'}"
+            )
+        )
     if daemon_sender:
         evidence = bounce_evidence(parsed=parsed)
         if evidence:
             out.append(
                 Finding(
-                    SUPPRESSED, MAILER_DAEMON, f"sender {daemon_sender[:120]} and {' and '.join(evidence[:3])}"[:300]
+                    SUPPRESSED,
+                    ReasonCode.MAILER_DAEMON,
+                    f"sender {daemon_sender[:120]} and {' and '.join(evidence[:3])}"[:300],
                 )
             )
     calendar = calendar_method(parsed=parsed)
@@ -299,22 +293,24 @@ def findings(
         answer = calendar.partstat if calendar.method in ("REPLY", "COUNTER") else ""
         partstat = f", PARTSTAT={answer}" if answer else ""
         out.append(
-            Finding(SUPPRESSED, CALENDAR_REPLY, f"iTIP METHOD:{calendar.method}{partstat} ({calendar.part_type})")
+            Finding(
+                SUPPRESSED, ReasonCode.CALENDAR_REPLY, f"iTIP METHOD:{calendar.method}{partstat} ({calendar.part_type})"
+            )
         )
     if parsed.auto_submitted is not None and parsed.auto_submitted != "no":
-        out.append(Finding(SUPPRESSED, AUTO_SUBMITTED, f"Auto-Submitted: {parsed.auto_submitted[:200]}"))
+        out.append(Finding(SUPPRESSED, ReasonCode.AUTO_SUBMITTED, f"Auto-Submitted: {parsed.auto_submitted[:200]}"))
     for header, value in (("X-Autoreply", parsed.x_autoreply), ("X-Autorespond", parsed.x_autorespond)):
         if value is not None and value.strip().lower() not in ("no", "false", "0"):
-            out.append(Finding(SUPPRESSED, AUTOREPLY_HEADER, f"{header}: {value[:200]}"))
+            out.append(Finding(SUPPRESSED, ReasonCode.AUTOREPLY_HEADER, f"{header}: {value[:200]}"))
             break
     if parsed.precedence in ("bulk", "junk", "list"):
-        out.append(Finding(SUPPRESSED, PRECEDENCE_BULK, f"Precedence: {parsed.precedence}"))
+        out.append(Finding(SUPPRESSED, ReasonCode.PRECEDENCE_BULK, f"Precedence: {parsed.precedence}"))
     if parsed.return_path == "" and not any(f.state == SUPPRESSED for f in out):
         # Bounces and auto-replies carry <> too, and are explained by the rule that fired for them.
         out.append(
             Finding(
                 AWAITING_REVIEW,
-                EMPTY_RETURN_PATH,
+                ReasonCode.EMPTY_RETURN_PATH,
                 "Return-Path: <> but no other sign of automatic mail: a person decides",
             )
         )
@@ -367,9 +363,9 @@ def attachment_type_problem(attachment: Attachment, limits: AttachmentPolicy) ->
 
 
 def malware_finding(filename: str, signature: str) -> Finding:
-    return Finding(QUARANTINED, MALWARE, f"{filename or '(unnamed)'}: {signature}")
+    return Finding(QUARANTINED, ReasonCode.MALWARE, f"{filename or '(unnamed)'}: {signature}")
 
 
 def scanner_unavailable_finding(detail: str) -> Finding:
     """For the caller that gave up retrying the scanner: review, never pass unscanned."""
-    return Finding(AWAITING_REVIEW, SCANNER_UNAVAILABLE, detail)
+    return Finding(AWAITING_REVIEW, ReasonCode.SCANNER_UNAVAILABLE, detail)
