@@ -331,3 +331,27 @@ def test_the_check_lets_helpers_and_mentions_through():
     assert imports_of_test_modules(source) == []
     assert imports_of_test_modules("from ..support.queue import new_event\n", "tests.support") == []
     assert imports_of_test_modules("from .." + "test_api import API\n", "tests.support") == [(1, T + "api")]
+
+
+def private_imports(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each `from X import _name`: a private name taken across modules."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            found += [
+                (node.lineno, a.name) for a in node.names if a.name.startswith("_") and not a.name.startswith("__")
+            ]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A name that crosses modules is public; `_private` ones stay in their module (apps, tools, bench, tests)."""
+    problems = []
+    for top in ("config", "intake", "ticketing", "reconciliation", "fakedesk", "tools", "bench", "tests"):
+        for path in sorted((REPO_ROOT / top).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            for line, name in private_imports(path.read_text(encoding="utf-8")):
+                problems.append(f"{path.relative_to(REPO_ROOT)}:{line}: imports {name}")
+    assert problems == [], "\n".join(problems)
+    assert private_imports("from a.b import _hidden, shown\nfrom __future__ import annotations\n") == [(1, "_hidden")]

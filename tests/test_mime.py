@@ -32,7 +32,7 @@ from intake.validation import (
     thread_key,
     validate,
 )
-from tests.support.mime import PDF, _multipart, generated_corpus, stdlib_corpus, typical_message
+from tests.support.mime import PDF, generated_corpus, multipart_message, stdlib_corpus, typical_message
 
 STATES = {OK, AWAITING_REVIEW, SUPPRESSED, QUARANTINED}
 GIF = (
@@ -159,10 +159,10 @@ def test_attached_message_is_one_attachment_and_its_files_are_listed_as_nested()
 
 def test_inline_text_with_a_filename_is_the_body_only_when_there_is_no_other():
     part = '--b\r\nContent-Type: text/plain\r\nContent-Disposition: inline; filename="msg.txt"\r\n\r\n{}\r\n'
-    only = _multipart(part.format("the body, sent as a file") + "--b--\r\n")
+    only = multipart_message(part.format("the body, sent as a file") + "--b--\r\n")
     parsed = parse_message(only)
     assert parsed.text == "the body, sent as a file" and [a.filename for a in parsed.attachments] == ["msg.txt"]
-    with_body = _multipart(
+    with_body = multipart_message(
         "--b\r\nContent-Type: text/plain\r\n\r\nreal body\r\n" + part.format("notes in a file") + "--b--\r\n"
     )
     parsed = parse_message(with_body)

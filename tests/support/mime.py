@@ -49,7 +49,7 @@ def _many_attachments(count: int) -> bytes:
     return msg.as_bytes()
 
 
-def _multipart(body: str, content_type: str = 'multipart/mixed; boundary="b"', extra: str = "") -> bytes:
+def multipart_message(body: str, content_type: str = 'multipart/mixed; boundary="b"', extra: str = "") -> bytes:
     return (
         f"From: a@example.com\r\nTo: support@acme.test\r\nSubject: t\r\nContent-Type: {content_type}\r\n"
         f"{extra}\r\n{body}"
@@ -72,14 +72,16 @@ def generated_corpus() -> list[tuple[str, bytes]]:
         ("headers_only_no_blank_line", b"From: a@example.com\r\nSubject: x"),
         ("headers_only_with_blank_line", _h("\r\n")),
         ("body_without_headers", b"just some text\r\nand more\r\n"),
-        ("multipart_without_boundary", _multipart("--x\r\n\r\ntext\r\n--x--\r\n", "multipart/mixed")),
-        ("multipart_empty_boundary", _multipart("--\r\n\r\ntext\r\n", 'multipart/mixed; boundary=""')),
-        ("boundary_never_appears", _multipart("no parts here\r\n")),
-        ("boundary_never_closed", _multipart("--b\r\nContent-Type: text/plain\r\n\r\nopen part\r\n")),
-        ("only_boundary_lines", _multipart("--b\r\n--b\r\n--b--\r\n")),
+        ("multipart_without_boundary", multipart_message("--x\r\n\r\ntext\r\n--x--\r\n", "multipart/mixed")),
+        ("multipart_empty_boundary", multipart_message("--\r\n\r\ntext\r\n", 'multipart/mixed; boundary=""')),
+        ("boundary_never_appears", multipart_message("no parts here\r\n")),
+        ("boundary_never_closed", multipart_message("--b\r\nContent-Type: text/plain\r\n\r\nopen part\r\n")),
+        ("only_boundary_lines", multipart_message("--b\r\n--b\r\n--b--\r\n")),
         (
             "wrong_inner_boundary",
-            _multipart('--b\r\nContent-Type: multipart/alternative; boundary="c"\r\n\r\n--d\r\n\r\nlost\r\n--b--\r\n'),
+            multipart_message(
+                '--b\r\nContent-Type: multipart/alternative; boundary="c"\r\n\r\n--d\r\n\r\nlost\r\n--b--\r\n'
+            ),
         ),
         ("unknown_charset", _h("Content-Type: text/plain; charset=x-unknown-bogus\r\n\r\nhello\r\n")),
         ("invalid_charset_chars", _h('Content-Type: text/plain; charset="utf-8\x01\\";;=?"\r\n\r\nhi\r\n')),
@@ -136,18 +138,18 @@ def generated_corpus() -> list[tuple[str, bytes]]:
         ),
         (
             "rfc822_garbage_payload",
-            _multipart(
+            multipart_message(
                 "--b\r\nContent-Type: message/rfc822\r\n\r\n\x00\xff garbage".encode("latin-1").decode(
                     "utf-8", "surrogateescape"
                 )
                 + "\r\n--b--\r\n"
             ),
         ),
-        ("rfc822_empty", _multipart("--b\r\nContent-Type: message/rfc822\r\n\r\n--b--\r\n")),
+        ("rfc822_empty", multipart_message("--b\r\nContent-Type: message/rfc822\r\n\r\n--b--\r\n")),
         ("top_level_rfc822", _h("Content-Type: message/rfc822\r\n\r\nFrom: b@example.com\r\n\r\ninner\r\n")),
         (
             "delivery_status_garbage",
-            _multipart(
+            multipart_message(
                 "--b\r\nContent-Type: message/delivery-status\r\n\r\n:::\r\n\r\n--b--\r\n",
                 'multipart/report; report-type=delivery-status; boundary="b"',
             ),
@@ -155,7 +157,7 @@ def generated_corpus() -> list[tuple[str, bytes]]:
         ("hostile_html", _h("Content-Type: text/html\r\n\r\n" + "<a " * 40000 + "<!-- never closed")),
         (
             "filename_traversal_and_bad_2231",
-            _multipart(
+            multipart_message(
                 "--b\r\nContent-Type: application/octet-stream\r\nContent-Disposition: attachment;"
                 " filename*=bogus''%FF%FE%2E%2E%2Fetc%2Fpasswd\r\n\r\nMZ\r\n--b\r\nContent-Disposition: attachment;"
                 ' filename="../../x\x00\x07.exe"\r\n\r\nMZ\r\n--b--\r\n'
@@ -167,7 +169,7 @@ def generated_corpus() -> list[tuple[str, bytes]]:
         ("mbox_from_line", b"From foo@bar Mon Jan  1 00:00:00 2024\r\n" + H.encode() + b"\r\nbody\r\n"),
         (
             "huge_preamble_and_epilogue",
-            _multipart("pre\r\n" * 50000 + "--b\r\n\r\npart\r\n--b--\r\n" + "epi\r\n" * 50000),
+            multipart_message("pre\r\n" * 50000 + "--b\r\n\r\npart\r\n--b--\r\n" + "epi\r\n" * 50000),
         ),
         ("auth_results_garbage", _h('Authentication-Results: (((;;;==="\r\nAuthentication-Results: ;;\r\n\r\nb\r\n')),
         ("references_10000", _h("References: " + " ".join(f"<id{i}@x>" for i in range(10000)) + "\r\n\r\nb\r\n")),
@@ -176,7 +178,7 @@ def generated_corpus() -> list[tuple[str, bytes]]:
         ("one_line_1mb_body", _h("\r\n") + b"x" * (1024 * 1024)),
         (
             "base64_cte_on_multipart",
-            _multipart("--b\r\n\r\npart\r\n--b--\r\n", extra="Content-Transfer-Encoding: base64\r\n"),
+            multipart_message("--b\r\n\r\npart\r\n--b--\r\n", extra="Content-Transfer-Encoding: base64\r\n"),
         ),
         ("auto_submitted_garbage", _h("Auto-Submitted: \x00((((\r\nPrecedence:\r\nReturn-Path: <<>>\r\n\r\nb\r\n")),
         ("empty_header_values", b"From:\r\nTo:\r\nSubject:\r\nMessage-ID:\r\nReferences:\r\nIn-Reply-To:\r\n\r\n"),
@@ -184,15 +186,15 @@ def generated_corpus() -> list[tuple[str, bytes]]:
         # Quadratic corners of the email package: its parameter parser, its address parser, its per-part cost.
         (
             "content_type_unclosed_quote",
-            _multipart("--b\r\n\r\nx\r\n--b--\r\n", 'multipart/mixed; boundary=b; x="' + ";" * 60000),
+            multipart_message("--b\r\n\r\nx\r\n--b--\r\n", 'multipart/mixed; boundary=b; x="' + ";" * 60000),
         ),
         (
             "content_type_20000_params",
-            _multipart("--b\r\n\r\nx\r\n--b--\r\n", "multipart/mixed; boundary=b" + ";a=b" * 20000),
+            multipart_message("--b\r\n\r\nx\r\n--b--\r\n", "multipart/mixed; boundary=b" + ";a=b" * 20000),
         ),
         (
             "disposition_unclosed_quote_x300",
-            _multipart(
+            multipart_message(
                 "".join(
                     '--b\r\nContent-Disposition: attachment; y="' + ";" * 8000 + "\r\n\r\nx\r\n" for _ in range(300)
                 )
@@ -200,7 +202,7 @@ def generated_corpus() -> list[tuple[str, bytes]]:
             ),
         ),
         ("to_header_x50_hostile", _h("".join("To: " + "@" * 65536 + "\r\n" for _ in range(50)) + "\r\nb\r\n")),
-        ("tiny_parts_50000", _multipart("--b\r\n\r\nx\r\n" * 50000 + "--b--\r\n")),
+        ("tiny_parts_50000", multipart_message("--b\r\n\r\nx\r\n" * 50000 + "--b--\r\n")),
     ]
     return corpus
 
