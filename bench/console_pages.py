@@ -49,6 +49,7 @@ from django.utils import timezone
 from intake.keys import dedupe_key
 from intake.models import AuditEvent, InboxEvent, Mailbox, Tenant
 from reconciliation.services import ensure_role_groups
+from ticketing.intents.creation import external_ref
 from ticketing.models import Destination, Intent, TicketMapping
 
 rng = random.Random(20261201)
@@ -129,7 +130,7 @@ for start in range(0, items, B):
             intents.append(Intent(idempotency_key=key("intent", e.pk), inbox_event=e, action="create_ticket",
                                   action_version=1, destination=destinations[e.tenant_id], state=e.state,
                                   attempts=rng.randint(1, 6), last_error_kind=e.reason_code,
-                                  last_error=f"bench: {e.reason_code}", external_ref=f"mailroom-{key('x', e.pk)[:40]}",
+                                  last_error=f"bench: {e.reason_code}", external_ref=external_ref(key("intent", e.pk)),
                                   created_at=e.received_at))
     AuditEvent.objects.bulk_create(audits)
     Intent.objects.bulk_create(intents)

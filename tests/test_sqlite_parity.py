@@ -304,10 +304,11 @@ def test_drill_prints_its_table_passes_and_leaves_reconciliation_clean(instance)
 BULK_TICKETS_SCRIPT = """
 import json, secrets
 from django.utils import timezone
+from ticketing.intents.creation import external_ref
 from ticketing.models import Destination, Ticket
 destination = Destination.objects.get(tenant__slug="demo", kind="builtin")
 keys = [secrets.token_hex(32) for _ in range(1200)]
-Ticket.objects.bulk_create([Ticket(destination=destination, idempotency_key=k, external_ref=f"mailroom-{k[:40]}",
+Ticket.objects.bulk_create([Ticket(destination=destination, idempotency_key=k, external_ref=external_ref(k),
                                    subject="bulk", created_at=timezone.now()) for k in keys])
 print(json.dumps({"tickets": Ticket.objects.filter(destination=destination).count()}))
 """
