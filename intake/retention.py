@@ -114,7 +114,7 @@ def set_legal_hold(event_id: int, on: bool, actor: str, note: str = "") -> bool:
         if changed:
             record_audit(
                 event_id,
-                AuditKind.LEGAL_HOLD_SET if on else AuditKind.LEGAL_HOLD_RELEASED,
+                kind=AuditKind.LEGAL_HOLD_SET if on else AuditKind.LEGAL_HOLD_RELEASED,
                 actor=actor,
                 detail={"note": note} if note else {},
             )

@@ -422,7 +422,7 @@ def test_a_hosted_providers_own_verdict_decides(tenant, case):
     raw = on_top + email_message(sender="Jane <jane@example.com>", to=f"{provider}-box@acme.test")
     event_id = ingest(box, f"{provider}-id-1", raw, source=provider).inbox_event_id
     if receipt is not None:  # as the SES webhook keeps the SNS receipt, in the ingest's transaction
-        record_audit(event_id, AuditKind.PROVIDER_METADATA, actor=f"provider:{provider}", detail=receipt)
+        record_audit(event_id, kind=AuditKind.PROVIDER_METADATA, actor=f"provider:{provider}", detail=receipt)
     assert process_inbox_event(event_id) == "created"
     planned = Intent.objects.filter(inbox_event_id=event_id, action="notify_requester").exists()
     if reason is None:

@@ -29,7 +29,7 @@ def test_every_list_and_detail_page_renders(client, mailbox, settings, model):
         model = next(m for m in admin.site._registry if m._meta.proxy and m._meta.concrete_model is model)
     settings.MAILROOM_CLAMD = "off"
     raw = make_message()
-    event_id = ingest(mailbox, provider_message_id_for_raw(raw), raw, "raw").inbox_event_id
+    event_id = ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
     process_inbox_event(event_id)  # an event, intent, ticket, mapping and audit rows to show
     user = get_user_model().objects.create_superuser("root", "root@example.com", "pw-for-tests-only")
     client.force_login(user)

@@ -86,10 +86,10 @@ def test_a_reused_message_id_with_another_body_is_its_own_event(mailbox, scanner
     # Before fingerprints this was answered "duplicate" and the second request vanished.
     first = make_message(message_id="<same@example.com>", body="first body")
     second = make_message(message_id="<same@example.com>", body="second body")
-    assert ingest(mailbox, provider_message_id_for_raw(first), first, "raw").duplicate is False
-    stored = ingest(mailbox, provider_message_id_for_raw(second), second, "raw")
+    assert ingest(mailbox, provider_message_id_for_raw(first), first, source="raw").duplicate is False
+    stored = ingest(mailbox, provider_message_id_for_raw(second), second, source="raw")
     assert stored.duplicate is False and InboxEvent.objects.get(pk=stored.inbox_event_id).message_id_reused
-    assert ingest(mailbox, provider_message_id_for_raw(second), second, "raw").duplicate is True
+    assert ingest(mailbox, provider_message_id_for_raw(second), second, source="raw").duplicate is True
 
 
 @hypothesis_settings(
@@ -144,7 +144,7 @@ def test_with_the_scanner_down_mail_waits_then_goes_to_review_never_passes(mailb
     settings.MAILROOM_CLAMD = f"tcp://127.0.0.1:{free_port()}"  # nothing listens
     settings.MAILROOM_SCAN_ATTEMPTS = 3
     raw = _with_attachment(b"%PDF-1.4\n%%EOF\n", "a.pdf")
-    event_id = ingest(mailbox, provider_message_id_for_raw(raw), raw, "raw").inbox_event_id
+    event_id = ingest(mailbox, provider_message_id_for_raw(raw), raw, source="raw").inbox_event_id
     outcomes = []
     for _ in range(3):
         outcomes.append(process_inbox_event(event_id))

@@ -113,7 +113,7 @@ STORED_MAILBOX_AUDIT_KINDS = {
     "archive_import_finished",
 }
 # Functions whose `kind` (second positional argument, or keyword) is an audit kind.
-KIND_TAKERS = {"record_audit": 1, "transition_event": None}
+KIND_TAKERS = {"record_audit": None, "transition_event": None}  # both take `kind` by keyword only
 
 
 def test_the_stored_words_are_unchanged():

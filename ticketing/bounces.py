@@ -116,7 +116,7 @@ def tie(*, event: InboxEvent, state: str, reason_code: str) -> int | None:
         marked_until = _mark(original, report, bounce_id=event.pk, now=now) if report.permanent else None
         record_audit(
             original.pk,
-            AuditKind.ACKNOWLEDGMENT_BOUNCED,
+            kind=AuditKind.ACKNOWLEDGMENT_BOUNCED,
             actor=ACTOR,
             at=now,
             detail={

@@ -318,7 +318,7 @@ def _link_found(
         raise ReplayRefused("someone else moved its intent meanwhile")
     record_audit(
         event.pk,
-        AuditKind.REPLAYED,
+        kind=AuditKind.REPLAYED,
         actor=actor,
         at=now,
         detail={
@@ -375,7 +375,7 @@ def _reopen_acknowledgment(event_id: int, actor: str, now) -> str:
     # The event stays completed: the action's row is written here, beside the intent's move.
     record_audit(
         event_id,
-        AuditKind.REPLAYED,
+        kind=AuditKind.REPLAYED,
         actor=actor,
         at=now,
         detail={
@@ -400,7 +400,7 @@ def settle_acknowledgment(event_id: int, *, actor: str, note: str = "") -> None:
             raise ReplayRefused("someone else moved the acknowledgment meanwhile")
         record_audit(
             event_id,
-            AuditKind.ACKNOWLEDGMENT_HANDLED,
+            kind=AuditKind.ACKNOWLEDGMENT_HANDLED,
             actor=actor,
             at=now,
             detail={"intent": ack.pk, "previous_state": ack.state, "note": note[:500]},
@@ -536,7 +536,7 @@ def confirm_existing_ticket(
             raise ReplayRefused("someone else moved its intent meanwhile")
         record_audit(
             event_id,
-            AuditKind.TICKET_CONFIRMED,
+            kind=AuditKind.TICKET_CONFIRMED,
             actor=actor,
             at=now,
             detail={

@@ -216,7 +216,7 @@ def _store_route(event: InboxEvent, chosen: classification.Route, actor: str) ->
         stored = InboxEvent.objects.filter(pk=event.pk, route={}).update(route=data)
         if stored:
             record_hits(chosen.rules)
-            record_audit(event.pk, AuditKind.CLASSIFIED, actor=actor, detail=classified_detail(data))
+            record_audit(event.pk, kind=AuditKind.CLASSIFIED, actor=actor, detail=classified_detail(data))
     if not stored:
         data = InboxEvent.objects.filter(pk=event.pk).values_list("route", flat=True).first() or data
     event.route = data
@@ -256,7 +256,7 @@ def _note_forward(event: InboxEvent, parsed, worker: str) -> None:
         InboxEvent.objects.filter(pk=event.pk).update(details=details)
         record_audit(
             event.pk,
-            AuditKind.REQUESTER_FROM_FORWARD,
+            kind=AuditKind.REQUESTER_FROM_FORWARD,
             actor=f"worker:{worker}",
             detail={"forwarded_by": mask_address(person.forwarded_by), "requester": mask_address(person.email)},
         )
@@ -270,7 +270,7 @@ def _flag(event: InboxEvent, flags: list[str], worker: str) -> None:
     details["flags"] = sorted(set(details.get("flags", [])) | set(flags))
     with transaction.atomic():
         InboxEvent.objects.filter(pk=event.pk).update(details=details)
-        record_audit(event.pk, AuditKind.FLAGGED, actor=f"worker:{worker}", detail={"flags": flags})
+        record_audit(event.pk, kind=AuditKind.FLAGGED, actor=f"worker:{worker}", detail={"flags": flags})
     event.details = details
 
 

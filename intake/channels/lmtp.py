@@ -127,7 +127,7 @@ def deliver_to_mailbox(mailbox: Mailbox, raw: bytes, source: str, envelope_detai
             if not result.duplicate:
                 services.record_audit(
                     result.inbox_event_id,
-                    AuditKind.PROVIDER_METADATA,
+                    kind=AuditKind.PROVIDER_METADATA,
                     actor=f"provider:{source}",
                     detail=envelope_detail,
                 )

@@ -88,7 +88,7 @@ def provider_webhook(request, provider: str, mailbox_slug: str):
                     # What the provider said about the message (its own id, envelope…): kept as evidence.
                     services.record_audit(
                         outcome.inbox_event_id,
-                        AuditKind.PROVIDER_METADATA,
+                        kind=AuditKind.PROVIDER_METADATA,
                         actor=f"provider:{provider}",
                         detail=message.metadata,
                     )

@@ -2,7 +2,7 @@
 path), the audit row every change writes in the same transaction, and the marks on an event that are not
 states: a worker's take (the poison count), progress, a wait (docs/design.md §6 for the table of moves)."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import F
@@ -21,7 +21,10 @@ STALE_CANDIDATE_STATES = (InboxEvent.State.RECEIVED, InboxEvent.State.READY)
 NOT_COMPLETED_STATES = tuple(s for s in InboxEvent.State if s != InboxEvent.State.COMPLETED)
 
 
-def record_audit(inbox_event_id: int, kind: AuditKind, actor: str, detail: dict | None = None, at=None) -> AuditEvent:
+def record_audit(
+    inbox_event_id: int, *, kind: AuditKind, actor: str, detail: dict | None = None, at: datetime | None = None
+) -> AuditEvent:
+    """One audit row of an event: who (`actor`) did what (`kind`, an AuditKind) when; in the caller's transaction."""
     return AuditEvent.objects.create(
         inbox_event_id=inbox_event_id, kind=kind, actor=actor, detail=detail or {}, at=at or timezone.now()
     )
@@ -128,7 +131,7 @@ def transition_event(
         if moved:
             if audit_detail is None:
                 audit_detail = {"state": to_state, "reason": reason_code, **(detail or {})}
-            record_audit(event_id, kind, actor=actor, detail=audit_detail, at=now)
+            record_audit(event_id, kind=kind, actor=actor, detail=audit_detail, at=now)
     return bool(moved)
 
 

@@ -44,9 +44,9 @@ def ingest(
     mailbox: Mailbox,
     provider_message_id: str,
     raw: bytes,
+    *,
     source: str,
     thread_key: str | None = None,
-    *,
     history: bool = False,
 ) -> IngestResult:
     """Persist a message once per (mailbox, provider message id), with its audit and outbox rows.
@@ -94,7 +94,10 @@ def ingest_batch(*, mailbox: Mailbox, items: list[IngestItem], source: str) -> l
     now = timezone.now()
     rows = [_row(mailbox, i.provider_message_id, i.raw, source, i.thread_key, i.history, now) for i in items]
     if not settings.USING_POSTGRES:
-        return [ingest(mailbox, r.provider_message_id, r.raw, source, r.thread_key, history=r.history) for r in rows]
+        return [
+            ingest(mailbox, r.provider_message_id, r.raw, source=source, thread_key=r.thread_key, history=r.history)
+            for r in rows
+        ]
     first_of_key: dict[str, int] = {}
     for index, row in enumerate(rows):
         first_of_key.setdefault(row.key, index)
@@ -430,7 +433,7 @@ def _insert_event_orm(row: _IngestRow) -> int | None:
                 history=row.history,
             )
             record_audit(
-                event.pk, AuditKind.RECEIVED, actor=f"provider:{row.source}", detail=row.audit_detail, at=row.now
+                event.pk, kind=AuditKind.RECEIVED, actor=f"provider:{row.source}", detail=row.audit_detail, at=row.now
             )
             enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk}, now=row.now)
     except IntegrityError:

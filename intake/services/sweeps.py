@@ -107,7 +107,9 @@ def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 100
             still_stale = InboxEvent.objects.filter(stale, pk=event_id, state=state, retry_at__isnull=True)
             if still_stale.update(updated_at=now, requeues=Least(F("requeues") + 1, MAX_BACKOFF_DOUBLINGS)):
                 enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event_id}, now=now)
-                record_audit(event_id, AuditKind.REQUEUED, actor=SystemActor.SWEEP, detail={"state": state}, at=now)
+                record_audit(
+                    event_id, kind=AuditKind.REQUEUED, actor=SystemActor.SWEEP, detail={"state": state}, at=now
+                )
                 requeued += 1
     if requeued or poisoned:
         logger.warning("stale-event sweep: requeued %d, poisoned %d", requeued, poisoned)

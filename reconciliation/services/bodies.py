@@ -78,7 +78,7 @@ def do_view_message_body(user, event_id: int) -> BodyView:
     require(user, PERM_VIEW_BODY)
     event = visible_event(user, event_id)
     raw, purged_at, details = InboxEvent.objects.filter(pk=event.pk).values_list("raw", "purged_at", "details").first()
-    record_audit(event.pk, AuditKind.BODY_VIEWED, actor=actor_name(user), detail={"purged": raw is None})
+    record_audit(event.pk, kind=AuditKind.BODY_VIEWED, actor=actor_name(user), detail={"purged": raw is None})
     if raw is None:
         return BodyView(
             available=False,
@@ -226,7 +226,7 @@ def do_download_attachment(user, event_id: int, index: int):
     attachment = parsed.attachments[index]
     record_audit(
         event.pk,
-        AuditKind.ATTACHMENT_DOWNLOADED,
+        kind=AuditKind.ATTACHMENT_DOWNLOADED,
         actor=actor_name(user),
         detail={"index": index, "sha256": attachment.sha256, "sniffed_type": attachment.sniffed_type},
     )

@@ -306,7 +306,7 @@ def _apply_one(job: BulkJob, user, event_id: int) -> tuple[str, str]:
             outcome = _carry_out(job, user, event_id)
             record_audit(
                 event_id,
-                AuditKind.BULK_JOB_APPLIED,
+                kind=AuditKind.BULK_JOB_APPLIED,
                 actor=actor_name(user),
                 detail={"bulk_job": job.pk, "action": job.action, "outcome": outcome},
             )

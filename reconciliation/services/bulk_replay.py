@@ -137,7 +137,7 @@ def do_bulk_replay(user, event_ids) -> list[BulkItem]:
         if item.plan != "skip":
             record_audit(
                 event.pk,
-                AuditKind.BULK_LOOKUP,
+                kind=AuditKind.BULK_LOOKUP,
                 actor=actor,
                 detail={
                     "lookup": found.status,

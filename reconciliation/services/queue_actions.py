@@ -73,7 +73,7 @@ def do_assign(user, event_id: int, assignee) -> None:
         InboxEvent.objects.filter(pk=event.pk).update(owner=assignee)
         record_audit(
             event.pk,
-            AuditKind.ASSIGNED,
+            kind=AuditKind.ASSIGNED,
             actor=actor_name(user),
             at=now,
             detail={
@@ -96,7 +96,7 @@ def do_set_escalation(user, event_id: int, escalate_at) -> None:
         InboxEvent.objects.filter(pk=event.pk).update(escalate_at=escalate_at)
         record_audit(
             event.pk,
-            AuditKind.ESCALATION_SET,
+            kind=AuditKind.ESCALATION_SET,
             actor=actor_name(user),
             at=now,
             detail={
@@ -182,7 +182,7 @@ def do_enter_requester(user, event_id: int, *, address: str) -> str:
         InboxEvent.objects.filter(pk=locked.pk).update(details=details)
         record_audit(
             locked.pk,
-            AuditKind.REQUESTER_ENTERED,
+            kind=AuditKind.REQUESTER_ENTERED,
             actor=actor,
             at=now,
             detail={"requester": mask_address(address), "previous": mask_address(previous) if previous else None},

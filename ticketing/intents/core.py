@@ -195,7 +195,7 @@ def record_success(
         move_event(intent.inbox_event_id, EventState.COMPLETED, now, actor)
         record_audit(
             intent.inbox_event_id,
-            AUDIT_KIND[intent.action],
+            kind=AUDIT_KIND[intent.action],
             actor=actor,
             at=now,
             detail={
@@ -228,7 +228,7 @@ def record_files_attached(intent: Intent, worker: str, detail: dict[str, Any]) -
             return False
         record_audit(
             intent.inbox_event_id,
-            AuditKind.FILES_ATTACHED,
+            kind=AuditKind.FILES_ATTACHED,
             actor=f"worker:{worker}",
             at=now,
             detail={"intent": intent.pk, **detail},
@@ -261,7 +261,7 @@ def follow_up_instead(intent: Intent, *, worker: str, closed_ticket_id: str) -> 
         )
         record_audit(
             intent.inbox_event_id,
-            AuditKind.FOLLOW_UP_PLANNED,
+            kind=AuditKind.FOLLOW_UP_PLANNED,
             actor=f"worker:{worker}",
             at=now,
             detail={
@@ -296,7 +296,7 @@ def record_acknowledgment_not_sent(
             return False
         record_audit(
             intent.inbox_event_id,
-            AuditKind.ACKNOWLEDGMENT_SKIPPED,
+            kind=AuditKind.ACKNOWLEDGMENT_SKIPPED,
             actor=f"worker:{worker}",
             at=now,
             detail={"intent": intent.pk, "reason": reason, **(detail or {})},
@@ -401,7 +401,7 @@ def end_attempt(
         due = fields.get("next_attempt_at")
         record_audit(
             intent.inbox_event_id,
-            ATTEMPT_AUDIT_KIND[to_state],
+            kind=ATTEMPT_AUDIT_KIND[to_state],
             actor=f"worker:{worker}",
             at=now,
             detail={
@@ -429,7 +429,7 @@ def settle_unknown(
         move_event(intent.inbox_event_id, event_state, now, actor, reason, detail)
         record_audit(
             intent.inbox_event_id,
-            ATTEMPT_AUDIT_KIND[to_state],
+            kind=ATTEMPT_AUDIT_KIND[to_state],
             actor=actor,
             at=now,
             detail={"intent": intent.pk, **audit},

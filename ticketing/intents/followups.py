@@ -33,7 +33,7 @@ def plan_acknowledgment(event: InboxEvent, destination: Destination) -> Intent |
     )
     if skipped is not None:
         # Planned once (the mapping just inserted is unique per event), so audited once.
-        record_audit(event.pk, ack_policy.SKIP_AUDIT_KIND, actor=SystemActor.ACKNOWLEDGMENTS, detail=skipped)
+        record_audit(event.pk, kind=ack_policy.SKIP_AUDIT_KIND, actor=SystemActor.ACKNOWLEDGMENTS, detail=skipped)
         logger.info("event %s: no acknowledgment (%s)", event.pk, skipped["reason"])
         return None
     # Planned once: the mapping just inserted in this transaction is unique per event.

@@ -91,7 +91,7 @@ def expire(intent: Intent, now: datetime) -> bool:
         )
         record_audit(
             intent.inbox_event_id,
-            AuditKind.INTENT_UNKNOWN,
+            kind=AuditKind.INTENT_UNKNOWN,
             actor=SystemActor.SWEEP,
             at=now,
             detail={"intent": intent.pk, "reason": ReasonCode.CLAIM_EXPIRED, "worker": intent.claimed_by},
@@ -213,7 +213,7 @@ def hold(intent: Intent, now: datetime, actor: str, event_reason: str | None) ->
             )
         record_audit(
             intent.inbox_event_id,
-            AuditKind.INTENT_HELD,
+            kind=AuditKind.INTENT_HELD,
             actor=actor,
             at=now,
             detail={"intent": intent.pk, "action": intent.action},
@@ -230,7 +230,7 @@ def reopen(intent: Intent, now: datetime, actor: str, why: str) -> str:
         _enqueue(intent, now)
         record_audit(
             intent.inbox_event_id,
-            AuditKind.INTENT_PENDING,
+            kind=AuditKind.INTENT_PENDING,
             actor=actor,
             at=now,
             detail={"intent": intent.pk, "reason": why},
