@@ -26,6 +26,8 @@ with `MAILROOM_DESTINATION_QUEUE=""` (the embedded SQLite default). The cap hold
 import logging
 import random
 import threading
+from datetime import datetime
+from typing import TYPE_CHECKING, cast
 
 from celery import current_app, current_task
 from django.conf import settings
@@ -36,6 +38,9 @@ from . import intents
 from .models import Destination, Intent
 from .outcomes import Outcome
 from .workers import worker_identity as process_identity
+
+if TYPE_CHECKING:
+    from .leases import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +53,10 @@ def max_concurrency(destination: Destination) -> int:
     try:
         return max(int(value), 0)
     except (TypeError, ValueError):
-        return settings.MAILROOM_DESTINATION_MAX_CONCURRENCY
+        return cast(int, settings.MAILROOM_DESTINATION_MAX_CONCURRENCY)  # an env.int setting
 
 
-def in_flight(destination_id: int, now=None) -> int:
+def in_flight(destination_id: int, now: datetime | None = None) -> int:
     """Calls to the destination in flight now: live claims (an expired one is the sweep's, not a call)."""
     return (
         Intent.objects.filter(
@@ -62,7 +67,7 @@ def in_flight(destination_id: int, now=None) -> int:
     )
 
 
-def claim(intent: Intent, worker: str, lease=None) -> str:
+def claim(intent: Intent, worker: str, lease: "Lease | None" = None) -> str:
     """`intents.claim` under the destination's cap: Outcome.CLAIMED, BUSY (someone else has it, or not due)
     or OVER_CAP (nothing written; try again shortly)."""
     cap = max_concurrency(intent.destination)
@@ -78,10 +83,10 @@ def claim(intent: Intent, worker: str, lease=None) -> str:
 
 def cap_wait_seconds() -> float:
     # Jittered, so the calls waiting on one destination do not all come back at once.
-    return settings.MAILROOM_DESTINATION_CAP_WAIT_SECONDS * random.uniform(0.5, 1.5)
+    return cast(float, settings.MAILROOM_DESTINATION_CAP_WAIT_SECONDS) * random.uniform(0.5, 1.5)  # an env.float
 
 
-def pooled(lease=None) -> bool:
+def pooled(lease: "Lease | None" = None) -> bool:
     """Whether the call goes to the destination pool: on when a queue is configured, for work without
     a thread lease, from inside a real (not eager, not direct) Celery task."""
     if not settings.MAILROOM_DESTINATION_QUEUE or lease is not None or not current_task:
@@ -94,7 +99,7 @@ def hand_over(intent_id: int, countdown: float | None = None) -> None:
     """Publish the call task after the commit. A failed publish is only logged: the intent stays
     pending and its event `ready`; the intent's sweep (`intents.enqueue_due`) hands it over again."""
 
-    def publish():
+    def publish() -> None:
         try:
             current_app.send_task(CALL_TASK, args=[intent_id], countdown=countdown)
         except Exception:

@@ -7,11 +7,15 @@ ticketing.bulkhead (the per-destination cap and the hand-over), so that each imp
 
 import email.utils
 import logging
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
 from django.db import transaction
 
 from intake.mime.htmlsource import html_source
+from intake.mime.message import ParsedMessage
 from intake.models import InboxEvent
 from intake.normalize import normalize
 from intake.selectors import global_pause_on, tenant_pause_on
@@ -23,6 +27,9 @@ from .destinations import adapter_for
 from .destinations.base import (
     AmbiguousOutcome,
     CommentRequest,
+    DestinationAdapter,
+    HeldFile,
+    OutgoingFile,
     PermanentError,
     TicketClosed,
     TicketRequest,
@@ -31,8 +38,11 @@ from .destinations.base import (
 )
 from .destinations.capabilities import FILES_WITH_WRITE, FOLLOW_UP
 from .intents.progress import ClaimLost, IntentJournal
-from .models import Intent, TicketMapping
+from .models import Destination, Intent, TicketMapping
 from .outcomes import Outcome
+
+if TYPE_CHECKING:
+    from .leases import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +50,7 @@ State = InboxEvent.State
 REUSED_MESSAGE_ID = "message_id_reused"  # the flag (and tag) of a message whose Message-ID another one had
 
 
-def written_at(event: InboxEvent, parsed):
+def written_at(event: InboxEvent, parsed: ParsedMessage) -> datetime:
     """When a message was written: its Date header (with a zone), never later than when it was stored, else
     when it was stored. Read from the stored message only, so every attempt sends the same time."""
     try:
@@ -59,27 +69,30 @@ class Work:
         self,
         event: InboxEvent,
         action: str,
-        parsed,
+        parsed: ParsedMessage,
         target: TicketMapping | None = None,
-        flags=(),
+        flags: Iterable[str] = (),
         follow_up_of: str = "",
-    ):
+    ) -> None:
         # A create_ticket takes its fields from `event.route` (stored by classification) and the
         # operator's `event.route_override`, which wins (`classification.ticket_fields`).
         self.event, self.action, self.parsed, self.target, self.flags = event, action, parsed, target, list(flags)
         self.follow_up_of = follow_up_of
 
-    def perform(self, adapter, intent: Intent) -> TicketResult:
+    def perform(self, adapter: DestinationAdapter, intent: Intent) -> TicketResult:
         # Built only from the stored message, so every attempt sends the same body
         # (a destination that keeps our key rejects the same key with another body).
         if self.action == Intent.Action.ADD_COMMENT:
+            target = cast(TicketMapping, self.target)  # an add_comment's Work is always given its ticket's mapping
             adapter.add_comment(
-                self.target.ticket_id, self.comment_request(adapter), intent.idempotency_key, intent.external_ref
+                target.ticket_id, self.comment_request(adapter), intent.idempotency_key, intent.external_ref
             )
-            return TicketResult(ticket_id=self.target.ticket_id, url=self.target.ticket_url)
+            return TicketResult(ticket_id=target.ticket_id, url=target.ticket_url)
         return adapter.create_ticket(self.ticket_request(adapter), intent.idempotency_key, intent.external_ref)
 
-    def _rich(self, adapter) -> tuple[str, tuple, tuple]:
+    def _rich(
+        self, adapter: DestinationAdapter
+    ) -> tuple[str, tuple[OutgoingFile, ...], tuple[tuple[OutgoingFile, ...], tuple[HeldFile, ...], str]]:
         """(sanitized HTML or "", the files sent with the write, the list the text ends with) for this desk."""
         capabilities = ticket_files.effective_capabilities(adapter)
         html = rich_body.sanitized_html(html_source(self.parsed)) if capabilities.html else ""
@@ -88,7 +101,7 @@ class Work:
         with_write = files if capabilities.files == FILES_WITH_WRITE else ()
         return html, with_write, (files, held, listing)
 
-    def ticket_request(self, adapter) -> TicketRequest:
+    def ticket_request(self, adapter: DestinationAdapter) -> TicketRequest:
         """The new ticket's fields; the set-based path (`ticketing.batch`) builds its rows from this too."""
         parsed = self.parsed
         chosen = classification.ticket_fields(
@@ -124,7 +137,7 @@ class Work:
             created_at=written_at(self.event, parsed) if self.event.history else None,
         )
 
-    def comment_request(self, adapter) -> CommentRequest:
+    def comment_request(self, adapter: DestinationAdapter) -> CommentRequest:
         """What a reply adds: the new text, written as the customer (public) or, from one of the tenant's
         agents, as an internal note (unless the destination's `agent_notes` setting is false)."""
         parsed = self.parsed
@@ -167,7 +180,7 @@ class Work:
             f" The full original is Mailroom inbox event {self.event.pk}: {url} ]"
         )
 
-    def _fit(self, adapter, text: str, reserve: int = 0) -> str:
+    def _fit(self, adapter: DestinationAdapter, text: str, reserve: int = 0) -> str:
         """`text` cut at a paragraph boundary, with the notice, when the destination takes less (`reserve`:
         characters kept free for what follows it, the list of files)."""
         from intake.mime.texttrim import trim_text
@@ -179,7 +192,9 @@ class Work:
         return trimmed
 
 
-def attempt_in_transaction(adapter, intent: Intent, work: Work, worker: str, lease=None) -> str:
+def attempt_in_transaction(
+    adapter: DestinationAdapter, intent: Intent, work: Work, worker: str, lease: "Lease | None" = None
+) -> str:
     """Claim, write and record inside the caller's transaction (a transactional adapter: the built-in store)."""
     if not intents.claim(intent.pk, worker=worker, lease=lease):
         return Outcome.BUSY
@@ -191,7 +206,9 @@ def attempt_in_transaction(adapter, intent: Intent, work: Work, worker: str, lea
     return Outcome.CREATED
 
 
-def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=None) -> str:
+def execute_intent(
+    intent: Intent, work: Work, worker: str, adapter: DestinationAdapter | None = None, lease: "Lease | None" = None
+) -> str:
     """One attempt: claim (checking the thread lease in the same transaction), call, record."""
     adapter = adapter or adapter_for(intent.destination)
     if adapter.transactional:
@@ -239,23 +256,27 @@ def execute_intent(intent: Intent, work: Work, worker: str, adapter=None, lease=
     return Outcome.LATE_SUCCESS
 
 
-def closed_policy(destination, adapter) -> str:
+def closed_policy(destination: Destination, adapter: DestinationAdapter) -> str:
     """What a reply to a closed ticket of `destination` becomes: its `closed_policy` setting when the desk can
     carry it out, else the kind's default (`Capabilities.default_closed_policy`)."""
     chosen = (destination.settings or {}).get("closed_policy")
     capabilities = adapter.capabilities
     if chosen in capabilities.closed_policies or chosen == "review":
-        return chosen
+        return cast(str, chosen)  # a policy's name: one the desk carries out, or "review" (never None)
     return capabilities.default_closed_policy
 
 
-def _ticket_closed(intent: Intent, work: Work, worker: str, adapter, exc: TicketClosed) -> str:
+def _ticket_closed(intent: Intent, work: Work, worker: str, adapter: DestinationAdapter, exc: TicketClosed) -> str:
     """The desk refused the write because the ticket is closed: a follow-up ticket, or review (a failure with
     reason ticket_closed, shown in the recovery queue). `reopen` is the adapter's own (it reopens and writes)."""
     breaker.record_success(intent.destination)  # the desk answered: it is up
     if work.action == Intent.Action.ADD_COMMENT and closed_policy(intent.destination, adapter) == FOLLOW_UP:
         return (
-            intents.follow_up_instead(intent, worker=worker, closed_ticket_id=work.target.ticket_id)
+            intents.follow_up_instead(
+                intent,
+                worker=worker,
+                closed_ticket_id=cast(TicketMapping, work.target).ticket_id,  # an add_comment's Work has its mapping
+            )
             or Outcome.CLAIM_LOST
         )
     return intents.record_failure(intent, exc=exc, worker=worker) or Outcome.CLAIM_LOST
@@ -278,7 +299,8 @@ def call(intent_id: int, worker: str) -> str:
     if event.mailbox.paused or intent.destination.paused or global_pause_on() or tenant_pause_on(event.tenant_id):
         wait_event(event.pk, settings.MAILROOM_PAUSE_RECHECK_SECONDS)
         return Outcome.PAUSED
-    parsed = normalize(event, actor=f"worker:{worker}").parsed  # past `received`: re-parsed, not re-judged
+    # Past `received`: re-parsed, not re-judged, and always with a message (an empty one if unparseable).
+    parsed = cast(ParsedMessage, normalize(event, actor=f"worker:{worker}").parsed)
     if intent.action != Intent.Action.CREATE_TICKET or threads.is_thread_work(parsed):
         # Never handed over (it needs the thread lease); back to the per-event path, to be safe.
         enqueue_outbox(PROCESS_TOPIC, {"inbox_event_id": event.pk})

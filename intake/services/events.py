@@ -2,7 +2,9 @@
 path), the audit row every change writes in the same transaction, and the marks on an event that are not
 states: a worker's take (the poison count), progress, a wait (docs/design.md §6 for the table of moves)."""
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F
@@ -22,7 +24,12 @@ NOT_COMPLETED_STATES = tuple(s for s in InboxEvent.State if s != InboxEvent.Stat
 
 
 def record_audit(
-    inbox_event_id: int, *, kind: AuditKind, actor: str, detail: dict | None = None, at: datetime | None = None
+    inbox_event_id: int,
+    *,
+    kind: AuditKind,
+    actor: str,
+    detail: dict[str, Any] | None = None,
+    at: datetime | None = None,
 ) -> AuditEvent:
     """One audit row of an event: who (`actor`) did what (`kind`, an AuditKind) when; in the caller's transaction."""
     return AuditEvent.objects.create(
@@ -30,7 +37,7 @@ def record_audit(
     )
 
 
-def record_taken(event_ids: list[int], *, now=None) -> int:
+def record_taken(event_ids: list[int], *, now: datetime | None = None) -> int:
     """A worker took these events (its task started): each open one counts one take and its stale clock
     restarts, and so does the sweep's backoff (`requeues`). One statement per task.
     The stale-event sweep poisons an event taken too often without
@@ -75,18 +82,18 @@ def release_waiting_events(mailbox_id: int | None = None) -> int:
 
 def transition_event(
     event_id: int,
-    from_states,
+    from_states: Iterable[str],
     to_state: str,
     *,
     actor: str,
     kind: AuditKind | None,
     reason_code: str = "",
     reason_detail: str = "",
-    detail: dict | None = None,
-    audit_detail: dict | None = None,
-    extra: dict | None = None,
-    only_if: dict | None = None,
-    now=None,
+    detail: dict[str, Any] | None = None,
+    audit_detail: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    only_if: dict[str, Any] | None = None,
+    now: datetime | None = None,
 ) -> bool:
     """The one door for `InboxEvent.state`: a conditional UPDATE and its audit row, atomically.
 
@@ -135,7 +142,9 @@ def transition_event(
     return bool(moved)
 
 
-def transition_events(event_ids, from_states, to_state: str, *, now=None) -> int:
+def transition_events(
+    event_ids: Iterable[int], from_states: Iterable[str], to_state: str, *, now: datetime | None = None
+) -> int:
     """`transition_event` for many events in one UPDATE, for the moves without an audit row of their own
     (`kind=None`: part of an intent transition whose rows the caller writes in the same transaction).
 

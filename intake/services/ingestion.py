@@ -5,8 +5,9 @@ object so the web holds it once; the per-provider count of refused webhooks."""
 import json
 import logging
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cached_property
+from typing import Any, TypedDict, cast
 
 import psycopg
 from django.conf import settings
@@ -117,7 +118,15 @@ def ingest_batch(*, mailbox: Mailbox, items: list[IngestItem], source: str) -> l
     return results
 
 
-def _row(mailbox, provider_message_id, raw, source, thread_key, history, now) -> "_IngestRow":
+def _row(
+    mailbox: Mailbox,
+    provider_message_id: str,
+    raw: bytes,
+    source: str,
+    thread_key: str | None,
+    history: bool,
+    now: datetime,
+) -> "_IngestRow":
     # Keyed now, so a reply that is processed first can see its thread's earlier mail.
     thread_key = thread_key if thread_key is not None else thread_key_for_raw(raw)
     return _IngestRow(
@@ -191,7 +200,7 @@ class _IngestRow:
     source: str
     thread_key: str
     fingerprint: str
-    now: object
+    now: datetime
     reuses_event: int | None = None  # the earlier, different message whose Message-ID this one reuses
     history: bool = False  # imported as history by an archive import (intake.archive)
 
@@ -200,8 +209,8 @@ class _IngestRow:
         return dedupe_key(self.mailbox.tenant_id, self.mailbox.pk, self.provider_message_id)
 
     @property
-    def audit_detail(self) -> dict:
-        detail = {"size": len(self.raw)}
+    def audit_detail(self) -> dict[str, int | bool]:
+        detail: dict[str, int | bool] = {"size": len(self.raw)}
         if self.reuses_event is not None:
             detail.update(message_id_reused=True, first_event=self.reuses_event)
         if self.history:
@@ -220,7 +229,14 @@ def _insert_event(row: _IngestRow) -> int | None:
     return _insert_event_orm(row)
 
 
-def _stored_event(mailbox: Mailbox, provider_message_id: str) -> dict:
+class _StoredEvent(TypedDict):
+    """What `_stored_event` reads of the event that holds a message's key."""
+
+    pk: int
+    fingerprint: str
+
+
+def _stored_event(mailbox: Mailbox, provider_message_id: str) -> _StoredEvent:
     found = (
         InboxEvent.objects.filter(dedupe_key=dedupe_key(mailbox.tenant_id, mailbox.pk, provider_message_id))
         .values("pk", "fingerprint")
@@ -231,7 +247,7 @@ def _stored_event(mailbox: Mailbox, provider_message_id: str) -> dict:
     return found
 
 
-def _same_content(stored: dict, fingerprint: str) -> bool:
+def _same_content(stored: _StoredEvent, fingerprint: str) -> bool:
     known = stored["fingerprint"]
     if not known:
         # Stored before fingerprints existed: compute it from the kept bytes. Without them,
@@ -304,12 +320,12 @@ def _insert_event_postgres(row: _IngestRow) -> int | None:
     # into the row (`lo_get`) and that is unlinked before the commit: libpq's send buffer holds a piece,
     # not a second whole copy of the message. A rollback or a crash leaves no large object behind.
     with transaction.atomic(), connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        oid = None
+        oid: int | None = None
         for start in range(0, len(row.raw), UPLOAD_PIECE_BYTES):
             piece = row.raw[start : start + UPLOAD_PIECE_BYTES]
             if oid is None:
                 cursor.execute("SELECT lo_from_bytea(0, %s)", [piece], binary=True)
-                oid = cursor.fetchone()[0]
+                oid = cast("tuple[int]", cursor.fetchone())[0]  # a SELECT without FROM: always one row
             else:
                 cursor.execute("SELECT lo_put(%s, %s, %s)", [oid, start, piece], binary=True)
             del piece
@@ -318,7 +334,7 @@ def _insert_event_postgres(row: _IngestRow) -> int | None:
     return event_id
 
 
-def _run_ingest_statement(row: _IngestRow, *, raw_sql: str, raw_params: dict) -> int | None:
+def _run_ingest_statement(row: _IngestRow, *, raw_sql: str, raw_params: dict[str, Any]) -> int | None:
     sql = _ingest_sql(_INGEST_SQL, raw=raw_sql)
     # A server-binding psycopg cursor with binary parameters: the message goes to PostgreSQL as bytea
     # bytes, not quoted into the SQL text on the client (Django's default client-side binding). Errors
@@ -382,7 +398,7 @@ SELECT id, dedupe_key FROM event, (SELECT count(*) FROM notify) AS notified
 """
 
 
-def _insert_events_postgres(mailbox: Mailbox, source: str, now, rows: list[_IngestRow]) -> dict[str, int]:
+def _insert_events_postgres(mailbox: Mailbox, source: str, now: datetime, rows: list[_IngestRow]) -> dict[str, int]:
     """{dedupe key: event id} of the rows stored now; the others' keys were taken already."""
     if not rows:
         return {}

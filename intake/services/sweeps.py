@@ -3,7 +3,7 @@ become `failed/poison`), and purge old webhook nonces."""
 
 import logging
 import operator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import reduce
 
 from django.conf import settings
@@ -32,7 +32,7 @@ MAX_BACKOFF_DOUBLINGS = 4
 INTENT_STATES_WATCHED_BY_THE_INTENT = ("pending", "in_flight", "retry_wait")
 
 
-def stale_for_requeue(now, stale_after: float) -> Q:
+def stale_for_requeue(now: datetime, stale_after: float) -> Q:
     """Events whose last take or requeue is older than the window, doubled once per requeue since taken."""
     windows = [
         Q(requeues=n, updated_at__lt=now - timedelta(seconds=stale_after * 2**n)) for n in range(MAX_BACKOFF_DOUBLINGS)
@@ -46,7 +46,7 @@ def stale_for_requeue(now, stale_after: float) -> Q:
     return reduce(operator.or_, windows)
 
 
-def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 1000) -> dict:
+def requeue_stale_events(older_than_seconds: int | None = None, limit: int = 1000) -> dict[str, int]:
     """Find events that made no progress and hand them to the broker again.
 
     Whatever was lost between the database and the broker (a relay that died

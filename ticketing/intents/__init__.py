@@ -74,7 +74,7 @@ action's own row (`replayed`, `replayed_as_new_action`, `ticket_confirmed`,
 in the same transaction.
 """
 
-from .core import (  # noqa: F401  (the package's API)
+from .core import (
     ATTEMPT_AUDIT_KIND,
     AUDIT_KIND,
     CONFIRMABLE_STATES,
@@ -100,7 +100,7 @@ from .core import (  # noqa: F401  (the package's API)
     retry_later,
     still_claimed,
 )
-from .creation import (  # noqa: F401
+from .creation import (
     ATTACH_TOPIC,
     NOTIFY_TOPIC,
     create_if_missing,
@@ -109,8 +109,8 @@ from .creation import (  # noqa: F401
     external_ref,
     intent_key,
 )
-from .failures import record_failure  # noqa: F401
-from .lookup import (  # noqa: F401
+from .failures import record_failure
+from .lookup import (
     CANNOT,
     DOUBT,
     FOUND,
@@ -122,8 +122,8 @@ from .lookup import (  # noqa: F401
     last_unknown_at,
     settle_known_failure,
 )
-from .operator import create_held, hold_open, replay, settle, supersede  # noqa: F401
-from .sweeps import (  # noqa: F401
+from .operator import create_held, hold_open, replay, settle, supersede
+from .sweeps import (
     enqueue_due,
     expire,
     expire_claims,
@@ -133,3 +133,62 @@ from .sweeps import (  # noqa: F401
     resolve_unknown,
     resolve_unknown_intents,
 )
+
+# The package's API: what other modules call (a type checker reads this list too).
+__all__ = [
+    "ATTEMPT_AUDIT_KIND",
+    "AUDIT_KIND",
+    "CONFIRMABLE_STATES",
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_RETRY_BASE_SECONDS",
+    "DEFAULT_RETRY_CAP_SECONDS",
+    "FOLLOWING_ACTIONS",
+    "NOT_SENT_REF",
+    "OPEN_STATES",
+    "OPERATOR_RESULT_REF",
+    "REPLAYABLE_STATES",
+    "SUPERSEDABLE_STATES",
+    "EventState",
+    "IntentState",
+    "claim",
+    "fail",
+    "follow_up_instead",
+    "max_attempts",
+    "outcome_unknown",
+    "record_acknowledgment_not_sent",
+    "record_files_attached",
+    "record_success",
+    "retry_later",
+    "still_claimed",
+    "ATTACH_TOPIC",
+    "NOTIFY_TOPIC",
+    "create_if_missing",
+    "create_intent",
+    "ensure_intent",
+    "external_ref",
+    "intent_key",
+    "record_failure",
+    "CANNOT",
+    "DOUBT",
+    "FOUND",
+    "LATER",
+    "NOTHING",
+    "Answer",
+    "ask_destination",
+    "awaits_lookup",
+    "last_unknown_at",
+    "settle_known_failure",
+    "create_held",
+    "hold_open",
+    "replay",
+    "settle",
+    "supersede",
+    "enqueue_due",
+    "expire",
+    "expire_claims",
+    "hold",
+    "reopen",
+    "requeue",
+    "resolve_unknown",
+    "resolve_unknown_intents",
+]
