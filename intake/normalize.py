@@ -17,13 +17,14 @@ and `automated` ({"reason": "list_mail" | "automated_notification",
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
-from . import archive, scanning, spamcheck, validation
+from . import archive, scanning, spamcheck
 from .mime import ParsedMessage, iter_attachment_files, parse_message
-from .models import InboxEvent
+from .models import InboxEvent, Mailbox
 from .rawload import load_raw
 from .sender_lists import sender_list_entry_for
 from .services import transition_event, wait_event
@@ -31,10 +32,25 @@ from .validation import sender_lists
 from .validation.authresults import (
     PROVIDERS_WITH_VERDICTS,
     aligned_method,
+    authentication_results,
     domain_of,
     header_fields,
     provider_authentication_results,
 )
+from .validation.automation import automated_sender
+from .validation.policy import MailboxPolicy
+from .validation.rules import (
+    AWAITING_REVIEW,
+    SUPPRESSED,
+    Finding,
+    Verdict,
+    malware_finding,
+    scanner_unavailable_finding,
+    spam_flagged,
+    validate,
+)
+from .validation.spamscore import DEFAULT_SPAM_SCORE_THRESHOLD, spam_score
+from .validation.threading import subject_ticket_token, thread_key
 from .vocabulary import AuditKind, ReasonCode
 
 logger = logging.getLogger(__name__)
@@ -44,7 +60,7 @@ SENDER_RATE_LIMITED = ReasonCode.SENDER_RATE_LIMITED
 # Over the limit, mail goes to review; a mailbox may opt into suppression with "action": "suppress".
 DEFAULT_SENDER_LIMIT = {"count": 20, "seconds": 600, "action": "review"}
 # The audit row of each verdict but `ok` (received -> ready is not audited: see transition_event).
-VERDICT_AUDIT_KIND = {
+VERDICT_AUDIT_KIND: dict[str, AuditKind] = {
     State.AWAITING_REVIEW: AuditKind.AWAITING_REVIEW,
     State.SUPPRESSED: AuditKind.SUPPRESSED,
     State.QUARANTINED: AuditKind.QUARANTINED,
@@ -60,14 +76,14 @@ class Outcome:
     parsed: ParsedMessage | None = None
 
 
-def policy_for(mailbox) -> validation.MailboxPolicy:
-    return validation.MailboxPolicy.from_settings(
+def policy_for(mailbox: Mailbox) -> MailboxPolicy:
+    return MailboxPolicy.from_settings(
         {"loop_header": settings.MAILROOM_LOOP_HEADER, **(mailbox.settings or {})},
         allowed_recipients=mailbox.allowed_recipients or (),
     )
 
 
-def _sender_over_limit(event: InboxEvent, sender: str) -> validation.Finding | None:
+def _sender_over_limit(event: InboxEvent, sender: str) -> Finding | None:
     if not sender:
         return None
     limit = {**DEFAULT_SENDER_LIMIT, **((event.mailbox.settings or {}).get("sender_rate_limit") or {})}
@@ -77,14 +93,14 @@ def _sender_over_limit(event: InboxEvent, sender: str) -> validation.Finding | N
         mailbox_id=event.mailbox_id, sender__iexact=sender, received_at__gte=since, pk__lt=event.pk, history=False
     ).count()
     if earlier >= int(limit["count"]):
-        state = validation.SUPPRESSED if limit.get("action") == "suppress" else validation.AWAITING_REVIEW
-        return validation.Finding(
+        state = SUPPRESSED if limit.get("action") == "suppress" else AWAITING_REVIEW
+        return Finding(
             state, SENDER_RATE_LIMITED, f"{earlier} earlier messages from this sender within {limit['seconds']} s"
         )
     return None
 
 
-def _scan(event: InboxEvent, parsed: ParsedMessage) -> list[validation.Finding] | None:
+def _scan(event: InboxEvent, parsed: ParsedMessage) -> list[Finding] | None:
     """Malware findings, [] when clean, None when the scanner could not answer (try again later)."""
     if not parsed.attachments:
         return []
@@ -97,16 +113,16 @@ def _scan(event: InboxEvent, parsed: ParsedMessage) -> list[validation.Finding] 
         for attachment, file in iter_attachment_files(parsed, spool_threshold=settings.MAILROOM_SPOOL_THRESHOLD_BYTES):
             result = client.scan(file)
             if not result.clean:
-                found.append(validation.malware_finding(attachment.filename, result.signature or "unknown"))
+                found.append(malware_finding(attachment.filename, result.signature or "unknown"))
     except scanning.ScanLimitExceeded as exc:
-        return [validation.scanner_unavailable_finding(f"too large for the scanner: {exc}")]
+        return [scanner_unavailable_finding(f"too large for the scanner: {exc}")]
     except scanning.ScannerUnavailable as exc:
         logger.warning("event %s: scanner unavailable (%s)", event.pk, type(exc).__name__)
         return None
     return found
 
 
-def _scan_verdict(parsed: ParsedMessage, findings: list) -> str:
+def _scan_verdict(parsed: ParsedMessage, findings: list[Finding]) -> str:
     """`details["attachment_scan"]`, a filter rule's `attachment_verdict`: none, clean, infected or unscanned."""
     if not parsed.attachments:
         return "none"
@@ -133,12 +149,12 @@ def _rspamd(event: InboxEvent) -> spamcheck.RspamdResult | None:
 
 
 def _spam_score(
-    parsed: ParsedMessage, policy: validation.MailboxPolicy | None, remote: spamcheck.RspamdResult | None
-) -> dict | None:
+    parsed: ParsedMessage, policy: MailboxPolicy | None, remote: spamcheck.RspamdResult | None
+) -> dict[str, Any] | None:
     """The higher of the headers' score and rspamd's, with the threshold it is judged against."""
-    threshold = policy.spam_score_threshold if policy is not None else validation.DEFAULT_SPAM_SCORE_THRESHOLD
-    score = validation.spam_score(parsed=parsed)
-    stored = score.as_details(threshold) if score is not None else None
+    threshold = policy.spam_score_threshold if policy is not None else DEFAULT_SPAM_SCORE_THRESHOLD
+    score = spam_score(parsed=parsed)
+    stored: dict[str, Any] | None = score.as_details(threshold) if score is not None else None
     if remote is not None and (stored is None or remote.score > stored["score"]):
         stored = {
             "score": remote.score,
@@ -152,10 +168,10 @@ def _spam_score(
 
 def _details(
     parsed: ParsedMessage,
-    verdict: validation.Verdict,
-    policy: validation.MailboxPolicy | None,
+    verdict: Verdict,
+    policy: MailboxPolicy | None,
     remote: spamcheck.RspamdResult | None = None,
-) -> dict:
+) -> dict[str, Any]:
     details = {
         "attachments": [
             {
@@ -185,14 +201,14 @@ def _details(
         "alternatives": parsed.alternatives[:10],
         "text_truncated": parsed.text_truncated,
         "smime_certs_only": parsed.smime_certs_only,
-        "spam_flagged": policy is not None and validation.spam_flagged(parsed, policy),
+        "spam_flagged": policy is not None and spam_flagged(parsed, policy),
     }
     details.update({key: value for key, value in optional.items() if value})
     # Risk signals for the acknowledgment (ticketing.acknowledgments reads them from here): never the ticket's.
     score = _spam_score(parsed, policy, remote)
     if score is not None:
         details["spam_score"] = score
-    automated = validation.automated_sender(parsed=parsed)
+    automated = automated_sender(parsed=parsed)
     if automated is not None:
         details["automated"] = automated.as_details()
     if _is_reply(parsed):
@@ -205,7 +221,7 @@ def _details(
 
 
 def _is_reply(parsed: ParsedMessage) -> bool:
-    return bool(parsed.in_reply_to or parsed.references or validation.subject_ticket_token(parsed.subject))
+    return bool(parsed.in_reply_to or parsed.references or subject_ticket_token(parsed.subject))
 
 
 def normalize(event: InboxEvent, actor: str) -> Outcome:
@@ -219,18 +235,18 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
     if event.state != State.RECEIVED:
         return Outcome(State.READY, parsed=parsed or ParsedMessage())
     if parsed is None:
-        return _record(event, ParsedMessage(), validation.Verdict(State.AWAITING_REVIEW, ReasonCode.UNPARSEABLE), actor)
+        return _record(event, ParsedMessage(), Verdict(State.AWAITING_REVIEW, ReasonCode.UNPARSEABLE), actor)
     if archive.without_ticket(event):  # history kept without a ticket: stored, reconciled, never acknowledged
-        return _record(event, parsed, validation.Verdict(State.SUPPRESSED, ReasonCode.ARCHIVED), actor)
+        return _record(event, parsed, Verdict(State.SUPPRESSED, ReasonCode.ARCHIVED), actor)
 
     try:
         policy = policy_for(event.mailbox)
     except ValueError as exc:
-        verdict = validation.Verdict(State.AWAITING_REVIEW, ReasonCode.MAILBOX_MISCONFIGURED, str(exc)[:300])
+        verdict = Verdict(State.AWAITING_REVIEW, ReasonCode.MAILBOX_MISCONFIGURED, str(exc)[:300])
         return _record(event, parsed, verdict, actor)
 
     extra = []
-    verdict = validation.validate(parsed, policy)
+    verdict = validate(parsed, policy)
     # Sender lists (intake.validation.sender_lists): a block suppresses, an allow skips the rate limit.
     listed = sender_list_entry_for(event, parsed.sender)
     if listed is not None and listed.kind == sender_lists.ALLOW and not _from_authenticated(event, parsed, policy):
@@ -244,7 +260,7 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
         rate = _sender_over_limit(event, parsed.sender)
         if rate:
             extra.append(rate)
-            verdict = validation.validate(parsed, policy, extra=extra)
+            verdict = validate(parsed, policy, extra=extra)
     if verdict.state != State.QUARANTINED:
         scan_findings = _scan(event, parsed)
         if scan_findings is None:
@@ -255,9 +271,9 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
                 )
                 wait_event(event.pk, settings.MAILROOM_SCAN_RETRY_SECONDS * attempts)
                 return Outcome("waiting", ReasonCode.SCANNER_UNAVAILABLE)
-            scan_findings = [validation.scanner_unavailable_finding(f"scanner unreachable after {attempts} attempts")]
+            scan_findings = [scanner_unavailable_finding(f"scanner unreachable after {attempts} attempts")]
         if scan_findings:
-            verdict = validation.validate(parsed, policy, extra=[*extra, *scan_findings])
+            verdict = validate(parsed, policy, extra=[*extra, *scan_findings])
         event.details = {**(event.details or {}), "attachment_scan": _scan_verdict(parsed, scan_findings)}
     if listed is not None and listed.kind == sender_lists.BLOCK:
         verdict = sender_lists.blocked_verdict(verdict, sender_lists.blocked_finding(listed))
@@ -266,10 +282,10 @@ def normalize(event: InboxEvent, actor: str) -> Outcome:
     return _record(event, parsed, verdict, actor, policy=policy, remote=remote)
 
 
-def _from_authenticated(event: InboxEvent, parsed: ParsedMessage, policy) -> bool:
+def _from_authenticated(event: InboxEvent, parsed: ParsedMessage, policy: MailboxPolicy) -> bool:
     """A trusted pass aligned with the From domain: our own MTA's results, or the hosted provider's verdict."""
     from_domain = domain_of(parsed.sender or "")
-    if aligned_method(validation.authentication_results(parsed, policy.trusted_authserv_id), from_domain):
+    if aligned_method(authentication_results(parsed, policy.trusted_authserv_id), from_domain):
         return True
     provider = event.mailbox.provider
     if provider not in PROVIDERS_WITH_VERDICTS:
@@ -281,14 +297,14 @@ def _from_authenticated(event: InboxEvent, parsed: ParsedMessage, policy) -> boo
 def _record(
     event: InboxEvent,
     parsed: ParsedMessage,
-    verdict: validation.Verdict,
+    verdict: Verdict,
     actor: str,
-    policy: validation.MailboxPolicy | None = None,
+    policy: MailboxPolicy | None = None,
     remote: spamcheck.RspamdResult | None = None,
 ) -> Outcome:
     now = timezone.now()
     to_state = State.READY if verdict.ok else verdict.state
-    auth = validation.authentication_results(parsed, policy.trusted_authserv_id) if policy else {}
+    auth = authentication_results(parsed, policy.trusted_authserv_id) if policy else {}
     details = {**(event.details or {}), **_details(parsed, verdict, policy, remote)}
     # One UPDATE on the hot path (ok: no audit row), plus the verdict's audit row otherwise.
     moved = transition_event(
@@ -305,7 +321,7 @@ def _record(
             "message_id_header": parsed.message_id[:998],
             "sender": parsed.sender[:320],
             "subject": parsed.subject[:998],
-            "thread_key": event.thread_key or validation.thread_key(parsed),
+            "thread_key": event.thread_key or thread_key(parsed),
             "auth_results": auth,
             "details": details,
             "retry_at": None,
@@ -314,7 +330,7 @@ def _record(
     if moved:
         event.state, event.sender, event.subject = to_state, parsed.sender[:320], parsed.subject[:998]
         event.details, event.auth_results = details, auth  # what classification's facts read next
-        event.thread_key = event.thread_key or validation.thread_key(parsed)
+        event.thread_key = event.thread_key or thread_key(parsed)
         event.message_id_header = parsed.message_id[:998]
         if not verdict.ok:
             logger.info("event %s: %s/%s", event.pk, verdict.state, verdict.reason_code)

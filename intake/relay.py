@@ -10,7 +10,9 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, cast
 
 from celery import current_app
 from django.conf import settings
@@ -39,7 +41,7 @@ TOPIC_TASKS = {
 }
 
 
-def _publish(topic: str, payloads: list[dict], group_size: int) -> None:
+def _publish(topic: str, payloads: list[dict[str, Any]], group_size: int) -> None:
     if topic not in TOPIC_TASKS:
         raise ValueError(f"no task for outbox topic {topic!r}")
     task_name, id_field = TOPIC_TASKS[topic]
@@ -113,16 +115,17 @@ class BrokerBacklog:
     One broker connection for the relay's life, reopened after an error (`reset`).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.queue = current_app.amqp.queues[current_app.conf.task_default_queue]
-        self.connection = None
+        self.connection: Any = None  # a kombu Connection once opened (kombu ships no type hints)
 
     def __call__(self) -> int:
         if self.connection is None:
             self.connection = current_app.connection_for_read()
         # Declared as the worker declares it (same arguments: RabbitMQ refuses a different one), which answers
         # with the count of ready messages; not passive: on Redis an empty queue has no key, and passive fails.
-        return self.queue(self.connection.default_channel).queue_declare().message_count
+        # kombu's queue_declare answers (name, message_count, consumer_count), the broker's counts: ints.
+        return cast(int, self.queue(self.connection.default_channel).queue_declare().message_count)
 
     def reset(self) -> None:
         if self.connection is not None:
@@ -139,11 +142,11 @@ def _commits_within(timeout: float) -> int:
 
 
 def gather(
-    backlog,
+    backlog: Callable[[], int],
     hold_seconds: float,
     group_size: int,
-    stop=lambda: False,
-    commits_within=_commits_within,
+    stop: Callable[[], bool] = lambda: False,
+    commits_within: Callable[[float], int] = _commits_within,
     poll_seconds: float = HOLD_POLL_SECONDS,
 ) -> None:
     """Let a group form only while the workers are busy.
@@ -170,7 +173,9 @@ def _listen() -> None:
             cursor.execute(f"LISTEN {NOTIFY_CHANNEL}")
 
 
-def run_relay(stop, sweep_seconds: float | None = None, backlog=None) -> None:
+def run_relay(
+    stop: Callable[[], bool], sweep_seconds: float | None = None, backlog: Callable[[], int] | None = None
+) -> None:
     """Loop until `stop()` is true: publish on every NOTIFY (grouping while the workers are busy), and sweep
     at least every few seconds. `backlog`: a callable counting the tasks waiting in the broker."""
     sweep_seconds = sweep_seconds or settings.MAILROOM_RELAY_SWEEP_SECONDS

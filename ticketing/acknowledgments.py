@@ -12,20 +12,32 @@ import logging
 import smtplib
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
+from django.core.mail.backends.base import BaseEmailBackend
 
 from intake.failures import AmbiguousOutcome, TransientError
 from intake.models import InboxEvent
 from intake.vocabulary import ReasonCode
 
-from . import ack_templates, ack_transport, ack_wording, intents, numbers
+from . import ack_transport, ack_wording, intents, numbers
 from .ack_policy import sender_authentication
 from .bounce_reports import ACK_MESSAGE_ID_DOMAIN
+from .destinations.rest_templates import TemplateProblem
 from .intents import batch as intents_batch
 from .models import Intent, TicketMapping
 from .outcomes import Outcome
+
+if TYPE_CHECKING:
+    from .intents.core import AttemptError
+
+    class ComposedMessage(EmailMessage):
+        """What `_compose` makes: an EmailMessage that carries its `wording` (for the audit row)."""
+
+        wording: dict[str, Any]
+
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +49,7 @@ def message_id(intent: Intent) -> str:
     return f"<ack.{key[16:40]}.{key[:16]}@{ACK_MESSAGE_ID_DOMAIN}>"
 
 
-def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent, token: str) -> EmailMessage:
+def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent, token: str) -> "ComposedMessage":
     # Only an authenticated sender's own subject is echoed: for anyone else (`ack_policy` "always") it could be
     # text a stranger chose, sent on from the tenant's address. The words: the tenant's template for the
     # requester's language, or the built-in text (ticketing.ack_wording); raises TemplateProblem.
@@ -57,8 +69,15 @@ def _compose(event: InboxEvent, mapping: TicketMapping, intent: Intent, token: s
     if event.message_id_header:
         headers["In-Reply-To"] = f"<{event.message_id_header}>"
         headers["References"] = f"<{event.message_id_header}>"
-    message = EmailMessage(
-        subject=f"[#{token}] {subject}", body=body, from_email=event.mailbox.address, to=[event.sender], headers=headers
+    message = cast(  # a plain EmailMessage at run time: `wording` is set on it just below
+        "ComposedMessage",
+        EmailMessage(
+            subject=f"[#{token}] {subject}",
+            body=body,
+            from_email=event.mailbox.address,
+            to=[event.sender],
+            headers=headers,
+        ),
     )
     message.wording = words.detail  # which template and language, for the audit row
     return message
@@ -93,7 +112,7 @@ class _Attempt:
     intent: Intent
     mapping: TicketMapping
     token: str
-    message: EmailMessage | None = None
+    message: "ComposedMessage | None" = None  # set by _compose before the attempt joins `composed`
 
 
 def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
@@ -138,7 +157,7 @@ def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
             continue
         try:
             attempt.message = _compose(attempt.intent.inbox_event, attempt.mapping, attempt.intent, attempt.token)
-        except ack_templates.TemplateProblem as exc:
+        except TemplateProblem as exc:
             # A template past its limits (stored before the save check, or limits lowered since): nothing is sent.
             outcomes[intent_id] = (
                 _not_sent(attempt.intent, worker, ReasonCode.ACK_TEMPLATE_FAILED, detail={"problem": str(exc)[:300]})
@@ -146,7 +165,11 @@ def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
             )
             continue
         composed.append(attempt)
-    results = _deliver_all([attempt.message for attempt in composed], deadline=_delivery_deadline(claimed_at))
+    results = _deliver_all(
+        # Every attempt in `composed` has its message (composed just before it was appended).
+        [cast("ComposedMessage", attempt.message) for attempt in composed],
+        deadline=_delivery_deadline(claimed_at),
+    )
     # The sent ones first, in one transaction: the window in which an accepted message is not yet recorded
     # (the worker killed here: its intents expire to unknown, then held for a person) is kept short.
     recorded = intents_batch.record_acknowledgments_sent(
@@ -154,8 +177,9 @@ def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
             intents_batch.SentAcknowledgment(
                 intent_id=attempt.intent.pk,
                 inbox_event_id=attempt.intent.inbox_event_id,
-                message_id=attempt.message.extra_headers["Message-ID"],
-                detail={"token": attempt.token, **attempt.message.wording},
+                # A composed attempt's message (see above).
+                message_id=cast("ComposedMessage", attempt.message).extra_headers["Message-ID"],
+                detail={"token": attempt.token, **cast("ComposedMessage", attempt.message).wording},
             )
             for attempt, result in zip(composed, results, strict=True)
             if result == ack_transport.SENT
@@ -177,11 +201,13 @@ def _attempt(intent_ids: list[int], worker: str) -> dict[int, str]:
         elif result is None:
             outcomes[intent.pk] = Outcome.ERROR  # left in_flight: its claim expires to unknown, as a crash would
         else:
-            outcomes[intent.pk] = intents.record_failure(intent, exc=result, worker=worker) or Outcome.CLAIM_LOST
+            # deliver answers only SENT or NOT_DELIVERABLE (both above): any other result is a failure.
+            failure = cast("AttemptError", result)
+            outcomes[intent.pk] = intents.record_failure(intent, exc=failure, worker=worker) or Outcome.CLAIM_LOST
     return outcomes
 
 
-def _not_sent(intent: Intent, worker: str, reason: str, detail: dict | None = None) -> str:
+def _not_sent(intent: Intent, worker: str, reason: str, detail: dict[str, Any] | None = None) -> str:
     """The intent ended without an email (`reason`): '' when recorded, else "claim_lost"."""
     if not intents.record_acknowledgment_not_sent(intent, worker=worker, reason=reason, detail=detail):
         return Outcome.CLAIM_LOST
@@ -192,8 +218,8 @@ def _not_sent(intent: Intent, worker: str, reason: str, detail: dict | None = No
 def _delivery_deadline(claimed_at: float) -> float:
     """When a group stops starting deliveries: well before its claim runs out (a message under way may take a
     few SMTP timeouts: MAIL, RCPT, DATA), so `expire` never takes an intent whose message is being sent."""
-    claim = settings.MAILROOM_CLAIM_SECONDS
-    return claimed_at + max(claim - 3 * settings.MAILROOM_SMTP_TIMEOUT, claim / 2)
+    claim = cast(int, settings.MAILROOM_CLAIM_SECONDS)  # an env.int setting
+    return claimed_at + max(claim - 3 * cast(float, settings.MAILROOM_SMTP_TIMEOUT), claim / 2)  # an env.float
 
 
 def _failure(exc: OSError) -> TransientError | AmbiguousOutcome:
@@ -204,14 +230,14 @@ def _failure(exc: OSError) -> TransientError | AmbiguousOutcome:
     return TransientError(ReasonCode.SMTP_UNAVAILABLE, type(exc).__name__)
 
 
-def _session_goes_on(connection, exc: OSError) -> bool:
+def _session_goes_on(connection: BaseEmailBackend, exc: OSError) -> bool:
     """After a failed delivery: did the relay answer (a refused sender, recipient or message, then RSET by
     smtplib) on a connection still open, so the next message may use it?"""
     answered = isinstance(exc, (smtplib.SMTPResponseException, smtplib.SMTPRecipientsRefused))
     return answered and getattr(getattr(connection, "connection", None), "sock", None) is not None
 
 
-def _deliver_all(messages: list[EmailMessage], *, deadline: float) -> list:
+def _deliver_all(messages: list[EmailMessage], *, deadline: float) -> "list[str | AttemptError | None]":
     """Each message in order on one SMTP connection: `ack_transport.SENT` or `NOT_DELIVERABLE`, the failure
     that decides its intent's next state, or None (an unexpected error: left as a crash would leave it).
 
@@ -224,7 +250,7 @@ def _deliver_all(messages: list[EmailMessage], *, deadline: float) -> list:
         connection.open()
     except OSError as exc:  # refused or unreachable before anything was sent
         return [_failure(exc)] * len(messages)
-    results: list = []
+    results: list[str | AttemptError | None] = []
     stopped = ""
     try:
         for message in messages:

@@ -17,12 +17,16 @@ statements read the group's rows from a JSON array instead of arrays (`ticketing
 import json
 import logging
 from collections import Counter
+from collections.abc import Hashable
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from intake.mime import ParsedMessage
 from intake.models import AuditEvent, InboxEvent
 from intake.normalize import normalize
 from intake.rawload import with_small_raw
@@ -32,8 +36,9 @@ from intake.vocabulary import AuditKind
 
 from . import bounces, classification, copies, execution, intents, services, threads
 from .destinations import adapter_for
+from .destinations.base import DestinationAdapter
 from .intents import batch as intents_batch
-from .models import CopiedMessage, Intent, RoutingRule, Ticket
+from .models import CopiedMessage, Destination, Intent, RoutingPolicy, RoutingRule, Ticket
 from .outcomes import Outcome
 
 logger = logging.getLogger(__name__)
@@ -44,13 +49,13 @@ State = InboxEvent.State
 @dataclass
 class _Plain:
     event: InboxEvent
-    parsed: object
-    route: dict
-    destination: object
-    adapter: object
+    parsed: ParsedMessage
+    route: dict[str, Any]
+    destination: Destination
+    adapter: DestinationAdapter
 
 
-def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[int, str], list[int]]:
+def process_plain(event_ids: list[int], worker: str, cache: dict[Hashable, Any]) -> tuple[dict[int, str], list[int]]:
     """({event id: outcome word} for the events handled here, [ids left for the per-event path, in order])."""
     actor = f"worker:{worker}"
     events = {
@@ -81,10 +86,11 @@ def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[
         if outcome.state != State.READY:
             bounces.tie(event=event, state=outcome.state, reason_code=outcome.reason_code)  # our bounced mail
             outcomes[event.pk] = outcome.state  # waiting (scanner), suppressed, awaiting_review, quarantined
-        elif threads.is_thread_work(outcome.parsed):
+        # normalize's every READY outcome carries the parsed message.
+        elif threads.is_thread_work(cast(ParsedMessage, outcome.parsed)):
             rest.append(event.pk)
         else:
-            candidates.append((event, outcome.parsed))
+            candidates.append((event, cast(ParsedMessage, outcome.parsed)))
     plain = []
     for event, parsed in _primaries(candidates, cache, rest):
         item = _classified(event, parsed, cache)
@@ -100,7 +106,7 @@ def process_plain(event_ids: list[int], worker: str, cache: dict) -> tuple[dict[
     return outcomes, sorted(set(rest), key=order.__getitem__)
 
 
-def _may_be_plain(event: InboxEvent, cache: dict) -> bool:
+def _may_be_plain(event: InboxEvent, cache: dict[Hashable, Any]) -> bool:
     """What can be told before normalization; the per-event path handles everything else."""
     if event.state != State.RECEIVED or event.mailbox.paused or cache["global_pause"]:
         return False
@@ -113,14 +119,16 @@ def _may_be_plain(event: InboxEvent, cache: dict) -> bool:
     return not _policy(event.tenant_id, cache).ai_enabled  # a proposal may need a review first
 
 
-def _policy(tenant_id: int, cache: dict):
+def _policy(tenant_id: int, cache: dict[Hashable, Any]) -> RoutingPolicy:
     key = ("routing_policy", tenant_id)
     if key not in cache:
         cache[key] = classification.policy_for(tenant_id)
-    return cache[key]
+    return cast(RoutingPolicy, cache[key])  # stored just above, from classification.policy_for
 
 
-def _primaries(candidates, cache: dict, rest: list[int]):
+def _primaries(
+    candidates: list[tuple[InboxEvent, ParsedMessage]], cache: dict[Hashable, Any], rest: list[int]
+) -> list[tuple[InboxEvent, ParsedMessage]]:
     """The candidates that do their own ticket work (`copies.follow_primary` returns None for them).
 
     The first copy of a message to ask becomes its primary: one INSERT ... ON CONFLICT DO NOTHING for
@@ -152,7 +160,7 @@ def _primaries(candidates, cache: dict, rest: list[int]):
     return keep
 
 
-def _classified(event: InboxEvent, parsed, cache: dict) -> _Plain | None:
+def _classified(event: InboxEvent, parsed: ParsedMessage, cache: dict[Hashable, Any]) -> _Plain | None:
     """Classify (rules, the policy's defaults) and route; None when the event is not plain after all."""
     route = classification.classify(event, parsed, policy=_policy(event.tenant_id, cache)).as_json()
     if route.get("review_reason") or route.get("action") == classification.SUPPRESS:
@@ -163,17 +171,18 @@ def _classified(event: InboxEvent, parsed, cache: dict) -> _Plain | None:
     if adapter is None:
         event.route = {}
         return None
-    return _Plain(event, parsed, route, destination, adapter)
+    # _builtin_adapter found an adapter, so there is a destination.
+    return _Plain(event, parsed, route, cast(Destination, destination), adapter)
 
 
-def _builtin_adapter(destination, cache: dict):
+def _builtin_adapter(destination: Destination | None, cache: dict[Hashable, Any]) -> DestinationAdapter | None:
     """The destination's adapter when it is the built-in store and not paused (None otherwise)."""
     if destination is None or destination.paused:
         return None
     key = ("adapter", destination.pk)
     if key not in cache:
         cache[key] = adapter_for(destination)
-    adapter = cache[key]
+    adapter: DestinationAdapter = cache[key]  # stored just above, from adapter_for
     return adapter if adapter.transactional else None
 
 
@@ -228,7 +237,7 @@ WHERE e.id = json_extract(v.value, '$[0]') AND json(e.route) = '{{}}'
 """
 
 
-def _store_routes(plain: list[_Plain], actor: str, now) -> dict[int, list[AuditEvent]]:
+def _store_routes(plain: list[_Plain], actor: str, now: datetime) -> dict[int, list[AuditEvent]]:
     """`services._store_route` for the group: the routes, the rules' hits, and the `classified` rows to write."""
     sql, params = intents_batch.group_statement(
         _STORE_ROUTES,
@@ -257,7 +266,7 @@ def _store_routes(plain: list[_Plain], actor: str, now) -> dict[int, list[AuditE
     }
 
 
-def _insert_tickets(plain: list[_Plain], mine: dict, now) -> list[Ticket]:
+def _insert_tickets(plain: list[_Plain], mine: dict[int, tuple[int, str]], now: datetime) -> list[Ticket]:
     """The built-in store's rows, as `BuiltinDestination.create_ticket` writes them (unique key: the intent's)."""
     rows = []
     for p in plain:

@@ -19,6 +19,9 @@ copy finds it taken. Two workers racing on two copies cannot both be primary, an
 committed late finds the row as well. With the setting off, every mailbox's event makes its own ticket.
 """
 
+from collections.abc import Hashable
+from typing import Any, cast
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -38,14 +41,14 @@ COPY_RETRY_SECONDS = 2
 LINKABLE_ACTIONS = (*WORK_ACTIONS, LINK_COPY)
 
 
-def one_ticket_per_message(tenant_id: int, cache: dict) -> bool:
+def one_ticket_per_message(tenant_id: int, cache: dict[Hashable, Any]) -> bool:
     key = ("one_ticket_per_message", tenant_id)
     if key not in cache:
         value = (
             RoutingPolicy.objects.filter(tenant_id=tenant_id).values_list("one_ticket_per_message", flat=True).first()
         )
         cache[key] = True if value is None else bool(value)
-    return cache[key]
+    return cast(bool, cache[key])  # stored just above, a bool
 
 
 def claim(event: InboxEvent) -> int:
@@ -62,7 +65,7 @@ def claim(event: InboxEvent) -> int:
     return rows.values_list("primary_id", flat=True).get()
 
 
-def follow_primary(event: InboxEvent, worker: str, cache: dict) -> str | None:
+def follow_primary(event: InboxEvent, worker: str, cache: dict[Hashable, Any]) -> str | None:
     """None when this event does its own ticket work; otherwise what it did as a copy
     (WAITING_FOR_COPY, LINKED, AWAITING_REVIEW or DONE, of `Outcome`)."""
     if not event.fingerprint or not one_ticket_per_message(event.tenant_id, cache):
@@ -121,7 +124,7 @@ def _link(event: InboxEvent, primary_id: int, mapping: TicketMapping, worker: st
     return Outcome.LINKED
 
 
-def _to_review(event: InboxEvent, primary_id: int, primary_state: str, worker: str) -> str:
+def _to_review(event: InboxEvent, primary_id: int, primary_state: str | None, worker: str) -> str:
     transition_event(
         event.pk,
         InboxEvent.OPEN_STATES,

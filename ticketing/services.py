@@ -7,11 +7,14 @@ state machine itself lives in `ticketing.intents`.
 """
 
 import logging
+from collections.abc import Hashable
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import transaction
 
 from intake.logging import mask_address
+from intake.mime import ParsedMessage
 from intake.models import AuditEvent, InboxEvent
 from intake.normalize import normalize
 from intake.rawload import with_small_raw
@@ -45,7 +48,7 @@ THREAD_RETRY_SECONDS = 2
 ARCHIVED_FLAG = "archived"  # the ticket's tag `mailroom-archived`
 
 
-def route(event: InboxEvent, cache: dict) -> Destination | None:
+def route(event: InboxEvent, cache: dict[Hashable, Any]) -> Destination | None:
     """An operator's corrected route wins, then the matching rule's destination (`event.route`), otherwise
     the tenant's default (cached per task group)."""
     if (event.route_override or {}).get("destination_id"):
@@ -58,7 +61,7 @@ def route(event: InboxEvent, cache: dict) -> Destination | None:
     key = ("default_destination", event.tenant_id)
     if key not in cache:
         cache[key] = selectors.default_destination(event.tenant_id)
-    return cache[key]
+    return cast("Destination | None", cache[key])  # stored just above, from selectors.default_destination
 
 
 def _wait(event: InboxEvent, seconds: float, outcome: str) -> str:
@@ -78,7 +81,9 @@ def _outcome_of(state: str) -> Outcome:
 TAKEN = "taken"
 
 
-def process_inbox_event(event_id: int, worker: str | None = None, group_cache: dict | None = None) -> str:
+def process_inbox_event(
+    event_id: int, worker: str | None = None, group_cache: dict[Hashable, Any] | None = None
+) -> str:
     """Carry one event as far as it can go now. Safe to run any number of times, concurrently.
 
     Returns an `Outcome` (ticketing.outcomes) saying what happened, for task results, logs and tests.
@@ -90,7 +95,7 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
         return Outcome.MISSING
     if event.state not in InboxEvent.OPEN_STATES:
         return Outcome.DONE
-    cache = group_cache if group_cache is not None else {}
+    cache: dict[Hashable, Any] = group_cache if group_cache is not None else {}
     if event_id not in cache.get(TAKEN, ()):  # before any work: a take that kills this worker still counts
         record_taken([event_id])
     if "global_pause" not in cache:  # read once per task group
@@ -102,7 +107,7 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
     if outcome.state != State.READY:
         bounces.tie(event=event, state=outcome.state, reason_code=outcome.reason_code)  # our own bounced mail
         return _outcome_of(outcome.state)  # waiting (scanner), or suppressed / awaiting_review / quarantined
-    parsed = outcome.parsed
+    parsed = cast(ParsedMessage, outcome.parsed)  # normalize's every READY outcome carries the parsed message
     if followed := copies.follow_primary(event, worker, cache):  # another mailbox's copy makes the ticket
         return followed
 
@@ -149,7 +154,9 @@ def process_inbox_event(event_id: int, worker: str | None = None, group_cache: d
         leases.release(lease)
 
 
-def _classify_and_route(event: InboxEvent, parsed, worker: str, cache: dict) -> Destination | str:
+def _classify_and_route(
+    event: InboxEvent, parsed: ParsedMessage, worker: str, cache: dict[Hashable, Any]
+) -> Destination | str:
     """The destination of a new ticket, or the outcome word when the event went to review.
 
     Classifies once: a stored `event.route` is reused, so every attempt (and a replay) sends the same
@@ -222,7 +229,7 @@ def _store_route(event: InboxEvent, chosen: classification.Route, actor: str) ->
     event.route = data
 
 
-def classified_detail(route_json: dict) -> dict:
+def classified_detail(route_json: dict[str, Any]) -> dict[str, Any]:
     """The `classified` audit row's detail: the route without the AI's rationale (the console shows that)."""
     return {**route_json, "ai": {k: v for k, v in route_json["ai"].items() if k != "rationale"}}
 
@@ -242,7 +249,7 @@ def _low_confidence_settled(event: InboxEvent) -> bool:
     ).exists()
 
 
-def _note_forward(event: InboxEvent, parsed, worker: str) -> None:
+def _note_forward(event: InboxEvent, parsed: ParsedMessage, worker: str) -> None:
     """An agent's forward makes the original sender the requester: said once, in the audit trail."""
     details = event.details or {}
     if "requester_from_forward" in details:
@@ -274,13 +281,16 @@ def _flag(event: InboxEvent, flags: list[str], worker: str) -> None:
     event.details = details
 
 
-def _act(event: InboxEvent, destination: Destination, work: Work, worker: str, lease=None) -> str:
+def _act(
+    event: InboxEvent, destination: Destination, work: Work, worker: str, lease: leases.Lease | None = None
+) -> str:
     with transaction.atomic():
         intents.create_if_missing(event, action=work.action, destination=destination)
         # The highest version of the action is the one to carry out (a reviewer may have
         # added one), and an existing intent keeps its own destination (a reviewer may have
         # corrected it).
-        intent = selectors.current_intent(event.pk, work.action)
+        # create_if_missing just made it (or found it) in this transaction: there is one.
+        intent = cast(Intent, selectors.current_intent(event.pk, work.action))
         if intent.state == Intent.State.SUCCEEDED:
             return Outcome.DONE
         if intent.destination.paused:

@@ -25,12 +25,12 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KT
 
 from intake.mime import ParsedMessage
 from intake.models import InboxEvent
-from intake.validation import subject_ticket_token
+from intake.validation.threading import subject_ticket_token
 
 from .copies import LINK_COPY
 from .destinations import adapter_class, adapter_for
@@ -99,7 +99,9 @@ def _reference_texts(parsed: ParsedMessage) -> dict[str, str]:
     }
 
 
-def _declared_patterns(adapter: DestinationAdapter | type[DestinationAdapter]) -> dict[str, tuple[re.Pattern, ...]]:
+def _declared_patterns(
+    adapter: DestinationAdapter | type[DestinationAdapter],
+) -> dict[str, tuple[re.Pattern[str], ...]]:
     """{field: the compiled patterns an adapter (its class: the kind's; an instance: the destination's) looks
     for there}."""
     patterns = tuple(
@@ -111,26 +113,29 @@ def _declared_patterns(adapter: DestinationAdapter | type[DestinationAdapter]) -
     return {name: patterns for name in REFERENCE_FIELDS if name in fields and patterns}
 
 
-_kind_classes: list = []  # every kind's adapter class, looked up once
-_kind_patterns: dict = {}  # the classes' declared patterns and fields -> {field: patterns}, rebuilt when they change
+_kind_classes: list[type[DestinationAdapter]] = []  # every kind's adapter class, looked up once
+# The classes' declared patterns and fields -> {field: patterns}, rebuilt when they change.
+_kind_patterns: dict[
+    tuple[tuple[tuple[re.Pattern[str], ...], tuple[str, ...]], ...], dict[str, tuple[re.Pattern[str], ...]]
+] = {}
 
 
-def _all_kinds_patterns() -> dict[str, tuple[re.Pattern, ...]]:
+def _all_kinds_patterns() -> dict[str, tuple[re.Pattern[str], ...]]:
     """{field: every kind's patterns for it, each once}. Rebuilt only when a class's declaration changes."""
     if not _kind_classes:
-        found = []
+        classes = []
         for kind in DestinationKind.values:
             try:
-                found.append(adapter_class(kind))
+                classes.append(adapter_class(kind))
             except LookupError:
                 continue
-        _kind_classes[:] = found
+        _kind_classes[:] = classes
     declared = tuple(
         (tuple(adapter.reference_patterns or ()), tuple(adapter.reference_fields or ())) for adapter in _kind_classes
     )
     patterns = _kind_patterns.get(declared)
     if patterns is None:
-        by_field: dict[str, dict[re.Pattern, None]] = {}
+        by_field: dict[str, dict[re.Pattern[str], None]] = {}
         for adapter in _kind_classes:
             for name, found in _declared_patterns(adapter).items():
                 by_field.setdefault(name, {}).update(dict.fromkeys(found))
@@ -232,7 +237,7 @@ def _is_participant(event: InboxEvent, parsed: ParsedMessage, mapping: TicketMap
     return is_agent(event.tenant, parsed.sender) or parsed.sender.lower() in participants(mapping)
 
 
-def _earlier_in_thread(event: InboxEvent):
+def _earlier_in_thread(event: InboxEvent) -> QuerySet[InboxEvent]:
     return InboxEvent.objects.filter(mailbox_id=event.mailbox_id, thread_key=event.thread_key).filter(
         Q(received_at__lt=event.received_at) | Q(received_at=event.received_at, pk__lt=event.pk)
     )
