@@ -87,6 +87,14 @@ def make_due(intent_ids) -> None:
     Intent.objects.filter(pk__in=intent_ids).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
 
 
+def make_not_due(intent_ids) -> None:
+    """Sooner: the retries' backoff has not passed. (Full jitter draws it from [0, base): left to the draw, one
+    of three could be due within a few milliseconds, and was once on a busy machine.)"""
+    Intent.objects.filter(pk__in=intent_ids, state="retry_wait").update(
+        next_attempt_at=timezone.now() + timedelta(minutes=5)
+    )
+
+
 def test_a_group_goes_out_over_one_connection_each_intent_succeeded_once(mailbox, settings):
     ids = planned(6)
     with serving(settings, Relay()) as relay:
@@ -138,6 +146,7 @@ def test_a_template_failure_and_an_undeliverable_address_stay_their_own(mailbox,
 
 def test_a_connection_dropped_after_k_messages_sends_k_and_the_rest_later_each_once(mailbox, settings):
     ids = planned(5)
+    started = timezone.now()
     with serving(settings, Relay(drop_at=3)) as relay:  # two taken, the third's connection closed unanswered
         assert acknowledgments.send_group(ids, worker="worker-a") == {"sent": 2, "retry_wait": 3}
         assert [state(pk) for pk in ids] == ["succeeded"] * 2 + ["retry_wait"] * 3
@@ -145,6 +154,8 @@ def test_a_connection_dropped_after_k_messages_sends_k_and_the_rest_later_each_o
         failed = Intent.objects.get(pk=ids[2])
         assert failed.last_error_kind == "transient:smtp_unavailable"
         assert Intent.objects.get(pk=ids[3]).last_error.startswith("smtp_unavailable: not attempted")
+        assert all(Intent.objects.get(pk=pk).next_attempt_at >= started for pk in ids[2:])  # each backed off
+        make_not_due(ids)
         assert acknowledgments.send_group(ids, worker="worker-a") == {"busy": 5}  # not due yet: nothing sent
 
         make_due(ids)
