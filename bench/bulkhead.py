@@ -265,9 +265,7 @@ def main() -> int:
 
     install_signal_handlers()
     tmp = make_tmp("mailroom-bench-bulkhead-")
-    env = app_env(DB_NAME, tmp, args.log_level)
-    # Its two mailboxes share the bench's webhook secret: the platform reference is bound to both of them.
-    env["MAILROOM_PLATFORM_SECRET_REFS"] = "env:BENCH_SECRET=" + "|".join(f"mailbox:{slug}" for slug in SLUGS)
+    env = app_env(DB_NAME, tmp, args.log_level, mailboxes=SLUGS)
     stack = Stack(tmp)
     ok, runs = True, []
     try:

@@ -263,6 +263,11 @@ class PollCursor(models.Model):
         return f"poll position of mailbox {self.mailbox_id}"
 
 
+# The stale sweep's backoff doubles its wait once per requeue no worker took, this many times at most
+# (intake.services.sweeps); `InboxEvent.requeues` never exceeds it.
+MAX_REQUEUE_DOUBLINGS = 4
+
+
 class InboxEvent(models.Model):
     class State(models.TextChoices):
         RECEIVED = "received"
@@ -310,7 +315,8 @@ class InboxEvent(models.Model):
     dispatch_count = models.PositiveIntegerField("times dispatched", default=0)
     # How often the stale sweep handed it to the broker again since a worker last took it: each such
     # requeue doubles the wait before the next, so mail waiting in a backlog is not copied into it again
-    # and again (intake.services.sweeps). A database default, so every INSERT path leaves it at 0.
+    # and again (intake.services.sweeps). A database default, so every INSERT path leaves it at 0; at most
+    # MAX_REQUEUE_DOUBLINGS (the wait stops growing there), checked by the database.
     requeues = models.PositiveSmallIntegerField("requeues since taken", default=0, db_default=0)
     # Sender-authentication signals from the trusted authserv-id only: they inform, never authorize.
     auth_results = models.JSONField("sender authentication", default=dict, blank=True)
@@ -362,6 +368,9 @@ class InboxEvent(models.Model):
                     ]
                 ),
                 name="inbox_event_known_state",
+            ),
+            models.CheckConstraint(
+                condition=Q(requeues__lte=MAX_REQUEUE_DOUBLINGS), name="inbox_event_requeues_capped"
             ),
         ]
         indexes = [

@@ -109,3 +109,15 @@ def test_a_ready_event_whose_call_waits_in_the_pool_is_left_to_its_intents_sweep
     assert requeue_stale_events(older_than_seconds=0) == {"requeued": 0, "poisoned": 0}
     assert InboxEvent.objects.get(pk=event.pk).requeues == 0
     assert intents.enqueue_due(lost_after_seconds=0) == 1  # a lost hand-over is the intent's sweep's to find
+
+
+def test_the_database_refuses_a_requeue_count_past_the_backoff_cap(mailbox):
+    from django.db import IntegrityError, transaction
+
+    from intake.models import MAX_REQUEUE_DOUBLINGS
+
+    event_id = make_event(mailbox).pk
+    InboxEvent.objects.filter(pk=event_id).update(requeues=MAX_REQUEUE_DOUBLINGS)  # the cap itself is kept
+    with pytest.raises(IntegrityError), transaction.atomic():
+        InboxEvent.objects.filter(pk=event_id).update(requeues=MAX_REQUEUE_DOUBLINGS + 1)
+    assert InboxEvent.objects.get(pk=event_id).requeues == MAX_REQUEUE_DOUBLINGS

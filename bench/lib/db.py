@@ -50,14 +50,16 @@ def pg_sessions(name: str) -> int | None:
         return None
 
 
-def app_env(db_name: str, tmp: Path, log_level: str) -> dict:
+def app_env(db_name: str, tmp: Path, log_level: str, mailboxes: tuple[str, ...] = (MAILBOX_SLUG,)) -> dict:
+    """The app's environment for a bench run; the bench's webhook secret is bound to `mailboxes` (their slugs)."""
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings",
         DATABASE_URL=db_url(db_name),
         CELERY_BROKER_URL=BROKER_URL,
         BENCH_SECRET=SECRET,
-        MAILROOM_PLATFORM_SECRET_REFS=f"env:BENCH_SECRET=mailbox:{MAILBOX_SLUG}",  # the bench mailbox's webhook secret
+        # The mailboxes' webhook secret, a platform reference bound to each of them.
+        MAILROOM_PLATFORM_SECRET_REFS="env:BENCH_SECRET=" + "|".join(f"mailbox:{slug}" for slug in mailboxes),
         CELERY_DB_REUSE_MAX="1000",
         MAILROOM_VAR_DIR=str(tmp / "var"),
         LOG_LEVEL=log_level,

@@ -13,7 +13,7 @@ from django.db.models.functions import Least
 from django.utils import timezone
 
 from .. import selectors
-from ..models import InboxEvent, WebhookNonce
+from ..models import MAX_REQUEUE_DOUBLINGS, InboxEvent, WebhookNonce
 from ..vocabulary import AuditKind, ReasonCode, SystemActor
 from .events import STALE_CANDIDATE_STATES, record_audit, transition_event
 from .outbox import PROCESS_TOPIC, enqueue_outbox
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 # A requeue that no worker took yet doubles the wait before the next one, up to 2**4 = 16 windows
 # (80 minutes at the default 300 s): a lost task is still found, and a backlog longer than the window
 # is not multiplied by copies of itself, each of which a worker would have to take.
-MAX_BACKOFF_DOUBLINGS = 4
+MAX_BACKOFF_DOUBLINGS = MAX_REQUEUE_DOUBLINGS
 
 
 # ticketing's Intent states whose own sweeps (expire_claims, enqueue_due) bring the event back: requeuing
