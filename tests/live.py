@@ -26,17 +26,18 @@ from urllib.parse import quote
 
 import pytest
 
+from config.test_settings import redis_database
 from tests.services import free_port  # noqa: F401  (imported from here by other tests)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable  # the venv's python: the suite runs as .venv/bin/pytest
 MANAGE = str(REPO_ROOT / "manage.py")
 
-# Redis databases owned by these tests, flushed before and after each use. MAILROOM_LIVE_REDIS_DB moves
-# them, so two checkouts can run their live tests on one Redis at the same time.
+# Redis databases owned by these tests, flushed before and after each use; each pytest-xdist worker has its own
+# (config/test_settings.py).
 LIVE_REDIS_HOST = "127.0.0.1"
 LIVE_REDIS_PORT = 6379
-PIPELINE_REDIS_DB = int(os.environ.get("MAILROOM_LIVE_REDIS_DB", "13"))
+PIPELINE_REDIS_DB = redis_database("pipeline")
 
 LIVE_SECRET_VAR = "MAILROOM_LIVE_TEST_WEBHOOK_SECRET"
 LIVE_SECRET = "live-test-webhook-secret"

@@ -12,6 +12,7 @@ import pytest
 import requests
 from django.test import Client
 
+from config.test_settings import redis_database
 from intake.models import InboxEvent, Mailbox, Switch, Tenant
 from intake.signing import signed_headers
 from tests.conftest import WEBHOOK_SECRET
@@ -33,7 +34,7 @@ from ticketing.models import Destination, Intent, TicketMapping
 
 N = 20
 # Not tests.live's database 13: a suite running elsewhere on this Redis must not take our tasks.
-PAUSE_REDIS_DB = 11
+PAUSE_REDIS_DB = redis_database("pause")
 
 
 def post_email(client, mailbox, body):

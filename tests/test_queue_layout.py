@@ -238,7 +238,8 @@ def test_the_queue_and_the_dashboard_warn_about_a_tenant_nobody_can_be_escalated
         assert '<span class="unreachable-tenant">acme</span>' in warning and "globex" not in warning, url
     assert re.search(r'id="queue-overdue">1<', html)
 
-    Group.objects.get(name="operator").user_set.add(make_user("olga", tenants=[tenant]))
+    olga = make_user("olga", tenants=[tenant])  # first: make_user makes the role groups a flushed database lacks
+    Group.objects.get(name="operator").user_set.add(olga)
     for url in (QUEUE_URL, DASHBOARD_URL):
         assert 'id="escalation-warning"' not in client.get(url).content.decode(), url
 

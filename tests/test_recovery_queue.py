@@ -74,7 +74,10 @@ def other_tenant(db):
 # --- roles -----------------------------------------------------------------------------
 
 
-def test_the_data_migration_created_the_three_roles(db):
+# The rows the migrations wrote, restored: a transactional test elsewhere may have flushed them (pytest-xdist
+# runs files in any order), and what is checked here is the migration, not ensure_role_groups.
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_the_data_migration_created_the_three_roles():
     groups = {
         g.name: {f"{p.content_type.app_label}.{p.codename}" for p in g.permissions.all()}
         for g in Group.objects.prefetch_related("permissions__content_type")

@@ -9,10 +9,11 @@ import uuid
 
 import pytest
 
+from config.test_settings import redis_database
 from tests.live import PYTHON, flushed_broker, live_processes, subprocess_env, wait_for  # noqa: F401  (fixtures)
 
 # A Redis database of its own: the pipeline's live tests flush theirs.
-PROBE_REDIS_DB = 5
+PROBE_REDIS_DB = redis_database("probe")
 
 
 @pytest.fixture
