@@ -106,8 +106,10 @@ def test_postgres_lock_has_one_holder_and_goes_with_its_session():
         # and the other one gets it.
         with connection.cursor() as cursor:
             cursor.execute(
+                # pg_locks is the whole server's: this test database's locks only (xdist workers have their own).
                 "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                "AND classid = %s AND objid = %s",
+                "AND classid = %s AND objid = %s "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 [LOCK_NAMESPACE, LOCK_KEY],
             )
             assert cursor.fetchall() == [(True,)]

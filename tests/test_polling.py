@@ -261,7 +261,10 @@ def test_two_polls_of_one_mailbox_never_overlap(monkeypatch):
     assert polling.poll_mailbox(mailbox.pk).status == "ok"
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s", [polling.LOCK_NAMESPACE]
+            # pg_locks is the whole server's: this test database's locks only (xdist workers have their own).
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            [polling.LOCK_NAMESPACE],
         )
         assert cursor.fetchone()[0] == 0
 
