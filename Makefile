@@ -51,11 +51,10 @@ lint: $(VENV)/.installed-test
 # Lint, then the whole suite on PostgreSQL with Redis as the broker. pytest exits 5 when
 # it collects nothing, and make fails on any non-zero exit, so an empty run is red. The 25 slowest
 # tests are listed at the end, so what the suite costs is seen on every run. pytest-xdist runs it in
-# PYTEST_WORKERS processes (three on two cores: the suite waits on processes and sockets about as much as it
-# computes; PYTEST_WORKERS=0 runs it in one), a test file to a worker
+# PYTEST_WORKERS processes (one per core here; PYTEST_WORKERS=0 runs it in one), a test file to a worker
 # (`--dist loadfile`: a file's module fixtures start once); each worker has its own test database and Redis
-# databases (config/test_settings.py). Measured on a 2-core machine: 33 min in one process, 20 with 2 workers.
-PYTEST_WORKERS ?= 3
+# databases (config/test_settings.py). Measured on a 2-core machine: 22 min with 2 workers, 33 min in one.
+PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 test: lint
 	$(PYTEST) $(XDIST) --durations=25 $(PYTEST_ARGS)

@@ -49,32 +49,7 @@ def pytest_configure(config):
     assert settings.USING_POSTGRES, "the test suite runs on PostgreSQL (see config/test_settings.py)"
 
 
-# The files that take longest (each over a minute in `make test`'s --durations list), collected first:
-# pytest-xdist hands files to its workers in collection order, so a long file collected last would run alone
-# at the end while the other workers stand idle.
-LONGEST_FILES_FIRST = (
-    "test_chaos_soak.py",
-    "test_soak_embedded.py",
-    "test_isolation_crawl.py",
-    "test_console_walk.py",
-    "test_two_nodes.py",
-    "test_embedded_console_actions.py",
-    "test_run_stack.py",
-    "test_make_run_smoke.py",
-    "test_bulk_jobs_live.py",
-    "test_sqlite_parity.py",
-    "test_failure_windows.py",
-    "test_drill.py",
-)
-
-
-def collection_rank(item) -> int:
-    name = item.path.name
-    return LONGEST_FILES_FIRST.index(name) if name in LONGEST_FILES_FIRST else len(LONGEST_FILES_FIRST)
-
-
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=collection_rank)  # stable: the order inside a file, and of the other files, stays
     for item in items:
         fakedesk = item.get_closest_marker("fakedesk")
         desk_process = fakedesk is not None and fakedesk.kwargs.get("process")
