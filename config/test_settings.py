@@ -8,11 +8,10 @@ import os
 
 # The Redis databases the suite owns, by use: the in-process broker, the live pipeline's broker (tests/live.py),
 # the pause tests' and the worker-logging probe's. A serial run uses these numbers. Under pytest-xdist each
-# worker (PYTEST_XDIST_WORKER = gw0, gw1, ...) takes a block of four databases of its own, so no worker's
-# broker carries another's tasks, and no worker flushes a database another is using (16 databases: 4 workers).
-# The broker comes last in a block, so database 15, the one URL moved below, is never another use's.
+# worker (PYTEST_XDIST_WORKER = gw0, gw1, ...) takes a block of its own, so no worker's broker carries another's
+# tasks, and no worker flushes a database another is using. Redis has 16 databases: 4 workers at most.
 REDIS_DATABASES = {"probe": 5, "pause": 11, "pipeline": 13, "broker": 15}
-XDIST_MAX_WORKERS = 4
+XDIST_MAX_WORKERS = 16 // len(REDIS_DATABASES)
 
 
 def redis_database(use: str) -> int:
@@ -27,14 +26,9 @@ def redis_database(use: str) -> int:
 
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/mailroom")
-os.environ.setdefault("CELERY_BROKER_URL", f"redis://127.0.0.1:6379/{REDIS_DATABASES['broker']}")
-SERIAL_BROKER_SUFFIX = f"/{REDIS_DATABASES['broker']}"
-if os.environ.get("PYTEST_XDIST_WORKER") and os.environ["CELERY_BROKER_URL"].endswith(SERIAL_BROKER_SUFFIX):
-    # make test names database 15; a worker moves to its own. Only that URL moves: the processes a test starts
-    # inherit PYTEST_XDIST_WORKER and these settings, with the broker URL the test gave them, which stays.
-    os.environ["CELERY_BROKER_URL"] = (
-        os.environ["CELERY_BROKER_URL"].removesuffix(SERIAL_BROKER_SUFFIX) + f"/{redis_database('broker')}"
-    )
+# Only a default: a CELERY_BROKER_URL in the environment is used as given (by every xdist worker alike). The
+# processes a test starts inherit the variable, so they never pick a database of their own here.
+os.environ.setdefault("CELERY_BROKER_URL", f"redis://127.0.0.1:6379/{redis_database('broker')}")
 # The suite's fixtures name fixed variables for every tenant: platform references, listed here (and in the
 # environment, so that the processes tests start see the same list). "=*" binds one to every row, which only
 # a test rig does (intake.secrets; tests/test_secret_boundary.py binds its own to single rows). The AI keys

@@ -24,6 +24,7 @@ from tests.live import (  # noqa: F401  (fixtures)
     subprocess_env,
     wait_for,
 )
+from tests.support.locks import IN_THIS_DATABASE
 
 PROBE_TASK = "tests.beat_probe"  # never run: beat sends by name, and the test reads the queue
 
@@ -106,10 +107,8 @@ def test_postgres_lock_has_one_holder_and_goes_with_its_session():
         # and the other one gets it.
         with connection.cursor() as cursor:
             cursor.execute(
-                # pg_locks is the whole server's: this test database's locks only (xdist workers have their own).
                 "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                "AND classid = %s AND objid = %s "
-                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                f"AND classid = %s AND objid = %s AND {IN_THIS_DATABASE}",
                 [LOCK_NAMESPACE, LOCK_KEY],
             )
             assert cursor.fetchall() == [(True,)]

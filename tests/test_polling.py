@@ -19,6 +19,7 @@ from intake.keys import message_id_from_raw
 from intake.models import InboxEvent, Mailbox, OutboxMessage, PollCursor, Tenant
 from intake.providers.base import FetchedMessage, PollBatch, Provider
 from tests.mail import make_message
+from tests.support.locks import IN_THIS_DATABASE
 
 
 class ScriptedProvider(Provider):
@@ -261,9 +262,7 @@ def test_two_polls_of_one_mailbox_never_overlap(monkeypatch):
     assert polling.poll_mailbox(mailbox.pk).status == "ok"
     with connection.cursor() as cursor:
         cursor.execute(
-            # pg_locks is the whole server's: this test database's locks only (xdist workers have their own).
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            f"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND {IN_THIS_DATABASE}",
             [polling.LOCK_NAMESPACE],
         )
         assert cursor.fetchone()[0] == 0
