@@ -482,6 +482,9 @@ LOGGING = {
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         "axes.apps": {"level": "WARNING"},  # a start-up banner per process; lockouts stay (axes.*)
+        # aiosmtpd (run_lmtp) logs every command line at INFO (addresses) and DATA lines at DEBUG (bodies):
+        # not ours to keep. Set here, not by the command, so that running it never changes another's logging.
+        "mail.log": {"level": "WARNING"},
         # A line per due task (beat) and per task received/succeeded (worker) is noise at INFO:
         # an idle `make run` would print one every two seconds. CELERY_LOG_LEVEL=INFO brings them back.
         **{

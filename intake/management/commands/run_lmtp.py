@@ -5,7 +5,6 @@ become an `intake.channels.lmtp_server.ListenerConfig`, and the listener runs un
 """
 
 import asyncio
-import logging
 import os
 import signal
 import socket
@@ -134,8 +133,6 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--socket-mode must be octal permissions such as 660, not {options['socket_mode']!r}"
             ) from None
-        # aiosmtpd logs every command line at INFO (addresses) and DATA lines at DEBUG (bodies): not ours to keep.
-        logging.getLogger("mail.log").setLevel(logging.WARNING)
         config = ListenerConfig(
             host=options["host"],
             port=options["port"],
